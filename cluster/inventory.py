@@ -1,0 +1,135 @@
+"""The nodes of a cluster, however they were found (AWS tags, the local cluster, an inventory file).
+
+Discovery (node_setup/discovery.py) produces an `Inventory`; every task after it (setup,
+distribute, train, status) reads only this. Node order is rank order: master first.
+
+Inventory file format (YAML, for on-premise machines and the local cluster)::
+
+    name: lab                      # cluster name (default: the file's stem)
+    user: ubuntu                   # SSH user on every node
+    key: ~/.ssh/lab_ed25519        # private key the controller uses (optional: agent/defaults)
+    gateway: bastion.example.org   # optional jump host for reaching the nodes
+    profile: stock                 # software profile (default stock)
+    instance_type: r7iz.metal-16xl # optional: catalog type, for the rank layout
+    sockets: 2                     # or describe the machines directly
+    physical_cores: 32             # physical cores per node (all sockets)
+    wheelhouse: /srv/wheels        # optional: nodes install from here with no index (offline)
+    hosts:                         # master first
+      - name: node0
+        address: 192.0.2.10        # what the controller connects to
+        private_address: 10.0.0.10 # what the nodes use among themselves (default: address)
+      - 192.0.2.11                 # a bare address is fine too
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from cluster import catalog
+from cluster.catalog import InstanceType
+from cluster.profiles import DEFAULT_PROFILE, PROFILES
+from cluster.tags import ROLE_MASTER, ROLE_WORKER
+
+
+class InventoryError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str  # alias used in ssh config and the hostfile
+    address: str  # what the controller connects to
+    private_address: str  # what nodes use among themselves
+    rank: int
+    role: str = ROLE_WORKER
+    instance_type: str | None = None
+    spot: bool | None = None
+    instance_id: str | None = None
+    state: str = "running"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    name: str
+    kind: str  # "aws", "local" or "file"
+    user: str
+    nodes: tuple[Node, ...]
+    key_path: str | None = None
+    gateway: str | None = None
+    profile: str = DEFAULT_PROFILE
+    instance_type: str | None = None
+    sockets: int | None = None
+    physical_cores: int | None = None
+    wheelhouse: str | None = None
+    region: str | None = None
+
+    @property
+    def master(self) -> Node:
+        return self.nodes[0]
+
+    def first(self, count: int) -> "Inventory":
+        """The inventory cut to its first `count` nodes (master first), with a clear error."""
+        if not 1 <= count <= len(self.nodes):
+            raise InventoryError(
+                f"--nodes: {count} is not possible on cluster {self.name!r}; allowed 1 to {len(self.nodes)} "
+                f"(nodes available: {', '.join(n.name for n in self.nodes)})")
+        return replace(self, nodes=self.nodes[:count])
+
+    def machine(self) -> InstanceType:
+        """What one node looks like, for the rank layout."""
+        known = catalog.lookup(self.instance_type or "")
+        if known and not (self.sockets or self.physical_cores):
+            return known
+        if not self.physical_cores:
+            raise InventoryError(
+                f"cluster {self.name!r}: instance type {self.instance_type!r} is not in the catalog; "
+                "give sockets and physical_cores in the inventory")
+        return catalog.custom(self.instance_type or "custom", self.sockets or 1, self.physical_cores)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, default_name: str, kind: str = "file") -> "Inventory":
+        if not isinstance(data, Mapping):
+            raise InventoryError(f"inventory {default_name!r}: expected a mapping with 'hosts', got {type(data).__name__}")
+        hosts = data.get("hosts")
+        if not hosts or not isinstance(hosts, list):
+            raise InventoryError(f"inventory {default_name!r}: 'hosts' must be a non-empty list, master first")
+        profile = data.get("profile", DEFAULT_PROFILE)
+        if profile not in PROFILES:
+            raise InventoryError(f"inventory {default_name!r}: profile {profile!r} is unknown; "
+                                 f"allowed: {', '.join(sorted(PROFILES))}")
+        nodes = []
+        for rank, host in enumerate(hosts):
+            if isinstance(host, str):
+                host = {"address": host}
+            if not isinstance(host, Mapping) or not host.get("address"):
+                raise InventoryError(f"inventory {default_name!r}: hosts[{rank}] needs an 'address'")
+            nodes.append(Node(
+                name=str(host.get("name") or f"node{rank}"),
+                address=str(host["address"]),
+                private_address=str(host.get("private_address") or host["address"]),
+                rank=rank,
+                role=ROLE_MASTER if rank == 0 else ROLE_WORKER,
+                instance_type=data.get("instance_type"),
+            ))
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise InventoryError(f"inventory {default_name!r}: host names repeat: {names}")
+        return cls(
+            name=str(data.get("name") or default_name), kind=kind, user=str(data.get("user") or "root"),
+            nodes=tuple(nodes), key_path=data.get("key"), gateway=data.get("gateway"), profile=profile,
+            instance_type=data.get("instance_type"), sockets=data.get("sockets"),
+            physical_cores=data.get("physical_cores"), wheelhouse=data.get("wheelhouse"),
+        )
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The inventory as the YAML file format (round-trips through from_mapping)."""
+        out: dict[str, Any] = {"name": self.name, "user": self.user, "profile": self.profile}
+        for key, value in (("key", self.key_path), ("gateway", self.gateway),
+                           ("instance_type", self.instance_type), ("sockets", self.sockets),
+                           ("physical_cores", self.physical_cores), ("wheelhouse", self.wheelhouse)):
+            if value is not None:
+                out[key] = value
+        out["hosts"] = [{"name": n.name, "address": n.address, "private_address": n.private_address}
+                        for n in self.nodes]
+        return out

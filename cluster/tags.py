@@ -1,0 +1,24 @@
+"""Tag keys written by the Pulumi program and read by discovery and the leak sweep."""
+
+MANAGED_BY_KEY = "xeon-cluster:managed-by"
+MANAGED_BY_VALUE = "xeon-cluster"
+CLUSTER_KEY = "xeon-cluster:cluster"
+ROLE_KEY = "xeon-cluster:role"
+STACK_KEY = "xeon-cluster:stack"
+RANK_KEY = "xeon-cluster:rank"
+KEEP_KEY = "xeon-cluster:keep"
+
+ROLE_MASTER = "master"
+ROLE_WORKER = "worker"
+
+
+def cluster_tags(cluster_name: str, stack: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Tags every resource of a cluster carries (user tags first, ours win on conflict)."""
+    tags = dict(extra or {})
+    tags.update({MANAGED_BY_KEY: MANAGED_BY_VALUE, CLUSTER_KEY: cluster_name, STACK_KEY: stack})
+    return tags
+
+
+def node_tags(base: dict[str, str], role: str, rank: int, name: str) -> dict[str, str]:
+    """Tags of one node: the cluster's plus its role, its rank (master 0) and a Name."""
+    return {**base, ROLE_KEY: role, RANK_KEY: str(rank), "Name": name}

@@ -1,0 +1,10 @@
+"""The `fab` task collection; each task lives in the module that does its work."""
+
+from invoke import Collection
+
+from node_setup import cluster_tasks, cost_tasks, local_tasks
+
+ns = Collection()
+for module in (cluster_tasks, local_tasks, cost_tasks):
+    for task in module.TASKS:
+        ns.add_task(task)
