@@ -88,6 +88,12 @@ PROFILES: dict[str, Profile] = {
 }
 
 DEFAULT_PROFILE = "stock"
+NODE_ROOT = "/opt/xeon-cluster"
+
+
+def venv_dir(profile: Profile) -> str:
+    """Where a node keeps the profile's Python environment (outside any home directory)."""
+    return f"{NODE_ROOT}/venv-{profile.name}"
 
 
 def get_profile(name: str) -> Profile:

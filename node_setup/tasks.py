@@ -2,9 +2,9 @@
 
 from invoke import Collection
 
-from node_setup import cluster_tasks, cost_tasks, local_tasks
+from node_setup import cost_tasks, job_tasks, local_tasks, setup_tasks
 
 ns = Collection()
-for module in (cluster_tasks, local_tasks, cost_tasks):
+for module in (setup_tasks, job_tasks, local_tasks, cost_tasks):
     for task in module.TASKS:
         ns.add_task(task)

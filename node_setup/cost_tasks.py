@@ -1,0 +1,3 @@
+"""Placeholder until this module's tasks land."""
+
+TASKS: list = []
