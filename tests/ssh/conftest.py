@@ -1,0 +1,136 @@
+"""Real local clusters (network namespaces + sshd) for the tests that need SSH, MPI or Fabric.
+
+Fixtures:
+    local_cluster            session-scoped, 3 running nodes; share it, do not break it
+    local_cluster_factory    session-scoped callable: ``local_cluster_factory(nodes)`` gives a new,
+                             separate cluster (e.g. to stop one node's sshd); every cluster it made
+                             is removed at session end, or earlier with ``cluster.destroy()``
+
+Each cluster has a unique name per session (``t<random>-<n>``) and keeps its config dir (key,
+inventory, state) and node directories under pytest's temporary directory, so concurrent test
+sessions and the user's own `fab local-up` never collide. Teardown goes by the recorded names and
+PIDs only. Tests here skip with the reason when the machine cannot run a local cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.inventory import Inventory
+from node_setup import local_cluster as lc
+
+
+def local_cluster_unavailable() -> str | None:
+    """Why a local cluster cannot run here, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"local cluster needs Linux network namespaces (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "local cluster needs root (network namespaces, bind mounts)"
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("ssh", "openssh-client"),
+                          ("ssh-keygen", "openssh-client")):
+        if not shutil.which(tool):
+            return f"`{tool}` not found (install {package})"
+    if not os.access(lc.SSHD, os.X_OK):
+        return f"{lc.SSHD} not found (install openssh-server)"
+    probe = f"xc-probe-{secrets.token_hex(3)}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` is not permitted here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass
+class RunningLocalCluster:
+    """A local cluster made for tests, with what tests need to reach it."""
+
+    state: lc.ClusterState
+    paths: lc.ClusterPaths
+    config_home: Path  # XDG_CONFIG_HOME under which its key, inventory and state live
+    data_root: Path
+    known_hosts: Path  # every node's recorded host key, by address and alias (the test's own file)
+
+    @property
+    def name(self) -> str:
+        return self.paths.name
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.paths.inventory_path
+
+    @property
+    def key_path(self) -> Path:
+        return self.paths.key_path
+
+    @property
+    def cluster_arg(self) -> str:
+        """What to pass as `--cluster` (the inventory file path; works with any environment)."""
+        return str(self.paths.inventory_path)
+
+    @property
+    def inventory(self) -> Inventory:
+        data = yaml.safe_load(self.paths.inventory_path.read_text())
+        return Inventory.from_mapping(data, default_name=self.name, kind="local")
+
+    def env(self) -> dict[str, str]:
+        """Environment for a `fab` subprocess that should find this cluster as `--cluster local:NAME`."""
+        return {**os.environ, "XDG_CONFIG_HOME": str(self.config_home), lc.DATA_ROOT_ENV: str(self.data_root)}
+
+    def write_known_hosts(self, path: Path) -> Path:
+        path.write_text(self.state.known_hosts_text())
+        return path
+
+    def ssh(self, index: int, command: str, known_hosts: Path | None = None,
+            timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run `command` on node `index` with the system ssh client, host keys checked strictly
+        against `known_hosts` (default: the recorded host keys)."""
+        node = self.state.nodes[index]
+        known_hosts = known_hosts or self.known_hosts
+        return subprocess.run(
+            ["ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={known_hosts}", "-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes",
+             "-i", str(self.key_path), f"root@{node.address}", command],
+            capture_output=True, text=True, timeout=timeout)
+
+    def destroy(self) -> bool:
+        return lc.destroy(self.paths)
+
+
+@pytest.fixture(scope="session")
+def local_cluster_factory(tmp_path_factory):
+    reason = local_cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("xc-local")
+    session_tag = secrets.token_hex(3)
+    made: list[RunningLocalCluster] = []
+
+    def make(nodes: int = 3) -> RunningLocalCluster:
+        name = f"t{session_tag}-{len(made)}"
+        config_home, data = base / "config", base / "data"
+        paths = lc.paths_for(name, config=config_home / "xeon-cluster", data=data)
+        state = lc.create(nodes, name, paths=paths)
+        known_hosts = base / f"{name}.known_hosts"
+        known_hosts.write_text(state.known_hosts_text())
+        cluster = RunningLocalCluster(state=state, paths=paths, config_home=config_home, data_root=data,
+                                      known_hosts=known_hosts)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def local_cluster(local_cluster_factory) -> RunningLocalCluster:
+    return local_cluster_factory(3)

@@ -1,0 +1,183 @@
+"""The local cluster against real sshd in real network namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from node_setup import local_cluster as lc
+
+pytestmark = pytest.mark.ssh
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {n["name"] for n in json.loads(out or "[]")}
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+
+
+def test_nodes_have_own_hostname_home_and_recorded_host_keys(local_cluster, tmp_path):
+    """ssh by key with strict host key checking against the recorded keys; own hostname and /root."""
+    known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
+    marker = f"marker-{secrets.token_hex(4)}"
+    nodes = local_cluster.state.nodes
+    for i, node in enumerate(nodes):
+        result = local_cluster.ssh(i, f"hostname; echo $HOME; echo {i} > /root/{marker}-{i}", known_hosts)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [node.name, "/root"]
+        assert node.name == f"node{i}"
+    for i, node in enumerate(nodes):
+        # each node sees only the marker it wrote itself ...
+        result = local_cluster.ssh(i, f"cd /root && ls -d {marker}-*", known_hosts)
+        assert result.stdout.split() == [f"{marker}-{i}"]
+        # ... which lives in that node's own directory on the host, not in the host's /root
+        assert (Path(node.dir) / "root" / f"{marker}-{i}").read_text() == f"{i}\n"
+    assert not list(Path("/root").glob(f"{marker}-*"))
+
+
+def test_wrong_host_key_is_refused(local_cluster, tmp_path):
+    """The recorded host keys are what the nodes present: node0's key under node1's address fails."""
+    nodes = local_cluster.state.nodes
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"{nodes[1].address} {nodes[0].host_key}\n")
+    result = local_cluster.ssh(1, "true", known_hosts)
+    assert result.returncode == 255
+    assert "HOST IDENTIFICATION HAS CHANGED" in result.stderr or "host key" in result.stderr.lower()
+
+
+def test_nodes_reach_each_other(local_cluster, tmp_path):
+    """From node0, every other node's sshd answers with the host key recorded for it."""
+    known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
+    others = local_cluster.state.nodes[1:]
+    result = local_cluster.ssh(0, "ssh-keyscan -T 5 -t ed25519 " + " ".join(n.address for n in others))
+    assert result.returncode == 0, result.stderr
+    scanned = {line.split()[0]: " ".join(line.split()[1:3]) for line in result.stdout.splitlines()
+               if line and not line.startswith("#")}
+    assert scanned == {n.address: n.host_key for n in others}
+
+
+def test_fabric_connects_with_the_inventory(local_cluster, tmp_path):
+    fabric = pytest.importorskip("fabric")
+    from paramiko import RejectPolicy
+    inventory = local_cluster.inventory
+    known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
+    assert inventory.kind == "local" and inventory.user == "root" and inventory.profile == "stock"
+    assert [n.address for n in inventory.nodes] == [n.address for n in local_cluster.state.nodes]
+    node = inventory.nodes[2]
+    config = fabric.Config(overrides={"run": {"in_stream": False}, "load_ssh_configs": False})
+    with fabric.Connection(node.address, user=inventory.user, config=config, connect_timeout=10,
+                           connect_kwargs={"key_filename": inventory.key_path, "look_for_keys": False,
+                                           "allow_agent": False}) as conn:
+        conn.client.load_host_keys(str(known_hosts))
+        conn.client.set_missing_host_key_policy(RejectPolicy())
+        assert conn.run("hostname", hide=True).stdout.strip() == node.name
+
+
+def test_local_up_refuses_a_running_cluster_and_replace_replaces(local_cluster_factory):
+    cluster = local_cluster_factory(1)
+    with pytest.raises(lc.LocalClusterError, match="already up"):
+        lc.create(1, cluster.name, paths=cluster.paths)
+    old_pid = cluster.state.nodes[0].sshd_pid
+    new_state = lc.create(2, cluster.name, paths=cluster.paths, replace=True)
+    assert [n.name for n in new_state.nodes] == ["node0", "node1"]
+    assert not lc._process_alive(old_pid)
+    assert lc.is_running(new_state)
+    cluster.destroy()
+
+
+def test_local_down_removes_exactly_what_local_up_made(local_cluster_factory):
+    cluster = local_cluster_factory(2)
+    state = cluster.state
+    # unrelated things, one named like a node of this cluster would be, must survive local-down
+    unrelated = [f"xc-unrelated-{secrets.token_hex(3)}", lc.namespace_name(cluster.name, 2)]
+    for ns in unrelated:
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        pids = [n.sshd_pid for n in state.nodes]
+        assert all(lc._process_alive(p) for p in pids)
+        assert {n.namespace for n in state.nodes} <= _namespaces()
+        assert lc.destroy(cluster.paths) is True
+
+        assert not any(lc._process_alive(p) for p in pids)
+        assert not ({n.namespace for n in state.nodes} & _namespaces())
+        assert not _link_exists(state.bridge)
+        assert not any(_link_exists(n.veth) for n in state.nodes)
+        assert not any(Path(n.dir).exists() for n in state.nodes)
+        for path in (cluster.paths.state_path, cluster.paths.inventory_path, cluster.paths.key_path):
+            assert not path.exists()
+        assert set(unrelated) <= _namespaces()
+        # a second run finds nothing to do and touches nothing
+        assert lc.destroy(cluster.paths) is False
+        assert set(unrelated) <= _namespaces()
+    finally:
+        for ns in unrelated:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_failed_local_up_cleans_up_after_itself(local_cluster_factory, monkeypatch):
+    """A node that cannot start (namespace name taken) makes local-up remove what it made so far."""
+    cluster = local_cluster_factory(1)
+    cluster.destroy()
+    blocker = lc.namespace_name(cluster.name, 1)
+    subprocess.run(["ip", "netns", "add", blocker], check=True)
+    try:
+        with pytest.raises(lc.LocalClusterError, match=f"namespace {blocker} already exists"):
+            lc.create(2, cluster.name, paths=cluster.paths)
+        assert lc.namespace_name(cluster.name, 0) not in _namespaces()
+        assert not _link_exists(lc.bridge_name(cluster.name))
+        assert not cluster.paths.state_path.exists()
+        assert blocker in _namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", blocker], capture_output=True)
+
+
+def test_fab_local_up_and_down_cli(tmp_path):
+    """The fab tasks end to end: progress, inventory under XDG_CONFIG_HOME, exit codes."""
+    from tests.ssh.conftest import local_cluster_unavailable
+    reason = local_cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    name = f"f{secrets.token_hex(3)}"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), lc.DATA_ROOT_ENV: str(tmp_path / "data")}
+    fab = [sys.executable, "-m", "fabric"]
+    try:
+        up = subprocess.run([*fab, "local-up", "--nodes", "2", "--name", name], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr
+        assert "node1: sshd up" in up.stdout
+        # fab has exited; the nodes' sshd keep running without it
+        state = lc.load_state(lc.paths_for(name, config=tmp_path / "cfg" / "xeon-cluster", data=tmp_path / "data"))
+        assert lc.is_running(state)
+        assert all(lc._port_open(n.address) for n in state.nodes)
+        inventory = yaml.safe_load((tmp_path / "cfg" / "xeon-cluster" / "local" / name / "inventory.yaml").read_text())
+        assert inventory["kind"] == "local" and len(inventory["hosts"]) == 2
+        again = subprocess.run([*fab, "local-up", "--nodes", "2", "--name", name], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "already up" in again.stderr
+    finally:
+        down = subprocess.run([*fab, "local-down", "--name", name], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert "removed" in down.stdout
+    assert lc.namespace_name(name, 0) not in _namespaces()
+
+
+def test_names_and_counts_are_validated():
+    with pytest.raises(lc.LocalClusterError, match="--nodes: 0 is not possible; allowed 1 to 64"):
+        lc.validate_node_count(0)
+    with pytest.raises(lc.LocalClusterError, match="--name: 'Bad_Name'"):
+        lc.validate_name("Bad_Name")
+    assert all(len(lc.veth_name("x" * 24, i)) <= 15 for i in range(lc.MAX_NODES))
+    assert len(lc.bridge_name("x" * 24)) <= 15
