@@ -1,0 +1,153 @@
+"""The mpirun command and environment for every catalog instance type and every MPI flavour."""
+
+import shlex
+import subprocess
+
+import pytest
+
+from cluster import catalog
+from cluster.launch import (FLAVOURS, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
+                            master_port_for, plan_launch)
+from cluster.layout import plan_layout
+
+TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
+VENV = "/opt/xeon-cluster/venv-stock"
+PROGRAM = [f"{VENV}/bin/python", "-m", "training", "--bf16"]
+HOSTS = ["node0", "node1", "node2", "node3"]
+
+
+def _plan(machine, flavour, hosts=HOSTS, **kw):
+    backend = "ccl" if flavour == "intel-mpi-oneccl" else "gloo"
+    layout = plan_layout(machine, backend=backend)
+    return plan_launch(flavour=flavour, job_id="20260101-000000-abcd", hosts=hosts, master_addr="10.0.0.10",
+                       layout=layout, program=PROGRAM, venv=VENV, **kw)
+
+
+def _genv(argv):
+    out = {}
+    for i, arg in enumerate(argv):
+        if arg == "-genv":
+            out[argv[i + 1]] = argv[i + 2]
+        if arg == "-x" and "=" in argv[i + 1]:
+            key, _, value = argv[i + 1].partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("machine", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_command_for_every_type_and_flavour(machine, flavour):
+    plan = _plan(machine, flavour)
+    argv = list(plan.argv)
+    assert argv[0] == "mpirun"
+    assert plan.world_size == 4 * machine.sockets
+    # the program runs last, through the rank wrapper, with its arguments untouched
+    assert argv[-len(PROGRAM):] == PROGRAM
+    assert argv[-len(PROGRAM) - 4:-len(PROGRAM)] == ["sh", "-c", RANK_WRAPPER, "xeon-rank"]
+    env = _genv(argv)
+    assert env["OMP_NUM_THREADS"] == str(plan.layout.threads_per_rank)
+    assert int(env["OMP_NUM_THREADS"]) * plan.layout.ranks_per_node <= machine.physical_cores
+    assert env["LD_PRELOAD"].endswith("libtcmalloc.so.4")
+    assert plan.env["MASTER_ADDR"] == "10.0.0.10"
+    assert plan.env[JOB_MARKER] == plan.job_id
+    if flavour == "openmpi":
+        assert argv[argv.index("-np") + 1] == str(plan.world_size)
+        assert argv[argv.index("--map-by") + 1] == f"ppr:{machine.sockets}:node"
+        assert argv[argv.index("--mca") + 1:argv.index("--mca") + 3] == ["mpi_yield_when_idle", "1"]
+        for key in ("MASTER_ADDR", "MASTER_PORT", "PATH", JOB_MARKER):  # forwarded by name
+            assert argv[argv.index(key) - 1] == "-x"
+        assert plan.hostfile.splitlines()[0] == f"node0 slots={machine.sockets}"
+    else:
+        assert argv[argv.index("-n") + 1] == str(plan.world_size)
+        assert argv[argv.index("-ppn") + 1] == str(machine.sockets)
+        assert "-prepend-rank" in argv
+        assert plan.hostfile.splitlines() == HOSTS
+    if flavour == "intel-mpi":
+        assert plan.env["I_MPI_ROOT"] == VENV
+        assert plan.env["PATH"].startswith(f"{VENV}/bin:")
+        assert plan.env["LD_LIBRARY_PATH"].startswith(f"{VENV}/lib")
+        assert plan.env["FI_PROVIDER_PATH"] == f"{VENV}/lib"
+        assert not plan.setup
+    if flavour == "intel-mpi-oneccl":
+        assert any("env/setvars.sh" in line for line in plan.setup)
+        assert env["CCL_WORKER_COUNT"] == str(plan.layout.ccl_workers)
+        assert env["CCL_ATL_TRANSPORT"] == "ofi"
+        assert len(env["CCL_WORKER_AFFINITY"].split(",")) == plan.layout.ccl_workers * machine.sockets
+    # big machines busy-poll; only small ones sleep
+    assert "I_MPI_WAIT_MODE" not in env
+
+
+def test_rank_to_node_map_is_block_order():
+    plan = _plan(catalog.lookup("r7iz.metal-16xl"), "intel-mpi", hosts=["a", "b"])
+    assert plan.rank_hosts == ("a", "a", "b", "b")
+
+
+def test_small_nodes_wait_instead_of_polling():
+    layout = plan_layout(catalog.custom("local", 1, 2), backend="gloo", pin=False)
+    plan = plan_launch(flavour="intel-mpi", job_id="j", hosts=["n0", "n1", "n2"], master_addr="10.9.0.2",
+                       layout=layout, program=["python"], venv=VENV)
+    assert _genv(plan.argv)["I_MPI_WAIT_MODE"] == "1"
+    assert plan.world_size == 3
+
+
+def test_master_port_differs_per_job_and_stays_in_range():
+    ports = {master_port_for(f"job-{i}") for i in range(200)}
+    assert len(ports) > 150
+    assert all(29500 <= p < 31500 for p in ports)
+    assert master_port_for("same") == master_port_for("same")
+    plan = _plan(catalog.lookup("c6i.16xlarge"), "intel-mpi", master_port=40000)
+    assert plan.env["MASTER_PORT"] == "40000"
+
+
+def test_extra_env_overrides_layout_and_bad_names_are_refused():
+    plan = _plan(catalog.lookup("c6i.16xlarge"), "intel-mpi", extra_env={"OMP_NUM_THREADS": "4", "FI_PROVIDER": "tcp"})
+    env = _genv(plan.argv)
+    assert env["OMP_NUM_THREADS"] == "4" and env["FI_PROVIDER"] == "tcp"
+    with pytest.raises(LaunchError, match="not a valid variable name"):
+        _plan(catalog.lookup("c6i.16xlarge"), "intel-mpi", extra_env={"A-B": "1"})
+
+
+def test_errors_name_setting_and_allowed_values():
+    machine = catalog.lookup("c6i.16xlarge")
+    with pytest.raises(LaunchError, match="allowed: intel-mpi, intel-mpi-oneccl, openmpi"):
+        _plan(machine, "mpich")
+    with pytest.raises(LaunchError, match="repeat"):
+        _plan(machine, "intel-mpi", hosts=["a", "a"])
+    with pytest.raises(LaunchError, match="MASTER_PORT"):
+        _plan(machine, "intel-mpi", master_port=80)
+
+
+def test_openmpi_as_root_needs_the_flag():
+    plan = _plan(catalog.lookup("c6i.16xlarge"), "openmpi", run_as_root=True)
+    assert "--allow-run-as-root" in plan.argv
+
+
+def test_hostfile_text():
+    assert hostfile_text(["m", "w"], "intel-mpi", 2) == "m\nw\n"
+    assert hostfile_text(["m", "w"], "openmpi", 2) == "m slots=2\nw slots=2\n"
+
+
+def test_script_is_valid_shell_and_records_pid_log_and_exit_code():
+    plan = _plan(catalog.lookup("r7iz.metal-16xl"), "intel-mpi-oneccl")
+    script = plan.script()
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)  # syntax check only
+    d = f'"$HOME/{plan.job_dir}"'
+    assert f"echo $$ > {d}/pid" in script
+    assert f"exec >> {d}/log 2>&1" in script
+    assert f"mv {d}/exit_code.tmp {d}/exit_code" in script
+    assert " ".join(shlex.quote(a) for a in plan.argv) in script
+    assert 'export PATH="/opt/xeon-cluster/venv-stock/bin:$PATH"' in script
+    # the readable line hides the wrapper but keeps everything else
+    assert "<rank-wrapper>" in plan.command_line() and RANK_WRAPPER not in plan.command_line()
+
+
+def test_rank_wrapper_records_pid_and_runs_program(tmp_path):
+    env = {"HOME": str(tmp_path), "XEON_CLUSTER_JOB": "j9", "PMI_RANK": "5", "MASTER_ADDR": "127.0.0.1",
+           "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    out = subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", "sh", "-c", 'echo "$$ $GLOO_SOCKET_IFNAME"'],
+                         env=env, capture_output=True, text=True, check=True)
+    pid, iface = out.stdout.split()
+    record = (tmp_path / ".xeon-cluster/jobs/j9/ranks/rank-5").read_text().split()
+    assert record[0] == pid  # exec: the recorded pid is the program's
+    assert record[1].isdigit()
+    assert iface == "lo"  # the interface holding MASTER_ADDR
