@@ -155,10 +155,11 @@ class ClusterSpec:
             problems.append(f"rootVolumeType: {root_type!r} is not allowed; allowed: {', '.join(ROOT_VOLUME_TYPES)}")
         problems.extend(_cidr_problems(admin, allow_open))
         problems.extend(_public_key_problems(public_key))
-        if not isinstance(tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                     for k, v in tags.items()):
-            problems.append(f"tags: {tags!r} must be a map of string keys to string values")
-            tags = {}
+        tags, tag_problems = _parse_tags(tags)
+        problems.extend(tag_problems)
+        if not region:
+            problems.append("aws:region: not set; allowed: an AWS region name, e.g. "
+                            "`pulumi config set aws:region us-east-1`")
         if problems:
             raise ConfigError(problems)
 
@@ -178,6 +179,24 @@ class ClusterSpec:
             destroy_bucket=get("destroyBucket", "destroy_bucket", bool),
             sockets=sockets, physical_cores=cores, tags=dict(tags),
         )
+
+
+def _parse_tags(tags: Any) -> tuple[dict[str, str], list[str]]:
+    """Tags as a map, or as a list of `key=value` strings (Pulumi project config has no map type)."""
+    if isinstance(tags, (list, tuple)):
+        parsed: dict[str, str] = {}
+        for item in tags:
+            key, sep, value = str(item).partition("=")
+            if not sep or not key.strip():
+                return {}, [f"tags: {item!r} is not key=value; allowed: a list of key=value strings, "
+                            "e.g. `pulumi config set --path 'tags[0]' team=ml`"]
+            parsed[key.strip()] = value.strip()
+        return parsed, []
+    if not isinstance(tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in tags.items()):
+        return {}, [f"tags: {tags!r} must be a map of string keys to string values "
+                    "or a list of key=value strings"]
+    return dict(tags), []
 
 
 def _cidr_problems(cidrs: tuple[str, ...], allow_open: bool) -> list[str]:

@@ -1,0 +1,91 @@
+"""What the program looks up in the account before it creates anything: base image and placement.
+
+All lookups run before the first resource is registered, so a failed lookup (no default VPC, an
+instance type not offered in the region) stops `pulumi up` with a clear message and nothing made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi_aws as aws
+
+from cluster.spec import ClusterSpec
+
+CANONICAL_OWNER = "099720109477"
+# Canonical's Ubuntu 24.04 LTS (noble) amd64 server images; gp3 root volumes since 23.10.
+UBUNTU_2404_AMD64 = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
+
+
+class AccountLookupError(RuntimeError):
+    """A lookup in the account found nothing usable; the message says what to set instead."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    vpc_id: str
+    subnet_id: str
+    default_vpc: bool  # in the default VPC nodes get a public address for outbound internet
+
+
+def base_ami_id(spec: ClusterSpec) -> str:
+    """The image nodes boot from before baking: `baseAmi`, or the newest Ubuntu 24.04 amd64."""
+    if spec.base_ami:
+        return spec.base_ami
+    try:
+        image = aws.ec2.get_ami(
+            most_recent=True,
+            owners=[CANONICAL_OWNER],
+            filters=[
+                {"name": "name", "values": [UBUNTU_2404_AMD64]},
+                {"name": "architecture", "values": ["x86_64"]},
+                {"name": "virtualization-type", "values": ["hvm"]},
+                {"name": "root-device-type", "values": ["ebs"]},
+            ],
+        )
+    except Exception as exc:  # the provider's own error names nothing the user can set
+        raise AccountLookupError(
+            f"baseAmi: not set and no Ubuntu 24.04 amd64 image from Canonical ({CANONICAL_OWNER}) was "
+            f"found in region {spec.region} ({exc}); set baseAmi to an Ubuntu 24.04 amd64 AMI id") from None
+    return image.id
+
+
+def _offered_zones(spec: ClusterSpec) -> list[str]:
+    offers = aws.ec2.get_instance_type_offerings(
+        location_type="availability-zone",
+        filters=[{"name": "instance-type", "values": [spec.instance_type]}],
+    )
+    return sorted(set(offers.locations or []))
+
+
+def placement(spec: ClusterSpec) -> Placement:
+    """The VPC and the one subnet every node goes into (a cluster placement group is one zone)."""
+    if spec.subnet_id:
+        subnet = aws.ec2.get_subnet(id=spec.subnet_id)
+        if spec.vpc_id and subnet.vpc_id != spec.vpc_id:
+            raise AccountLookupError(f"subnetId: {spec.subnet_id!r} is in VPC {subnet.vpc_id}, not in vpcId "
+                               f"{spec.vpc_id!r}; allowed: a subnet of vpcId (or leave vpcId unset)")
+        return Placement(vpc_id=subnet.vpc_id, subnet_id=spec.subnet_id, default_vpc=False)
+
+    if spec.vpc_id:
+        vpc_id, default_vpc = spec.vpc_id, False
+    else:
+        try:
+            vpc_id, default_vpc = aws.ec2.get_vpc(default=True).id, True
+        except Exception:
+            raise AccountLookupError(f"vpcId: not set and region {spec.region} has no default VPC; set vpcId and "
+                               "subnetId to a subnet with outbound internet (NAT)") from None
+
+    zones = _offered_zones(spec)
+    if not zones:
+        raise AccountLookupError(f"instanceType: {spec.instance_type!r} is not offered in any availability zone of "
+                           f"{spec.region}; allowed: a type offered there, or another aws:region")
+    filters = [{"name": "vpc-id", "values": [vpc_id]},
+               {"name": "availability-zone", "values": zones}]
+    if default_vpc:
+        filters.append({"name": "default-for-az", "values": ["true"]})
+    subnet_ids = sorted(aws.ec2.get_subnets(filters=filters).ids or [])
+    if not subnet_ids:
+        raise AccountLookupError(f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering "
+                           f"{spec.instance_type} ({', '.join(zones)}); set subnetId")
+    return Placement(vpc_id=vpc_id, subnet_id=subnet_ids[0], default_vpc=default_vpc)

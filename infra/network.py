@@ -1,0 +1,84 @@
+"""Who may talk to the nodes: the cluster security group, the master's SSH group, placement, key.
+
+- `cluster` group: every member reaches every other member on every port (MPI, gloo, oneCCL pick
+  ports freely); outbound open. Nothing from outside the group is admitted. All nodes carry it.
+- `ssh` group: port 22 from the admin CIDRs only; only the master carries it. Workers are reached
+  through the master (Fabric's gateway), so they take no inbound traffic from outside the group.
+Rules are separate `aws.vpc.SecurityGroup*Rule` resources, never inline, so they can change one at
+a time and never fight with inline rules.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pulumi
+import pulumi_aws as aws
+
+from cluster.spec import ClusterSpec
+
+
+class ClusterNetwork(pulumi.ComponentResource):
+    def __init__(self, name: str, spec: ClusterSpec, vpc_id: str, tags: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("xeon-cluster:infra:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.cluster_group = aws.ec2.SecurityGroup(
+            f"{name}-cluster",
+            vpc_id=vpc_id,
+            description=f"xeon-cluster {spec.cluster_name}: all traffic between cluster members",
+            tags={**tags, "Name": f"{name}-cluster"},
+            opts=child)
+        self.self_rule = aws.vpc.SecurityGroupIngressRule(
+            f"{name}-cluster-self",
+            security_group_id=self.cluster_group.id,
+            referenced_security_group_id=self.cluster_group.id,
+            ip_protocol="-1",
+            description="every port from members of this group",
+            tags=tags,
+            opts=child)
+        # Nodes download packages, models and datasets; return traffic of SSH is stateful.
+        self.egress_rules = [
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-cluster-egress-{family}",
+                security_group_id=self.cluster_group.id,
+                ip_protocol="-1",
+                description=f"outbound {family}",
+                tags=tags,
+                opts=child,
+                **{f"cidr_{family}": cidr})
+            for family, cidr in (("ipv4", "0.0.0.0/0"), ("ipv6", "::/0"))
+        ]
+
+        self.ssh_group = aws.ec2.SecurityGroup(
+            f"{name}-ssh",
+            vpc_id=vpc_id,
+            description=f"xeon-cluster {spec.cluster_name}: SSH to the master from the admin networks",
+            tags={**tags, "Name": f"{name}-ssh"},
+            opts=child)
+        self.ssh_rules = []
+        for index, cidr in enumerate(spec.admin_cidrs):
+            family = "ipv6" if ipaddress.ip_network(cidr).version == 6 else "ipv4"
+            self.ssh_rules.append(aws.vpc.SecurityGroupIngressRule(
+                f"{name}-ssh-{index}",
+                security_group_id=self.ssh_group.id,
+                ip_protocol="tcp",
+                from_port=22,
+                to_port=22,
+                description=f"SSH from admin network {cidr}",
+                tags=tags,
+                opts=child,
+                **{f"cidr_{family}": cidr}))
+
+        # A cluster placement group packs the nodes close together (10 Gbps per flow, not 5).
+        self.placement_group = aws.ec2.PlacementGroup(
+            f"{name}-placement", strategy="cluster", tags=tags, opts=child) if spec.placement_group else None
+
+        self.key_pair = aws.ec2.KeyPair(f"{name}-key", public_key=spec.public_key, tags=tags, opts=child)
+
+        self.register_outputs({
+            "clusterGroupId": self.cluster_group.id,
+            "sshGroupId": self.ssh_group.id,
+            "keyName": self.key_pair.key_name,
+        })

@@ -1,0 +1,177 @@
+"""Run the real Pulumi program (infra/__main__.py) under Pulumi's mocks and record what it registers.
+
+No CLI, no AWS account, no network. `FakeAws` answers the lookups (AMI, VPC, subnets, offerings)
+and gives created resources ids and computed addresses; `RecordingMonitor` keeps, per resource,
+its type, name, parent, inputs, the URNs it depends on (`depends_on` is not part of the inputs a
+Mocks object sees) and the order of registration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi.runtime import mocks, rpc
+from pulumi.runtime.sync_await import _sync_await
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = ROOT / "infra" / "__main__.py"
+PROJECT = "xeon-cluster"
+STACK = "dev"
+REGION = "us-east-1"
+
+# A real OpenSSH ed25519 public key line (made with ssh-keygen for these tests; no private half kept).
+PUBLIC_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICECnqlEndt9BEuNRtVWwmWQcvgQq/FYgx/iofqx4Int "
+              "test@xeon-cluster")
+ADMIN_CIDR = "203.0.113.7/32"
+BASE_AMI = "ami-0ubuntu2404base"
+DEFAULT_VPC = "vpc-0default"
+OFFERED_ZONES = ["us-east-1c", "us-east-1a"]
+DEFAULT_SUBNETS = ["subnet-0ccc", "subnet-0aaa"]
+
+
+def minimal_config(**overrides: Any) -> dict[str, Any]:
+    """The smallest valid stack config; overrides use the camelCase Pulumi keys."""
+    config: dict[str, Any] = {"publicKey": PUBLIC_KEY, "adminCidrs": [ADMIN_CIDR]}
+    config.update(overrides)
+    return config
+
+
+def _address(name: str) -> tuple[str, str]:
+    """A private and a public address derived from the name (not from registration order)."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return f"10.0.{digest[0]}.{digest[1] or 1}", f"198.51.{digest[2]}.{digest[3] or 1}"
+
+
+class FakeAws(mocks.Mocks):
+    """Test double for the AWS provider: answers invokes and "creates" resources."""
+
+    def __init__(self, fail_tokens: set[str] | None = None):
+        self.calls: list[tuple[str, dict]] = []
+        self.fail_tokens = fail_tokens or set()
+
+    def call(self, args: mocks.MockCallArgs):
+        self.calls.append((args.token, dict(args.args)))
+        if args.token in self.fail_tokens:
+            raise Exception(f"{args.token}: no matching result found")
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {"id": BASE_AMI, "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20260101"}
+        if args.token == "aws:ec2/getVpc:getVpc":
+            return {"id": DEFAULT_VPC, "default": True}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            return {"locations": OFFERED_ZONES, "locationTypes": ["availability-zone"] * len(OFFERED_ZONES),
+                    "instanceTypes": ["x"] * len(OFFERED_ZONES), "id": REGION}
+        if args.token == "aws:ec2/getSubnets:getSubnets":
+            return {"ids": DEFAULT_SUBNETS, "id": REGION}
+        if args.token == "aws:ec2/getSubnet:getSubnet":
+            return {"id": args.args["id"], "vpcId": "vpc-0custom", "availabilityZone": "us-east-1a"}
+        return {}
+
+    def new_resource(self, args: mocks.MockResourceArgs):
+        state = dict(args.inputs)
+        typ, name = args.typ, args.name
+        rid = f"{name}-id"
+        if typ == "aws:ec2/instance:Instance":
+            rid = f"i-{name}"
+            private, public = _address(name)
+            state.update(privateIp=private, publicIp=public if args.inputs.get("associatePublicIpAddress") else "")
+        elif typ == "aws:ec2/amiFromInstance:AmiFromInstance":
+            rid = f"ami-{name}"
+        elif typ == "aws:ec2/securityGroup:SecurityGroup":
+            rid = f"sg-{name}"
+        elif typ == "aws:ec2/keyPair:KeyPair":
+            state["keyName"] = name
+        elif typ == "aws:ec2/placementGroup:PlacementGroup":
+            state["name"] = name
+        elif typ == "aws:s3/bucket:Bucket":
+            state["bucket"] = f"{name}-0a1b2c3"
+        return rid, state
+
+
+@dataclass
+class Registration:
+    urn: str
+    type: str
+    name: str
+    parent: str
+    inputs: dict
+    dependencies: list[str]
+    retain_on_delete: bool
+    id: str = ""
+    index: int = 0
+    state: dict = field(default_factory=dict)
+
+
+class RecordingMonitor(mocks.MockMonitor):
+    """MockMonitor that also keeps dependencies, parents, options and registration order."""
+
+    def __init__(self, fake: FakeAws):
+        super().__init__(fake)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = _sync_await(_deserialize(request.object))
+            reg = self.resources.get(response.urn)
+            self.registrations.append(Registration(
+                urn=response.urn, type=request.type, name=request.name, parent=request.parent,
+                inputs=inputs, dependencies=list(request.dependencies),
+                retain_on_delete=bool(getattr(request, "retainOnDelete", False)),
+                id=reg.id if reg else "", index=len(self.registrations),
+                state=dict(reg.state) if reg else {}))
+        return response
+
+    # helpers for assertions -------------------------------------------------------------------
+    def of_type(self, typ: str) -> list[Registration]:
+        return [r for r in self.registrations if r.type == typ]
+
+    def by_urn(self, urn: str) -> Registration:
+        return next(r for r in self.registrations if r.urn == urn)
+
+    def aws_resources(self) -> list[Registration]:
+        return [r for r in self.registrations if r.type.startswith("aws:")]
+
+
+async def _deserialize(struct):
+    return rpc.deserialize_properties(struct)
+
+
+@dataclass
+class Harness:
+    fake: FakeAws
+    monitor: RecordingMonitor
+
+    def run(self, config: dict[str, Any], region: str | None = REGION) -> dict[str, Any]:
+        """Evaluate infra/__main__.py with this stack config; return the resolved stack outputs."""
+        import json
+
+        values = {f"{PROJECT}:{k}": (json.dumps(v) if isinstance(v, (list, dict)) else
+                                     str(v).lower() if isinstance(v, bool) else str(v))
+                  for k, v in config.items()}
+        if region:
+            values["aws:region"] = region
+        pulumi.runtime.set_all_config(values)
+        resolved: dict[str, Any] = {}
+
+        @pulumi.runtime.test
+        def program():
+            namespace = runpy.run_path(str(MAIN), run_name="__main__")
+            return pulumi.Output.from_input(namespace["outputs"]).apply(resolved.update)
+
+        program()
+        return resolved
+
+
+@pytest.fixture
+def harness() -> Harness:
+    fake = FakeAws()
+    monitor = RecordingMonitor(fake)
+    pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
+    yield Harness(fake, monitor)
+    pulumi.runtime.set_all_config({})
