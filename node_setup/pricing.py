@@ -1,0 +1,141 @@
+"""Hourly price of an instance type: spot price history, else the Pricing API, else a static table.
+
+Every answer says where it came from (`Price.source`), and `fab plan` prints it: a spot price is
+what the last hours cost in one availability zone, not a promise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from node_setup import aws
+
+# The Pricing API answers only in a few regions; us-east-1 serves every region's prices.
+PRICING_API_REGION = "us-east-1"
+SPOT_HISTORY_HOURS = 6
+
+# On-demand Linux prices in us-east-1 (USD per hour), from the AWS "Amazon EC2 On-Demand Pricing"
+# page; used only when the Pricing API cannot be reached or denies access. Other regions cost
+# somewhat more; the printed source says that this table was used.
+STATIC_ON_DEMAND_USD = {
+    "r7iz.metal-16xl": 5.952,
+    "r7iz.metal-32xl": 11.904,
+    "c6i.16xlarge": 2.72,
+    "c6i.32xlarge": 5.44,
+    "c6in.32xlarge": 7.2576,
+    "c7i.metal-24xl": 4.284,
+    "c7i.metal-48xl": 8.568,
+    "m7i.48xlarge": 9.6768,
+}
+STATIC_SOURCE = "on-demand, static table (us-east-1 Linux list price; may be out of date)"
+
+
+@dataclass(frozen=True)
+class Price:
+    usd_per_hour: float
+    market: str  # "spot" or "on-demand"
+    source: str
+    zone: str | None = None
+
+
+def region_location_name(region: str) -> str | None:
+    """`us-east-1` -> `US East (N. Virginia)`, the Pricing API's `location` (from botocore's data)."""
+    endpoints = boto3.session.Session()._loader.load_data("endpoints")
+    for partition in endpoints.get("partitions", []):
+        info = partition.get("regions", {}).get(region)
+        if info:
+            return info.get("description")
+    return None
+
+
+def latest_spot_prices(ec2, instance_type: str, zones: list[str] | None = None,
+                       now: dt.datetime | None = None) -> dict[str, tuple[float, dt.datetime]]:
+    """Zone -> (latest Linux spot price, its time) over the last SPOT_HISTORY_HOURS hours."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    kwargs = dict(InstanceTypes=[instance_type], ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+                  StartTime=now - dt.timedelta(hours=SPOT_HISTORY_HOURS), EndTime=now)
+    if zones:
+        kwargs["Filters"] = [{"Name": "availability-zone", "Values": list(zones)}]
+    latest: dict[str, tuple[float, dt.datetime]] = {}
+    for page in ec2.get_paginator("describe_spot_price_history").paginate(**kwargs):
+        for entry in page.get("SpotPriceHistory", []):
+            zone, stamp = entry["AvailabilityZone"], entry["Timestamp"]
+            if zones and zone not in zones:
+                continue
+            if zone not in latest or stamp > latest[zone][1]:
+                latest[zone] = (float(entry["SpotPrice"]), stamp)
+    return latest
+
+
+def spot_price(ec2, instance_type: str, region: str, zones: list[str] | None = None) -> Price | None:
+    """The cheapest zone's latest spot price, or None when there is no history."""
+    latest = latest_spot_prices(ec2, instance_type, zones)
+    if not latest:
+        return None
+    zone = min(latest, key=lambda z: (latest[z][0], z))
+    price, stamp = latest[zone]
+    return Price(price, "spot", f"spot price history, {zone}, {stamp:%Y-%m-%d %H:%M} UTC", zone)
+
+
+def on_demand_price(pricing, instance_type: str, region: str) -> Price | None:
+    """Linux, shared tenancy, no pre-installed software, from the Pricing API (None if not listed)."""
+    location = region_location_name(region)
+    if not location:
+        return None
+    filters = {"ServiceCode": "AmazonEC2", "Filters": [
+        {"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
+            ("instanceType", instance_type), ("location", location), ("operatingSystem", "Linux"),
+            ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]}
+    for page in pricing.get_paginator("get_products").paginate(**filters):
+        for item in page.get("PriceList", []):
+            product = json.loads(item) if isinstance(item, str) else item
+            for term in product.get("terms", {}).get("OnDemand", {}).values():
+                for dimension in term.get("priceDimensions", {}).values():
+                    usd = float(dimension.get("pricePerUnit", {}).get("USD", 0) or 0)
+                    if usd > 0 and dimension.get("unit") in ("Hrs", "Hours", None):
+                        return Price(usd, "on-demand", f"on-demand, AWS Pricing API ({location})")
+    return None
+
+
+def static_on_demand_price(instance_type: str) -> Price | None:
+    usd = STATIC_ON_DEMAND_USD.get(instance_type)
+    return Price(usd, "on-demand", STATIC_SOURCE) if usd else None
+
+
+def hourly_price(instance_type: str, region: str, *, spot: bool = True, zones: list[str] | None = None,
+                 ec2=None, pricing=None, notes: list[str] | None = None) -> Price:
+    """The best price we can know for one instance-hour; `notes` collects why a source was skipped."""
+    notes = notes if notes is not None else []
+    if spot:
+        try:
+            found = spot_price(ec2 or aws.client("ec2", region), instance_type, region, zones)
+            if found:
+                return found
+            notes.append(f"no spot price history for {instance_type} in {region}")
+        except (ClientError, BotoCoreError) as exc:
+            notes.append(f"spot price history unavailable ({_short(exc)})")
+    try:
+        found = on_demand_price(pricing or aws.client("pricing", PRICING_API_REGION), instance_type, region)
+        if found:
+            return found
+        notes.append(f"the Pricing API lists no on-demand price for {instance_type} in {region}")
+    except (ClientError, BotoCoreError) as exc:
+        notes.append(f"Pricing API unavailable ({_short(exc)})")
+    found = static_on_demand_price(instance_type)
+    if found:
+        return found
+    raise LookupError(f"no price for instance type {instance_type!r} in {region}: "
+                      + "; ".join(notes) + f"; the static table knows {', '.join(sorted(STATIC_ON_DEMAND_USD))}. "
+                      "Pass --hourly-usd to give the price yourself")
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        return f"{err.get('Code')}: {str(err.get('Message', ''))[:120]}"
+    return str(exc)[:160]

@@ -1,0 +1,88 @@
+"""Read a stack's `Pulumi.<stack>.yaml` into a ClusterSpec without the Pulumi CLI.
+
+`fab preflight` and `fab plan` run before `pulumi up`, from the same settings: the keys
+`xeon-cluster:<camelCaseKey>` (the ones `infra/config.py` reads) and the region `aws:region`.
+Secret values (`{secure: ...}`) cannot be read without the CLI and are not needed here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster.spec import ClusterSpec, ConfigError
+
+PROJECT = "xeon-cluster"
+EXAMPLE_STACK = "example"
+# The Pulumi.yaml defaults that mean "not set" (see infra/config.py UNSET_SENTINELS).
+UNSET_SENTINELS = {"sockets": "0", "physicalCores": "0"}
+
+
+class StackConfigError(ValueError):
+    """No stack file, several candidates, or a file that is not Pulumi stack config."""
+
+
+def stack_files(root: str | os.PathLike = ".") -> dict[str, Path]:
+    """Stack name -> file, for every Pulumi.<stack>.yaml in `root` except the example."""
+    found = {}
+    for path in sorted(Path(root).glob("Pulumi.*.yaml")):
+        stack = path.name[len("Pulumi."):-len(".yaml")]
+        if stack and stack != EXAMPLE_STACK:
+            found[stack] = path
+    return found
+
+
+def choose_stack(stack: str | None, root: str | os.PathLike = ".") -> tuple[str, Path]:
+    files = stack_files(root)
+    if stack:
+        path = Path(root) / f"Pulumi.{stack}.yaml"
+        if not path.is_file():
+            raise StackConfigError(f"--stack: {stack!r} has no file {path}; stacks here: "
+                                   f"{', '.join(files) or 'none'} (create one with `pulumi stack init {stack}`)")
+        return stack, path
+    if len(files) == 1:
+        return next(iter(files.items()))
+    if not files:
+        raise StackConfigError(f"no Pulumi.<stack>.yaml in {Path(root).resolve()}: run `pulumi stack init dev` and "
+                               "set its config (see Pulumi.example.yaml), or pass --stack")
+    raise StackConfigError(f"several stacks here ({', '.join(files)}): pass --stack NAME")
+
+
+def read_stack_values(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """(camelCase settings, region) from a stack file."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise StackConfigError(f"{path}: not valid YAML ({exc})") from None
+    config = doc.get("config") or {}
+    if not isinstance(config, dict):
+        raise StackConfigError(f"{path}: `config` must be a map of keys like {PROJECT}:instanceType")
+    values: dict[str, Any] = {}
+    prefix = PROJECT + ":"
+    for key, value in config.items():
+        if not str(key).startswith(prefix) or isinstance(value, dict) and "secure" in value:
+            continue
+        name = str(key)[len(prefix):]
+        if value is None or value == "" or UNSET_SENTINELS.get(name) == str(value):
+            continue
+        values[name] = value
+    region = str(config.get("aws:region") or "")
+    return values, region
+
+
+def load_stack_spec(stack: str | None = None, root: str | os.PathLike = ".", *,
+                    overrides: dict[str, Any] | None = None) -> ClusterSpec:
+    """The validated ClusterSpec of a stack (`overrides` are camelCase keys, e.g. from fab options)."""
+    name, path = choose_stack(stack, root)
+    values, region = read_stack_values(path)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ""
+    if not region:
+        raise StackConfigError(f"{path}: aws:region is not set; run `pulumi config set aws:region us-east-1`")
+    try:
+        return ClusterSpec.from_config(values, stack=name, region=region)
+    except ConfigError as err:
+        raise ConfigError([f"{path.name}: {p}" for p in err.problems]) from None

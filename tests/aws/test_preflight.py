@@ -1,0 +1,219 @@
+"""fab preflight against moto accounts set up to pass and to fail each check.
+
+moto 5.2 implements describe_instance_type_offerings (with AWS's real per-zone data: r7iz.metal-16xl
+is offered in us-east-1a-d and f but not in us-east-1e, and not at all in us-west-1), DryRun on
+run_instances, and IAM policy enforcement (`set_initial_no_auth_action_count`), but Service Quotas
+only for the vpc service. EC2 quotas therefore come from `stubbed_service_quotas`, a test double
+built on botocore's Stubber over a real service-quotas client (it checks our requests and its
+answers against the API's shapes).
+"""
+
+import base64
+import json
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+moto = pytest.importorskip("moto")
+from moto.core import set_initial_no_auth_action_count  # noqa: E402
+
+from cluster.spec import ClusterSpec  # noqa: E402
+from node_setup import preflight as pf  # noqa: E402
+from node_setup.preflight import AwsClients, run_preflight  # noqa: E402
+
+PUBLIC_KEY = "ssh-ed25519 " + base64.b64encode(
+    b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(range(32))).decode() + " test"
+MY_ADDRESS = "203.0.113.7"
+
+
+def spec_for(region="us-east-1", **cfg):
+    values = {"publicKey": PUBLIC_KEY, "adminCidrs": ["203.0.113.0/24"], "workerCount": 3,
+              "instanceType": "r7iz.metal-16xl"}
+    values.update(cfg)
+    return ClusterSpec.from_config(values, stack="dev", region=region)
+
+
+def canonical_image(region="us-east-1"):
+    """moto ships a Canonical Ubuntu image; the stack names it as baseAmi."""
+    images = boto3.client("ec2", region_name=region).describe_images(Owners=[pf.CANONICAL_OWNER])["Images"]
+    return images[0]["ImageId"]
+
+
+def stubbed_service_quotas(region="us-east-1", session=None, **values):
+    """Test double for EC2's Service Quotas (moto has none): answers get_service_quota per code."""
+    client = (session or boto3).client("service-quotas", region_name=region)
+    stub = Stubber(client)
+    for code, value in values.items():
+        stub.add_response("get_service_quota",
+                          {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": float(value)}},
+                          {"ServiceCode": "ec2", "QuotaCode": code})
+    stub.activate()
+    return client, stub
+
+
+def clients(region="us-east-1", session=None, quotas=None):
+    s = session or boto3
+    return AwsClients(sts=s.client("sts", region_name=region), ec2=s.client("ec2", region_name=region),
+                      quotas=quotas)
+
+
+def test_a_good_account_passes_every_check(mocked_aws):
+    quotas, stub = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas),
+                           public_ip=lambda: MY_ADDRESS)
+    stub.assert_no_pending_responses()
+    assert report.exit_code == 0, report.render()
+    assert [f.check for f in report.findings] == ["region", "credentials", "offering", "quota", "dry-run",
+                                                  "admin-cidr"]
+    assert all(f.status == pf.OK for f in report.findings), report.render()
+    offering = next(f for f in report.findings if f.check == "offering")
+    assert "us-east-1a" in offering.message and "not offered in us-east-1e" in offering.message
+    assert "need 256" in report.render()
+
+
+def test_type_not_offered_in_the_subnets_zone_fails_and_names_the_good_zones(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    subnet_e = ec2.describe_subnets(Filters=[{"Name": "availability-zone", "Values": ["us-east-1e"]}])["Subnets"][0]
+    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    report = run_preflight(spec_for(baseAmi=canonical_image(), subnetId=subnet_e["SubnetId"]),
+                           clients=clients(quotas=quotas), public_ip=lambda: MY_ADDRESS)
+    assert report.exit_code == 1
+    bad = report.failures[0]
+    assert bad.check == "offering" and "us-east-1e" in bad.message
+    assert "us-east-1a, us-east-1b, us-east-1c, us-east-1d, us-east-1f" in bad.fix
+    assert report.status_of("quota") == pf.OK  # the other checks still ran
+
+
+def test_type_not_offered_in_the_region_suggests_catalog_types_offered_there(mocked_aws):
+    region = "us-west-1"
+    quotas, _ = stubbed_service_quotas(region, **{pf.SPOT_QUOTA_CODE: 512})
+    report = run_preflight(spec_for(region, baseAmi=canonical_image(region)), clients=clients(region, quotas=quotas),
+                           public_ip=lambda: MY_ADDRESS)
+    bad = [f for f in report.failures if f.check == "offering"][0]
+    assert "not offered in us-west-1" in bad.message
+    assert "c6i.16xlarge" in bad.fix and "r7iz.metal-16xl" not in bad.fix
+
+
+def test_quota_too_small_fails_with_the_number_to_request(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    image = canonical_image()
+    # Another cluster's spot node already holds 64 vCPUs; this cluster's own node does not count.
+    ec2.run_instances(ImageId=image, InstanceType="c6i.16xlarge", MinCount=1, MaxCount=1,
+                      InstanceMarketOptions={"MarketType": "spot"})
+    ec2.run_instances(ImageId=image, InstanceType="r7iz.metal-16xl", MinCount=1, MaxCount=1,
+                      InstanceMarketOptions={"MarketType": "spot"},
+                      TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                          {"Key": "xeon-cluster:cluster", "Value": "xeon-dev"}]}])
+    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 192, pf.ON_DEMAND_QUOTA_CODE: 1024})
+    report = run_preflight(spec_for(baseAmi=image, masterSpot=False), clients=clients(quotas=quotas),
+                           public_ip=lambda: MY_ADDRESS)
+    assert report.exit_code == 1
+    quota = [f for f in report.findings if f.check == "quota"]
+    spot = next(f for f in quota if "spot" in f.message and f.status == pf.FAIL)
+    assert "64 already in use" in spot.message and "3 x r7iz.metal-16xl need 192" in spot.message
+    assert "--quota-code L-34B43A08 --desired-value 256" in spot.fix
+    assert "run 2 node(s)" in spot.fix  # 192 - 64 = 128 vCPUs still fit two nodes
+    on_demand = next(f for f in quota if "on-demand" in f.message)
+    assert on_demand.status == pf.OK and "need 64" in on_demand.message
+
+
+def _restricted_session(deny):
+    """An IAM user of the moto account that may do everything except `deny` (moto enforces IAM)."""
+    iam = boto3.client("iam", region_name="us-east-1")
+    iam.create_user(UserName="deployer")
+    iam.put_user_policy(UserName="deployer", PolicyName="p", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"},
+            {"Effect": "Deny", "Action": deny, "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="deployer")["AccessKey"]
+    return boto3.Session(aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"],
+                         region_name="us-east-1")
+
+
+@set_initial_no_auth_action_count(4)
+def _preflight_as_restricted_user(deny, quota_values, **cfg):
+    session = _restricted_session(deny)
+    quotas = session.client("service-quotas", region_name="us-east-1")
+    stub = None
+    if quota_values:
+        quotas, stub = stubbed_service_quotas(session=session, **quota_values)
+    spec = spec_for(baseAmi="ami-1e749f67", **cfg)
+    return run_preflight(spec, clients=clients(session=session, quotas=quotas), public_ip=lambda: MY_ADDRESS)
+
+
+def test_dry_run_refused_fails_and_other_checks_still_run(mocked_aws):
+    assert canonical_image() == "ami-1e749f67"
+    report = _preflight_as_restricted_user(["ec2:RunInstances"], {pf.SPOT_QUOTA_CODE: 512})
+    assert report.exit_code == 1
+    assert report.status_of("dry-run") == pf.FAIL
+    dry = next(f for f in report.findings if f.check == "dry-run")
+    assert "not allowed" in dry.message and "ec2:RunInstances" in dry.fix
+    assert report.status_of("offering") == pf.OK and report.status_of("quota") == pf.OK
+
+
+def test_access_denied_on_service_quotas_is_reported_and_the_rest_runs(mocked_aws):
+    report = _preflight_as_restricted_user(["servicequotas:GetServiceQuota"], None)
+    quota = next(f for f in report.findings if f.check == "quota")
+    assert quota.status == pf.WARN and "access denied" in quota.message and "256 vCPUs needed" in quota.message
+    assert report.status_of("dry-run") == pf.OK and report.status_of("admin-cidr") == pf.OK
+    assert report.exit_code == 0
+
+
+def test_admin_cidr_without_the_callers_address_fails(mocked_aws):
+    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas),
+                           public_ip=lambda: "198.51.100.9")
+    assert report.exit_code == 1
+    assert report.failures[0].check == "admin-cidr"
+    assert "198.51.100.9/32" in report.failures[0].fix
+
+
+def test_missing_credentials_fail_with_what_to_do(monkeypatch, tmp_path):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask an instance metadata service
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", raising=False)
+    report = run_preflight(spec_for(), public_ip=None)
+    assert report.exit_code == 1
+    assert report.failures[0].check == "credentials" and "aws configure" in report.failures[0].fix
+
+
+def test_unknown_region_fails_before_any_call(aws_credentials):
+    report = run_preflight(spec_for("mars-north-1"), clients=AwsClients(None, None, None), public_ip=None)
+    assert report.exit_code == 1 and report.failures[0].check == "region"
+    assert "us-east-1" in report.failures[0].message
+
+
+def test_throttling_is_retried(mocked_aws):
+    """`throttle_once` (a test double) answers the first GetCallerIdentity with HTTP 400 Throttling."""
+    from botocore.awsrequest import AWSResponse
+
+    from node_setup import aws
+
+    sts = aws.client("sts", "us-east-1")
+    calls = []
+
+    def throttle_once(request, **kwargs):
+        calls.append(request.url)
+        if len(calls) == 1:
+            body = (b"<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code>"
+                    b"<Message>Rate exceeded</Message></Error></ErrorResponse>")
+            return AWSResponse(request.url, 400, {}, _Raw(body))
+        return None
+
+    sts.meta.events.register_first("before-send.sts.GetCallerIdentity", throttle_once)
+    report = pf.PreflightReport(region="us-east-1")
+    assert pf.check_credentials(report, AwsClients(sts=sts, ec2=None, quotas=None))
+    assert len(calls) == 2 and report.findings[0].status == pf.OK
+
+
+class _Raw:
+    def __init__(self, body):
+        self._body = body
+
+    def stream(self, **kwargs):
+        yield self._body
