@@ -29,25 +29,28 @@ class Placement:
 
 
 def base_ami_id(spec: ClusterSpec) -> str:
-    """The image nodes boot from before baking: `baseAmi`, or the newest Ubuntu 24.04 amd64."""
+    """The image nodes boot from before baking: `baseAmi`, or the newest Ubuntu 24.04 amd64.
+
+    List lookups (get_ami_ids, get_vpcs, get_subnets) return empty instead of failing, so the
+    program can say what to set; a failed invoke would surface only the provider's message.
+    """
     if spec.base_ami:
         return spec.base_ami
-    try:
-        image = aws.ec2.get_ami(
-            most_recent=True,
-            owners=[CANONICAL_OWNER],
-            filters=[
-                {"name": "name", "values": [UBUNTU_2404_AMD64]},
-                {"name": "architecture", "values": ["x86_64"]},
-                {"name": "virtualization-type", "values": ["hvm"]},
-                {"name": "root-device-type", "values": ["ebs"]},
-            ],
-        )
-    except Exception as exc:  # the provider's own error names nothing the user can set
+    found = aws.ec2.get_ami_ids(
+        owners=[CANONICAL_OWNER],
+        filters=[
+            {"name": "name", "values": [UBUNTU_2404_AMD64]},
+            {"name": "architecture", "values": ["x86_64"]},
+            {"name": "virtualization-type", "values": ["hvm"]},
+            {"name": "root-device-type", "values": ["ebs"]},
+        ],
+        sort_ascending=False,  # newest first
+    )
+    if not found.ids:
         raise AccountLookupError(
             f"baseAmi: not set and no Ubuntu 24.04 amd64 image from Canonical ({CANONICAL_OWNER}) was "
-            f"found in region {spec.region} ({exc}); set baseAmi to an Ubuntu 24.04 amd64 AMI id") from None
-    return image.id
+            f"found in region {spec.region}; set baseAmi to an Ubuntu 24.04 amd64 AMI id")
+    return found.ids[0]
 
 
 def _offered_zones(spec: ClusterSpec) -> list[str]:
@@ -63,29 +66,33 @@ def placement(spec: ClusterSpec) -> Placement:
     if spec.subnet_id:
         subnet = aws.ec2.get_subnet(id=spec.subnet_id)
         if spec.vpc_id and subnet.vpc_id != spec.vpc_id:
-            raise AccountLookupError(f"subnetId: {spec.subnet_id!r} is in VPC {subnet.vpc_id}, not in vpcId "
-                               f"{spec.vpc_id!r}; allowed: a subnet of vpcId (or leave vpcId unset)")
+            raise AccountLookupError(
+                f"subnetId: {spec.subnet_id!r} is in VPC {subnet.vpc_id}, not in vpcId {spec.vpc_id!r}; "
+                "allowed: a subnet of vpcId (or leave vpcId unset)")
         return Placement(vpc_id=subnet.vpc_id, subnet_id=spec.subnet_id, default_vpc=False)
 
     if spec.vpc_id:
         vpc_id, default_vpc = spec.vpc_id, False
     else:
-        try:
-            vpc_id, default_vpc = aws.ec2.get_vpc(default=True).id, True
-        except Exception:
-            raise AccountLookupError(f"vpcId: not set and region {spec.region} has no default VPC; set vpcId and "
-                               "subnetId to a subnet with outbound internet (NAT)") from None
+        defaults = aws.ec2.get_vpcs(filters=[{"name": "is-default", "values": ["true"]}]).ids or []
+        if not defaults:
+            raise AccountLookupError(
+                f"vpcId: not set and region {spec.region} has no default VPC; set vpcId and subnetId "
+                "to a subnet with outbound internet (NAT)")
+        vpc_id, default_vpc = defaults[0], True
 
     zones = _offered_zones(spec)
     if not zones:
-        raise AccountLookupError(f"instanceType: {spec.instance_type!r} is not offered in any availability zone of "
-                           f"{spec.region}; allowed: a type offered there, or another aws:region")
+        raise AccountLookupError(
+            f"instanceType: {spec.instance_type!r} is not offered in any availability zone of {spec.region}; "
+            "allowed: a type offered there, or another aws:region")
     filters = [{"name": "vpc-id", "values": [vpc_id]},
                {"name": "availability-zone", "values": zones}]
     if default_vpc:
         filters.append({"name": "default-for-az", "values": ["true"]})
     subnet_ids = sorted(aws.ec2.get_subnets(filters=filters).ids or [])
     if not subnet_ids:
-        raise AccountLookupError(f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering "
-                           f"{spec.instance_type} ({', '.join(zones)}); set subnetId")
+        raise AccountLookupError(
+            f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering {spec.instance_type} "
+            f"({', '.join(zones)}); set subnetId")
     return Placement(vpc_id=vpc_id, subnet_id=subnet_ids[0], default_vpc=default_vpc)

@@ -51,18 +51,18 @@ def _address(name: str) -> tuple[str, str]:
 class FakeAws(mocks.Mocks):
     """Test double for the AWS provider: answers invokes and "creates" resources."""
 
-    def __init__(self, fail_tokens: set[str] | None = None):
+    def __init__(self, empty_tokens: set[str] | None = None):
         self.calls: list[tuple[str, dict]] = []
-        self.fail_tokens = fail_tokens or set()
+        self.empty_tokens = empty_tokens or set()  # list lookups that find nothing
 
     def call(self, args: mocks.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
-        if args.token in self.fail_tokens:
-            raise Exception(f"{args.token}: no matching result found")
-        if args.token == "aws:ec2/getAmi:getAmi":
-            return {"id": BASE_AMI, "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20260101"}
-        if args.token == "aws:ec2/getVpc:getVpc":
-            return {"id": DEFAULT_VPC, "default": True}
+        if args.token in self.empty_tokens:
+            return {"ids": [], "locations": [], "id": REGION}
+        if args.token == "aws:ec2/getAmiIds:getAmiIds":
+            return {"ids": [BASE_AMI, "ami-0older"], "id": REGION}
+        if args.token == "aws:ec2/getVpcs:getVpcs":
+            return {"ids": [DEFAULT_VPC], "id": REGION}
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             return {"locations": OFFERED_ZONES, "locationTypes": ["availability-zone"] * len(OFFERED_ZONES),
                     "instanceTypes": ["x"] * len(OFFERED_ZONES), "id": REGION}

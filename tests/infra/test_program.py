@@ -1,0 +1,374 @@
+"""The real infra/__main__.py under Pulumi mocks: what it registers for several stack configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import ipaddress
+
+import pulumi
+import pytest
+
+from cluster import profiles
+from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, RANK_KEY, ROLE_KEY,
+                          ROLE_MASTER, ROLE_WORKER, STACK_KEY)
+from infra.lookups import CANONICAL_OWNER, AccountLookupError
+from infra.setup_step import ProfileSetupProvider
+from tests.infra.conftest import (ADMIN_CIDR, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, STACK, FakeAws, Harness,
+                                  RecordingMonitor, minimal_config)
+
+INSTANCE = "aws:ec2/instance:Instance"
+SG = "aws:ec2/securityGroup:SecurityGroup"
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
+SETUP = "pulumi-python:dynamic/xeon-cluster:ProfileSetup"
+BUCKET = "aws:s3/bucket:Bucket"
+PLACEMENT = "aws:ec2/placementGroup:PlacementGroup"
+
+STACK_CONFIGS = {
+    "default": {},
+    "c6i.16xlarge": {"instanceType": "c6i.16xlarge"},
+    "on-demand master": {"masterSpot": False},
+    "bake off": {"bake": False},
+    "0 workers": {"workerCount": 0},
+    "16 workers": {"workerCount": 16},
+}
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def instances(monitor: RecordingMonitor):
+    """Instances in rank order, by their rank tag."""
+    return sorted(monitor.of_type(INSTANCE), key=lambda r: int(r.inputs["tags"][RANK_KEY]))
+
+
+def master_of(monitor):
+    (master,) = [r for r in monitor.of_type(INSTANCE) if r.inputs["tags"][ROLE_KEY] == ROLE_MASTER]
+    return master
+
+
+def workers_of(monitor):
+    return [r for r in instances(monitor) if r.inputs["tags"][ROLE_KEY] == ROLE_WORKER]
+
+
+def groups(monitor):
+    """(cluster group, ssh group) registrations, told apart by their ingress rules."""
+    sgs = {r.id: r for r in monitor.of_type(SG)}
+    self_rules = [r for r in monitor.of_type(INGRESS) if r.inputs.get("referencedSecurityGroupId")]
+    cluster_ids = {r.inputs["securityGroupId"] for r in self_rules}
+    assert len(cluster_ids) == 1, f"expected one self-referencing group, got {cluster_ids}"
+    cluster = sgs[cluster_ids.pop()]
+    (ssh,) = [g for g in sgs.values() if g.id != cluster.id]
+    return cluster, ssh
+
+
+def taggable(type_token: str) -> bool:
+    """Whether the pulumi_aws resource class behind a type token takes `tags`."""
+    module, _, cls = type_token.split(":", 1)[1].partition(":")
+    resource = getattr(importlib.import_module(f"pulumi_aws.{module.split('/')[0]}"), cls)
+    return "tags" in inspect.signature(resource._internal_init).parameters
+
+
+def run(harness: Harness, **config):
+    return harness.run(minimal_config(**config))
+
+
+# ----------------------------------------------------------------------- every stack config
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_security_groups_admit_only_members_and_admin_ssh_to_master(harness, name):
+    config = STACK_CONFIGS[name]
+    run(harness, **config)
+    monitor = harness.monitor
+    cluster, ssh = groups(monitor)
+    assert cluster.inputs["vpcId"] == ssh.inputs["vpcId"] == DEFAULT_VPC
+
+    # No inline rules and no legacy SecurityGroupRule resources anywhere.
+    for sg in monitor.of_type(SG):
+        assert not sg.inputs.get("ingress") and not sg.inputs.get("egress"), sg.name
+    assert not monitor.of_type("aws:ec2/securityGroupRule:SecurityGroupRule")
+
+    for rule in monitor.of_type(INGRESS):
+        if rule.inputs.get("referencedSecurityGroupId"):
+            # The one self rule: every protocol, from members of the cluster group to members.
+            assert rule.inputs["referencedSecurityGroupId"] == rule.inputs["securityGroupId"] == cluster.id
+            assert rule.inputs["ipProtocol"] == "-1"
+            continue
+        # Anything else admits an outside network: only the admin CIDRs, only TCP 22, only on ssh.
+        source = rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
+        assert source == ADMIN_CIDR, rule.inputs
+        assert not rule.inputs.get("prefixListId")
+        assert rule.inputs["securityGroupId"] == ssh.id
+        assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == ("tcp", 22, 22)
+
+    # Egress open from the cluster group (separate rule resources).
+    egress = {(r.inputs["securityGroupId"], r.inputs.get("cidrIpv4") or r.inputs.get("cidrIpv6"),
+               r.inputs["ipProtocol"]) for r in monitor.of_type(EGRESS)}
+    assert (cluster.id, "0.0.0.0/0", "-1") in egress
+
+    # Only the master carries the ssh group; workers take nothing from outside the cluster group.
+    assert set(master_of(monitor).inputs["vpcSecurityGroupIds"]) == {cluster.id, ssh.id}
+    for worker in workers_of(monitor):
+        assert worker.inputs["vpcSecurityGroupIds"] == [cluster.id]
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_every_instance_is_hardened_and_placed_together(harness, name):
+    config = STACK_CONFIGS[name]
+    run(harness, **config)
+    monitor = harness.monitor
+    nodes = instances(monitor)
+    assert len(nodes) == 1 + config.get("workerCount", 3)
+    (placement,) = monitor.of_type(PLACEMENT)
+    assert placement.inputs["strategy"] == "cluster"
+    for node in nodes:
+        meta = node.inputs["metadataOptions"]
+        assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1, node.name
+        root = node.inputs["rootBlockDevice"]
+        assert root["encrypted"] is True and root["volumeSize"] == 100 and root["volumeType"] == "gp3"
+        assert node.inputs["instanceType"] == config.get("instanceType", "r7iz.metal-16xl")
+        assert node.inputs["placementGroup"] == placement.state["name"]
+        assert node.inputs["subnetId"] == sorted(DEFAULT_SUBNETS)[0]
+        assert node.inputs["associatePublicIpAddress"] is True  # default VPC: outbound internet
+        assert node.inputs["keyName"] == monitor.of_type("aws:ec2/keyPair:KeyPair")[0].state["keyName"]
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_spot_options_per_role(harness, name):
+    config = STACK_CONFIGS[name]
+    run(harness, **config)
+    for node in instances(harness.monitor):
+        role = node.inputs["tags"][ROLE_KEY]
+        spot = config.get("masterSpot", True) if role == ROLE_MASTER else config.get("workerSpot", True)
+        market = node.inputs.get("instanceMarketOptions")
+        if not spot:
+            assert not market, node.name
+            continue
+        assert market["marketType"] == "spot"
+        options = market["spotOptions"]
+        assert options["spotInstanceType"] == "one-time"
+        assert options["instanceInterruptionBehavior"] == "terminate"
+        assert "maxPrice" not in options  # unset: at most the on-demand price
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_image_is_baked_from_master_after_setup_and_used_by_every_worker(harness, name):
+    config = STACK_CONFIGS[name]
+    outputs = run(harness, **config)
+    monitor = harness.monitor
+    master = master_of(monitor)
+    if config.get("bake", True) is False:
+        assert not monitor.of_type(SETUP) and not monitor.of_type(AMI)
+        assert all(node.inputs["ami"] == BASE_AMI for node in instances(monitor))
+        assert outputs["amiId"] == BASE_AMI
+        return
+    (setup,) = monitor.of_type(SETUP)
+    (image,) = monitor.of_type(AMI)
+    assert master.inputs["ami"] == BASE_AMI
+    assert image.inputs["sourceInstanceId"] == master.id
+    assert image.inputs["snapshotWithoutReboot"] is True
+    assert setup.urn in image.dependencies and setup.index < image.index
+    assert master.urn in setup.dependencies
+    assert all(w.inputs["ami"] == image.id for w in workers_of(monitor))
+    assert outputs["amiId"] == image.id
+    # The setup step knows where and how to connect, and what to install; never the key itself.
+    assert setup.inputs["host"] == master.state["publicIp"]
+    assert setup.inputs["instance_id"] == master.id
+    assert setup.inputs["private_key_path"] == "~/.ssh/id_ed25519"
+    assert setup.inputs["pip_pins"] == list(profiles.PROFILES["stock"].pip_pins)
+    assert setup.inputs["fingerprint"] == profiles.PROFILES["stock"].fingerprint()
+    assert setup.inputs["bake_tag"] in image.inputs["name"]
+    for reg in monitor.registrations:
+        assert "PRIVATE KEY" not in repr(reg.inputs)
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_every_taggable_resource_is_tagged(harness, name):
+    run(harness, **STACK_CONFIGS[name], tags=["team=ml"])
+    checked = 0
+    for reg in harness.monitor.aws_resources():
+        if not taggable(reg.type):
+            continue
+        checked += 1
+        tags = reg.inputs.get("tags") or {}
+        assert tags.get(MANAGED_BY_KEY) == MANAGED_BY_VALUE, reg.name
+        assert tags.get(CLUSTER_KEY) == "xeon-dev" and tags.get(STACK_KEY) == STACK, reg.name
+        assert tags.get("team") == "ml", reg.name
+    assert checked >= 8
+    for rank, node in enumerate(instances(harness.monitor)):
+        assert node.inputs["tags"][RANK_KEY] == str(rank)
+        assert node.inputs["tags"][ROLE_KEY] == (ROLE_MASTER if rank == 0 else ROLE_WORKER)
+        assert node.inputs["rootBlockDevice"]["tags"][CLUSTER_KEY] == "xeon-dev"
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_outputs_list_nodes_in_rank_order(harness, name):
+    config = STACK_CONFIGS[name]
+    outputs = run(harness, **config)
+    nodes = instances(harness.monitor)
+    by_address = {n.state["privateIp"]: n for n in nodes}
+    assert len(by_address) == len(nodes)
+    ranks = [int(by_address[a].inputs["tags"][RANK_KEY]) for a in outputs["nodePrivateAddresses"]]
+    assert ranks == list(range(1 + config.get("workerCount", 3)))
+    assert outputs["masterPublicAddress"] == master_of(harness.monitor).state["publicIp"]
+    assert outputs["clusterName"] == "xeon-dev"
+    assert outputs["sshUser"] == "ubuntu"
+    (bucket,) = harness.monitor.of_type(BUCKET)
+    assert outputs["bucketName"] == bucket.state["bucket"]
+
+
+# ------------------------------------------------------------------------ single settings
+
+
+def test_base_ami_is_canonical_ubuntu_2404_amd64(harness):
+    run(harness)
+    (args,) = [a for token, a in harness.fake.calls if token == "aws:ec2/getAmiIds:getAmiIds"]
+    assert args["owners"] == [CANONICAL_OWNER] and args["sortAscending"] is False  # newest first
+    filters = {f["name"]: f["values"] for f in args["filters"]}
+    assert filters["name"] == ["ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"]
+    assert filters["architecture"] == ["x86_64"]
+
+
+def test_given_base_ami_skips_the_lookup(harness):
+    run(harness, baseAmi="ami-0mine", bake=False)
+    assert "aws:ec2/getAmiIds:getAmiIds" not in [token for token, _ in harness.fake.calls]
+    assert {n.inputs["ami"] for n in instances(harness.monitor)} == {"ami-0mine"}
+
+
+def test_spot_max_price_reaches_every_spot_instance(harness):
+    run(harness, spotMaxPrice="2.5", masterSpot=False)
+    master = master_of(harness.monitor)
+    assert not master.inputs.get("instanceMarketOptions")
+    for worker in workers_of(harness.monitor):
+        assert worker.inputs["instanceMarketOptions"]["spotOptions"]["maxPrice"] == "2.5000"
+
+
+def test_placement_group_off(harness):
+    run(harness, placementGroup=False)
+    assert not harness.monitor.of_type(PLACEMENT)
+    assert all(not n.inputs.get("placementGroup") for n in instances(harness.monitor))
+
+
+def test_root_volume_size_and_type(harness):
+    run(harness, rootVolumeGib=250, rootVolumeType="io2")
+    for node in instances(harness.monitor):
+        assert (node.inputs["rootBlockDevice"]["volumeSize"], node.inputs["rootBlockDevice"]["volumeType"]) == (250, "io2")
+
+
+def test_ipv6_admin_network_and_several_cidrs(harness):
+    harness.run(minimal_config(adminCidrs=["2001:db8::/48", "198.51.100.0/24"]))
+    rules = [r for r in harness.monitor.of_type(INGRESS) if not r.inputs.get("referencedSecurityGroupId")]
+    sources = {(r.inputs.get("cidrIpv4"), r.inputs.get("cidrIpv6")) for r in rules}
+    assert sources == {(None, "2001:db8::/48"), ("198.51.100.0/24", None)}
+    for rule in rules:
+        assert rule.inputs["fromPort"] == rule.inputs["toPort"] == 22
+
+
+def test_private_subnet_leaves_public_addresses_to_the_subnet(harness):
+    outputs = run(harness, subnetId="subnet-0private")
+    _, ssh = groups(harness.monitor)
+    assert ssh.inputs["vpcId"] == "vpc-0custom"  # the subnet's VPC
+    for node in instances(harness.monitor):
+        assert node.inputs["subnetId"] == "subnet-0private"
+        assert "associatePublicIpAddress" not in node.inputs
+    # With no public address the setup step connects to the private one (user supplies a route).
+    (setup,) = harness.monitor.of_type(SETUP)
+    assert setup.inputs["host"] == outputs["nodePrivateAddresses"][0]
+
+
+def test_bucket_kept_private_and_encrypted_by_default(harness):
+    run(harness)
+    monitor = harness.monitor
+    (bucket,) = monitor.of_type(BUCKET)
+    assert not bucket.inputs.get("forceDestroy")
+    (block,) = monitor.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    assert all(block.inputs[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
+                                                  "restrictPublicBuckets"))
+    (sse,) = monitor.of_type("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+    s3 = [r for r in monitor.registrations if r.type.startswith("aws:s3/")]
+    assert len(s3) == 4
+    for reg in s3:
+        assert reg.retain_on_delete, f"{reg.name} would be deleted on destroy while the bucket is kept"
+        if reg is not bucket:
+            assert reg.inputs["bucket"] == bucket.id
+    assert not any(r.retain_on_delete for r in monitor.registrations if not r.type.startswith("aws:s3/"))
+
+
+def test_destroy_bucket_deletes_it_with_its_objects(harness):
+    run(harness, destroyBucket=True)
+    (bucket,) = harness.monitor.of_type(BUCKET)
+    assert bucket.inputs["forceDestroy"] is True
+    assert not any(r.retain_on_delete for r in harness.monitor.registrations)
+
+
+def test_cluster_name_and_region(harness):
+    outputs = harness.run(minimal_config(clusterName="lab-a"), region="eu-west-1")
+    assert outputs["clusterName"] == "lab-a" and outputs["region"] == "eu-west-1"
+    assert all(n.inputs["tags"][CLUSTER_KEY] == "lab-a" for n in instances(harness.monitor))
+    assert master_of(harness.monitor).name == "lab-a-master"
+
+
+def test_intel_profile_installs_its_pins(harness):
+    run(harness, softwareProfile="intel")
+    (setup,) = harness.monitor.of_type(SETUP)
+    assert setup.inputs["profile"] == "intel"
+    assert "oneccl_bind_pt==2.8.0" in setup.inputs["pip_pins"]
+
+
+def _fresh_run(config) -> RecordingMonitor:
+    fake = FakeAws()
+    monitor = RecordingMonitor(fake)
+    pulumi.runtime.set_mocks(fake, project="xeon-cluster", stack=STACK, preview=False, monitor=monitor)
+    Harness(fake, monitor).run(config)
+    return monitor
+
+
+def test_changing_a_pin_replaces_setup_and_renames_image(monkeypatch, harness):
+    before = _fresh_run(minimal_config())
+    stock = profiles.PROFILES["stock"]
+    bumped = dataclasses.replace(stock, pip_pins=tuple(p.replace("transformers==5.23.0", "transformers==5.24.0")
+                                                       for p in stock.pip_pins))
+    monkeypatch.setitem(profiles.PROFILES, "stock", bumped)
+    after = _fresh_run(minimal_config())
+
+    (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
+    diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
+    assert {"pip_pins", "fingerprint", "bake_tag"} <= set(diff.replaces)
+    # AmiFromInstance's name forces a new image, whose new id replaces every worker.
+    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
+    assert old_image.inputs["name"] != new_image.inputs["name"]
+
+
+def test_key_path_change_updates_setup_without_rebaking(harness):
+    before = _fresh_run(minimal_config())
+    after = _fresh_run(minimal_config(privateKeyPath="~/.ssh/other"))
+    (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
+    diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
+    assert diff.changes and diff.replaces == []
+    assert before.of_type(AMI)[0].inputs["name"] == after.of_type(AMI)[0].inputs["name"]
+
+
+@pytest.mark.parametrize("token, message", [
+    ("aws:ec2/getVpcs:getVpcs", r"vpcId: not set and region us-east-1 has no default VPC; set vpcId"),
+    ("aws:ec2/getAmiIds:getAmiIds", r"baseAmi: not set and no Ubuntu 24.04 amd64 image .* set baseAmi"),
+    ("aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings",
+     r"instanceType: 'r7iz.metal-16xl' is not offered in any availability zone of us-east-1"),
+    ("aws:ec2/getSubnets:getSubnets", r"subnetId: not set and VPC vpc-0default has no subnet"),
+])
+def test_failed_lookup_stops_before_anything_is_registered(token, message):
+    fake = FakeAws(empty_tokens={token})
+    monitor = RecordingMonitor(fake)
+    pulumi.runtime.set_mocks(fake, project="xeon-cluster", stack=STACK, preview=False, monitor=monitor)
+    with pytest.raises(AccountLookupError, match=message):
+        Harness(fake, monitor).run(minimal_config())
+    assert monitor.registrations == []
+
+
+def test_admin_cidr_fixture_is_a_single_host():
+    # The assertions above identify admin rules by this value; keep it a real, narrow CIDR.
+    assert ipaddress.ip_network(ADMIN_CIDR).num_addresses == 1
