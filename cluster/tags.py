@@ -7,6 +7,9 @@ ROLE_KEY = "xeon-cluster:role"
 STACK_KEY = "xeon-cluster:stack"
 RANK_KEY = "xeon-cluster:rank"
 KEEP_KEY = "xeon-cluster:keep"
+# Optional node tags discovery reads (defaults when absent: user "ubuntu", profile "stock").
+SSH_USER_KEY = "xeon-cluster:ssh-user"
+PROFILE_KEY = "xeon-cluster:profile"
 
 ROLE_MASTER = "master"
 ROLE_WORKER = "worker"
