@@ -1,0 +1,213 @@
+"""The job's arguments: three dataclasses of its own plus every TrainingArguments field.
+
+Parsing happens in two phases because building TrainingArguments initialises torch.distributed
+(through accelerate): phase one reads the job's own dataclasses (backend choice, checkpoint
+settings) before the process group exists, phase two reads everything once it does.
+Defaults follow the recipe: distilbert-base-uncased on SQuAD, batch 32 per rank, one epoch,
+bf16 when the CPU has AMX-BF16 or AVX512-BF16.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from training.errors import BadInput
+
+TASKS = ("qa", "classification")
+DEFAULT_DATASETS = {"qa": ("squad", None), "classification": ("glue", "mrpc")}
+DEFAULT_MAX_SEQ_LENGTH = {"qa": 384, "classification": 128}
+LOCAL_DATA_SUFFIXES = (".json", ".jsonl")
+BACKEND_CHOICES = ("auto", "gloo", "ccl")
+IPEX_CHOICES = ("auto", "on", "off")
+SPOT_WATCH_CHOICES = ("auto", "on", "off")
+
+# TrainingArguments defaults that differ from transformers' own, for this job.
+TRAINING_DEFAULTS = {
+    "output_dir": "output",
+    "per_device_train_batch_size": 32,
+    "per_device_eval_batch_size": 64,
+    "num_train_epochs": 1.0,
+    "use_cpu": True,
+    "ddp_find_unused_parameters": False,
+    "report_to": "none",
+    "disable_tqdm": True,  # progress bars do not survive mpirun's line-prefixed output
+    "logging_steps": 20,
+    "save_total_limit": 2,
+}
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(default="distilbert-base-uncased", metadata={
+        "help": "Hub model id or local directory (config, weights and a fast tokenizer)."})
+    tokenizer_name: str | None = field(default=None, metadata={
+        "help": "Tokenizer id or directory when it differs from the model's."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Where hub downloads are cached."})
+
+
+@dataclass
+class DataArguments:
+    task: str = field(default="qa", metadata={"help": f"What to train: {' or '.join(TASKS)}."})
+    dataset_name: str | None = field(default=None, metadata={
+        "help": "Hub dataset (default: squad for qa, glue/mrpc for classification). Ignored with --train_file."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration (e.g. mrpc)."})
+    train_file: str | None = field(default=None, metadata={
+        "help": "Local training data, .json or .jsonl: SQuAD (nested or flat) for qa, GLUE rows for classification."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local evaluation data, same shape."})
+    train_split: str = field(default="train", metadata={"help": "Hub split to train on."})
+    validation_split: str = field(default="validation", metadata={"help": "Hub split to evaluate on."})
+    text_columns: str | None = field(default=None, metadata={
+        "help": "classification: one or two comma-separated text columns (default: the first known pair "
+                "found: sentence1,sentence2 / question1,question2 / question,sentence / premise,hypothesis / sentence)."})
+    label_column: str = field(default="label", metadata={"help": "classification: the label column."})
+    max_seq_length: int | None = field(default=None, metadata={
+        "help": "Tokens per feature (default 384 for qa, 128 for classification)."})
+    doc_stride: int = field(default=128, metadata={"help": "qa: overlap between chunks of a long context."})
+    n_best_size: int = field(default=20, metadata={"help": "qa: start/end candidates per feature."})
+    max_answer_length: int = field(default=30, metadata={"help": "qa: longest answer in tokens."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training examples."})
+    max_eval_samples: int | None = field(default=None, metadata={
+        "help": "Use only the first N evaluation examples (0 skips evaluation)."})
+
+
+@dataclass
+class JobArguments:
+    global_batch_size: int | None = field(default=None, metadata={
+        "help": "Samples per optimizer step over all ranks; sets the per-rank batch "
+                "(must divide by world size x gradient_accumulation_steps)."})
+    checkpoint_minutes: float = field(default=10.0, metadata={
+        "help": "Save a checkpoint every N minutes of training (0: only TrainingArguments' save_* settings)."})
+    checkpoint_uri: str | None = field(default=None, metadata={
+        "help": "s3://bucket/prefix to upload every checkpoint to (verified); --resume also looks there."})
+    resume: bool = field(default=False, metadata={
+        "help": "Continue from the newest complete checkpoint in output_dir or --checkpoint_uri."})
+    dist_backend: str = field(default="auto", metadata={
+        "help": "torch.distributed backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), gloo, ccl."})
+    use_ipex: str = field(default="auto", metadata={
+        "help": "Apply ipex.optimize: auto (when intel_extension_for_pytorch imports), on, off."})
+    spot_watch: str = field(default="auto", metadata={
+        "help": "Poll the instance metadata service for spot interruption/rebalance notices: "
+                "auto (on EC2 or when XEON_IMDS_ENDPOINT is set), on, off."})
+    spot_poll_seconds: float = field(default=5.0, metadata={"help": "Seconds between metadata polls."})
+
+
+@dataclass
+class ParsedArguments:
+    model: ModelArguments
+    data: DataArguments
+    job: JobArguments
+    training: object  # transformers.TrainingArguments
+    bf16_explicit: bool
+
+
+def _raise_bad_input(message: str):
+    raise BadInput(f"{message} (see `python -m training --help`)")
+
+
+def _parser(dataclass_types):
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(dataclass_types)
+    parser.error = _raise_bad_input  # argparse would exit with a usage text on every rank
+    return parser
+
+
+def _is_help(argv: Sequence[str]) -> bool:
+    return any(arg in ("-h", "--help") for arg in argv)
+
+
+def parse_job_arguments(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, JobArguments]:
+    """Phase one: the job's own arguments, before any process group exists."""
+    parser = _parser((ModelArguments, DataArguments, JobArguments))
+    model, data, job, _rest = parser.parse_args_into_dataclasses(
+        args=list(argv), return_remaining_strings=True)
+    validate_job(model, data, job)
+    return model, data, job
+
+
+def bf16_given(argv: Sequence[str]) -> bool:
+    return any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv)
+
+
+def parse_all(argv: Sequence[str], *, bf16_supported: bool) -> ParsedArguments:
+    """Phase two: every argument, TrainingArguments included (initialises accelerate's state)."""
+    from transformers import TrainingArguments
+
+    parser = _parser((ModelArguments, DataArguments, JobArguments, TrainingArguments))
+    explicit = bf16_given(argv)
+    parser.set_defaults(**TRAINING_DEFAULTS, **({} if explicit else {"bf16": bf16_supported}))
+    if _is_help(argv):
+        parser.parse_args(list(argv))  # prints help and exits
+    try:
+        model, data, job, training = parser.parse_args_into_dataclasses(args=list(argv))
+    except BadInput:
+        raise
+    except ValueError as exc:  # unknown arguments, TrainingArguments.__post_init__ checks
+        raise BadInput(str(exc)) from None
+    validate_job(model, data, job)
+    return ParsedArguments(model, data, job, training, explicit)
+
+
+def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise BadInput(f"--{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) -> None:
+    """Checks that need no data and no distributed state; every rank reaches the same verdict."""
+    _choice("task", data.task, TASKS)
+    _choice("dist_backend", job.dist_backend, BACKEND_CHOICES)
+    _choice("use_ipex", job.use_ipex, IPEX_CHOICES)
+    _choice("spot_watch", job.spot_watch, SPOT_WATCH_CHOICES)
+    if data.max_seq_length is None:
+        data.max_seq_length = DEFAULT_MAX_SEQ_LENGTH[data.task]
+    if data.max_seq_length < 16:
+        raise BadInput(f"--max_seq_length {data.max_seq_length} is too short; use at least 16 (384 for SQuAD)")
+    if data.task == "qa" and not 0 <= data.doc_stride < data.max_seq_length // 2:
+        raise BadInput(f"--doc_stride {data.doc_stride} must be below half of --max_seq_length "
+                       f"{data.max_seq_length}; e.g. --doc_stride {data.max_seq_length // 3}")
+    for name in ("max_train_samples", "max_eval_samples"):
+        value = getattr(data, name)
+        if value is not None and value < (1 if name == "max_train_samples" else 0):
+            raise BadInput(f"--{name} {value} must be a positive number of examples")
+    for name in ("train_file", "validation_file"):
+        path = getattr(data, name)
+        if path is None:
+            continue
+        if not path.endswith(LOCAL_DATA_SUFFIXES):
+            raise BadInput(f"--{name} {path!r}: only {' and '.join(LOCAL_DATA_SUFFIXES)} files are read")
+        if not os.path.isfile(path):
+            raise BadInput(f"--{name} {path!r} does not exist on this node; copy it to every node "
+                           "(or use a shared directory) and pass its path")
+    if data.validation_file and not data.train_file:
+        raise BadInput("--validation_file needs --train_file as well (or neither, to use --dataset_name)")
+    if not data.train_file and data.dataset_name is None:
+        data.dataset_name, default_config = DEFAULT_DATASETS[data.task]
+        data.dataset_config_name = data.dataset_config_name or default_config
+    if job.checkpoint_minutes < 0:
+        raise BadInput(f"--checkpoint_minutes {job.checkpoint_minutes} must be 0 (off) or positive")
+    if job.checkpoint_uri is not None and not job.checkpoint_uri.startswith("s3://"):
+        raise BadInput(f"--checkpoint_uri {job.checkpoint_uri!r} must be an S3 URI like "
+                       "s3://my-bucket/jobs/run-1 (local checkpoints always go to --output_dir)")
+    if job.spot_poll_seconds <= 0:
+        raise BadInput(f"--spot_poll_seconds {job.spot_poll_seconds} must be positive")
+    if job.global_batch_size is not None and job.global_batch_size < 1:
+        raise BadInput(f"--global_batch_size {job.global_batch_size} must be positive")
+
+
+def apply_global_batch(job: JobArguments, training, world_size: int) -> None:
+    """Turn --global_batch_size into the per-rank batch, or explain why it does not divide."""
+    if job.global_batch_size is None:
+        return
+    accumulation = training.gradient_accumulation_steps
+    share = world_size * accumulation
+    if job.global_batch_size % share:
+        lower = job.global_batch_size // share * share
+        options = ", ".join(str(n) for n in (lower, lower + share) if n > 0)
+        raise BadInput(
+            f"--global_batch_size {job.global_batch_size} does not divide over {world_size} ranks x "
+            f"{accumulation} gradient accumulation step(s); use a multiple of {share} (e.g. {options}) "
+            "or change the number of ranks")
+    training.per_device_train_batch_size = job.global_batch_size // share
