@@ -135,8 +135,9 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
                          "(cluster/profiles.py was edited); run `pulumi up` again")
     install_profile, prepare_for_bake = install or _node_setup_install()
 
-    conn = wait_for_ssh(lambda: connect(props, key_path), float(props.get("ssh_timeout_seconds")
-                                                               or SSH_TIMEOUT_SECONDS))
+    conn = wait_for_ssh(lambda: connect(props, key_path),
+                        float(props.get("ssh_timeout_seconds") or SSH_TIMEOUT_SECONDS),
+                        retry_every=SSH_RETRY_SECONDS)
     try:
         wait_for_cloud_init(conn, float(props.get("cloud_init_timeout_seconds") or CLOUD_INIT_TIMEOUT_SECONDS))
         _remote(f"installing profile {profile.name!r}", conn.host, lambda: install_profile(conn, profile))

@@ -1,0 +1,274 @@
+"""The setup step's provider logic: against a real sshd on loopback, and with test doubles.
+
+`create()` never runs under Pulumi mocks, so these tests call `run_profile_setup` (what `create()`
+runs) directly. The real installer would run apt and pip, so the node_setup.install functions are
+replaced by test doubles (`install_double`, `bake_double`) that run real commands over the same
+Fabric connection. An sshd started by the test on 127.0.0.1 (own host key, own authorized_keys,
+a free port) is the "master"; it is stopped by its PID at the end.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.profiles import PROFILES
+from infra import setup_step
+from infra.setup_step import ProfileSetupProvider, SetupError, bake_tag, run_profile_setup
+
+SSHD = "/usr/sbin/sshd"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if os.geteuid() != 0 or not os.access(SSHD, os.X_OK) or not shutil.which("ssh-keygen"):
+        pytest.skip("needs root, /usr/sbin/sshd (openssh-server) and ssh-keygen")
+    home = tmp_path_factory.mktemp("sshd")
+    _keygen(home / "host_key")
+    _keygen(home / "client_key")
+    _keygen(home / "other_key")
+    shutil.copy(home / "client_key.pub", home / "authorized_keys")
+    port = _free_port()
+    (home / "sshd_config").write_text("\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {home / 'host_key'}",
+        f"AuthorizedKeysFile {home / 'authorized_keys'}", f"PidFile {home / 'sshd.pid'}",
+        "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp", ""]))
+    os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(home / "sshd_config")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"test sshd did not start: {proc.stderr.read().decode()[-500:]}")
+            time.sleep(0.1)
+    yield SimpleNamespace(port=port, home=home, key=home / "client_key", other_key=home / "other_key",
+                          user=getpass.getuser())
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def make_props(**overrides):
+    profile = PROFILES["stock"]
+    props = {
+        "host": "127.0.0.1", "port": 22, "user": "ubuntu", "private_key_path": "~/.ssh/id_ed25519",
+        "instance_id": "i-0master", "profile": profile.name, "pip_pins": list(profile.pip_pins),
+        "fingerprint": profile.fingerprint(), "bake_tag": bake_tag("i-0master", profile.fingerprint()),
+        "ssh_timeout_seconds": 10, "cloud_init_timeout_seconds": 30, "__provider": "serialized",
+    }
+    props.update(overrides)
+    return props
+
+
+@dataclass
+class RecordingInstaller:
+    """Test double for node_setup.install: runs real commands over the connection it is given."""
+
+    marker: Path
+    fail_with: str | None = None
+
+    def __post_init__(self):
+        self.calls: list[str] = []
+
+    def install_double(self, conn, profile):
+        self.calls.append(f"install:{profile.name}")
+        command = self.fail_with or f"echo installed {profile.name} > {self.marker}"
+        conn.run(command, hide=True)
+
+    def bake_double(self, conn):
+        self.calls.append("prepare_for_bake")
+        conn.run(f"echo prepared >> {self.marker}", hide=True)
+
+    @property
+    def functions(self):
+        return self.install_double, self.bake_double
+
+
+# ------------------------------------------------------------------------- against real sshd
+
+
+@pytest.mark.ssh
+def test_setup_installs_then_prepares_over_real_ssh(sshd, tmp_path):
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
+    outs = run_profile_setup(props, install=installer.functions)
+    assert installer.calls == ["install:stock", "prepare_for_bake"]
+    assert (tmp_path / "node-state").read_text() == "installed stock\nprepared\n"  # really ran remotely
+    assert outs["bake_tag"] == props["bake_tag"] and "__provider" not in outs
+    assert outs["private_key_path"] == str(sshd.key)
+    assert "PRIVATE KEY" not in repr(outs)
+
+
+@pytest.mark.ssh
+def test_failed_install_reports_the_remote_command_exit_and_output(sshd, tmp_path):
+    installer = RecordingInstaller(tmp_path / "node-state",
+                                   fail_with="echo 'E: Unable to locate package libfoo' >&2; exit 100")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
+    with pytest.raises(SetupError) as caught:
+        run_profile_setup(props, install=installer.functions)
+    message = str(caught.value)
+    assert "installing profile 'stock' on 127.0.0.1 failed" in message
+    assert "exited 100" in message and "E: Unable to locate package libfoo" in message
+    assert installer.calls == ["install:stock"]  # no bake after a failed install
+
+
+@pytest.mark.ssh
+def test_wrong_key_is_retried_then_reported_within_the_bound(sshd, tmp_path, monkeypatch):
+    monkeypatch.setattr(setup_step, "SSH_RETRY_SECONDS", 0.3)
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.other_key),
+                       ssh_timeout_seconds=1.5)
+    started = time.monotonic()
+    with pytest.raises(SetupError, match=r"did not accept SSH within 2 s .*AuthenticationException.*privateKeyPath"):
+        run_profile_setup(props, install=installer.functions)
+    assert time.monotonic() - started < 6
+    assert installer.calls == []
+
+
+def test_no_sshd_is_reported_within_the_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(setup_step, "SSH_RETRY_SECONDS", 0.3)
+    key = tmp_path / "key"
+    key.write_text("not read by this test")
+    props = make_props(port=_free_port(), private_key_path=str(key), ssh_timeout_seconds=1.2)
+    started = time.monotonic()
+    with pytest.raises(SetupError, match=r"ubuntu@127.0.0.1:\d+ did not accept SSH within 1 s .*adminCidrs"):
+        run_profile_setup(props, install=(None, None))
+    assert time.monotonic() - started < 5
+
+
+# ------------------------------------------------------------------------ with test doubles
+
+
+class ScriptedConnection:
+    """Test double for a Fabric connection: answers each command with a scripted result."""
+
+    def __init__(self, results: dict[str, tuple[int, str]]):
+        self.results = results
+        self.commands: list[str] = []
+        self.host, self.user, self.port = "198.51.100.9", "ubuntu", 22
+        self.closed = False
+
+    def open(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+    def run(self, command, hide=None, warn=False, timeout=None):
+        from invoke.exceptions import UnexpectedExit
+        from invoke.runners import Result
+
+        self.commands.append(command)
+        key = next((k for k in self.results if k in command), None)
+        exited, out = self.results.get(key, (0, ""))
+        result = Result(stdout=out, stderr="", command=command, exited=exited, hide=("stdout", "stderr"))
+        if exited and not warn:
+            raise UnexpectedExit(result)
+        return result
+
+
+def _props_with_key(tmp_path, **overrides):
+    key = tmp_path / "id_test"
+    key.write_text("placeholder: never read")
+    return make_props(private_key_path=str(key), **overrides)
+
+
+@pytest.mark.parametrize("exit_code", [0, 2])
+def test_cloud_init_done_or_degraded_lets_setup_go_on(tmp_path, exit_code):
+    conn = ScriptedConnection({"cloud-init status --wait": (exit_code, "status: done")})
+    calls = []
+    run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key: conn,
+                      install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")))
+    assert calls == ["install", "bake"]
+    assert "cloud-init status --wait" in conn.commands[0] and conn.commands[-1] == "sync"
+    assert conn.closed
+
+
+def test_cloud_init_failure_stops_setup_with_its_output(tmp_path):
+    conn = ScriptedConnection({"cloud-init status --wait": (1, "status: error\nmodules-final failed")})
+    calls = []
+    with pytest.raises(SetupError, match=r"(?s)cloud-init on 198.51.100.9 ended with exit 1:\n.*modules-final failed"):
+        run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key: conn,
+                          install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")))
+    assert calls == [] and conn.closed
+
+
+def test_missing_private_key_fails_before_connecting(tmp_path):
+    def connect_double(props, key):
+        raise AssertionError("must not connect without a key")
+
+    with pytest.raises(SetupError, match=r"privateKeyPath: '.*/absent' is not a file on this machine"):
+        run_profile_setup(make_props(private_key_path=str(tmp_path / "absent")), connect=connect_double,
+                          install=(None, None))
+
+
+def test_profile_edited_since_preview_is_refused(tmp_path):
+    with pytest.raises(SetupError, match=r"softwareProfile: 'stock' changed between preview and update"):
+        run_profile_setup(_props_with_key(tmp_path, fingerprint="stale"), connect=None, install=(None, None))
+
+
+def test_missing_node_setup_install_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "node_setup.install", None)  # makes the import fail
+    with pytest.raises(SetupError, match=r"node_setup.install is not importable.*bake: false"):
+        run_profile_setup(_props_with_key(tmp_path), connect=None)
+
+
+def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: {"bake_tag": props["bake_tag"]})
+    props = make_props()
+    result = ProfileSetupProvider().create(props)
+    assert result.id == f"setup-i-0master-{props['bake_tag']}"
+    assert result.outs == {"bake_tag": props["bake_tag"]}
+
+
+@pytest.mark.parametrize("change, replaced", [
+    ({"pip_pins": ["torch==2.14.0"]}, ["pip_pins"]),
+    ({"profile": "intel"}, ["profile"]),
+    ({"instance_id": "i-0new"}, ["instance_id"]),
+    ({"host": "198.51.100.10"}, []),
+    ({"private_key_path": "~/.ssh/other"}, []),
+    ({"user": "admin"}, []),
+])
+def test_diff_replaces_only_for_what_changes_the_image(change, replaced):
+    olds = make_props()
+    diff = ProfileSetupProvider().diff("id", olds, {**olds, **change})
+    assert diff.changes is True and diff.replaces == replaced
+
+
+def test_diff_without_changes():
+    olds = make_props()
+    diff = ProfileSetupProvider().diff("id", olds, dict(olds))
+    assert diff.changes is False and diff.replaces == []
+
+
+def test_bake_tag_depends_on_instance_and_fingerprint():
+    assert bake_tag("i-1", "a") == bake_tag("i-1", "a")
+    assert len({bake_tag("i-1", "a"), bake_tag("i-2", "a"), bake_tag("i-1", "b")}) == 3
