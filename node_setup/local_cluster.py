@@ -602,12 +602,17 @@ def _prepare_node_dir(node: NodeState, controller_key: str) -> None:
 
 
 def destroy(paths: ClusterPaths, progress: Progress = _quiet) -> bool:
-    """Remove exactly what the state file lists; False if there was no such cluster (safe twice)."""
+    """Remove exactly what the state file lists; False if there was no such cluster (safe twice).
+
+    Every step checks first and goes on after a failure; if anything is left, the state file is
+    kept (a rerun finishes the job) and the error lists what could not be removed.
+    """
     state = load_state(paths)
     if state is None:
         progress(f"no local cluster {paths.name!r} (no state at {paths.state_path}); nothing to remove")
         return False
     check_host()
+    problems: list[str] = []
     namespaces = _namespaces()
     for node in state.nodes:
         pids = []
@@ -618,13 +623,17 @@ def destroy(paths: ClusterPaths, progress: Progress = _quiet) -> bool:
             pids += [p for p in _namespace_pids(node.namespace) if p not in pids and p != os.getpid()]
         stopped = _stop_pids(pids)
         if node.namespace in namespaces:
-            _run(["ip", "netns", "del", node.namespace])
+            _remove(["ip", "netns", "del", node.namespace], lambda ns=node.namespace: ns in _namespaces(), problems)
+        # deleting the namespace takes its veth pair along, asynchronously: delete only what is still there
         if _link_exists(node.veth):
-            _run(["ip", "link", "del", node.veth])
+            _remove(["ip", "link", "del", node.veth], lambda veth=node.veth: _link_exists(veth), problems)
         progress(f"  {node.name}: stopped {len(stopped)} process(es), removed namespace {node.namespace}")
-    if state.bridge and _link_exists(state.bridge):
-        _run(["ip", "link", "del", state.bridge])
+    if state.bridge and state.subnet and _link_exists(state.bridge):
+        _remove(["ip", "link", "del", state.bridge], lambda: _link_exists(state.bridge), problems)
         progress(f"  removed bridge {state.bridge} ({state.subnet})")
+    if problems:
+        raise LocalClusterError(f"local-down {paths.name!r} left: {'; '.join(problems)}; "
+                                f"fix that and rerun `fab local-down --name {paths.name}` (state kept in {paths.state_path})")
     for node in state.nodes:
         shutil.rmtree(node.dir, ignore_errors=True)
     _remove_empty_dir(Path(state.data_dir))
@@ -636,6 +645,13 @@ def destroy(paths: ClusterPaths, progress: Progress = _quiet) -> bool:
     _remove_empty_dir(Path(state.cluster_dir))
     progress(f"local cluster {paths.name!r} removed")
     return True
+
+
+def _remove(argv: list[str], still_there: Callable[[], bool], problems: list[str]) -> None:
+    """Run a delete command; a failure counts only if the thing is still there afterwards."""
+    result = _run(argv, check=False)
+    if result.returncode != 0 and still_there():
+        problems.append(f"`{' '.join(argv)}`: {result.stderr.strip()}")
 
 
 def _remove_empty_dir(path: Path) -> None:

@@ -101,6 +101,11 @@ class RunningLocalCluster:
              "-i", str(self.key_path), f"root@{node.address}", command],
             capture_output=True, text=True, timeout=timeout)
 
+    def stop_sshd(self, index: int) -> None:
+        """Stop node `index`'s sshd (by its recorded PID): the node becomes unreachable by SSH."""
+        node = self.state.nodes[index]
+        lc._stop_pids([node.sshd_pid])
+
     def destroy(self) -> bool:
         return lc.destroy(self.paths)
 
@@ -127,8 +132,14 @@ def local_cluster_factory(tmp_path_factory):
         return cluster
 
     yield make
-    for cluster in made:
-        cluster.destroy()
+    failures = []
+    for cluster in made:  # every cluster gets its teardown, even if one fails
+        try:
+            cluster.destroy()
+        except lc.LocalClusterError as exc:
+            failures.append(str(exc))
+    if failures:
+        pytest.fail("local cluster teardown incomplete: " + " | ".join(failures))
 
 
 @pytest.fixture(scope="session")

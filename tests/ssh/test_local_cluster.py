@@ -181,3 +181,23 @@ def test_names_and_counts_are_validated():
         lc.validate_name("Bad_Name")
     assert all(len(lc.veth_name("x" * 24, i)) <= 15 for i in range(lc.MAX_NODES))
     assert len(lc.bridge_name("x" * 24)) <= 15
+
+
+def test_cluster_local_resolves_to_the_running_cluster(local_cluster_factory, monkeypatch):
+    from node_setup.discovery import ClusterSelectionError, resolve_cluster
+    cluster = local_cluster_factory(2)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cluster.config_home))
+    inventory = resolve_cluster(f"local:{cluster.name}")
+    assert (inventory.kind, inventory.name, inventory.user) == ("local", cluster.name, "root")
+    assert [(n.name, n.address) for n in inventory.nodes] == [(n.name, n.address) for n in cluster.state.nodes]
+    assert inventory.key_path == str(cluster.key_path) and inventory.wheelhouse == lc.DEFAULT_WHEELHOUSE
+    assert inventory.physical_cores == lc.machine_topology()[1]
+    # a node whose sshd died makes the cluster "not running", with the command that restarts it
+    cluster.stop_sshd(1)
+    assert not lc._port_open(cluster.state.nodes[1].address)
+    with pytest.raises(ClusterSelectionError, match=f"local cluster '{cluster.name}' is not running.*"
+                                                    f"fab local-up --replace --nodes 2 --name {cluster.name}"):
+        resolve_cluster(f"local:{cluster.name}")
+    cluster.destroy()
+    with pytest.raises(ClusterSelectionError, match=f"no local cluster named '{cluster.name}' is up"):
+        resolve_cluster(f"local:{cluster.name}")
