@@ -510,10 +510,11 @@ def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None =
     existing = load_state(paths)
     if existing is not None:
         if is_running(existing) and not replace:
+            flag = "" if paths.name == DEFAULT_NAME else f" --name {paths.name}"
             raise LocalClusterError(
                 f"local cluster {paths.name!r} is already up with {len(existing.nodes)} nodes "
-                f"(inventory {paths.inventory_path}); run `fab local-down --name {paths.name}` first, "
-                "or `fab local-up --replace ...` to replace it")
+                f"(inventory {paths.inventory_path}); run `fab local-down{flag}` first, "
+                f"or `fab local-up --replace --nodes {nodes}{flag}` to replace it")
         progress(f"removing the previous local cluster {paths.name!r}")
         destroy(paths, progress=progress)
 
