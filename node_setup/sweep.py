@@ -1,0 +1,270 @@
+"""Find everything this toolkit left in a region, and remove what is leaked.
+
+Every resource the Pulumi program makes carries `xeon-cluster:managed-by=xeon-cluster` and
+`xeon-cluster:cluster=<name>` (cluster/tags.py). The sweep lists, per cluster: instances in any
+state but terminated, spot requests (tagged, or behind a tagged instance), AMIs with their
+snapshots, volumes, security groups, key pairs, placement groups and checkpoint buckets.
+
+A cluster is *up* while its master instance is pending or running; everything of an up cluster is
+left alone. Everything of any other cluster (or with no cluster tag) is *leaked*, except the
+checkpoint buckets, which are *kept* on purpose and deleted only with `delete_buckets=True`.
+
+Deletion runs in dependency order: instances (terminated, then waited for), spot requests, AMIs,
+then their snapshots, detached volumes, placement groups, key pairs, security groups (rules that
+reference another group first), buckets. A resource that is already gone counts as removed, so
+the sweep can be rerun after a partial failure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from botocore.exceptions import ClientError, WaiterError
+
+from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER
+
+NO_CLUSTER = "(no cluster tag)"
+LIVE_INSTANCE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
+OPEN_SPOT_STATES = ("open", "active", "disabled")
+DELETE_ORDER = ("instance", "spot-request", "image", "snapshot", "volume", "placement-group", "key-pair",
+                "security-group", "bucket")
+GONE_CODES = {"InvalidInstanceID.NotFound", "InvalidSpotInstanceRequestID.NotFound", "InvalidAMIID.NotFound",
+              "InvalidAMIID.Unavailable", "InvalidSnapshot.NotFound", "InvalidVolume.NotFound",
+              "InvalidPlacementGroup.Unknown", "InvalidKeyPair.NotFound", "InvalidGroup.NotFound",
+              "NoSuchBucket", "InvalidPermission.NotFound"}
+UP, LEAKED, KEPT = "up", "leaked", "kept"
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    id: str
+    cluster: str
+    state: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Listing:
+    region: str
+    resources: list[Resource] = field(default_factory=list)
+    up_clusters: set[str] = field(default_factory=set)
+
+    def status(self, resource: Resource) -> str:
+        if resource.cluster in self.up_clusters:
+            return UP
+        if resource.kind == "bucket":
+            return KEPT
+        return LEAKED
+
+    def by_cluster(self) -> dict[str, list[Resource]]:
+        grouped: dict[str, list[Resource]] = defaultdict(list)
+        for res in self.resources:
+            grouped[res.cluster].append(res)
+        return {name: sorted(items, key=lambda r: (DELETE_ORDER.index(r.kind), r.id))
+                for name, items in sorted(grouped.items())}
+
+    def leaked(self, *, include_buckets: bool = False) -> list[Resource]:
+        return [r for r in self.resources
+                if self.status(r) == LEAKED or include_buckets and self.status(r) == KEPT]
+
+    def render(self) -> str:
+        if not self.resources:
+            return f"no xeon-cluster resources in {self.region}"
+        lines = []
+        for name, items in self.by_cluster().items():
+            state = "up (master running)" if name in self.up_clusters else "down"
+            lines.append(f"cluster {name}: {state}")
+            for res in items:
+                extra = " ".join(x for x in (res.state, res.detail) if x)
+                lines.append(f"  {self.status(res):<6} {res.kind:<15} {res.id:<28} {extra}".rstrip())
+        counts = defaultdict(int)
+        for res in self.resources:
+            counts[self.status(res)] += 1
+        lines.append(f"{self.region}: {counts[UP]} in use, {counts[LEAKED]} leaked, {counts[KEPT]} kept "
+                     "(checkpoint buckets; delete with --delete-buckets)")
+        return "\n".join(lines)
+
+
+def _tags(item: dict) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in item.get("Tags") or item.get("TagSet") or []}
+
+
+def _ours(tags: dict[str, str]) -> bool:
+    return tags.get(MANAGED_BY_KEY) == MANAGED_BY_VALUE
+
+
+def _cluster(tags: dict[str, str]) -> str:
+    return tags.get(CLUSTER_KEY) or NO_CLUSTER
+
+
+OURS = [{"Name": f"tag:{MANAGED_BY_KEY}", "Values": [MANAGED_BY_VALUE]}]
+
+
+def _pages(client, operation: str, key: str, **kwargs):
+    if client.can_paginate(operation):
+        for page in client.get_paginator(operation).paginate(**kwargs):
+            yield from page.get(key, [])
+    else:
+        yield from getattr(client, operation)(**kwargs).get(key, [])
+
+
+def collect(ec2, s3, region: str) -> Listing:
+    """Everything with this toolkit's tags in `region` (buckets: those located in `region`)."""
+    listing = Listing(region)
+    add = listing.resources.append
+    spot_of_instance: dict[str, tuple[str, str]] = {}
+    for res in _pages(ec2, "describe_instances", "Reservations", Filters=OURS + [
+            {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]):
+        for inst in res["Instances"]:
+            tags, state = _tags(inst), inst["State"]["Name"]
+            cluster = _cluster(tags)
+            role = tags.get(ROLE_KEY, "")
+            add(Resource("instance", inst["InstanceId"], cluster, state, f"{role} {inst['InstanceType']}".strip()))
+            if role == ROLE_MASTER and state in ("pending", "running"):
+                listing.up_clusters.add(cluster)
+            if inst.get("SpotInstanceRequestId"):
+                spot_of_instance[inst["SpotInstanceRequestId"]] = (cluster, inst["InstanceId"])
+    seen = set()
+    for req in _pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests", Filters=OURS):
+        if req["State"] in OPEN_SPOT_STATES:
+            seen.add(req["SpotInstanceRequestId"])
+            add(Resource("spot-request", req["SpotInstanceRequestId"], _cluster(_tags(req)), req["State"],
+                         req.get("InstanceId", "")))
+    untagged = sorted(set(spot_of_instance) - seen)
+    if untagged:  # requests made for tagged instances need not carry tags themselves
+        for req in _pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests",
+                          SpotInstanceRequestIds=untagged):
+            if req["State"] in OPEN_SPOT_STATES:
+                cluster, instance = spot_of_instance[req["SpotInstanceRequestId"]]
+                add(Resource("spot-request", req["SpotInstanceRequestId"], cluster, req["State"], instance))
+    image_snapshots = set()
+    for image in _pages(ec2, "describe_images", "Images", Owners=["self"], Filters=OURS):
+        cluster = _cluster(_tags(image))
+        add(Resource("image", image["ImageId"], cluster, image.get("State", ""), image.get("Name", "")))
+        for mapping in image.get("BlockDeviceMappings", []):
+            snap = mapping.get("Ebs", {}).get("SnapshotId")
+            if snap:
+                image_snapshots.add(snap)
+                add(Resource("snapshot", snap, cluster, "", f"of {image['ImageId']}"))
+    for snap in _pages(ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=OURS):
+        if snap["SnapshotId"] not in image_snapshots:
+            add(Resource("snapshot", snap["SnapshotId"], _cluster(_tags(snap)), snap.get("State", "")))
+    for vol in _pages(ec2, "describe_volumes", "Volumes", Filters=OURS):
+        attached = ",".join(a["InstanceId"] for a in vol.get("Attachments", []))
+        add(Resource("volume", vol["VolumeId"], _cluster(_tags(vol)), vol["State"],
+                     f"on {attached}" if attached else f"{vol.get('Size', '?')} GiB"))
+    for group in _pages(ec2, "describe_security_groups", "SecurityGroups", Filters=OURS):
+        add(Resource("security-group", group["GroupId"], _cluster(_tags(group)), "", group.get("GroupName", "")))
+    for key in _pages(ec2, "describe_key_pairs", "KeyPairs", Filters=OURS):
+        add(Resource("key-pair", key["KeyName"], _cluster(_tags(key)), "", key.get("KeyPairId", "")))
+    for group in _pages(ec2, "describe_placement_groups", "PlacementGroups", Filters=OURS):
+        add(Resource("placement-group", group["GroupName"], _cluster(_tags(group)), group.get("State", ""),
+                     group.get("Strategy", "")))
+    for bucket in s3.list_buckets().get("Buckets", []):
+        name = bucket["Name"]
+        try:
+            tags = _tags(s3.get_bucket_tagging(Bucket=name))
+            location = s3.get_bucket_location(Bucket=name).get("LocationConstraint") or "us-east-1"
+        except ClientError:
+            continue  # untagged (NoSuchTagSet) or not ours to read
+        if _ours(tags) and location == region:
+            add(Resource("bucket", name, _cluster(tags), "", "checkpoints"))
+    return listing
+
+
+def delete(listing: Listing, ec2, s3, *, include_buckets: bool = False,
+           waiter_delay: int = 15) -> list[tuple[Resource, str]]:
+    """Remove the leaked resources in dependency order; returns (resource, outcome) per resource."""
+    todo = listing.leaked(include_buckets=include_buckets)
+    by_kind: dict[str, list[Resource]] = defaultdict(list)
+    for res in todo:
+        by_kind[res.kind].append(res)
+    outcomes: list[tuple[Resource, str]] = []
+
+    def attempt(res: Resource, action) -> bool:
+        try:
+            action()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in GONE_CODES:
+                outcomes.append((res, "already gone"))
+                return True
+            outcomes.append((res, f"FAILED {code}: {exc.response.get('Error', {}).get('Message', '')}"))
+            return False
+        outcomes.append((res, "removed"))
+        return True
+
+    if by_kind["instance"]:
+        live = [r.id for r in by_kind["instance"] if r.state != "shutting-down"]
+        try:
+            if live:
+                ec2.terminate_instances(InstanceIds=live)
+            ec2.get_waiter("instance_terminated").wait(
+                InstanceIds=[r.id for r in by_kind["instance"]],
+                WaiterConfig={"Delay": waiter_delay, "MaxAttempts": 40})
+            outcome = "terminated"
+        except (ClientError, WaiterError) as exc:
+            outcome = f"FAILED to terminate: {exc}"
+        outcomes.extend((res, outcome) for res in by_kind["instance"])
+        if outcome != "terminated":
+            return outcomes  # what depends on the instances cannot go yet
+    for res in by_kind["spot-request"]:
+        attempt(res, lambda r=res: ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=[r.id]))
+    for res in by_kind["image"]:
+        attempt(res, lambda r=res: ec2.deregister_image(ImageId=r.id))
+    for res in by_kind["snapshot"]:
+        attempt(res, lambda r=res: ec2.delete_snapshot(SnapshotId=r.id))
+    for res in by_kind["volume"]:
+        if res.state == "in-use":  # goes with its instance (DeleteOnTermination) or once detached
+            outcomes.append((res, "skipped: still attached; rerun the sweep after its instance is gone"))
+            continue
+        attempt(res, lambda r=res: ec2.delete_volume(VolumeId=r.id))
+    for res in by_kind["placement-group"]:
+        attempt(res, lambda r=res: ec2.delete_placement_group(GroupName=r.id))
+    for res in by_kind["key-pair"]:
+        attempt(res, lambda r=res: ec2.delete_key_pair(KeyName=r.id))
+    groups = by_kind["security-group"]
+    _revoke_cross_references(ec2, [r.id for r in groups])
+    for res in groups:
+        attempt(res, lambda r=res: ec2.delete_security_group(GroupId=r.id))
+    for res in by_kind["bucket"]:
+        attempt(res, lambda r=res: _empty_and_delete_bucket(s3, r.id))
+    return outcomes
+
+
+def _revoke_cross_references(ec2, group_ids: list[str]) -> None:
+    """Two groups that admit each other cannot be deleted until those rules go."""
+    if not group_ids:
+        return
+    try:
+        groups = ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"]
+    except ClientError:
+        return
+    for group in groups:
+        rules = [p for p in group.get("IpPermissions", []) if p.get("UserIdGroupPairs")]
+        if rules:
+            try:
+                ec2.revoke_security_group_ingress(GroupId=group["GroupId"], IpPermissions=rules)
+            except ClientError:
+                pass  # deletion below reports what is left
+
+
+def _empty_and_delete_bucket(s3, name: str) -> None:
+    paginator = s3.get_paginator("list_object_versions")
+    for page in paginator.paginate(Bucket=name):
+        objects = [{"Key": o["Key"], "VersionId": o["VersionId"]}
+                   for o in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+        if objects:
+            s3.delete_objects(Bucket=name, Delete={"Objects": objects, "Quiet": True})
+    s3.delete_bucket(Bucket=name)
+
+
+def render_outcomes(outcomes: list[tuple[Resource, str]]) -> str:
+    if not outcomes:
+        return "nothing leaked: nothing removed"
+    lines = [f"  {outcome:<12} {res.kind:<15} {res.id:<28} (cluster {res.cluster})" for res, outcome in outcomes]
+    failed = sum(1 for _, outcome in outcomes if outcome.startswith(("FAILED", "skipped")))
+    lines.append(f"removed {len(outcomes) - failed}, left {failed}" + (" (rerun `fab sweep --delete`)" if failed else ""))
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""fab sweep under moto: a running cluster, a cluster whose instances are gone, untagged bystanders.
+
+moto 5.2 has no placement groups: `FakePlacementGroups` (a test double) wraps the moto EC2 client
+and keeps placement groups in memory; every other call goes to moto. moto's create_image ignores
+TagSpecifications, so the test tags the image afterwards as the Pulumi program's tags would be.
+"""
+
+import boto3
+import pytest
+
+pytest.importorskip("moto")
+
+from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags  # noqa: E402
+from node_setup import sweep  # noqa: E402
+
+IMAGE = "ami-1e749f67"  # a Canonical image moto ships
+
+
+class FakePlacementGroups:
+    """Test double: placement groups in memory (moto lacks them), all else delegated to moto."""
+
+    def __init__(self, ec2):
+        self._ec2 = ec2
+        self.groups = {}
+
+    def __getattr__(self, name):
+        return getattr(self._ec2, name)
+
+    def can_paginate(self, operation):
+        return operation != "describe_placement_groups" and self._ec2.can_paginate(operation)
+
+    def create_placement_group(self, GroupName, Strategy, TagSpecifications=()):
+        tags = [t for spec in TagSpecifications for t in spec["Tags"]]
+        self.groups[GroupName] = {"GroupName": GroupName, "Strategy": Strategy, "State": "available", "Tags": tags}
+
+    def describe_placement_groups(self, Filters=()):
+        def match(group):
+            tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+            return all(tags.get(f["Name"][4:]) in f["Values"] for f in Filters if f["Name"].startswith("tag:"))
+        return {"PlacementGroups": [dict(g) for g in self.groups.values() if match(g)]}
+
+    def delete_placement_group(self, GroupName):
+        if GroupName not in self.groups:
+            raise self._ec2.exceptions.ClientError(
+                {"Error": {"Code": "InvalidPlacementGroup.Unknown", "Message": GroupName}}, "DeletePlacementGroup")
+        del self.groups[GroupName]
+
+
+def _spec(tags):
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def make_cluster(ec2, s3, name, *, alive):
+    base = cluster_tags(name, "dev")
+    made = {}
+    cluster_sg = ec2.create_security_group(GroupName=f"{name}-cluster", Description="cluster", TagSpecifications=[
+        {"ResourceType": "security-group", "Tags": _spec(base)}])["GroupId"]
+    ssh_sg = ec2.create_security_group(GroupName=f"{name}-ssh", Description="ssh", TagSpecifications=[
+        {"ResourceType": "security-group", "Tags": _spec(base)}])["GroupId"]
+    # the two groups admit each other, as the self/master rules do; deletion must revoke first
+    for group, other in ((cluster_sg, ssh_sg), (ssh_sg, cluster_sg)):
+        ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": other}]}])
+    made["groups"] = {cluster_sg, ssh_sg}
+    ec2.create_key_pair(KeyName=f"{name}-key", TagSpecifications=[{"ResourceType": "key-pair", "Tags": _spec(base)}])
+    ec2.create_placement_group(GroupName=f"{name}-pg", Strategy="cluster", TagSpecifications=[
+        {"ResourceType": "placement-group", "Tags": _spec(base)}])
+    ids = []
+    for rank, role in enumerate((ROLE_MASTER, ROLE_WORKER)):
+        tags = node_tags(base, role, rank, f"{name}-{role}")
+        ids.append(ec2.run_instances(ImageId=IMAGE, InstanceType="c6i.16xlarge", MinCount=1, MaxCount=1,
+                                     SecurityGroupIds=[cluster_sg], TagSpecifications=[
+                                         {"ResourceType": "instance", "Tags": _spec(tags)}])["Instances"][0]["InstanceId"])
+    made["instances"] = set(ids)
+    image = ec2.create_image(InstanceId=ids[0], Name=f"{name}-baked")["ImageId"]
+    ec2.create_tags(Resources=[image], Tags=_spec(base))
+    made["image"] = image
+    made["volume"] = ec2.create_volume(AvailabilityZone="us-east-1a", Size=100, TagSpecifications=[
+        {"ResourceType": "volume", "Tags": _spec(base)}])["VolumeId"]
+    s3.create_bucket(Bucket=f"{name}-checkpoints-1a2b")
+    s3.put_bucket_tagging(Bucket=f"{name}-checkpoints-1a2b", Tagging={"TagSet": _spec(base)})
+    s3.put_object(Bucket=f"{name}-checkpoints-1a2b", Key="step-100/model.safetensors", Body=b"weights")
+    if not alive:
+        # a spot request left open after its cluster went (tagged as the program tags its requests)
+        made["spot"] = ec2.request_spot_instances(
+            LaunchSpecification={"ImageId": IMAGE, "InstanceType": "c6i.16xlarge"}, TagSpecifications=[
+                {"ResourceType": "spot-instances-request", "Tags": _spec(base)}])[
+            "SpotInstanceRequests"][0]["SpotInstanceRequestId"]
+        ec2.terminate_instances(InstanceIds=ids)  # the cluster's instances are gone, the rest leaked
+    return made
+
+
+@pytest.fixture
+def account(mocked_aws):
+    ec2 = FakePlacementGroups(boto3.client("ec2", region_name=mocked_aws))
+    s3 = boto3.client("s3", region_name=mocked_aws)
+    alive = make_cluster(ec2, s3, "alive", alive=True)
+    gone = make_cluster(ec2, s3, "gone", alive=False)
+    stray = ec2.create_security_group(GroupName="stray", Description="leaked, no cluster tag", TagSpecifications=[
+        {"ResourceType": "security-group", "Tags": _spec({"xeon-cluster:managed-by": "xeon-cluster"})}])["GroupId"]
+    bystander = ec2.create_security_group(GroupName="not-ours", Description="someone else's")["GroupId"]
+    s3.create_bucket(Bucket="someone-elses-bucket")
+    return dict(ec2=ec2, s3=s3, region=mocked_aws, alive=alive, gone=gone, stray=stray, bystander=bystander)
+
+
+def _status(listing):
+    return {(r.cluster, r.kind, r.id): listing.status(r) for r in listing.resources}
+
+
+def test_listing_groups_by_cluster_and_marks_up_leaked_and_kept(account):
+    listing = sweep.collect(account["ec2"], account["s3"], account["region"])
+    status = _status(listing)
+    assert listing.up_clusters == {"alive"}
+    alive = {k: v for k, v in status.items() if k[0] == "alive"}
+    assert set(alive.values()) == {sweep.UP}
+    assert {k[1] for k in alive} == {"instance", "image", "snapshot", "volume", "security-group", "key-pair",
+                                     "placement-group", "bucket"}
+    gone = {k: v for k, v in status.items() if k[0] == "gone"}
+    assert not any(kind == "instance" for _, kind, _ in gone)  # terminated ones are not listed
+    assert gone.pop(("gone", "bucket", "gone-checkpoints-1a2b")) == sweep.KEPT
+    assert set(gone.values()) == {sweep.LEAKED}
+    assert {k[1] for k in gone} == {"image", "snapshot", "volume", "security-group", "key-pair", "placement-group",
+                                    "spot-request"}
+    assert status[(sweep.NO_CLUSTER, "security-group", account["stray"])] == sweep.LEAKED
+    assert not any(account["bystander"] == k[2] or k[2] == "someone-elses-bucket" for k in status)
+    text = listing.render()
+    assert "cluster alive: up (master running)" in text and "cluster gone: down" in text
+    assert "kept (checkpoint buckets; delete with --delete-buckets)" in text
+
+
+def test_delete_removes_leaked_only_and_a_rerun_finds_nothing(account):
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    before = sweep.collect(ec2, s3, region)
+    outcomes = sweep.delete(before, ec2, s3, waiter_delay=1)
+    removed = {(r.kind, r.id) for r, outcome in outcomes if outcome == "removed"}
+    assert ("image", account["gone"]["image"]) in removed
+    assert ("spot-request", account["gone"]["spot"]) in removed
+    assert ("placement-group", "gone-pg") in removed and ("key-pair", "gone-key") in removed
+    assert {("security-group", g) for g in account["gone"]["groups"]} <= removed
+    assert not [o for _, o in outcomes if o.startswith("FAILED")]
+
+    after = sweep.collect(ec2, s3, region)
+    assert sweep.LEAKED not in {after.status(r) for r in after.resources}
+    # nothing of the running cluster touched
+    assert _status(after) == {k: v for k, v in _status(before).items() if k[0] == "alive" or v == sweep.KEPT}
+    running = ec2.describe_instances(InstanceIds=sorted(account["alive"]["instances"]))["Reservations"]
+    assert {i["State"]["Name"] for r in running for i in r["Instances"]} == {"running"}
+    assert ec2.describe_security_groups(GroupIds=[account["bystander"]])["SecurityGroups"]
+    # the kept bucket still holds its checkpoint
+    assert s3.list_objects_v2(Bucket="gone-checkpoints-1a2b")["KeyCount"] == 1
+
+    assert sweep.delete(after, ec2, s3, waiter_delay=1) == []
+    assert sweep.render_outcomes([]) == "nothing leaked: nothing removed"
+
+
+def test_buckets_go_only_with_the_explicit_flag(account):
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    sweep.delete(sweep.collect(ec2, s3, region), ec2, s3, waiter_delay=1)
+    outcomes = sweep.delete(sweep.collect(ec2, s3, region), ec2, s3, include_buckets=True, waiter_delay=1)
+    assert [(r.id, o) for r, o in outcomes] == [("gone-checkpoints-1a2b", "removed")]
+    names = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    assert "gone-checkpoints-1a2b" not in names and {"alive-checkpoints-1a2b", "someone-elses-bucket"} <= names
+
+
+def test_a_resource_deleted_meanwhile_counts_as_already_gone(account):
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    listing = sweep.collect(ec2, s3, region)
+    ec2.delete_key_pair(KeyName="gone-key")
+    ec2.delete_placement_group(GroupName="gone-pg")
+    outcomes = dict(((r.kind, r.id), o) for r, o in sweep.delete(listing, ec2, s3, waiter_delay=1))
+    assert outcomes[("placement-group", "gone-pg")] == "already gone"
+    # moto deletes a missing key pair without an error, as AWS does
+    assert outcomes[("key-pair", "gone-key")] in ("removed", "already gone")
+
+
+def test_a_stopped_master_means_the_cluster_is_down(account):
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    ec2.stop_instances(InstanceIds=sorted(account["alive"]["instances"]))
+    listing = sweep.collect(ec2, s3, region)
+    assert "alive" not in listing.up_clusters
+    instances = [r for r in listing.resources if r.cluster == "alive" and r.kind == "instance"]
+    assert {r.state for r in instances} == {"stopped"} and {listing.status(r) for r in instances} == {sweep.LEAKED}
