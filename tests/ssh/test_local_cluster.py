@@ -201,3 +201,30 @@ def test_cluster_local_resolves_to_the_running_cluster(local_cluster_factory, mo
     cluster.destroy()
     with pytest.raises(ClusterSelectionError, match=f"no local cluster named '{cluster.name}' is up"):
         resolve_cluster(f"local:{cluster.name}")
+
+
+def test_pick_subnet_avoids_every_taken_network():
+    import ipaddress
+    first = lc.pick_subnet("demo", [])
+    assert first.prefixlen == 24 and first.subnet_of(ipaddress.IPv4Network("10.0.0.0/8"))
+    assert lc.pick_subnet("demo", []) == first  # stable for a name
+    # the name's own slot and a wide route over its neighbours are taken: the next free one is chosen
+    wide = ipaddress.IPv4Network(f"{first.network_address}/20", strict=False)
+    chosen = lc.pick_subnet("demo", [first, wide, ipaddress.IPv4Network("192.0.2.0/24")])
+    assert not chosen.overlaps(wide)
+
+
+def test_check_host_refuses_non_root(monkeypatch):
+    monkeypatch.setattr(lc.os, "geteuid", lambda: 1000)
+    with pytest.raises(lc.LocalClusterError, match=r"needs root: run `sudo fab local-up"):
+        lc.check_host()
+
+
+def test_known_hosts_text_lists_address_and_alias():
+    state = lc.ClusterState(name="x", bridge="b", subnet="10.200.0.0/24", bridge_address="10.200.0.1",
+                            data_dir="/d", cluster_dir="/c", key_path="/c/k", inventory_path="/c/i",
+                            nodes=[lc.NodeState(name="node0", namespace="xc-x-n0", veth="v0", address="10.200.0.2",
+                                                dir="/d/node0", sshd_config="/d/node0/etc/sshd_config",
+                                                host_key="ssh-ed25519 AAAAkey0")])
+    assert state.known_hosts_text() == "10.200.0.2,node0 ssh-ed25519 AAAAkey0\n"
+    assert lc.ClusterState.from_json(state.to_json()) == state
