@@ -122,6 +122,14 @@ class ClusterSpec:
         allow_open = get("allowSshFromAnywhere", "allow_ssh_from_anywhere", bool)
         sockets = get("sockets", "sockets", int)
         cores = get("physicalCores", "physical_cores", int)
+        # Read every typed value before the problems are checked, so a bad one is reported.
+        master_spot = get("masterSpot", "master_spot", bool)
+        worker_spot = get("workerSpot", "worker_spot", bool)
+        ssh_user = get("sshUser", "ssh_user", str)
+        private_key_path = get("privateKeyPath", "private_key_path", str)
+        placement_group = get("placementGroup", "placement_group", bool)
+        bake = get("bake", "bake", bool)
+        destroy_bucket = get("destroyBucket", "destroy_bucket", bool)
         admin = cfg.get("adminCidrs")
         if isinstance(admin, str):
             admin = [admin]
@@ -166,17 +174,17 @@ class ClusterSpec:
         return cls(
             cluster_name=name, stack=stack, region=region, public_key=public_key, admin_cidrs=admin,
             instance_type=instance_type, worker_count=workers,
-            master_spot=get("masterSpot", "master_spot", bool),
-            worker_spot=get("workerSpot", "worker_spot", bool),
+            master_spot=master_spot,
+            worker_spot=worker_spot,
             spot_max_price=spot_price, allow_ssh_from_anywhere=allow_open,
             base_ami=cfg.get("baseAmi") or None,
-            ssh_user=get("sshUser", "ssh_user", str),
-            private_key_path=get("privateKeyPath", "private_key_path", str),
+            ssh_user=ssh_user,
+            private_key_path=private_key_path,
             root_volume_gib=root_gib, root_volume_type=root_type,
-            placement_group=get("placementGroup", "placement_group", bool),
-            software_profile=profile, bake=get("bake", "bake", bool),
+            placement_group=placement_group,
+            software_profile=profile, bake=bake,
             vpc_id=cfg.get("vpcId") or None, subnet_id=cfg.get("subnetId") or None,
-            destroy_bucket=get("destroyBucket", "destroy_bucket", bool),
+            destroy_bucket=destroy_bucket,
             sockets=sockets, physical_cores=cores, tags=dict(tags),
         )
 

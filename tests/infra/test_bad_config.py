@@ -36,6 +36,7 @@ BAD_CONFIGS = {
     "bad volume type": ({"rootVolumeType": "st1"}, ["rootVolumeType", "'st1'", "gp3"]),
     "bad cluster name": ({"clusterName": "My_Cluster"}, ["clusterName", "'My_Cluster'", "lowercase"]),
     "bad tag": ({"tags": ["team"]}, ["tags", "'team'", "key=value"]),
+    "bake not a boolean": ({"bake": "yes"}, ["bake", "'yes'", "bool"]),
     "unknown key (typo)": ({"workercount": 4}, ["xeon-cluster:workercount", "not a setting", "workerCount"]),
 }
 

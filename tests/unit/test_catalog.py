@@ -1,0 +1,67 @@
+"""The instance catalog: the types the issue names, internally consistent, and the facts DESIGN.md
+section 7 records (network, EFA, cores) and AWS's family ratios (memory per vCPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster import catalog
+
+REQUIRED = ["r7iz.metal-16xl", "r7iz.metal-32xl", "c6i.16xlarge", "c6i.32xlarge", "c7i.metal-24xl",
+            "c7i.metal-48xl", "m7i.48xlarge", "c6in.32xlarge"]
+
+# DESIGN.md section 7: bandwidth and EFA per type.
+NETWORK = {
+    "r7iz.metal-16xl": (25, False), "c6i.16xlarge": (25, False),
+    "r7iz.metal-32xl": (50, True), "c6i.32xlarge": (50, True), "c7i.metal-48xl": (50, True),
+    "m7i.48xlarge": (50, True), "c6in.32xlarge": (200, True),
+}
+# AWS sizes every family at a fixed memory per vCPU: compute 2, general purpose 4, memory 8 GiB.
+GIB_PER_VCPU = {"c6i": 2, "c6in": 2, "c7i": 2, "m7i": 4, "r7iz": 8}
+SAPPHIRE_RAPIDS = ("r7iz", "c7i", "m7i")
+
+
+def family(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_every_type_the_issue_names_is_known():
+    assert set(REQUIRED) <= set(catalog.known_types())
+    assert catalog.known_types() == sorted(catalog.known_types())
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_core_figures_add_up(name):
+    t = catalog.lookup(name)
+    assert t.name == name
+    assert t.sockets * t.cores_per_socket == t.physical_cores
+    assert t.threads_per_core == 2 and t.vcpus == 2 * t.physical_cores
+    assert t.memory_gib == GIB_PER_VCPU[family(name)] * t.vcpus
+
+
+@pytest.mark.parametrize("name", list(NETWORK))
+def test_network_and_efa_match_the_recorded_facts(name):
+    t = catalog.lookup(name)
+    assert (t.network_gbps, t.efa) == NETWORK[name]
+
+
+def test_layouts_read_on_live_instances():
+    # Read with lscpu for the seed recipe, so not marked as inferred.
+    r7iz, c6i = catalog.lookup("r7iz.metal-16xl"), catalog.lookup("c6i.16xlarge")
+    assert (r7iz.sockets, r7iz.cores_per_socket, r7iz.sockets_inferred) == (2, 16, False)
+    assert (c6i.sockets, c6i.cores_per_socket, c6i.sockets_inferred) == (1, 32, False)
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_bf16_only_on_sapphire_rapids_and_metal_by_name(name):
+    t = catalog.lookup(name)
+    spr = family(name) in SAPPHIRE_RAPIDS
+    assert t.amx is spr and t.avx512_bf16 is spr and t.bf16 is spr
+    assert t.bare_metal is (".metal" in name)
+
+
+def test_unknown_type_and_custom_description():
+    assert catalog.lookup("x9z.huge") is None
+    custom = catalog.custom("x9z.huge", sockets=2, physical_cores=48)
+    assert (custom.sockets, custom.cores_per_socket, custom.vcpus, custom.bf16) == (2, 24, 96, False)
+    assert catalog.custom("y", 1, 8, vcpus=8, bf16=True).threads_per_core == 1
