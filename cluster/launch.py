@@ -51,6 +51,16 @@ exec "$@"
 """.replace("JOBS_DIR", JOBS_DIR)
 
 
+# On the master, before mpirun: Hydra's remote proxies call the launching node back by its host
+# name, which other nodes may not resolve (the local cluster's nodes only know themselves);
+# naming the interface that holds MASTER_ADDR makes Hydra hand out that address instead.
+HYDRA_IFACE_SETUP = (
+    'if [ -z "${I_MPI_HYDRA_IFACE:-}" ] && command -v ip >/dev/null 2>&1; then '
+    'I_MPI_HYDRA_IFACE=$(ip -o -4 addr show | awk -v a="$MASTER_ADDR" '
+    '\'{split($4, p, "/"); if (p[1] == a) {print $2; exit}}\'); '
+    '[ -n "$I_MPI_HYDRA_IFACE" ] && export I_MPI_HYDRA_IFACE || unset I_MPI_HYDRA_IFACE; fi')
+
+
 class LaunchError(ValueError):
     """A launch setting that cannot work; the message says what is allowed."""
 
@@ -168,7 +178,8 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
 
     env: dict[str, str] = {JOB_MARKER: job_id, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
     setup: list[str] = []
-    rank_env = dict(layout.rank_env())
+    # unbuffered: each rank's lines reach the log (and `fab train`'s stream) whole and at once
+    rank_env = {**layout.rank_env(), "PYTHONUNBUFFERED": "1"}
     if flavour == "intel-mpi":
         env.update({
             "I_MPI_ROOT": venv,
@@ -188,6 +199,8 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
         rank_env.setdefault("CCL_ATL_TRANSPORT", "ofi")
     else:
         env["PATH"] = f"{venv}/bin:$PATH"
+    if flavour != "openmpi":
+        setup.append(HYDRA_IFACE_SETUP)
     if layout.small_node and flavour != "openmpi":
         rank_env["I_MPI_WAIT_MODE"] = "1"
     rank_env.update(extra_env or {})

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from cluster import catalog
-from cluster.launch import (FLAVOURS, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
+from cluster.launch import (FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
                             master_port_for, plan_launch)
 from cluster.layout import plan_layout
 
@@ -67,7 +67,7 @@ def test_command_for_every_type_and_flavour(machine, flavour):
         assert plan.env["PATH"].startswith(f"{VENV}/bin:")
         assert plan.env["LD_LIBRARY_PATH"].startswith(f"{VENV}/lib")
         assert plan.env["FI_PROVIDER_PATH"] == f"{VENV}/lib"
-        assert not plan.setup
+        assert plan.setup == (HYDRA_IFACE_SETUP,)
     if flavour == "intel-mpi-oneccl":
         assert any("env/setvars.sh" in line for line in plan.setup)
         assert env["CCL_WORKER_COUNT"] == str(plan.layout.ccl_workers)
