@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from cluster.costplan import PlanRow
 
 
@@ -20,7 +22,7 @@ def plot_plan(rows: list[PlanRow], path: str, title: str) -> str:
     cost_ax = time_ax.twinx()
     cost_ax.plot(nodes, [r.total_usd for r in rows], "s--", color="tab:red", label="total cost")
     cost_ax.set_ylabel("total cost (USD)", color="tab:red")
-    time_ax.set_title(title, fontsize=9)
+    time_ax.set_title(textwrap.fill(title, 95), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
