@@ -272,3 +272,20 @@ def test_diff_without_changes():
 def test_bake_tag_depends_on_instance_and_fingerprint():
     assert bake_tag("i-1", "a") == bake_tag("i-1", "a")
     assert len({bake_tag("i-1", "a"), bake_tag("i-2", "a"), bake_tag("i-1", "b")}) == 3
+
+
+def test_provider_is_serialized_by_reference_and_loads_where_the_project_is_installed(tmp_path):
+    """Pulumi pickles the provider into the state; its process must import it (hence `pip install -e .`)."""
+    from pulumi.dynamic.dynamic import serialize_provider
+
+    from tests.infra.conftest import ROOT
+
+    payload = serialize_provider(ProfileSetupProvider())
+    assert len(payload) < 400  # a reference to infra.setup_step, not a copy of code or data
+    load = ("import base64, dill, sys; p = dill.loads(base64.b64decode(sys.argv[1])); "
+            "print(type(p).__module__, p.diff('i', {'profile': 'a'}, {'profile': 'b'}).replaces)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", load, payload], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["infra.setup_step", "['profile']"]
