@@ -14,6 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from cluster.spec import ClusterSpec
+from cluster.tags import PROFILE_KEY
 from infra.master import MasterNode
 from infra.setup_step import ProfileSetup
 
@@ -37,6 +38,6 @@ class BakedImage(pulumi.ComponentResource):
             description=f"xeon-cluster {spec.cluster_name}: {spec.profile.description}",
             source_instance_id=master.instance.id,
             snapshot_without_reboot=True,
-            tags={**tags, "Name": name, "xeon-cluster:profile": spec.software_profile},
+            tags={**tags, "Name": name, PROFILE_KEY: spec.software_profile},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.setup]))
         self.register_outputs({"imageId": self.image.id})

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from cluster.spec import ClusterSpec
-from cluster.tags import node_tags
+from cluster.tags import PROFILE_KEY, SSH_USER_KEY, node_tags
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ def market_options(spot: bool, max_price: float | None) -> aws.ec2.InstanceInsta
 def node_instance(name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], role: str, rank: int,
                   spot: bool, network: NodeNetwork, tags: dict[str, str],
                   opts: pulumi.ResourceOptions) -> aws.ec2.Instance:
-    instance_tags = node_tags(tags, role, rank, name)
+    # Discovery reads the login user and the profile from the nodes' tags.
+    instance_tags = {**node_tags(tags, role, rank, name), SSH_USER_KEY: spec.ssh_user,
+                     PROFILE_KEY: spec.software_profile}
     return aws.ec2.Instance(
         name,
         ami=ami,

@@ -11,8 +11,8 @@ import pulumi
 import pytest
 
 from cluster import profiles
-from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, RANK_KEY, ROLE_KEY,
-                          ROLE_MASTER, ROLE_WORKER, STACK_KEY)
+from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
+                          ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, STACK_KEY)
 from infra.lookups import CANONICAL_OWNER, AccountLookupError
 from infra.setup_step import ProfileSetupProvider
 from tests.infra.conftest import (ADMIN_CIDR, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, STACK, FakeAws, Harness,
@@ -203,6 +203,8 @@ def test_every_taggable_resource_is_tagged(harness, name):
         assert node.inputs["tags"][RANK_KEY] == str(rank)
         assert node.inputs["tags"][ROLE_KEY] == (ROLE_MASTER if rank == 0 else ROLE_WORKER)
         assert node.inputs["rootBlockDevice"]["tags"][CLUSTER_KEY] == "xeon-dev"
+        # What discovery reads to log in and to know the software.
+        assert (node.inputs["tags"][SSH_USER_KEY], node.inputs["tags"][PROFILE_KEY]) == ("ubuntu", "stock")
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))
@@ -314,7 +316,9 @@ def test_cluster_name_and_region(harness):
 
 
 def test_intel_profile_installs_its_pins(harness):
-    run(harness, softwareProfile="intel")
+    run(harness, softwareProfile="intel", sshUser="admin")
+    assert {n.inputs["tags"][PROFILE_KEY] for n in instances(harness.monitor)} == {"intel"}
+    assert {n.inputs["tags"][SSH_USER_KEY] for n in instances(harness.monitor)} == {"admin"}
     (setup,) = harness.monitor.of_type(SETUP)
     assert setup.inputs["profile"] == "intel"
     assert "oneccl_bind_pt==2.8.0" in setup.inputs["pip_pins"]
