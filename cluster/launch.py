@@ -178,8 +178,7 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
 
     env: dict[str, str] = {JOB_MARKER: job_id, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
     setup: list[str] = []
-    # unbuffered: each rank's lines reach the log (and `fab train`'s stream) whole and at once
-    rank_env = {**layout.rank_env(), "PYTHONUNBUFFERED": "1"}
+    rank_env = dict(layout.rank_env())
     if flavour == "intel-mpi":
         env.update({
             "I_MPI_ROOT": venv,

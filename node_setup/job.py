@@ -35,6 +35,7 @@ from cluster.profiles import get_profile, venv_dir
 CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
 DEFAULT_OUTPUT_ROOT = "xeon-cluster-runs"  # relative to the SSH user's home on every node
 STOP_GRACE_SECONDS = 10
+POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
 
 
 class JobError(RuntimeError):
@@ -171,6 +172,8 @@ class RankPrefixer:
                 return f"[{self.label(self._last_rank):<{self.width}}] {match.group(2)}"
         if text.startswith("[xeon-cluster]") or not text.strip():
             return text
+        if _HYDRA_LINE.match(text):
+            self._last_rank = None
         if self._last_rank is not None and not _HYDRA_LINE.match(text):
             # the rest of a rank's line that mpirun forwarded in two pieces
             return f"[{self.label(self._last_rank):<{self.width}}] {text}"
@@ -258,9 +261,9 @@ fi
 STATE_SH = r"""job="$1"; d="$HOME/JOBS/$job"
 [ -d "$d" ] || { echo "missing"; exit 0; }
 pid=$(cat "$d/pid" 2>/dev/null)
-if [ -f "$d/exit_code" ]; then echo "exited $(cat "$d/exit_code")"
-elif [ -n "$pid" ] && grep -qF "$job" "/proc/$pid/cmdline" 2>/dev/null; then echo "running $pid"
+if [ -n "$pid" ] && grep -qF "$job" "/proc/$pid/cmdline" 2>/dev/null; then echo "running $pid"
 elif [ -f "$d/stopped" ]; then echo "stopped $(cat "$d/stopped")"
+elif [ -f "$d/exit_code" ]; then echo "exited $(cat "$d/exit_code")"
 else echo "lost"; fi
 """.replace("JOBS", JOBS_DIR)
 
@@ -345,7 +348,10 @@ def read_metadata(master, job_id: str) -> dict:
 
 
 def job_state(master, job_id: str) -> tuple[str, str]:
-    """("running", pid) / ("exited", code) / ("stopped", when) / ("lost", "") / ("missing", "")."""
+    """("running", pid) / ("stopped", when) / ("exited", code) / ("lost", "") / ("missing", "").
+
+    A job that `fab stop` ended counts as stopped even though mpirun then returned a code.
+    """
     result = master.run(_sh(STATE_SH, job_id), hide=True, warn=True, in_stream=False)
     state, _, detail = result.stdout.strip().partition(" ")
     return state or "lost", detail
@@ -367,8 +373,18 @@ def follow(master, job_id: str, rank_hosts: Sequence[str], out: TextIO = sys.std
     else:
         command = f"cd && tail {start_at} {d}/log"
     sink = RankPrefixer(rank_hosts, out)
+    # Asynchronous, so that Ctrl-C lands here rather than in invoke's thread joins (which would
+    # wait for the remote `tail` to end); on Ctrl-C the connection is closed to end the stream.
+    promise = master.run(command, out_stream=sink, err_stream=sink, hide=False, warn=True, pty=False,
+                         in_stream=False, asynchronous=True)
+    runner = promise.runner
     try:
-        master.run(command, out_stream=sink, err_stream=sink, hide=False, warn=True, pty=False, in_stream=False)
+        while not (runner.process_is_finished or runner.has_dead_threads):
+            time.sleep(POLL_SECONDS)
+        promise.join()
+    except KeyboardInterrupt:
+        master.close()
+        raise
     finally:
         sink.flush()
 

@@ -342,6 +342,9 @@ def _follow_to_end(master, conns, job_id: str, rank_hosts: list[str], plan: jobs
     if state == "running":  # the stream broke (connection lost) while the job goes on
         print(f"\nlost the log stream; job {job_id} is still running: reattach with `fab logs --follow`")
         return 1
+    if state == "stopped":
+        print(f"\njob {job_id} was stopped (fab stop, {detail})")
+        return 143
     code = int(detail) if state == "exited" and detail.strip().lstrip("-").isdigit() else None
     if code == 0:
         print(f"\njob {job_id} finished: exit code 0")
