@@ -1,0 +1,202 @@
+"""`fab train`, `fab status`, `fab logs`, `fab stop` on a local cluster: real sshd, real Intel MPI,
+real multi-rank training of the small synthetic model.
+
+Budget: about 2 minutes in all (the synthetic model and data are made once per node and reused).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.launch import JOBS_DIR
+from cluster.profiles import PROFILES, venv_dir
+
+pytestmark = [pytest.mark.ssh, pytest.mark.mpi]
+
+ROOT = Path(__file__).resolve().parents[2]
+FAB = [sys.executable, "-m", "fabric"]
+SMALL = ["--synthetic-examples", "200"]
+VENV = venv_dir(PROFILES["stock"])
+
+
+def fab(cluster, *args, timeout=240, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(),
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def fab_background(cluster, *args) -> subprocess.Popen:
+    return subprocess.Popen([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def node_home(cluster, index: int) -> Path:
+    """The node's own /root, as seen from this machine."""
+    return Path(cluster.state.nodes[index].dir) / "root"
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Every process on this machine (the local nodes share its pid space) marked with the job."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"XEON_CLUSTER_JOB={job_id}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def newest_job(cluster, index: int = 0) -> str | None:
+    jobs = node_home(cluster, index) / JOBS_DIR
+    ids = sorted(p.name for p in jobs.glob("2*")) if jobs.is_dir() else []
+    return ids[-1] if ids else None
+
+
+def rank_file(cluster, index: int, job_id: str, rank: int) -> Path:
+    return node_home(cluster, index) / JOBS_DIR / job_id / "ranks" / f"rank-{rank}"
+
+
+@pytest.fixture(scope="module")
+def train_cluster(request, local_cluster):
+    """The session's 3-node cluster with the stock profile installed and keys distributed."""
+    try:
+        return request.getfixturevalue("installed_cluster")
+    except pytest.FixtureLookupError:
+        pass
+    if not Path(VENV, "bin", "python").exists():
+        pytest.skip(f"needs the stock profile installed in {VENV} (fab setup)")
+    try:
+        import node_setup.distribute  # noqa: F401
+    except ImportError:
+        pytest.skip("needs node_setup.distribute (ssh keys and config on the master)")
+    return local_cluster
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(local_cluster):
+    before = [newest_job(local_cluster, i) for i in range(3)]
+    result = fab(local_cluster, "train", "--nodes", "3", "--dry-run", "--threads", "1", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    master = local_cluster.state.nodes[0].address
+    for node in ("node0", "node1", "node2"):
+        assert re.search(rf"^  {node}\s", out, re.M), out
+    assert f"MASTER_ADDR={master}" in out
+    assert "OMP_NUM_THREADS=1" in out and "I_MPI_WAIT_MODE=1" in out
+    assert re.search(r"mpirun -f \S+/hosts -n 3 -ppn 1 -prepend-rank", out)
+    assert "-m training --task qa --model_name_or_path xeon-cluster-data/synthetic-qa/model" in out
+    assert "dry run: nothing was started" in out
+    job_id = re.search(r"^job (\S+) on cluster", out, re.M).group(1)
+    for i in range(3):
+        assert not (node_home(local_cluster, i) / JOBS_DIR / job_id).exists()
+    assert [newest_job(local_cluster, i) for i in range(3)] == before
+
+
+def test_node_count_out_of_range_is_refused_before_anything_runs(local_cluster):
+    result = fab(local_cluster, "train", "--nodes", "4", "--dry-run", timeout=60)
+    assert result.returncode == 2
+    assert "--nodes: 4 is not possible" in result.stderr and "allowed 1 to 3" in result.stderr
+
+
+def test_layout_override_beyond_cores_is_refused(local_cluster):
+    result = fab(local_cluster, "train", "--nodes", "3", "--threads", "64", "--dry-run", timeout=60)
+    assert result.returncode == 2
+    assert "threads per rank: 64" in result.stderr and "never more threads than physical cores" in result.stderr
+
+
+@pytest.mark.slow
+def test_train_on_three_nodes_writes_summary(train_cluster):
+    result = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "6")
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr
+    assert "[node1 r1]" in out and "[node2 r2]" in out  # every rank's lines, labelled with its node
+    assert "finished: exit code 0" in out
+    job_id = re.search(r"^job (\S+) started on node0", out, re.M).group(1)
+    summary = node_home(train_cluster, 0) / "xeon-cluster-runs" / job_id / "summary.json"
+    import json
+
+    data = json.loads(summary.read_text())
+    assert data["world_size"] == 3 and data["nodes"] == 3 and data["status"] == "completed"
+    assert "world_size: 3" in out
+    assert not job_processes(job_id)
+    # status and logs find the finished job
+    status = fab(train_cluster, "status", timeout=60)
+    assert status.returncode == 0 and f"job {job_id}: finished, exit code 0" in status.stdout
+    logs = fab(train_cluster, "logs", "--lines", "3", timeout=60)
+    assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
+
+
+@pytest.mark.slow
+def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
+    proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
+    try:
+        job_id = wait_for(lambda: newest_job(train_cluster, 1) if rank_file(
+            train_cluster, 1, newest_job(train_cluster, 1) or "-", 1).exists() else None, 90, "rank 1 on node1")
+        pid = int(rank_file(train_cluster, 1, job_id, 1).read_text().split()[0])
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-3000:]
+    assert f"rank 1 on node node1 (host node1, pid {pid}): killed by signal: 9" in out, out[-3000:]
+    assert "no rank of the job is left on any node" in out
+    assert not job_processes(job_id)
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_job_then_fab_stop_ends_every_rank(train_cluster):
+    proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
+    try:
+        job_id = wait_for(lambda: newest_job(train_cluster, 0), 60, "the job directory")
+        for i in range(3):
+            wait_for(lambda: rank_file(train_cluster, i, job_id, i).exists(), 90, f"rank {i}")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate("n\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert f"job {job_id} keeps running" in out
+    assert len(job_processes(job_id)) >= 3  # detaching left the job alone
+
+    status = fab(train_cluster, "status", timeout=60)
+    assert f"job {job_id}: running" in status.stdout, status.stdout
+    assert status.stdout.count("1 running") == 3, status.stdout
+
+    stop = fab(train_cluster, "stop", timeout=90)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert stop.stdout.count(f"no process of job {job_id} left") == 3
+    assert not job_processes(job_id)
+    status = fab(train_cluster, "status", timeout=60)
+    assert f"job {job_id}: stopped by fab stop" in status.stdout
+
+
+def test_unreachable_node_at_launch_is_named(local_cluster_factory):
+    cluster = local_cluster_factory(2)
+    try:
+        os.kill(cluster.state.nodes[1].sshd_pid, signal.SIGTERM)  # this test's own cluster
+        result = fab(cluster, "train", "--nodes", "2", *SMALL, "--max-steps", "2", timeout=120)
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "node1" in result.stderr and "cannot" in result.stderr.lower()
+        assert "node1" in result.stdout  # the per-node table names the node and the reason
+    finally:
+        cluster.destroy()
