@@ -287,7 +287,6 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
             plan = make_plan(previous)
             print(f"resuming in {previous} (the newest job's output directory)")
 
-    _distribute(plan.inventory)
     print(f"preparing {len(conns)} node(s): job directory"
           + (", synthetic model and data" if synthetic else "") + " ...", flush=True)
     outcomes = jobs.prepare_nodes(conns, plan)
@@ -301,6 +300,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         raise Exit(f"error: cannot launch: {names} not ready (reason above); the other nodes are fine. "
                    f"Fix or replace {names}, or use fewer nodes (--nodes), then rerun", code=EXIT_UNREACHABLE)
 
+    _distribute(plan.inventory)
     pid = jobs.start(master, plan)
     print(f"job {plan.job_id} started on {plan.inventory.master.name} (pid {pid}): {plan.launch.world_size} ranks "
           f"on {', '.join(plan.launch.hosts)}; output ~/{plan.output_dir}", flush=True)

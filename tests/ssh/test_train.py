@@ -145,10 +145,12 @@ def test_train_on_three_nodes_writes_summary(train_cluster):
 
 @pytest.mark.slow
 def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
+    before = newest_job(train_cluster, 0)
     proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
     try:
-        job_id = wait_for(lambda: newest_job(train_cluster, 1) if rank_file(
-            train_cluster, 1, newest_job(train_cluster, 1) or "-", 1).exists() else None, 90, "rank 1 on node1")
+        job_id = wait_for(lambda: newest_job(train_cluster, 0) != before and newest_job(train_cluster, 0),
+                          60, "the job directory")
+        wait_for(lambda: rank_file(train_cluster, 1, job_id, 1).exists(), 90, "rank 1 on node1")
         pid = int(rank_file(train_cluster, 1, job_id, 1).read_text().split()[0])
         time.sleep(2)
         os.kill(pid, signal.SIGKILL)
@@ -164,9 +166,11 @@ def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_job_then_fab_stop_ends_every_rank(train_cluster):
+    before = newest_job(train_cluster, 0)
     proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
     try:
-        job_id = wait_for(lambda: newest_job(train_cluster, 0), 60, "the job directory")
+        job_id = wait_for(lambda: newest_job(train_cluster, 0) != before and newest_job(train_cluster, 0),
+                          60, "the job directory")
         for i in range(3):
             wait_for(lambda: rank_file(train_cluster, i, job_id, i).exists(), 90, f"rank {i}")
         proc.send_signal(signal.SIGINT)
