@@ -1,0 +1,177 @@
+"""Real 2-rank runs of the job under Intel MPI's mpirun (impi-rt wheel) on this host, with gloo,
+with the ccl and IPEX test doubles, with a fake metadata service announcing a spot interruption
+and an S3 stand-in, and with every kind of bad input (one message, on rank 0)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import DOUBLES, FakeImds, mpi_env, read_summary, requires_mpi, run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, requires_mpi]
+
+
+def demo_args(demo: dict, output_dir, *extra: str) -> list[str]:
+    return [*demo["args"], "--output_dir", str(output_dir), "--checkpoint_minutes", "0",
+            "--logging_steps", "5", "--seed", "7", *extra]
+
+
+def chance_exact_match(validation_file: str) -> float:
+    """Expected exact match (%) of guessing one context word uniformly at random."""
+    document = json.loads(Path(validation_file).read_text())
+    contexts = [p["context"] for article in document["data"] for p in article["paragraphs"]]
+    return 100.0 * sum(1.0 / len(c.split()) for c in contexts) / len(contexts)
+
+
+def explain(result) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def test_two_ranks_gloo_learn_and_end_identical(qa_demo, tmp_path):
+    out = tmp_path / "out"
+    args = demo_args(qa_demo, out, "--num_train_epochs", "3", "--dist_backend", "gloo")
+    result = run_mpi([args, args], mpi_env())
+    assert result.returncode == 0, explain(result)
+    summary = read_summary(out)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["settings"]["backend"] == "gloo" and summary["settings"]["launcher"] == "intel-mpi"
+    digests = summary["weights_sha256_per_rank"]
+    assert len(digests) == 2 and digests[0] == digests[1], "the two model copies differ after training"
+    assert summary["last_logged_loss"] < summary["first_logged_loss"]
+    chance = chance_exact_match(qa_demo["validation_file"])
+    assert summary["metrics"]["exact_match"] > 3 * chance, (summary["metrics"], chance)
+    assert summary["metrics"]["f1"] > 3 * chance
+    assert summary["global_batch_size"] == 2 * summary["per_rank_batch_size"]
+    assert summary["samples_per_second"] > 0 and summary["tokens_per_second"] > summary["samples_per_second"]
+    steps = summary["step_time_seconds"]
+    assert steps["count"] == summary["steps"] and steps["p50"] <= steps["p90"] <= steps["p99"]
+    assert 0 < summary["time_to_first_step_seconds"] < summary["wall_seconds"]
+    assert (out / "summary.json").exists() and (out / "model.safetensors").exists()
+    printed = result.stdout[result.stdout.index('{\n  "status"'):]
+    assert json.loads(printed)["weights_sha256_per_rank"] == digests  # rank 0 printed the same summary
+
+
+def test_ccl_and_ipex_paths_through_test_doubles(qa_demo, tmp_path):
+    out, record = tmp_path / "out", tmp_path / "doubles.jsonl"
+    args = demo_args(qa_demo, out, "--max_steps", "6", "--bf16", "true", "--max_eval_samples", "16")
+    env = mpi_env({"PYTHONPATH": f"{DOUBLES}:{mpi_env()['PYTHONPATH']}", "XEON_TEST_DOUBLE_LOG": str(record)})
+    result = run_mpi([args, args], env)
+    assert result.returncode == 0, explain(result)
+    events = [json.loads(line) for line in record.read_text().splitlines()]
+    ccl = [e for e in events if e["double"] == "ccl"]
+    ipex = [e for e in events if e["double"] == "ipex"]
+    assert sorted(e["rank"] for e in ccl) == [0, 1] and all(e["size"] == 2 for e in ccl)
+    assert sorted(e["rank"] for e in ipex) == [0, 1], "ipex.optimize must run once on every rank"
+    assert all(e["dtype"] == "torch.bfloat16" and e["optimizer"] == "AdamW" and e["training"] for e in ipex)
+    summary = read_summary(out)
+    assert summary["settings"]["backend"] == "ccl"
+    assert "oneccl_bindings_for_pytorch" in summary["settings"]["backend_reason"]
+    assert summary["settings"]["ipex"] == "0.0+ipex-test-double"
+    assert summary["steps"] == 6 and summary["weights_sha256_per_rank"][0] == summary["weights_sha256_per_rank"][1]
+    assert "backend ccl" in result.stderr
+
+
+def test_spot_notice_checkpoints_uploads_and_resume_finishes(qa_demo, tmp_path, moto_s3_server):
+    import boto3
+
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto_s3_server["AWS_ENDPOINT_URL_S3"],
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="ckpt-bucket")
+    # An upload that never finished, newer than anything the job will write: must never be chosen.
+    s3.put_object(Bucket="ckpt-bucket", Key="run/checkpoint-9999/model.safetensors", Body=b"partial")
+    uri = "s3://ckpt-bucket/run"
+    out = tmp_path / "out"
+    max_steps = 150
+    args = demo_args(qa_demo, out, "--max_steps", str(max_steps), "--per_device_train_batch_size", "8",
+                     "--checkpoint_uri", uri, "--spot_poll_seconds", "0.3", "--max_eval_samples", "32")
+    env = mpi_env(moto_s3_server)
+    with FakeImds(announce_after=1.0) as imds:
+        # only rank 1 can see the metadata service: rank 0 must still stop, at the same step
+        result = run_mpi([args, args], env, per_rank_env=[{}, {"XEON_IMDS_ENDPOINT": imds.url}])
+    assert result.returncode == 75, explain(result)
+    assert imds.requests[0][:2] == ("PUT", "/latest/api/token")
+    assert all(has_token for method, _, has_token in imds.requests if method == "GET")
+    first = read_summary(out)
+    step = first["interruption"]["step"]
+    assert first["status"] == "interrupted" and first["interruption"]["seen_by_rank"] == 1
+    assert 0 < step < max_steps
+    assert (out / f"checkpoint-{step}" / "xeon-checkpoint.json").exists()
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt-bucket", Prefix=f"run/checkpoint-{step}/")["Contents"]}
+    assert f"run/checkpoint-{step}/xeon-checkpoint.json" in keys
+    assert first["checkpoints"][-1]["uri"] == f"{uri}/checkpoint-{step}"
+
+    # The node is gone: a fresh output directory, so the checkpoint must come from S3.
+    resumed_out = tmp_path / "resumed"
+    resume_args = demo_args(qa_demo, resumed_out, "--max_steps", str(max_steps), "--per_device_train_batch_size",
+                            "8", "--checkpoint_uri", uri, "--resume", "--max_eval_samples", "32")
+    result = run_mpi([resume_args, resume_args], mpi_env(moto_s3_server))
+    assert result.returncode == 0, explain(result)
+    second = read_summary(resumed_out)
+    assert second["status"] == "completed"
+    assert second["resumed_from"] == {"step": step, "location": f"{uri}/checkpoint-{step}"}
+    assert second["start_step"] == step and second["steps"] == max_steps
+    assert second["steps_this_run"] == max_steps - step
+    assert second["weights_sha256_per_rank"][0] == second["weights_sha256_per_rank"][1]
+
+
+@pytest.fixture(scope="module")
+def slow_tokenizer_model(tmp_path_factory, qa_demo):
+    """The demo model with a tokenizer that only has a Python (slow) implementation."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("slow-tokenizer")
+    shutil.copy(Path(qa_demo["model"]) / "config.json", directory / "config.json")
+    shutil.copy(Path(qa_demo["model"]) / "model.safetensors", directory / "model.safetensors")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ByT5Tokenizer"}))
+    return directory
+
+
+BAD_INPUTS = {
+    "unknown task": (["--task", "translation"], r"--task: 'translation' is not allowed; choose one of qa, classification"),
+    "missing columns": (["--train_file", "{no_answers}"], r"missing column\(s\) answers needed by --task qa"),
+    "slow tokenizer": (["--model_name_or_path", "{slow_model}"], r"ByT5Tokenizer, which has no fast"),
+    "batch does not divide": (["--global_batch_size", "33"],
+                              r"--global_batch_size 33 does not divide over 2 ranks x 1 gradient accumulation "
+                              r"step\(s\); use a multiple of 2 \(e\.g\. 32, 34\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_stops_all_ranks_with_one_message(case, qa_demo, tmp_path, slow_tokenizer_model):
+    no_answers = tmp_path / "no_answers.jsonl"
+    no_answers.write_text(json.dumps({"id": "1", "question": "what is color ?", "context": "color is red ."}) + "\n")
+    extra, pattern = BAD_INPUTS[case]
+    extra = [a.format(no_answers=no_answers, slow_model=slow_tokenizer_model) for a in extra]
+    args = [*demo_args(qa_demo, tmp_path / "out"), *extra]
+    result = run_mpi([args, args], mpi_env())
+    assert result.returncode == 2, explain(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, explain(result)
+    assert re.search(pattern, errors[0]), errors[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_error_on_one_rank_only_is_reported_once_by_rank_0(qa_demo, tmp_path):
+    no_answers = tmp_path / "no_answers.jsonl"
+    no_answers.write_text(json.dumps({"id": "1", "question": "q ?", "context": "c ."}) + "\n")
+    good = demo_args(qa_demo, tmp_path / "out")
+    bad = [*good, "--train_file", str(no_answers)]  # this node's copy of the data is broken
+    result = run_mpi([good, bad], mpi_env())
+    assert result.returncode == 2, explain(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: on rank 1 ("), explain(result)
+    assert "missing column(s) answers" in errors[0]
+
+
+def test_missing_master_addr_is_named(qa_demo, tmp_path):
+    env = mpi_env()
+    del env["MASTER_ADDR"]
+    args = demo_args(qa_demo, tmp_path / "out")
+    result = run_mpi([args, args], env, timeout=120)
+    assert result.returncode == 2, explain(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "MASTER_ADDR not set for a 2-rank job" in errors[0], explain(result)
