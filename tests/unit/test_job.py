@@ -1,0 +1,123 @@
+"""The pure parts of node_setup/job.py and job_tasks.py: planning, log prefixes, failure reports,
+training arguments."""
+
+import io
+
+import pytest
+from invoke import Exit
+
+from cluster.inventory import Inventory
+from node_setup import job as jobs
+from node_setup.job_tasks import training_arguments
+
+
+def inventory(kind="file", nodes=4, instance_type="r7iz.metal-16xl", **kw):
+    data = {"name": "lab", "instance_type": instance_type,
+            "hosts": [{"name": f"node{i}", "address": f"192.0.2.{10 + i}", "private_address": f"10.0.0.{10 + i}"}
+                      for i in range(nodes)], **kw}
+    return Inventory.from_mapping(data, default_name="lab", kind=kind)
+
+
+def test_plan_uses_first_nodes_master_private_address_and_default_output_dir():
+    plan = jobs.plan_job(inventory(), nodes=2, training_args=["--task", "qa"], job_id="20260101-000000-aaaa")
+    assert [n.name for n in plan.inventory.nodes] == ["node0", "node1"]
+    assert plan.launch.master_addr == "10.0.0.10"
+    assert plan.launch.world_size == 4  # r7iz.metal-16xl: two sockets, one rank each
+    assert plan.output_dir == "xeon-cluster-runs/20260101-000000-aaaa"
+    assert plan.launch.program[-2:] == ("--output_dir", plan.output_dir)
+    assert plan.launch.program[:3] == ("/opt/xeon-cluster/venv-stock/bin/python", "-m", "training")
+    text = plan.describe()
+    assert "node1" in text and "ranks 2,3" in text and "MASTER_ADDR=10.0.0.10" in text
+    assert "mpirun -f .xeon-cluster/jobs/20260101-000000-aaaa/hosts -n 4 -ppn 2" in text
+
+
+def test_user_output_dir_is_kept_and_not_duplicated():
+    plan = jobs.plan_job(inventory(), nodes=1, training_args=["--output_dir", "/data/run1"])
+    assert plan.training_args.count("--output_dir") == 1
+
+
+def test_local_cluster_nodes_share_the_machine_unpinned():
+    inv = inventory(kind="local", nodes=3, instance_type=None, sockets=1, physical_cores=2)
+    plan = jobs.plan_job(inv, nodes=3, training_args=[])
+    assert plan.layout.threads_per_rank == 1 and not plan.layout.pin
+    assert plan.launch.rank_env["I_MPI_PIN"] == "0"
+    assert any("share this machine" in n for n in plan.notes)
+    two = jobs.plan_job(inv, nodes=1, training_args=[])
+    assert two.layout.threads_per_rank == 2
+
+
+def test_intel_profile_plans_ccl_workers_and_the_oneccl_launcher():
+    plan = jobs.plan_job(inventory(profile="intel"), nodes=4, training_args=[])
+    assert plan.launch.flavour == "intel-mpi-oneccl"
+    assert plan.launch.rank_env["CCL_WORKER_COUNT"] == "2"
+    assert plan.launch.program[0] == "/opt/xeon-cluster/venv-intel/bin/python"
+
+
+def test_too_many_nodes_is_a_clear_error():
+    with pytest.raises(ValueError, match="allowed 1 to 4"):
+        jobs.plan_job(inventory(), nodes=5, training_args=[])
+
+
+def test_prefixer_labels_ranks_with_their_node_and_keeps_split_lines_together():
+    out = io.StringIO()
+    sink = jobs.RankPrefixer(["node0", "node0", "node1", "node1"], out)
+    sink.write("[3] loss 0.5\n[0] hel")
+    sink.write("lo\r\n[mpiexec@node0] Error: oops\n")
+    sink.write("[2] partial line\n second half\n[xeon-cluster] job x exited with code 0\n")
+    sink.write("[1,1]<stdout>: from open mpi\n=   BAD TERMINATION\n")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[node1 r3") and lines[0].endswith("] loss 0.5")
+    assert lines[1].startswith("[node0 r0") and lines[1].endswith("] hello")
+    assert lines[2].startswith("[mpirun") and lines[2].endswith("[mpiexec@node0] Error: oops")
+    assert lines[4].startswith("[node1 r2") and lines[4].endswith(" second half")
+    assert lines[5] == "[xeon-cluster] job x exited with code 0"
+    assert lines[6].startswith("[node0 r1") and lines[6].endswith("] from open mpi")
+    assert lines[7].startswith("[mpirun")
+
+
+HYDRA_KILLED = """[0] step 3
+===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   RANK 3 PID 4242 RUNNING AT ip-10-0-0-11
+=   KILLED BY SIGNAL: 9 (Killed)
+===================================================================================
+"""
+
+
+def test_failure_report_maps_rank_to_node():
+    report = jobs.failure_report(HYDRA_KILLED, ["node0", "node0", "node1", "node1"], 255)
+    assert report == ["rank 3 on node node1 (host ip-10-0-0-11, pid 4242): killed by signal: 9 (killed)"]
+
+
+def test_failure_report_without_hydra_banner_names_ranks_with_errors():
+    log = "[0] ok\n[2] Traceback (most recent call last):\n[2] ValueError: bad\n"
+    assert jobs.failure_report(log, ["a", "b", "c"], 1) == [
+        "rank 2 on node c reported an error (see its lines above)"]
+    assert jobs.failure_report(log, ["a", "b", "c"], 0) == []
+
+
+def test_training_arguments_map_options_and_pass_extra_verbatim():
+    args = training_arguments(task_name="qa", model="m", dataset="squad", epochs="2", batch_size=32, bf16="on",
+                              checkpoint_minutes="5", checkpoint_uri="s3://b/p", resume=True,
+                              extra="--learning_rate 3e-5 --run_name 'two words'")
+    assert args == ["--task", "qa", "--model_name_or_path", "m", "--dataset_name", "squad",
+                    "--num_train_epochs", "2", "--per_device_train_batch_size", "32", "--checkpoint_minutes", "5",
+                    "--checkpoint_uri", "s3://b/p", "--bf16", "true", "--resume", "--learning_rate", "3e-5",
+                    "--run_name", "two words"]
+    assert training_arguments() == []
+    with pytest.raises(Exit, match="--bf16"):
+        training_arguments(bf16="maybe")
+
+
+def test_fab_options_reach_the_training_parser():
+    """Every flag fab train emits is one `python -m training` accepts."""
+    args_module = pytest.importorskip("training.args")
+    args = training_arguments(task_name="qa", model="m", dataset="squad", dataset_config="plain_text",
+                              epochs="1", batch_size=8, bf16="off", checkpoint_minutes="5",
+                              checkpoint_uri="s3://b/p", max_steps=3, resume=True)
+    args += ["--output_dir", "out"]
+    transformers = pytest.importorskip("transformers")
+    parser = transformers.HfArgumentParser((args_module.ModelArguments, args_module.DataArguments,
+                                            args_module.JobArguments, transformers.TrainingArguments))
+    *_, rest = parser.parse_known_args(args)
+    assert rest == []
