@@ -29,7 +29,6 @@ INTERRUPTED_BY_RECLAIM = 75  # training.exit_codes.INTERRUPTED
 SYNTHETIC_ROOT = "xeon-cluster-data"  # relative to the home directory of every node
 SYNTHETIC_ARGS_FALLBACK = ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.002",
                            "--warmup_steps", "5", "--weight_decay", "0.0")
-CONNECT_TIMEOUT = 10
 
 CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) or an inventory file; default: the only "
                 "cluster running in the region")
@@ -50,25 +49,10 @@ def _inventory(cluster: str | None, region: str | None) -> Inventory:
 
 
 def _connections(inventory: Inventory) -> dict:
-    """One Fabric Connection per node (name -> Connection), master first."""
-    try:
-        from node_setup.connections import connections_for  # FAB-SETUP's, when present
-    except ImportError:
-        connections_for = None
-    if connections_for is not None:
-        return dict(connections_for(inventory))
-    from fabric import Config, Connection
+    """One Fabric Connection per node (name -> Connection), master first, host keys pinned."""
+    from node_setup.connections import connections_for
 
-    config = Config(overrides={"run": {"in_stream": False}, "load_ssh_configs": False})
-    kwargs = {"key_filename": [inventory.key_path], "look_for_keys": False} if inventory.key_path else {}
-    gateway = None
-    if inventory.gateway:
-        gateway = Connection(inventory.gateway, user=inventory.user, config=config,
-                             connect_timeout=CONNECT_TIMEOUT, connect_kwargs=dict(kwargs))
-    return {n.name: Connection(n.address, user=inventory.user, config=config, connect_timeout=CONNECT_TIMEOUT,
-                               connect_kwargs=dict(kwargs),
-                               gateway=gateway if gateway and n.address != inventory.gateway else None)
-            for n in inventory.nodes}
+    return connections_for(inventory)
 
 
 def _int_or_none(name: str, value) -> int | None:
@@ -300,23 +284,23 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         raise Exit(f"error: cannot launch: {names} not ready (reason above); the other nodes are fine. "
                    f"Fix or replace {names}, or use fewer nodes (--nodes), then rerun", code=EXIT_UNREACHABLE)
 
-    _distribute(plan.inventory)
+    _distribute(plan.inventory, conns)
     pid = jobs.start(master, plan)
     print(f"job {plan.job_id} started on {plan.inventory.master.name} (pid {pid}): {plan.launch.world_size} ranks "
           f"on {', '.join(plan.launch.hosts)}; output ~/{plan.output_dir}", flush=True)
     raise Exit(code=_follow_to_end(master, conns, plan.job_id, list(plan.launch.rank_hosts), plan=plan))
 
 
-def _distribute(inventory: Inventory) -> None:
-    """FAB-SETUP's distribution (keys, ssh config, known_hosts, hostfile on the master), when present."""
+def _distribute(inventory: Inventory, conns) -> None:
+    """Keys, ssh config, known_hosts and hostfile on the master, so mpirun reaches every node."""
+    from node_setup.distribute import DistributionError, distribute
+
     try:
-        from node_setup.distribute import distribute
-    except ImportError:
-        return
-    try:
-        distribute(inventory)
-    except Exception as exc:
-        raise Exit(f"error: distribution to the nodes failed: {exc}", code=EXIT_UNREACHABLE) from None
+        distribute(inventory, conns=conns)
+    except DistributionError as exc:
+        print("distribution:")
+        print(exc.result.table())
+        raise Exit(f"error: cannot launch: {exc}", code=EXIT_UNREACHABLE) from None
 
 
 def _upload(conns, uploads: dict[str, str]):
