@@ -1,3 +1,150 @@
-"""Placeholder until this module's tasks land."""
+"""`fab setup`, `fab check`, `fab distribute`: thin tasks over node_setup.install and node_setup.distribute.
 
-TASKS: list = []
+Exit codes: 0 every node ok; 1 a node failed (install error, check mismatch); 2 bad input (the
+cluster cannot be resolved, unknown profile, controller-side preparation failed); 3 a node
+could not be reached by SSH. Failed nodes never stop the others; rerun to pick up.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fabric import task
+from invoke.exceptions import Exit
+
+from cluster.inventory import Inventory, InventoryError
+from cluster.profiles import get_profile
+from cluster.render import table
+from cluster.setup_script import DEFAULT_MIN_FREE_GIB, fingerprint_digest
+from node_setup import connections
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+
+CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `fab local-up`, or the path of an "
+                "inventory YAML file; default: the only xeon-cluster cluster running in the region")
+REGION_HELP = "AWS region to look for the cluster in (default: AWS_REGION / your AWS config)"
+TIMEOUT_HELP = f"SSH connect timeout per node, in seconds (default {connections.CONNECT_TIMEOUT})"
+
+
+def _inventory(cluster: str | None, region: str | None, profile: str | None = None) -> Inventory:
+    from dataclasses import replace
+
+    from node_setup.discovery import ClusterSelectionError, resolve_cluster
+
+    try:
+        inventory = resolve_cluster(cluster or None, region or None)
+        if profile:
+            inventory = replace(inventory, profile=get_profile(profile).name)
+        return inventory
+    except (ClusterSelectionError, InventoryError, ValueError) as exc:
+        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
+    except Exception as exc:  # AWS credential / region problems carry their own advice
+        raise Exit(f"error: cannot find the cluster: {exc}", code=EXIT_BAD_INPUT) from None
+
+
+def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
+    if all(oks):
+        return 0
+    return EXIT_UNREACHABLE if any(unreachable) else EXIT_FAILED
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "region": REGION_HELP,
+    "profile": "software profile to install instead of the cluster's (stock or intel)",
+    "connect-timeout": TIMEOUT_HELP,
+})
+def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONNECT_TIMEOUT):
+    """Install the software profile and this project on every node, in parallel (idempotent)."""
+    from node_setup import install
+
+    inventory = _inventory(cluster, region, profile)
+    prof = get_profile(inventory.profile)
+    start = time.monotonic()
+    try:
+        wheel = install.build_project_wheel()
+    except install.InstallError as exc:
+        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
+    print(f"setup: cluster {inventory.name} ({len(inventory.nodes)} node(s)), profile {prof.name} "
+          f"({fingerprint_digest(prof)}), xeon-cluster {wheel.version}", flush=True)
+    try:
+        results = install.setup_nodes(inventory, profile=prof, project_wheel=wheel, progress=install.print_progress,
+                                      connect_timeout=float(connect_timeout))
+    except install.InstallError as exc:
+        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
+    rows = [(r.node, "ok" if r.ok else "failed", "-" if r.changed is None else ("yes" if r.changed else "no"),
+             f"{r.seconds:.1f}s", r.summary) for r in results]
+    print("\n" + table(rows, ("node", "result", "changed", "time", "detail")), end="")
+    for r in results:
+        if not r.ok and r.tail:
+            print(f"\n{r.node}: last lines of output:\n" + "\n".join(f"  | {line}" for line in r.tail))
+    failed = [r.node for r in results if not r.ok]
+    print(f"\nsetup: {len(results) - len(failed)}/{len(results)} node(s) ok in {time.monotonic() - start:.1f} s"
+          + (f"; failed: {', '.join(failed)} (rerun `fab setup` to pick up)" if failed else ""), flush=True)
+    code = _exit_code([r.ok for r in results], [r.unreachable for r in results])
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "region": REGION_HELP,
+    "profile": "software profile to check against instead of the cluster's",
+    "min-free-gib": f"least free disk (GiB) where the venv lives (default {DEFAULT_MIN_FREE_GIB:g})",
+    "connect-timeout": TIMEOUT_HELP,
+})
+def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GIB,
+          connect_timeout=connections.CONNECT_TIMEOUT):
+    """Verify every node: package versions match the profile, bf16 CPU flags, tcmalloc, free disk."""
+    from node_setup import install
+
+    inventory = _inventory(cluster, region, profile)
+    prof = get_profile(inventory.profile)
+    version = install.project_version() if (install.PROJECT_ROOT / "pyproject.toml").exists() else None
+    results = install.check_nodes(inventory, profile=prof, project_version=version,
+                                  min_free_gib=float(min_free_gib), connect_timeout=float(connect_timeout))
+    names = None
+    rows = []
+    for r in results:
+        if r.report is None:
+            rows.append((r.node, "failed", r.error))
+            continue
+        names = names or [i.name for i in r.report.items]
+        bad = r.report.failures()
+        detail = "; ".join(f"{i.name}: {i.detail}" for i in bad) if bad else \
+            ", ".join(i.detail for i in r.report.items if i.name in ("torch", "bf16", "disk"))
+        rows.append((r.node, "ok" if not bad else "failed", detail))
+    print(f"check: cluster {inventory.name}, profile {prof.name}" + (f", xeon-cluster {version}" if version else "")
+          + (f"; checked: {', '.join(names)}" if names else ""))
+    print(table(rows, ("node", "result", "detail")), end="", flush=True)
+    code = _exit_code([r.ok for r in results], [r.report is None for r in results])
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "region": REGION_HELP,
+    "connect-timeout": TIMEOUT_HELP,
+})
+def distribute(c, cluster="", region="", connect_timeout=connections.CONNECT_TIMEOUT):
+    """Cluster SSH key to every node; ssh config, known_hosts and hostfile on the master."""
+    from node_setup import install
+    from node_setup.distribute import distribute as run_distribution
+
+    inventory = _inventory(cluster, region)
+    result = run_distribution(inventory, connect_timeout=float(connect_timeout), progress=install.print_progress,
+                              raise_on_failure=False)
+    print("\n" + result.table(), end="")
+    if result.ok:
+        print(f"distribute: {len(result.nodes)} node(s) in {result.seconds:.1f} s; hostfile on "
+              f"{inventory.master.name}: {result.hostfile}", flush=True)
+        return
+    print(f"distribute: failed on {', '.join(n.node for n in result.failed)}; the master's files were "
+          "not written. Rerun when the nodes are back.", flush=True)
+    raise Exit(code=_exit_code([n.ok for n in result.nodes], [n.unreachable for n in result.nodes]))
+
+
+TASKS = [setup, check, distribute]

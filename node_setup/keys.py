@@ -1,0 +1,118 @@
+"""The toolkit's per-cluster files on the controller: the cluster's SSH key pair and known_hosts.
+
+    ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/<cluster>/       (0700)
+        id_ed25519        private half of the cluster key (0600): goes to the master only
+        id_ed25519.pub    public half: appended once to every node's authorized_keys
+        known_hosts       every node's host key as the controller first saw it (see connections.py)
+
+The key pair is made once per cluster by the toolkit (ed25519, with `cryptography`, which
+paramiko already needs) and reused on later runs, so `fab distribute` stays idempotent. It never
+lives in the repository (refused if the config directory points inside it) and never reaches an
+image: the pre-bake cleanup removes private keys and the key's authorized_keys lines, whose
+comment is `xeon-cluster:<cluster>`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.render import key_comment
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class KeyStoreError(RuntimeError):
+    """The per-cluster key store cannot be used; the message says what to do."""
+
+
+def config_root() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "xeon-cluster"
+
+
+def cluster_dir(cluster: str, *, create: bool = True) -> Path:
+    """The cluster's directory under the config root (made 0700 when `create`)."""
+    if not isinstance(cluster, str) or not NAME_RE.match(cluster) or ".." in cluster:
+        raise KeyStoreError(f"cluster name {cluster!r} cannot name a key directory; allowed: letters, digits, "
+                            "'.', '_', '-' (up to 64), starting with a letter or digit")
+    path = config_root() / "keys" / cluster
+    resolved = path.resolve()
+    if resolved == PROJECT_ROOT or PROJECT_ROOT in resolved.parents:
+        raise KeyStoreError(f"key directory {path} lies inside the project checkout {PROJECT_ROOT}; keys must never "
+                            "be in the repository: set XDG_CONFIG_HOME to a directory outside it (default ~/.config)")
+    if create:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.chmod(0o700)
+    return path
+
+
+@dataclass(frozen=True)
+class ClusterKey:
+    cluster: str
+    private_path: Path
+    public_path: Path
+
+    @property
+    def public_key(self) -> str:
+        """`ssh-ed25519 AAAA... xeon-cluster:<cluster>` (one line, no newline)."""
+        return self.public_path.read_text().strip()
+
+    @property
+    def private_key(self) -> str:
+        return self.private_path.read_text()
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> bool:
+    """Create `path` with `mode` unless it exists (atomic against a concurrent fab); True if made."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    return True
+
+
+def ensure_cluster_key(cluster: str) -> ClusterKey:
+    """The cluster's key pair, made on first use (ed25519, no passphrase, private half 0600)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    directory = cluster_dir(cluster)
+    key = ClusterKey(cluster, directory / "id_ed25519", directory / "id_ed25519.pub")
+    if key.private_path.exists() and key.public_path.exists():
+        key.private_path.chmod(0o600)
+        return key
+    if key.private_path.exists() != key.public_path.exists():
+        raise KeyStoreError(f"{directory}: only one half of the cluster key is there; remove {key.private_path} and "
+                            f"{key.public_path} and rerun (nodes get the new public key on the next distribute)")
+    private = Ed25519PrivateKey.generate()
+    private_bytes = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                          serialization.NoEncryption())
+    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    if _write_new(key.private_path, private_bytes, 0o600):
+        key.public_path.write_text(public.decode() + f" {key_comment(cluster)}\n")
+        key.public_path.chmod(0o644)
+    return key
+
+
+def known_hosts_path(cluster: str) -> Path:
+    """The controller's known_hosts for this cluster (made empty, 0600, on first use)."""
+    path = cluster_dir(cluster) / "known_hosts"
+    if not path.exists():
+        _write_new(path, b"", 0o600)
+    return path
+
+
+def forget_cluster(cluster: str) -> bool:
+    """Remove the cluster's key pair and known_hosts (after `pulumi destroy` / `fab local-down`)."""
+    directory = cluster_dir(cluster, create=False)
+    if not directory.exists():
+        return False
+    shutil.rmtree(directory)
+    return True
