@@ -5,10 +5,10 @@ writes DIR/model (a small DistilBERT-shaped model with a generated word-level vo
 fast tokenizer), DIR/train.json and DIR/eval.json. The same seed gives byte-identical files, so
 every node of a cluster can make its own copy.
 
-The QA task: a context of filler words holds two or three clauses "<cue> is <word> ." and the
-question asks "what is <cue> ?". A model has to find the question's cue in the context and
-point at the word after it; picking a context word at random scores about 1/30 exact match,
-a model that learnt only "the word after `is`" about 40 %, the real rule 100 %.
+The QA task: a context of filler words holds one or two clauses "<cue> is <word> ." and the
+question asks "what is <cue> ?"; answers come from their own set of words. Picking a context word at random scores about 1/25 exact match;
+a model that learnt "the word after `is`" scores about 75 %, one that also matches the
+question's cue 100 %.
 Classification: sentence2 repeats sentence1's key word (label 1) or names another (label 0).
 """
 
@@ -26,10 +26,12 @@ CUES = ("color", "shape", "owner", "place", "size", "sound", "taste", "price")
 CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 FILLER_WORDS = 400
+ANSWER_WORDS = 100  # the last 100 generated words only ever appear as answers
 RECOMMENDED_ARGS = {  # settings under which the tiny model learns the task in a few dozen steps
-    "qa": ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.002",
-           "--warmup_steps", "5", "--weight_decay", "0.0"),
-    "classification": ("--max_seq_length", "48", "--learning_rate", "0.002", "--warmup_steps", "5"),
+    "qa": ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.005",
+           "--warmup_steps", "5", "--weight_decay", "0.0", "--per_device_train_batch_size", "16"),
+    "classification": ("--max_seq_length", "48", "--learning_rate", "0.005", "--warmup_steps", "5",
+                       "--per_device_train_batch_size", "16"),
 }
 MODEL_CONFIG = {"dim": 64, "hidden_dim": 256, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 128,
                 "dropout": 0.0, "attention_dropout": 0.0, "qa_dropout": 0.0, "seq_classif_dropout": 0.0}
@@ -47,16 +49,17 @@ def vocabulary() -> list[str]:
 
 
 def _qa_example(rng: random.Random, index: int, words: list[str], split: str) -> dict:
-    cues = rng.sample(CUES, rng.choice((2, 3)))
-    values = rng.sample(words, len(cues))
+    fillers, answers = words[:FILLER_WORDS - ANSWER_WORDS], words[FILLER_WORDS - ANSWER_WORDS:]
+    cues = rng.sample(CUES, rng.choice((1, 2)))
+    values = rng.sample(answers, len(cues))
     asked = rng.randrange(len(cues))
-    text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 8)))
+    text = " ".join(rng.choice(fillers) for _ in range(rng.randint(3, 8)))
     answer_start = -1
     for number, (cue, value) in enumerate(zip(cues, values)):
         text += f" {cue} is "
         if number == asked:
             answer_start = len(text)
-        text += f"{value} . " + " ".join(rng.choice(words) for _ in range(rng.randint(2, 7)))
+        text += f"{value} . " + " ".join(rng.choice(fillers) for _ in range(rng.randint(2, 7)))
     return {"id": f"{split}-{index:06d}", "question": f"what is {cues[asked]} ?", "context": text,
             "answers": [{"text": values[asked], "answer_start": answer_start}]}
 

@@ -48,7 +48,10 @@ def _configure_logging(rank: int) -> None:
 
         hf_logging.set_verbosity_warning() if rank == 0 else hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency of the job
+        import datasets
+
+        datasets.disable_progress_bars()  # one bar per rank per map() drowns the log under mpirun
+    except ImportError:  # pragma: no cover - both are dependencies of the job
         pass
 
 
@@ -286,13 +289,18 @@ class Job:
         self.settings["launcher"] = self.info.launcher
         if self.info.rank == 0:
             s = self.settings
-            log.info("world size %d (%s), backend %s (%s); bf16 %s (%s); ipex %s; %d threads per rank "
+            log.info("world size %d (%s), backend %s (%s); bf16 %s (%s); ipex %s; threads per rank %d "
                      "(OMP_NUM_THREADS=%s); allocator %s; %s; CPU features %s",
                      self.info.world_size, self.info.launcher, s["backend"], s["backend_reason"],
                      "on" if s["bf16"] else "off", bf16_reason, s["ipex"] or "off", s["threads"],
                      s["omp_num_threads"], s["allocator"], s["openmp_runtime"], ", ".join(s["cpu_features"]) or "none")
 
         prepared = self._agreed(lambda: self._prepare(parsed))
+        if self.info.rank == 0:
+            log.info("%d training examples -> %d features of up to %d tokens (%.1f real tokens on average); "
+                     "%s evaluation examples", prepared["train_examples"], len(prepared["train_features"]),
+                     parsed.data.max_seq_length, prepared["tokens_per_sample"],
+                     len(prepared["eval_raw"]) if prepared["eval_raw"] is not None else "no")
         trainer, timer, spot = self._trainer(parsed, prepared, ipex)
 
         resume = self._resume_path(parsed) if parsed.job.resume else None

@@ -1,0 +1,51 @@
+"""The offline demo: deterministic files, answers where they claim to be, a loadable fast tokenizer."""
+
+import hashlib
+import json
+from pathlib import Path
+
+from training import synthetic
+
+
+def digest_tree(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_seed_gives_byte_identical_files(tmp_path):
+    a = synthetic.write_demo(tmp_path / "a", examples=40, seed=3)
+    b = synthetic.write_demo(tmp_path / "b", examples=40, seed=3)
+    c = synthetic.write_demo(tmp_path / "c", examples=40, seed=4)
+    assert digest_tree(tmp_path / "a") == digest_tree(tmp_path / "b")
+    assert digest_tree(tmp_path / "a")["train.json"] != digest_tree(tmp_path / "c")["train.json"]
+    assert set(a) == {"model", "train_file", "validation_file", "args"}
+    assert a["args"][:2] == ["--task", "qa"] and b["args"][3] == b["model"]
+
+
+def test_answers_sit_at_their_offsets_and_tokenise_whole(tmp_path):
+    from transformers import AutoTokenizer
+
+    paths = synthetic.write_demo(tmp_path, examples=50, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(paths["model"])
+    assert tokenizer.is_fast
+    document = json.loads(Path(paths["validation_file"]).read_text())
+    paragraphs = [p for article in document["data"] for p in article["paragraphs"]]
+    assert len(paragraphs) == synthetic.default_eval_examples(50)
+    for paragraph in paragraphs:
+        answer = paragraph["qas"][0]["answers"][0]
+        start = answer["answer_start"]
+        assert paragraph["context"][start:start + len(answer["text"])] == answer["text"]
+        assert tokenizer.unk_token_id not in tokenizer(paragraph["context"])["input_ids"]
+
+
+def test_classification_demo_is_glue_shaped(tmp_path):
+    paths = synthetic.write_demo(tmp_path, task="classification", examples=30, seed=0)
+    rows = [json.loads(line) for line in Path(paths["train_file"]).read_text().splitlines()]
+    assert len(rows) == 30 and set(rows[0]) == {"idx", "sentence1", "sentence2", "label"}
+    assert {r["label"] for r in rows} == {0, 1}
+
+
+def test_command_line(tmp_path, capsys):
+    assert synthetic.main(["--out", str(tmp_path), "--examples", "10"]) == 0
+    assert json.loads(capsys.readouterr().out)["train_file"] == str(tmp_path / "train.json")
+    assert synthetic.main(["--out", str(tmp_path), "--examples", "0"]) == 2
