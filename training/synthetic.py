@@ -27,11 +27,12 @@ CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 FILLER_WORDS = 400
 ANSWER_WORDS = 100  # the last 100 generated words only ever appear as answers
-RECOMMENDED_ARGS = {  # settings under which the tiny model learns the task in a few dozen steps
+# Settings under which the tiny model learns in a few dozen steps (with 16 per rank, as `fab train`
+# uses for the demo). No batch size here: callers append these after their own options.
+RECOMMENDED_ARGS = {
     "qa": ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.005",
-           "--warmup_steps", "5", "--weight_decay", "0.0", "--per_device_train_batch_size", "16"),
-    "classification": ("--max_seq_length", "48", "--learning_rate", "0.005", "--warmup_steps", "5",
-                       "--per_device_train_batch_size", "16"),
+           "--warmup_steps", "5", "--weight_decay", "0.0"),
+    "classification": ("--max_seq_length", "48", "--learning_rate", "0.005", "--warmup_steps", "5"),
 }
 MODEL_CONFIG = {"dim": 64, "hidden_dim": 256, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 128,
                 "dropout": 0.0, "attention_dropout": 0.0, "qa_dropout": 0.0, "seq_classif_dropout": 0.0}

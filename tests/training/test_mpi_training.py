@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, requires_mpi]
 
 def demo_args(demo: dict, output_dir, *extra: str) -> list[str]:
     return [*demo["args"], "--output_dir", str(output_dir), "--checkpoint_minutes", "0",
-            "--logging_steps", "5", "--seed", "7", *extra]
+            "--per_device_train_batch_size", "16", "--logging_steps", "5", "--seed", "7", *extra]
 
 
 def chance_exact_match(validation_file: str) -> float:

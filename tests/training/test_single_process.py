@@ -15,7 +15,8 @@ def test_classification_single_process(classification_demo, tmp_path):
     env = {k: v for k, v in mpi_env().items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "training", *classification_demo["args"], "--output_dir", str(out),
-                             "--num_train_epochs", "2", "--logging_steps", "5", "--bf16", "false"],
+                             "--num_train_epochs", "2", "--per_device_train_batch_size", "16", "--logging_steps", "5",
+                             "--bf16", "false"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     data = read_summary(out)
