@@ -34,6 +34,14 @@ from cluster.profiles import get_profile, venv_dir
 
 CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
 DEFAULT_OUTPUT_ROOT = "xeon-cluster-runs"  # relative to the SSH user's home on every node
+# The local cluster's nodes each have their own /root but share the rest of the filesystem: a
+# shared output directory lets every rank see rank 0's checkpoints (needed by --resume).
+LOCAL_OUTPUT_ROOT = "/var/tmp/xeon-cluster-runs"
+
+
+def shown(path: str) -> str:
+    """A node path as the user reads it: relative paths are relative to the home directory."""
+    return path if path.startswith("/") else f"~/{path}"
 STOP_GRACE_SECONDS = 10
 POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
 
@@ -89,12 +97,14 @@ class JobPlan:
             out += ["on every node first:"] + [f"  {p}" for p in self.prepare] + [""]
         out += ["environment of mpirun on the master:"]
         out += [f"  {k}={v}" for k, v in launch.env.items()]
-        out += [f"  {line}" for line in launch.setup]
+        if launch.setup:
+            out += ["", "run on the master before mpirun:"] + [f"  {line}" for line in launch.setup]
         out += ["", "environment of every rank:"] + [f"  {k}={v}" for k, v in launch.rank_env.items()]
         out += ["", "hostfile:"] + [f"  {h}" for h in launch.hostfile.splitlines()]
-        out += ["", "command (run from the master's home directory):", f"  {launch.command_line()}"]
-        out += ["", f"output directory on the master: ~/{self.output_dir}" if not self.output_dir.startswith("/")
-                else f"output directory on the master: {self.output_dir}"]
+        out += ["", "command (run from the master's home directory):", f"  {launch.command_line()}",
+                "  (<rank-wrapper>: records the rank's pid and process group in the job directory, sets",
+                "   GLOO_SOCKET_IFNAME to the interface towards MASTER_ADDR unless given, then execs the program)"]
+        out += ["", f"output directory (rank 0 writes summary.json there): {shown(self.output_dir)}"]
         out += [f"job directory on every node: ~/{job_dir(self.job_id)}"]
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
@@ -128,9 +138,14 @@ def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], 
                          threads_per_rank=threads_per_rank, ccl_workers=ccl_workers,
                          pin=default_pin if pin is None else pin, **kwargs)
     job_id = job_id or new_job_id()
-    output_dir = output_dir or f"{DEFAULT_OUTPUT_ROOT}/{job_id}"
+    root = f"{LOCAL_OUTPUT_ROOT}/{inventory.name}" if inventory.kind == "local" else DEFAULT_OUTPUT_ROOT
+    output_dir = output_dir or f"{root}/{job_id}"
     args = list(training_args)
-    if not any(a == "--output_dir" or a.startswith("--output_dir=") for a in args):
+    given = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+             for i, a in enumerate(args) if a == "--output_dir" or a.startswith("--output_dir=")]
+    if given:  # the user's own (e.g. through --extra) wins
+        output_dir = given[-1]
+    else:
         args += ["--output_dir", output_dir]
     venv = venv_dir(profile)
     program = [f"{venv}/bin/python", "-m", "training", *args]
@@ -302,7 +317,7 @@ def on_every_node(conns: Mapping[str, object], command: Callable[[str], str], *,
         except Exception as exc:  # unreachable, auth refused, timeout: name the node and the reason
             return NodeOutcome(name, False, _explain(exc, conn))
         text = (result.stdout + result.stderr).strip()
-        return NodeOutcome(name, result.ok, text if result.ok else f"exit {result.exited}: {text}")
+        return NodeOutcome(name, result.ok, (text or "done") if result.ok else f"exit {result.exited}: {text}")
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(conns)))) as pool:
         return list(pool.map(one, conns.items()))

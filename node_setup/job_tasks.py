@@ -155,7 +155,7 @@ def _print_summary(master, plan: jobs.JobPlan) -> None:
         return
     keys = ("status", "world_size", "nodes", "global_batch_size", "steps", "epoch", "train_loss",
             "samples_per_second", "wall_seconds", "final_model")
-    print(f"summary (~/{path} on {plan.inventory.master.name}):")
+    print(f"summary ({jobs.shown(path)} on {plan.inventory.master.name}):")
     for key in keys:
         if key in summary:
             print(f"  {key}: {summary[key]}")
@@ -184,8 +184,9 @@ def _print_summary(master, plan: jobs.JobPlan) -> None:
     "checkpoint-minutes": "save a checkpoint every N minutes (0: only at the end)",
     "checkpoint-uri": "s3://bucket/prefix every checkpoint is uploaded to (and --resume reads)",
     "max-steps": "stop after N optimizer steps",
-    "output-dir": "output directory on the nodes, relative to the home directory "
-                  "(default xeon-cluster-runs/<job id>; with --resume the newest job's)",
+    "output-dir": "output directory on the nodes, relative to the home directory (default "
+                  "xeon-cluster-runs/<job id>; local cluster: /var/tmp/xeon-cluster-runs/<cluster>/<job id>, "
+                  "which its nodes share; with --resume: the newest job's)",
     "extra": "more `python -m training` arguments, verbatim, e.g. --extra '--learning_rate 3e-5 --max_seq_length 256'",
     "resume": "continue from the newest complete checkpoint (after a spot reclaim)",
     "ranks-per-node": "override ranks per node (default one per socket)",
@@ -287,7 +288,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
     _distribute(plan.inventory, conns)
     pid = jobs.start(master, plan)
     print(f"job {plan.job_id} started on {plan.inventory.master.name} (pid {pid}): {plan.launch.world_size} ranks "
-          f"on {', '.join(plan.launch.hosts)}; output ~/{plan.output_dir}", flush=True)
+          f"on {', '.join(plan.launch.hosts)}; output {jobs.shown(plan.output_dir)}", flush=True)
     raise Exit(code=_follow_to_end(master, conns, plan.job_id, list(plan.launch.rank_hosts), plan=plan))
 
 
@@ -421,7 +422,7 @@ def status(c, cluster="", region="", job=""):
     print(f"job {job_id}: {described}")
     if meta:
         print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
-              f"output ~/{meta.get('output_dir')}")
+              f"output {jobs.shown(meta.get('output_dir') or '?')}")
     tail = [line for line in jobs.log_text(master, job_id).splitlines() if line.strip()]
     if tail:
         prefixer = jobs.RankPrefixer(meta.get("rank_hosts", []), sys.stdout)

@@ -6,8 +6,10 @@ Budget: about 2 minutes in all (the synthetic model and data are made once per n
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,25 +124,33 @@ def test_layout_override_beyond_cores_is_refused(local_cluster):
 
 
 @pytest.mark.slow
-def test_train_on_three_nodes_writes_summary(train_cluster):
+def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
     result = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "6")
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr
     assert "[node1 r1]" in out and "[node2 r2]" in out  # every rank's lines, labelled with its node
     assert "finished: exit code 0" in out
-    job_id = re.search(r"^job (\S+) started on node0", out, re.M).group(1)
-    summary = node_home(train_cluster, 0) / "xeon-cluster-runs" / job_id / "summary.json"
-    import json
-
-    data = json.loads(summary.read_text())
-    assert data["world_size"] == 3 and data["nodes"] == 3 and data["status"] == "completed"
-    assert "world_size: 3" in out
-    assert not job_processes(job_id)
-    # status and logs find the finished job
-    status = fab(train_cluster, "status", timeout=60)
-    assert status.returncode == 0 and f"job {job_id}: finished, exit code 0" in status.stdout
-    logs = fab(train_cluster, "logs", "--lines", "3", timeout=60)
-    assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
+    started = re.search(r"^job (\S+) started on node0 .*; output (\S+)$", out, re.M)
+    job_id, output_dir = started.group(1), Path(started.group(2))
+    try:
+        data = json.loads((output_dir / "summary.json").read_text())
+        assert data["world_size"] == 3 and data["nodes"] == 3 and data["status"] == "completed"
+        assert data["steps"] == 6
+        assert "world_size: 3" in out
+        assert not job_processes(job_id)
+        # status and logs find the finished job
+        status = fab(train_cluster, "status", timeout=60)
+        assert status.returncode == 0 and f"job {job_id}: finished, exit code 0" in status.stdout
+        logs = fab(train_cluster, "logs", "--lines", "3", timeout=60)
+        assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
+        # --resume continues in the newest job's output directory from its last checkpoint
+        resumed = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "9", "--resume")
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
+        assert f"resuming in {output_dir}" in resumed.stdout
+        data = json.loads((output_dir / "summary.json").read_text())
+        assert data["start_step"] == 6 and data["steps"] == 9 and data["resumed_from"]
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)  # what this test's jobs wrote
 
 
 @pytest.mark.slow
