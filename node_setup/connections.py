@@ -175,6 +175,14 @@ def group_for(inventory: Inventory, **kwargs) -> ThreadingGroup:
     return ThreadingGroup.from_connections(list(connections_for(inventory, **kwargs).values()))
 
 
+def close_all(conns) -> None:
+    """Close connections and the gateway connections they opened (a dict or an iterable)."""
+    for conn in (conns.values() if isinstance(conns, dict) else conns):
+        conn.close()
+        if isinstance(conn.gateway, Connection):
+            conn.gateway.close()
+
+
 def seen_host_key(conn: Connection) -> str:
     """The host key the (open) connection verified: "ssh-ed25519 AAAA..."."""
     conn.open()

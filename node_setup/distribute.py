@@ -129,8 +129,22 @@ def distribute(inventory: Inventory, *, conns: dict | None = None, connect_timeo
     """
     start = time.monotonic()
     key = keys.ensure_cluster_key(inventory.name)
-    public_key = key.public_key
+    own = conns is None
     conns = conns or connections.connections_for(inventory, connect_timeout=connect_timeout)
+    try:
+        result = _distribute(inventory, conns, key, progress)
+    finally:
+        if own:
+            connections.close_all(conns)
+    result.seconds = time.monotonic() - start
+    if raise_on_failure and not result.ok:
+        raise DistributionError(result)
+    return result
+
+
+def _distribute(inventory: Inventory, conns: dict, key: keys.ClusterKey,
+                progress: Callable[[str, str], None]) -> DistributionResult:
+    public_key = key.public_key
     result = DistributionResult(inventory.name)
 
     def one(name: str) -> NodeDistribution:
@@ -159,7 +173,4 @@ def distribute(inventory: Inventory, *, conns: dict | None = None, connect_timeo
         except Exception as exc:  # noqa: BLE001
             result.nodes[0] = NodeDistribution(names[0], False, "writing the master's files failed: "
                                                + connections.explain(exc, master))
-    result.seconds = time.monotonic() - start
-    if raise_on_failure and not result.ok:
-        raise DistributionError(result)
     return result

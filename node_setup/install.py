@@ -361,7 +361,6 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
     raises InstallError. A node that fails or cannot be reached does not stop the others.
     """
     profile = profile or get_profile(inventory.profile)
-    conns = conns or connections.connections_for(inventory, connect_timeout=connect_timeout)
     if project_wheel is None or project_wheel is True:
         project_wheel = build_project_wheel()
     if inventory.wheelhouse:
@@ -397,7 +396,13 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
             return InstallResult(name, False, None, seconds=time.monotonic() - start,
                                  error=connections.explain(exc, conn), unreachable=connections.is_unreachable(exc))
 
-    return _parallel(list(conns), one)
+    own = conns is None
+    conns = conns or connections.connections_for(inventory, connect_timeout=connect_timeout)
+    try:
+        return _parallel(list(conns), one)
+    finally:
+        if own:
+            connections.close_all(conns)
 
 
 @dataclass
@@ -416,6 +421,7 @@ def check_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
                 connect_timeout: float = connections.CONNECT_TIMEOUT) -> list[NodeCheck]:
     """`check_node` on every node in parallel, rank order; unreachable nodes carry the reason."""
     profile = profile or get_profile(inventory.profile)
+    own = conns is None
     conns = conns or connections.connections_for(inventory, connect_timeout=connect_timeout)
     instance = None
     try:
@@ -431,7 +437,11 @@ def check_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
         except Exception as exc:  # noqa: BLE001
             return NodeCheck(name, None, connections.explain(exc, conn))
 
-    return _parallel(list(conns), one)
+    try:
+        return _parallel(list(conns), one)
+    finally:
+        if own:
+            connections.close_all(conns)
 
 
 _print_lock = threading.Lock()

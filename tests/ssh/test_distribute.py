@@ -107,3 +107,26 @@ def test_unreachable_node_fails_distribution_with_exit_3(local_cluster_factory):
     assert "the master's files were not written" in result.stdout
     assert not (home(cluster, 0) / "hosts").exists()
     assert not (home(cluster, 0) / ".ssh" / "config").exists()
+
+
+def test_gateway_rule_and_controller_key_files(installed_cluster, monkeypatch):
+    """Nodes whose address differs from the gateway go through it (the node sees the gateway as
+    its SSH client); the gateway itself is reached directly. The cluster key stays 0600 in 0700."""
+    from node_setup.connections import close_all, connections_for
+
+    cluster = installed_cluster
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cluster.config_home))
+    master, worker = cluster.state.nodes[0], cluster.state.nodes[1]
+    inventory = dataclasses.replace(cluster.inventory, gateway=master.address)
+    conns = connections_for(inventory, load_ssh_configs=False)
+    try:
+        client_of = {name: conn.run("echo $SSH_CONNECTION", hide=True).stdout.split()[0]
+                     for name, conn in conns.items()}
+    finally:
+        close_all(conns)
+    assert client_of[worker.name] == master.address  # tunnelled through node0
+    assert client_of[master.name] == cluster.state.bridge_address.split("/")[0]  # straight from the controller
+    directory = keys.cluster_dir(cluster.name, create=False)
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert (directory / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    assert "PRIVATE KEY" in (directory / "id_ed25519").read_text()
