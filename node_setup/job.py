@@ -283,7 +283,7 @@ else echo "lost"; fi
 """.replace("JOBS", JOBS_DIR)
 
 
-def _explain(exc: BaseException, conn) -> str:
+def explain_failure(exc: BaseException, conn) -> str:
     try:
         from node_setup.connections import explain
     except ImportError:
@@ -315,7 +315,7 @@ def on_every_node(conns: Mapping[str, object], command: Callable[[str], str], *,
         try:
             result = conn.run(command(name), hide=True, warn=True, in_stream=False, timeout=timeout)
         except Exception as exc:  # unreachable, auth refused, timeout: name the node and the reason
-            return NodeOutcome(name, False, _explain(exc, conn))
+            return NodeOutcome(name, False, explain_failure(exc, conn))
         text = (result.stdout + result.stderr).strip()
         return NodeOutcome(name, result.ok, (text or "done") if result.ok else f"exit {result.exited}: {text}")
 
@@ -445,7 +445,7 @@ def stop(master, conns: Mapping[str, object], job_id: str, *, grace: int = STOP_
         result = master.run(_sh(STOP_MASTER_SH, job_id), hide=True, warn=True, in_stream=False)
         outcomes.append(NodeOutcome("job script", result.exited in (0, 3), (result.stdout + result.stderr).strip()))
     except Exception as exc:
-        outcomes.append(NodeOutcome("job script", False, _explain(exc, master)))
+        outcomes.append(NodeOutcome("job script", False, explain_failure(exc, master)))
     outcomes += on_every_node(conns, lambda _: _sh(STOP_NODE_SH, job_id, grace), timeout=grace + 30)
     return outcomes
 

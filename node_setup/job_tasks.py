@@ -305,16 +305,21 @@ def _distribute(inventory: Inventory, conns) -> None:
 
 
 def _upload(conns, uploads: dict[str, str]):
-    outcomes = []
-    for name, conn in conns.items():
+    """Copy the user's local data files to every node, in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item):
+        name, conn = item
         try:
             for local, remote in uploads.items():
                 conn.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))}", hide=True, in_stream=False)
                 conn.put(local, remote=remote)
-            outcomes.append(jobs.NodeOutcome(name, True, f"copied {len(uploads)} file(s)"))
         except Exception as exc:
-            outcomes.append(jobs.NodeOutcome(name, False, f"{type(exc).__name__}: {exc}"))
-    return outcomes
+            return jobs.NodeOutcome(name, False, jobs.explain_failure(exc, conn))
+        return jobs.NodeOutcome(name, True, f"copied {len(uploads)} file(s)")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(conns)))) as pool:
+        return list(pool.map(one, conns.items()))
 
 
 def _follow_to_end(master, conns, job_id: str, rank_hosts: list[str], plan: jobs.JobPlan | None = None) -> int:
