@@ -109,7 +109,7 @@ def _raise_bad_input(message: str):
 def _parser(dataclass_types):
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(dataclass_types)
+    parser = HfArgumentParser(dataclass_types, prog="python -m training")
     parser.error = _raise_bad_input  # argparse would exit with a usage text on every rank
     return parser
 
@@ -120,6 +120,8 @@ def _is_help(argv: Sequence[str]) -> bool:
 
 def parse_job_arguments(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, JobArguments]:
     """Phase one: the job's own arguments, before any process group exists."""
+    if _is_help(argv):  # the full help, TrainingArguments included; exits
+        parse_all(argv, bf16_supported=False)
     parser = _parser((ModelArguments, DataArguments, JobArguments))
     model, data, job, _rest = parser.parse_args_into_dataclasses(
         args=list(argv), return_remaining_strings=True)

@@ -89,6 +89,10 @@ class SpotCheckpointCallback(TrainerCallback):
                         self._client = self._client_factory()
                     record["uri"] = checkpoints.upload_checkpoint(self._client, directory, self.uri)
                     log.info("checkpoint %d uploaded to %s", state.global_step, record["uri"])
+                    if args.save_total_limit:  # S3 keeps as many as the output directory does
+                        pruned = checkpoints.prune_s3(self._client, self.uri, args.save_total_limit)
+                        if pruned:
+                            log.info("removed older S3 checkpoints %s", pruned)
                 except Exception as exc:  # keep training; the local copy still exists
                     record["upload_error"] = f"{type(exc).__name__}: {exc}"
                     log.error("checkpoint %d upload to %s failed: %s", state.global_step, self.uri, exc)

@@ -200,6 +200,39 @@ def newest_s3(client, uri: str) -> Found | None:
     return None
 
 
+def prune_s3(client, uri: str, keep: int) -> list[int]:
+    """Delete S3 checkpoints older than the `keep` newest complete ones; returns the steps deleted.
+
+    Unfinished uploads newer than the oldest kept checkpoint are left alone (one may be in flight).
+    """
+    if keep < 1:
+        return []
+    bucket, prefix = parse_s3_uri(uri)
+    list_prefix = prefix + "/" if prefix else ""
+    steps = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=list_prefix, Delimiter="/"):
+        for common in page.get("CommonPrefixes", []):
+            step = step_of(common["Prefix"][len(list_prefix):].rstrip("/"))
+            if step is not None:
+                steps.append(step)
+    complete = [s for s in sorted(steps, reverse=True)
+                if _remote_manifest(client, bucket, _key(prefix, f"checkpoint-{s}")) is not None]
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[keep - 1]
+    deleted = []
+    for step in sorted(s for s in steps if s < oldest_kept):
+        checkpoint_prefix = _key(prefix, f"checkpoint-{step}")
+        # the manifest goes first, so a half-deleted checkpoint never looks complete
+        client.delete_object(Bucket=bucket, Key=_key(checkpoint_prefix, MANIFEST))
+        keys = list(_remote_sizes(client, bucket, checkpoint_prefix))
+        for start in range(0, len(keys), 1000):
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [
+                {"Key": _key(checkpoint_prefix, k)} for k in keys[start:start + 1000]], "Quiet": True})
+        deleted.append(step)
+    return deleted
+
+
 def download_checkpoint(client, location: str, destination: str | os.PathLike) -> str:
     """Fetch a complete S3 checkpoint into `destination` (verified, manifest last, atomic rename)."""
     bucket, prefix = parse_s3_uri(location)

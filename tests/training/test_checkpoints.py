@@ -99,3 +99,17 @@ def test_upload_detects_a_short_object(mocked_s3, tmp_path, monkeypatch):
         checkpoints.upload_checkpoint(s3, directory, "s3://ckpt/r")
     assert checkpoints.newest_s3(s3, "s3://ckpt/r") is None  # no manifest was written
     assert os.path.exists(directory / checkpoints.MANIFEST)
+
+
+def test_prune_keeps_the_newest_complete_and_anything_newer(mocked_s3, tmp_path):
+    s3 = mocked_s3
+    s3.create_bucket(Bucket="ckpt")
+    for step in (10, 20, 30):
+        checkpoints.upload_checkpoint(s3, make_checkpoint(tmp_path, step), "s3://ckpt/r")
+    s3.put_object(Bucket="ckpt", Key="r/checkpoint-40/model.safetensors", Body=b"in flight")
+    s3.put_object(Bucket="ckpt", Key="r/checkpoint-5/model.safetensors", Body=b"old leftover")
+    assert checkpoints.prune_s3(s3, "s3://ckpt/r", keep=2) == [5, 10]
+    left = {o["Key"].split("/")[1] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="r/")["Contents"]}
+    assert left == {"checkpoint-20", "checkpoint-30", "checkpoint-40"}
+    assert checkpoints.newest_s3(s3, "s3://ckpt/r").step == 30
+    assert checkpoints.prune_s3(s3, "s3://ckpt/r", keep=2) == []
