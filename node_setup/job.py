@@ -198,6 +198,8 @@ class RankPrefixer:
         self._partial += data.replace("\r\n", "\n").replace("\r", "\n")
         *lines, self._partial = self._partial.split("\n")
         for text in lines:
+            if any(p.match(text) and not p.match(text).group(2).strip() for p in (_INTEL_RANK, _OPENMPI_RANK)):
+                continue  # a rank's empty line (progress bars end in \r): noise once prefixed
             self.out.write(self.line(text) + "\n")
         self.out.flush()
         return len(data)

@@ -64,7 +64,7 @@ def test_prefixer_labels_ranks_with_their_node_and_keeps_split_lines_together():
     sink.write("[3] loss 0.5\n[0] hel")
     sink.write("lo\r\n[mpiexec@node0] Error: oops\n")
     sink.write("[2] partial line\n second half\n[xeon-cluster] job x exited with code 0\n")
-    sink.write("[1,1]<stdout>: from open mpi\n=   BAD TERMINATION\n")
+    sink.write("[1,1]<stdout>: from open mpi\n=   BAD TERMINATION\n[0] Map: 50%\r[0] \n[1] keep [this] \n")
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("[node1 r3") and lines[0].endswith("] loss 0.5")
     assert lines[1].startswith("[node0 r0") and lines[1].endswith("] hello")
@@ -73,6 +73,8 @@ def test_prefixer_labels_ranks_with_their_node_and_keeps_split_lines_together():
     assert lines[5] == "[xeon-cluster] job x exited with code 0"
     assert lines[6].startswith("[node0 r1") and lines[6].endswith("] from open mpi")
     assert lines[7].startswith("[mpirun")
+    assert lines[8].endswith("] Map: 50%")
+    assert lines[9].endswith("] keep [this] ") and len(lines) == 10  # the empty rank line is dropped
 
 
 HYDRA_KILLED = """[0] step 3
