@@ -287,6 +287,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
 
     _distribute(plan.inventory, conns)
     pid = jobs.start(master, plan)
+    print(f"layout: {plan.layout.describe()[1]}")
     print(f"job {plan.job_id} started on {plan.inventory.master.name} (pid {pid}): {plan.launch.world_size} ranks "
           f"on {', '.join(plan.launch.hosts)}; output {jobs.shown(plan.output_dir)}", flush=True)
     raise Exit(code=_follow_to_end(master, conns, plan.job_id, list(plan.launch.rank_hosts), plan=plan))
