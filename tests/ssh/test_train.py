@@ -20,6 +20,7 @@ import pytest
 
 from cluster.launch import JOBS_DIR
 from cluster.profiles import PROFILES, venv_dir
+from node_setup.job import LOCAL_OUTPUT_ROOT
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi]
 
@@ -90,6 +91,17 @@ def train_cluster(request, local_cluster):
     except ImportError:
         pytest.skip("needs node_setup.distribute (ssh keys and config on the master)")
     return local_cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def remove_job_outputs(request):
+    """Remove the shared output directories this module's jobs wrote (named after the cluster)."""
+    yield
+    try:
+        cluster = request.getfixturevalue("local_cluster")
+    except Exception:  # the machine cannot run a local cluster: nothing was written
+        return
+    shutil.rmtree(Path(LOCAL_OUTPUT_ROOT) / cluster.name, ignore_errors=True)
 
 
 def test_dry_run_prints_the_plan_and_touches_nothing(local_cluster):
