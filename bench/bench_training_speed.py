@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also run the toolkit environment in fp32, to separate bf16 from threads/allocator")
     options = parser.parse_args(argv)
 
     from training import hardware
@@ -102,14 +104,14 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         work = Path(tmp)
         paths = build_model(work)
-        results: dict[str, list[dict]] = {"plain": [], "toolkit": []}
+        variants = {"plain": ({}, "false"), "toolkit": (tuned_env, None)}  # None: the job's bf16 default
+        if options.breakdown:
+            variants["toolkit-fp32"] = (tuned_env, "false")
+        results: dict[str, list[dict]] = {name: [] for name in variants}
         for repeat in range(options.repeats):
-            for name in ("plain", "toolkit"):
-                out = work / f"{name}-{repeat}"
-                if name == "plain":
-                    summary = run(paths, out, steps=options.steps, batch=options.batch, extra_env={}, bf16="false")
-                else:
-                    summary = run(paths, out, steps=options.steps, batch=options.batch, extra_env=tuned_env, bf16=None)
+            for name, (extra_env, bf16_flag) in variants.items():
+                summary = run(paths, work / f"{name}-{repeat}", steps=options.steps, batch=options.batch,
+                              extra_env=extra_env, bf16=bf16_flag)
                 results[name].append(summary)
     rows = {}
     for name, summaries in results.items():
@@ -120,9 +122,9 @@ def main(argv=None) -> int:
         rows[name] = (p50, mean, rate, settings)
     print(f"\n{options.steps} steps x batch {options.batch} x 128 tokens, model {BENCH_MODEL}, "
           f"median of {options.repeats} run(s) each\n")
-    print(f"{'run':8} {'step p50 s':>11} {'step mean s':>12} {'samples/s':>10}  settings")
+    print(f"{'run':12} {'step p50 s':>11} {'step mean s':>12} {'samples/s':>10}  settings")
     for name, (p50, mean, rate, s) in rows.items():
-        print(f"{name:8} {p50:11.4f} {mean:12.4f} {rate:10.2f}  bf16={s['bf16']} threads={s['threads']} "
+        print(f"{name:12} {p50:11.4f} {mean:12.4f} {rate:10.2f}  bf16={s['bf16']} threads={s['threads']} "
               f"allocator={s['allocator']}")
     ratio = rows["toolkit"][2] / rows["plain"][2] if rows["plain"][2] else float("nan")
     print(f"load average at the end (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} "

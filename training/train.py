@@ -305,6 +305,8 @@ class Job:
 
         resume = self._resume_path(parsed) if parsed.job.resume else None
         resume_path, resumed = (resume if resume else (None, None))
+        if resume_path is None and training_args.resume_from_checkpoint:  # Trainer's own flag: a path
+            resume_path = training_args.resume_from_checkpoint
 
         if imds.watch_enabled(parsed.job.spot_watch, on_ec2=hardware.on_ec2()):
             self.watcher = imds.InterruptionWatcher(imds.ImdsClient(imds.endpoint()), parsed.job.spot_poll_seconds)
