@@ -10,11 +10,8 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
+from cluster.images import CANONICAL_OWNER, UBUNTU_2404_AMD64
 from cluster.spec import ClusterSpec
-
-CANONICAL_OWNER = "099720109477"
-# Canonical's Ubuntu 24.04 LTS (noble) amd64 server images; gp3 root volumes since 23.10.
-UBUNTU_2404_AMD64 = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
 
 
 class AccountLookupError(RuntimeError):

@@ -27,6 +27,7 @@ from typing import Callable
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from cluster import catalog
+from cluster.images import CANONICAL_OWNER, UBUNTU_2404_AMD64  # the image infra/lookups.py picks
 from cluster.spec import ClusterSpec
 from cluster.tags import CLUSTER_KEY
 from node_setup import aws
@@ -43,9 +44,6 @@ ACCESS_DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOpe
 CREDENTIAL_CODES = {"InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException", "SignatureDoesNotMatch",
                     "UnrecognizedClientException", "InvalidAccessKeyId"}
 PUBLIC_IP_URL = "https://checkip.amazonaws.com"
-# The same image choice as infra/lookups.py (not imported: that module needs pulumi_aws).
-CANONICAL_OWNER = "099720109477"
-UBUNTU_2404_AMD64 = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
 
 
 @dataclass(frozen=True)
