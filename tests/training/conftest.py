@@ -189,7 +189,7 @@ def mocked_s3(aws_credentials):
 @pytest.fixture
 def moto_s3_server():
     """moto as an HTTP server on 127.0.0.1, for S3 calls made by other processes (the MPI ranks)."""
-    server_module = pytest.importorskip("moto.server")
+    import moto.server as server_module  # dev extra (flask, flask-cors); fail loudly if missing
     port = free_port()
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

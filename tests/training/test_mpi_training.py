@@ -16,8 +16,11 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, requires_mpi]
 
 
 def demo_args(demo: dict, output_dir, *extra: str) -> list[str]:
+    """The demo's arguments; the spot watcher is off unless a test points it at a fake (so even
+    on an EC2 test machine the real metadata service is never asked)."""
     return [*demo["args"], "--output_dir", str(output_dir), "--checkpoint_minutes", "0",
-            "--per_device_train_batch_size", "16", "--logging_steps", "5", "--seed", "7", *extra]
+            "--per_device_train_batch_size", "16", "--logging_steps", "5", "--seed", "7",
+            "--spot_watch", "off", *extra]
 
 
 def chance_exact_match(validation_file: str) -> float:
@@ -87,12 +90,15 @@ def test_spot_notice_checkpoints_uploads_and_resume_finishes(qa_demo, tmp_path, 
     out = tmp_path / "out"
     max_steps = 150
     args = demo_args(qa_demo, out, "--max_steps", str(max_steps), "--per_device_train_batch_size", "8",
-                     "--checkpoint_uri", uri, "--spot_poll_seconds", "0.3", "--max_eval_samples", "32")
+                     "--checkpoint_uri", uri, "--spot_watch", "on", "--spot_poll_seconds", "0.3",
+                     "--max_eval_samples", "32")
     env = mpi_env(moto_s3_server)
-    with FakeImds(announce_after=1.0) as imds:
-        # only rank 1 can see the metadata service: rank 0 must still stop, at the same step
-        result = run_mpi([args, args], env, per_rank_env=[{}, {"XEON_IMDS_ENDPOINT": imds.url}])
+    with FakeImds() as quiet, FakeImds(announce_after=1.0) as imds:
+        # only rank 1's metadata service announces: rank 0 must still stop, at the same step
+        result = run_mpi([args, args], env, per_rank_env=[{"XEON_IMDS_ENDPOINT": quiet.url},
+                                                          {"XEON_IMDS_ENDPOINT": imds.url}])
     assert result.returncode == 75, explain(result)
+    assert quiet.requests, "rank 0 must poll its metadata service too"
     assert imds.requests[0][:2] == ("PUT", "/latest/api/token")
     assert all(has_token for method, _, has_token in imds.requests if method == "GET")
     first = read_summary(out)

@@ -16,7 +16,7 @@ def test_classification_single_process(classification_demo, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "training", *classification_demo["args"], "--output_dir", str(out),
                              "--num_train_epochs", "2", "--per_device_train_batch_size", "16", "--logging_steps", "5",
-                             "--bf16", "false"],
+                             "--bf16", "false", "--spot_watch", "off"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     data = read_summary(out)
