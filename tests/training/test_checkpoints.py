@@ -113,3 +113,23 @@ def test_prune_keeps_the_newest_complete_and_anything_newer(mocked_s3, tmp_path)
     assert left == {"checkpoint-20", "checkpoint-30", "checkpoint-40"}
     assert checkpoints.newest_s3(s3, "s3://ckpt/r").step == 30
     assert checkpoints.prune_s3(s3, "s3://ckpt/r", keep=2) == []
+
+
+def test_upload_detects_changed_bytes_of_the_same_size(mocked_s3, tmp_path, monkeypatch):
+    s3 = mocked_s3
+    s3.create_bucket(Bucket="ckpt")
+    directory = make_checkpoint(tmp_path, 8)
+    real_upload = s3.upload_file
+
+    def corrupting_upload(filename, bucket, key, ExtraArgs=None):  # same length, one byte flipped
+        if key.endswith("model.safetensors"):
+            body = bytearray(open(filename, "rb").read())
+            body[0] ^= 0xFF
+            s3.put_object(Bucket=bucket, Key=key, Body=bytes(body), ChecksumAlgorithm="SHA256")
+        else:
+            real_upload(filename, bucket, key, ExtraArgs=ExtraArgs)
+
+    monkeypatch.setattr(s3, "upload_file", corrupting_upload)
+    with pytest.raises(checkpoints.CheckpointError, match="SHA-256 on S3 differs"):
+        checkpoints.upload_checkpoint(s3, directory, "s3://ckpt/r")
+    assert checkpoints.newest_s3(s3, "s3://ckpt/r") is None
