@@ -126,17 +126,16 @@ def _newest_output_dir(master) -> str | None:
 
 
 def _aws_preflight(inventory: Inventory) -> None:
-    """COST's preflight for a running AWS cluster, when that module provides one."""
-    try:
-        from node_setup import preflight
-    except ImportError:
-        return
-    check = getattr(preflight, "preflight_for_train", None)
-    if check is None:
-        return
-    report = check(inventory)
-    if report is not None and not getattr(report, "ok", True):
-        print(report.render() if hasattr(report, "render") else report)
+    """Before launching on an AWS cluster: credentials, every node still running, no spot notice.
+
+    Imported here, not at the top: node_setup.preflight imports boto3, which local and inventory-file
+    clusters never need.
+    """
+    from node_setup.preflight import preflight_for_train
+
+    report = preflight_for_train(inventory)
+    if report is not None and not report.ok:
+        print(report.render())
         raise Exit("error: preflight failed; fix the findings above and rerun", code=EXIT_BAD_INPUT)
 
 
@@ -263,7 +262,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         return
 
     if inventory.kind == "aws":
-        _aws_preflight(inventory)
+        _aws_preflight(plan.inventory)  # only the nodes this job uses (--nodes)
     conns = _connections(plan.inventory)
     master = conns[plan.inventory.master.name]
     if resume and not output_dir:

@@ -11,6 +11,9 @@ Checks, in order, each ending in a `Finding` that says what to change:
                encrypted root volume: DryRunOperation means AWS would accept the launch
   admin-cidr   the caller's public address is inside adminCidrs (else SSH to the master is refused)
 
+`preflight_for_train(inventory)` is the smaller set `fab train` runs on a cluster that is up:
+credentials, every node's instance still running, and no spot interruption notice on its spot request.
+
 An API that denies access is reported as a warning and the other checks still run; throttling is
 retried by the clients' adaptive retry mode (node_setup/aws.py). `PreflightReport.exit_code` is 1
 when any check found that the launch would fail.
@@ -28,6 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from cluster import catalog
 from cluster.images import CANONICAL_OWNER, UBUNTU_2404_AMD64  # the image infra/lookups.py picks
+from cluster.inventory import Inventory, Node
 from cluster.spec import ClusterSpec
 from cluster.tags import CLUSTER_KEY
 from node_setup import aws
@@ -478,3 +482,123 @@ def run_preflight(spec: ClusterSpec, *, clients: AwsClients | None = None,
 def _operation_of(exc: ClientError) -> str:
     match = re.search(r"calling the (\w+) operation", str(exc))
     return match.group(1) if match else "an AWS API"
+
+
+# --- before `fab train` on a running AWS cluster -------------------------------------------------
+
+# Spot request status codes that mean AWS has decided to take the instance back (two-minute notice).
+SPOT_NOTICE_CODES = {"marked-for-termination", "marked-for-stop", "marked-for-hibernation"}
+
+
+def _replace_fix(node: Node) -> str:
+    if node.rank == 0:
+        return "run `pulumi up` again to replace it (the master cannot be left out), then rerun"
+    return (f"run `pulumi up` again to replace it, or use fewer --nodes (--nodes {node.rank} leaves out "
+            f"{node.name} and every node after it), then rerun")
+
+
+def check_nodes(report: PreflightReport, clients: AwsClients, inventory: Inventory) -> dict[str, dict]:
+    """Every node's instance is running; returns instance id -> describe_instances record."""
+    by_id = {n.instance_id: n for n in inventory.nodes if n.instance_id}
+    unknown = [n.name for n in inventory.nodes if not n.instance_id]
+    if unknown:
+        report.add("nodes", WARN, f"no instance id known for {', '.join(unknown)}: not checked")
+    if not by_id:
+        return {}
+    records: dict[str, dict] = {}
+    # A filter, not InstanceIds: an id AWS has forgotten is simply missing instead of failing the call.
+    pages = clients.ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-id", "Values": sorted(by_id)}])
+    for page in pages:
+        for reservation in page.get("Reservations", []):
+            for inst in reservation.get("Instances", []):
+                records[inst["InstanceId"]] = inst
+    bad = 0
+    for node in inventory.nodes:
+        if not node.instance_id:
+            continue
+        inst = records.get(node.instance_id)
+        state = inst["State"]["Name"] if inst else "gone"
+        if state == "running":
+            continue
+        bad += 1
+        if state == "pending":
+            report.add("nodes", FAIL, f"{node.name} ({node.role}, {node.instance_id}) is still starting (pending)",
+                       "wait until it is running, then rerun")
+            continue
+        reason = inst.get("StateReason", {}).get("Message", "") if inst else ""
+        what = "no longer exists" if inst is None else f"is {state}" + (f" ({reason})" if reason else "")
+        report.add("nodes", FAIL, f"{node.name} ({node.role}, {node.instance_id}) {what}", _replace_fix(node))
+    if not bad:
+        report.add("nodes", OK, f"all {len(by_id)} node(s) running: "
+                   + ", ".join(f"{n.name} {n.instance_id}" for n in inventory.nodes if n.instance_id))
+    return records
+
+
+def check_spot_notices(report: PreflightReport, clients: AwsClients, inventory: Inventory,
+                       records: dict[str, dict] | None) -> None:
+    """No spot node has an interruption notice (its spot request says marked-for-termination/stop).
+
+    The request id comes from the instance record; when describe_instances was not allowed
+    (`records` None) the requests are looked up by instance id instead.
+    """
+    spot_nodes = [n for n in inventory.nodes if n.spot and n.instance_id]
+    if not spot_nodes:
+        return
+    node_of = {n.instance_id: n for n in spot_nodes}
+    if records is None:
+        query = {"Filters": [{"Name": "instance-id", "Values": sorted(node_of)}]}
+    else:
+        request_ids = sorted(records[i]["SpotInstanceRequestId"] for i in node_of
+                             if records.get(i, {}).get("SpotInstanceRequestId")
+                             and records[i]["State"]["Name"] == "running")
+        if not request_ids:
+            report.add("spot", SKIPPED, "interruption notices not knowable: AWS names no spot request for "
+                       f"{', '.join(n.name for n in spot_nodes)}")
+            return
+        query = {"SpotInstanceRequestIds": request_ids}
+    requests = clients.ec2.describe_spot_instance_requests(**query).get("SpotInstanceRequests", [])
+    code_of = {r.get("InstanceId"): r.get("Status", {}).get("Code", "") for r in requests}
+    noticed = 0
+    for node in spot_nodes:
+        code = code_of.get(node.instance_id, "")
+        if code not in SPOT_NOTICE_CODES:
+            continue
+        noticed += 1
+        report.add("spot", FAIL, f"{node.name} ({node.role}, {node.instance_id}) has a spot interruption notice "
+                   f"({code}): AWS takes it back within two minutes", _replace_fix(node).replace(
+                       "replace it", "replace it once it is gone"))
+    if not noticed:
+        report.add("spot", OK, f"no spot interruption notice on {', '.join(n.name for n in spot_nodes)}")
+
+
+def preflight_for_train(inventory: Inventory, clients: AwsClients | None = None) -> PreflightReport | None:
+    """What `fab train` checks on an AWS cluster before launching; None for other kinds of cluster.
+
+    Never raises for an AWS answer: a denied or failing API is a finding and the other checks run.
+    """
+    if inventory.kind != "aws":
+        return None
+    region = inventory.region or aws.resolve_region(None)
+    report = PreflightReport(region=region)
+    clients = clients or AwsClients(sts=aws.client("sts", region), ec2=aws.client("ec2", region), quotas=None)
+    if not check_credentials(report, clients):
+        report.add("checks", SKIPPED, "node states and spot notices need credentials")
+        return report
+    records: dict[str, dict] | None = None
+    for name, check in (("nodes", lambda: check_nodes(report, clients, inventory)),
+                        ("spot", lambda: check_spot_notices(report, clients, inventory, records))):
+        try:
+            result = check()
+        except ClientError as exc:
+            if _is_denied(exc):
+                _denied(report, name, f"ec2:{_operation_of(exc)}", exc)
+            else:
+                report.add(name, WARN, f"could not check: {_describe(exc)}")
+            continue
+        except BotoCoreError as exc:
+            report.add(name, WARN, f"could not check: {exc}")
+            continue
+        if name == "nodes":
+            records = result
+    return report

@@ -217,3 +217,167 @@ class _Raw:
 
     def stream(self, **kwargs):
         yield self._body
+
+
+# --- preflight_for_train: the checks `fab train` runs on a cluster that is up ------------------------
+
+
+def _instances(ec2, ids):
+    return [i for r in ec2.describe_instances(InstanceIds=ids)["Reservations"] for i in r["Instances"]]
+
+
+def running_cluster(ec2, name="train", workers=2, spot=False):
+    """A master and workers tagged as the Pulumi program tags them, and the Inventory discovery makes."""
+    from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags
+    from node_setup.discovery import inventory_from_instances
+
+    base = cluster_tags(name, "dev")
+    market = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
+    ids = []
+    for rank in range(workers + 1):
+        tags = node_tags(base, ROLE_MASTER if rank == 0 else ROLE_WORKER, rank, f"{name}-{rank}")
+        ids += [i["InstanceId"] for i in ec2.run_instances(
+            ImageId=canonical_image(), InstanceType="c6i.16xlarge", MinCount=1, MaxCount=1, **market,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v}
+                                                                     for k, v in tags.items()]}])["Instances"]]
+    return inventory_from_instances(name, _instances(ec2, ids), region="us-east-1", key_path=None)
+
+
+def test_train_preflight_passes_on_a_running_cluster(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    inventory = running_cluster(ec2)
+    report = pf.preflight_for_train(inventory, clients=clients())
+    assert report.ok, report.render()
+    assert [(f.check, f.status) for f in report.findings] == [("credentials", pf.OK), ("nodes", pf.OK)]
+    assert "all 3 node(s) running" in report.render()
+
+
+def test_train_preflight_is_none_for_clusters_outside_aws():
+    from dataclasses import replace
+
+    from cluster.inventory import Inventory
+
+    inventory = Inventory.from_mapping({"hosts": ["192.0.2.10", "192.0.2.11"]}, default_name="lab")
+    assert pf.preflight_for_train(inventory, clients=AwsClients(None, None, None)) is None
+    assert pf.preflight_for_train(replace(inventory, kind="local"), clients=AwsClients(None, None, None)) is None
+
+
+def test_train_preflight_fails_naming_a_terminated_worker(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    inventory = running_cluster(ec2)
+    lost = inventory.nodes[2]
+    ec2.terminate_instances(InstanceIds=[lost.instance_id])  # a reclaimed spot worker
+    report = pf.preflight_for_train(inventory, clients=clients())
+    assert not report.ok and report.exit_code == 1
+    [bad] = report.failures
+    assert bad.check == "nodes" and "node2" in bad.message and lost.instance_id in bad.message
+    assert "terminated" in bad.message
+    assert "pulumi up" in bad.fix and "--nodes 2" in bad.fix
+    assert "launch would fail" in report.render()
+
+
+def test_train_preflight_a_stopped_master_cannot_be_left_out(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    inventory = running_cluster(ec2, workers=1)
+    ec2.stop_instances(InstanceIds=[inventory.master.instance_id])
+    [bad] = pf.preflight_for_train(inventory, clients=clients()).failures
+    assert "node0" in bad.message and "stopped" in bad.message
+    assert "master cannot be left out" in bad.fix and "--nodes" not in bad.fix
+
+
+@set_initial_no_auth_action_count(4)
+def _train_preflight_as_restricted_user(inventory, deny):
+    session = _restricted_session(deny)
+    return pf.preflight_for_train(inventory, clients=clients(session=session))
+
+
+def test_train_preflight_access_denied_is_a_finding_not_a_stop(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    inventory = running_cluster(ec2, workers=1, spot=True)
+    assert all(n.spot for n in inventory.nodes)
+    report = _train_preflight_as_restricted_user(inventory, ["ec2:DescribeInstances"])
+    nodes = next(f for f in report.findings if f.check == "nodes")
+    assert nodes.status == pf.WARN and "access denied to ec2:DescribeInstances" in nodes.message
+    assert "allow ec2:DescribeInstances" in nodes.fix
+    assert report.status_of("credentials") == pf.OK
+    # the spot check still ran after the denied one, looking the requests up by instance id
+    assert report.status_of("spot") == pf.OK
+    assert report.ok  # nothing known to be wrong
+
+
+class SpotNoticeEc2:
+    """Test double: a moto EC2 client plus what moto lacks for spot interruption notices.
+
+    moto's instances carry no SpotInstanceRequestId and its spot requests never change status; this
+    double names a request per spot instance and answers describe_spot_instance_requests with the
+    status codes given (`notices`: instance id -> code, others "fulfilled"). Everything else is moto.
+    """
+
+    def __init__(self, ec2, notices):
+        self._ec2, self.notices = ec2, notices
+
+    def __getattr__(self, name):
+        return getattr(self._ec2, name)
+
+    def get_paginator(self, operation):
+        real = self._ec2.get_paginator(operation)
+        if operation != "describe_instances":
+            return real
+        double = self
+
+        class Pages:
+            def paginate(self, **kwargs):
+                for page in real.paginate(**kwargs):
+                    for reservation in page.get("Reservations", []):
+                        for inst in reservation["Instances"]:
+                            if inst.get("InstanceLifecycle") == "spot":
+                                inst["SpotInstanceRequestId"] = double.request_of(inst["InstanceId"])
+                    yield page
+        return Pages()
+
+    @staticmethod
+    def request_of(instance_id):
+        return "sir-" + instance_id[2:10]
+
+    def describe_spot_instance_requests(self, SpotInstanceRequestIds):
+        requests = []
+        for instance_id, code in self.notices.items():
+            if self.request_of(instance_id) in SpotInstanceRequestIds:
+                requests.append({"SpotInstanceRequestId": self.request_of(instance_id), "InstanceId": instance_id,
+                                 "State": "active", "Status": {"Code": code}})
+        return {"SpotInstanceRequests": requests}
+
+
+def test_train_preflight_fails_on_a_spot_interruption_notice(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    inventory = running_cluster(ec2, workers=2, spot=True)
+    notices = {n.instance_id: "fulfilled" for n in inventory.nodes}
+    notices[inventory.nodes[1].instance_id] = "marked-for-termination"
+    double = SpotNoticeEc2(ec2, notices)
+    report = pf.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
+                                                                  ec2=double, quotas=None))
+    assert report.status_of("nodes") == pf.OK
+    [bad] = report.failures
+    assert bad.check == "spot" and "node1" in bad.message and "marked-for-termination" in bad.message
+    assert "--nodes 1" in bad.fix
+
+    double.notices[inventory.nodes[1].instance_id] = "fulfilled"
+    report = pf.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
+                                                                  ec2=double, quotas=None))
+    assert report.ok and report.status_of("spot") == pf.OK
+
+
+def test_fab_train_stops_before_connecting_when_a_node_is_gone(mocked_aws, capsys):
+    from invoke.exceptions import Exit
+
+    from node_setup import job_tasks
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    inventory = running_cluster(ec2, workers=1)
+    job_tasks._aws_preflight(inventory)  # all running: no exit, nothing printed
+    assert capsys.readouterr().out == ""
+    ec2.terminate_instances(InstanceIds=[inventory.nodes[1].instance_id])
+    with pytest.raises(Exit) as stopped:
+        job_tasks._aws_preflight(inventory)
+    assert stopped.value.code == job_tasks.EXIT_BAD_INPUT and "preflight failed" in str(stopped.value.message)
+    assert "node1 (worker" in capsys.readouterr().out
