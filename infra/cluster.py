@@ -12,6 +12,7 @@ from infra.image import BakedImage
 from infra.master import MasterNode
 from infra.network import ClusterNetwork
 from infra.node import NodeNetwork
+from infra.node_role import NodeRole
 from infra.workers import WorkerNodes
 
 
@@ -24,6 +25,11 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     name = spec.cluster_name
 
     network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags)
+    # The nodes' credentials (IMDS) may read and write checkpoints in this bucket and nothing else.
+    # The instances take the profile's name as an input, so Pulumi creates role, policy and
+    # profile before any node (and deletes the nodes first on destroy).
+    bucket = CheckpointBucket(f"{name}-checkpoints", spec, tags)
+    node_role = NodeRole(f"{name}-node", spec, bucket_arn=bucket.bucket.arn, tags=tags)
 
     def node_network(*groups) -> NodeNetwork:
         return NodeNetwork(
@@ -34,15 +40,16 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
             public_ip=True if place.default_vpc else None)
 
     master = MasterNode(f"{name}-master", spec, ami=base_ami,
-                        network=node_network(network.cluster_group, network.ssh_group), tags=tags)
+                        network=node_network(network.cluster_group, network.ssh_group),
+                        instance_profile=node_role.profile_name, tags=tags)
     if spec.bake:
         image = BakedImage(f"{name}-image", spec, master, tags, ssh_rules=network.ssh_rules)
         worker_ami: pulumi.Input[str] = image.image.id
     else:
         worker_ami = base_ami
     workers = WorkerNodes(f"{name}-worker", spec, ami=worker_ami,
-                          network=node_network(network.cluster_group), tags=tags)
-    bucket = CheckpointBucket(f"{name}-checkpoints", spec, tags)
+                          network=node_network(network.cluster_group),
+                          instance_profile=node_role.profile_name, tags=tags)
 
     return {
         "clusterName": spec.cluster_name,

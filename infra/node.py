@@ -1,8 +1,9 @@
 """One cluster node as an EC2 instance with the hardening every node shares.
 
 IMDSv2 only with hop limit 1 (no container or forwarded request can read the metadata), an
-encrypted root volume, spot as a one-time request that terminates on interruption (a one-time spot
-instance cannot be stopped; the training job checkpoints on the interruption notice instead).
+encrypted root volume, the cluster's instance profile (infra/node_role.py: checkpoints in the
+bucket), spot as a one-time request that terminates on interruption (a one-time spot instance
+cannot be stopped; the training job checkpoints on the interruption notice instead).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def market_options(spot: bool, max_price: float | None) -> aws.ec2.InstanceInsta
 
 
 def node_instance(name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], role: str, rank: int,
-                  spot: bool, network: NodeNetwork, tags: dict[str, str],
-                  opts: pulumi.ResourceOptions) -> aws.ec2.Instance:
+                  spot: bool, network: NodeNetwork, instance_profile: pulumi.Input[str],
+                  tags: dict[str, str], opts: pulumi.ResourceOptions) -> aws.ec2.Instance:
     # Discovery reads the login user and the profile from the nodes' tags.
     instance_tags = {**node_tags(tags, role, rank, name), SSH_USER_KEY: spec.ssh_user,
                      PROFILE_KEY: spec.software_profile}
@@ -57,6 +58,8 @@ def node_instance(name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], role:
         associate_public_ip_address=network.public_ip,
         instance_market_options=market_options(spot, spec.spot_max_price),
         instance_initiated_shutdown_behavior="terminate" if spot else None,
+        # The credentials the training job finds in IMDS (checkpoints in the cluster's bucket).
+        iam_instance_profile=instance_profile,
         metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
             http_endpoint="enabled",
             http_tokens="required",

@@ -11,11 +11,13 @@ from infra.node import NodeNetwork, node_instance
 
 class WorkerNodes(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], network: NodeNetwork,
-                 tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
+                 instance_profile: pulumi.Input[str], tags: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:Workers", name, None, opts)
         self.instances = [
             node_instance(f"{name}-{rank}", spec, ami=ami, role=ROLE_WORKER, rank=rank,
-                          spot=spec.worker_spot, network=network, tags=tags,
+                          spot=spec.worker_spot, network=network, instance_profile=instance_profile,
+                          tags=tags,
                           opts=pulumi.ResourceOptions(parent=self))
             for rank in range(1, spec.worker_count + 1)
         ]

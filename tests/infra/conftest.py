@@ -33,6 +33,7 @@ BASE_AMI = "ami-0ubuntu2404base"
 DEFAULT_VPC = "vpc-0default"
 OFFERED_ZONES = ["us-east-1c", "us-east-1a"]
 DEFAULT_SUBNETS = ["subnet-0ccc", "subnet-0aaa"]
+ACCOUNT = "123456789012"
 
 
 def minimal_config(**overrides: Any) -> dict[str, Any]:
@@ -90,6 +91,13 @@ class FakeAws(mocks.Mocks):
             state["name"] = name
         elif typ == "aws:s3/bucket:Bucket":
             state["bucket"] = f"{name}-0a1b2c3"
+            rid = state["bucket"]
+            state["arn"] = f"arn:aws:s3:::{state['bucket']}"
+        elif typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
+            # IAM autonames like the provider (logical name + suffix); a role's id is its name.
+            kind = "role" if typ.endswith(":Role") else "instance-profile"
+            state["name"] = rid = f"{name}-{kind[:4]}9f8e7d"
+            state["arn"] = f"arn:aws:iam::{ACCOUNT}:{kind}/{state['name']}"
         return rid, state
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import inspect
 import ipaddress
+import json
 
 import pulumi
 import pytest
@@ -26,6 +27,9 @@ AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
 SETUP = "pulumi-python:dynamic/xeon-cluster:ProfileSetup"
 BUCKET = "aws:s3/bucket:Bucket"
 PLACEMENT = "aws:ec2/placementGroup:PlacementGroup"
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
 
 STACK_CONFIGS = {
     "default": {},
@@ -205,6 +209,79 @@ def test_every_taggable_resource_is_tagged(harness, name):
         assert node.inputs["rootBlockDevice"]["tags"][CLUSTER_KEY] == "xeon-dev"
         # What discovery reads to log in and to know the software.
         assert (node.inputs["tags"][SSH_USER_KEY], node.inputs["tags"][PROFILE_KEY]) == ("ubuntu", "stock")
+
+
+def node_role(monitor):
+    """(role, inline policy, instance profile) registrations: exactly one of each."""
+    (role,), (policy,), (profile,) = (monitor.of_type(ROLE), monitor.of_type(ROLE_POLICY),
+                                      monitor.of_type(INSTANCE_PROFILE))
+    return role, policy, profile
+
+
+def _as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.parametrize("name", list(STACK_CONFIGS))
+def test_every_instance_launches_with_the_instance_profile_created_before_it(harness, name):
+    run(harness, **STACK_CONFIGS[name])
+    monitor = harness.monitor
+    role, policy, profile = node_role(monitor)
+    assert profile.inputs["role"] == role.id == role.state["name"]
+    assert policy.inputs["role"] == role.id
+    nodes = instances(monitor)
+    assert len(nodes) == 1 + STACK_CONFIGS[name].get("workerCount", 3)
+    for node in nodes:
+        assert node.inputs.get("iamInstanceProfile") == profile.state["name"], node.name
+        # Created (and so, on destroy, deleted) in dependency order: profile before every node.
+        assert profile.urn in node.dependencies and profile.index < node.index, node.name
+    # The profile waits for the policy: no node boots with a role that lacks its permissions.
+    assert policy.urn in profile.dependencies
+
+
+def test_node_role_is_assumable_by_ec2_only(harness):
+    run(harness)
+    role, _, _ = node_role(harness.monitor)
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    (statement,) = trust["Statement"]
+    assert statement["Effect"] == "Allow"
+    assert statement["Principal"] == {"Service": "ec2.amazonaws.com"}
+    assert _as_list(statement["Action"]) == ["sts:AssumeRole"]
+    assert "NotPrincipal" not in statement and "NotAction" not in statement
+
+
+def test_node_policy_grants_checkpoint_access_to_the_bucket_only(harness):
+    run(harness)
+    monitor = harness.monitor
+    (bucket,) = monitor.of_type(BUCKET)
+    _, policy, _ = node_role(monitor)
+    arn = bucket.state["arn"]
+    assert arn == f"arn:aws:s3:::{bucket.state['bucket']}"
+    document = json.loads(policy.inputs["policy"])
+    grants: dict[str, set[str]] = {}
+    for statement in document["Statement"]:
+        assert statement["Effect"] == "Allow"
+        assert set(statement) <= {"Sid", "Effect", "Action", "Resource"}, statement  # no Not*, no wildcards
+        for resource in _as_list(statement["Resource"]):
+            grants.setdefault(resource, set()).update(_as_list(statement["Action"]))
+    assert grants == {
+        arn: {"s3:ListBucket"},
+        f"{arn}/*": {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"},
+    }
+    assert all("*" not in action for actions in grants.values() for action in actions)
+
+
+@pytest.mark.parametrize("config", [{}, {"destroyBucket": True}], ids=["bucket kept", "bucket destroyed"])
+def test_node_role_and_profile_are_tagged_and_deleted_on_destroy(harness, config):
+    run(harness, tags=["team=ml"], **config)
+    role, policy, profile = node_role(harness.monitor)
+    for reg in (role, profile):
+        tags = reg.inputs["tags"]
+        assert tags[MANAGED_BY_KEY] == MANAGED_BY_VALUE and tags[CLUSTER_KEY] == "xeon-dev", reg.name
+        assert tags[STACK_KEY] == STACK and tags["team"] == "ml", reg.name
+    assert taggable(ROLE) and taggable(INSTANCE_PROFILE) and not taggable(ROLE_POLICY)
+    # The bucket may be kept; the nodes' identity never is.
+    assert not any(reg.retain_on_delete for reg in (role, policy, profile))
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))

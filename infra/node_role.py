@@ -1,0 +1,82 @@
+"""What the nodes may do in AWS: read and write checkpoints in the cluster's bucket, nothing else.
+
+The training job uploads checkpoints to `s3://<bucket>/...` and reads them back on `--resume` with
+the instance's credentials from IMDS (boto3's default chain). This component makes the IAM role
+those credentials belong to, assumable by EC2 only, and the instance profile every node launches
+with. It is its own component, not part of `CheckpointBucket`: the bucket's children are kept on
+`pulumi destroy` by default (`retain_on_delete`), while the role and profile must always go with
+the cluster, and they belong to the nodes, not to the bucket.
+
+The policy is inline (`aws.iam.RolePolicy`): it exists for this role only and is deleted with it.
+It grants `s3:ListBucket` on the bucket (finding checkpoints to resume from and prune) and object
+read, write, delete and multipart abort on the bucket's objects; no `*` resource, no other action.
+`DeleteObjects` (batch delete, used by pruning) is authorised per key by `s3:DeleteObject`, and
+multipart upload (create, part, complete) by `s3:PutObject`.
+The profile depends on the policy, and the instances take the profile's name as an input, so a
+node never boots with a role that lacks its permissions, and destroy removes the nodes first.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from cluster.spec import ClusterSpec
+
+EC2_SERVICE = "ec2.amazonaws.com"
+BUCKET_ACTIONS = ("s3:ListBucket",)
+OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+
+
+def assume_role_policy() -> str:
+    """Trust policy: only the EC2 service may assume the role (for instances launched with it)."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Service": EC2_SERVICE},
+            "Action": "sts:AssumeRole",
+        }],
+    })
+
+
+def checkpoint_policy(bucket_arn: str) -> str:
+    """Least privilege on one bucket: list it, and read/write/delete/abort uploads of its objects."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ListCheckpoints", "Effect": "Allow", "Action": list(BUCKET_ACTIONS),
+             "Resource": bucket_arn},
+            {"Sid": "ReadWriteCheckpoints", "Effect": "Allow", "Action": list(OBJECT_ACTIONS),
+             "Resource": f"{bucket_arn}/*"},
+        ],
+    })
+
+
+class NodeRole(pulumi.ComponentResource):
+    def __init__(self, name: str, spec: ClusterSpec, *, bucket_arn: pulumi.Input[str], tags: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("xeon-cluster:infra:NodeRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.role = aws.iam.Role(
+            name,
+            assume_role_policy=assume_role_policy(),
+            description=f"xeon-cluster {spec.cluster_name}: nodes read and write checkpoints in the cluster bucket",
+            tags={**tags, "Name": name},
+            opts=child)
+        # RolePolicy takes no tags (not taggable in IAM: inline policies are part of the role).
+        self.policy = aws.iam.RolePolicy(
+            f"{name}-checkpoints",
+            role=self.role.id,  # an IAM role's id is its name
+            policy=pulumi.Output.from_input(bucket_arn).apply(checkpoint_policy),
+            opts=child)
+        self.profile = aws.iam.InstanceProfile(
+            name,
+            role=self.role.id,
+            tags={**tags, "Name": name},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy]))
+        self.profile_name = self.profile.name
+        self.register_outputs({"roleArn": self.role.arn, "instanceProfileName": self.profile.name})
