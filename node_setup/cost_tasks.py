@@ -159,7 +159,10 @@ def build_plan(*, nodes, instance_type, model, dataset, epochs, single_node_time
     "stack": "Pulumi stack to take the region from",
 })
 def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack=""):
-    """List every resource with this toolkit's tags, by cluster; with --delete remove the leaked ones."""
+    """List every resource with this toolkit's tags, by cluster; with --delete remove the leaked ones.
+
+    Exit code 1 when a kind of resource could not be listed (the permission is named) or could not be removed.
+    """
     from node_setup import sweep as sweeping
 
     if not region:
@@ -177,13 +180,21 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
             raise Exit(f"sweep: {hint}", code=2) from None
         raise
     print(listing.render())
+    # Exit 1 at the end when a listing was refused: the sweep may have missed leaked resources.
+    incomplete = (f"sweep: the listing is incomplete (could not list: {', '.join(sorted(listing.errors))}); "
+                  "fix the permissions named above and rerun") if listing.errors else ""
     todo = listing.leaked(include_buckets=delete_buckets)
     if not delete:
         if todo:
             print("run `fab sweep --delete` to remove the leaked resources")
+        if incomplete:
+            raise Exit(incomplete, code=1)
         return
     if not todo:
-        print("nothing leaked: nothing to remove")
+        print("nothing leaked: nothing to remove" if listing.clusters_known else
+              "nothing removed: without the instances no cluster can be told up or down")
+        if incomplete:
+            raise Exit(incomplete, code=1)
         return
     if not yes:
         answer = input(f"delete {len(todo)} resource(s) listed as leaked"
@@ -192,6 +203,8 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
             raise Exit("sweep: nothing deleted", code=1)
     outcomes = sweeping.delete(listing, ec2, s3, include_buckets=delete_buckets)
     print(sweeping.render_outcomes(outcomes))
+    if incomplete:
+        raise Exit(incomplete, code=1)
     if any(o.startswith(("FAILED", "skipped")) for _, o in outcomes):
         raise Exit(code=1)
 

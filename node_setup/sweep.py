@@ -9,6 +9,11 @@ A cluster is *up* while its master instance is pending or running; everything of
 left alone. Everything of any other cluster (or with no cluster tag) is *leaked*, except the
 checkpoint buckets, which are *kept* on purpose and deleted only with `delete_buckets=True`.
 
+Each kind of resource is listed by its own API call, independently: one the caller may not use
+(AccessDenied, UnauthorizedOperation, ...) is recorded in `Listing.errors` and the others are still
+listed. Without the instance listing no cluster can be told up or down, so then every resource is
+*unknown* and none is deleted.
+
 Deletion runs in dependency order: instances (terminated, then waited for), spot requests, AMIs,
 then their snapshots, detached volumes, placement groups, key pairs, security groups (rules that
 reference another group first), buckets. A resource that is already gone counts as removed, so
@@ -33,7 +38,16 @@ GONE_CODES = {"InvalidInstanceID.NotFound", "InvalidSpotInstanceRequestID.NotFou
               "InvalidAMIID.Unavailable", "InvalidSnapshot.NotFound", "InvalidVolume.NotFound",
               "InvalidPlacementGroup.Unknown", "InvalidKeyPair.NotFound", "InvalidGroup.NotFound",
               "NoSuchBucket", "InvalidPermission.NotFound"}
-UP, LEAKED, KEPT = "up", "leaked", "kept"
+UP, LEAKED, KEPT, UNKNOWN = "up", "leaked", "kept", "unknown"
+# Kind -> the permission its listing needs (named in the error when it is refused).
+LIST_PERMISSIONS = {"instance": "ec2:DescribeInstances", "spot-request": "ec2:DescribeSpotInstanceRequests",
+                    "image": "ec2:DescribeImages", "snapshot": "ec2:DescribeSnapshots",
+                    "volume": "ec2:DescribeVolumes", "security-group": "ec2:DescribeSecurityGroups",
+                    "key-pair": "ec2:DescribeKeyPairs", "placement-group": "ec2:DescribePlacementGroups",
+                    "bucket": "s3:ListAllMyBuckets"}
+# Credentials AWS rejects outright: every listing would fail the same way, so collect() raises.
+CREDENTIAL_CODES = {"InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException", "SignatureDoesNotMatch",
+                    "UnrecognizedClientException", "InvalidAccessKeyId"}
 
 
 @dataclass(frozen=True)
@@ -50,8 +64,16 @@ class Listing:
     region: str
     resources: list[Resource] = field(default_factory=list)
     up_clusters: set[str] = field(default_factory=set)
+    errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be listed
+
+    @property
+    def clusters_known(self) -> bool:
+        """Whether up and down can be told apart (the instance listing worked)."""
+        return "instance" not in self.errors
 
     def status(self, resource: Resource) -> str:
+        if not self.clusters_known:
+            return UNKNOWN
         if resource.cluster in self.up_clusters:
             return UP
         if resource.kind == "bucket":
@@ -70,20 +92,23 @@ class Listing:
                 if self.status(r) == LEAKED or include_buckets and self.status(r) == KEPT]
 
     def render(self) -> str:
-        if not self.resources:
-            return f"no xeon-cluster resources in {self.region}"
-        lines = []
+        lines = [] if self.resources or self.errors else [f"no xeon-cluster resources in {self.region}"]
         for name, items in self.by_cluster().items():
-            state = "up (master running)" if name in self.up_clusters else "down"
+            state = ("unknown (instances could not be listed)" if not self.clusters_known
+                     else "up (master running)" if name in self.up_clusters else "down")
             lines.append(f"cluster {name}: {state}")
             for res in items:
                 extra = " ".join(x for x in (res.state, res.detail) if x)
                 lines.append(f"  {self.status(res):<6} {res.kind:<15} {res.id:<28} {extra}".rstrip())
-        counts = defaultdict(int)
-        for res in self.resources:
-            counts[self.status(res)] += 1
-        lines.append(f"{self.region}: {counts[UP]} in use, {counts[LEAKED]} leaked, {counts[KEPT]} kept "
-                     "(checkpoint buckets; delete with --delete-buckets)")
+        if self.resources:
+            counts = defaultdict(int)
+            for res in self.resources:
+                counts[self.status(res)] += 1
+            unknown = f", {counts[UNKNOWN]} unknown (nothing is deleted)" if counts[UNKNOWN] else ""
+            lines.append(f"{self.region}: {counts[UP]} in use, {counts[LEAKED]} leaked, {counts[KEPT]} kept "
+                         f"(checkpoint buckets; delete with --delete-buckets){unknown}")
+        for kind, why in sorted(self.errors.items(), key=lambda item: DELETE_ORDER.index(item[0])):
+            lines.append(f"could not list {kind}s: {why}")
         return "\n".join(lines)
 
 
@@ -111,10 +136,39 @@ def _pages(client, operation: str, key: str, **kwargs):
 
 
 def collect(ec2, s3, region: str) -> Listing:
-    """Everything with this toolkit's tags in `region` (buckets: those located in `region`)."""
+    """Everything with this toolkit's tags in `region` (buckets: those located in `region`).
+
+    Each kind is listed on its own: a refused call is recorded in `Listing.errors` (with the
+    permission it needs) and the other kinds are still listed. Rejected credentials raise.
+    """
     listing = Listing(region)
+    found = _Found()
+    for kind, lister, client in (("instance", _list_instances, ec2), ("spot-request", _list_spot_requests, ec2),
+                                 ("image", _list_images, ec2), ("snapshot", _list_snapshots, ec2),
+                                 ("volume", _list_volumes, ec2), ("security-group", _list_security_groups, ec2),
+                                 ("key-pair", _list_key_pairs, ec2), ("placement-group", _list_placement_groups, ec2),
+                                 ("bucket", _list_buckets, s3)):
+        try:
+            lister(client, listing, found)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = error.get("Code", "")
+            if code in CREDENTIAL_CODES:
+                raise
+            listing.errors[kind] = (f"{code}: {error.get('Message', '')}".rstrip(": ")
+                                    + f"; allow {LIST_PERMISSIONS[kind]} for your IAM identity and rerun")
+    return listing
+
+
+@dataclass
+class _Found:
+    """What one listing tells the next: spot requests behind instances, snapshots behind images."""
+    spot_of_instance: dict[str, tuple[str, str]] = field(default_factory=dict)
+    image_snapshots: set[str] = field(default_factory=set)
+
+
+def _list_instances(ec2, listing: Listing, found: _Found) -> None:
     add = listing.resources.append
-    spot_of_instance: dict[str, tuple[str, str]] = {}
     for res in _pages(ec2, "describe_instances", "Reservations", Filters=OURS + [
             {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]):
         for inst in res["Instances"]:
@@ -125,43 +179,71 @@ def collect(ec2, s3, region: str) -> Listing:
             if role == ROLE_MASTER and state in ("pending", "running"):
                 listing.up_clusters.add(cluster)
             if inst.get("SpotInstanceRequestId"):
-                spot_of_instance[inst["SpotInstanceRequestId"]] = (cluster, inst["InstanceId"])
+                found.spot_of_instance[inst["SpotInstanceRequestId"]] = (cluster, inst["InstanceId"])
+
+
+def _list_spot_requests(ec2, listing: Listing, found: _Found) -> None:
+    add = listing.resources.append
     seen = set()
     for req in _pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests", Filters=OURS):
         if req["State"] in OPEN_SPOT_STATES:
             seen.add(req["SpotInstanceRequestId"])
             add(Resource("spot-request", req["SpotInstanceRequestId"], _cluster(_tags(req)), req["State"],
                          req.get("InstanceId", "")))
-    untagged = sorted(set(spot_of_instance) - seen)
+    untagged = sorted(set(found.spot_of_instance) - seen)
     if untagged:  # requests made for tagged instances need not carry tags themselves
         for req in _pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests",
                           SpotInstanceRequestIds=untagged):
             if req["State"] in OPEN_SPOT_STATES:
-                cluster, instance = spot_of_instance[req["SpotInstanceRequestId"]]
+                cluster, instance = found.spot_of_instance[req["SpotInstanceRequestId"]]
                 add(Resource("spot-request", req["SpotInstanceRequestId"], cluster, req["State"], instance))
-    image_snapshots = set()
+
+
+def _list_images(ec2, listing: Listing, found: _Found) -> None:
+    add = listing.resources.append
     for image in _pages(ec2, "describe_images", "Images", Owners=["self"], Filters=OURS):
         cluster = _cluster(_tags(image))
         add(Resource("image", image["ImageId"], cluster, image.get("State", ""), image.get("Name", "")))
         for mapping in image.get("BlockDeviceMappings", []):
             snap = mapping.get("Ebs", {}).get("SnapshotId")
             if snap:
-                image_snapshots.add(snap)
+                found.image_snapshots.add(snap)
                 add(Resource("snapshot", snap, cluster, "", f"of {image['ImageId']}"))
+
+
+def _list_snapshots(ec2, listing: Listing, found: _Found) -> None:
     for snap in _pages(ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=OURS):
-        if snap["SnapshotId"] not in image_snapshots:
-            add(Resource("snapshot", snap["SnapshotId"], _cluster(_tags(snap)), snap.get("State", "")))
+        if snap["SnapshotId"] not in found.image_snapshots:
+            listing.resources.append(Resource("snapshot", snap["SnapshotId"], _cluster(_tags(snap)),
+                                              snap.get("State", "")))
+
+
+def _list_volumes(ec2, listing: Listing, found: _Found) -> None:
     for vol in _pages(ec2, "describe_volumes", "Volumes", Filters=OURS):
         attached = ",".join(a["InstanceId"] for a in vol.get("Attachments", []))
-        add(Resource("volume", vol["VolumeId"], _cluster(_tags(vol)), vol["State"],
-                     f"on {attached}" if attached else f"{vol.get('Size', '?')} GiB"))
+        listing.resources.append(Resource("volume", vol["VolumeId"], _cluster(_tags(vol)), vol["State"],
+                                          f"on {attached}" if attached else f"{vol.get('Size', '?')} GiB"))
+
+
+def _list_security_groups(ec2, listing: Listing, found: _Found) -> None:
     for group in _pages(ec2, "describe_security_groups", "SecurityGroups", Filters=OURS):
-        add(Resource("security-group", group["GroupId"], _cluster(_tags(group)), "", group.get("GroupName", "")))
+        listing.resources.append(Resource("security-group", group["GroupId"], _cluster(_tags(group)), "",
+                                          group.get("GroupName", "")))
+
+
+def _list_key_pairs(ec2, listing: Listing, found: _Found) -> None:
     for key in _pages(ec2, "describe_key_pairs", "KeyPairs", Filters=OURS):
-        add(Resource("key-pair", key["KeyName"], _cluster(_tags(key)), "", key.get("KeyPairId", "")))
+        listing.resources.append(Resource("key-pair", key["KeyName"], _cluster(_tags(key)), "",
+                                          key.get("KeyPairId", "")))
+
+
+def _list_placement_groups(ec2, listing: Listing, found: _Found) -> None:
     for group in _pages(ec2, "describe_placement_groups", "PlacementGroups", Filters=OURS):
-        add(Resource("placement-group", group["GroupName"], _cluster(_tags(group)), group.get("State", ""),
-                     group.get("Strategy", "")))
+        listing.resources.append(Resource("placement-group", group["GroupName"], _cluster(_tags(group)),
+                                          group.get("State", ""), group.get("Strategy", "")))
+
+
+def _list_buckets(s3, listing: Listing, found: _Found) -> None:
     for bucket in s3.list_buckets().get("Buckets", []):
         name = bucket["Name"]
         try:
@@ -169,9 +251,8 @@ def collect(ec2, s3, region: str) -> Listing:
             location = s3.get_bucket_location(Bucket=name).get("LocationConstraint") or "us-east-1"
         except ClientError:
             continue  # untagged (NoSuchTagSet) or not ours to read
-        if _ours(tags) and location == region:
-            add(Resource("bucket", name, _cluster(tags), "", "checkpoints"))
-    return listing
+        if _ours(tags) and location == listing.region:
+            listing.resources.append(Resource("bucket", name, _cluster(tags), "", "checkpoints"))
 
 
 def delete(listing: Listing, ec2, s3, *, include_buckets: bool = False,

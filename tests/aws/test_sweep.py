@@ -3,12 +3,18 @@
 moto 5.2 has no placement groups: `FakePlacementGroups` (a test double) wraps the moto EC2 client
 and keeps placement groups in memory; every other call goes to moto. moto's create_image ignores
 TagSpecifications, so the test tags the image afterwards as the Pulumi program's tags would be.
+`fab sweep` itself (the task function) runs end to end with its boto3 clients replaced by the same
+moto client and double. Refused listings come from moto's IAM enforcement: an IAM user whose
+policy denies one API.
 """
+
+import json
 
 import boto3
 import pytest
 
 pytest.importorskip("moto")
+from moto.core import set_initial_no_auth_action_count  # noqa: E402
 
 from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags  # noqa: E402
 from node_setup import sweep  # noqa: E402
@@ -180,3 +186,138 @@ def test_a_stopped_master_means_the_cluster_is_down(account):
     assert "alive" not in listing.up_clusters
     instances = [r for r in listing.resources if r.cluster == "alive" and r.kind == "instance"]
     assert {r.state for r in instances} == {"stopped"} and {listing.status(r) for r in instances} == {sweep.LEAKED}
+
+
+# ------------------------------------------------------------------ a listing API that is refused
+
+
+def _restricted_session(region, deny):
+    """An IAM user of the moto account that may do everything except `deny` (moto enforces IAM)."""
+    iam = boto3.client("iam", region_name=region)
+    iam.create_user(UserName="sweeper")
+    iam.put_user_policy(UserName="sweeper", PolicyName="p", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"},
+            {"Effect": "Deny", "Action": deny, "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="sweeper")["AccessKey"]
+    return boto3.Session(aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"],
+                         region_name=region)
+
+
+@set_initial_no_auth_action_count(3)  # the three IAM calls above; every later call is checked
+def _as_restricted_user(account, deny, action):
+    session = _restricted_session(account["region"], deny)
+    ec2 = FakePlacementGroups(session.client("ec2", region_name=account["region"]))
+    ec2.groups = account["ec2"].groups  # the same (in-memory) placement groups
+    return action(ec2, session.client("s3", region_name=account["region"]))
+
+
+def test_a_refused_listing_is_reported_and_the_other_kinds_are_still_listed(account):
+    listing = _as_restricted_user(account, ["ec2:DescribeSecurityGroups"],
+                                  lambda ec2, s3: sweep.collect(ec2, s3, account["region"]))
+    assert set(listing.errors) == {"security-group"}
+    assert "ec2:DescribeSecurityGroups" in listing.errors["security-group"]
+    assert "not authorized" in listing.errors["security-group"]  # AWS's own message is kept
+    status = _status(listing)
+    assert not any(kind == "security-group" for _, kind, _ in status)
+    assert {k[1] for k, v in status.items() if v == sweep.LEAKED} == {
+        "image", "snapshot", "volume", "key-pair", "placement-group", "spot-request"}
+    assert listing.up_clusters == {"alive"}
+    assert "could not list security-groups: " in listing.render()
+
+
+def test_without_the_instance_listing_nothing_counts_as_leaked(account):
+    listing = _as_restricted_user(account, ["ec2:DescribeInstances"],
+                                  lambda ec2, s3: sweep.collect(ec2, s3, account["region"]))
+    assert set(listing.errors) == {"instance"} and not listing.clusters_known
+    assert listing.resources and {listing.status(r) for r in listing.resources} == {sweep.UNKNOWN}
+    assert listing.leaked(include_buckets=True) == []
+    assert "cluster alive: unknown (instances could not be listed)" in listing.render()
+
+
+# ------------------------------------------------------------------ `fab sweep`, the task, end to end
+
+
+def run_sweep_task(monkeypatch, ec2, s3, **options):
+    """The `fab sweep` task function with its boto3 clients replaced by these (moto + FakePlacementGroups)."""
+    from invoke import Context
+
+    from node_setup import aws, cost_tasks
+
+    monkeypatch.setattr(aws, "client", lambda service, region=None: {"ec2": ec2, "s3": s3}[service])
+    return cost_tasks.sweep(Context(), **options)
+
+
+def printed_listing(text):
+    """`fab sweep`'s printed listing as {(cluster header, status, kind, id)} (the grouping as shown)."""
+    rows, cluster = set(), None
+    for line in text.splitlines():
+        if line.startswith("cluster "):
+            cluster = line[len("cluster "):]
+        elif line.startswith("  ") and cluster:
+            status, kind, ident = line.split()[:3]
+            rows.add((cluster, status, kind, ident))
+    return rows
+
+
+def printed_outcomes(text):
+    """`fab sweep --delete`'s outcome lines as {(outcome, kind, id)}."""
+    return {tuple(line.split()[:3]) for line in text.splitlines()
+            if line.startswith("  ") and line.rstrip().endswith(")")}
+
+
+def test_fab_sweep_lists_deletes_and_a_rerun_finds_nothing(account, monkeypatch, capsys):
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    alive, gone = account["alive"], account["gone"]
+    run_sweep_task(monkeypatch, ec2, s3, region=region)
+    listed = capsys.readouterr().out
+    rows = printed_listing(listed)
+    up = "alive: up (master running)"
+    assert {(up, "up", "instance", i) for i in alive["instances"]} <= rows
+    assert {(up, "up", "placement-group", "alive-pg"), (up, "up", "image", alive["image"]),
+            (up, "up", "bucket", "alive-checkpoints-1a2b")} <= rows
+    down = "gone: down"
+    assert {(down, "leaked", "placement-group", "gone-pg"), (down, "leaked", "key-pair", "gone-key"),
+            (down, "leaked", "image", gone["image"]), (down, "leaked", "spot-request", gone["spot"]),
+            (down, "kept", "bucket", "gone-checkpoints-1a2b")} <= rows
+    assert {(down, "leaked", "security-group", g) for g in gone["groups"]} <= rows
+    assert (f"{sweep.NO_CLUSTER}: down", "leaked", "security-group", account["stray"]) in rows
+    assert not any(r[2] == account["bystander"] or r[2] == "someone-elses-bucket" for r in rows)
+    assert "run `fab sweep --delete`" in listed
+
+    run_sweep_task(monkeypatch, ec2, s3, region=region, delete=True, yes=True)
+    removed = capsys.readouterr().out
+    leaked_before = {(kind, ident) for _, status, kind, ident in rows if status == "leaked"}
+    assert printed_outcomes(removed) == {("removed", kind, ident) for kind, ident in leaked_before}
+    assert "removed 9, left 0" in removed
+
+    run_sweep_task(monkeypatch, ec2, s3, region=region, delete=True, yes=True)
+    rerun = capsys.readouterr().out
+    assert "nothing leaked: nothing to remove" in rerun
+    after = printed_listing(rerun)
+    assert not any(status == "leaked" for _, status, _, _ in after)
+    # the running cluster and the kept bucket are listed exactly as before
+    assert after == {r for r in rows if r[0] == up or r[1] == "kept"}
+    running = ec2.describe_instances(InstanceIds=sorted(alive["instances"]))["Reservations"]
+    assert {i["State"]["Name"] for r in running for i in r["Instances"]} == {"running"}
+    assert "alive-pg" in ec2.groups and ec2.describe_images(ImageIds=[alive["image"]])["Images"]
+
+
+def test_fab_sweep_exits_non_zero_when_a_listing_is_refused(account, monkeypatch, capsys):
+    from invoke.exceptions import Exit
+
+    def sweep_task(ec2, s3):
+        with pytest.raises(Exit) as stopped:
+            run_sweep_task(monkeypatch, ec2, s3, region=account["region"], delete=True, yes=True)
+        return stopped.value
+
+    stopped = _as_restricted_user(account, ["ec2:DescribeKeyPairs"], sweep_task)
+    assert stopped.code == 1 and "could not list: key-pair" in stopped.message
+    out = capsys.readouterr().out
+    assert "could not list key-pairs: " in out and "ec2:DescribeKeyPairs" in out
+    assert ("removed", "placement-group", "gone-pg") in printed_outcomes(out)  # other kinds still removed
+    assert ec2_key_names(account) >= {"gone-key", "alive-key"}  # unlisted: untouched
+
+
+def ec2_key_names(account):
+    return {k["KeyName"] for k in account["ec2"].describe_key_pairs()["KeyPairs"]}
