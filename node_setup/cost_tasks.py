@@ -67,7 +67,8 @@ def _stack_defaults(stack):
     "profile": "software profile (intel: bf16 gradients, 2 bytes; stock: fp32 gradients, 4 bytes); default the stack's",
     "ranks_per_node": "training processes per node in multi-node runs (default: the type's sockets)",
     "flows_per_rank": "TCP flows per rank for the all-reduce (CCL workers under the intel profile)",
-    "placement_group": "nodes share a cluster placement group (10 Gbps per flow instead of 5); default the stack's",
+    "placement_group": "nodes share a cluster placement group (10 Gbps per flow instead of 5); on by default, "
+                       "--no-placement-group plans without one (a note says when the stack's placementGroup differs)",
     "on_demand": "price on-demand instead of spot",
     "hourly_usd": "price per instance-hour to use instead of looking it up",
     "region": "region for prices (default: the stack's, else AWS_REGION)",
@@ -77,14 +78,14 @@ def _stack_defaults(stack):
 })
 def plan(c, nodes="1,2,4,8", instance_type="", model=DEFAULT_MODEL, dataset=DEFAULT_DATASET, epochs=1.0,
          single_node_time="", params="", samples=0, batch=32, profile="", ranks_per_node=0, flows_per_rank=1,
-         placement_group=None, on_demand=False, hourly_usd=0.0, region="", stack="", json=False, plot=""):
+         placement_group=True, on_demand=False, hourly_usd=0.0, region="", stack="", json=False, plot=""):
     """Predict epoch time, scaling efficiency and cost for several node counts."""
     try:
         rows, header, source, notes = build_plan(
             nodes=nodes, instance_type=instance_type, model=model, dataset=dataset, epochs=float(epochs),
             single_node_time=single_node_time, params=params, samples=int(samples), batch=int(batch),
             profile=profile, ranks_per_node=int(ranks_per_node), flows_per_rank=int(flows_per_rank),
-            placement_group=placement_group, on_demand=on_demand, hourly_usd=float(hourly_usd),
+            placement_group=bool(placement_group), on_demand=on_demand, hourly_usd=float(hourly_usd),
             region=region, stack=stack)
     except (ValueError, LookupError) as exc:
         raise Exit(f"plan: {exc}", code=2) from None
@@ -124,12 +125,18 @@ def build_plan(*, nodes, instance_type, model, dataset, epochs, single_node_time
     else:
         default = tm.default_throughput(itype, model_name, data_name)
         rate, rate_source = default.samples_per_s, default.source
-    in_pg = spec.placement_group if placement_group is None and spec else placement_group is not False
-    if isinstance(placement_group, str):
-        in_pg = placement_group.lower() not in ("false", "no", "0")
+    if not isinstance(placement_group, bool):
+        raise ValueError(f"--placement-group: {placement_group!r} is not allowed; give --placement-group "
+                         "or --no-placement-group")
+    in_pg = placement_group
     net = tm.Network(instance.network_gbps, placement_group=in_pg, flows_per_rank=flows_per_rank)
     ranks = ranks_per_node or instance.sockets
     notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
+    if spec and spec.placement_group != in_pg:
+        notes.append(f"the stack sets placementGroup {str(spec.placement_group).lower()} but this plan is "
+                     f"{'with' if in_pg else 'without'} a placement group; "
+                     f"{'drop --no-placement-group' if spec.placement_group else 'add --no-placement-group'} "
+                     "to plan the stack's cluster")
     spot = not on_demand and (spec.worker_spot if spec else True)
     if hourly_usd:
         price = pricing.Price(hourly_usd, "spot" if spot else "on-demand", "given with --hourly-usd")

@@ -1,5 +1,6 @@
 """The plan table (pure) and the `fab plan` task end to end with a given price (no AWS)."""
 
+import copy
 import json
 
 import pytest
@@ -52,7 +53,7 @@ def test_parse_node_counts_rejects(text):
 def _plan_args(**over):
     args = dict(nodes="1,2,4", instance_type="r7iz.metal-16xl", model="distilbert-base-uncased", dataset="squad",
                 epochs=1.0, single_node_time="", params="", samples=0, batch=32, profile="intel", ranks_per_node=0,
-                flows_per_rank=1, placement_group="false", on_demand=False, hourly_usd=5.0, region="us-east-1",
+                flows_per_rank=1, placement_group=False, on_demand=False, hourly_usd=5.0, region="us-east-1",
                 stack="")
     args.update(over)
     return args
@@ -67,6 +68,57 @@ def test_fab_plan_builds_the_recipe_table(tmp_path, monkeypatch):
     assert abs(four.prediction.run_seconds - 450) / 450 < 0.15
     assert "2 ranks/node" in header and "no placement group" in header and "2-byte gradients" in header
     assert source.endswith("given with --hourly-usd") and notes[0].startswith("throughput: ")
+
+
+def test_fab_plan_placement_group_is_a_flag_with_a_no_form():
+    from invoke.parser import Parser, ParserContext
+
+    from node_setup.cost_tasks import plan
+
+    def arguments():
+        task = copy.copy(plan)
+        task.help = dict(plan.help)  # get_arguments() pops the help texts it uses
+        return {a.name: a for a in task.get_arguments()}
+
+    def parsed(*argv):
+        context = ParserContext(name="plan", args=arguments().values())
+        return Parser(contexts=[context]).parse_argv(["plan", *argv])[0].args["placement_group"].value
+
+    assert parsed() is True
+    assert parsed("--no-placement-group") is False
+    assert parsed("--placement-group") is True
+    assert "--no-placement-group" in arguments()["placement_group"].help
+
+
+def test_fab_plan_placement_group_doubles_the_per_flow_bandwidth(tmp_path, monkeypatch):
+    from node_setup.cost_tasks import build_plan
+
+    monkeypatch.chdir(tmp_path)
+    with_pg, header_pg, _, _ = build_plan(**_plan_args(placement_group=True))
+    without, header, _, _ = build_plan(**_plan_args(placement_group=False))
+    assert "in placement group" in header_pg and "no placement group" in header
+    four = {r.nodes: r.prediction.run_seconds for r in without}[4]
+    assert {r.nodes: r.prediction.run_seconds for r in with_pg}[4] < four
+    with pytest.raises(ValueError, match=r"--placement-group: 'false' is not allowed; give --placement-group or "
+                                         r"--no-placement-group"):
+        build_plan(**_plan_args(placement_group="false"))
+
+
+def test_fab_plan_notes_when_the_stack_disagrees_about_the_placement_group(tmp_path, monkeypatch):
+    import base64
+
+    from cluster.spec import ClusterSpec
+    from node_setup import cost_tasks
+
+    key = "ssh-ed25519 " + base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)).decode()
+    spec = ClusterSpec.from_config({"publicKey": key, "adminCidrs": ["203.0.113.0/24"], "placementGroup": False},
+                                   stack="dev", region="us-east-1")
+    monkeypatch.setattr(cost_tasks, "_stack_defaults", lambda stack: (spec, ""))
+    _, header, _, notes = cost_tasks.build_plan(**_plan_args(placement_group=True))
+    assert "in placement group" in header  # the flag decides
+    assert any("placementGroup false" in n and "add --no-placement-group" in n for n in notes)
+    _, _, _, notes = cost_tasks.build_plan(**_plan_args(placement_group=False))
+    assert not any("placementGroup" in n for n in notes)
 
 
 def test_fab_plan_single_node_time_and_params_override(tmp_path, monkeypatch):
