@@ -7,7 +7,8 @@ re-runs setup, renames (so re-bakes) the image and so replaces the workers; a ch
 user or key path only updates it. Its `create()` connects with Fabric, waits (bounded) for SSH
 and for cloud-init, then runs the same `node_setup.install` functions `fab setup` uses:
 `install_profile(conn, profile)` and `prepare_for_bake(conn)`, and syncs the disk so the
-no-reboot snapshot is consistent. Failures carry the remote command's exit code and output.
+no-reboot snapshot is consistent. Failures carry the remote command's exit code and output, or
+the message of node_setup.install's InstallError for what fails on this machine (the wheel build).
 
 Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` directly.
 """
@@ -108,11 +109,23 @@ def _node_setup_install():
     return install_profile, prepare_for_bake
 
 
+def _controller_error_types() -> tuple[type[Exception], ...]:
+    """node_setup.install's InstallError (raised on this machine, e.g. building the project wheel)."""
+    try:
+        from node_setup.install import InstallError
+    except ImportError:  # tests that pass install doubles may run without node_setup.install
+        return ()
+    return (InstallError,)
+
+
 def _remote(step: str, host: str, action: Callable[[], Any]) -> None:
     from invoke.exceptions import CommandTimedOut, UnexpectedExit
 
     try:
         action()
+    except _controller_error_types() as exc:
+        raise SetupError(f"setup step: {step} for {host} failed on this machine (the one running pulumi): "
+                         f"{exc}") from None
     except UnexpectedExit as exc:
         result = exc.result
         raise SetupError(f"setup step: {step} on {host} failed: `{result.command}` exited {result.exited}:\n"

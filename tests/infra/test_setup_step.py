@@ -221,6 +221,27 @@ def test_cloud_init_failure_stops_setup_with_its_output(tmp_path):
     assert calls == [] and conn.closed
 
 
+def test_wheel_build_failure_on_the_controller_is_a_setup_error_with_its_message(tmp_path):
+    from node_setup.install import InstallError
+
+    conn = ScriptedConnection({})
+    calls = []
+
+    def install_double(c, profile):  # what install_profile raises when `pip wheel` fails here
+        calls.append("install")
+        raise InstallError("building the xeon-cluster wheel failed (`pip wheel ...`, exit 1):\n"
+                           "error: invalid command 'bdist_wheel'\ninstall setuptools and wheel")
+
+    with pytest.raises(SetupError) as caught:
+        run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key: conn,
+                          install=(install_double, lambda c: calls.append("bake")))
+    message = str(caught.value)
+    assert message.startswith("setup step: installing profile 'stock' for 198.51.100.9 failed on this machine")
+    assert "invalid command 'bdist_wheel'" in message and "install setuptools and wheel" in message
+    assert calls == ["install"] and conn.closed  # no bake, connection closed
+    assert not any(cmd == "sync" for cmd in conn.commands)
+
+
 def test_missing_private_key_fails_before_connecting(tmp_path):
     def connect_double(props, key):
         raise AssertionError("must not connect without a key")
