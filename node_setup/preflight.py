@@ -25,7 +25,7 @@ import ipaddress
 import re
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
@@ -458,25 +458,31 @@ def run_preflight(spec: ClusterSpec, *, clients: AwsClients | None = None,
         report.add("checks", SKIPPED, "offering, quota and dry-run need credentials")
         check_admin_cidr(report, spec, public_ip)
         return report
-    zone = None
-    for name, check in (("offering", lambda: check_offering(report, clients, spec)),
-                        ("quota", lambda: check_quotas(report, clients, spec)),
-                        ("dry-run", lambda: check_dry_run(report, clients, spec, zone))):
-        try:
-            result = check()
-        except ClientError as exc:
-            if _is_denied(exc):
-                _denied(report, name, _operation_of(exc), exc)
-            else:
-                report.add(name, WARN, f"could not check: {_describe(exc)}")
-            continue
-        except BotoCoreError as exc:
-            report.add(name, WARN, f"could not check: {exc}")
-            continue
-        if name == "offering":
-            zone = result
+    _run_checks(report, (
+        ("offering", lambda done: check_offering(report, clients, spec)),
+        ("quota", lambda done: check_quotas(report, clients, spec)),
+        ("dry-run", lambda done: check_dry_run(report, clients, spec, done.get("offering"))),
+    ))
     check_admin_cidr(report, spec, public_ip)
     return report
+
+
+def _run_checks(report: PreflightReport, checks, service: str = "") -> None:
+    """Run `(name, check)` in order; each check gets the results of the earlier ones by name.
+
+    A denied or failing AWS call becomes a finding of that check and the next check still runs.
+    """
+    done: dict[str, Any] = {}
+    for name, check in checks:
+        try:
+            done[name] = check(done)
+        except ClientError as exc:
+            if _is_denied(exc):
+                _denied(report, name, service + _operation_of(exc), exc)
+            else:
+                report.add(name, WARN, f"could not check: {_describe(exc)}")
+        except BotoCoreError as exc:
+            report.add(name, WARN, f"could not check: {exc}")
 
 
 def _operation_of(exc: ClientError) -> str:
@@ -585,20 +591,8 @@ def preflight_for_train(inventory: Inventory, clients: AwsClients | None = None)
     if not check_credentials(report, clients):
         report.add("checks", SKIPPED, "node states and spot notices need credentials")
         return report
-    records: dict[str, dict] | None = None
-    for name, check in (("nodes", lambda: check_nodes(report, clients, inventory)),
-                        ("spot", lambda: check_spot_notices(report, clients, inventory, records))):
-        try:
-            result = check()
-        except ClientError as exc:
-            if _is_denied(exc):
-                _denied(report, name, f"ec2:{_operation_of(exc)}", exc)
-            else:
-                report.add(name, WARN, f"could not check: {_describe(exc)}")
-            continue
-        except BotoCoreError as exc:
-            report.add(name, WARN, f"could not check: {exc}")
-            continue
-        if name == "nodes":
-            records = result
+    _run_checks(report, (
+        ("nodes", lambda done: check_nodes(report, clients, inventory)),
+        ("spot", lambda done: check_spot_notices(report, clients, inventory, done.get("nodes"))),
+    ), service="ec2:")
     return report
