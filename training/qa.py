@@ -9,9 +9,16 @@ from typing import Any
 import numpy as np
 
 
-def _order(tokenizer, questions, contexts):
+def _tokenize(examples: dict[str, list], tokenizer, max_seq_length: int, doc_stride: int):
+    """Question/context pairs in the tokenizer's padding order, long contexts split into
+    overlapping windows; returns the encoding and whether the context is the second sequence."""
+    questions = [q.lstrip() for q in examples["question"]]
     pad_on_right = tokenizer.padding_side == "right"
-    return (questions, contexts) if pad_on_right else (contexts, questions), pad_on_right
+    first, second = (questions, examples["context"]) if pad_on_right else (examples["context"], questions)
+    tokenized = tokenizer(first, second, truncation="only_second" if pad_on_right else "only_first",
+                          max_length=max_seq_length, stride=doc_stride, return_overflowing_tokens=True,
+                          return_offsets_mapping=True, padding="max_length")
+    return tokenized, pad_on_right
 
 
 def prepare_train_features(examples: dict[str, list], tokenizer, max_seq_length: int, doc_stride: int) -> dict:
@@ -20,11 +27,7 @@ def prepare_train_features(examples: dict[str, list], tokenizer, max_seq_length:
     A context longer than max_seq_length becomes several features that overlap by doc_stride;
     a feature that does not contain the answer points at the CLS token.
     """
-    questions = [q.lstrip() for q in examples["question"]]
-    (first, second), pad_on_right = _order(tokenizer, questions, examples["context"])
-    tokenized = tokenizer(first, second, truncation="only_second" if pad_on_right else "only_first",
-                          max_length=max_seq_length, stride=doc_stride, return_overflowing_tokens=True,
-                          return_offsets_mapping=True, padding="max_length")
+    tokenized, pad_on_right = _tokenize(examples, tokenizer, max_seq_length, doc_stride)
     sample_mapping = tokenized.pop("overflow_to_sample_mapping")
     offset_mapping = tokenized.pop("offset_mapping")
     context_index = 1 if pad_on_right else 0
@@ -64,11 +67,7 @@ def prepare_train_features(examples: dict[str, list], tokenizer, max_seq_length:
 def prepare_eval_features(examples: dict[str, list], tokenizer, max_seq_length: int, doc_stride: int) -> dict:
     """Features for evaluation: each keeps its example id and the character offsets of its
     context tokens (None elsewhere) so predictions can be mapped back to text."""
-    questions = [q.lstrip() for q in examples["question"]]
-    (first, second), pad_on_right = _order(tokenizer, questions, examples["context"])
-    tokenized = tokenizer(first, second, truncation="only_second" if pad_on_right else "only_first",
-                          max_length=max_seq_length, stride=doc_stride, return_overflowing_tokens=True,
-                          return_offsets_mapping=True, padding="max_length")
+    tokenized, pad_on_right = _tokenize(examples, tokenizer, max_seq_length, doc_stride)
     sample_mapping = tokenized.pop("overflow_to_sample_mapping")
     context_index = 1 if pad_on_right else 0
     tokenized["example_id"] = []
