@@ -166,17 +166,6 @@ def fake_imds():
 
 
 @pytest.fixture
-def aws_credentials(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_SECURITY_TOKEN": "testing", "AWS_SESSION_TOKEN": "testing",
-                       "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-
-
-@pytest.fixture
 def mocked_s3(aws_credentials):
     """moto in this process: boto3 clients made inside the test talk to it."""
     moto = pytest.importorskip("moto")
