@@ -168,7 +168,9 @@ def build_plan(*, nodes, instance_type, model, dataset, epochs, single_node_time
 def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack=""):
     """List every resource with this toolkit's tags, by cluster; with --delete remove the leaked ones.
 
-    Exit code 1 when a kind of resource could not be listed (the permission is named) or could not be removed.
+    IAM roles and instance profiles are global: one counts as leaked only when its cluster has no
+    instance in any region. Exit code 1 when a kind of resource could not be listed (the permission
+    is named), other regions could not be checked for IAM, or something could not be removed.
     """
     from node_setup import sweep as sweeping
 
@@ -177,8 +179,8 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
         region = spec.region if spec else ""
     try:
         region = aws.resolve_region(region or None)
-        ec2, s3 = aws.client("ec2", region), aws.client("s3", region)
-        listing = sweeping.collect(ec2, s3, region)
+        ec2, s3, iam = aws.client("ec2", region), aws.client("s3", region), aws.client("iam", region)
+        listing = sweeping.collect(ec2, s3, region, iam, regional_ec2=lambda other: aws.client("ec2", other))
     except aws.AwsSetupError as exc:
         raise Exit(f"sweep: {exc}", code=2) from None
     except Exception as exc:  # credentials: say what to do
@@ -188,8 +190,9 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
         raise
     print(listing.render())
     # Exit 1 at the end when a listing was refused: the sweep may have missed leaked resources.
-    incomplete = (f"sweep: the listing is incomplete (could not list: {', '.join(sorted(listing.errors))}); "
-                  "fix the permissions named above and rerun") if listing.errors else ""
+    missed = sorted(listing.errors) + (["other regions' instances (IAM)"] if listing.elsewhere_error else [])
+    incomplete = (f"sweep: the listing is incomplete (could not list: {', '.join(missed)}); "
+                  "fix the permissions named above and rerun") if missed else ""
     todo = listing.leaked(include_buckets=delete_buckets)
     if not delete:
         if todo:
@@ -208,7 +211,7 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
                        f"{' and kept' if delete_buckets else ''} in {region}? type 'yes': ")
         if answer.strip().lower() != "yes":
             raise Exit("sweep: nothing deleted", code=1)
-    outcomes = sweeping.delete(listing, ec2, s3, include_buckets=delete_buckets)
+    outcomes = sweeping.delete(listing, ec2, s3, iam, include_buckets=delete_buckets)
     print(sweeping.render_outcomes(outcomes))
     if incomplete:
         raise Exit(incomplete, code=1)

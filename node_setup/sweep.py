@@ -3,11 +3,19 @@
 Every resource the Pulumi program makes carries `xeon-cluster:managed-by=xeon-cluster` and
 `xeon-cluster:cluster=<name>` (cluster/tags.py). The sweep lists, per cluster: instances in any
 state but terminated, spot requests (tagged, or behind a tagged instance), AMIs with their
-snapshots, volumes, security groups, key pairs, placement groups and checkpoint buckets.
+snapshots, volumes, security groups, key pairs, placement groups and checkpoint buckets; with an
+IAM client also the nodes' IAM roles and instance profiles (infra/node_role.py).
 
 A cluster is *up* while its master instance is pending or running; everything of an up cluster is
 left alone. Everything of any other cluster (or with no cluster tag) is *leaked*, except the
 checkpoint buckets, which are *kept* on purpose and deleted only with `delete_buckets=True`.
+
+IAM is global and the role's tags do not say in which region its cluster runs. Roles and instance
+profiles are listed whatever their region; one whose cluster is not up in the swept region is
+*leaked* only when no instance of that cluster (in any state but terminated) exists in any other
+enabled region either (one `DescribeInstances` per region, made only when such a role or profile
+exists). A cluster with instances in another region marks its role and profile *in-use*; when
+another region cannot be checked they are *unknown* and left alone.
 
 Each kind of resource is listed by its own API call, independently: one the caller may not use
 (AccessDenied, UnauthorizedOperation, ...) is recorded in `Listing.errors` and the others are still
@@ -16,8 +24,9 @@ listed. Without the instance listing no cluster can be told up or down, so then 
 
 Deletion runs in dependency order: instances (terminated, then waited for), spot requests, AMIs,
 then their snapshots, detached volumes, placement groups, key pairs, security groups (rules that
-reference another group first), buckets. A resource that is already gone counts as removed, so
-the sweep can be rerun after a partial failure.
+reference another group first), instance profiles (their roles removed first), IAM roles (removed
+from their instance profiles, inline policies deleted, managed ones detached), buckets. A resource
+that is already gone counts as removed, so the sweep can be rerun after a partial failure.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import functools
+
+import botocore.session
 from botocore.exceptions import ClientError, WaiterError
 
 from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER
@@ -33,18 +45,21 @@ NO_CLUSTER = "(no cluster tag)"
 LIVE_INSTANCE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 OPEN_SPOT_STATES = ("open", "active", "disabled")
 DELETE_ORDER = ("instance", "spot-request", "image", "snapshot", "volume", "placement-group", "key-pair",
-                "security-group", "bucket")
+                "security-group", "instance-profile", "iam-role", "bucket")
+IAM_KINDS = ("instance-profile", "iam-role")
 GONE_CODES = {"InvalidInstanceID.NotFound", "InvalidSpotInstanceRequestID.NotFound", "InvalidAMIID.NotFound",
               "InvalidAMIID.Unavailable", "InvalidSnapshot.NotFound", "InvalidVolume.NotFound",
               "InvalidPlacementGroup.Unknown", "InvalidKeyPair.NotFound", "InvalidGroup.NotFound",
-              "NoSuchBucket", "InvalidPermission.NotFound"}
+              "NoSuchBucket", "InvalidPermission.NotFound", "NoSuchEntity"}
 UP, LEAKED, KEPT, UNKNOWN = "up", "leaked", "kept", "unknown"
+IN_USE = "in-use"  # an IAM role or profile of a cluster with instances in another region
 # Kind -> the permission its listing needs (named in the error when it is refused).
 LIST_PERMISSIONS = {"instance": "ec2:DescribeInstances", "spot-request": "ec2:DescribeSpotInstanceRequests",
                     "image": "ec2:DescribeImages", "snapshot": "ec2:DescribeSnapshots",
                     "volume": "ec2:DescribeVolumes", "security-group": "ec2:DescribeSecurityGroups",
                     "key-pair": "ec2:DescribeKeyPairs", "placement-group": "ec2:DescribePlacementGroups",
-                    "bucket": "s3:ListAllMyBuckets"}
+                    "bucket": "s3:ListAllMyBuckets", "iam-role": "iam:ListRoles and iam:ListRoleTags",
+                    "instance-profile": "iam:ListInstanceProfiles and iam:ListInstanceProfileTags"}
 # Credentials AWS rejects outright: every listing would fail the same way, so collect() raises.
 CREDENTIAL_CODES = {"InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException", "SignatureDoesNotMatch",
                     "UnrecognizedClientException", "InvalidAccessKeyId"}
@@ -65,6 +80,11 @@ class Listing:
     resources: list[Resource] = field(default_factory=list)
     up_clusters: set[str] = field(default_factory=set)
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be listed
+    iam_listed: bool = False
+    # IAM is global: cluster -> other regions where it still has instances (its role is in use there)
+    elsewhere: dict[str, set[str]] = field(default_factory=dict)
+    other_regions_checked: int = 0
+    elsewhere_error: str = ""  # why other regions could not be checked: no role or profile is leaked
 
     @property
     def clusters_known(self) -> bool:
@@ -76,6 +96,11 @@ class Listing:
             return UNKNOWN
         if resource.cluster in self.up_clusters:
             return UP
+        if resource.kind in IAM_KINDS:
+            if self.elsewhere_error:
+                return UNKNOWN
+            if resource.cluster in self.elsewhere:
+                return IN_USE
         if resource.kind == "bucket":
             return KEPT
         return LEAKED
@@ -96,6 +121,8 @@ class Listing:
         for name, items in self.by_cluster().items():
             state = ("unknown (instances could not be listed)" if not self.clusters_known
                      else "up (master running)" if name in self.up_clusters else "down")
+            if name in self.elsewhere and name not in self.up_clusters:
+                state += f"; has instances in {', '.join(sorted(self.elsewhere[name]))} (its IAM role is in use there)"
             lines.append(f"cluster {name}: {state}")
             for res in items:
                 extra = " ".join(x for x in (res.state, res.detail) if x)
@@ -104,12 +131,22 @@ class Listing:
             counts = defaultdict(int)
             for res in self.resources:
                 counts[self.status(res)] += 1
-            unknown = f", {counts[UNKNOWN]} unknown (nothing is deleted)" if counts[UNKNOWN] else ""
-            lines.append(f"{self.region}: {counts[UP]} in use, {counts[LEAKED]} leaked, {counts[KEPT]} kept "
+            unknown = f", {counts[UNKNOWN]} unknown (not deleted)" if counts[UNKNOWN] else ""
+            lines.append(f"{self.region}: {counts[UP] + counts[IN_USE]} in use, {counts[LEAKED]} leaked, "
+                         f"{counts[KEPT]} kept "
                          f"(checkpoint buckets; delete with --delete-buckets){unknown}")
         for kind, why in sorted(self.errors.items(), key=lambda item: DELETE_ORDER.index(item[0])):
             lines.append(f"could not list {kind}s: {why}")
+        if self.iam_listed:
+            lines.append(self._iam_note())
         return "\n".join(lines)
+
+    def _iam_note(self) -> str:
+        note = "IAM is global: roles and instance profiles are listed whatever region their cluster is in"
+        if self.elsewhere_error:
+            return f"{note}; {self.elsewhere_error}, so none of them counts as leaked"
+        checked = f" ({self.other_regions_checked} other regions checked)" if self.other_regions_checked else ""
+        return f"{note}; one counts as leaked only when its cluster has no instance in any region{checked}"
 
 
 def _tags(item: dict) -> dict[str, str]:
@@ -135,29 +172,43 @@ def _pages(client, operation: str, key: str, **kwargs):
         yield from getattr(client, operation)(**kwargs).get(key, [])
 
 
-def collect(ec2, s3, region: str) -> Listing:
+def collect(ec2, s3, region: str, iam=None, regional_ec2=None) -> Listing:
     """Everything with this toolkit's tags in `region` (buckets: those located in `region`).
+
+    With `iam`, also the IAM roles and instance profiles (global); `regional_ec2(region)` gives an
+    EC2 client for another region, to find clusters that still have instances there. Without it a
+    role or profile of a cluster that is not up here is *unknown*, never leaked.
 
     Each kind is listed on its own: a refused call is recorded in `Listing.errors` (with the
     permission it needs) and the other kinds are still listed. Rejected credentials raise.
     """
     listing = Listing(region)
     found = _Found()
-    for kind, lister, client in (("instance", _list_instances, ec2), ("spot-request", _list_spot_requests, ec2),
-                                 ("image", _list_images, ec2), ("snapshot", _list_snapshots, ec2),
-                                 ("volume", _list_volumes, ec2), ("security-group", _list_security_groups, ec2),
-                                 ("key-pair", _list_key_pairs, ec2), ("placement-group", _list_placement_groups, ec2),
-                                 ("bucket", _list_buckets, s3)):
+    listers = [("instance", _list_instances, ec2), ("spot-request", _list_spot_requests, ec2),
+               ("image", _list_images, ec2), ("snapshot", _list_snapshots, ec2),
+               ("volume", _list_volumes, ec2), ("security-group", _list_security_groups, ec2),
+               ("key-pair", _list_key_pairs, ec2), ("placement-group", _list_placement_groups, ec2),
+               ("bucket", _list_buckets, s3)]
+    if iam is not None:
+        listing.iam_listed = True
+        listers += [("iam-role", _list_roles, iam), ("instance-profile", _list_instance_profiles, iam)]
+    for kind, lister, client in listers:
         try:
             lister(client, listing, found)
         except ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = error.get("Code", "")
-            if code in CREDENTIAL_CODES:
-                raise
-            listing.errors[kind] = (f"{code}: {error.get('Message', '')}".rstrip(": ")
-                                    + f"; allow {LIST_PERMISSIONS[kind]} for your IAM identity and rerun")
+            _refused(listing, kind, exc)
+    if iam is not None and listing.clusters_known:
+        _find_clusters_elsewhere(ec2, listing, regional_ec2)
     return listing
+
+
+def _refused(listing: Listing, kind: str, exc: ClientError) -> None:
+    error = exc.response.get("Error", {})
+    code = error.get("Code", "")
+    if code in CREDENTIAL_CODES:
+        raise exc
+    listing.errors[kind] = (f"{code}: {error.get('Message', '')}".rstrip(": ")
+                            + f"; allow {LIST_PERMISSIONS[kind]} for your IAM identity and rerun")
 
 
 @dataclass
@@ -255,7 +306,94 @@ def _list_buckets(s3, listing: Listing, found: _Found) -> None:
             listing.resources.append(Resource("bucket", name, _cluster(tags), "", "checkpoints"))
 
 
-def delete(listing: Listing, ec2, s3, *, include_buckets: bool = False,
+def _list_roles(iam, listing: Listing, found: _Found) -> None:
+    """Roles whose tags say they are ours (ListRoles returns no tags: one ListRoleTags per role).
+
+    Every role's tags are read, whatever its name: Pulumi names the role after the cluster with a
+    random suffix, and a name is no proof of ownership either way.
+    """
+    for role in list(_pages(iam, "list_roles", "Roles")):
+        name = role["RoleName"]
+        try:
+            tags = _tags({"Tags": list(_pages(iam, "list_role_tags", "Tags", RoleName=name))})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "NoSuchEntity":
+                continue  # deleted since ListRoles
+            raise
+        if _ours(tags):
+            listing.resources.append(Resource("iam-role", name, _cluster(tags), "", _role_policies(iam, name)))
+
+
+def _role_policies(iam, name: str) -> str:
+    try:
+        inline = list(_pages(iam, "list_role_policies", "PolicyNames", RoleName=name))
+        attached = [p["PolicyName"] for p in _pages(iam, "list_attached_role_policies", "AttachedPolicies",
+                                                     RoleName=name)]
+    except ClientError:
+        return ""  # only the detail is missing; deletion lists them again
+    return "; ".join(part for part in (f"inline {','.join(inline)}" if inline else "",
+                                       f"attached {','.join(attached)}" if attached else "") if part)
+
+
+def _list_instance_profiles(iam, listing: Listing, found: _Found) -> None:
+    for profile in list(_pages(iam, "list_instance_profiles", "InstanceProfiles")):
+        name = profile["InstanceProfileName"]
+        try:
+            tags = _tags({"Tags": list(_pages(iam, "list_instance_profile_tags", "Tags", InstanceProfileName=name))})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "NoSuchEntity":
+                continue
+            raise
+        if _ours(tags):
+            roles = ",".join(r["RoleName"] for r in profile.get("Roles", []))
+            listing.resources.append(Resource("instance-profile", name, _cluster(tags), "",
+                                              f"role {roles}" if roles else "no role"))
+
+
+def _find_clusters_elsewhere(ec2, listing: Listing, regional_ec2) -> None:
+    """IAM is global: record the other regions where a cluster with a role or profile here has instances."""
+    clusters = sorted({r.cluster for r in listing.resources if r.kind in IAM_KINDS
+                       and r.cluster not in listing.up_clusters and r.cluster != NO_CLUSTER})
+    if not clusters:
+        return
+    if regional_ec2 is None:
+        listing.elsewhere_error = "other regions were not checked for their clusters' instances"
+        return
+    try:
+        regions = sorted(r["RegionName"] for r in ec2.describe_regions()["Regions"])
+    except ClientError as exc:
+        listing.elsewhere_error = (f"the account's regions could not be listed ({exc.response['Error'].get('Code')}; "
+                                   "allow ec2:DescribeRegions)")
+        return
+    partition = _partition(listing.region)
+    failed = []
+    for region in regions:
+        if region == listing.region or _partition(region) != partition:
+            continue  # a role serves instances of its own partition only (aws, aws-cn, aws-us-gov)
+        try:
+            for res in _pages(regional_ec2(region), "describe_instances", "Reservations", Filters=OURS + [
+                    {"Name": f"tag:{CLUSTER_KEY}", "Values": clusters},
+                    {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]):
+                for inst in res["Instances"]:
+                    listing.elsewhere.setdefault(_cluster(_tags(inst)), set()).add(region)
+        except ClientError as exc:
+            failed.append(f"{region} ({exc.response.get('Error', {}).get('Code', '')})")
+            continue
+        listing.other_regions_checked += 1
+    if failed:
+        listing.elsewhere_error = (f"instances could not be listed in {', '.join(failed)} "
+                                   "(allow ec2:DescribeInstances there)")
+
+
+@functools.lru_cache(maxsize=None)
+def _partition(region: str) -> str:
+    try:
+        return botocore.session.get_session().get_partition_for_region(region)
+    except Exception:  # a region botocore does not know yet: assume the usual partition
+        return "aws"
+
+
+def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False,
            waiter_delay: int = 15) -> list[tuple[Resource, str]]:
     """Remove the leaked resources in dependency order; returns (resource, outcome) per resource."""
     todo = listing.leaked(include_buckets=include_buckets)
@@ -310,9 +448,32 @@ def delete(listing: Listing, ec2, s3, *, include_buckets: bool = False,
     _revoke_cross_references(ec2, [r.id for r in groups])
     for res in groups:
         attempt(res, lambda r=res: ec2.delete_security_group(GroupId=r.id))
+    # IAM after the instances are gone: a profile first (its roles removed), then the roles
+    for res in by_kind["instance-profile"]:
+        attempt(res, lambda r=res: _delete_instance_profile(iam, r.id))
+    for res in by_kind["iam-role"]:
+        attempt(res, lambda r=res: _delete_role(iam, r.id))
     for res in by_kind["bucket"]:
         attempt(res, lambda r=res: _empty_and_delete_bucket(s3, r.id))
     return outcomes
+
+
+def _delete_instance_profile(iam, name: str) -> None:
+    profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+    for role in profile.get("Roles", []):
+        iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=role["RoleName"])
+    iam.delete_instance_profile(InstanceProfileName=name)
+
+
+def _delete_role(iam, name: str) -> None:
+    """IAM refuses to delete a role still in a profile or with policies: those go first."""
+    for profile in list(_pages(iam, "list_instance_profiles_for_role", "InstanceProfiles", RoleName=name)):
+        iam.remove_role_from_instance_profile(InstanceProfileName=profile["InstanceProfileName"], RoleName=name)
+    for policy in list(_pages(iam, "list_role_policies", "PolicyNames", RoleName=name)):
+        iam.delete_role_policy(RoleName=name, PolicyName=policy)
+    for policy in list(_pages(iam, "list_attached_role_policies", "AttachedPolicies", RoleName=name)):
+        iam.detach_role_policy(RoleName=name, PolicyArn=policy["PolicyArn"])
+    iam.delete_role(RoleName=name)
 
 
 def _revoke_cross_references(ec2, group_ids: list[str]) -> None:

@@ -3,8 +3,11 @@
 moto 5.2 has no placement groups: `FakePlacementGroups` (a test double) wraps the moto EC2 client
 and keeps placement groups in memory; every other call goes to moto. moto's create_image ignores
 TagSpecifications, so the test tags the image afterwards as the Pulumi program's tags would be.
+moto 5.2 stores instance profile tags but has no `list_instance_profile_tags`:
+`FakeInstanceProfileTags` (a test double) answers it from moto's `get_instance_profile`; every
+other IAM call (roles, role tags, policies, profiles, their deletion checks) goes to moto.
 `fab sweep` itself (the task function) runs end to end with its boto3 clients replaced by the same
-moto client and double. Refused listings come from moto's IAM enforcement: an IAM user whose
+moto clients and doubles. Refused listings come from moto's IAM enforcement: an IAM user whose
 policy denies one API.
 """
 
@@ -12,6 +15,7 @@ import json
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 pytest.importorskip("moto")
 from moto.core import set_initial_no_auth_action_count  # noqa: E402
@@ -52,11 +56,51 @@ class FakePlacementGroups:
         del self.groups[GroupName]
 
 
+class FakeInstanceProfileTags:
+    """Test double: `list_instance_profile_tags` from moto's stored tags (moto lacks the call), all else moto."""
+
+    def __init__(self, iam):
+        self._iam = iam
+
+    def __getattr__(self, name):
+        return getattr(self._iam, name)
+
+    def can_paginate(self, operation):
+        return operation != "list_instance_profile_tags" and self._iam.can_paginate(operation)
+
+    def list_instance_profile_tags(self, InstanceProfileName):
+        profile = self._iam.get_instance_profile(InstanceProfileName=InstanceProfileName)["InstanceProfile"]
+        return {"Tags": profile.get("Tags", []), "IsTruncated": False}
+
+
+OTHER_REGION = "eu-west-1"
+
+
+def checkpoint_policy(bucket):
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}"},
+        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"arn:aws:s3:::{bucket}/*"}]})
+
+
+def make_node_role(iam, name, bucket):
+    """What infra/node_role.py makes: a tagged role, its inline policy, a tagged profile holding the role."""
+    base = cluster_tags(name, "dev")
+    role = f"{name}-node-1a2b3c4"  # Pulumi's auto-name
+    iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                                "Action": "sts:AssumeRole"}]}), Tags=_spec({**base, "Name": role}))
+    iam.put_role_policy(RoleName=role, PolicyName=f"{name}-node-checkpoints-5d6e7f8",
+                        PolicyDocument=checkpoint_policy(bucket))
+    iam.create_instance_profile(InstanceProfileName=f"{name}-node-9a8b7c6", Tags=_spec({**base, "Name": role}))
+    iam.add_role_to_instance_profile(InstanceProfileName=f"{name}-node-9a8b7c6", RoleName=role)
+    return {"role": role, "profile": f"{name}-node-9a8b7c6", "policy": f"{name}-node-checkpoints-5d6e7f8"}
+
+
 def _spec(tags):
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
-def make_cluster(ec2, s3, name, *, alive):
+def make_cluster(ec2, s3, name, *, alive, iam=None):
     base = cluster_tags(name, "dev")
     made = {}
     cluster_sg = ec2.create_security_group(GroupName=f"{name}-cluster", Description="cluster", TagSpecifications=[
@@ -86,6 +130,8 @@ def make_cluster(ec2, s3, name, *, alive):
     s3.create_bucket(Bucket=f"{name}-checkpoints-1a2b")
     s3.put_bucket_tagging(Bucket=f"{name}-checkpoints-1a2b", Tagging={"TagSet": _spec(base)})
     s3.put_object(Bucket=f"{name}-checkpoints-1a2b", Key="step-100/model.safetensors", Body=b"weights")
+    if iam is not None:
+        made.update(make_node_role(iam, name, f"{name}-checkpoints-1a2b"))
     if not alive:
         # a spot request left open after its cluster went (tagged as the program tags its requests)
         made["spot"] = ec2.request_spot_instances(
@@ -100,13 +146,36 @@ def make_cluster(ec2, s3, name, *, alive):
 def account(mocked_aws):
     ec2 = FakePlacementGroups(boto3.client("ec2", region_name=mocked_aws))
     s3 = boto3.client("s3", region_name=mocked_aws)
-    alive = make_cluster(ec2, s3, "alive", alive=True)
-    gone = make_cluster(ec2, s3, "gone", alive=False)
+    iam = FakeInstanceProfileTags(boto3.client("iam", region_name=mocked_aws))
+    alive = make_cluster(ec2, s3, "alive", alive=True, iam=iam)
+    gone = make_cluster(ec2, s3, "gone", alive=False, iam=iam)
+    # the gone role also has a managed policy attached (detached on delete; the policy itself stays)
+    managed = iam.create_policy(PolicyName="shared-readonly", PolicyDocument=checkpoint_policy("shared"))
+    iam.attach_role_policy(RoleName=gone["role"], PolicyArn=managed["Policy"]["Arn"])
+    gone["managed"] = managed["Policy"]["Arn"]
+    # a cluster that runs in another region: IAM is global, its role and profile are in use there
+    remote_ec2 = boto3.client("ec2", region_name=OTHER_REGION)
+    remote = make_node_role(iam, "remote", "remote-checkpoints-1a2b")
+    remote_ec2.run_instances(ImageId=IMAGE, InstanceType="c6i.16xlarge",
+                             MinCount=1, MaxCount=1, TagSpecifications=[{"ResourceType": "instance", "Tags": _spec(
+                                 node_tags(cluster_tags("remote", "dev"), ROLE_MASTER, 0, "remote-master"))}])
+    # named like ours, but untagged: not ours (tags decide, never the name)
+    iam.create_role(RoleName="gone-node-7777777", AssumeRolePolicyDocument="{}")
     stray = ec2.create_security_group(GroupName="stray", Description="leaked, no cluster tag", TagSpecifications=[
         {"ResourceType": "security-group", "Tags": _spec({"xeon-cluster:managed-by": "xeon-cluster"})}])["GroupId"]
     bystander = ec2.create_security_group(GroupName="not-ours", Description="someone else's")["GroupId"]
     s3.create_bucket(Bucket="someone-elses-bucket")
-    return dict(ec2=ec2, s3=s3, region=mocked_aws, alive=alive, gone=gone, stray=stray, bystander=bystander)
+    return dict(ec2=ec2, s3=s3, iam=iam, region=mocked_aws, alive=alive, gone=gone, remote=remote, stray=stray,
+                bystander=bystander)
+
+
+def regional_ec2(region):
+    return boto3.client("ec2", region_name=region)
+
+
+def collect_all(account):
+    """The sweep as `fab sweep` runs it: EC2, S3, IAM, and other regions checked for IAM's sake."""
+    return sweep.collect(account["ec2"], account["s3"], account["region"], account["iam"], regional_ec2=regional_ec2)
 
 
 def _status(listing):
@@ -188,6 +257,82 @@ def test_a_stopped_master_means_the_cluster_is_down(account):
     assert {r.state for r in instances} == {"stopped"} and {listing.status(r) for r in instances} == {sweep.LEAKED}
 
 
+# ------------------------------------------------------------------ IAM roles and instance profiles (global)
+
+
+def test_iam_roles_and_profiles_are_ours_by_their_tags_and_grouped_by_cluster(account):
+    listing = collect_all(account)
+    iam = {k: v for k, v in _status(listing).items() if k[1] in sweep.IAM_KINDS}
+    gone, alive, remote = account["gone"], account["alive"], account["remote"]
+    assert iam == {
+        ("gone", "iam-role", gone["role"]): sweep.LEAKED, ("gone", "instance-profile", gone["profile"]): sweep.LEAKED,
+        ("alive", "iam-role", alive["role"]): sweep.UP, ("alive", "instance-profile", alive["profile"]): sweep.UP,
+        ("remote", "iam-role", remote["role"]): sweep.IN_USE,
+        ("remote", "instance-profile", remote["profile"]): sweep.IN_USE}
+    assert listing.elsewhere == {"remote": {OTHER_REGION}} and not listing.elsewhere_error
+    assert listing.other_regions_checked > 10  # every enabled region but the swept one
+    role = next(r for r in listing.resources if r.id == gone["role"])
+    assert gone["policy"] in role.detail and "shared-readonly" in role.detail
+    text = listing.render()
+    assert f"cluster remote: down; has instances in {OTHER_REGION} (its IAM role is in use there)" in text
+    assert "IAM is global" in text and "no instance in any region" in text
+
+
+def test_delete_removes_a_leaked_clusters_role_profile_and_policies_and_keeps_the_others(account):
+    ec2, s3, iam, region = account["ec2"], account["s3"], account["iam"], account["region"]
+    gone = account["gone"]
+    outcomes = sweep.delete(collect_all(account), ec2, s3, iam, waiter_delay=1)
+    done = [(r.kind, r.id, o) for r, o in outcomes]
+    assert ("instance-profile", gone["profile"], "removed") in done and ("iam-role", gone["role"], "removed") in done
+    assert not [o for _, _, o in done if o.startswith("FAILED")]
+    # the profile (its role removed first) goes before the role (its policies first), both after the EC2 kinds
+    kinds = [k for k, _, _ in done]
+    assert kinds.index("security-group") < kinds.index("instance-profile") < kinds.index("iam-role")
+    for call, kwargs in ((iam.get_role, {"RoleName": gone["role"]}),
+                         (iam.get_instance_profile, {"InstanceProfileName": gone["profile"]}),
+                         (iam.get_role_policy, {"RoleName": gone["role"], "PolicyName": gone["policy"]})):
+        with pytest.raises(iam.exceptions.NoSuchEntityException):
+            call(**kwargs)
+    assert iam.get_policy(PolicyArn=gone["managed"])["Policy"]["AttachmentCount"] == 0  # detached, not deleted
+    for kept in (account["alive"], account["remote"]):  # up here, and up in another region
+        assert iam.get_role_policy(RoleName=kept["role"], PolicyName=kept["policy"])["PolicyDocument"]
+        roles = iam.get_instance_profile(InstanceProfileName=kept["profile"])["InstanceProfile"]["Roles"]
+        assert [r["RoleName"] for r in roles] == [kept["role"]]
+    iam.get_role(RoleName="gone-node-7777777")  # named like ours, not tagged: untouched
+
+    after = collect_all(account)
+    assert not [r for r in after.resources if after.status(r) == sweep.LEAKED]
+    assert sweep.delete(after, ec2, s3, iam, waiter_delay=1) == []
+
+
+def test_without_other_regions_no_role_or_profile_counts_as_leaked(account):
+    listing = sweep.collect(account["ec2"], account["s3"], account["region"], account["iam"])
+    iam = {r.id: listing.status(r) for r in listing.resources if r.kind in sweep.IAM_KINDS}
+    assert iam[account["gone"]["role"]] == iam[account["remote"]["role"]] == sweep.UNKNOWN
+    assert iam[account["alive"]["role"]] == sweep.UP  # up here: known without other regions
+    assert not {r.kind for r in listing.leaked()} & set(sweep.IAM_KINDS)
+    assert "none of them counts as leaked" in listing.render()
+
+
+class RefusedRegion:
+    """Test double: an EC2 client of a region the caller may not use (an SCP denying the region)."""
+
+    def can_paginate(self, operation):
+        return False
+
+    def describe_instances(self, **kwargs):
+        raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "denied"}}, "DescribeInstances")
+
+
+def test_a_region_that_cannot_be_checked_leaves_roles_and_profiles_alone(account):
+    listing = sweep.collect(account["ec2"], account["s3"], account["region"], account["iam"],
+                            regional_ec2=lambda r: RefusedRegion() if r == "ap-south-1" else regional_ec2(r))
+    assert "ap-south-1 (UnauthorizedOperation)" in listing.elsewhere_error
+    gone_iam = [r for r in listing.resources if r.cluster == "gone" and r.kind in sweep.IAM_KINDS]
+    assert len(gone_iam) == 2 and {listing.status(r) for r in gone_iam} == {sweep.UNKNOWN}
+    assert ("security-group", "gone") in {(r.kind, r.cluster) for r in listing.leaked()}  # the rest still leaked
+
+
 # ------------------------------------------------------------------ a listing API that is refused
 
 
@@ -209,12 +354,13 @@ def _as_restricted_user(account, deny, action):
     session = _restricted_session(account["region"], deny)
     ec2 = FakePlacementGroups(session.client("ec2", region_name=account["region"]))
     ec2.groups = account["ec2"].groups  # the same (in-memory) placement groups
-    return action(ec2, session.client("s3", region_name=account["region"]))
+    iam = FakeInstanceProfileTags(session.client("iam"))
+    return action(ec2, session.client("s3", region_name=account["region"]), iam, session)
 
 
 def test_a_refused_listing_is_reported_and_the_other_kinds_are_still_listed(account):
     listing = _as_restricted_user(account, ["ec2:DescribeSecurityGroups"],
-                                  lambda ec2, s3: sweep.collect(ec2, s3, account["region"]))
+                                  lambda ec2, s3, *_: sweep.collect(ec2, s3, account["region"]))
     assert set(listing.errors) == {"security-group"}
     assert "ec2:DescribeSecurityGroups" in listing.errors["security-group"]
     assert "not authorized" in listing.errors["security-group"]  # AWS's own message is kept
@@ -228,23 +374,39 @@ def test_a_refused_listing_is_reported_and_the_other_kinds_are_still_listed(acco
 
 def test_without_the_instance_listing_nothing_counts_as_leaked(account):
     listing = _as_restricted_user(account, ["ec2:DescribeInstances"],
-                                  lambda ec2, s3: sweep.collect(ec2, s3, account["region"]))
+                                  lambda ec2, s3, *_: sweep.collect(ec2, s3, account["region"]))
     assert set(listing.errors) == {"instance"} and not listing.clusters_known
     assert listing.resources and {listing.status(r) for r in listing.resources} == {sweep.UNKNOWN}
     assert listing.leaked(include_buckets=True) == []
     assert "cluster alive: unknown (instances could not be listed)" in listing.render()
 
 
+def test_a_refused_iam_listing_is_reported_and_the_rest_still_listed(account):
+    listing = _as_restricted_user(account, ["iam:ListRoleTags"], lambda ec2, s3, iam, session: sweep.collect(
+        ec2, s3, account["region"], iam, regional_ec2=lambda r: session.client("ec2", region_name=r)))
+    assert set(listing.errors) == {"iam-role"} and "iam:ListRoleTags" in listing.errors["iam-role"]
+    kinds = {(r.cluster, r.kind) for r in listing.leaked()}
+    assert ("gone", "instance-profile") in kinds and ("gone", "security-group") in kinds
+    assert not any(kind == "iam-role" for _, kind in kinds)
+    assert "could not list iam-roles: " in listing.render()
+
+
 # ------------------------------------------------------------------ `fab sweep`, the task, end to end
 
 
-def run_sweep_task(monkeypatch, ec2, s3, **options):
-    """The `fab sweep` task function with its boto3 clients replaced by these (moto + FakePlacementGroups)."""
+def run_sweep_task(monkeypatch, ec2, s3, iam, session=boto3, **options):
+    """The `fab sweep` task function with its boto3 clients replaced by these (moto + the test doubles);
+    other regions' EC2 clients come from `session` (moto)."""
     from invoke import Context
 
     from node_setup import aws, cost_tasks
 
-    monkeypatch.setattr(aws, "client", lambda service, region=None: {"ec2": ec2, "s3": s3}[service])
+    def client(service, region=None):
+        if service == "ec2" and region != options["region"]:
+            return session.client("ec2", region_name=region)
+        return {"ec2": ec2, "s3": s3, "iam": iam}[service]
+
+    monkeypatch.setattr(aws, "client", client)
     return cost_tasks.sweep(Context(), **options)
 
 
@@ -267,9 +429,9 @@ def printed_outcomes(text):
 
 
 def test_fab_sweep_lists_deletes_and_a_rerun_finds_nothing(account, monkeypatch, capsys):
-    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    ec2, s3, iam, region = account["ec2"], account["s3"], account["iam"], account["region"]
     alive, gone = account["alive"], account["gone"]
-    run_sweep_task(monkeypatch, ec2, s3, region=region)
+    run_sweep_task(monkeypatch, ec2, s3, iam, region=region)
     listed = capsys.readouterr().out
     rows = printed_listing(listed)
     up = "alive: up (master running)"
@@ -281,23 +443,32 @@ def test_fab_sweep_lists_deletes_and_a_rerun_finds_nothing(account, monkeypatch,
             (down, "leaked", "image", gone["image"]), (down, "leaked", "spot-request", gone["spot"]),
             (down, "kept", "bucket", "gone-checkpoints-1a2b")} <= rows
     assert {(down, "leaked", "security-group", g) for g in gone["groups"]} <= rows
+    assert {(down, "leaked", "iam-role", gone["role"]), (down, "leaked", "instance-profile", gone["profile"]),
+            (up, "up", "iam-role", alive["role"]), (up, "up", "instance-profile", alive["profile"])} <= rows
+    remote = f"remote: down; has instances in {OTHER_REGION} (its IAM role is in use there)"
+    assert {(remote, "in-use", "iam-role", account["remote"]["role"]),
+            (remote, "in-use", "instance-profile", account["remote"]["profile"])} == {
+        r for r in rows if r[0].startswith("remote")}
+    assert not any(r[3] == "gone-node-7777777" for r in rows)
+    assert "IAM is global" in listed
     assert (f"{sweep.NO_CLUSTER}: down", "leaked", "security-group", account["stray"]) in rows
     assert not any(r[2] == account["bystander"] or r[2] == "someone-elses-bucket" for r in rows)
     assert "run `fab sweep --delete`" in listed
 
-    run_sweep_task(monkeypatch, ec2, s3, region=region, delete=True, yes=True)
+    run_sweep_task(monkeypatch, ec2, s3, iam, region=region, delete=True, yes=True)
     removed = capsys.readouterr().out
     leaked_before = {(kind, ident) for _, status, kind, ident in rows if status == "leaked"}
     assert printed_outcomes(removed) == {("removed", kind, ident) for kind, ident in leaked_before}
-    assert "removed 9, left 0" in removed
+    assert "removed 11, left 0" in removed  # 9 EC2 resources, the role and the profile
+    assert iam.list_instance_profiles_for_role(RoleName=alive["role"])["InstanceProfiles"]  # alive: untouched
 
-    run_sweep_task(monkeypatch, ec2, s3, region=region, delete=True, yes=True)
+    run_sweep_task(monkeypatch, ec2, s3, iam, region=region, delete=True, yes=True)
     rerun = capsys.readouterr().out
     assert "nothing leaked: nothing to remove" in rerun
     after = printed_listing(rerun)
     assert not any(status == "leaked" for _, status, _, _ in after)
-    # the running cluster and the kept bucket are listed exactly as before
-    assert after == {r for r in rows if r[0] == up or r[1] == "kept"}
+    # the running clusters (here and in another region) and the kept bucket are listed exactly as before
+    assert after == {r for r in rows if r[0] in (up, remote) or r[1] == "kept"}
     running = ec2.describe_instances(InstanceIds=sorted(alive["instances"]))["Reservations"]
     assert {i["State"]["Name"] for r in running for i in r["Instances"]} == {"running"}
     assert "alive-pg" in ec2.groups and ec2.describe_images(ImageIds=[alive["image"]])["Images"]
@@ -306,9 +477,9 @@ def test_fab_sweep_lists_deletes_and_a_rerun_finds_nothing(account, monkeypatch,
 def test_fab_sweep_exits_non_zero_when_a_listing_is_refused(account, monkeypatch, capsys):
     from invoke.exceptions import Exit
 
-    def sweep_task(ec2, s3):
+    def sweep_task(ec2, s3, iam, session):
         with pytest.raises(Exit) as stopped:
-            run_sweep_task(monkeypatch, ec2, s3, region=account["region"], delete=True, yes=True)
+            run_sweep_task(monkeypatch, ec2, s3, iam, session, region=account["region"], delete=True, yes=True)
         return stopped.value
 
     stopped = _as_restricted_user(account, ["ec2:DescribeKeyPairs"], sweep_task)
