@@ -1,4 +1,4 @@
-"""The job every MPI rank runs: `python -m training [arguments]` (see docs/training.md).
+"""The job every MPI rank runs: `python -m training [arguments]` (see README.md, "The training job").
 
 Order of events: ranks from the launcher's environment -> the job's own arguments -> process
 group (ccl or gloo) -> every argument (TrainingArguments) -> tokenizer, data, model (all ranks

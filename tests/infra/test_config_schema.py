@@ -70,10 +70,10 @@ def test_example_stack_file_is_a_valid_config(harness):
 
 
 def test_docs_table_lists_every_key_with_its_default():
-    docs = (ROOT / "docs" / "infra.md").read_text()
+    docs = (ROOT / "README.md").read_text()
     for key, decl in SCHEMA.items():
         row = re.search(rf"^\| `{key}` \|([^\n]*)$", docs, re.MULTILINE)
-        assert row, f"docs/infra.md has no table row for {key}"
+        assert row, f"README.md has no table row for {key}"
         if "default" in decl:
             default = decl["default"]
             shown = ("`[]`" if default == [] else "`\"\"`" if default == "" else
