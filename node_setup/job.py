@@ -23,7 +23,7 @@ import secrets
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence, TextIO
 
 from cluster import catalog
@@ -463,11 +463,3 @@ def outcome_table(outcomes: Iterable[NodeOutcome]) -> str:
             lines += [f"  {'':<{width}}          {d}" for d in detail[-4:-1]]
     return "\n".join(lines)
 
-
-@dataclass
-class JobResult:
-    job_id: str
-    state: str  # exited / stopped / lost
-    exit_code: int | None
-    failures: list[str] = field(default_factory=list)
-    summary: dict | None = None
