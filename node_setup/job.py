@@ -414,15 +414,6 @@ def follow(master, job_id: str, rank_hosts: Sequence[str], out: TextIO = sys.std
         sink.flush()
 
 
-def log_text(master, job_id: str) -> str:
-    out = io.BytesIO()
-    try:
-        master.get(f"{job_dir(job_id)}/log", local=out)
-    except (OSError, IOError):
-        return ""
-    return out.getvalue().decode(errors="replace")
-
-
 def read_remote_file(conn, path: str) -> str | None:
     out = io.BytesIO()
     try:
@@ -430,6 +421,10 @@ def read_remote_file(conn, path: str) -> str | None:
     except (OSError, IOError):
         return None
     return out.getvalue().decode(errors="replace")
+
+
+def log_text(master, job_id: str) -> str:
+    return read_remote_file(master, f"{job_dir(job_id)}/log") or ""
 
 
 def rank_states(conns: Mapping[str, object], job_id: str) -> dict[str, NodeOutcome]:
