@@ -82,7 +82,7 @@ def test_bad_job_arguments_name_the_setting(argv, message):
 class FakeTrainingArguments:
     def __init__(self, accumulation=1):
         self.gradient_accumulation_steps = accumulation
-        self.per_device_train_batch_size = 32
+        self.per_device_train_batch_size = 8  # not the 32 the tests expect, so a no-op would fail
 
 
 def test_global_batch_sets_the_per_rank_batch():
