@@ -177,18 +177,24 @@ def _remote_sizes(client, bucket: str, prefix: str) -> dict[str, int]:
     return sizes
 
 
-def newest_s3(client, uri: str) -> Found | None:
-    """The highest-step checkpoint under `uri` whose manifest exists and whose files all match it."""
-    bucket, prefix = parse_s3_uri(uri)
-    candidates = []
+def _s3_checkpoints(client, bucket: str, prefix: str) -> list[tuple[int, str]]:
+    """(N, name) of every checkpoint-N "directory" directly under `prefix`, complete or not."""
     list_prefix = prefix + "/" if prefix else ""
+    found = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=list_prefix, Delimiter="/"):
         for common in page.get("CommonPrefixes", []):
             name = common["Prefix"][len(list_prefix):].rstrip("/")
             step = step_of(name)
             if step is not None:
-                candidates.append((step, _key(prefix, name)))
-    for step, checkpoint_prefix in sorted(candidates, reverse=True):
+                found.append((step, name))
+    return found
+
+
+def newest_s3(client, uri: str) -> Found | None:
+    """The highest-step checkpoint under `uri` whose manifest exists and whose files all match it."""
+    bucket, prefix = parse_s3_uri(uri)
+    for step, name in sorted(_s3_checkpoints(client, bucket, prefix), reverse=True):
+        checkpoint_prefix = _key(prefix, name)
         manifest = _remote_manifest(client, bucket, checkpoint_prefix)
         if manifest is None:
             log.warning("ignoring s3://%s/%s: upload never finished (no %s)", bucket, checkpoint_prefix, MANIFEST)
@@ -208,13 +214,7 @@ def prune_s3(client, uri: str, keep: int) -> list[int]:
     if keep < 1:
         return []
     bucket, prefix = parse_s3_uri(uri)
-    list_prefix = prefix + "/" if prefix else ""
-    steps = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=list_prefix, Delimiter="/"):
-        for common in page.get("CommonPrefixes", []):
-            step = step_of(common["Prefix"][len(list_prefix):].rstrip("/"))
-            if step is not None:
-                steps.append(step)
+    steps = [step for step, _ in _s3_checkpoints(client, bucket, prefix)]
     complete = [s for s in sorted(steps, reverse=True)
                 if _remote_manifest(client, bucket, _key(prefix, f"checkpoint-{s}")) is not None]
     if len(complete) <= keep:
