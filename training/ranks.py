@@ -31,10 +31,6 @@ class RankInfo:
     launcher: str = "none"
 
     @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
     def distributed(self) -> bool:
         return self.world_size > 1
 

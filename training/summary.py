@@ -27,9 +27,8 @@ def step_time_stats(step_seconds: Sequence[float]) -> dict:
     }
 
 
-def throughput(steps: int, global_batch: int, seconds: float, tokens_per_sample: float,
-               world_size: int, total_samples: int | None = None) -> dict:
-    samples = steps * global_batch if total_samples is None else min(total_samples, steps * global_batch)
+def throughput(steps: int, global_batch: int, seconds: float, tokens_per_sample: float, world_size: int) -> dict:
+    samples = steps * global_batch
     rate = samples / seconds if seconds > 0 else 0.0
     return {
         "samples": samples,
