@@ -18,7 +18,6 @@ reinstalls it on the next setup, and nothing else.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import io
 import os
@@ -218,11 +217,11 @@ def _tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> str:
 
 
 class _LineSink(io.TextIOBase):
-    """Where the remote output goes: `::xc::` progress/step lines to `progress`, the rest to a tail."""
+    """Where the remote output goes: `::xc::` progress/step lines to `progress`; the rest is dropped
+    here (invoke still captures all of it in result.stdout/stderr, which the failure report reads)."""
 
     def __init__(self, progress: Progress | None):
         self.progress = progress
-        self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._partial = ""
 
     def write(self, text: str) -> int:
@@ -235,8 +234,6 @@ class _LineSink(io.TextIOBase):
     def _line(self, line: str) -> None:
         events = parse_events(line)
         if not events:
-            if line.strip():
-                self.tail.append(line)
             return
         event = events[0]
         if self.progress and event.kind in ("progress", "step"):
