@@ -25,7 +25,7 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from cluster.catalog import InstanceType
 from cluster.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, Profile, venv_dir
