@@ -178,18 +178,18 @@ if ! flock -n 9; then
   xc progress venv "another setup holds $NODE_ROOT/.setup-$PROFILE.lock (a node sharing /opt); waiting up to ${VENV_LOCK_TIMEOUT}s"
   flock -w "$VENV_LOCK_TIMEOUT" 9 || { xc step venv failed "timed out waiting for the venv lock"; exit 23; }
 fi
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.xeon-cluster-profile" 2>/dev/null)" = "$DIGEST" ]; then
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/__PROFILE_MARKER__" 2>/dev/null)" = "$DIGEST" ]; then
   xc step venv unchanged "$VENV already has profile $PROFILE ($DIGEST)"
 else
   if [ ! -x "$VENV/bin/python" ]; then
     xc progress venv "creating $VENV from $OS_PYTHON"
     "$OS_PYTHON" -m venv "$VENV" || { xc step venv failed "$OS_PYTHON -m venv $VENV failed (is python3-venv installed?)"; exit 24; }
   fi
-  rm -f "$VENV/.xeon-cluster-profile" "$VENV/.xeon-cluster-project"
+  rm -f "$VENV/__PROFILE_MARKER__" "$VENV/__PROJECT_MARKER__"
   xc progress venv "pip install (profile $PROFILE): __PINS__"
   "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q __PIP_SOURCE__ __PINS__ \
     || { xc step venv failed "pip install of the profile's pins failed"; exit 25; }
-  echo "$DIGEST" > "$VENV/.xeon-cluster-profile.tmp" && mv "$VENV/.xeon-cluster-profile.tmp" "$VENV/.xeon-cluster-profile"
+  echo "$DIGEST" > "$VENV/__PROFILE_MARKER__.tmp" && mv "$VENV/__PROFILE_MARKER__.tmp" "$VENV/__PROFILE_MARKER__"
   xc step venv changed "$VENV has profile $PROFILE ($DIGEST)"
   CHANGED=1
 fi
@@ -197,19 +197,20 @@ fi
 # ---- 3. this project, at the controller's exact version
 if [ -z "$PROJECT_WHEEL" ]; then
   xc step project skipped "no project wheel given"
-elif [ "$(cat "$VENV/.xeon-cluster-project" 2>/dev/null)" = "$PROJECT_VERSION" ]; then
+elif [ "$(cat "$VENV/__PROJECT_MARKER__" 2>/dev/null)" = "$PROJECT_VERSION" ]; then
   xc step project unchanged "xeon-cluster $PROJECT_VERSION already installed"
 else
   "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps --force-reinstall "$PROJECT_WHEEL" \
     || { xc step project failed "pip install $PROJECT_WHEEL failed"; exit 30; }
-  echo "$PROJECT_VERSION" > "$VENV/.xeon-cluster-project.tmp" && mv "$VENV/.xeon-cluster-project.tmp" "$VENV/.xeon-cluster-project"
+  echo "$PROJECT_VERSION" > "$VENV/__PROJECT_MARKER__.tmp" && mv "$VENV/__PROJECT_MARKER__.tmp" "$VENV/__PROJECT_MARKER__"
   xc step project changed "xeon-cluster $PROJECT_VERSION installed"
   CHANGED=1
 fi
 flock -u 9
 xc done "$CHANGED"
 """
-    body = body.replace("__PINS__", pins).replace("__PIP_SOURCE__", pip_source)
+    body = (body.replace("__PINS__", pins).replace("__PIP_SOURCE__", pip_source)
+            .replace("__PROFILE_MARKER__", PROFILE_MARKER).replace("__PROJECT_MARKER__", PROJECT_MARKER))
     return head + "\n" + _COMMON + _APT + body
 
 
