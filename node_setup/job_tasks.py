@@ -308,11 +308,14 @@ def _upload(conns, uploads: dict[str, str]):
     """Copy the user's local data files to every node, in parallel."""
     from concurrent.futures import ThreadPoolExecutor
 
+    folders = sorted({os.path.dirname(remote) for remote in uploads.values()})
+    mkdir = "mkdir -p " + " ".join(shlex.quote(f) for f in folders)
+
     def one(item):
         name, conn = item
         try:
+            conn.run(mkdir, hide=True, in_stream=False)  # one round trip per node, not one per file
             for local, remote in uploads.items():
-                conn.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))}", hide=True, in_stream=False)
                 conn.put(local, remote=remote)
         except Exception as exc:
             return jobs.NodeOutcome(name, False, jobs.explain_failure(exc, conn))
