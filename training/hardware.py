@@ -19,23 +19,24 @@ def _read(path: str) -> str:
         return ""
 
 
-def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """The flags of the first processor in /proc/cpuinfo (all cores of a node share them)."""
+def _first_cpuinfo_value(name: str, cpuinfo: str | None) -> str | None:
+    """The value of the first `name : value` line of /proc/cpuinfo (or the text given), or None."""
     text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() == name:
+            return value
+    return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The flags of the first processor in /proc/cpuinfo (all cores of a node share them)."""
+    return frozenset((_first_cpuinfo_value("flags", cpuinfo) or "").split())
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
-    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return "unknown"
+    value = _first_cpuinfo_value("model name", cpuinfo)
+    return "unknown" if value is None else value.strip()
 
 
 def bf16_support(flags: frozenset[str]) -> tuple[bool, str]:
