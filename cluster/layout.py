@@ -130,15 +130,13 @@ class Layout:
 
 def _ranges(cores: tuple[int, ...]) -> str:
     """0,1,2,3,8 -> '0-3,8'."""
-    out: list[str] = []
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive cores
     for core in sorted(cores):
-        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == core - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{core}"
-        elif out and "-" not in out[-1] and int(out[-1]) == core - 1:
-            out[-1] = f"{out[-1]}-{core}"
+        if runs and runs[-1][1] == core - 1:
+            runs[-1][1] = core
         else:
-            out.append(str(core))
-    return ",".join(out)
+            runs.append([core, core])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def _domains(machine: InstanceType, ranks: int) -> list[tuple[int, ...]]:
