@@ -117,8 +117,7 @@ class LaunchPlan:
 
     def command_line(self) -> str:
         """argv as one shell-quoted line (the wrapper shown as `<rank-wrapper>` for reading)."""
-        shown = ["<rank-wrapper>" if a == RANK_WRAPPER else a for a in self.argv]
-        return " ".join(shlex.quote(a) if a != "<rank-wrapper>" else a for a in shown)
+        return " ".join("<rank-wrapper>" if a == RANK_WRAPPER else shlex.quote(a) for a in self.argv)
 
     def script(self) -> str:
         """The job script the master runs detached: log, pid and exit code in the job directory.
