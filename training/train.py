@@ -74,6 +74,11 @@ def _weights_sha256(model) -> str:
     return digest.hexdigest()
 
 
+def _features(dataset, tokenize, kwargs: dict):
+    """`dataset` tokenised in batches by `tokenize(batch, **kwargs)`, keeping only its output columns."""
+    return dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, fn_kwargs=kwargs)
+
+
 class Job:
     """One rank's run. `run()` returns an exit code; `close()` always runs afterwards."""
 
@@ -150,13 +155,10 @@ class Job:
             if eval_raw is not None and "id" not in eval_raw.column_names:
                 eval_raw = eval_raw.add_column("id", [f"eval-{i}" for i in range(len(eval_raw))])
                 prepared["eval_raw"] = eval_raw
-            prepared["train_features"] = train_raw.map(
-                qa.prepare_train_features, batched=True, remove_columns=train_raw.column_names,
-                fn_kwargs={"tokenizer": tokenizer, "max_seq_length": length, "doc_stride": stride})
+            kwargs = {"tokenizer": tokenizer, "max_seq_length": length, "doc_stride": stride}
+            prepared["train_features"] = _features(train_raw, qa.prepare_train_features, kwargs)
             if eval_raw is not None:
-                prepared["eval_features"] = eval_raw.map(
-                    qa.prepare_eval_features, batched=True, remove_columns=eval_raw.column_names,
-                    fn_kwargs={"tokenizer": tokenizer, "max_seq_length": length, "doc_stride": stride})
+                prepared["eval_features"] = _features(eval_raw, qa.prepare_eval_features, kwargs)
             set_seed(training_args.seed)  # the freshly initialised QA head is the same on every rank
             prepared["model"] = modeling.load_model(model_args, task)
         else:
@@ -164,11 +166,9 @@ class Job:
             label_ids = {label: i for i, label in enumerate(labels)}
             kwargs = {"tokenizer": tokenizer, "columns": columns, "label_column": data_args.label_column,
                       "label_ids": label_ids, "max_seq_length": length}
-            prepared["train_features"] = train_raw.map(classification.tokenize_pairs, batched=True,
-                                                       remove_columns=train_raw.column_names, fn_kwargs=kwargs)
+            prepared["train_features"] = _features(train_raw, classification.tokenize_pairs, kwargs)
             if eval_raw is not None:
-                prepared["eval_features"] = eval_raw.map(classification.tokenize_pairs, batched=True,
-                                                         remove_columns=eval_raw.column_names, fn_kwargs=kwargs)
+                prepared["eval_features"] = _features(eval_raw, classification.tokenize_pairs, kwargs)
             set_seed(training_args.seed)
             prepared["model"] = modeling.load_model(model_args, task, num_labels=len(labels), label_names=labels)
         sample = prepared["train_features"].select(range(min(10000, len(prepared["train_features"]))))
