@@ -320,12 +320,12 @@ class Job:
         if self.watcher is not None:
             self.watcher.stop()
 
-        final = {"path": None, "uri": None}
+        final_model = None
         eval_metrics = None
         if not interrupted:
             trainer.save_model(training_args.output_dir)
             if self.info.rank == 0:
-                final["path"] = training_args.output_dir
+                final_model = training_args.output_dir
             eval_metrics = self._evaluate(trainer, parsed, prepared)
         digests = distributed.gather(_weights_sha256(trainer.model))
         hosts = distributed.hosts()
@@ -373,7 +373,7 @@ class Job:
                 "interruption": ({"step": spot.interrupted_at, "seen_by_rank": spot.notice_rank}
                                  if interrupted else None),
                 "checkpoints": spot.saved,
-                "final_model": final["path"],
+                "final_model": final_model,
                 "weights_sha256_per_rank": digests,
                 "settings": {
                     **self.settings,
