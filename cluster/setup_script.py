@@ -255,7 +255,6 @@ def prebake_script(root: str = "", restore_host_keys_after_s: int | None = 300) 
     made from the image get new host keys from cloud-init (ssh_deletekeys) on first boot.
     """
     r = _q(root) if root else '""'
-    restore = ""
     if restore_host_keys_after_s is not None:
         restore = (
             f'  nohup setsid sh -c "sleep {int(restore_host_keys_after_s)}; '

@@ -420,7 +420,6 @@ def check_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
     profile = profile or get_profile(inventory.profile)
     own = conns is None
     conns = conns or connections.connections_for(inventory, connect_timeout=connect_timeout)
-    instance = None
     try:
         instance = inventory.machine() if inventory.instance_type else None
     except ValueError:
