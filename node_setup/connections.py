@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterable
 
 import paramiko
-from fabric import Config, Connection, ThreadingGroup
+from fabric import Config, Connection
 
 from cluster.inventory import Inventory, Node
 from node_setup import keys
@@ -168,11 +168,6 @@ def connections_for(inventory: Inventory, nodes: Iterable[Node] | None = None, *
     chosen = sorted(nodes if nodes is not None else inventory.nodes, key=lambda n: n.rank)
     return {n.name: connection(inventory, n, connect_timeout=connect_timeout, load_ssh_configs=load_ssh_configs,
                                store=store) for n in chosen}
-
-
-def group_for(inventory: Inventory, **kwargs) -> ThreadingGroup:
-    """A ThreadingGroup over every node (same settings as connections_for)."""
-    return ThreadingGroup.from_connections(list(connections_for(inventory, **kwargs).values()))
 
 
 def close_all(conns) -> None:
