@@ -86,7 +86,8 @@ def test_controller_records_first_seen_host_keys_and_refuses_a_changed_one(local
     recorded = keys.known_hosts_path(inventory.name).read_text().splitlines()
     assert sorted(recorded) == sorted(f"{n.address} {n.host_key}" for n in cluster.state.nodes)
 
-    forged = [recorded[0], recorded[1].split()[0] + " " + cluster.state.nodes[0].host_key]
+    node0, node1 = cluster.state.nodes  # recorded is in first-connection order, which varies
+    forged = [f"{node0.address} {node0.host_key}", f"{node1.address} {node0.host_key}"]  # node0's key for node1
     keys.known_hosts_path(inventory.name).write_text("\n".join(forged) + "\n")
     with pytest.raises(DistributionError) as failure:
         distribute(inventory)
