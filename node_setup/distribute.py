@@ -82,16 +82,12 @@ def _authorize(conn, public_key: str) -> tuple[str, str]:
     return host_key, out.stdout.strip().splitlines()[-1]
 
 
-def _put_text(conn, path: str, text: str, mode: str, current: str | None) -> str:
+def _put_text(conn, path: str, text: str, mode: str) -> None:
     """Upload `text` to `path` (relative to home) with `mode` set before the content arrives."""
-    if current == text:
-        conn.run(f"chmod {mode} {shlex.quote(path)}", hide=True, in_stream=False)
-        return "unchanged"
     conn.run(f"umask 077; : > {shlex.quote(path)}.xc-new && chmod {mode} {shlex.quote(path)}.xc-new",
              hide=True, in_stream=False)
     conn.put(io.StringIO(text), remote=f"{path}.xc-new")
     conn.run(f"mv -f {shlex.quote(path)}.xc-new {shlex.quote(path)}", hide=True, in_stream=False)
-    return "written"
 
 
 def _read(conn, path: str) -> str | None:
@@ -113,9 +109,17 @@ def _write_master_files(master, inventory: Inventory, key: keys.ClusterKey,
     block = ssh_config_block(inventory.name, inventory.nodes, inventory.user, paths)
     wanted[paths.ssh_config] = (replace_managed_block(existing_config, block, inventory.name), "600")
     done = {}
+    modes_kept = []  # unchanged files only get their mode reasserted, all in one round trip
     for path, (text, mode) in wanted.items():
         current = existing_config if path == paths.ssh_config else _read(master, rel(path))
-        done[f"{home}/{rel(path)}"] = _put_text(master, rel(path), text, mode, current)
+        if current == text:
+            modes_kept.append(f"chmod {mode} {shlex.quote(rel(path))}")
+            done[f"{home}/{rel(path)}"] = "unchanged"
+        else:
+            _put_text(master, rel(path), text, mode)
+            done[f"{home}/{rel(path)}"] = "written"
+    if modes_kept:
+        master.run(" && ".join(modes_kept), hide=True, in_stream=False)
     return f"{home}/{rel(paths.hostfile)}", done
 
 
