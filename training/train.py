@@ -102,13 +102,12 @@ class Job:
         distributed.init(self.info, backend)
         self.settings.update(backend=backend, backend_reason=reason)
 
-    def _hardware_settings(self, training_args, bf16_reason: str, ipex) -> dict:
+    def _hardware_settings(self, training_args, bf16_reason: str, ipex, flags: frozenset[str]) -> dict:
         import torch
 
         from training import hardware
 
         libraries = hardware.loaded_libraries()
-        flags = hardware.cpu_flags()
         return {
             "bf16": bool(training_args.bf16),
             "bf16_reason": bf16_reason,
@@ -278,14 +277,15 @@ class Job:
         from training import accelerators, distributed, hardware, imds
         from training.summary import logged_losses, step_time_stats, throughput
 
-        bf16_supported, bf16_reason = hardware.bf16_support(hardware.cpu_flags())
+        flags = hardware.cpu_flags()
+        bf16_supported, bf16_reason = hardware.bf16_support(flags)
         parsed = job_arguments.parse_all(self.argv, bf16_supported=bf16_supported)
         if parsed.bf16_explicit:
             bf16_reason = f"set with --bf16 ({bf16_reason})"
         training_args = parsed.training
         job_arguments.apply_global_batch(parsed.job, training_args, self.info.world_size)
         ipex = accelerators.load_ipex(parsed.job.use_ipex)
-        self.settings.update(self._hardware_settings(training_args, bf16_reason, ipex))
+        self.settings.update(self._hardware_settings(training_args, bf16_reason, ipex, flags))
         self.settings["launcher"] = self.info.launcher
         if self.info.rank == 0:
             s = self.settings
