@@ -189,7 +189,7 @@ class RankPrefixer:
             return text
         if _HYDRA_LINE.match(text):
             self._last_rank = None
-        if self._last_rank is not None and not _HYDRA_LINE.match(text):
+        elif self._last_rank is not None:
             # the rest of a rank's line that mpirun forwarded in two pieces
             return f"[{self.label(self._last_rank):<{self.width}}] {text}"
         return f"[{'mpirun':<{self.width}}] {text}"
@@ -198,7 +198,7 @@ class RankPrefixer:
         self._partial += data.replace("\r\n", "\n").replace("\r", "\n")
         *lines, self._partial = self._partial.split("\n")
         for text in lines:
-            if any(p.match(text) and not p.match(text).group(2).strip() for p in (_INTEL_RANK, _OPENMPI_RANK)):
+            if any((m := p.match(text)) and not m.group(2).strip() for p in (_INTEL_RANK, _OPENMPI_RANK)):
                 continue  # a rank's empty line (progress bars end in \r): noise once prefixed
             self.out.write(self.line(text) + "\n")
         self.out.flush()
