@@ -30,7 +30,7 @@ class BakedImage(pulumi.ComponentResource):
             private_key_path=spec.private_key_path,
             instance_id=master.instance.id,
             profile=spec.profile,
-                        # The step connects over SSH: it waits for the rules that admit it, not only the master.
+            # The step connects over SSH: it waits for the rules that admit it, not only the master.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[master.instance, *ssh_rules]))
         self.image = aws.ec2.AmiFromInstance(
             name,
