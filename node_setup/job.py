@@ -37,13 +37,13 @@ DEFAULT_OUTPUT_ROOT = "xeon-cluster-runs"  # relative to the SSH user's home on 
 # The local cluster's nodes each have their own /root but share the rest of the filesystem: a
 # shared output directory lets every rank see rank 0's checkpoints (needed by --resume).
 LOCAL_OUTPUT_ROOT = "/var/tmp/xeon-cluster-runs"
+STOP_GRACE_SECONDS = 10
+POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
 
 
 def shown(path: str) -> str:
     """A node path as the user reads it: relative paths are relative to the home directory."""
     return path if path.startswith("/") else f"~/{path}"
-STOP_GRACE_SECONDS = 10
-POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
 
 
 class JobError(RuntimeError):
