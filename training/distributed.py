@@ -91,5 +91,12 @@ def first_error(message: str | None) -> str | None:
     return None
 
 
+def raise_first_error(message: str | None) -> None:
+    """`first_error`, raised as BadInput on every rank when any rank had one (same call point on all)."""
+    agreed = first_error(message)
+    if agreed is not None:
+        raise BadInput(agreed)
+
+
 def hosts() -> list[str]:
     return gather(socket.gethostname())

@@ -184,9 +184,7 @@ class Job:
             result = stage()
         except BadInput as exc:
             message = str(exc)
-        agreed = distributed.first_error(message)
-        if agreed is not None:
-            raise BadInput(agreed)
+        distributed.raise_first_error(message)
         return result
 
     # ---- resume ----
@@ -205,9 +203,7 @@ class Job:
             except Exception as exc:
                 error = (f"--resume: could not look for checkpoints in {output_dir}"
                          f"{' or ' + uri if uri else ''}: {type(exc).__name__}: {exc}")
-        agreed = distributed.first_error(error)
-        if agreed:
-            raise BadInput(agreed)
+        distributed.raise_first_error(error)
         found = distributed.gather(found)[0]  # rank 0 decides
         if found is None:
             if self.info.rank == 0:
@@ -226,9 +222,7 @@ class Job:
             else:
                 error = (f"--resume: checkpoint-{found.step} is not in {output_dir} on this node; pass "
                          "--checkpoint_uri s3://... so every node can fetch it, or use a shared --output_dir")
-        agreed = distributed.first_error(error)
-        if agreed:
-            raise BadInput(agreed)
+        distributed.raise_first_error(error)
         if self.info.rank == 0:
             log.info("resuming from %s (step %d, chosen from %s)", path, found.step, found.location)
         return path, found
