@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -159,13 +158,6 @@ class FakeImds:
 
 
 @pytest.fixture
-def fake_imds():
-    def make(**kwargs) -> FakeImds:
-        return FakeImds(**kwargs)
-    return make
-
-
-@pytest.fixture
 def mocked_s3(aws_credentials):
     """moto in this process: boto3 clients made inside the test talk to it."""
     moto = pytest.importorskip("moto")
@@ -193,7 +185,3 @@ def moto_s3_server():
 
 def read_summary(output_dir) -> dict:
     return json.loads((Path(output_dir) / "summary.json").read_text())
-
-
-def copy_tree(source, target) -> None:
-    shutil.copytree(source, target, dirs_exist_ok=True)
