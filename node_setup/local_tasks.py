@@ -6,7 +6,7 @@ import sys
 
 from invoke import Exit, task
 
-from node_setup import local_cluster
+from node_setup import keys, local_cluster
 
 
 def _progress(line: str) -> None:
@@ -42,6 +42,8 @@ def local_down(c, name=local_cluster.DEFAULT_NAME):
     except local_cluster.LocalClusterError as exc:
         print(f"local-down: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
+    if keys.forget_cluster(name):
+        _progress(f"  removed the SSH key pair and known_hosts `fab distribute` kept for {name!r}")
 
 
 TASKS = [local_up, local_down]

@@ -166,12 +166,18 @@ def test_fab_local_up_and_down_cli(tmp_path):
         again = subprocess.run([*fab, "local-up", "--nodes", "2", "--name", name], cwd=REPO, env=env,
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 2 and "already up" in again.stderr
+        dist = subprocess.run([*fab, "distribute", "--cluster", f"local:{name}"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert dist.returncode == 0, dist.stdout + dist.stderr
+        assert (tmp_path / "cfg" / "xeon-cluster" / "keys" / name).is_dir()
     finally:
         down = subprocess.run([*fab, "local-down", "--name", name], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     assert "removed" in down.stdout
     assert lc.namespace_name(name, 0) not in _namespaces()
+    # the cluster key pair distribute made goes with the cluster
+    assert not (tmp_path / "cfg" / "xeon-cluster" / "keys" / name).exists()
 
 
 def test_names_and_counts_are_validated():
