@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Mapping, Sequence, TextIO
 
 from cluster import catalog
 from cluster.inventory import Inventory
-from cluster.launch import JOB_MARKER, JOBS_DIR, LaunchPlan, job_dir, plan_launch
+from cluster.launch import JOBS_DIR, LaunchPlan, job_dir, plan_launch
 from cluster.layout import Layout, plan_layout
 from cluster.profiles import get_profile, venv_dir
 
@@ -425,6 +425,13 @@ def read_remote_file(conn, path: str) -> str | None:
 
 def log_text(master, job_id: str) -> str:
     return read_remote_file(master, f"{job_dir(job_id)}/log") or ""
+
+
+def log_tail(master, job_id: str, lines: int = 20) -> str:
+    """The last lines of the job's log, read on the master (a long run's log stays there)."""
+    result = master.run(f"tail -n {int(lines)} {shlex.quote(job_dir(job_id) + '/log')}",
+                        hide=True, warn=True, in_stream=False)
+    return result.stdout if result.ok else ""
 
 
 def rank_states(conns: Mapping[str, object], job_id: str) -> dict[str, NodeOutcome]:

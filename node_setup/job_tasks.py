@@ -431,7 +431,7 @@ def status(c, cluster="", region="", job=""):
     if meta:
         print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
               f"output {jobs.shown(meta.get('output_dir') or '?')}")
-    tail = [line for line in jobs.log_text(master, job_id).splitlines() if line.strip()]
+    tail = [line for line in jobs.log_tail(master, job_id).splitlines() if line.strip()]
     if tail:
         prefixer = jobs.RankPrefixer(meta.get("rank_hosts", []), sys.stdout)
         print(f"  last log line: {prefixer.line(tail[-1])}")

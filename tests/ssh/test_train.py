@@ -153,6 +153,7 @@ def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
         # status and logs find the finished job
         status = fab(train_cluster, "status", timeout=60)
         assert status.returncode == 0 and f"job {job_id}: finished, exit code 0" in status.stdout
+        assert re.search(rf"last log line: .*job {job_id} exited with code 0", status.stdout), status.stdout
         logs = fab(train_cluster, "logs", "--lines", "3", timeout=60)
         assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
         # --resume continues in the newest job's output directory from its last checkpoint
