@@ -257,3 +257,15 @@ def _not_running_message(cluster: str, region: str, running: Mapping[str, list],
     else:
         message += f". {ALTERNATIVES[0].upper()}{ALTERNATIVES[1:]}"
     return message
+
+
+def resolve_for_task(cluster: str | None, region: str | None, exit_code: int = 2) -> Inventory:
+    """`resolve_cluster` for a fab task: any failure ends the task with its message and `exit_code`."""
+    from invoke import Exit
+
+    try:
+        return resolve_cluster(cluster or None, region or None)
+    except ValueError as exc:  # ClusterSelectionError, InventoryError
+        raise Exit(f"error: {exc}", code=exit_code) from None
+    except Exception as exc:  # AWS credential / region problems carry their own advice
+        raise Exit(f"error: cannot find the cluster: {exc}", code=exit_code) from None

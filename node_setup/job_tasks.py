@@ -38,14 +38,9 @@ CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) or an inventory file;
 
 
 def _inventory(cluster: str | None, region: str | None) -> Inventory:
-    from node_setup.discovery import ClusterSelectionError, resolve_cluster
+    from node_setup.discovery import resolve_for_task  # imports boto3: only when a task needs it
 
-    try:
-        return resolve_cluster(cluster or None, region or None)
-    except (ClusterSelectionError, InventoryError) as exc:
-        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
-    except Exception as exc:  # AWS credential / region problems carry their own advice
-        raise Exit(f"error: cannot find the cluster: {exc}", code=EXIT_BAD_INPUT) from None
+    return resolve_for_task(cluster, region, EXIT_BAD_INPUT)
 
 
 def _connections(inventory: Inventory) -> dict:

@@ -12,7 +12,7 @@ import time
 from fabric import task
 from invoke.exceptions import Exit
 
-from cluster.inventory import Inventory, InventoryError
+from cluster.inventory import Inventory
 from cluster.profiles import get_profile
 from cluster.render import table
 from cluster.setup_script import DEFAULT_MIN_FREE_GIB, fingerprint_digest
@@ -31,17 +31,15 @@ TIMEOUT_HELP = f"SSH connect timeout per node, in seconds (default {connections.
 def _inventory(cluster: str | None, region: str | None, profile: str | None = None) -> Inventory:
     from dataclasses import replace
 
-    from node_setup.discovery import ClusterSelectionError, resolve_cluster
+    from node_setup.discovery import resolve_for_task
 
-    try:
-        inventory = resolve_cluster(cluster or None, region or None)
-        if profile:
-            inventory = replace(inventory, profile=get_profile(profile).name)
+    inventory = resolve_for_task(cluster, region, EXIT_BAD_INPUT)
+    if not profile:
         return inventory
-    except (ClusterSelectionError, InventoryError, ValueError) as exc:
+    try:
+        return replace(inventory, profile=get_profile(profile).name)
+    except ValueError as exc:
         raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
-    except Exception as exc:  # AWS credential / region problems carry their own advice
-        raise Exit(f"error: cannot find the cluster: {exc}", code=EXIT_BAD_INPUT) from None
 
 
 def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
