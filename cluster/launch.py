@@ -128,7 +128,7 @@ class LaunchPlan:
         lines = [
             "#!/bin/sh",
             f"# xeon-cluster job {self.job_id}: {self.world_size} ranks on {', '.join(self.hosts)}",
-            f"cd \"$HOME\" || exit 1",
+            "cd \"$HOME\" || exit 1",
             f"echo $$ > {d}/pid",
             f"exec >> {d}/log 2>&1",
         ]

@@ -28,10 +28,10 @@ def local_up(c, nodes=3, name=local_cluster.DEFAULT_NAME, replace=False,
     except local_cluster.LocalClusterError as exc:
         raise Exit(f"local-up: {exc}", code=2) from None
     target = "local" if name == local_cluster.DEFAULT_NAME else f"local:{name}"
-    print(f"\nnodes: " + ", ".join(f"{n.name} {n.address}" for n in state.nodes))
+    print("\nnodes: " + ", ".join(f"{n.name} {n.address}" for n in state.nodes))
     print(f"controller key: {state.key_path}")
     print(f"next: fab setup --cluster {target}   then   fab train --nodes {len(state.nodes)} --cluster {target}")
-    print(f"done: fab local-down" + ("" if name == local_cluster.DEFAULT_NAME else f" --name {name}"))
+    print("done: fab local-down" + ("" if name == local_cluster.DEFAULT_NAME else f" --name {name}"))
 
 
 @task(help={"name": "local cluster name (default local)"})
