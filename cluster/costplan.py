@@ -1,11 +1,226 @@
-"""The `fab plan` table: predicted time and cost per node count (pure; prices come in as numbers)."""
+"""The `fab plan` table: predicted time and cost per node count (pure; the stack and price come in).
+
+    plan_inputs(spec, options) -> PlanInputs     what to predict: instance, workload, network, throughput
+    plan_rows(inputs, price)   -> [PlanRow]      the prediction and cost per node count
+    render_table / render_json                   what `fab plan` prints
+
+`spec` is the stack's ClusterSpec (or None: the defaults below); `price` is a Price the caller
+looked up (node_setup/aws/pricing.py) or was given.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from cluster import catalog, models
 from cluster import timemodel as tm
+from cluster.calibration import Calibration
+from cluster.catalog import InstanceType
+from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES
+from cluster.profiles import DEFAULT_PROFILE, PROFILES
+from cluster.spec import ClusterSpec
+
+DEFAULT_INSTANCE_TYPE = "r7iz.metal-16xl"
+DEFAULT_MODEL = "distilbert-base-uncased"
+DEFAULT_DATASET = "squad"
+
+
+@dataclass(frozen=True)
+class Price:
+    usd_per_hour: float
+    market: str  # "spot" or "on-demand"
+    source: str
+    zone: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """`fab plan`'s options, parsed (0 and "" mean "not given")."""
+
+    nodes: str = "1,2,4,8"
+    instance_type: str = ""
+    model: str = DEFAULT_MODEL  # "": the calibration's model, else DEFAULT_MODEL
+    dataset: str = DEFAULT_DATASET
+    epochs: float = 1.0
+    single_node_time: str = ""
+    params: str = ""
+    samples: int = 0
+    batch: int | None = 32  # None: the calibration's batch, else 32
+    profile: str = ""
+    ranks_per_node: int = 0
+    flows_per_rank: int = 1
+    placement_group: bool = True
+    on_demand: bool = False
+    grad_comm: str = ""  # fp32 or bf16 on the wire; "": the job's default (DEFAULT_GRAD_COMM)
+    bucket_mb: float = 0  # DDP's bucket size in MB; 0: DDP's default
+
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    instance_type: str
+    instance: InstanceType
+    workload: tm.Workload
+    network: tm.Network
+    node_counts: list[int]
+    samples_per_s: float  # one node's throughput
+    ranks_per_node: int
+    spot: bool
+    header: str
+    notes: list[str] = field(default_factory=list)
+    rates: dict[int, float] = field(default_factory=dict)  # per node count, when measured per count
+    networks: dict[int, tm.Network] = field(default_factory=dict)  # per node count, when measured
+    sources: list[tuple[str, str, str]] = field(default_factory=list)  # (input, value, where it came from)
+
+    def rate(self, nodes: int) -> float:
+        return self.rates.get(nodes, self.samples_per_s)
+
+    def network_for(self, nodes: int) -> tm.Network:
+        return self.networks.get(nodes, self.network)
+
+
+def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Calibration | None = None) -> PlanInputs:
+    """Everything the prediction needs; ValueError naming the option for anything unusable.
+
+    With a `calibration` (`fab bench`), the compute rate per node count and the all-reduce bandwidth
+    and latency are the measured ones, and the model and batch default to those measured.
+    """
+    o = options
+    cal = calibration
+    if not o.epochs > 0:  # also refuses nan
+        raise ValueError(f"--epochs: {o.epochs!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
+    batch = o.batch if o.batch is not None else (cal.batch if cal else 32)
+    for name, value in (("batch", batch), ("flows-per-rank", o.flows_per_rank)):
+        if value < 1:
+            raise ValueError(f"--{name}: {value!r} is not allowed; give 1 or more")
+    for name, value in (("samples", o.samples), ("ranks-per-node", o.ranks_per_node)):
+        if value < 0:
+            raise ValueError(f"--{name}: {value!r} is not allowed; give a positive number (0: the default)")
+    if not isinstance(o.placement_group, bool):
+        raise ValueError(f"--placement-group: {o.placement_group!r} is not allowed; give --placement-group "
+                         "or --no-placement-group")
+    if o.grad_comm and o.grad_comm not in GRAD_COMM_CHOICES:
+        raise ValueError(f"--grad-comm: {o.grad_comm!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)}")
+    low, high = tm.BUCKET_MB_RANGE
+    if o.bucket_mb and not low <= o.bucket_mb <= high or o.bucket_mb < 0 or o.bucket_mb != o.bucket_mb:
+        raise ValueError(f"--ddp-bucket-mb: {o.bucket_mb!r} is not allowed; give {low} to {high} (0: DDP's 25)")
+    itype = o.instance_type or (spec.instance_type if spec else DEFAULT_INSTANCE_TYPE)
+    instance = spec.instance if spec and spec.instance_type == itype else catalog.lookup(itype)
+    if instance is None:
+        raise ValueError(f"--instance-type: {itype!r} is not in the catalog ({', '.join(catalog.known_types())})")
+    profile = o.profile or (spec.software_profile if spec else DEFAULT_PROFILE)
+    if profile not in PROFILES:
+        raise ValueError(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
+    sources: list[tuple[str, str, str]] = []
+    # the wire: the job's --grad_comm; buckets are filled with the gradients as computed (intel's
+    # ipex.optimize keeps bf16 weights, so bf16 gradients; stock computes fp32)
+    grad_comm = o.grad_comm or DEFAULT_GRAD_COMM
+    grad_bytes = tm.GRADIENT_BYTES[grad_comm]
+    bucket_grad_bytes = tm.GRADIENT_BYTES["bf16" if profile == "intel" else "fp32"]
+    sources.append(("gradient communication", f"{grad_comm} ({grad_bytes} bytes/param on the wire)",
+                    "given (--grad-comm)" if o.grad_comm else "the job's default (--grad_comm)"))
+    bucket_mb = o.bucket_mb or tm.DDP_BUCKET_BYTES / 2**20
+    sources.append(("DDP bucket", f"{bucket_mb:g} MB", "given (--ddp-bucket-mb)" if o.bucket_mb else "DDP's default"))
+    model_arg = o.model or (cal.model if cal else DEFAULT_MODEL)
+    if o.params:
+        model_name, n_params = model_arg, models.parse_count(o.params, "--params")
+        sources.append(("parameters", f"{n_params / 1e6:.2f}M", "given (--params)"))
+    elif cal and model_arg == cal.model:
+        model_name, n_params = cal.model, cal.params
+        sources.append(("parameters", f"{n_params / 1e6:.2f}M", f"measured ({cal.model}, {cal.source})"))
+    else:
+        size = models.lookup_model(model_arg)
+        model_name, n_params = size.name, size.params
+        sources.append(("parameters", f"{n_params / 1e6:.2f}M", f"catalog ({size.source})"))
+    if o.samples:
+        data_name, n_samples = o.dataset, o.samples
+        sources.append(("samples per epoch", str(n_samples), "given (--samples)"))
+    else:
+        data = models.lookup_dataset(o.dataset)
+        data_name, n_samples = data.name, data.train_features
+        sources.append(("samples per epoch", str(n_samples), f"catalog ({data.name})"))
+    workload = tm.Workload(params=n_params, samples=n_samples, batch_per_rank=batch, gradient_bytes=grad_bytes,
+                           epochs=o.epochs, bucket_bytes=round(bucket_mb * 2**20), bucket_gradient_bytes=bucket_grad_bytes)
+    node_counts = parse_node_counts(o.nodes)
+    rates: dict[int, float] = {}
+    if o.single_node_time:
+        seconds = tm.parse_duration(o.single_node_time)
+        rate = tm.throughput_from_single_node_time(seconds, n_samples)
+        rate_source = f"single-node time {tm.format_duration(seconds)} (given)"
+        sources.append(("compute", f"{rate:.1f} samples/s per node", rate_source))
+    elif cal and model_name == cal.model and batch == cal.batch:
+        rate, _ = cal.rate(1)
+        rate_source = f"measured by fab bench ({cal.source})"
+        for n in sorted(set(node_counts) | {1}):
+            rates[n], at = cal.rate(n)
+            sources.append((f"compute, {n} node(s)", f"{rates[n]:.1f} samples/s per node",
+                            f"measured with {at} node(s) busy at once"))
+    else:
+        default = tm.default_throughput(itype, model_name, data_name)
+        rate, rate_source = default.samples_per_s, default.source
+        why = ""
+        if cal:
+            why = (f"; the calibration measured {cal.model} at batch {cal.batch}, not {model_name} at batch {batch}")
+        sources.append(("compute", f"{rate:.1f} samples/s per node", f"catalog default ({rate_source}){why}"))
+    network = tm.Network(instance.network_gbps, placement_group=o.placement_group, flows_per_rank=o.flows_per_rank)
+    networks: dict[int, tm.Network] = {}
+    measured_link = cal.link_fit(2, grad_comm) if cal else None
+    if measured_link:
+        for n in node_counts:
+            if n < 2:
+                continue
+            fit, at = cal.link_fit(n, grad_comm)
+            networks[n] = tm.Network(instance.network_gbps, placement_group=o.placement_group,
+                                     flows_per_rank=o.flows_per_rank, latency_s=fit.latency_s, measured_gbps=fit.gbps)
+            sources.append((f"all-reduce, {n} node(s)", f"{fit.gbps:.3f} Gbit/s per node, {fit.latency_s * 1e6:.0f} us "
+                            "per ring step", f"measured in {grad_comm} across {at} node(s)"))
+    else:
+        ranks_guess = o.ranks_per_node or instance.sockets
+        why = f" (the calibration has no {grad_comm} all-reduce)" if cal else ""
+        sources.append(("all-reduce", f"{network.node_gbps(ranks_guess):g} Gbit/s per node, "
+                        f"{network.latency_s * 1e6:.0f} us per ring step",
+                        f"catalog default ({itype}, {'in' if o.placement_group else 'no'} placement group){why}"))
+    ranks = o.ranks_per_node or (cal.ranks_per_node if cal else instance.sockets)
+    notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
+    if spec and spec.placement_group != o.placement_group:
+        notes.append(f"the stack sets placementGroup {str(spec.placement_group).lower()} but this plan is "
+                     f"{'with' if o.placement_group else 'without'} a placement group; "
+                     f"{'drop --no-placement-group' if spec.placement_group else 'add --no-placement-group'} "
+                     "to plan the stack's cluster")
+    where = (f"calibrated on {cal.cluster} ({cal.link or 'link not limited'})" if cal
+             else itype)
+    header = (f"{where}, {model_name} ({n_params / 1e6:.0f}M params, {grad_bytes}-byte gradients ({grad_comm}), "
+              f"{bucket_mb:g} MB buckets, profile {profile}), "
+              f"{data_name} ({n_samples} samples) x {o.epochs:g} epoch(s), batch {batch}/rank, {ranks} ranks/node, "
+              f"{'in' if o.placement_group else 'no'} placement group")
+    return PlanInputs(instance_type=itype, instance=instance, workload=workload, network=network,
+                      node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
+                      spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
+                      rates=rates, networks=networks, sources=sources)
+
+
+def render_sources(inputs: PlanInputs) -> str:
+    """Where each input came from: measured, given, catalog default."""
+    width = max(len(name) for name, _, _ in inputs.sources)
+    return "\n".join(["inputs:"] + [f"  {name:<{width}}  {value}  [{source}]" for name, value, source in inputs.sources])
+
+
+def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
+    if not inputs.rates and not inputs.networks:
+        return plan(inputs.workload, inputs.network, inputs.node_counts, inputs.samples_per_s, price.usd_per_hour,
+                    ranks_per_node=inputs.ranks_per_node)
+    rows = []
+    for nodes in inputs.node_counts:
+        pred = tm.predict(inputs.workload, inputs.network_for(nodes), nodes, inputs.rate(nodes),
+                          ranks_per_node=inputs.ranks_per_node, single_node_samples_per_s=inputs.rate(1))
+        hourly = nodes * price.usd_per_hour
+        rows.append(PlanRow(nodes, pred, hourly, hourly * pred.run_seconds / 3600))
+    return rows
+
+
+def price_source(price: Price) -> str:
+    return f"{price.market} ${price.usd_per_hour:.4f}/instance-hour, {price.source}"
 
 
 @dataclass(frozen=True)
@@ -17,6 +232,8 @@ class PlanRow:
 
     def as_json(self) -> dict:
         return {"nodes": self.nodes, "epoch_seconds": round(self.prediction.epoch_seconds, 1),
+                "step_seconds": round(self.prediction.step_seconds, 4),
+                "comm_seconds_per_step": round(self.prediction.comm_s / self.prediction.steps, 4),
                 "efficiency": round(self.prediction.efficiency, 4), "hourly_usd": round(self.hourly_usd, 4),
                 "total_usd": round(self.total_usd, 4)}
 
@@ -54,11 +271,13 @@ def fastest(rows: list[PlanRow]) -> PlanRow:
 
 def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "", notes: list[str] = ()) -> str:
     lines = [header] if header else []
-    lines.append(f"{'nodes':>5}  {'epoch time':>11}  {'run time':>11}  {'efficiency':>10}  {'$/hour':>8}  {'total $':>8}")
+    lines.append(f"{'nodes':>5}  {'epoch time':>11}  {'run time':>11}  {'efficiency':>10}  {'$/hour':>8}  {'total $':>8}"
+                 f"  {'step s':>7}  {'comm s':>7}")
     for row in rows:
         p = row.prediction
         lines.append(f"{row.nodes:>5}  {tm.format_duration(p.epoch_seconds):>11}  {tm.format_duration(p.run_seconds):>11}  "
-                     f"{p.efficiency:>10.0%}  {row.hourly_usd:>8.2f}  {row.total_usd:>8.2f}")
+                     f"{p.efficiency:>10.0%}  {row.hourly_usd:>8.2f}  {row.total_usd:>8.2f}"
+                     f"  {p.step_seconds:>7.3f}  {p.comm_s / p.steps:>7.3f}")
     if price_source:
         lines.append(f"price: {price_source}")
     lines.extend(notes)

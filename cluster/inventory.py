@@ -23,17 +23,41 @@ Inventory file format (YAML, for on-premise machines and the local cluster)::
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from cluster import catalog
+from cluster import catalog, names
 from cluster.catalog import InstanceType
 from cluster.profiles import DEFAULT_PROFILE, PROFILES
 from cluster.tags import ROLE_MASTER, ROLE_WORKER
 
+FILE_KEYS = ("name", "kind", "user", "key", "gateway", "profile", "instance_type", "sockets", "physical_cores",
+             "wheelhouse", "hosts")
+HOST_KEYS = ("name", "address", "private_address")
+
 
 class InventoryError(ValueError):
     pass
+
+
+def _unknown_keys(found: Mapping[str, Any], known: tuple[str, ...], where: str) -> list[str]:
+    """One line per key that is not in `known`, with the closest known key as a suggestion."""
+    problems = []
+    for key in sorted(set(map(str, found)) - set(known)):
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append(f"{where}: key {key!r} is unknown; {hint}allowed: {', '.join(known)}")
+    return problems
+
+
+def _count(value: Any, setting: str) -> int | None:
+    """A positive whole number from the file (None when absent)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InventoryError(f"{setting}: {value!r} is not allowed; allowed: a whole number of 1 or more")
+    return value
 
 
 @dataclass(frozen=True)
@@ -47,6 +71,15 @@ class Node:
     spot: bool | None = None
     instance_id: str | None = None
     state: str = "running"
+
+    def __post_init__(self) -> None:
+        where = f"host {self.rank} ({self.name!r})"
+        try:
+            names.alias(self.name, f"{where} name")
+            names.endpoint(self.address, f"{where} address")
+            names.host(self.private_address, f"{where} private_address")
+        except names.UnsafeValue as exc:
+            raise InventoryError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -63,6 +96,16 @@ class Inventory:
     physical_cores: int | None = None
     wheelhouse: str | None = None
     region: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            names.user(self.user, f"cluster {self.name!r} user")
+            if self.gateway:
+                names.endpoint(self.gateway, f"cluster {self.name!r} gateway")
+            if self.wheelhouse:
+                names.node_path(self.wheelhouse, f"cluster {self.name!r} wheelhouse")
+        except names.UnsafeValue as exc:
+            raise InventoryError(str(exc)) from None
 
     @property
     def master(self) -> Node:
@@ -91,9 +134,15 @@ class Inventory:
     def from_mapping(cls, data: Mapping[str, Any], *, default_name: str, kind: str = "file") -> "Inventory":
         if not isinstance(data, Mapping):
             raise InventoryError(f"inventory {default_name!r}: expected a mapping with 'hosts', got {type(data).__name__}")
+        where = f"inventory {default_name!r}"
+        problems = _unknown_keys(data, FILE_KEYS, where)
+        problems += [p for i, h in enumerate(data.get("hosts") or []) if isinstance(h, Mapping)
+                     for p in _unknown_keys(h, HOST_KEYS, f"{where} hosts[{i}]")]
+        if problems:
+            raise InventoryError("; ".join(problems))
         hosts = data.get("hosts")
         if not hosts or not isinstance(hosts, list):
-            raise InventoryError(f"inventory {default_name!r}: 'hosts' must be a non-empty list, master first")
+            raise InventoryError(f"{where}: 'hosts' must be a non-empty list, master first")
         profile = data.get("profile", DEFAULT_PROFILE)
         if profile not in PROFILES:
             raise InventoryError(f"inventory {default_name!r}: profile {profile!r} is unknown; "
@@ -104,22 +153,26 @@ class Inventory:
                 host = {"address": host}
             if not isinstance(host, Mapping) or not host.get("address"):
                 raise InventoryError(f"inventory {default_name!r}: hosts[{rank}] needs an 'address'")
-            nodes.append(Node(
-                name=str(host.get("name") or f"node{rank}"),
-                address=str(host["address"]),
-                private_address=str(host.get("private_address") or host["address"]),
-                rank=rank,
-                role=ROLE_MASTER if rank == 0 else ROLE_WORKER,
-                instance_type=data.get("instance_type"),
-            ))
+            try:
+                nodes.append(Node(
+                    name=str(host.get("name") or f"node{rank}"),
+                    address=str(host["address"]),
+                    private_address=str(host.get("private_address") or host["address"]),
+                    rank=rank,
+                    role=ROLE_MASTER if rank == 0 else ROLE_WORKER,
+                    instance_type=data.get("instance_type"),
+                ))
+            except InventoryError as exc:
+                raise InventoryError(f"{where}: {exc}") from None
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
             raise InventoryError(f"inventory {default_name!r}: host names repeat: {names}")
         return cls(
             name=str(data.get("name") or default_name), kind=kind, user=str(data.get("user") or "root"),
             nodes=tuple(nodes), key_path=data.get("key"), gateway=data.get("gateway"), profile=profile,
-            instance_type=data.get("instance_type"), sockets=data.get("sockets"),
-            physical_cores=data.get("physical_cores"), wheelhouse=data.get("wheelhouse"),
+            instance_type=data.get("instance_type"), sockets=_count(data.get("sockets"), f"{where} sockets"),
+            physical_cores=_count(data.get("physical_cores"), f"{where} physical_cores"),
+            wheelhouse=data.get("wheelhouse"),
         )
 
     def to_mapping(self) -> dict[str, Any]:

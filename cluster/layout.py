@@ -1,6 +1,6 @@
 """How the training ranks sit on one node: ranks per node, threads per rank, CCL workers, pinning.
 
-The rule (DESIGN.md section 3, issue 4): one rank per socket by default; each rank owns a domain
+The rule (docs/design.md, "The flow"): one rank per socket by default; each rank owns a domain
 of physical cores; with the `ccl` backend the first cores of a domain run the oneCCL workers
 (`CCL_WORKER_AFFINITY`) and the rest run the rank's OpenMP threads (`I_MPI_PIN_DOMAIN`,
 `OMP_NUM_THREADS`); never more threads than the physical cores of the domain. tcmalloc is
@@ -27,7 +27,8 @@ from cluster.profiles import TCMALLOC_PATH
 DEFAULT_CCL_WORKERS = 2
 SMALL_DOMAIN_CORES = 8
 # Nodes with at most this many physical cores get MPI ranks that sleep instead of busy-polling
-# (I_MPI_WAIT_MODE=1): on a 2-core machine polling made a benchmark 20x slower (DESIGN.md 6).
+# (I_MPI_WAIT_MODE=1): on a 2-core machine polling made a benchmark 20x slower (docs/design.md,
+# "The local cluster").
 SMALL_NODE_CORES = 4
 # Intel OpenMP (libiomp5, used by the IPEX profile): one thread per core, packed; short spin.
 KMP_AFFINITY = "granularity=fine,compact,1,0"

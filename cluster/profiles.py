@@ -1,4 +1,4 @@
-"""The software profiles a node can run, as data (DESIGN.md section 2).
+"""The software profiles a node can run, as data (docs/design.md, "Profiles").
 
 A profile is a pinned, tested set: the OS packages, the pip pins with their indexes, the DDP
 backend the training job initialises and the MPI that launches it. Installing, checking and the

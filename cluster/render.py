@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from cluster import names
 from cluster.inventory import Node
 
 HOSTFILE_NAME = "hosts"
@@ -66,10 +67,7 @@ def ordered(nodes: Iterable[Node]) -> list[Node]:
         values = [getattr(n, attr) for n in nodes]
         if len(set(values)) != len(values):
             raise RenderError(f"nodes: {attr}s repeat ({values}); every node needs its own {attr}")
-    for node in nodes:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", node.name):
-            raise RenderError(f"node name {node.name!r} cannot be an ssh alias; allowed: letters, digits, '.', '_', '-'")
-    return nodes
+    return nodes  # names and addresses were checked when the nodes were made (cluster/names.py)
 
 
 def hostfile_text(nodes: Iterable[Node], slots: int | None = None) -> str:
@@ -141,6 +139,22 @@ def known_hosts_text(nodes: Iterable[Node], host_keys: Mapping[str, str]) -> str
 def key_comment(cluster: str) -> str:
     """The comment of the cluster key's public half: how authorized_keys lines are recognised."""
     return f"{KEY_COMMENT_PREFIX}{cluster}"
+
+
+# What the cluster key may not do on a node: it only starts commands (mpirun's proxies, the job).
+KEY_RESTRICTIONS = "no-agent-forwarding,no-port-forwarding,no-X11-forwarding"
+
+
+def authorized_key_line(public_key: str, nodes: Iterable[Node]) -> str:
+    """The cluster key's authorized_keys line on every node.
+
+    `from="<every node's private address>"` limits it to the cluster's own nodes when those are IP
+    addresses (sshd compares host names only with `UseDNS yes`, so a cluster of host names gets no
+    `from=`); forwarding is refused either way.
+    """
+    addresses = [n.private_address for n in ordered(nodes)]
+    source = f'from="{",".join(addresses)}",' if all(names.is_ip(a) for a in addresses) else ""
+    return f"{source}{KEY_RESTRICTIONS} {public_key.strip()}"
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:

@@ -1,6 +1,7 @@
 """The bash that `fab setup`, `fab check` and the Pulumi setup step run on a node (pure text).
 
-Three scripts, all deterministic for their inputs:
+Three scripts, all deterministic for their inputs; their text is in cluster/shell/ (`install.sh`,
+`check.sh`, `prebake.sh`) and this module fills in the values (cluster.shell.render):
 
 - `install_script(plan)`: tcmalloc and the profile's apt packages (only what is missing; apt waits
   for the dpkg lock with `-o DPkg::Lock::Timeout=` and retries a bounded number of times while
@@ -23,13 +24,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from cluster import shell
 from cluster.catalog import InstanceType
+from cluster.job_args import SYNTHETIC_ROOT
+from cluster.jobplan import DEFAULT_OUTPUT_ROOT
+from cluster.launch import JOBS_DIR
 from cluster.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, Profile, venv_dir
-from cluster.render import KEY_COMMENT_PREFIX
+from cluster.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
 
 EVENT_PREFIX = "::xc::"
 OS_PYTHON = "/usr/bin/python3"
@@ -37,6 +41,12 @@ PROFILE_MARKER = ".xeon-cluster-profile"
 PROJECT_MARKER = ".xeon-cluster-project"
 PROJECT_DISTRIBUTION = "xeon-cluster"
 PREBAKE_KEY_STASH = "/run/xeon-cluster/hostkeys-before-bake"
+# What no home directory may carry into an image (relative to each home; globs allowed): credentials
+# and tokens a user or a job may have left on the master, and everything a job left there.
+PREBAKE_SECRETS = (".aws", ".netrc", ".git-credentials", ".pypirc", ".docker/config.json", ".config/gh",
+                   ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token")
+PREBAKE_ARTEFACTS = (JOBS_DIR, DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME, ".cache/xeon-cluster",
+                     ".ssh/xeon-cluster-*.known_hosts")
 DEFAULT_MIN_FREE_GIB = 10.0
 CPU_FLAGS = ("amx_bf16", "amx_tile", "amx_int8", "avx512_bf16", "avx512f", "avx512_vnni")
 
@@ -44,10 +54,6 @@ CPU_FLAGS = ("amx_bf16", "amx_tile", "amx_int8", "avx512_bf16", "avx512f", "avx5
 def fingerprint_digest(profile: Profile) -> str:
     """A short digest of the profile's fingerprint: what the venv's profile marker holds."""
     return hashlib.sha256(profile.fingerprint().encode()).hexdigest()[:16]
-
-
-def _q(value: object) -> str:
-    return shlex.quote(str(value))
 
 
 @dataclass(frozen=True)
@@ -81,169 +87,45 @@ class InstallPlan:
                 raise ValueError(f"{name}: {getattr(self, name)!r} must not be negative")
 
 
-_COMMON = r"""
-xc() { echo "::xc:: $*"; }
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
-"""
-
-_APT = r"""
-apt_get() {  # apt-get that waits for the dpkg lock, then retries a bounded number of times
-  local attempt out rc
-  for attempt in $(seq 1 "$APT_ATTEMPTS"); do
-    out=$($SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT" "$@" 2>&1)
-    rc=$?
-    [ -n "$out" ] && printf '%s\n' "$out"
-    [ "$rc" = 0 ] && return 0
-    if printf '%s' "$out" | grep -qiE 'could not get lock|unable to acquire the dpkg|unable to lock'; then
-      if [ "$attempt" -lt "$APT_ATTEMPTS" ]; then
-        xc progress apt "the dpkg lock is held by another process (unattended-upgrades?); retry $attempt/$((APT_ATTEMPTS - 1)) in ${APT_RETRY_DELAY}s"
-        sleep "$APT_RETRY_DELAY"
-        continue
-      fi
-      xc step apt failed "the dpkg lock was still held after $APT_ATTEMPTS attempts"
-      return "$rc"
-    fi
-    return "$rc"
-  done
-  return 1
-}
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
-known_to_apt() { apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [^(]'; }
-"""
-
-
 def install_script(plan: InstallPlan) -> str:
     """The install script for one node (bash; run as the SSH user, sudo -n where root is needed)."""
     profile = plan.profile
-    venv = plan.venv_path
-    digest = fingerprint_digest(profile)
     if plan.wheelhouse:
-        pip_source = f"--no-index --find-links {_q(plan.wheelhouse)}"
+        pip_source = ["--no-index", "--find-links", plan.wheelhouse]
     else:
-        pip_source = " ".join(f"--extra-index-url {_q(url)}" for url in profile.extra_index_urls)
-    pins = " ".join(_q(p) for p in profile.pip_pins)
-    head = "\n".join([
-        "#!/bin/bash",
-        f"# xeon-cluster install: profile {profile.name} ({digest})",
-        "set -uo pipefail",
-        f"APT_LOCK_TIMEOUT={plan.apt_lock_timeout_s}",
-        f"APT_ATTEMPTS={max(plan.apt_attempts, 1)}",
-        f"APT_RETRY_DELAY={plan.apt_retry_delay_s}",
-        f"VENV_LOCK_TIMEOUT={plan.venv_lock_timeout_s}",
-        f"NODE_ROOT={_q(plan.node_root)}",
-        f"VENV={_q(venv)}",
-        f"OS_PYTHON={_q(plan.python)}",
-        f"PROFILE={_q(profile.name)}",
-        f"DIGEST={_q(digest)}",
-        f"APT_PACKAGES=({' '.join(_q(p) for p in profile.apt_packages)})",
-        f"TCMALLOC_PACKAGES=({' '.join(_q(p) for p in TCMALLOC_PACKAGES)})",
-        f"PROJECT_WHEEL={_q(plan.project_wheel or '')}",
-        f"PROJECT_VERSION={_q(plan.project_version or '')}",
-        "CHANGED=0",
-    ])
-    body = r"""
-# ---- 1. OS packages: tcmalloc (first name apt knows) and the profile's packages, only if missing
-need=()
-for p in "${APT_PACKAGES[@]}"; do installed "$p" || need+=("$p"); done
-tcmalloc=""
-for p in "${TCMALLOC_PACKAGES[@]}"; do if installed "$p"; then tcmalloc="$p"; break; fi; done
-if [ -n "$tcmalloc" ] && [ "${#need[@]}" = 0 ]; then
-  xc step apt unchanged "tcmalloc ($tcmalloc) and ${APT_PACKAGES[*]} already installed"
-else
-  wanted="${need[*]}"; [ -n "$tcmalloc" ] || wanted="$wanted tcmalloc"
-  xc progress apt "installing:$wanted"
-  apt_get update -qq || { xc step apt failed "apt-get update failed"; exit 10; }
-  if [ -z "$tcmalloc" ]; then
-    for p in "${TCMALLOC_PACKAGES[@]}"; do if known_to_apt "$p"; then tcmalloc="$p"; break; fi; done
-    [ -n "$tcmalloc" ] || { xc step apt failed "apt knows none of ${TCMALLOC_PACKAGES[*]} (tcmalloc)"; exit 11; }
-    need+=("$tcmalloc")
-  fi
-  apt_get install -y -qq --no-install-recommends "${need[@]}" || { xc step apt failed "apt-get install ${need[*]} failed"; exit 12; }
-  xc step apt changed "installed ${need[*]}"
-  CHANGED=1
-fi
-
-# ---- 2. the venv, from the OS Python, shared by every node that sees the same /opt
-[ -x "$OS_PYTHON" ] || { xc step venv failed "$OS_PYTHON not found: install python3 and python3-venv"; exit 20; }
-case "$(readlink -f "$OS_PYTHON")" in
-  /root/*) xc step venv failed "$OS_PYTHON resolves under /root; the nodes need an OS Python"; exit 21 ;;
-esac
-if [ ! -d "$NODE_ROOT" ] || [ ! -w "$NODE_ROOT" ]; then
-  $SUDO mkdir -p "$NODE_ROOT" && $SUDO chown "$(id -u):$(id -g)" "$NODE_ROOT" \
-    || { xc step venv failed "cannot create $NODE_ROOT (needs root or passwordless sudo)"; exit 22; }
-fi
-exec 9>"$NODE_ROOT/.setup-$PROFILE.lock"
-if ! flock -n 9; then
-  xc progress venv "another setup holds $NODE_ROOT/.setup-$PROFILE.lock (a node sharing /opt); waiting up to ${VENV_LOCK_TIMEOUT}s"
-  flock -w "$VENV_LOCK_TIMEOUT" 9 || { xc step venv failed "timed out waiting for the venv lock"; exit 23; }
-fi
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/__PROFILE_MARKER__" 2>/dev/null)" = "$DIGEST" ]; then
-  xc step venv unchanged "$VENV already has profile $PROFILE ($DIGEST)"
-else
-  if [ ! -x "$VENV/bin/python" ]; then
-    xc progress venv "creating $VENV from $OS_PYTHON"
-    "$OS_PYTHON" -m venv "$VENV" || { xc step venv failed "$OS_PYTHON -m venv $VENV failed (is python3-venv installed?)"; exit 24; }
-  fi
-  rm -f "$VENV/__PROFILE_MARKER__" "$VENV/__PROJECT_MARKER__"
-  xc progress venv "pip install (profile $PROFILE): __PINS__"
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q __PIP_SOURCE__ __PINS__ \
-    || { xc step venv failed "pip install of the profile's pins failed"; exit 25; }
-  echo "$DIGEST" > "$VENV/__PROFILE_MARKER__.tmp" && mv "$VENV/__PROFILE_MARKER__.tmp" "$VENV/__PROFILE_MARKER__"
-  xc step venv changed "$VENV has profile $PROFILE ($DIGEST)"
-  CHANGED=1
-fi
-
-# ---- 3. this project, at the controller's exact version
-if [ -z "$PROJECT_WHEEL" ]; then
-  xc step project skipped "no project wheel given"
-elif [ "$(cat "$VENV/__PROJECT_MARKER__" 2>/dev/null)" = "$PROJECT_VERSION" ]; then
-  xc step project unchanged "xeon-cluster $PROJECT_VERSION already installed"
-else
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps --force-reinstall "$PROJECT_WHEEL" \
-    || { xc step project failed "pip install $PROJECT_WHEEL failed"; exit 30; }
-  echo "$PROJECT_VERSION" > "$VENV/__PROJECT_MARKER__.tmp" && mv "$VENV/__PROJECT_MARKER__.tmp" "$VENV/__PROJECT_MARKER__"
-  xc step project changed "xeon-cluster $PROJECT_VERSION installed"
-  CHANGED=1
-fi
-flock -u 9
-xc done "$CHANGED"
-"""
-    body = (body.replace("__PINS__", pins).replace("__PIP_SOURCE__", pip_source)
-            .replace("__PROFILE_MARKER__", PROFILE_MARKER).replace("__PROJECT_MARKER__", PROJECT_MARKER))
-    return head + "\n" + _COMMON + _APT + body
+        pip_source = [arg for url in profile.extra_index_urls for arg in ("--extra-index-url", url)]
+    return shell.render("install.sh", {
+        "APT_LOCK_TIMEOUT": str(plan.apt_lock_timeout_s),
+        "APT_ATTEMPTS": str(max(plan.apt_attempts, 1)),
+        "APT_RETRY_DELAY": str(plan.apt_retry_delay_s),
+        "VENV_LOCK_TIMEOUT": str(plan.venv_lock_timeout_s),
+        "NODE_ROOT": plan.node_root,
+        "VENV": plan.venv_path,
+        "OS_PYTHON": plan.python,
+        "PROFILE": profile.name,
+        "DIGEST": fingerprint_digest(profile),
+        "PROFILE_MARKER": PROFILE_MARKER,
+        "PROJECT_MARKER": PROJECT_MARKER,
+        "PROJECT_WHEEL": plan.project_wheel or "",
+        "PROJECT_VERSION": plan.project_version or "",
+        "APT_PACKAGES": profile.apt_packages,
+        "TCMALLOC_PACKAGES": TCMALLOC_PACKAGES,
+        "PIP_SOURCE": pip_source,
+        "PINS": profile.pip_pins,
+    })
 
 
 def check_script(profile: Profile, project_distribution: str = PROJECT_DISTRIBUTION, venv: str | None = None) -> str:
     """Print the facts `evaluate_check` needs, as `::xc:: fact <name> <value...>` lines."""
-    venv = venv or venv_dir(profile)
-    names = [pin_name(p) for p in profile.pip_pins]
-    names.append(project_distribution)
-    probe = ("import importlib.metadata as m, sys\n"
-             "for n in sys.argv[1:]:\n"
-             "    try: print('::xc:: fact pkg', n, m.version(n))\n"
-             "    except m.PackageNotFoundError: print('::xc:: fact pkg', n, 'MISSING')\n")
-    return "\n".join([
-        "#!/bin/bash",
-        "set -u",
-        f"VENV={_q(venv)}",
-        'xc() { echo "::xc:: $*"; }',
-        'if [ -x "$VENV/bin/python" ]; then',
-        '  xc fact python "$VENV/bin/python" "$("$VENV/bin/python" -c \'import platform; print(platform.python_version())\')"',
-        f'  "$VENV/bin/python" -c {_q(probe)} {" ".join(_q(n) for n in names)}',
-        "else",
-        '  xc fact python MISSING',
-        "fi",
-        f'xc fact profile_marker "$(cat "$VENV/{PROFILE_MARKER}" 2>/dev/null || echo MISSING)"',
-        f'xc fact project_marker "$(cat "$VENV/{PROJECT_MARKER}" 2>/dev/null || echo MISSING)"',
-        f"flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\\n' | grep -xE '{'|'.join(CPU_FLAGS)}' | sort | tr '\\n' ' ')",
-        'xc fact cpu_flags ${flags:-none}',
-        f"if [ -e {_q(TCMALLOC_PATH)} ]; then xc fact tcmalloc {_q(TCMALLOC_PATH)}; else xc fact tcmalloc MISSING; fi",
-        f'target="$VENV"; [ -e "$target" ] || target={_q(NODE_ROOT)}; [ -e "$target" ] || target=/',
-        "xc fact disk_free_kib \"$(df -Pk \"$target\" | awk 'NR==2 {print $4}')\" \"$target\"",
-        "xc fact cpu_model \"$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')\"",
-        "",
-    ])
+    return shell.render("check.sh", {
+        "VENV": venv or venv_dir(profile),
+        "PROFILE_MARKER": PROFILE_MARKER,
+        "PROJECT_MARKER": PROJECT_MARKER,
+        "TCMALLOC_PATH": TCMALLOC_PATH,
+        "NODE_ROOT": NODE_ROOT,
+        "PACKAGES": [*(pin_name(p) for p in profile.pip_pins), project_distribution],
+        "CPU_FLAGS": CPU_FLAGS,
+    })
 
 
 def prebake_script(root: str = "", restore_host_keys_after_s: int | None = 300) -> str:
@@ -254,58 +136,10 @@ def prebake_script(root: str = "", restore_host_keys_after_s: int | None = 300) 
     `restore_host_keys_after_s` seconds later by a detached process (None: not restored). Instances
     made from the image get new host keys from cloud-init (ssh_deletekeys) on first boot.
     """
-    r = _q(root) if root else '""'
-    if restore_host_keys_after_s is not None:
-        restore = (
-            f'  nohup setsid sh -c "sleep {int(restore_host_keys_after_s)}; '
-            f'mv -n \\"$STASH\\"/ssh_host_* \\"$R/etc/ssh/\\"" >/dev/null 2>&1 < /dev/null &\n'
-            f'  xc step prebake hostkeys "moved to $STASH; restored in {int(restore_host_keys_after_s)}s"\n')
-    else:
-        restore = '  xc step prebake hostkeys "moved to $STASH (not restored)"\n'
-    return (
-        "#!/bin/bash\n"
-        "set -uo pipefail\n"
-        f"R={r}\n"
-        f'STASH="$R"{_q(PREBAKE_KEY_STASH)}\n'
-        + _COMMON +
-        "shopt -s nullglob\n"
-        "# ---- SSH host keys: a clone must never share them\n"
-        'keys=("$R"/etc/ssh/ssh_host_*)\n'
-        'if [ "${#keys[@]}" -gt 0 ]; then\n'
-        '  $SUDO mkdir -p "$STASH" && $SUDO chmod 700 "$STASH" && $SUDO mv "${keys[@]}" "$STASH/" '
-        '|| { xc step prebake failed "cannot move host keys"; exit 40; }\n'
-        + restore +
-        "else\n"
-        '  xc step prebake hostkeys "none present"\n'
-        "fi\n"
-        "# ---- shell history\n"
-        'hist=("$R"/root/.bash_history "$R"/root/.python_history "$R"/home/*/.bash_history "$R"/home/*/.python_history)\n'
-        'for f in "${hist[@]}"; do [ -e "$f" ] && $SUDO rm -f "$f"; done\n'
-        'xc step prebake history "removed"\n'
-        "# ---- cloud-init per-instance state (clones run cloud-init again as new instances)\n"
-        'if [ -z "$R" ] && command -v cloud-init >/dev/null 2>&1; then $SUDO cloud-init clean --logs >/dev/null 2>&1; fi\n'
-        '$SUDO rm -rf "$R"/var/lib/cloud/instances "$R"/var/lib/cloud/instance "$R"/var/lib/cloud/sem '
-        '"$R"/var/lib/cloud/data "$R"/var/log/cloud-init.log "$R"/var/log/cloud-init-output.log\n'
-        'xc step prebake cloud-init "per-instance state removed"\n'
-        "# ---- private keys in any ~/.ssh, and the cluster key's authorized_keys lines\n"
-        'removed=0\n'
-        'for f in "$R"/root/.ssh/* "$R"/home/*/.ssh/*; do\n'
-        '  [ -f "$f" ] || continue\n'
-        "  if $SUDO grep -qE -- '-----BEGIN ([A-Z]+ )?PRIVATE KEY-----' \"$f\" 2>/dev/null; then $SUDO rm -f \"$f\"; removed=$((removed+1)); fi\n"
-        "done\n"
-        'for f in "$R"/root/.ssh/authorized_keys "$R"/home/*/.ssh/authorized_keys; do\n'
-        f'  [ -f "$f" ] && $SUDO sed -i "/ {KEY_COMMENT_PREFIX}/d" "$f"\n'
-        "done\n"
-        'xc step prebake private-keys "removed $removed"\n'
-        "sync\n"
-        'xc done 1\n'
-    )
-
-
-def append_line_once_command(path: str, line: str, mode: str = "600") -> str:
-    """Shell that appends `line` to `path` unless present (creates the file and its dir)."""
-    return (f"umask 077; mkdir -p \"$(dirname {path})\" && touch {path} && chmod {mode} {path} && "
-            f"(grep -qxF {_q(line)} {path} && echo unchanged || (echo {_q(line)} >> {path} && echo appended))")
+    restore = "" if restore_host_keys_after_s is None else str(int(restore_host_keys_after_s))
+    return shell.render("prebake.sh", {"ROOT": root, "STASH_DIR": PREBAKE_KEY_STASH, "RESTORE_AFTER": restore,
+                                       "KEY_COMMENT_PREFIX": KEY_COMMENT_PREFIX,
+                                       "HOME_LEFTOVERS": PREBAKE_SECRETS + PREBAKE_ARTEFACTS})
 
 
 # ------------------------------------------------------------------------------- reading the output

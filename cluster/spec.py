@@ -1,8 +1,9 @@
 """ClusterSpec: everything `pulumi up` needs to know, validated before anything is created.
 
-`infra/config.py` reads Pulumi config into a plain dict of these camelCase keys and calls
-`ClusterSpec.from_config`; every problem is reported at once in one `ConfigError` whose lines each
-name the key, the value and what is allowed.
+`infra/config.py` (and node_setup/stack_config.py, without the CLI) reads the stack's settings into
+a plain dict of camelCase keys (cluster/config_keys.py) and calls `ClusterSpec.from_config`:
+each value is read in its key's type, then checked; every problem is reported at once in one
+`ConfigError` whose lines each name the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -11,20 +12,31 @@ import base64
 import binascii
 import ipaddress
 import re
-from dataclasses import dataclass, field
+import math
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Mapping
 
-from cluster import catalog
+from cluster import catalog, names
 from cluster.catalog import InstanceType
+from cluster.config_keys import CONFIG_KEYS, is_unset
 from cluster.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 MAX_WORKERS = 128
 MAX_ROOT_VOLUME_GIB = 16384
-ROOT_VOLUME_TYPES = ("gp3", "gp2", "io1", "io2")
+ROOT_VOLUME_TYPES = ("gp3", "gp2")
+# Provisioned-IOPS types: RunInstances refuses them without an IOPS value, and no setting gives one.
+PROVISIONED_IOPS_TYPES = ("io1", "io2")
 PUBLIC_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
                     "ecdsa-sha2-nistp521")
+# An availability zone's name: its region's name and a letter ("us-east-1a"; Local Zones: "us-west-2-lax-1a").
+ZONE_RE = re.compile(r"^[a-z]{2}(-[a-z0-9]+)+[a-z]$")
 CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
 OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+# The widest admin network accepted without allowSshFromAnywhere, per IP version. An IPv4 /8 is the
+# largest block ever assigned to a single holder, and an IPv6 /32 is the usual allocation to a whole
+# ISP (an end site gets a /48 or /56): a shorter prefix spans many unrelated networks, so it is
+# "the internet" in all but name (0.0.0.0/1 plus 128.0.0.0/1 is exactly the internet).
+MIN_ADMIN_PREFIX = {4: 8, 6: 32}
 
 
 class ConfigError(ValueError):
@@ -58,6 +70,7 @@ class ClusterSpec:
     bake: bool = True
     vpc_id: str | None = None
     subnet_id: str | None = None
+    availability_zone: str | None = None
     destroy_bucket: bool = False
     sockets: int | None = None
     physical_cores: int | None = None
@@ -88,105 +101,117 @@ class ClusterSpec:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], *, stack: str, region: str) -> "ClusterSpec":
-        """Build and validate a spec from camelCase config values (missing keys take defaults)."""
-        problems: list[str] = []
-        defaults = cls.__dataclass_fields__
+        """Build and validate a spec from camelCase config values (missing keys take defaults).
 
-        def get(key: str, attr: str, kind: type) -> Any:
-            default = defaults[attr].default
-            value = cfg.get(key)
-            if value is None:
-                return default
-            try:
-                if kind is bool:
-                    if isinstance(value, str) and value.lower() in ("true", "false"):
-                        return value.lower() == "true"
-                    if isinstance(value, bool):
-                        return value
-                    raise ValueError
-                if kind is int and (isinstance(value, bool) or
-                                    isinstance(value, float) and not value.is_integer()):
-                    raise ValueError
-                return kind(value)
-            except (TypeError, ValueError):
-                problems.append(f"{key}: {value!r} is not a {kind.__name__}")
-                return default
-
-        name = cfg.get("clusterName") or f"xeon-{stack}".lower()
-        instance_type = get("instanceType", "instance_type", str)
-        workers = get("workerCount", "worker_count", int)
-        spot_price = get("spotMaxPrice", "spot_max_price", float)
-        profile = get("softwareProfile", "software_profile", str)
-        root_gib = get("rootVolumeGib", "root_volume_gib", int)
-        root_type = get("rootVolumeType", "root_volume_type", str)
-        allow_open = get("allowSshFromAnywhere", "allow_ssh_from_anywhere", bool)
-        sockets = get("sockets", "sockets", int)
-        cores = get("physicalCores", "physical_cores", int)
-        # Read every typed value before the problems are checked, so a bad one is reported.
-        master_spot = get("masterSpot", "master_spot", bool)
-        worker_spot = get("workerSpot", "worker_spot", bool)
-        ssh_user = get("sshUser", "ssh_user", str)
-        private_key_path = get("privateKeyPath", "private_key_path", str)
-        placement_group = get("placementGroup", "placement_group", bool)
-        bake = get("bake", "bake", bool)
-        destroy_bucket = get("destroyBucket", "destroy_bucket", bool)
-        admin = cfg.get("adminCidrs")
-        if isinstance(admin, str):
-            admin = [admin]
-        admin = tuple(admin or ())
-        public_key = (cfg.get("publicKey") or "").strip()
-        tags = cfg.get("tags") or {}
-
-        if not CLUSTER_NAME_RE.match(name):
-            problems.append(f"clusterName: {name!r} must be 2-32 characters of lowercase letters, "
-                            "digits and '-', starting with a letter")
-        if not isinstance(workers, int) or not 0 <= workers <= MAX_WORKERS:
-            problems.append(f"workerCount: {workers!r} is out of range; allowed 0 to {MAX_WORKERS}")
-        if catalog.lookup(instance_type) is None and not (sockets and cores):
-            problems.append(
-                f"instanceType: {instance_type!r} is not in the catalog ({', '.join(catalog.known_types())}); "
-                "to use it anyway set sockets and physicalCores to its socket and physical core counts")
-        for key, value in (("sockets", sockets), ("physicalCores", cores)):
-            if value is not None and value < 1:
-                problems.append(f"{key}: {value!r} must be a positive integer")
-        if spot_price is not None and not spot_price > 0:
-            problems.append(f"spotMaxPrice: {spot_price!r} must be a positive hourly price in USD "
-                            "(leave it unset to pay at most the on-demand price)")
-        if profile not in PROFILES:
-            problems.append(f"softwareProfile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
-        elif not isinstance(root_gib, int) or root_gib < PROFILES[profile].min_root_volume_gib:
-            problems.append(f"rootVolumeGib: {root_gib!r} is too small for profile {profile!r}; "
-                            f"allowed {PROFILES[profile].min_root_volume_gib} to {MAX_ROOT_VOLUME_GIB}")
-        if isinstance(root_gib, int) and root_gib > MAX_ROOT_VOLUME_GIB:
-            problems.append(f"rootVolumeGib: {root_gib!r} exceeds the EBS maximum of {MAX_ROOT_VOLUME_GIB}")
-        if root_type not in ROOT_VOLUME_TYPES:
-            problems.append(f"rootVolumeType: {root_type!r} is not allowed; allowed: {', '.join(ROOT_VOLUME_TYPES)}")
-        problems.extend(_cidr_problems(admin, allow_open))
-        problems.extend(_public_key_problems(public_key))
-        tags, tag_problems = _parse_tags(tags)
-        problems.extend(tag_problems)
+        Every problem is collected and raised at once in one ConfigError.
+        """
+        values, problems = _typed_values(cfg)
+        values["cluster_name"] = values["cluster_name"] or f"xeon-{stack}".lower()
+        values["admin_cidrs"], _ = unique_cidrs([values["admin_cidrs"]] if isinstance(values["admin_cidrs"], str)
+                                                else values["admin_cidrs"] or ())
+        values["public_key"] = (values["public_key"] or "").strip()
+        values["tags"], tag_problems = _parse_tags(values["tags"] or {})
+        problems += _value_problems(values) + tag_problems
         if not region:
             problems.append("aws:region: not set; allowed: an AWS region name, e.g. "
                             "`pulumi config set aws:region us-east-1`")
+        problems += zone_problems(values.get("availability_zone"), region, values.get("subnet_id"))
         if problems:
             raise ConfigError(problems)
+        return cls(stack=stack, region=region, **values)
 
-        return cls(
-            cluster_name=name, stack=stack, region=region, public_key=public_key, admin_cidrs=admin,
-            instance_type=instance_type, worker_count=workers,
-            master_spot=master_spot,
-            worker_spot=worker_spot,
-            spot_max_price=spot_price, allow_ssh_from_anywhere=allow_open,
-            base_ami=cfg.get("baseAmi") or None,
-            ssh_user=ssh_user,
-            private_key_path=private_key_path,
-            root_volume_gib=root_gib, root_volume_type=root_type,
-            placement_group=placement_group,
-            software_profile=profile, bake=bake,
-            vpc_id=cfg.get("vpcId") or None, subnet_id=cfg.get("subnetId") or None,
-            destroy_bucket=destroy_bucket,
-            sockets=sockets, physical_cores=cores, tags=dict(tags),
-        )
+
+def _typed_values(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """attr -> value for every key of the table: the config's value in the key's type, or the default."""
+    defaults = ClusterSpec.__dataclass_fields__
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for entry in CONFIG_KEYS:
+        default = defaults[entry.attr].default
+        if default is MISSING:  # fields without a plain default (tags)
+            default = None
+        raw = cfg.get(entry.key)
+        if is_unset(entry.key, raw) or entry.kind is list:
+            values[entry.attr] = default if is_unset(entry.key, raw) else raw
+            continue
+        try:
+            values[entry.attr] = _convert(raw, entry.kind)
+        except (TypeError, ValueError):
+            problems.append(f"{entry.key}: {raw!r} is not {_KIND_WORDS[entry.kind]}")
+            values[entry.attr] = default
+    return values, problems
+
+
+_KIND_WORDS = {str: "a string", int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def _convert(raw: Any, kind: type) -> Any:
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        raise ValueError(raw)
+    if kind is int and (isinstance(raw, bool) or isinstance(raw, float) and not raw.is_integer()):
+        raise ValueError(raw)
+    value = kind(raw)
+    if kind is float and not math.isfinite(value):
+        raise ValueError(raw)
+    return value
+
+
+def _value_problems(v: dict[str, Any]) -> list[str]:
+    """What is wrong with the typed values, one line per problem."""
+    problems = []
+    if not CLUSTER_NAME_RE.match(v["cluster_name"]):
+        problems.append(f"clusterName: {v['cluster_name']!r} must be 2-32 characters of lowercase letters, "
+                        "digits and '-', starting with a letter")
+    if not 0 <= v["worker_count"] <= MAX_WORKERS:
+        problems.append(f"workerCount: {v['worker_count']!r} is out of range; allowed 0 to {MAX_WORKERS}")
+    if catalog.lookup(v["instance_type"]) is None and not (v["sockets"] and v["physical_cores"]):
+        problems.append(
+            f"instanceType: {v['instance_type']!r} is not in the catalog ({', '.join(catalog.known_types())}); "
+            "to use it anyway set sockets and physicalCores to its socket and physical core counts")
+    for key, attr in (("sockets", "sockets"), ("physicalCores", "physical_cores")):
+        if v[attr] is not None and v[attr] < 1:
+            problems.append(f"{key}: {v[attr]!r} must be a positive integer")
+    if v["spot_max_price"] is not None and not v["spot_max_price"] > 0:
+        problems.append(f"spotMaxPrice: {v['spot_max_price']!r} must be a positive hourly price in USD "
+                        "(leave it unset to pay at most the on-demand price)")
+    profile, root_gib = v["software_profile"], v["root_volume_gib"]
+    if profile not in PROFILES:
+        problems.append(f"softwareProfile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
+    elif root_gib < PROFILES[profile].min_root_volume_gib:
+        problems.append(f"rootVolumeGib: {root_gib!r} is too small for profile {profile!r}; "
+                        f"allowed {PROFILES[profile].min_root_volume_gib} to {MAX_ROOT_VOLUME_GIB}")
+    if root_gib > MAX_ROOT_VOLUME_GIB:
+        problems.append(f"rootVolumeGib: {root_gib!r} exceeds the EBS maximum of {MAX_ROOT_VOLUME_GIB}")
+    if v["root_volume_type"] in PROVISIONED_IOPS_TYPES:
+        problems.append(f"rootVolumeType: {v['root_volume_type']!r} needs provisioned IOPS, which no setting "
+                        f"gives (AWS refuses the launch without them); allowed: {', '.join(ROOT_VOLUME_TYPES)}")
+    elif v["root_volume_type"] not in ROOT_VOLUME_TYPES:
+        problems.append(f"rootVolumeType: {v['root_volume_type']!r} is not allowed; "
+                        f"allowed: {', '.join(ROOT_VOLUME_TYPES)}")
+    problems.extend(_cidr_problems(v["admin_cidrs"], v["allow_ssh_from_anywhere"]))
+    problems.extend(_public_key_problems(v["public_key"]))
+    try:  # the login user reaches the nodes' tags, the master's ssh config and remote commands
+        names.user(v["ssh_user"], "sshUser")
+    except names.UnsafeValue as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def zone_problems(zone: str | None, region: str, subnet_id: str | None = None) -> list[str]:
+    """availabilityZone: a zone name of the stack's region, and not together with subnetId (whose zone wins)."""
+    if not zone:
+        return []
+    if not ZONE_RE.match(zone) or (region and not zone.startswith(region)):
+        return [f"availabilityZone: {zone!r} is not a zone of aws:region {region or '(not set)'}; allowed: "
+                f"a zone name such as {region or 'us-east-1'}a (`fab preflight --pick-zone` ranks them)"]
+    if subnet_id:
+        return [f"availabilityZone: {zone!r} is set together with subnetId {subnet_id!r}, whose zone decides; "
+                "allowed: one of the two"]
+    return []
 
 
 def _parse_tags(tags: Any) -> tuple[dict[str, str], list[str]]:
@@ -207,21 +232,74 @@ def _parse_tags(tags: Any) -> tuple[dict[str, str], list[str]]:
     return dict(tags), []
 
 
+def _network(cidr: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(str(cidr), strict=True)
+    except ValueError:
+        return None
+
+
+def unique_cidrs(cidrs: Any) -> tuple[tuple[str, ...], list[str]]:
+    """(the CIDRs with later duplicates of the same network dropped, one note per dropped one).
+
+    AWS refuses two identical rules in one security group, so a repeated network would fail the
+    launch; `2001:DB8::/48` and `2001:db8::/48` are the same network. Unparseable entries are kept
+    (as given) for `_cidr_problems` to report.
+    """
+    kept: list[str] = []
+    seen: dict[Any, str] = {}
+    notes = []
+    for cidr in cidrs:
+        key = _network(cidr) or str(cidr)
+        if key in seen:
+            same = "" if str(cidr) == seen[key] else f" (the same network as {seen[key]!r})"
+            notes.append(f"adminCidrs: {cidr!r} is listed more than once{same}; the duplicate is dropped "
+                         "(a security group cannot hold two identical rules)")
+            continue
+        seen[key] = str(cidr)
+        kept.append(cidr)
+    return tuple(kept), notes
+
+
+_ADMIN_ALLOWED = (f"allowed: your own networks, IPv4 /{MIN_ADMIN_PREFIX[4]} to /32 or IPv6 /{MIN_ADMIN_PREFIX[6]} "
+                  "to /128 (e.g. your address /32), or set allowSshFromAnywhere: true to insist")
+
+
 def _cidr_problems(cidrs: tuple[str, ...], allow_open: bool) -> list[str]:
+    """Malformed CIDRs, and (unless allow_open) networks too wide to be anyone's own, alone or together."""
     if not cidrs:
         return ["adminCidrs: not set; give the network you SSH from, e.g. "
                 "`pulumi config set --path 'adminCidrs[0]' 203.0.113.7/32`"]
     problems = []
+    networks = []
     for cidr in cidrs:
         try:
-            net = ipaddress.ip_network(str(cidr), strict=True)
+            networks.append((cidr, ipaddress.ip_network(str(cidr), strict=True)))
         except ValueError as exc:
             problems.append(f"adminCidrs: {cidr!r} is not a CIDR block ({exc}); "
                             "allowed: an address with prefix length such as 203.0.113.7/32")
+    if allow_open:
+        return problems
+    too_wide = set()
+    for cidr, net in networks:
+        if net.prefixlen == 0:
+            problems.append(f"adminCidrs: {cidr!r} opens SSH to the whole internet; {_ADMIN_ALLOWED}")
+        elif net.prefixlen < MIN_ADMIN_PREFIX[net.version]:
+            problems.append(f"adminCidrs: {cidr!r} is wider than /{MIN_ADMIN_PREFIX[net.version]} (it spans "
+                            f"2^{net.max_prefixlen - net.prefixlen} addresses), so it is no one's own network; "
+                            f"{_ADMIN_ALLOWED}")
+        else:
             continue
-        if net.prefixlen == 0 and not allow_open:
-            problems.append(f"adminCidrs: {cidr!r} opens SSH to the whole internet; allowed: your own "
-                            "network (e.g. your address /32), or set allowSshFromAnywhere: true to insist")
+        too_wide.add(net.version)
+    for version, everything in ((4, "0.0.0.0/0"), (6, "::/0")):
+        family = [(cidr, net) for cidr, net in networks if net.version == version]
+        if not family or version in too_wide:
+            continue
+        if list(ipaddress.collapse_addresses(net for _, net in family)) == [ipaddress.ip_network(everything)]:
+            shown = [repr(cidr) for cidr, _ in family]
+            listed = ", ".join(shown if len(shown) <= 4 else shown[:3] + [f"... ({len(shown)} networks)"])
+            problems.append(f"adminCidrs: {listed} together cover every IPv{version} address (SSH from the "
+                            f"whole internet); {_ADMIN_ALLOWED}")
     return problems
 
 

@@ -22,6 +22,10 @@ def cluster_tags(cluster_name: str, stack: str, extra: dict[str, str] | None = N
     return tags
 
 
-def node_tags(base: dict[str, str], role: str, rank: int, name: str) -> dict[str, str]:
-    """Tags of one node: the cluster's plus its role, its rank (master 0) and a Name."""
-    return {**base, ROLE_KEY: role, RANK_KEY: str(rank), "Name": name}
+def node_tags(base: dict[str, str], role: str, rank: int, name: str, *, ssh_user: str | None = None,
+              profile: str | None = None) -> dict[str, str]:
+    """Tags of one node: the cluster's plus its role, its rank (master 0) and a Name, and the login
+    user and software profile that discovery reads (when given)."""
+    tags = {**base, ROLE_KEY: role, RANK_KEY: str(rank), "Name": name}
+    tags.update({k: v for k, v in ((SSH_USER_KEY, ssh_user), (PROFILE_KEY, profile)) if v})
+    return tags

@@ -1,4 +1,4 @@
-"""Predicted epoch time of data-parallel training on N CPU nodes (pure; DESIGN.md section 7).
+"""Predicted epoch time of data-parallel training on N CPU nodes (pure; docs/design.md, "The time model").
 
 The model, step by step (every constant is named below with where it comes from):
 
@@ -11,12 +11,15 @@ The model, step by step (every constant is named below with where it comes from)
    forward and backward for these models at batch 32).
 2. Communication. Every step all-reduces the gradients: params x bytes per gradient (4 for
    fp32 gradients, as under bf16 autocast in the stock profile; 2 under
-   `ipex.optimize(..., dtype=bfloat16)` in the intel profile). Ranks on one node combine over
+   `ipex.optimize(..., dtype=bfloat16)` in the intel profile, or with the job's `--grad_comm bf16`,
+   DDP's bf16 compression hook). DDP sends them in buckets (25 MB by default, `--ddp_bucket_mb`). Ranks on one node combine over
    shared memory; between nodes a ring all-reduce sends 2 (N-1)/N of the gradient bytes out of
    every node. The bandwidth a node gets is min(instance bandwidth, per-flow cap x flows):
    AWS caps one TCP flow at 5 Gbps outside a cluster placement group and 10 Gbps inside one,
    and a node's traffic is spread over one flow per rank (gloo) or per CCL worker (ccl). Each
-   of the ring's 2 (N-1) steps per gradient bucket also pays one network latency.
+   of the ring's 2 (N-1) steps per gradient bucket also pays one network latency. A calibration
+   (`fab bench`, cluster/calibration.py) replaces the bandwidth and latency with the all-reduce
+   actually measured on the cluster (payload bytes per second, so no header allowance then).
 3. Overlap. DDP starts all-reducing a bucket as soon as backward has produced it, so part of
    the communication hides under backward. On a CPU the communication threads share cores and
    memory bandwidth with compute, and the last bucket (the first layers) cannot overlap at all,
@@ -58,11 +61,12 @@ DEFAULT_OVERLAP = 0.5
 
 # Start-up: process launch, `import torch, transformers`, model load, process-group rendezvous.
 # About 6 s of imports and 10 s in all for a tiny job was measured on this project's local
-# cluster (DESIGN.md section 2); a 66M-parameter model load and the rendezvous add some more.
+# cluster (docs/benchmarks.md); a 66M-parameter model load and the rendezvous add some more.
 STARTUP_BASE_S = 20.0
 STARTUP_PER_EXTRA_NODE_S = 2.0  # one more ssh launch and one more rendezvous peer
 
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
+BUCKET_MB_RANGE = (1, 1024)  # what --ddp-bucket-mb may be
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,20 @@ class Workload:
     batch_per_rank: int = 32
     gradient_bytes: int = 4  # per parameter: 4 fp32, 2 bf16
     epochs: float = 1.0
+    bucket_bytes: int = DDP_BUCKET_BYTES  # DDP's gradient bucket cap
+    # bytes per gradient as DDP buckets them: the parameters' dtype (fp32 even when a bf16 hook
+    # compresses each bucket for the wire; 2 under ipex.optimize's bf16 weights); 0: gradient_bytes
+    bucket_gradient_bytes: int = 0
+
+    @property
+    def buckets(self) -> int:
+        per_param = self.bucket_gradient_bytes or self.gradient_bytes
+        return max(1, math.ceil(self.params * per_param / self.bucket_bytes))
 
     def __post_init__(self):
-        for name in ("params", "samples", "batch_per_rank", "gradient_bytes"):
+        if self.bucket_gradient_bytes < 0:
+            raise ValueError(f"bucket_gradient_bytes: {self.bucket_gradient_bytes!r} must not be negative")
+        for name in ("params", "samples", "batch_per_rank", "gradient_bytes", "bucket_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: {getattr(self, name)!r} must be positive")
         if self.epochs <= 0:
@@ -157,13 +172,21 @@ class Network:
     placement_group: bool = True
     flows_per_rank: int = 1  # TCP flows a rank's inter-node traffic is spread over (CCL workers)
     latency_s: float = RING_STEP_LATENCY_S
+    measured_gbps: float | None = None  # payload all-reduce bandwidth per node measured by `fab bench`
 
     def node_gbps(self, ranks_per_node: int) -> float:
-        """Usable inter-node bandwidth of one node: min(instance, per-flow cap x flows)."""
+        """Usable inter-node bandwidth of one node: measured, else min(instance, per-flow cap x flows)."""
+        if self.measured_gbps:
+            return self.measured_gbps
         cap = (PER_FLOW_GBPS_IN_CLUSTER_PLACEMENT_GROUP if self.placement_group
                else PER_FLOW_GBPS_OUTSIDE_PLACEMENT_GROUP)
         flows = max(1, ranks_per_node * self.flows_per_rank)
         return min(self.instance_gbps, cap * flows)
+
+    @property
+    def wire_efficiency(self) -> float:
+        """Payload share of the bandwidth: a measured all-reduce bandwidth is payload already."""
+        return 1.0 if self.measured_gbps else WIRE_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -179,17 +202,43 @@ class Prediction:
     run_seconds: float  # startup + epochs x epoch_seconds
     efficiency: float
     node_gbps: float
+    buckets: int = 1  # gradient buckets all-reduced per step
+
+    @property
+    def step_seconds(self) -> float:
+        return self.epoch_seconds / self.steps
 
 
 def allreduce_seconds(gradient_bytes: float, nodes: int, node_gbps: float,
-                      latency_s: float = RING_STEP_LATENCY_S) -> float:
-    """One ring all-reduce of `gradient_bytes` across `nodes` nodes (0 on one node)."""
+                      latency_s: float = RING_STEP_LATENCY_S, *, bucket_bytes: int = DDP_BUCKET_BYTES,
+                      wire_efficiency: float = WIRE_EFFICIENCY, buckets: int | None = None) -> float:
+    """One ring all-reduce of `gradient_bytes` in buckets of `bucket_bytes` (or `buckets` of them)
+    across `nodes` nodes (0 on one)."""
     if nodes <= 1:
         return 0.0
     on_wire = 2 * (nodes - 1) / nodes * gradient_bytes
-    seconds = on_wire * 8 / (node_gbps * 1e9 * WIRE_EFFICIENCY)
-    buckets = max(1, math.ceil(gradient_bytes / DDP_BUCKET_BYTES))
+    seconds = on_wire * 8 / (node_gbps * 1e9 * wire_efficiency)
+    buckets = buckets or max(1, math.ceil(gradient_bytes / bucket_bytes))
     return seconds + 2 * (nodes - 1) * buckets * latency_s
+
+
+def ring_fit(nodes: int, payload_bytes: float, seconds: float, small_seconds: float,
+             buckets: int = 1) -> tuple[float, float]:
+    """(payload Gbps per node, latency per ring step in s) from two timed all-reduces across `nodes`:
+    `seconds` for `payload_bytes` sent in `buckets` all-reduces, `small_seconds` for one tiny one.
+
+    The inverse of allreduce_seconds: the tiny all-reduce is all latency, 2 (N-1) ring steps; what
+    the big one takes beyond its buckets' latencies is 2 (N-1)/N of its bytes on the wire.
+    """
+    if nodes < 2:
+        raise ValueError(f"nodes: {nodes!r}; an all-reduce needs 2 or more")
+    if not (payload_bytes > 0 and seconds > 0 and small_seconds > 0 and buckets >= 1):
+        raise ValueError("ring_fit: sizes and times must be positive")
+    steps = 2 * (nodes - 1)
+    latency = small_seconds / steps
+    transfer = max(seconds - buckets * steps * latency, seconds * 0.05)  # the latency can never be all of it
+    gbps = steps / nodes * payload_bytes * 8 / transfer / 1e9
+    return gbps, latency
 
 
 def startup_seconds(nodes: int) -> float:
@@ -206,8 +255,10 @@ def throughput_from_single_node_time(seconds: float, samples: int) -> float:
 
 
 def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s: float, *,
-            ranks_per_node: int = 1, overlap: float = DEFAULT_OVERLAP) -> Prediction:
-    """Predict one configuration. `node_samples_per_s` is one node's measured throughput."""
+            ranks_per_node: int = 1, overlap: float = DEFAULT_OVERLAP,
+            single_node_samples_per_s: float | None = None) -> Prediction:
+    """Predict one configuration. `node_samples_per_s` is one node's throughput in this configuration;
+    `single_node_samples_per_s` the single-node reference for the efficiency (default the same)."""
     if nodes < 1:
         raise ValueError(f"nodes: {nodes!r} must be at least 1")
     if ranks_per_node < 1:
@@ -223,17 +274,19 @@ def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s
     per_node_batch = workload.batch_per_rank * ranks_per_node
     step_compute = per_node_batch / node_samples_per_s
     gbps = network.node_gbps(ranks_per_node)
-    step_comm = allreduce_seconds(workload.params * workload.gradient_bytes, nodes, gbps, network.latency_s)
+    step_comm = allreduce_seconds(workload.params * workload.gradient_bytes, nodes, gbps, network.latency_s,
+                                  wire_efficiency=network.wire_efficiency, buckets=workload.buckets)
     hidden = min(overlap * step_comm, BACKWARD_FRACTION * step_compute)
     step_exposed = step_comm - hidden
     epoch = steps * (step_compute + step_exposed)
-    single = math.ceil(workload.samples / workload.batch_per_rank) * workload.batch_per_rank / node_samples_per_s
+    single = (math.ceil(workload.samples / workload.batch_per_rank) * workload.batch_per_rank
+              / (single_node_samples_per_s or node_samples_per_s))
     efficiency = single / (nodes * epoch)
     startup = startup_seconds(nodes)
     return Prediction(nodes=nodes, ranks_per_node=ranks_per_node, steps=steps, compute_s=steps * step_compute,
                       comm_s=steps * step_comm, exposed_comm_s=steps * step_exposed, startup_s=startup,
                       epoch_seconds=epoch, run_seconds=startup + workload.epochs * epoch,
-                      efficiency=efficiency, node_gbps=gbps)
+                      efficiency=efficiency, node_gbps=gbps, buckets=workload.buckets if nodes > 1 else 0)
 
 
 # --- durations ---------------------------------------------------------------------------------

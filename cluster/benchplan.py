@@ -1,0 +1,118 @@
+"""`fab bench`, decided before anything is touched (pure): options checked, the launch of
+`python -m training.bench` on one rank per node, and the calibration made from its figures.
+
+The launch is `fab train`'s (cluster/jobplan.py: the node's layout and share of a local machine,
+cluster/launch.py: mpirun, the rank wrapper, the job's environment); only the program differs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from cluster import calibration as calib
+from cluster import timemodel as tm
+from cluster.inventory import Inventory
+from cluster.jobplan import LOCAL_OUTPUT_ROOT, DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id
+from cluster.launch import plan_launch
+from cluster.layout import plan_layout
+from cluster.profiles import get_profile, venv_dir
+
+SYNTHETIC_MODEL = "synthetic"  # training/bench.py's name for the offline demo's tiny model
+SYNTHETIC_SEQ_LEN = 64  # the demo's --max_seq_length (cluster/job_args.py SYNTHETIC_ARGS)
+DEFAULT_BATCH = 16  # the demo's batch per rank (cluster/job_args.py SYNTHETIC_BATCH_SIZE)
+DEFAULT_STEPS = 10
+DEFAULT_REPEATS = 5
+LIMITS = {"batch": (1, 4096), "seq-len": (8, 8192), "steps": (1, 1000), "repeats": (1, 100)}
+# A model directory on the nodes: an absolute path of plain characters (it reaches the nodes' shell).
+_MODEL_DIR_RE = re.compile(r"^/[A-Za-z0-9._/+-]{1,255}$")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    nodes: int = 0  # 0: every node
+    model: str = SYNTHETIC_MODEL
+    batch: int = DEFAULT_BATCH
+    seq_len: int = SYNTHETIC_SEQ_LEN
+    steps: int = DEFAULT_STEPS
+    repeats: int = DEFAULT_REPEATS
+    bucket_mb: float = tm.DDP_BUCKET_BYTES / 2**20
+
+
+def check_options(o: BenchOptions) -> BenchOptions:
+    """The options, or ValueError naming the option, the value and what is allowed."""
+    if o.model != SYNTHETIC_MODEL and not _MODEL_DIR_RE.match(o.model or "") or ".." in o.model.split("/"):
+        raise ValueError(f"--model: {o.model!r} is not allowed; allowed: {SYNTHETIC_MODEL} (the offline demo's "
+                         "tiny model) or the absolute path of a model directory on the nodes (nothing is downloaded)")
+    for name, value in (("batch", o.batch), ("seq-len", o.seq_len), ("steps", o.steps), ("repeats", o.repeats)):
+        low, high = LIMITS[name]
+        if not low <= value <= high:
+            raise ValueError(f"--{name}: {value!r} is not allowed; give {low} to {high}")
+    low, high = tm.BUCKET_MB_RANGE
+    if not low <= o.bucket_mb <= high:
+        raise ValueError(f"--ddp-bucket-mb: {o.bucket_mb!r} is not allowed; give {low} to {high}")
+    if o.nodes < 0:
+        raise ValueError(f"--nodes: {o.nodes!r} is not allowed; give 2 or more (0: every node)")
+    return o
+
+
+def bench_args(o: BenchOptions, out: str) -> list[str]:
+    return ["--out", out, "--model", o.model, "--batch", str(o.batch), "--seq_len", str(o.seq_len),
+            "--steps", str(o.steps), "--repeats", str(o.repeats), "--bucket_mb", f"{o.bucket_mb:g}"]
+
+
+def plan_bench(inventory: Inventory, o: BenchOptions, *, job_id: str | None = None) -> JobPlan:
+    """The launch of the bench on the first `o.nodes` nodes, one rank per node (ValueError if impossible)."""
+    nodes = o.nodes or len(inventory.nodes)
+    if not 2 <= nodes <= len(inventory.nodes):
+        raise ValueError(f"--nodes: {nodes} is not possible; allowed 2 to {len(inventory.nodes)} (the cluster's "
+                         "nodes): an all-reduce needs two")
+    inv = inventory.first(nodes)
+    profile = get_profile(inv.profile)
+    machine, pin, notes = machine_for(inventory, nodes)
+    layout = plan_layout(machine, backend=profile.backend, ranks_per_node=1, pin=pin)
+    job_id = job_id or new_job_id()
+    root = f"{LOCAL_OUTPUT_ROOT}/{inventory.name}" if inventory.kind == "local" else DEFAULT_OUTPUT_ROOT
+    output_dir = f"{root}/bench-{job_id}"
+    venv = venv_dir(profile)
+    args = bench_args(o, f"{output_dir}/bench.json")
+    program = [f"{venv}/bin/python", "-m", "training.bench", *args]
+    launch = plan_launch(flavour=profile.launcher, job_id=job_id, hosts=[n.name for n in inv.nodes],
+                         master_addr=inv.master.private_address, layout=layout, program=program, venv=venv,
+                         run_as_root=inv.user == "root")
+    return JobPlan(inventory=inv, layout=layout, launch=launch, training_args=tuple(args), output_dir=output_dir,
+                   notes=tuple(notes) + layout.notes)
+
+
+def calibration_from(figures: dict, inventory: Inventory, *, link: str = "", created: float | None = None
+                     ) -> calib.Calibration:
+    """The calibration of `inventory`'s cluster from training/bench.py's figures."""
+    data = {**figures, "version": calib.VERSION, "cluster": inventory.name, "kind": inventory.kind,
+            "link": link, "ranks_per_node": 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
+    return calib.from_mapping(data, "fab bench")
+
+
+def render_table(cal: calib.Calibration) -> str:
+    """What `fab bench` prints: compute per node count, then each all-reduce."""
+    lines = [f"cluster {cal.cluster} ({cal.kind}; {cal.link or 'link not limited'}), backend {cal.backend}, "
+             f"CPU {cal.cpu or 'unknown'}",
+             f"model {cal.model} ({cal.params} params), batch {cal.batch}, seq {cal.seq_len}, "
+             f"DDP buckets {cal.bucket_mb:g} MB",
+             f"{'nodes':>5}  {'samples/s/node':>14}  {'fp32 ms':>8}  {'fp32 Gbit/s':>11}  {'bf16 ms':>8}  "
+             f"{'bf16 Gbit/s':>11}  {'latency us':>10}"]
+    for n in sorted(set(cal.compute) | set(cal.allreduce)):
+        fits = cal.allreduce.get(n, {})
+        fp32, bf16 = fits.get("fp32"), fits.get("bf16")
+
+        def cell(fit, what):
+            if fit is None:
+                return "-"
+            return f"{fit.seconds * 1e3:.1f}" if what == "ms" else f"{fit.gbps:.3f}"
+
+        latency = f"{fp32.latency_s * 1e6:.0f}" if fp32 else "-"
+        rate = f"{cal.compute[n]:.1f}" if n in cal.compute else "-"
+        lines.append(f"{n:>5}  {rate:>14}  {cell(fp32, 'ms'):>8}  {cell(fp32, 'g'):>11}  {cell(bf16, 'ms'):>8}  "
+                     f"{cell(bf16, 'g'):>11}  {latency:>10}")
+    return "\n".join(lines)

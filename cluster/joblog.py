@@ -1,0 +1,153 @@
+"""The launcher's output made readable: rank labels turned into node names, and who made a job fail.
+
+Pure text processing: `RankPrefixer` rewrites Intel MPI's `[3] ...` and Open MPI's
+`[1,3]<stdout>: ...` prefixes into `[node1 r3] ...` as the log streams (under torchrun the rank
+wrapper writes `[node1 r3] ...` itself and the job script `[node1 torchrun] ...` for the agent's
+own lines; they are only aligned), and `failure_report` names the node and rank behind a failed
+job from its whole log: the rank wrapper's own line first (cluster/shell/rank-wrapper.sh: the
+program's exit code or signal), Hydra's report otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence, TextIO
+
+_INTEL_RANK = re.compile(r"^\[(\d+)\] ?(.*)$", re.S)
+_OPENMPI_RANK = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$", re.S)
+# mpirun's own lines: Hydra's `[mpiexec@host]`, `[bstrap:...]`, `[proxy:...]` and its `===` banners
+_HYDRA_LINE = re.compile(r"^(\[(mpiexec|bstrap|proxy)[@:]|=|\s*$)")
+# Already labelled with the node (torchrun: the rank wrapper's `[node1 r3] `, the job script's
+# `[node1 torchrun] ` for the agent's lines).
+LABELLED = re.compile(r"^\[([A-Za-z0-9_.-]+) (r\d+|torchrun)\] ?(.*)$", re.S)
+
+
+class RankPrefixer:
+    """A text sink that rewrites mpirun's rank prefixes (`[3] ...`, `[1,3]<stdout>: ...`) into
+    `[node1 r3] ...` and marks mpirun's own lines, writing whole lines to `out`."""
+
+    def __init__(self, rank_hosts: Sequence[str], out: TextIO, launcher: str = "mpirun"):
+        self.rank_hosts = list(rank_hosts)
+        self.out = out
+        self.launcher = launcher  # the label of the launcher's own lines
+        self._partial = ""
+        self._last_rank: int | None = None
+        self.width = max([len(h) for h in self.rank_hosts] + [4]) + len(str(len(self.rank_hosts))) + 2
+
+    def label(self, rank: int) -> str:
+        host = self.rank_hosts[rank] if 0 <= rank < len(self.rank_hosts) else "?"
+        return f"{host} r{rank}"
+
+    def line(self, text: str) -> str:
+        labelled = LABELLED.match(text)
+        if labelled:
+            self._last_rank = None
+            return f"[{labelled.group(1) + ' ' + labelled.group(2):<{self.width}}] {labelled.group(3)}"
+        for pattern in (_INTEL_RANK, _OPENMPI_RANK):
+            match = pattern.match(text)
+            if match:
+                self._last_rank = int(match.group(1))
+                return f"[{self.label(self._last_rank):<{self.width}}] {match.group(2)}"
+        if text.startswith("[xeon-cluster]") or not text.strip():
+            return text
+        if _HYDRA_LINE.match(text):
+            self._last_rank = None
+        elif self._last_rank is not None:
+            # the rest of a rank's line that mpirun forwarded in two pieces
+            return f"[{self.label(self._last_rank):<{self.width}}] {text}"
+        return f"[{self.launcher:<{self.width}}] {text}"
+
+    def write(self, data: str) -> int:
+        self._partial += data.replace("\r\n", "\n").replace("\r", "\n")
+        *lines, self._partial = self._partial.split("\n")
+        for text in lines:
+            if any((m := p.match(text)) and not m.group(2).strip() for p in (_INTEL_RANK, _OPENMPI_RANK)):
+                continue  # a rank's empty line (progress bars end in \r): noise once prefixed
+            self.out.write(self.line(text) + "\n")
+        self.out.flush()
+        return len(data)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.out.write(self.line(self._partial) + "\n")
+            self._partial = ""
+        self.out.flush()
+
+
+_BAD_TERMINATION = re.compile(
+    r"RANK (\d+) PID (\d+) RUNNING AT (\S+)\s*\n=\s*(KILLED BY SIGNAL: .*?|EXIT STATUS: .*?)\s*\n", re.S)
+
+
+# The rank wrapper's line when its program failed (cluster/shell/rank-wrapper.sh), wherever the
+# launcher's label put it: "rank R on host H (pid P): ..." (mpirun) or "rank R on node N (...)" (torchrun).
+RANK_FAILED = re.compile(r"\[xeon-cluster\] rank (\d+) on (host|node) (\S+) \(pid (\d+)\): "
+                         r"(exited with code (\d+)|killed by signal (\d+))\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's program that failed, as its wrapper reported it."""
+
+    rank: int
+    node: str
+    host: str | None  # None under torchrun (the wrapper names the node itself)
+    pid: int
+    exit_code: int | None  # the program's own code, or None when a signal ended it
+    signal: int | None
+
+    @property
+    def code(self) -> int:
+        """The program's exit code, or 128 + the signal (as a shell reports it)."""
+        return self.exit_code if self.exit_code is not None else 128 + (self.signal or 0)
+
+    def describe(self) -> str:
+        where = f"host {self.host}, pid {self.pid}" if self.host else f"pid {self.pid}"
+        how = f"exit code {self.exit_code}" if self.exit_code is not None else f"killed by signal: {self.signal}"
+        return f"rank {self.rank} on node {self.node} ({where}): {how}"
+
+
+def rank_failures(log: str, rank_hosts: Sequence[str]) -> list[RankFailure]:
+    """Every failed rank the wrapper reported, once each, in log order (pure)."""
+    found: dict[int, RankFailure] = {}
+    for match in RANK_FAILED.finditer(log):
+        rank, kind, name, pid = int(match.group(1)), match.group(2), match.group(3), int(match.group(4))
+        code = int(match.group(6)) if match.group(6) is not None else None
+        sig = int(match.group(7)) if match.group(7) is not None else None
+        if kind == "node":
+            failure = RankFailure(rank, name, None, pid, code, sig)
+        else:
+            failure = RankFailure(rank, rank_hosts[rank] if rank < len(rank_hosts) else "?", name, pid, code, sig)
+        found.setdefault(rank, failure)
+    return list(found.values())
+
+
+def first_failure(log: str, rank_hosts: Sequence[str]) -> RankFailure | None:
+    """The rank that failed first on its own: the first that exited with a code, else the first
+    ended by a signal (the launcher ends the others with one after the first fails)."""
+    failures = rank_failures(log, rank_hosts)
+    exited = [f for f in failures if f.exit_code is not None]
+    return (exited or failures or [None])[0]
+
+
+def failure_report(log: str, rank_hosts: Sequence[str], exit_code: int | None) -> list[str]:
+    """Which node and rank made the job fail, from the job's log (pure): the rank wrapper's lines
+    (the first failure first), then Hydra's reports of ranks the wrapper did not name."""
+    failures = rank_failures(log, rank_hosts)
+    first = first_failure(log, rank_hosts)
+    found = [f.describe() for f in sorted(failures, key=lambda f: f is not first)]
+    named = {f.rank for f in failures}
+    for rank, pid, host, how in _BAD_TERMINATION.findall(log):
+        rank = int(rank)
+        if rank in named:
+            continue
+        node = rank_hosts[rank] if rank < len(rank_hosts) else "?"
+        found.append(f"rank {rank} on node {node} (host {host}, pid {pid}): {how.strip().lower()}")
+    seen = set()
+    unique = [f for f in found if not (f in seen or seen.add(f))]
+    if unique or exit_code in (None, 0):
+        return unique
+    # no hydra report: name the ranks that printed a traceback or an error line last
+    ranks = sorted({int(m.group(1)) for m in re.finditer(r"^\[(\d+)\] (?:Traceback|.*Error\b|error:)", log, re.M)})
+    return [f"rank {r} on node {rank_hosts[r] if r < len(rank_hosts) else '?'} reported an error (see its lines above)"
+            for r in ranks]

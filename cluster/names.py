@@ -1,0 +1,80 @@
+"""What a name or address may look like before it reaches a shell, an ssh config or a file on a node.
+
+User names, host names, addresses, node aliases and node paths enter from inventory files, AWS
+tags and stack settings, and end up in `~/.ssh/config`, known_hosts, the hostfile, `export
+MASTER_ADDR=...` and remote commands. Each is checked here where it enters (cluster/inventory.py,
+cluster/spec.py); what leaves for a shell is still quoted (shlex.quote) where it leaves.
+Every check raises UnsafeValue naming the setting, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+# POSIX portable user names as useradd accepts them by default (lower case, digits, '_', '-').
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# A node's alias in ssh config and the hostfile.
+ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# One DNS label (RFC 1123): letters, digits and inner '-'.
+_LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# An absolute path on a node, in characters no shell treats specially.
+PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+
+
+class UnsafeValue(ValueError):
+    """A name or address that cannot be used; the message says which setting and what is allowed."""
+
+
+def _refuse(setting: str, value: object, allowed: str) -> UnsafeValue:
+    return UnsafeValue(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
+
+
+def user(value: object, setting: str = "user") -> str:
+    if not isinstance(value, str) or not USER_RE.match(value):
+        raise _refuse(setting, value, "a login name of lower-case letters, digits, '_' and '-' (e.g. ubuntu)")
+    return value
+
+
+def alias(value: object, setting: str = "name") -> str:
+    if not isinstance(value, str) or not ALIAS_RE.match(value):
+        raise _refuse(setting, value, "letters, digits, '.', '_' and '-', starting with a letter or digit")
+    return value
+
+
+def is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def host(value: object, setting: str = "address") -> str:
+    """An IP address or a DNS host name."""
+    if isinstance(value, str) and (is_ip(value) or (
+            len(value) <= 253 and all(_LABEL_RE.match(label) for label in value.rstrip(".").split(".")))):
+        return value
+    raise _refuse(setting, value, "an IP address or a host name (letters, digits, '-' and '.')")
+
+
+def endpoint(value: object, setting: str = "address") -> str:
+    """`[user@]host[:port]`, as the controller connects to a node or a gateway."""
+    if not isinstance(value, str):
+        raise _refuse(setting, value, "[user@]host[:port]")
+    rest = value
+    if "@" in rest:
+        login, rest = rest.split("@", 1)
+        user(login, f"{setting} (user)")
+    if rest.count(":") == 1:  # host:port (IPv6 addresses have more colons and no port here)
+        rest, port = rest.split(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise _refuse(f"{setting} (port)", port, "a TCP port, 1 to 65535")
+    host(rest, setting)
+    return value
+
+
+def node_path(value: object, setting: str = "path") -> str:
+    if not isinstance(value, str) or not PATH_RE.match(value) or "/../" in f"{value}/":
+        raise _refuse(setting, value, "an absolute path of letters, digits, '.', '_', '+', '-' and '/'")
+    return value
