@@ -14,23 +14,8 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from cluster.spec import ClusterSpec, ConfigError
-
-PROJECT = "xeon-cluster"
-
-# Every key `ClusterSpec.from_config` reads; Pulumi.yaml declares each with a type and default.
-STRING_KEYS = ("clusterName", "instanceType", "spotMaxPrice", "baseAmi", "sshUser",
-               "privateKeyPath", "rootVolumeType", "softwareProfile", "vpcId", "subnetId",
-               "publicKey")
-INTEGER_KEYS = ("workerCount", "rootVolumeGib", "sockets", "physicalCores")
-BOOLEAN_KEYS = ("masterSpot", "workerSpot", "allowSshFromAnywhere", "placementGroup", "bake",
-                "destroyBucket")
-ARRAY_KEYS = ("adminCidrs", "tags")
-CONFIG_KEYS = STRING_KEYS + INTEGER_KEYS + BOOLEAN_KEYS + ARRAY_KEYS
-
-# Pulumi.yaml needs a default for every optional key (a typed key without one is required by the
-# CLI). These defaults mean "not set": the spec then derives or looks the value up.
-UNSET_SENTINELS: dict[str, Any] = {"sockets": "0", "physicalCores": "0"}
+from cluster.config_keys import BY_KEY, CONFIG_KEYS, PROJECT, is_unset, unknown_key_problem
+from cluster.spec import ClusterSpec, ConfigError, unique_cidrs
 
 
 def _project_keys() -> set[str]:
@@ -41,11 +26,9 @@ def _project_keys() -> set[str]:
 
 
 def _decode(key: str, raw: Any) -> Any:
-    if raw is None or raw == "":
+    if is_unset(key, raw):
         return None
-    if UNSET_SENTINELS.get(key) == str(raw):
-        return None
-    if key in ARRAY_KEYS and isinstance(raw, str):
+    if BY_KEY[key].kind is list and isinstance(raw, str):
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
@@ -57,23 +40,25 @@ def read_config_values(config: pulumi.Config | None = None) -> dict[str, Any]:
     """The project's config as a plain dict of camelCase keys (unset keys left out)."""
     config = config or pulumi.Config(PROJECT)
     values = {}
-    for key in CONFIG_KEYS:
-        value = _decode(key, config.get(key))
+    for entry in CONFIG_KEYS:
+        value = _decode(entry.key, config.get(entry.key))
         if value is not None:
-            values[key] = value
+            values[entry.key] = value
     return values
 
 
 def load_spec() -> ClusterSpec:
     """The validated spec of this stack; raises ConfigError naming every bad or unknown key."""
-    unknown = sorted(_project_keys() - set(CONFIG_KEYS))
-    problems = [f"{PROJECT}:{key}: not a setting of this project; allowed: {', '.join(sorted(CONFIG_KEYS))} "
-                f"(remove it with `pulumi config rm {key}`)" for key in unknown]
+    problems = [unknown_key_problem(key) for key in sorted(_project_keys() - set(BY_KEY))]
     region = pulumi.Config("aws").get("region") or ""
+    values = read_config_values()
     try:
-        spec = ClusterSpec.from_config(read_config_values(), stack=pulumi.get_stack(), region=region)
+        spec = ClusterSpec.from_config(values, stack=pulumi.get_stack(), region=region)
     except ConfigError as err:
         raise ConfigError(problems + err.problems) from None
     if problems:
         raise ConfigError(problems)
+    admin = values.get("adminCidrs") or ()
+    for note in unique_cidrs([admin] if isinstance(admin, str) else admin)[1]:
+        pulumi.log.warn(note)  # the spec keeps the first of each network; say what was dropped
     return spec

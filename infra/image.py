@@ -1,14 +1,40 @@
 """The baked image: the master set up with the profile (setup step), then imaged without reboot.
 
 The setup step exists only to make this image (with `bake: false` setup is left to `fab setup`),
-so both live in one component. `AmiFromInstance` would stop its source first, which a one-time
-spot master cannot do, hence `snapshot_without_reboot` after the step's `sync`. The image name
-comes from the step's `bake_tag`, so a new step (new master, profile or pin) makes a new image and
-the workers that boot from it are replaced. On delete the provider deregisters the image and
-deletes the snapshots it created (it records `manage_ebs_snapshots` at create time).
+so both live in one component.
+
+Why no reboot: CreateImage (what `AmiFromInstance` calls) by default shuts the source's operating
+system down and boots it again (the instance stays `running`; EC2 does not stop it) so the
+snapshot is taken of volumes at rest. We pass `snapshot_without_reboot` (CreateImage's
+`NoReboot`) instead, because the setup step's pre-bake cleanup parked the master's SSH host keys
+in /run (a tmpfs a reboot wipes) and cleaned cloud-init's state (a reboot would run it again as
+on a first boot, with new host keys that no longer match the ones the controller pinned), and a
+metal instance takes many minutes to reboot. The step's final `sync`, with nothing else writing,
+stands in for the reboot's consistency.
+
+Name and lifecycle:
+- The name carries the step's `bake_tag` and a timestamp of the run that created it, so a
+  `pulumi up` retried after an interrupted create (the image may exist in AWS without being in the
+  state) never fails with a duplicate name. `ignore_changes` keeps the name on later runs;
+  `replacement_trigger` (the bake tag) replaces the image when the step is replaced (new master,
+  profile or pin), which replaces the workers that boot from it.
+- `delete_before_replace`: the old image (and, first, the workers it would otherwise keep) goes
+  before the new one is made.
+- Create timeout: the provider's 40-minute default can pass for the first, full snapshot of a
+  freshly written root volume; we allow IMAGE_CREATE_MINUTES_PER_GIB per GiB, at least
+  IMAGE_CREATE_MIN_MINUTES.
+- Snapshot tags: `AmiFromInstance` tags only the image (pulumi-aws 7 has no snapshot tag input),
+  so the root snapshot is tagged by `aws.ec2.Tag` resources, one per tag, on the image's
+  `root_snapshot_id`; the leak sweep (node_setup/aws/sweep.py) finds a snapshot left behind by
+  its tags. They are `deleted_with` the image: deleting the image deletes its snapshots.
+On delete the provider deregisters the image and deletes the snapshots it created (it records
+`manage_ebs_snapshots` at create time).
 """
 
 from __future__ import annotations
+
+import datetime as dt
+import re
 
 import pulumi
 import pulumi_aws as aws
@@ -16,7 +42,25 @@ import pulumi_aws as aws
 from cluster.spec import ClusterSpec
 from cluster.tags import PROFILE_KEY
 from infra.master import MasterNode
-from infra.setup_step import ProfileSetup
+from infra.setup_step import ProfileSetup, ssh_timeout_for
+
+IMAGE_CREATE_MIN_MINUTES = 120
+IMAGE_CREATE_MINUTES_PER_GIB = 1
+
+
+def image_create_timeout(root_volume_gib: int) -> str:
+    """How long the image may take to become available, e.g. "120m"."""
+    return f"{max(IMAGE_CREATE_MIN_MINUTES, IMAGE_CREATE_MINUTES_PER_GIB * root_volume_gib)}m"
+
+
+def image_name(spec: ClusterSpec, bake_tag: str, now: dt.datetime | None = None) -> str:
+    """`<cluster>-<profile>-<bake tag>-<UTC time of this run>`: unique per create attempt."""
+    stamp = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return f"{spec.cluster_name}-{spec.software_profile}-{bake_tag}-{stamp}"
+
+
+def _tag_resource_name(name: str, key: str) -> str:
+    return f"{name}-snapshot-{re.sub(r'[^A-Za-z0-9-]+', '-', key).strip('-').lower()}"
 
 
 class BakedImage(pulumi.ComponentResource):
@@ -30,14 +74,33 @@ class BakedImage(pulumi.ComponentResource):
             private_key_path=spec.private_key_path,
             instance_id=master.instance.id,
             profile=spec.profile,
-            # The step connects over SSH: it waits for the rules that admit it, not only the master.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[master.instance, *ssh_rules]))
+            cluster=spec.cluster_name,
+            ssh_timeout_seconds=ssh_timeout_for(spec.instance_type),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # The step connects over SSH: it waits for the rules that admit it, not only the master.
+                depends_on=[master.instance, *ssh_rules],
+                delete_before_replace=True,
+                # Its delete does nothing in AWS; with the master going too the engine skips it, so a
+                # provider that cannot be loaded never blocks terminating the master.
+                deleted_with=master.instance))
+        image_tags = {**tags, "Name": name, PROFILE_KEY: spec.software_profile}
         self.image = aws.ec2.AmiFromInstance(
             name,
-            name=self.setup.bake_tag.apply(lambda tag: f"{spec.cluster_name}-{spec.software_profile}-{tag}"),
+            name=self.setup.bake_tag.apply(lambda tag: image_name(spec, tag)),
             description=f"xeon-cluster {spec.cluster_name}: {spec.profile.description}",
             source_instance_id=master.instance.id,
             snapshot_without_reboot=True,
-            tags={**tags, "Name": name, PROFILE_KEY: spec.software_profile},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.setup]))
-        self.register_outputs({"imageId": self.image.id})
+            tags=image_tags,
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.setup],
+                ignore_changes=["name"],
+                replacement_trigger=self.setup.bake_tag,
+                delete_before_replace=True,
+                custom_timeouts=pulumi.CustomTimeouts(create=image_create_timeout(spec.root_volume_gib))))
+        self.snapshot_tags = [
+            aws.ec2.Tag(_tag_resource_name(name, key), resource_id=self.image.root_snapshot_id, key=key, value=value,
+                        opts=pulumi.ResourceOptions(parent=self, deleted_with=self.image))
+            for key, value in sorted({**image_tags, "Name": f"{name}-root"}.items())
+        ]
+        self.register_outputs({"imageId": self.image.id, "rootSnapshotId": self.image.root_snapshot_id})

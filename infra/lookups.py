@@ -2,6 +2,11 @@
 
 All lookups run before the first resource is registered, so a failed lookup (no default VPC, an
 instance type not offered in the region) stops `pulumi up` with a clear message and nothing made.
+
+They run on every `pulumi up`, and their answers can change (Canonical publishes a newer image,
+a default subnet is added): they are only first choices. The master keeps the image and subnet
+it was created with (`ignore_changes`, infra/master.py) and the workers follow the master, so
+a new answer here replaces nothing; `baseAmi` / `subnetId` move the cluster on purpose.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ class Placement:
 
 
 def base_ami_id(spec: ClusterSpec) -> str:
-    """The image nodes boot from before baking: `baseAmi`, or the newest Ubuntu 24.04 amd64.
+    """The image nodes boot from before baking: `baseAmi`, or the newest Ubuntu 24.04 amd64 (a first
+    choice: an existing master keeps its own).
 
     List lookups (get_ami_ids, get_vpcs, get_subnets) return empty instead of failing, so the
     program can say what to set; a failed invoke would surface only the provider's message.
@@ -59,7 +65,11 @@ def _offered_zones(spec: ClusterSpec) -> list[str]:
 
 
 def placement(spec: ClusterSpec) -> Placement:
-    """The VPC and the one subnet every node goes into (a cluster placement group is one zone)."""
+    """The VPC and the one subnet every node goes into (a cluster placement group is one zone).
+
+    Without subnetId: the lowest-sorting default (or VPC) subnet in a zone offering the type (in
+    availabilityZone when it is set), a first choice that an existing master keeps.
+    """
     if spec.subnet_id:
         subnet = aws.ec2.get_subnet(id=spec.subnet_id)
         if spec.vpc_id and subnet.vpc_id != spec.vpc_id:
@@ -83,6 +93,12 @@ def placement(spec: ClusterSpec) -> Placement:
         raise AccountLookupError(
             f"instanceType: {spec.instance_type!r} is not offered in any availability zone of {spec.region}; "
             "allowed: a type offered there, or another aws:region")
+    if spec.availability_zone:
+        if spec.availability_zone not in zones:
+            raise AccountLookupError(
+                f"availabilityZone: {spec.availability_zone!r} does not offer {spec.instance_type}; allowed: "
+                f"{', '.join(zones)} (`fab preflight --pick-zone` ranks them)")
+        zones = [spec.availability_zone]
     filters = [{"name": "vpc-id", "values": [vpc_id]},
                {"name": "availability-zone", "values": zones}]
     if default_vpc:

@@ -1,14 +1,27 @@
 """The setup step: install the software profile on the master from within `pulumi up`, then bake.
 
 A `pulumi.dynamic` resource. Its inputs are the master's address and instance id, the SSH user,
-the PATH of the private key (never its contents: state must not hold secrets) and the profile's
-name, pins and fingerprint. A change of the instance, the profile or any pin replaces it, which
-re-runs setup, renames (so re-bakes) the image and so replaces the workers; a change of address,
-user or key path only updates it. Its `create()` connects with Fabric, waits (bounded) for SSH
-and for cloud-init, then runs the same `node_setup.install` functions `fab setup` uses:
+the PATH of the private key (never its contents: state must not hold secrets), the cluster's name
+and the profile's name, pins and fingerprint. A change of the instance, the profile or any pin
+replaces it, which re-runs setup, re-bakes the image (its replacement trigger is the bake tag) and
+so replaces the workers; a change of address, user, key path or cluster name only updates it.
+Its `create()` connects with Fabric, waits (bounded) for SSH and for cloud-init, then runs the
+same `node_setup.ssh.install` functions `fab setup` uses:
 `install_profile(conn, profile)` and `prepare_for_bake(conn)`, and syncs the disk so the
 no-reboot snapshot is consistent. Failures carry the remote command's exit code and output, or
-the message of node_setup.install's InstallError for what fails on this machine (the wheel build).
+the message of node_setup.ssh.wheels's InstallError for what fails on this machine (the wheel build).
+
+Host keys are pinned as the `fab` tasks pin them (node_setup/ssh/connections.py): the master's
+key is trusted on first use into the cluster's known_hosts that the toolkit keeps
+(`node_setup.ssh.keys.known_hosts_path(cluster)`), and a host that presents another key than the
+one recorded is refused at once with the message `fab` gives, never retried or accepted.
+
+The provider is pickled into the state by reference (dill records `infra.setup_step.
+ProfileSetupProvider`, not its code), and Pulumi loads it in a separate Python process started
+in infra/: keep this module path and class name, and run Pulumi from the project's virtual
+environment where the project is installed (Pulumi.yaml `runtime.options.virtualenv`). Its
+delete does nothing in AWS and is skipped when the master is deleted too (`deleted_with`); for a
+step that still cannot be loaded, docs/aws-lifecycle.md gives the `pulumi state delete` recovery.
 
 Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` directly.
 """
@@ -25,7 +38,11 @@ from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateRes
 
 from cluster.profiles import Profile, get_profile
 
-SSH_TIMEOUT_SECONDS = 900  # bare-metal instances can take 10 minutes to boot
+SSH_TIMEOUT_SECONDS = 900
+# Metal instances boot far slower than virtual ones: "AWS EC2 metal instances can take over 20
+# minutes to start or restart" (Canonical's cloud test library, which waits up to 40 minutes for
+# them: https://github.com/canonical/pycloudlib/pull/192). AWS documents no bound.
+METAL_SSH_TIMEOUT_SECONDS = 2400
 CLOUD_INIT_TIMEOUT_SECONDS = 1800
 SSH_RETRY_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10
@@ -33,6 +50,11 @@ OUTPUT_TAIL_LINES = 30
 
 # Inputs whose change means "the image must be rebuilt"; the rest only update the record.
 REPLACE_ON = ("instance_id", "profile", "fingerprint", "pip_pins", "bake_tag")
+
+
+def ssh_timeout_for(instance_type: str) -> int:
+    """How long the step waits for the master's sshd: longer for metal instances."""
+    return METAL_SSH_TIMEOUT_SECONDS if ".metal" in instance_type else SSH_TIMEOUT_SECONDS
 
 
 class SetupError(RuntimeError):
@@ -49,22 +71,54 @@ def _tail(text: str) -> str:
     return "\n".join(lines[-OUTPUT_TAIL_LINES:])
 
 
-def open_connection(props: dict[str, Any], key_path: str):
-    """A Fabric connection to the master that uses only the given key and no ssh_config."""
-    from fabric import Config, Connection
+def _ssh_connections():
+    """node_setup.ssh.connections and keys (host-key pinning), imported only when setup really runs."""
+    try:
+        from node_setup.ssh import connections, keys
+    except ImportError as exc:
+        raise SetupError(f"setup step: node_setup.ssh is not importable ({exc}); install the project into "
+                         "the Python that runs pulumi (`.venv/bin/pip install -e '.[controller]'`)") from None
+    return connections, keys
 
-    config = Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
-    return Connection(
-        props["host"], user=props["user"], port=int(props.get("port") or 22), config=config,
+
+def open_connection(props: dict[str, Any], key_path: str):
+    """A Fabric connection to the master that uses only the given key, no ssh_config, and the
+    cluster's pinned host keys (trust on first use, a mismatch refused), configured as `fab`'s."""
+    from fabric import Connection
+
+    connections, keys = _ssh_connections()
+    cluster = props["cluster"]
+    try:
+        known_hosts = keys.known_hosts_path(cluster)
+    except keys.KeyStoreError as exc:
+        raise SetupError(f"setup step: {exc}") from None
+    conn = Connection(
+        props["host"], user=props["user"], port=int(props.get("port") or 22),
+        config=connections.fabric_config(load_ssh_configs=False, cluster=cluster),
         connect_timeout=CONNECT_TIMEOUT_SECONDS,
         connect_kwargs={"key_filename": key_path, "look_for_keys": False, "allow_agent": False})
+    connections.PinnedHostKeys(known_hosts, cluster).attach(conn.client)
+    return conn
+
+
+def _host_key_refused(exc: BaseException, conn) -> str | None:
+    """`fab`'s message when `exc` is a refused host key (never retried), else None."""
+    import paramiko
+
+    if not isinstance(exc, paramiko.SSHException):
+        return None
+    connections, _ = _ssh_connections()
+    if isinstance(exc, (paramiko.BadHostKeyException, connections.HostKeyMismatch)):
+        return f"setup step: {connections.explain(exc, conn)}"
+    return None
 
 
 def wait_for_ssh(connect: Callable[[], Any], timeout: float, retry_every: float = SSH_RETRY_SECONDS):
     """An open connection, retrying while the instance boots; SetupError after `timeout` seconds.
 
     There is no waiter for "sshd answers", so this is a bounded retry: each attempt gets a fresh
-    connection (a half-failed paramiko client cannot be reused).
+    connection (a half-failed paramiko client cannot be reused). A host key that differs from
+    the pinned one is refused at once.
     """
     import paramiko
 
@@ -77,6 +131,10 @@ def wait_for_ssh(connect: Callable[[], Any], timeout: float, retry_every: float 
             conn.open()
             return conn
         except (OSError, EOFError, paramiko.SSHException) as exc:
+            refused = _host_key_refused(exc, conn)
+            if refused:
+                conn.close()
+                raise SetupError(refused) from None
             last = f"{type(exc).__name__}: {exc}"
             conn.close()
         if time.monotonic() + retry_every > deadline:
@@ -99,21 +157,21 @@ def wait_for_cloud_init(conn, timeout: float) -> None:
 
 
 def _node_setup_install():
-    """node_setup.install's two functions, imported only when setup really runs."""
+    """node_setup.ssh.install's two functions, imported only when setup really runs."""
     try:
-        from node_setup.install import install_profile, prepare_for_bake
+        from node_setup.ssh.install import install_profile, prepare_for_bake
     except ImportError as exc:
-        raise SetupError(f"setup step: node_setup.install is not importable ({exc}); install the project "
-                         "into the Python that runs pulumi (`pip install -e .[controller]`) or set "
+        raise SetupError(f"setup step: node_setup.ssh.install is not importable ({exc}); install the project "
+                         "into the Python that runs pulumi (`.venv/bin/pip install -e '.[controller]'`) or set "
                          "bake: false and run `fab setup` later") from None
     return install_profile, prepare_for_bake
 
 
 def _controller_error_types() -> tuple[type[Exception], ...]:
-    """node_setup.install's InstallError (raised on this machine, e.g. building the project wheel)."""
+    """node_setup.ssh.wheels's InstallError (raised on this machine, e.g. building the project wheel)."""
     try:
-        from node_setup.install import InstallError
-    except ImportError:  # tests that pass install doubles may run without node_setup.install
+        from node_setup.ssh.wheels import InstallError
+    except ImportError:  # tests that pass install doubles may run without node_setup.ssh.install
         return ()
     return (InstallError,)
 
@@ -170,7 +228,8 @@ class ProfileSetupProvider(ResourceProvider):
         keys = {k for k in set(olds) | set(news) if not k.startswith("__")}
         changed = sorted(k for k in keys if olds.get(k) != news.get(k))
         replaces = [k for k in changed if k in REPLACE_ON]
-        return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=False)
+        # The record of an old master's setup goes before the new one is made (like the nodes).
+        return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         return UpdateResult({k: v for k, v in news.items() if not k.startswith("__")})
@@ -183,7 +242,7 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
     instance_id: pulumi.Output[str]
 
     def __init__(self, name: str, *, host: pulumi.Input[str], user: str, private_key_path: str,
-                 instance_id: pulumi.Input[str], profile: Profile, port: int = 22,
+                 instance_id: pulumi.Input[str], profile: Profile, cluster: str, port: int = 22,
                  ssh_timeout_seconds: int = SSH_TIMEOUT_SECONDS,
                  cloud_init_timeout_seconds: int = CLOUD_INIT_TIMEOUT_SECONDS,
                  opts: pulumi.ResourceOptions | None = None):
@@ -193,6 +252,7 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
             "port": port,
             "user": user,
             "private_key_path": private_key_path,
+            "cluster": cluster,  # names the known_hosts the master's host key is pinned in
             "instance_id": instance_id,
             "profile": profile.name,
             "pip_pins": list(profile.pip_pins),

@@ -1,1 +1,14 @@
-"""Fabric tasks and the boto3/SSH code behind them: discovery, setup, distribution, launch."""
+"""The edges that act on machines and accounts: the `fab` tasks and the work behind them.
+
+    tasks/      the `fab` task modules (thin: parse options, call the rooms below, print, exit)
+    aws/        boto3 work on the account: clients, errors, discovery, preflight, prices, sweep
+    ssh/        work on nodes over SSH: connections and host keys, install, distribute, jobs
+    local/      the no-AWS cluster of network-namespace nodes on this machine (root)
+    discovery.py      which nodes `--cluster` names (AWS tags, the local cluster, an inventory file)
+    stack_config.py   a Pulumi stack's settings read without the Pulumi CLI
+    plan_plot.py      the `fab plan --plot` drawing
+
+Decisions come from `cluster/` (pure); this package carries them out. Nothing here imports
+pulumi, torch or transformers; `training` is imported only for its pure constants
+(training/exit_codes.py).
+"""

@@ -13,12 +13,10 @@ from typing import Any
 
 import yaml
 
+from cluster.config_keys import BY_KEY, PROJECT, is_unset, unknown_key_problem
 from cluster.spec import ClusterSpec, ConfigError
 
-PROJECT = "xeon-cluster"
 EXAMPLE_STACK = "example"
-# The Pulumi.yaml defaults that mean "not set" (see infra/config.py UNSET_SENTINELS).
-UNSET_SENTINELS = {"sockets": "0", "physicalCores": "0"}
 
 
 class StackConfigError(ValueError):
@@ -51,8 +49,8 @@ def choose_stack(stack: str | None, root: str | os.PathLike = ".") -> tuple[str,
     raise StackConfigError(f"several stacks here ({', '.join(files)}): pass --stack NAME")
 
 
-def read_stack_values(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
-    """(camelCase settings, region) from a stack file."""
+def read_stack_values(path: str | os.PathLike) -> tuple[dict[str, Any], str, list[str]]:
+    """(camelCase settings, region, keys of this project that are no setting) from a stack file."""
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
@@ -61,28 +59,34 @@ def read_stack_values(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     if not isinstance(config, dict):
         raise StackConfigError(f"{path}: `config` must be a map of keys like {PROJECT}:instanceType")
     values: dict[str, Any] = {}
+    unknown: list[str] = []
     prefix = PROJECT + ":"
     for key, value in config.items():
-        if not str(key).startswith(prefix) or isinstance(value, dict) and "secure" in value:
+        if not str(key).startswith(prefix):
             continue
         name = str(key)[len(prefix):]
-        if value is None or value == "" or UNSET_SENTINELS.get(name) == str(value):
-            continue
-        values[name] = value
+        if name not in BY_KEY:
+            unknown.append(name)
+        elif not (isinstance(value, dict) and "secure" in value or is_unset(name, value)):
+            values[name] = value
     region = str(config.get("aws:region") or "")
-    return values, region
+    return values, region, unknown
 
 
 def load_stack_spec(stack: str | None = None, root: str | os.PathLike = ".", *,
                     overrides: dict[str, Any] | None = None) -> ClusterSpec:
     """The validated ClusterSpec of a stack (`overrides` are camelCase keys, e.g. from fab options)."""
     name, path = choose_stack(stack, root)
-    values, region = read_stack_values(path)
+    values, region, unknown = read_stack_values(path)
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ""
     if not region:
         raise StackConfigError(f"{path}: aws:region is not set; run `pulumi config set aws:region us-east-1`")
+    problems = [unknown_key_problem(key) for key in unknown]
     try:
-        return ClusterSpec.from_config(values, stack=name, region=region)
+        spec = ClusterSpec.from_config(values, stack=name, region=region)
     except ConfigError as err:
-        raise ConfigError([f"{path.name}: {p}" for p in err.problems]) from None
+        problems += err.problems
+    if problems:
+        raise ConfigError([f"{path.name}: {p}" for p in problems])
+    return spec

@@ -1,4 +1,8 @@
-"""build_cluster(spec): the whole cluster, in dependency order, and the stack outputs."""
+"""build_cluster(spec): the whole cluster, in dependency order, and the stack outputs.
+
+(Not `infra/cluster.py`: Pulumi starts the setup step's provider process in infra/, with infra/
+first on sys.path, where a module named `cluster` would hide the project's `cluster` package.)
+"""
 
 from __future__ import annotations
 
@@ -11,16 +15,30 @@ from infra.bucket import CheckpointBucket
 from infra.image import BakedImage
 from infra.master import MasterNode
 from infra.network import ClusterNetwork
-from infra.node import NodeNetwork
+from infra.node import NodeNetwork, capacity_retry_hook, engine_supports
 from infra.node_role import NodeRole
 from infra.workers import WorkerNodes
 
 
+def _engine_hooks() -> pulumi.ErrorHook | None:
+    """The launch retry hook, when the Pulumi CLI supports error hooks; warnings for what it lacks."""
+    if not engine_supports("REPLACEMENT_TRIGGER"):
+        pulumi.log.warn("this Pulumi CLI ignores the replacementTrigger option: switching masterSpot/workerSpot "
+                        "or a profile pin will not replace the nodes or the image; update the Pulumi CLI")
+    if not engine_supports("ERROR_HOOKS"):
+        pulumi.log.warn("this Pulumi CLI has no error hooks: a launch that fails for capacity is not retried; "
+                        "update the Pulumi CLI, or run `pulumi up` again")
+        return None
+    return capacity_retry_hook("xeon-cluster-capacity-retry")
+
+
 def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     """Create every resource of the cluster; return the stack outputs (not yet exported)."""
-    # Lookups first: if one fails, nothing has been registered yet.
+    # Lookups first: if one fails, nothing has been registered yet. The master keeps the base
+    # image and subnet it was created with (infra/master.py); these are only first choices.
     base_ami = lookups.base_ami_id(spec)
     place = lookups.placement(spec)
+    on_error = _engine_hooks()
     tags = cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags))
     name = spec.cluster_name
 
@@ -31,25 +49,27 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     bucket = CheckpointBucket(f"{name}-checkpoints", spec, tags)
     node_role = NodeRole(f"{name}-node", spec, bucket_arn=bucket.bucket.arn, tags=tags)
 
-    def node_network(*groups) -> NodeNetwork:
+    def node_network(subnet_id: pulumi.Input[str], *groups) -> NodeNetwork:
         return NodeNetwork(
-            subnet_id=place.subnet_id,
+            subnet_id=subnet_id,
             security_group_ids=[g.id for g in groups],
             key_name=network.key_pair.key_name,
             placement_group=network.placement_group.name if network.placement_group else None,
             public_ip=True if place.default_vpc else None)
 
     master = MasterNode(f"{name}-master", spec, ami=base_ami,
-                        network=node_network(network.cluster_group, network.ssh_group),
-                        instance_profile=node_role.profile_name, tags=tags)
+                        network=node_network(place.subnet_id, network.cluster_group, network.ssh_group),
+                        instance_profile=node_role.profile_name, tags=tags, on_error=on_error)
+    # The base image and subnet the master really has (kept from its creation), for the workers.
+    kept_ami, kept_subnet = master.instance.ami, master.instance.subnet_id
     if spec.bake:
         image = BakedImage(f"{name}-image", spec, master, tags, ssh_rules=network.ssh_rules)
         worker_ami: pulumi.Input[str] = image.image.id
     else:
-        worker_ami = base_ami
+        worker_ami = kept_ami
     workers = WorkerNodes(f"{name}-worker", spec, ami=worker_ami,
-                          network=node_network(network.cluster_group),
-                          instance_profile=node_role.profile_name, tags=tags)
+                          network=node_network(kept_subnet, network.cluster_group),
+                          instance_profile=node_role.profile_name, tags=tags, on_error=on_error)
 
     return {
         "clusterName": spec.cluster_name,
@@ -60,5 +80,7 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "nodePrivateAddresses": pulumi.Output.all(
             master.instance.private_ip, *[w.private_ip for w in workers.instances]),
         "amiId": worker_ami,
+        "baseAmiId": kept_ami,
+        "subnetId": kept_subnet,
         "bucketName": bucket.bucket.bucket,
     }

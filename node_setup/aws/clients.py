@@ -6,7 +6,7 @@ import os
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
+from botocore.exceptions import NoRegionError
 
 # Throttling is retried with exponential backoff and a client-side rate limiter.
 RETRY_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=10, read_timeout=60)
@@ -33,11 +33,3 @@ def client(service: str, region: str | None = None):
         return boto3.client(service, region_name=resolve_region(region), config=RETRY_CONFIG)
     except NoRegionError as exc:  # pragma: no cover - resolve_region catches this first
         raise AwsSetupError(str(exc)) from exc
-
-
-def explain_credentials_error(exc: Exception) -> str | None:
-    """A what-to-do message for missing/partial credentials, or None for other errors."""
-    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return ("no AWS credentials found: run `aws configure` or `aws sso login`, "
-                "or set AWS_PROFILE / AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    return None

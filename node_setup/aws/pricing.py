@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from node_setup import aws
+from cluster.costplan import Price
+from node_setup.aws import clients as aws
+from node_setup.aws import errors
 
 # The Pricing API answers only in a few regions; us-east-1 serves every region's prices.
 PRICING_API_REGION = "us-east-1"
@@ -33,24 +33,6 @@ STATIC_ON_DEMAND_USD = {
     "m7i.48xlarge": 9.6768,
 }
 STATIC_SOURCE = "on-demand, static table (us-east-1 Linux list price; may be out of date)"
-
-
-@dataclass(frozen=True)
-class Price:
-    usd_per_hour: float
-    market: str  # "spot" or "on-demand"
-    source: str
-    zone: str | None = None
-
-
-def region_location_name(region: str) -> str | None:
-    """`us-east-1` -> `US East (N. Virginia)`, the Pricing API's `location` (from botocore's data)."""
-    endpoints = boto3.session.Session()._loader.load_data("endpoints")
-    for partition in endpoints.get("partitions", []):
-        info = partition.get("regions", {}).get(region)
-        if info:
-            return info.get("description")
-    return None
 
 
 def latest_spot_prices(ec2, instance_type: str, zones: list[str] | None = None,
@@ -83,13 +65,16 @@ def spot_price(ec2, instance_type: str, region: str, zones: list[str] | None = N
 
 
 def on_demand_price(pricing, instance_type: str, region: str) -> Price | None:
-    """Linux, shared tenancy, no pre-installed software, from the Pricing API (None if not listed)."""
-    location = region_location_name(region)
-    if not location:
-        return None
+    """Linux, shared tenancy, no pre-installed software, from the Pricing API (None if not listed).
+
+    Filtered on the region code (`regionCode`, e.g. `eu-north-1`), not on the `location` name:
+    the Pricing API's names differ from botocore's region descriptions in EU and South America
+    regions ("EU (Stockholm)" against "Europe (Stockholm)"), and a name that matches nothing
+    silently fell back to the static us-east-1 table.
+    """
     filters = {"ServiceCode": "AmazonEC2", "Filters": [
         {"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
-            ("instanceType", instance_type), ("location", location), ("operatingSystem", "Linux"),
+            ("instanceType", instance_type), ("regionCode", region), ("operatingSystem", "Linux"),
             ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]}
     for page in pricing.get_paginator("get_products").paginate(**filters):
         for item in page.get("PriceList", []):
@@ -98,7 +83,7 @@ def on_demand_price(pricing, instance_type: str, region: str) -> Price | None:
                 for dimension in term.get("priceDimensions", {}).values():
                     usd = float(dimension.get("pricePerUnit", {}).get("USD", 0) or 0)
                     if usd > 0 and dimension.get("unit") in ("Hrs", "Hours", None):
-                        return Price(usd, "on-demand", f"on-demand, AWS Pricing API ({location})")
+                        return Price(usd, "on-demand", f"on-demand, AWS Pricing API ({region})")
     return None
 
 
@@ -118,24 +103,17 @@ def hourly_price(instance_type: str, region: str, *, spot: bool = True, zones: l
                 return found
             notes.append(f"no spot price history for {instance_type} in {region}")
         except (ClientError, BotoCoreError) as exc:
-            notes.append(f"spot price history unavailable ({_short(exc)})")
+            notes.append(f"spot price history unavailable ({errors.describe(exc, 160)})")
     try:
         found = on_demand_price(pricing or aws.client("pricing", PRICING_API_REGION), instance_type, region)
         if found:
             return found
         notes.append(f"the Pricing API lists no on-demand price for {instance_type} in {region}")
     except (ClientError, BotoCoreError) as exc:
-        notes.append(f"Pricing API unavailable ({_short(exc)})")
+        notes.append(f"Pricing API unavailable ({errors.describe(exc, 160)})")
     found = static_on_demand_price(instance_type)
     if found:
         return found
     raise LookupError(f"no price for instance type {instance_type!r} in {region}: "
                       + "; ".join(notes) + f"; the static table knows {', '.join(sorted(STATIC_ON_DEMAND_USD))}. "
                       "Pass --hourly-usd to give the price yourself")
-
-
-def _short(exc: Exception) -> str:
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        return f"{err.get('Code')}: {str(err.get('Message', ''))[:120]}"
-    return str(exc)[:160]

@@ -24,22 +24,27 @@ from __future__ import annotations
 
 import socket
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import paramiko
 from fabric import Config, Connection
 
 from cluster.inventory import Inventory, Node
-from node_setup import keys
+from node_setup.ssh import keys
 
 CONNECT_TIMEOUT = 10  # seconds; every connection, also the gateway's
 
 _FILE_LOCK = threading.Lock()
 
 
-def fabric_config(load_ssh_configs: bool = True) -> Config:
-    return Config(overrides={"run": {"in_stream": False}, "load_ssh_configs": load_ssh_configs})
+CLUSTER_CONFIG_KEY = "xeon_cluster"  # the cluster a connection belongs to (named in host key messages)
+
+
+def fabric_config(load_ssh_configs: bool = True, cluster: str = "") -> Config:
+    return Config(overrides={"run": {"in_stream": False}, "load_ssh_configs": load_ssh_configs,
+                             CLUSTER_CONFIG_KEY: cluster})
 
 
 def host_key_name(host: str, port: int = 22) -> str:
@@ -54,8 +59,9 @@ class HostKeyMismatch(paramiko.SSHException):
 class PinnedHostKeys:
     """One cluster's known_hosts file, shared by every connection to its nodes."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, cluster: str = ""):
         self.path = Path(path)
+        self.cluster = cluster or self.path.parent.name
 
     def _load(self) -> paramiko.HostKeys:
         host_keys = paramiko.HostKeys()
@@ -99,8 +105,8 @@ class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
                     return
                 raise HostKeyMismatch(
                     f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not the one recorded in "
-                    f"{self.store.path} ({', '.join(sorted(recorded))}). If the node was replaced, remove the old "
-                    f"entry (`ssh-keygen -R {hostname} -f {self.store.path}`) and rerun; otherwise do not connect")
+                    f"{self.store.path} ({', '.join(sorted(recorded))}); "
+                    + keys.forget_hint(self.store.cluster, hostname))
             with open(self.store.path, "a") as out:
                 out.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
             self.store.path.chmod(0o600)
@@ -109,7 +115,7 @@ class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
 
 def host_keys_for(inventory: Inventory) -> PinnedHostKeys:
     """The cluster's host key store, with a local cluster's recorded host keys pinned first."""
-    store = PinnedHostKeys(keys.known_hosts_path(inventory.name))
+    store = PinnedHostKeys(keys.known_hosts_path(inventory.name), inventory.name)
     if inventory.kind == "local":
         for address, key_line in _local_cluster_host_keys(inventory).items():
             store.pin(host_key_name(address), key_line)
@@ -118,14 +124,14 @@ def host_keys_for(inventory: Inventory) -> PinnedHostKeys:
 
 def _local_cluster_host_keys(inventory: Inventory) -> dict[str, str]:
     """address -> "type base64" from the state file `fab local-up` wrote next to the cluster key."""
-    from node_setup import local_cluster
+    from node_setup.local.state import ClusterState
 
     if not inventory.key_path:
         return {}
     state_path = Path(inventory.key_path).expanduser().parent / "state.json"
     if not state_path.exists():
         return {}
-    state = local_cluster.ClusterState.from_json(state_path.read_text())
+    state = ClusterState.from_json(state_path.read_text())
     return {n.address: n.host_key for n in state.nodes if getattr(n, "host_key", None)}
 
 
@@ -154,7 +160,7 @@ def connection(inventory: Inventory, node: Node, *, connect_timeout: float = CON
                load_ssh_configs: bool = True, store: PinnedHostKeys | None = None) -> Connection:
     """A Connection to `node`, through the inventory's gateway when the node's address differs."""
     store = store or host_keys_for(inventory)
-    config = fabric_config(load_ssh_configs)
+    config = fabric_config(load_ssh_configs, inventory.name)
     gateway = None
     if inventory.gateway and node.address != inventory.gateway.split("@")[-1].split(":")[0]:
         gateway = _connection(inventory.gateway, inventory, store, config, connect_timeout)
@@ -168,6 +174,20 @@ def connections_for(inventory: Inventory, nodes: Iterable[Node] | None = None, *
     chosen = sorted(nodes if nodes is not None else inventory.nodes, key=lambda n: n.rank)
     return {n.name: connection(inventory, n, connect_timeout=connect_timeout, load_ssh_configs=load_ssh_configs,
                                store=store) for n in chosen}
+
+
+@contextmanager
+def node_connections(inventory: Inventory, conns: dict | None = None, *,
+                     connect_timeout: float = CONNECT_TIMEOUT) -> Iterator[dict[str, Connection]]:
+    """`conns` as given (the caller closes them), or new connections to every node, closed afterwards."""
+    if conns is not None:
+        yield conns
+        return
+    conns = connections_for(inventory, connect_timeout=connect_timeout)
+    try:
+        yield conns
+    finally:
+        close_all(conns)
 
 
 def close_all(conns) -> None:
@@ -190,9 +210,9 @@ def explain(exc: BaseException, conn: Connection | None = None) -> str:
     where = f"{conn.user}@{conn.host}:{conn.port}" if conn is not None else "the node"
     via = f" via gateway {conn.gateway.host}" if conn is not None and isinstance(conn.gateway, Connection) else ""
     if isinstance(exc, paramiko.BadHostKeyException):
+        cluster = (conn.config.get(CLUSTER_CONFIG_KEY) if conn is not None else "") or "<cluster>"
         return (f"host key mismatch for {exc.hostname}: got {exc.key.get_name()} {exc.key.fingerprint}, recorded "
-                f"{exc.expected_key.fingerprint}. If the node was replaced, `ssh-keygen -R {exc.hostname} -f <the "
-                f"cluster's known_hosts>` and rerun; otherwise do not connect")
+                f"{exc.expected_key.fingerprint}; " + keys.forget_hint(cluster, exc.hostname))
     if isinstance(exc, HostKeyMismatch):
         return str(exc)
     if isinstance(exc, paramiko.AuthenticationException):

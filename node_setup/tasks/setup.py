@@ -1,51 +1,45 @@
-"""`fab setup`, `fab check`, `fab distribute`: thin tasks over node_setup.install and node_setup.distribute.
+"""`fab setup`, `fab check`, `fab distribute`, `fab forget`, `fab version`: software and SSH trust.
 
-Exit codes: 0 every node ok; 1 a node failed (install error, check mismatch); 2 bad input (the
-cluster cannot be resolved, unknown profile, controller-side preparation failed); 3 a node
-could not be reached by SSH. Failed nodes never stop the others; rerun to pick up.
+Exit codes (node_setup/tasks/common.py): 0 every node ok; 1 a node failed (install error, check
+mismatch); 2 bad input (the cluster cannot be resolved, unknown profile, controller-side
+preparation failed); 3 a node could not be reached by SSH. Failed nodes never stop the others;
+rerun to pick up.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from fabric import task
-from invoke.exceptions import Exit
+from invoke import Exit
 
 from cluster.inventory import Inventory
-from cluster.profiles import get_profile
+from cluster.profiles import PROFILES, get_profile
 from cluster.render import table
 from cluster.setup_script import DEFAULT_MIN_FREE_GIB, fingerprint_digest
-from node_setup import connections
+from node_setup.controller import PROJECT_ROOT, project_version
+from node_setup.ssh import connections
+from node_setup.tasks import common
+from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, fail, task
 
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNREACHABLE = 3
-
-CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `fab local-up`, or the path of an "
-                "inventory YAML file; default: the only xeon-cluster cluster running in the region")
-REGION_HELP = "AWS region to look for the cluster in (default: AWS_REGION / your AWS config)"
 TIMEOUT_HELP = f"SSH connect timeout per node, in seconds (default {connections.CONNECT_TIMEOUT})"
 
 
 def _inventory(cluster: str | None, region: str | None, profile: str | None = None) -> Inventory:
-    from dataclasses import replace
-
-    from node_setup.discovery import resolve_for_task
-
-    inventory = resolve_for_task(cluster, region, EXIT_BAD_INPUT)
+    inventory = common.inventory(cluster, region)
     if not profile:
         return inventory
     try:
         return replace(inventory, profile=get_profile(profile).name)
     except ValueError as exc:
-        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
+        raise fail(str(exc)) from None
 
 
 def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
     if all(oks):
         return 0
-    return EXIT_UNREACHABLE if any(unreachable) else EXIT_FAILED
+    return UNREACHABLE if any(unreachable) else FAILED
+
 
 
 @task(help={
@@ -56,22 +50,22 @@ def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
 })
 def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONNECT_TIMEOUT):
     """Install the software profile and this project on every node, in parallel (idempotent)."""
-    from node_setup import install
+    from node_setup.ssh import install, wheels
 
     inventory = _inventory(cluster, region, profile)
     prof = get_profile(inventory.profile)
     start = time.monotonic()
     try:
-        wheel = install.build_project_wheel()
-    except install.InstallError as exc:
-        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
+        wheel = wheels.build_project_wheel()
+    except wheels.InstallError as exc:
+        raise fail(str(exc)) from None
     print(f"setup: cluster {inventory.name} ({len(inventory.nodes)} node(s)), profile {prof.name} "
           f"({fingerprint_digest(prof)}), xeon-cluster {wheel.version}", flush=True)
     try:
         results = install.setup_nodes(inventory, profile=prof, project_wheel=wheel, progress=install.print_progress,
                                       connect_timeout=float(connect_timeout))
-    except install.InstallError as exc:
-        raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
+    except wheels.InstallError as exc:
+        raise fail(str(exc)) from None
     rows = [(r.node, "ok" if r.ok else "failed", "-" if r.changed is None else ("yes" if r.changed else "no"),
              f"{r.seconds:.1f}s", r.summary) for r in results]
     print("\n" + table(rows, ("node", "result", "changed", "time", "detail")), end="")
@@ -96,11 +90,11 @@ def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONN
 def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GIB,
           connect_timeout=connections.CONNECT_TIMEOUT):
     """Verify every node: package versions match the profile, bf16 CPU flags, tcmalloc, free disk."""
-    from node_setup import install
+    from node_setup.ssh import install
 
     inventory = _inventory(cluster, region, profile)
     prof = get_profile(inventory.profile)
-    version = install.project_version() if (install.PROJECT_ROOT / "pyproject.toml").exists() else None
+    version = project_version() if (PROJECT_ROOT / "pyproject.toml").exists() else None
     results = install.check_nodes(inventory, profile=prof, project_version=version,
                                   min_free_gib=float(min_free_gib), connect_timeout=float(connect_timeout))
     names = None
@@ -129,8 +123,8 @@ def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GI
 })
 def distribute(c, cluster="", region="", connect_timeout=connections.CONNECT_TIMEOUT):
     """Cluster SSH key to every node; ssh config, known_hosts and hostfile on the master."""
-    from node_setup import install
-    from node_setup.distribute import distribute as run_distribution
+    from node_setup.ssh import install
+    from node_setup.ssh.distribute import distribute as run_distribution
 
     inventory = _inventory(cluster, region)
     result = run_distribution(inventory, connect_timeout=float(connect_timeout), progress=install.print_progress,
@@ -145,4 +139,56 @@ def distribute(c, cluster="", region="", connect_timeout=connections.CONNECT_TIM
     raise Exit(code=_exit_code([n.ok for n in result.nodes], [n.unreachable for n in result.nodes]))
 
 
-TASKS = [setup, check, distribute]
+def _cluster_name(cluster: str) -> str:
+    """The name the controller's files are kept under, without asking AWS (the cluster may be gone)."""
+    from node_setup.discovery import LOCAL, load_inventory_file, looks_like_path
+
+    if cluster == LOCAL or cluster.startswith(LOCAL + ":"):
+        from node_setup.local.state import DEFAULT_NAME
+
+        return cluster.partition(":")[2] or DEFAULT_NAME
+    if looks_like_path(cluster):
+        try:
+            return load_inventory_file(cluster).name
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+    return cluster
+
+
+@task(help={
+    "cluster": "the cluster whose keys to forget: an AWS cluster name, `local` (or local:NAME) or an inventory file",
+    "host": "forget only this node's recorded host key (its address), e.g. after it was replaced",
+})
+def forget(c, cluster="", host=""):
+    """Forget what the controller keeps for a cluster: its SSH key pair and recorded host keys.
+
+    Run it after `pulumi destroy` (a later cluster may reuse the addresses), or with --host after a
+    node was replaced (it comes back with a new host key).
+    """
+    from node_setup.ssh import keys
+
+    if not cluster:
+        raise fail("--cluster: not given; name the cluster whose keys to forget (e.g. --cluster demo)")
+    name = _cluster_name(cluster)
+    try:
+        if host:
+            removed = keys.forget_host(name, host)
+            print(f"forgot {removed} recorded host key line(s) of {host} for cluster {name!r}"
+                  + ("" if removed else " (none were recorded)"))
+        elif keys.forget_cluster(name):
+            print(f"forgot cluster {name!r}: its SSH key pair and recorded host keys are removed")
+        else:
+            print(f"nothing to forget: no keys are kept for cluster {name!r}")
+    except keys.KeyStoreError as exc:
+        raise fail(str(exc)) from None
+
+
+@task(help={})
+def version(c):
+    """Print this project's version (with the digest of its sources) and the profiles' pins."""
+    print(f"xeon-cluster {project_version()}")
+    for profile in PROFILES.values():
+        print(f"  profile {profile.name} ({fingerprint_digest(profile)}): {', '.join(profile.pip_pins)}")
+
+
+TASKS = [setup, check, distribute, forget, version]

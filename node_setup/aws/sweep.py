@@ -6,8 +6,9 @@ state but terminated, spot requests (tagged, or behind a tagged instance), AMIs 
 snapshots, volumes, security groups, key pairs, placement groups and checkpoint buckets; with an
 IAM client also the nodes' IAM roles and instance profiles (infra/node_role.py).
 
-A cluster is *up* while its master instance is pending or running; everything of an up cluster is
-left alone. Everything of any other cluster (or with no cluster tag) is *leaked*, except the
+A cluster is *up* while its master instance exists and is not terminated (pending, running,
+stopping or stopped: a stopped master can be started again); everything of an up cluster is left
+alone. Everything of any other cluster (or with no cluster tag) is *leaked*, except the
 checkpoint buckets, which are *kept* on purpose and deleted only with `delete_buckets=True`.
 
 IAM is global and the role's tags do not say in which region its cluster runs. Roles and instance
@@ -22,35 +23,29 @@ Each kind of resource is listed by its own API call, independently: one the call
 listed. Without the instance listing no cluster can be told up or down, so then every resource is
 *unknown* and none is deleted.
 
-Deletion runs in dependency order: instances (terminated, then waited for), spot requests, AMIs,
-then their snapshots, detached volumes, placement groups, key pairs, security groups (rules that
-reference another group first), instance profiles (their roles removed first), IAM roles (removed
-from their instance profiles, inline policies deleted, managed ones detached), buckets. A resource
-that is already gone counts as removed, so the sweep can be rerun after a partial failure.
+Deletion: node_setup/aws/sweep_delete.py.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import functools
-
 import botocore.session
-from botocore.exceptions import ClientError, WaiterError
+from botocore.exceptions import ClientError
 
-from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER
+from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY
+from node_setup.aws import errors
 
 NO_CLUSTER = "(no cluster tag)"
 LIVE_INSTANCE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
+# A master in one of these states means its cluster exists (a stopped one can be started again).
+ALIVE_MASTER_STATES = ["pending", "running", "stopping", "stopped"]
 OPEN_SPOT_STATES = ("open", "active", "disabled")
 DELETE_ORDER = ("instance", "spot-request", "image", "snapshot", "volume", "placement-group", "key-pair",
                 "security-group", "instance-profile", "iam-role", "bucket")
 IAM_KINDS = ("instance-profile", "iam-role")
-GONE_CODES = {"InvalidInstanceID.NotFound", "InvalidSpotInstanceRequestID.NotFound", "InvalidAMIID.NotFound",
-              "InvalidAMIID.Unavailable", "InvalidSnapshot.NotFound", "InvalidVolume.NotFound",
-              "InvalidPlacementGroup.Unknown", "InvalidKeyPair.NotFound", "InvalidGroup.NotFound",
-              "NoSuchBucket", "InvalidPermission.NotFound", "NoSuchEntity"}
 UP, LEAKED, KEPT, UNKNOWN = "up", "leaked", "kept", "unknown"
 IN_USE = "in-use"  # an IAM role or profile of a cluster with instances in another region
 # Kind -> the permission its listing needs (named in the error when it is refused).
@@ -60,9 +55,6 @@ LIST_PERMISSIONS = {"instance": "ec2:DescribeInstances", "spot-request": "ec2:De
                     "key-pair": "ec2:DescribeKeyPairs", "placement-group": "ec2:DescribePlacementGroups",
                     "bucket": "s3:ListAllMyBuckets", "iam-role": "iam:ListRoles and iam:ListRoleTags",
                     "instance-profile": "iam:ListInstanceProfiles and iam:ListInstanceProfileTags"}
-# Credentials AWS rejects outright: every listing would fail the same way, so collect() raises.
-CREDENTIAL_CODES = {"InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException", "SignatureDoesNotMatch",
-                    "UnrecognizedClientException", "InvalidAccessKeyId"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +64,11 @@ class Resource:
     cluster: str
     state: str = ""
     detail: str = ""
+    stack: str = ""  # the Pulumi stack that made it (its tag), "" when untagged
+
+
+def _resource(kind: str, ident: str, tags: dict[str, str], state: str = "", detail: str = "") -> Resource:
+    return Resource(kind, ident, _cluster(tags), state, detail, tags.get(STACK_KEY, ""))
 
 
 @dataclass
@@ -79,6 +76,7 @@ class Listing:
     region: str
     resources: list[Resource] = field(default_factory=list)
     up_clusters: set[str] = field(default_factory=set)
+    master_states: dict[str, str] = field(default_factory=dict)  # cluster -> its master's state
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be listed
     iam_listed: bool = False
     # IAM is global: cluster -> other regions where it still has instances (its role is in use there)
@@ -119,8 +117,11 @@ class Listing:
     def render(self) -> str:
         lines = [] if self.resources or self.errors else [f"no xeon-cluster resources in {self.region}"]
         for name, items in self.by_cluster().items():
+            master = self.master_states.get(name, "")
             state = ("unknown (instances could not be listed)" if not self.clusters_known
-                     else "up (master running)" if name in self.up_clusters else "down")
+                     else f"up (master {master})" if master in ("pending", "running")
+                     else f"up but {master} (master {master}: start it again, or `pulumi destroy` removes it)"
+                     if name in self.up_clusters else "down")
             if name in self.elsewhere and name not in self.up_clusters:
                 state += f"; has instances in {', '.join(sorted(self.elsewhere[name]))} (its IAM role is in use there)"
             lines.append(f"cluster {name}: {state}")
@@ -164,7 +165,7 @@ def _cluster(tags: dict[str, str]) -> str:
 OURS = [{"Name": f"tag:{MANAGED_BY_KEY}", "Values": [MANAGED_BY_VALUE]}]
 
 
-def _pages(client, operation: str, key: str, **kwargs):
+def pages(client, operation: str, key: str, **kwargs):
     if client.can_paginate(operation):
         for page in client.get_paginator(operation).paginate(**kwargs):
             yield from page.get(key, [])
@@ -203,95 +204,91 @@ def collect(ec2, s3, region: str, iam=None, regional_ec2=None) -> Listing:
 
 
 def _refused(listing: Listing, kind: str, exc: ClientError) -> None:
-    error = exc.response.get("Error", {})
-    code = error.get("Code", "")
-    if code in CREDENTIAL_CODES:
+    if errors.is_bad_credentials(exc):  # every listing would fail the same way
         raise exc
-    listing.errors[kind] = (f"{code}: {error.get('Message', '')}".rstrip(": ")
-                            + f"; allow {LIST_PERMISSIONS[kind]} for your IAM identity and rerun")
+    listing.errors[kind] = f"{errors.describe(exc)}; allow {LIST_PERMISSIONS[kind]} for your IAM identity and rerun"
 
 
 @dataclass
 class _Found:
     """What one listing tells the next: spot requests behind instances, snapshots behind images."""
-    spot_of_instance: dict[str, tuple[str, str]] = field(default_factory=dict)
+    spot_of_instance: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)  # -> (tags, instance)
     image_snapshots: set[str] = field(default_factory=set)
 
 
 def _list_instances(ec2, listing: Listing, found: _Found) -> None:
     add = listing.resources.append
-    for res in _pages(ec2, "describe_instances", "Reservations", Filters=OURS + [
+    for res in pages(ec2, "describe_instances", "Reservations", Filters=OURS + [
             {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]):
         for inst in res["Instances"]:
             tags, state = _tags(inst), inst["State"]["Name"]
             cluster = _cluster(tags)
             role = tags.get(ROLE_KEY, "")
-            add(Resource("instance", inst["InstanceId"], cluster, state, f"{role} {inst['InstanceType']}".strip()))
-            if role == ROLE_MASTER and state in ("pending", "running"):
+            add(_resource("instance", inst["InstanceId"], tags, state, f"{role} {inst['InstanceType']}".strip()))
+            if role == ROLE_MASTER and state in ALIVE_MASTER_STATES:
                 listing.up_clusters.add(cluster)
+                listing.master_states[cluster] = state
             if inst.get("SpotInstanceRequestId"):
-                found.spot_of_instance[inst["SpotInstanceRequestId"]] = (cluster, inst["InstanceId"])
+                found.spot_of_instance[inst["SpotInstanceRequestId"]] = (tags, inst["InstanceId"])
 
 
 def _list_spot_requests(ec2, listing: Listing, found: _Found) -> None:
     add = listing.resources.append
     seen = set()
-    for req in _pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests", Filters=OURS):
+    for req in pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests", Filters=OURS):
         if req["State"] in OPEN_SPOT_STATES:
             seen.add(req["SpotInstanceRequestId"])
-            add(Resource("spot-request", req["SpotInstanceRequestId"], _cluster(_tags(req)), req["State"],
-                         req.get("InstanceId", "")))
+            add(_resource("spot-request", req["SpotInstanceRequestId"], _tags(req), req["State"],
+                          req.get("InstanceId", "")))
     untagged = sorted(set(found.spot_of_instance) - seen)
     if untagged:  # requests made for tagged instances need not carry tags themselves
-        for req in _pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests",
+        for req in pages(ec2, "describe_spot_instance_requests", "SpotInstanceRequests",
                           SpotInstanceRequestIds=untagged):
             if req["State"] in OPEN_SPOT_STATES:
-                cluster, instance = found.spot_of_instance[req["SpotInstanceRequestId"]]
-                add(Resource("spot-request", req["SpotInstanceRequestId"], cluster, req["State"], instance))
+                tags, instance = found.spot_of_instance[req["SpotInstanceRequestId"]]
+                add(_resource("spot-request", req["SpotInstanceRequestId"], tags, req["State"], instance))
 
 
 def _list_images(ec2, listing: Listing, found: _Found) -> None:
     add = listing.resources.append
-    for image in _pages(ec2, "describe_images", "Images", Owners=["self"], Filters=OURS):
-        cluster = _cluster(_tags(image))
-        add(Resource("image", image["ImageId"], cluster, image.get("State", ""), image.get("Name", "")))
+    for image in pages(ec2, "describe_images", "Images", Owners=["self"], Filters=OURS):
+        tags = _tags(image)
+        add(_resource("image", image["ImageId"], tags, image.get("State", ""), image.get("Name", "")))
         for mapping in image.get("BlockDeviceMappings", []):
             snap = mapping.get("Ebs", {}).get("SnapshotId")
             if snap:
                 found.image_snapshots.add(snap)
-                add(Resource("snapshot", snap, cluster, "", f"of {image['ImageId']}"))
+                add(_resource("snapshot", snap, tags, "", f"of {image['ImageId']}"))
 
 
 def _list_snapshots(ec2, listing: Listing, found: _Found) -> None:
-    for snap in _pages(ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=OURS):
+    for snap in pages(ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=OURS):
         if snap["SnapshotId"] not in found.image_snapshots:
-            listing.resources.append(Resource("snapshot", snap["SnapshotId"], _cluster(_tags(snap)),
-                                              snap.get("State", "")))
+            listing.resources.append(_resource("snapshot", snap["SnapshotId"], _tags(snap), snap.get("State", "")))
 
 
 def _list_volumes(ec2, listing: Listing, found: _Found) -> None:
-    for vol in _pages(ec2, "describe_volumes", "Volumes", Filters=OURS):
+    for vol in pages(ec2, "describe_volumes", "Volumes", Filters=OURS):
         attached = ",".join(a["InstanceId"] for a in vol.get("Attachments", []))
-        listing.resources.append(Resource("volume", vol["VolumeId"], _cluster(_tags(vol)), vol["State"],
-                                          f"on {attached}" if attached else f"{vol.get('Size', '?')} GiB"))
+        listing.resources.append(_resource("volume", vol["VolumeId"], _tags(vol), vol["State"],
+                                           f"on {attached}" if attached else f"{vol.get('Size', '?')} GiB"))
 
 
 def _list_security_groups(ec2, listing: Listing, found: _Found) -> None:
-    for group in _pages(ec2, "describe_security_groups", "SecurityGroups", Filters=OURS):
-        listing.resources.append(Resource("security-group", group["GroupId"], _cluster(_tags(group)), "",
-                                          group.get("GroupName", "")))
+    for group in pages(ec2, "describe_security_groups", "SecurityGroups", Filters=OURS):
+        listing.resources.append(_resource("security-group", group["GroupId"], _tags(group), "",
+                                           group.get("GroupName", "")))
 
 
 def _list_key_pairs(ec2, listing: Listing, found: _Found) -> None:
-    for key in _pages(ec2, "describe_key_pairs", "KeyPairs", Filters=OURS):
-        listing.resources.append(Resource("key-pair", key["KeyName"], _cluster(_tags(key)), "",
-                                          key.get("KeyPairId", "")))
+    for key in pages(ec2, "describe_key_pairs", "KeyPairs", Filters=OURS):
+        listing.resources.append(_resource("key-pair", key["KeyName"], _tags(key), "", key.get("KeyPairId", "")))
 
 
 def _list_placement_groups(ec2, listing: Listing, found: _Found) -> None:
-    for group in _pages(ec2, "describe_placement_groups", "PlacementGroups", Filters=OURS):
-        listing.resources.append(Resource("placement-group", group["GroupName"], _cluster(_tags(group)),
-                                          group.get("State", ""), group.get("Strategy", "")))
+    for group in pages(ec2, "describe_placement_groups", "PlacementGroups", Filters=OURS):
+        listing.resources.append(_resource("placement-group", group["GroupName"], _tags(group),
+                                           group.get("State", ""), group.get("Strategy", "")))
 
 
 def _list_buckets(s3, listing: Listing, found: _Found) -> None:
@@ -303,7 +300,7 @@ def _list_buckets(s3, listing: Listing, found: _Found) -> None:
         except ClientError:
             continue  # untagged (NoSuchTagSet) or not ours to read
         if _ours(tags) and location == listing.region:
-            listing.resources.append(Resource("bucket", name, _cluster(tags), "", "checkpoints"))
+            listing.resources.append(_resource("bucket", name, tags, "", "checkpoints"))
 
 
 def _list_roles(iam, listing: Listing, found: _Found) -> None:
@@ -312,22 +309,27 @@ def _list_roles(iam, listing: Listing, found: _Found) -> None:
     Every role's tags are read, whatever its name: Pulumi names the role after the cluster with a
     random suffix, and a name is no proof of ownership either way.
     """
-    for role in list(_pages(iam, "list_roles", "Roles")):
+    for role in list(pages(iam, "list_roles", "Roles")):
         name = role["RoleName"]
-        try:
-            tags = _tags({"Tags": list(_pages(iam, "list_role_tags", "Tags", RoleName=name))})
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "NoSuchEntity":
-                continue  # deleted since ListRoles
-            raise
-        if _ours(tags):
-            listing.resources.append(Resource("iam-role", name, _cluster(tags), "", _role_policies(iam, name)))
+        tags = _iam_tags(iam, "list_role_tags", RoleName=name)
+        if tags is not None and _ours(tags):
+            listing.resources.append(_resource("iam-role", name, tags, "", _role_policies(iam, name)))
+
+
+def _iam_tags(iam, operation: str, **name) -> dict[str, str] | None:
+    """An IAM role's or instance profile's tags (IAM lists them per resource); None when it is gone."""
+    try:
+        return _tags({"Tags": list(pages(iam, operation, "Tags", **name))})
+    except ClientError as exc:
+        if errors.is_gone(exc):
+            return None  # deleted since it was listed
+        raise
 
 
 def _role_policies(iam, name: str) -> str:
     try:
-        inline = list(_pages(iam, "list_role_policies", "PolicyNames", RoleName=name))
-        attached = [p["PolicyName"] for p in _pages(iam, "list_attached_role_policies", "AttachedPolicies",
+        inline = list(pages(iam, "list_role_policies", "PolicyNames", RoleName=name))
+        attached = [p["PolicyName"] for p in pages(iam, "list_attached_role_policies", "AttachedPolicies",
                                                      RoleName=name)]
     except ClientError:
         return ""  # only the detail is missing; deletion lists them again
@@ -336,18 +338,13 @@ def _role_policies(iam, name: str) -> str:
 
 
 def _list_instance_profiles(iam, listing: Listing, found: _Found) -> None:
-    for profile in list(_pages(iam, "list_instance_profiles", "InstanceProfiles")):
+    for profile in list(pages(iam, "list_instance_profiles", "InstanceProfiles")):
         name = profile["InstanceProfileName"]
-        try:
-            tags = _tags({"Tags": list(_pages(iam, "list_instance_profile_tags", "Tags", InstanceProfileName=name))})
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "NoSuchEntity":
-                continue
-            raise
-        if _ours(tags):
+        tags = _iam_tags(iam, "list_instance_profile_tags", InstanceProfileName=name)
+        if tags is not None and _ours(tags):
             roles = ",".join(r["RoleName"] for r in profile.get("Roles", []))
-            listing.resources.append(Resource("instance-profile", name, _cluster(tags), "",
-                                              f"role {roles}" if roles else "no role"))
+            listing.resources.append(_resource("instance-profile", name, tags, "",
+                                               f"role {roles}" if roles else "no role"))
 
 
 def _find_clusters_elsewhere(ec2, listing: Listing, regional_ec2) -> None:
@@ -362,7 +359,7 @@ def _find_clusters_elsewhere(ec2, listing: Listing, regional_ec2) -> None:
     try:
         regions = sorted(r["RegionName"] for r in ec2.describe_regions()["Regions"])
     except ClientError as exc:
-        listing.elsewhere_error = (f"the account's regions could not be listed ({exc.response['Error'].get('Code')}; "
+        listing.elsewhere_error = (f"the account's regions could not be listed ({errors.code(exc)}; "
                                    "allow ec2:DescribeRegions)")
         return
     partition = _partition(listing.region)
@@ -371,13 +368,13 @@ def _find_clusters_elsewhere(ec2, listing: Listing, regional_ec2) -> None:
         if region == listing.region or _partition(region) != partition:
             continue  # a role serves instances of its own partition only (aws, aws-cn, aws-us-gov)
         try:
-            for res in _pages(regional_ec2(region), "describe_instances", "Reservations", Filters=OURS + [
+            for res in pages(regional_ec2(region), "describe_instances", "Reservations", Filters=OURS + [
                     {"Name": f"tag:{CLUSTER_KEY}", "Values": clusters},
                     {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]):
                 for inst in res["Instances"]:
                     listing.elsewhere.setdefault(_cluster(_tags(inst)), set()).add(region)
         except ClientError as exc:
-            failed.append(f"{region} ({exc.response.get('Error', {}).get('Code', '')})")
+            failed.append(f"{region} ({errors.code(exc)})")
             continue
         listing.other_regions_checked += 1
     if failed:
@@ -391,122 +388,3 @@ def _partition(region: str) -> str:
         return botocore.session.get_session().get_partition_for_region(region)
     except Exception:  # a region botocore does not know yet: assume the usual partition
         return "aws"
-
-
-def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False,
-           waiter_delay: int = 15) -> list[tuple[Resource, str]]:
-    """Remove the leaked resources in dependency order; returns (resource, outcome) per resource."""
-    todo = listing.leaked(include_buckets=include_buckets)
-    by_kind: dict[str, list[Resource]] = defaultdict(list)
-    for res in todo:
-        by_kind[res.kind].append(res)
-    outcomes: list[tuple[Resource, str]] = []
-
-    def attempt(res: Resource, action) -> bool:
-        try:
-            action()
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in GONE_CODES:
-                outcomes.append((res, "already gone"))
-                return True
-            outcomes.append((res, f"FAILED {code}: {exc.response.get('Error', {}).get('Message', '')}"))
-            return False
-        outcomes.append((res, "removed"))
-        return True
-
-    if by_kind["instance"]:
-        live = [r.id for r in by_kind["instance"] if r.state != "shutting-down"]
-        try:
-            if live:
-                ec2.terminate_instances(InstanceIds=live)
-            ec2.get_waiter("instance_terminated").wait(
-                InstanceIds=[r.id for r in by_kind["instance"]],
-                WaiterConfig={"Delay": waiter_delay, "MaxAttempts": 40})
-            outcome = "terminated"
-        except (ClientError, WaiterError) as exc:
-            outcome = f"FAILED to terminate: {exc}"
-        outcomes.extend((res, outcome) for res in by_kind["instance"])
-        if outcome != "terminated":
-            return outcomes  # what depends on the instances cannot go yet
-    for res in by_kind["spot-request"]:
-        attempt(res, lambda r=res: ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=[r.id]))
-    for res in by_kind["image"]:
-        attempt(res, lambda r=res: ec2.deregister_image(ImageId=r.id))
-    for res in by_kind["snapshot"]:
-        attempt(res, lambda r=res: ec2.delete_snapshot(SnapshotId=r.id))
-    for res in by_kind["volume"]:
-        if res.state == "in-use":  # goes with its instance (DeleteOnTermination) or once detached
-            outcomes.append((res, "skipped: still attached; rerun the sweep after its instance is gone"))
-            continue
-        attempt(res, lambda r=res: ec2.delete_volume(VolumeId=r.id))
-    for res in by_kind["placement-group"]:
-        attempt(res, lambda r=res: ec2.delete_placement_group(GroupName=r.id))
-    for res in by_kind["key-pair"]:
-        attempt(res, lambda r=res: ec2.delete_key_pair(KeyName=r.id))
-    groups = by_kind["security-group"]
-    _revoke_cross_references(ec2, [r.id for r in groups])
-    for res in groups:
-        attempt(res, lambda r=res: ec2.delete_security_group(GroupId=r.id))
-    # IAM after the instances are gone: a profile first (its roles removed), then the roles
-    for res in by_kind["instance-profile"]:
-        attempt(res, lambda r=res: _delete_instance_profile(iam, r.id))
-    for res in by_kind["iam-role"]:
-        attempt(res, lambda r=res: _delete_role(iam, r.id))
-    for res in by_kind["bucket"]:
-        attempt(res, lambda r=res: _empty_and_delete_bucket(s3, r.id))
-    return outcomes
-
-
-def _delete_instance_profile(iam, name: str) -> None:
-    profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
-    for role in profile.get("Roles", []):
-        iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=role["RoleName"])
-    iam.delete_instance_profile(InstanceProfileName=name)
-
-
-def _delete_role(iam, name: str) -> None:
-    """IAM refuses to delete a role still in a profile or with policies: those go first."""
-    for profile in list(_pages(iam, "list_instance_profiles_for_role", "InstanceProfiles", RoleName=name)):
-        iam.remove_role_from_instance_profile(InstanceProfileName=profile["InstanceProfileName"], RoleName=name)
-    for policy in list(_pages(iam, "list_role_policies", "PolicyNames", RoleName=name)):
-        iam.delete_role_policy(RoleName=name, PolicyName=policy)
-    for policy in list(_pages(iam, "list_attached_role_policies", "AttachedPolicies", RoleName=name)):
-        iam.detach_role_policy(RoleName=name, PolicyArn=policy["PolicyArn"])
-    iam.delete_role(RoleName=name)
-
-
-def _revoke_cross_references(ec2, group_ids: list[str]) -> None:
-    """Two groups that admit each other cannot be deleted until those rules go."""
-    if not group_ids:
-        return
-    try:
-        groups = ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"]
-    except ClientError:
-        return
-    for group in groups:
-        rules = [p for p in group.get("IpPermissions", []) if p.get("UserIdGroupPairs")]
-        if rules:
-            try:
-                ec2.revoke_security_group_ingress(GroupId=group["GroupId"], IpPermissions=rules)
-            except ClientError:
-                pass  # deletion below reports what is left
-
-
-def _empty_and_delete_bucket(s3, name: str) -> None:
-    paginator = s3.get_paginator("list_object_versions")
-    for page in paginator.paginate(Bucket=name):
-        objects = [{"Key": o["Key"], "VersionId": o["VersionId"]}
-                   for o in page.get("Versions", []) + page.get("DeleteMarkers", [])]
-        if objects:
-            s3.delete_objects(Bucket=name, Delete={"Objects": objects, "Quiet": True})
-    s3.delete_bucket(Bucket=name)
-
-
-def render_outcomes(outcomes: list[tuple[Resource, str]]) -> str:
-    if not outcomes:
-        return "nothing leaked: nothing removed"
-    lines = [f"  {outcome:<12} {res.kind:<15} {res.id:<28} (cluster {res.cluster})" for res, outcome in outcomes]
-    failed = sum(1 for _, outcome in outcomes if outcome.startswith(("FAILED", "skipped")))
-    lines.append(f"removed {len(outcomes) - failed}, left {failed}" + (" (rerun `fab sweep --delete`)" if failed else ""))
-    return "\n".join(lines)

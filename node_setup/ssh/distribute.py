@@ -2,9 +2,11 @@
 
     distribute(inventory, ...) -> DistributionResult      (fab distribute; fab train before launch)
 
-1. The cluster key pair (node_setup.keys: made once per cluster on the controller).
+1. The cluster key pair (node_setup.ssh.keys: made once per cluster on the controller).
 2. Every node, in parallel, over the controller's verified connection: the key's public half
-   appended once to ~/.ssh/authorized_keys; the host key the controller verified is noted.
+   written to ~/.ssh/authorized_keys, limited to the cluster's own addresses (`from=`) and with
+   forwarding refused (cluster/render.py authorized_key_line), replacing an older line of that key;
+   the host key the controller verified is noted.
 3. The master (only when every node succeeded; a hostfile naming a dead node would only fail
    later, inside mpirun): the private half at ~/.ssh/<cluster>_ed25519 (0600, created 0600 before
    the content arrives), ~/.ssh/xeon-cluster-<cluster>.known_hosts with each node's host key as
@@ -25,15 +27,15 @@ from __future__ import annotations
 import io
 import shlex
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 from cluster.inventory import Inventory
-from cluster.render import (MasterPaths, hostfile_text, known_hosts_text, replace_managed_block, ssh_config_block,
-                            table)
-from cluster.setup_script import append_line_once_command
-from node_setup import connections, keys
+from cluster.render import (MasterPaths, authorized_key_line, hostfile_text, key_comment, known_hosts_text,
+                            replace_managed_block, ssh_config_block, table)
+from cluster import shell
+from node_setup.ssh import connections, keys
+from node_setup.ssh.fanout import each_node
 
 
 class DistributionError(RuntimeError):
@@ -75,10 +77,12 @@ class DistributionResult:
         return table([(n.node, "ok" if n.ok else "failed", n.detail) for n in self.nodes], ("node", "result", "detail"))
 
 
-def _authorize(conn, public_key: str) -> tuple[str, str]:
-    """Append the cluster's public key once; returns (host key seen, "appended"/"unchanged")."""
+def _authorize(conn, line: str, cluster: str) -> tuple[str, str]:
+    """Make `line` the cluster key's authorized_keys line; returns (host key seen, "written"/"unchanged")."""
     host_key = connections.seen_host_key(conn)
-    out = conn.run(append_line_once_command(".ssh/authorized_keys", public_key), hide=True, in_stream=False)
+    script = shell.render("authorize-key.sh", {"FILE": ".ssh/authorized_keys", "LINE": line,
+                                               "MARK": key_comment(cluster)})
+    out = conn.run(f"sh -c {shlex.quote(script)}", hide=True, in_stream=False)
     return host_key, out.stdout.strip().splitlines()[-1]
 
 
@@ -133,13 +137,8 @@ def distribute(inventory: Inventory, *, conns: dict | None = None, connect_timeo
     """
     start = time.monotonic()
     key = keys.ensure_cluster_key(inventory.name)
-    own = conns is None
-    conns = conns or connections.connections_for(inventory, connect_timeout=connect_timeout)
-    try:
+    with connections.node_connections(inventory, conns, connect_timeout=connect_timeout) as conns:
         result = _distribute(inventory, conns, key, progress)
-    finally:
-        if own:
-            connections.close_all(conns)
     result.seconds = time.monotonic() - start
     if raise_on_failure and not result.ok:
         raise DistributionError(result)
@@ -148,13 +147,12 @@ def distribute(inventory: Inventory, *, conns: dict | None = None, connect_timeo
 
 def _distribute(inventory: Inventory, conns: dict, key: keys.ClusterKey,
                 progress: Callable[[str, str], None]) -> DistributionResult:
-    public_key = key.public_key
+    line = authorized_key_line(key.public_key, inventory.nodes)
     result = DistributionResult(inventory.name)
 
-    def one(name: str) -> NodeDistribution:
-        conn = conns[name]
+    def one(name: str, conn) -> NodeDistribution:
         try:
-            host_key, change = _authorize(conn, public_key)
+            host_key, change = _authorize(conn, line, inventory.name)
         except Exception as exc:  # noqa: BLE001 - every node's failure is reported, the others go on
             return NodeDistribution(name, False, connections.explain(exc, conn),
                                     unreachable=connections.is_unreachable(exc))
@@ -162,8 +160,7 @@ def _distribute(inventory: Inventory, conns: dict, key: keys.ClusterKey,
         return NodeDistribution(name, True, f"key {change}", host_key=host_key)
 
     names = [n.name for n in sorted(inventory.nodes, key=lambda n: n.rank)]
-    with ThreadPoolExecutor(max_workers=max(len(names), 1), thread_name_prefix="xc-dist") as pool:
-        result.nodes = list(pool.map(one, names))
+    result.nodes = each_node({name: conns[name] for name in names}, one)
 
     if not result.failed:
         master = conns[inventory.master.name]

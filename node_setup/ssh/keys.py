@@ -2,7 +2,7 @@
 
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/<cluster>/       (0700)
         id_ed25519        private half of the cluster key (0600): goes to the master only
-        id_ed25519.pub    public half: appended once to every node's authorized_keys
+        id_ed25519.pub    public half: in every node's authorized_keys (from= the cluster's addresses)
         known_hosts       every node's host key as the controller first saw it (see connections.py)
 
 The key pair is made once per cluster by the toolkit (ed25519, with `cryptography`, which
@@ -21,18 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.render import key_comment
+from node_setup.controller import PROJECT_ROOT, config_root
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class KeyStoreError(RuntimeError):
     """The per-cluster key store cannot be used; the message says what to do."""
-
-
-def config_root() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "xeon-cluster"
 
 
 def cluster_dir(cluster: str, *, create: bool = True) -> Path:
@@ -116,3 +111,21 @@ def forget_cluster(cluster: str) -> bool:
         return False
     shutil.rmtree(directory)
     return True
+
+
+def forget_host(cluster: str, host: str) -> int:
+    """Remove every known_hosts line of `host` (an address or `[address]:port`); returns how many."""
+    path = cluster_dir(cluster, create=False) / "known_hosts"
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if host not in line.split(" ", 1)[0].split(",")]
+    path.write_text("".join(f"{line}\n" for line in kept))
+    return len(lines) - len(kept)
+
+
+def forget_hint(cluster: str, host: str) -> str:
+    """What to run when a recorded host key no longer matches (the node was replaced or its address reused)."""
+    return (f"if the node was replaced or cluster {cluster!r} was made again, forget the old key with "
+            f"`fab forget --cluster {cluster} --host {host}` (or the whole cluster: `fab forget --cluster {cluster}`) "
+            "and rerun; otherwise do not connect")

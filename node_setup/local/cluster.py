@@ -1,0 +1,395 @@
+"""The local cluster, up and down: N "nodes" on one Linux machine, each a network namespace with its own sshd.
+
+What one node is (docs/design.md, "The local cluster")::
+
+    ip netns add xc-<name>-n<i>                      # own network stack
+    veth xcv-<tag>-<i> (host, on bridge xcb-<tag>) <-> eth0 (node), 10.x.y.(i+2)/24
+    ip netns exec NS unshare --uts --mount --propagation private sh -c '
+        hostname node<i>; mount --bind <node dir>/root /root; mount --bind <node dir>/etc/hosts /etc/hosts
+        exec sshd -D -f <node dir>/etc/sshd_config'
+
+The bridge holds 10.x.y.1, so the controller on the host reaches every node directly. Nodes share
+the host's filesystem except /root and /etc/hosts. Every name, address, PID and directory made is
+recorded in a state file, and `destroy` removes exactly those (by recorded PID and name), so it is
+safe to run twice and never touches anything it did not make.
+Where its files live: node_setup/local/state.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from node_setup.local import system
+from node_setup.local.imds_server import INSTANCE_ACTION_FILE, REBALANCE_FILE
+from node_setup.local.state import (
+    DEFAULT_NAME,
+    DEFAULT_NOTICE_SECONDS,
+    DEFAULT_WHEELHOUSE,
+    LOCAL_INSTANCE_TYPE,
+    LOCAL_ZONE,
+    ClusterPaths,
+    ClusterState,
+    LocalClusterError,
+    NodeState,
+    Progress,
+    bridge_name,
+    build_inventory,
+    describe_link,
+    find_node,
+    hosts_text,
+    instance_action_text,
+    inventory_mapping,
+    link_shaping_commands,
+    link_unshaping_command,
+    load_state,
+    namespace_name,
+    node_name,
+    paths_for,
+    pick_subnet,
+    quiet,
+    rebalance_text,
+    save_state,
+    sshd_config_text,
+    validate_link,
+    validate_name,
+    validate_node_count,
+    validate_notice,
+    veth_name,
+)
+from training.imds import METADATA_ADDRESS
+
+
+def is_running(state: ClusterState) -> bool:
+    """Every recorded node's namespace exists and its sshd runs."""
+    names = system.namespaces()
+    return bool(state.nodes) and all(
+        n.namespace in names and n.sshd_pid is not None and system.process_alive(n.sshd_pid) and system.is_our_sshd(n.sshd_pid, n)
+        for n in state.nodes)
+
+
+def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None = None, replace: bool = False,
+           wheelhouse: str | None = DEFAULT_WHEELHOUSE, progress: Progress = quiet,
+           timeout: float = system.SSHD_START_TIMEOUT, link_mbit: float = 0, link_delay_ms: float = 0) -> ClusterState:
+    """Start a local cluster of `nodes` nodes; returns its state (also saved, with the inventory).
+
+    `link_mbit` (with `link_delay_ms`) limits what every node sends with tc inside its namespace
+    (0: not limited); the limit is recorded in the state file and removed by `destroy`.
+
+    An existing cluster of that name is an error unless `replace` (then it is torn down first);
+    leftovers of one that is no longer running are cleaned up. If anything fails, what was made
+    so far is removed again before the error is raised.
+    """
+    validate_node_count(nodes)
+    mbit, delay_ms = validate_link(link_mbit, link_delay_ms)
+    paths = paths or paths_for(name)
+    validate_name(paths.name)
+    system.check_host()
+    if mbit:
+        system.check_tc()
+    existing = load_state(paths)
+    if existing is not None and not replace and _bridge_up(existing) and not _all_up(existing, nodes):
+        return _bring_back(existing, nodes, paths, wheelhouse, progress, timeout)
+    if existing is not None:
+        if is_running(existing) and not replace:
+            flag = "" if paths.name == DEFAULT_NAME else f" --name {paths.name}"
+            raise LocalClusterError(
+                f"local cluster {paths.name!r} is already up with {len(existing.nodes)} nodes "
+                f"(inventory {paths.inventory_path}); run `fab local-down{flag}` first, "
+                f"or `fab local-up --replace --nodes {nodes}{flag}` to replace it")
+        progress(f"removing the previous local cluster {paths.name!r}")
+        destroy(paths, progress=progress)
+
+    state = ClusterState(name=paths.name, bridge=bridge_name(paths.name), subnet="", bridge_address="",
+                         data_dir=str(paths.data_dir), cluster_dir=str(paths.cluster_dir),
+                         key_path=str(paths.key_path), inventory_path=str(paths.inventory_path),
+                         created_at=time.time(), link_mbit=mbit, link_delay_ms=delay_ms)
+    try:
+        _make(state, nodes, paths, progress, timeout)
+        sockets, cores = system.machine_topology()
+        inventory = build_inventory(state, sockets=sockets, physical_cores=cores, wheelhouse=wheelhouse)
+        paths.inventory_path.write_text(yaml.safe_dump(inventory_mapping(inventory), sort_keys=False))
+        save_state(paths, state)
+    except BaseException:
+        progress(f"local-up failed; removing what was made for {paths.name!r}")
+        try:
+            destroy(paths, progress=progress)
+        except LocalClusterError as cleanup_error:  # pragma: no cover - reported with the original error
+            progress(f"cleanup incomplete: {cleanup_error}")
+        raise
+    progress(f"local cluster {paths.name!r}: {nodes} node(s) on {state.subnet}; inventory {paths.inventory_path}")
+    return state
+
+
+def _make(state: ClusterState, count: int, paths: ClusterPaths, progress: Progress, timeout: float) -> None:
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory (shared, kept)
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    paths.data_dir.chmod(0o700)
+    controller_key = system.keygen(paths.key_path, f"xeon-cluster local {paths.name}")
+    save_state(paths, state)  # from here on every step is recorded before the next one
+
+    with system.host_lock():
+        if system.link_exists(state.bridge):
+            raise LocalClusterError(f"bridge {state.bridge} already exists but is not recorded for {paths.name!r}; "
+                                    f"another local cluster uses it: choose another --name")
+        subnet = pick_subnet(paths.name, system.taken_networks())
+        hosts = list(subnet.hosts())
+        state.subnet, state.bridge_address = str(subnet), str(hosts[0])
+        save_state(paths, state)
+        system.run(["ip", "link", "add", state.bridge, "type", "bridge"])
+        system.run(["ip", "addr", "add", f"{state.bridge_address}/{subnet.prefixlen}", "dev", state.bridge])
+        system.run(["ip", "link", "set", state.bridge, "up"])
+    progress(f"bridge {state.bridge} {state.bridge_address}/{subnet.prefixlen}")
+
+    taken_namespaces = system.namespaces()
+    for i in range(count):
+        node = _new_node(paths, i, hosts)
+        if node.namespace in taken_namespaces:
+            raise LocalClusterError(f"network namespace {node.namespace} already exists and is not recorded for "
+                                    f"{paths.name!r}; choose another --name or remove it (`ip netns del {node.namespace}`)")
+        state.nodes.append(node)
+        _start_node(state, node, subnet.prefixlen, controller_key, paths, progress)
+    system.wait_for_sshd(state.nodes, timeout, progress)
+    system.wait_for_imds(state.nodes)
+
+
+def _new_node(paths: ClusterPaths, i: int, hosts: list) -> NodeState:
+    return NodeState(name=node_name(i), namespace=namespace_name(paths.name, i), veth=veth_name(paths.name, i),
+                     address=str(hosts[i + 1]), dir=str(paths.data_dir / node_name(i)),
+                     sshd_config=str(paths.data_dir / node_name(i) / "etc" / "sshd_config"))
+
+
+def _start_node(state: ClusterState, node: NodeState, prefixlen: int, controller_key: str, paths: ClusterPaths,
+                progress: Progress) -> None:
+    """One new machine: fresh home and host key, namespace and veth, link limit, sshd, metadata service.
+    Every step is recorded in the state file before the next one."""
+    _prepare_node_dir(node, controller_key)
+    node.instance_id = f"i-{secrets.token_hex(8)}"
+    node.reclaimed_at = None
+    save_state(paths, state)
+    system.run(["ip", "netns", "add", node.namespace])
+    system.run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.namespace])
+    system.run(["ip", "link", "set", node.veth, "master", state.bridge, "up"])
+    system.run(["ip", "-n", node.namespace, "addr", "add", f"{node.address}/{prefixlen}", "dev", "eth0"])
+    system.run(["ip", "-n", node.namespace, "link", "set", "lo", "up"])
+    system.run(["ip", "-n", node.namespace, "link", "set", "eth0", "up"])
+    if state.link_mbit:
+        for argv in link_shaping_commands(node.namespace, state.link_mbit, state.link_delay_ms):
+            result = system.run(argv, check=False)
+            if result.returncode != 0 and "netem" in argv and "unknown" in result.stderr:
+                raise LocalClusterError(f"--link-delay-ms: {state.link_delay_ms:g} needs the kernel's netem "
+                                        "queueing discipline (sch_netem), which this kernel does not have; "
+                                        "leave out --link-delay-ms (--link-mbit alone works)")
+            if result.returncode != 0:
+                raise LocalClusterError(f"`{' '.join(argv)}` failed (exit {result.returncode}): "
+                                        f"{(result.stderr or result.stdout).strip()}")
+    node.sshd_pid = system.start_sshd(node)
+    save_state(paths, state)
+    node.imds_pid = system.start_imds(node, METADATA_ADDRESS, LOCAL_INSTANCE_TYPE, LOCAL_ZONE)
+    save_state(paths, state)
+    progress(f"  {node.name}: namespace {node.namespace}, {node.address}, hostname {node.name}, "
+             f"metadata service {METADATA_ADDRESS} ({node.instance_id})"
+             + (f", link {describe_link(state.link_mbit, state.link_delay_ms)}" if state.link_mbit else ""))
+
+
+def node_up(node: NodeState, names: set[str] | None = None) -> bool:
+    """The node's namespace exists and its sshd runs (a reclaimed node is down)."""
+    names = system.namespaces() if names is None else names
+    return (node.reclaimed_at is None and node.namespace in names and node.sshd_pid is not None
+            and system.process_alive(node.sshd_pid) and system.is_our_sshd(node.sshd_pid, node))
+
+
+def _bridge_up(state: ClusterState) -> bool:
+    return bool(state.bridge and state.subnet and state.nodes) and system.link_exists(state.bridge)
+
+
+def _all_up(state: ClusterState, count: int) -> bool:
+    names = system.namespaces()
+    return len(state.nodes) >= count and all(node_up(n, names) for n in state.nodes)
+
+
+def _bring_back(state: ClusterState, count: int, paths: ClusterPaths, wheelhouse: str | None, progress: Progress,
+                timeout: float) -> ClusterState:
+    """`fab local-up` on a cluster with nodes down or missing: each comes back as a new machine (new
+    host key, instance id and empty home; the same software through the shared venv), at its old
+    name and address; the nodes that are up are left alone."""
+    import ipaddress
+
+    subnet = ipaddress.ip_network(state.subnet)
+    hosts = list(subnet.hosts())
+    controller_key = system.keygen(paths.key_path, f"xeon-cluster local {paths.name}")
+    names = system.namespaces()
+    back: list[NodeState] = []
+    for i in range(max(count, len(state.nodes))):
+        if i < len(state.nodes) and node_up(state.nodes[i], names):
+            continue
+        if i < len(state.nodes):
+            old = state.nodes[i]
+            _clear_node(old, names)
+            node = _new_node(paths, i, hosts)
+            state.nodes[i] = node
+            progress(f"  {old.name}: was down; bringing it back as a new machine")
+        else:
+            node = _new_node(paths, i, hosts)
+            if node.namespace in names:
+                raise LocalClusterError(f"network namespace {node.namespace} already exists and is not recorded for "
+                                        f"{paths.name!r}; remove it (`ip netns del {node.namespace}`)")
+            state.nodes.append(node)
+        # the host may still map the address to the old machine's MAC: forget it (our bridge only)
+        system.run(["ip", "neigh", "flush", "to", node.address, "dev", state.bridge], check=False)
+        _start_node(state, node, subnet.prefixlen, controller_key, paths, progress)
+        back.append(node)
+    system.wait_for_sshd(back, timeout, progress)
+    system.wait_for_imds(back)
+    sockets, cores = system.machine_topology()
+    inventory = build_inventory(state, sockets=sockets, physical_cores=cores, wheelhouse=wheelhouse)
+    paths.inventory_path.write_text(yaml.safe_dump(inventory_mapping(inventory), sort_keys=False))
+    save_state(paths, state)
+    progress(f"local cluster {paths.name!r}: {', '.join(n.name for n in back)} back; "
+             f"{len(state.nodes)} node(s) on {state.subnet}; inventory {paths.inventory_path}")
+    return state
+
+
+def _clear_node(node: NodeState, names: set[str]) -> None:
+    """What is left of a down node (processes, namespace, veth), by its recorded names."""
+    if node.namespace in names:
+        system.kill_namespace(node.namespace)
+        system.run(["ip", "netns", "del", node.namespace])
+    if system.link_exists(node.veth):
+        system.run(["ip", "link", "del", node.veth], check=False)
+
+
+def reclaim(paths: ClusterPaths, name: str, *, notice_seconds: float = DEFAULT_NOTICE_SECONDS,
+            rebalance: bool = False, progress: Progress = quiet, sleep: Callable[[float], None] = time.sleep,
+            clock: Callable[[], float] = time.time) -> NodeState:
+    """What EC2 does to a spot instance it takes back, on local node `name`.
+
+    `rebalance`: only a rebalance recommendation appears on the node's metadata service. Otherwise
+    the interruption notice appears (and stays); after `notice_seconds` every process in the
+    node's namespace is killed and its link goes down, so its address stops answering.
+    """
+    notice_seconds = validate_notice(notice_seconds)
+    state = load_state(paths)
+    if state is None:
+        raise LocalClusterError(f"no local cluster {paths.name!r} (no state at {paths.state_path}); "
+                                "start one with `fab local-up`")
+    node = find_node(state, name)
+    system.check_host()
+    if not node_up(node) or node.imds_pid is None or not system.is_our_imds(node.imds_pid, node):
+        raise LocalClusterError(f"{name} of local cluster {paths.name!r} is down or has no metadata service; "
+                                f"`fab local-up --nodes {len(state.nodes)}"
+                                + ("" if paths.name == DEFAULT_NAME else f" --name {paths.name}")
+                                + "` brings it back")
+    control = Path(node.imds_dir)
+    now = clock()
+    if rebalance:
+        system.write_atomically(control / REBALANCE_FILE, rebalance_text(now))
+        progress(f"  {name}: rebalance recommendation posted on its metadata service ({rebalance_text(now)})")
+        return node
+    body = instance_action_text(now + notice_seconds)
+    system.write_atomically(control / INSTANCE_ACTION_FILE, body)
+    progress(f"  {name}: spot interruption notice posted on its metadata service: {body}")
+    if notice_seconds:
+        progress(f"  {name}: taking it down in {notice_seconds:g} s")
+        sleep(notice_seconds)
+    killed = system.kill_namespace(node.namespace)
+    system.run(["ip", "-n", node.namespace, "link", "set", "eth0", "down"], check=False)
+    system.run(["ip", "link", "set", node.veth, "down"], check=False)
+    node.reclaimed_at, node.sshd_pid, node.imds_pid = clock(), None, None
+    save_state(paths, state)
+    progress(f"  {name}: reclaimed: {len(killed)} process(es) killed, {node.address} unreachable (link down)")
+    return node
+
+
+def _prepare_node_dir(node: NodeState, controller_key: str) -> None:
+    node_dir = Path(node.dir)
+    if node_dir.exists():
+        shutil.rmtree(node_dir)
+    home, etc = node_dir / "root", node_dir / "etc"
+    etc.mkdir(parents=True)
+    # a fresh machine's root home: the skeleton dotfiles and the controller's key
+    if Path("/etc/skel").is_dir():
+        shutil.copytree("/etc/skel", home)
+    else:
+        home.mkdir()
+    home.chmod(0o700)
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "authorized_keys").write_text(controller_key + "\n")
+    (home / ".ssh" / "authorized_keys").chmod(0o600)
+    node.host_key = " ".join(system.keygen(etc / "ssh_host_ed25519_key", f"root@{node.name}").split()[:2])
+    Path(node.sshd_config).write_text(sshd_config_text(node_dir))
+    (etc / "hosts").write_text(hosts_text(node.name, node.address))
+
+
+def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
+    """Remove exactly what the state file lists; False if there was no such cluster (safe twice).
+
+    Every step checks first and goes on after a failure; if anything is left, the state file is
+    kept (a rerun finishes the job) and the error lists what could not be removed.
+    """
+    state = load_state(paths)
+    if state is None:
+        progress(f"no local cluster {paths.name!r} (no state at {paths.state_path}); nothing to remove")
+        return False
+    system.check_host()
+    problems: list[str] = []
+    namespaces = system.namespaces()
+    for node in state.nodes:
+        pids = []
+        if node.sshd_pid is not None and system.is_our_sshd(node.sshd_pid, node):
+            pids.append(node.sshd_pid)
+        if node.namespace in namespaces:
+            # whatever still runs inside the node (ssh sessions, training ranks) goes with it
+            pids += [p for p in system.namespace_pids(node.namespace) if p not in pids and p != os.getpid()]
+        stopped = system.stop_pids(pids)
+        if state.link_mbit and node.namespace in namespaces:
+            unshaped = system.run(link_unshaping_command(node.namespace), check=False)
+            if unshaped.returncode == 0:
+                progress(f"  {node.name}: removed the link limit ({describe_link(state.link_mbit, state.link_delay_ms)})")
+        if node.namespace in namespaces:
+            _remove(["ip", "netns", "del", node.namespace], lambda ns=node.namespace: ns in system.namespaces(), problems)
+        # deleting the namespace takes its veth pair along, asynchronously: delete only what is still there
+        if system.link_exists(node.veth):
+            _remove(["ip", "link", "del", node.veth], lambda veth=node.veth: system.link_exists(veth), problems)
+        progress(f"  {node.name}: stopped {len(stopped)} process(es), removed namespace {node.namespace}")
+    if state.bridge and state.subnet and system.link_exists(state.bridge):
+        _remove(["ip", "link", "del", state.bridge], lambda: system.link_exists(state.bridge), problems)
+        progress(f"  removed bridge {state.bridge} ({state.subnet})")
+    if problems:
+        raise LocalClusterError(f"local-down {paths.name!r} left: {'; '.join(problems)}; "
+                                f"fix that and rerun `fab local-down --name {paths.name}` (state kept in {paths.state_path})")
+    for node in state.nodes:
+        shutil.rmtree(node.dir, ignore_errors=True)
+    _remove_empty_dir(Path(state.data_dir))
+    for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    _remove_empty_dir(Path(state.cluster_dir))
+    progress(f"local cluster {paths.name!r} removed")
+    return True
+
+
+def _remove(argv: list[str], still_there: Callable[[], bool], problems: list[str]) -> None:
+    """Run a delete command; a failure counts only if the thing is still there afterwards."""
+    result = system.run(argv, check=False)
+    if result.returncode != 0 and still_there():
+        problems.append(f"`{' '.join(argv)}`: {result.stderr.strip()}")
+
+
+def _remove_empty_dir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+            raise
+
+

@@ -1,0 +1,319 @@
+"""What the local cluster does to this machine: network namespaces, links, and node processes.
+
+Every command here acts on names and PIDs the caller recorded in the state file first
+(node_setup/local/state.py); nothing is found by pattern. Linux and root only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from node_setup.local.state import LocalClusterError, NodeState, Progress
+
+SSHD = "/usr/sbin/sshd"
+# Held while a subnet is chosen and its bridge made, so concurrent local-ups pick different subnets.
+LOCK_PATH = "/run/xeon-cluster-local.lock"
+SSHD_START_TIMEOUT = 30.0
+STOP_TIMEOUT = 5.0
+
+
+# ---------------------------------------------------------------- the machine
+
+
+def check_host() -> None:
+    """Linux, root and the tools local-up runs; a clear error otherwise."""
+    if not sys.platform.startswith("linux"):
+        raise LocalClusterError(f"the local cluster needs Linux network namespaces; this is {sys.platform}. "
+                                "Use an AWS cluster (`pulumi up`) or an inventory file (--cluster path.yaml)")
+    if os.geteuid() != 0:
+        raise LocalClusterError("the local cluster creates network namespaces and needs root: "
+                                "run `sudo fab local-up ...` (or as root)")
+    missing = [tool for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"),
+                                          ("ssh-keygen", "openssh-client"), ("mount", "mount"))
+               if not shutil.which(tool)]
+    if missing:
+        raise LocalClusterError(f"missing tools for the local cluster: {', '.join(missing)}; "
+                                "install iproute2, util-linux and openssh-client")
+    if not os.access(SSHD, os.X_OK):
+        raise LocalClusterError(f"{SSHD} not found: install openssh-server (apt-get install openssh-server)")
+
+
+def check_tc() -> None:
+    """`tc` for --link-mbit; a clear error otherwise."""
+    if not shutil.which("tc"):
+        raise LocalClusterError("--link-mbit needs `tc`: install iproute2 (apt-get install iproute2)")
+
+
+def machine_topology() -> tuple[int, int]:
+    """(sockets, physical cores in all sockets) of this machine, from sysfs."""
+    cpus = Path("/sys/devices/system/cpu")
+    cores: set[tuple[str, str]] = set()
+    for topo in cpus.glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:
+            continue
+    if not cores:
+        return 1, os.cpu_count() or 1
+    return len({pkg for pkg, _ in cores}), len(cores)
+
+
+def run(argv: list[str], *, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if check and result.returncode != 0:
+        raise LocalClusterError(f"`{' '.join(argv)}` failed (exit {result.returncode}): "
+                                f"{(result.stderr or result.stdout).strip()}")
+    return result
+
+
+def ip_json(*args: str) -> list[dict]:
+    out = run(["ip", "-j", *args]).stdout.strip()
+    return json.loads(out) if out else []
+
+
+def taken_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network routed or addressed on the host, except the default route."""
+    taken = []
+    for route in ip_json("-4", "route", "show", "table", "all"):
+        dst = route.get("dst", "")
+        if dst in ("default", "") or route.get("type") in ("broadcast",):
+            continue
+        try:
+            taken.append(ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False))
+        except ValueError:
+            continue
+    for link in ip_json("-4", "addr", "show"):
+        for info in link.get("addr_info", []):
+            try:
+                taken.append(ipaddress.IPv4Network(f"{info['local']}/{info['prefixlen']}", strict=False))
+            except (KeyError, ValueError):
+                continue
+    return taken
+
+
+def namespaces() -> set[str]:
+    return {entry["name"] for entry in ip_json("netns", "list")}
+
+
+def link_exists(name: str) -> bool:
+    return run(["ip", "link", "show", "dev", name], check=False).returncode == 0
+
+
+@contextmanager
+def host_lock() -> Iterator[None]:
+    with open(LOCK_PATH, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def keygen(path: Path, comment: str) -> str:
+    """An ed25519 key pair at `path` (made if missing); returns the public key text."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    return Path(f"{path}.pub").read_text().strip()
+
+
+# ---------------------------------------------------------------- processes
+
+
+def process_alive(pid: int) -> bool:
+    """True if `pid` runs and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def is_our_sshd(pid: int, node: NodeState) -> bool:
+    """The recorded PID still belongs to this node's sshd (not a recycled PID)."""
+    try:
+        # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."): match a substring
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return node.sshd_config.encode() in cmdline
+
+
+def reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def stop_pids(pids: list[int], timeout: float = STOP_TIMEOUT, first: int = signal.SIGTERM) -> list[int]:
+    """`first` (SIGTERM), then SIGKILL after `timeout`; returns the PIDs that were still running."""
+    live = [pid for pid in pids if process_alive(pid)]
+    for pid in live:
+        try:
+            os.kill(pid, first)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in live:
+            reap(pid)
+        left = [pid for pid in live if process_alive(pid)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        reap(pid)
+    return live
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    result = run(["ip", "netns", "pids", namespace], check=False)
+    return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
+
+
+# The node's init: own hostname, own /root and /etc/hosts (mount namespace), then sshd in the
+# foreground. Every step execs, so the PID that the launcher prints is sshd's.
+_NODE_SCRIPT = ('set -e; hostname "$XC_HOSTNAME"; mount --bind "$XC_HOME" /root; '
+                'mount --bind "$XC_HOSTS" /etc/hosts; exec "$XC_SSHD" -D -e -f "$XC_CONFIG"')
+# Started in a new session, the launcher puts the node in the background and exits, so the node's
+# sshd is re-parented away from fab and survives it (no SIGHUP: the session has no terminal).
+_LAUNCHER = ('ip netns exec "$XC_NS" unshare --uts --mount --propagation private /bin/sh -c "$XC_NODE_SCRIPT" '
+             '</dev/null >>"$XC_LOG" 2>&1 & echo $!')
+
+
+def start_sshd(node: NodeState) -> int:
+    node_dir = Path(node.dir)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+           "XC_NS": node.namespace, "XC_NODE_SCRIPT": _NODE_SCRIPT, "XC_LOG": str(node_dir / "sshd.log"),
+           "XC_HOSTNAME": node.name, "XC_HOME": str(node_dir / "root"), "XC_HOSTS": str(node_dir / "etc" / "hosts"),
+           "XC_SSHD": SSHD, "XC_CONFIG": node.sshd_config}
+    launcher = subprocess.run(["/bin/sh", "-c", _LAUNCHER], env=env, capture_output=True, text=True,
+                              start_new_session=True, timeout=30)
+    if launcher.returncode != 0 or not launcher.stdout.strip().isdigit():
+        raise LocalClusterError(f"{node.name}: could not start sshd in namespace {node.namespace}: "
+                                f"{launcher.stderr.strip() or launcher.stdout.strip()}")
+    return int(launcher.stdout.strip())
+
+
+def port_open(address: str, port: int = 22) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1) as sock:
+            sock.settimeout(2)
+            return sock.recv(8).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def log_tail(node: NodeState, lines: int = 5) -> str:
+    try:
+        return " | ".join(Path(node.dir, "sshd.log").read_text().strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_for_sshd(nodes: list[NodeState], timeout: float, progress: Progress) -> None:
+    """Until every node's sshd answers on port 22 (bounded); names the nodes that did not."""
+    waiting = {n.name: n for n in nodes}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        for name, node in list(waiting.items()):
+            if node.sshd_pid is None or not process_alive(node.sshd_pid):
+                raise LocalClusterError(f"{name}: sshd (pid {node.sshd_pid}) exited at start: {log_tail(node)}")
+            if port_open(node.address):
+                progress(f"  {name}: sshd up on {node.address}:22 (pid {node.sshd_pid}, namespace {node.namespace})")
+                del waiting[name]
+        if waiting and time.monotonic() > deadline:
+            raise LocalClusterError(f"sshd did not answer within {timeout:.0f} s on: "
+                                    + ", ".join(f"{n} ({waiting[n].address}): {log_tail(waiting[n])}" for n in waiting))
+        if waiting:
+            time.sleep(0.05)
+
+
+
+
+# ---------------------------------------------------------------- the node's metadata service
+
+IMDS_SERVER = Path(__file__).with_name("imds_server.py")
+IMDS_START_TIMEOUT = 15.0
+# Inside the namespace only: the address on the node's own lo, the server started by `ip netns exec`.
+_IMDS_LAUNCHER = ('ip netns exec "$XC_NS" "$XC_PYTHON" "$XC_SERVER" --dir "$XC_DIR" --address "$XC_ADDRESS" '
+                  '--instance-id "$XC_ID" --instance-type "$XC_TYPE" --zone "$XC_ZONE" '
+                  '</dev/null >>"$XC_DIR/server.log" 2>&1 & echo $!')
+
+
+def start_imds(node: NodeState, address: str, instance_type: str, zone: str) -> int:
+    """The node's metadata service on `address`:80 inside its namespace; returns its PID."""
+    control = Path(node.imds_dir)
+    control.mkdir(parents=True, exist_ok=True)
+    (control / "ready").unlink(missing_ok=True)
+    run(["ip", "-n", node.namespace, "addr", "replace", f"{address}/32", "dev", "lo"])
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+           "XC_NS": node.namespace, "XC_ADDRESS": address, "XC_PYTHON": sys.executable, "XC_SERVER": str(IMDS_SERVER),
+           "XC_DIR": str(control), "XC_ID": node.instance_id or "", "XC_TYPE": instance_type, "XC_ZONE": zone}
+    launcher = subprocess.run(["/bin/sh", "-c", _IMDS_LAUNCHER], env=env, capture_output=True, text=True,
+                              start_new_session=True, timeout=30)
+    if launcher.returncode != 0 or not launcher.stdout.strip().isdigit():
+        raise LocalClusterError(f"{node.name}: could not start the metadata service in namespace {node.namespace}: "
+                                f"{launcher.stderr.strip() or launcher.stdout.strip()}")
+    return int(launcher.stdout.strip())
+
+
+def is_our_imds(pid: int, node: NodeState) -> bool:
+    """The recorded PID still runs this node's metadata service (its control directory is in the command)."""
+    try:
+        return node.imds_dir.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def wait_for_imds(nodes: list[NodeState], timeout: float = IMDS_START_TIMEOUT) -> None:
+    """Until every node's metadata service has bound its address (it writes `ready`); nothing is sent to it."""
+    deadline = time.monotonic() + timeout
+    waiting = list(nodes)
+    while waiting:
+        for node in list(waiting):
+            if node.imds_pid is None or not process_alive(node.imds_pid):
+                raise LocalClusterError(f"{node.name}: the metadata service (pid {node.imds_pid}) exited at start: "
+                                        + _tail(Path(node.imds_dir) / "server.log"))
+            if (Path(node.imds_dir) / "ready").exists():
+                waiting.remove(node)
+        if waiting and time.monotonic() > deadline:
+            raise LocalClusterError("the metadata service did not start within "
+                                    f"{timeout:.0f} s on: {', '.join(n.name for n in waiting)}")
+        if waiting:
+            time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text().strip().splitlines()[-lines:]) or "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+def kill_namespace(namespace: str) -> list[int]:
+    """SIGKILL every process in the namespace (`ip netns pids`), as a machine that is switched off; returns them."""
+    return stop_pids([p for p in namespace_pids(namespace) if p != os.getpid()], first=signal.SIGKILL)

@@ -1,0 +1,196 @@
+"""A training job on a cluster: start it detached on the master, follow, inspect, stop.
+
+Thin: the plan comes from cluster/jobplan.py (layout, mpirun command, job script); this module
+moves files, runs the job script and reads back what it wrote.
+
+On every node a job owns ``~/.xeon-cluster/jobs/<job id>/`` (cluster.launch.JOBS_DIR). On the
+master it holds ``run.sh`` (the job script), ``hosts``, ``job.json`` (what was launched), ``log``
+(the launcher's output, every rank's lines prefixed with its rank), ``pid`` (the job script, leader
+of its own session), ``exit_code`` once the launcher returned and ``stopped`` if `fab stop` ended
+it. On every node ``ranks/rank-<r>`` holds "pid pgid hostname" of each rank's program that ran
+there, and under torchrun ``agent`` the pid of the node's torchrun (ended first by `fab stop`). The job
+script runs under ``setsid nohup``, so it survives the controller's disconnect; `fab logs
+--follow` reattaches. `fab stop` ends the script's session on the master, then on every node the
+recorded rank process groups, then any process still marked with the job's id
+(cluster.launch.JOB_MARKER in its environment), and reports what it found.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import sys
+import time
+from typing import Mapping, Sequence, TextIO
+
+from cluster import shell
+from cluster.jobplan import JOB_ID_RE, JobPlan, check_job_id
+from cluster.joblog import RankPrefixer
+from cluster.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
+from cluster.torchrun import AGENT_FILE
+from node_setup.ssh import connections
+from node_setup.ssh.fanout import NodeOutcome, on_nodes
+
+CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
+STOP_GRACE_SECONDS = 10
+POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
+
+
+class JobError(RuntimeError):
+    """A job could not be started, found or stopped; the message says what to do."""
+
+
+# ------------------------------------------------------------------------------ remote actions
+
+# The scripts are cluster/shell/job-*.sh, run as `sh -c SCRIPT xeon-cluster JOB [GRACE]`.
+# Per node: the job's recorded ranks and whether each still runs ("<rank> <pid> running|gone").
+RANKS_SH = shell.render("job-ranks.sh", {"JOBS_DIR": JOBS_DIR})
+# Per node: end the job's recorded rank process groups, then anything still marked with the job id.
+STOP_NODE_SH = shell.render("job-stop-node.sh", {"JOBS_DIR": JOBS_DIR, "AGENT_FILE": AGENT_FILE})
+# On the master: end the job script's session (mpirun and its local children) first.
+STOP_MASTER_SH = shell.render("job-stop-master.sh", {"JOBS_DIR": JOBS_DIR})
+# On the master: what a job is doing (one line read by job_state()).
+STATE_SH = shell.render("job-state.sh", {"JOBS_DIR": JOBS_DIR})
+
+
+def _sh(script: str, *args: object) -> str:
+    return "sh -c " + shlex.quote(script) + " xeon-cluster " + " ".join(shlex.quote(str(a)) for a in args)
+
+
+def prepare_nodes(conns: Mapping[str, object], plan: JobPlan) -> list[NodeOutcome]:
+    """Make the job directory on every node (also proves each node is reachable), run `prepare`."""
+    d = job_dir(plan.job_id)
+    steps = [f"mkdir -p {shlex.quote(d)}/ranks"] + list(plan.prepare)
+    return on_nodes(conns, " && ".join(f"( {s} )" for s in steps))
+
+
+def start(master, plan: JobPlan) -> int:
+    """Put the job's files on the master and start the job script detached; returns its pid."""
+    d = job_dir(plan.job_id)
+    master.put(io.StringIO(plan.launch.hostfile), remote=f"{d}/hosts")
+    script = plan.launch.script()
+    master.put(io.StringIO(script), remote=f"{d}/run.sh")
+    master.put(io.StringIO(json.dumps(plan.metadata(), indent=2) + "\n"), remote=f"{d}/job.json")
+    qd = shlex.quote(d)
+    result = master.run(
+        f"cd && ln -sfn {shlex.quote(plan.job_id)} {shlex.quote(CURRENT)} && "
+        f"(setsid nohup {'bash' if shell.is_bash(script) else 'sh'} {qd}/run.sh </dev/null >/dev/null 2>&1 &) && "
+        f"i=0; while [ ! -s {qd}/pid ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; cat {qd}/pid",
+        hide=True, warn=True, in_stream=False)
+    pid = result.stdout.strip()
+    if not result.ok or not pid.isdigit():
+        raise JobError(f"the job script did not start on the master {plan.inventory.master.name}: "
+                       f"{(result.stdout + result.stderr).strip() or 'no pid written'}; "
+                       f"look at ~/{d}/log there")
+    return int(pid)
+
+
+def resolve_job_id(master, job_id: str | None) -> str:
+    """The given job id (checked: it reaches remote commands), or the newest job on the master."""
+    if job_id:
+        try:
+            return check_job_id(job_id)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+    result = master.run(f"readlink {shlex.quote(CURRENT)}", hide=True, warn=True, in_stream=False)
+    current = result.stdout.strip().rsplit("/", 1)[-1]
+    if not result.ok or not current:
+        raise JobError("no job has been started on this cluster yet; start one with `fab train`")
+    if not JOB_ID_RE.match(current):
+        raise JobError(f"the master's newest job link ~/{CURRENT} points to {current!r}, which is no job id; "
+                       "pass --job with the id `fab train` printed")
+    return current
+
+
+def read_metadata(master, job_id: str) -> dict:
+    out = io.BytesIO()
+    try:
+        master.get(f"{job_dir(job_id)}/job.json", local=out)
+    except (OSError, IOError) as exc:
+        raise JobError(f"job {job_id!r} not found on the master ({exc}); `fab status` lists the newest job") from None
+    return json.loads(out.getvalue().decode())
+
+
+def job_state(master, job_id: str) -> tuple[str, str]:
+    """("running", pid) / ("stopped", when) / ("exited", code) / ("lost", "") / ("missing", "").
+
+    A job that `fab stop` ended counts as stopped even though mpirun then returned a code.
+    """
+    result = master.run(_sh(STATE_SH, job_id), hide=True, warn=True, in_stream=False)
+    state, _, detail = result.stdout.strip().partition(" ")
+    return state or "lost", detail
+
+
+def follow(master, job_id: str, rank_hosts: Sequence[str], out: TextIO = sys.stdout, *,
+           last_lines: int | None = None, follow_: bool = True, launcher: str = DEFAULT_LAUNCHER) -> None:
+    """Stream the job's log with node/rank prefixes until the job script ends (or once, unfollowed).
+
+    KeyboardInterrupt propagates to the caller (Fabric re-raises it when no pty is used).
+    """
+    d = shlex.quote(job_dir(job_id))
+    start_at = f"-n {int(last_lines)}" if last_lines is not None else "-c +1"
+    if follow_:
+        command = (f"cd && pid=$(cat {d}/pid 2>/dev/null); "
+                   f"if [ -n \"$pid\" ] && grep -qF {shlex.quote(job_id)} /proc/$pid/cmdline 2>/dev/null; "
+                   f"then exec tail {start_at} -F --pid=$pid {d}/log 2>/dev/null; "
+                   f"else exec tail {start_at} {d}/log; fi")
+    else:
+        command = f"cd && tail {start_at} {d}/log"
+    sink = RankPrefixer(rank_hosts, out, launcher)
+    # Asynchronous, so that Ctrl-C lands here rather than in invoke's thread joins (which would
+    # wait for the remote `tail` to end); on Ctrl-C the connection is closed to end the stream.
+    promise = master.run(command, out_stream=sink, err_stream=sink, hide=False, warn=True, pty=False,
+                         in_stream=False, asynchronous=True)
+    runner = promise.runner
+    try:
+        while not (runner.process_is_finished or runner.has_dead_threads):
+            time.sleep(POLL_SECONDS)
+        promise.join()
+    except KeyboardInterrupt:
+        master.close()
+        raise
+    finally:
+        sink.flush()
+
+
+def read_remote_file(conn, path: str) -> str | None:
+    out = io.BytesIO()
+    try:
+        conn.get(path, local=out)
+    except (OSError, IOError):
+        return None
+    return out.getvalue().decode(errors="replace")
+
+
+def log_text(master, job_id: str) -> str:
+    return read_remote_file(master, f"{job_dir(job_id)}/log") or ""
+
+
+def log_tail(master, job_id: str, lines: int = 20) -> str:
+    """The last lines of the job's log, read on the master (a long run's log stays there)."""
+    result = master.run(f"tail -n {int(lines)} {shlex.quote(job_dir(job_id) + '/log')}",
+                        hide=True, warn=True, in_stream=False)
+    return result.stdout if result.ok else ""
+
+
+def rank_states(conns: Mapping[str, object], job_id: str) -> dict[str, NodeOutcome]:
+    return {o.node: o for o in on_nodes(conns, _sh(RANKS_SH, job_id), timeout=30)}
+
+
+def stop(master, conns: Mapping[str, object], job_id: str, *, grace: int = STOP_GRACE_SECONDS) -> list[NodeOutcome]:
+    """End the job everywhere: the job script's session on the master, then every node's ranks.
+
+    Returns one outcome per node (plus the master's job script first); ok means nothing of the
+    job is left on that node.
+    """
+    outcomes = []
+    try:
+        result = master.run(_sh(STOP_MASTER_SH, job_id), hide=True, warn=True, in_stream=False)
+        outcomes.append(NodeOutcome("job script", result.exited in (0, 3), (result.stdout + result.stderr).strip()))
+    except Exception as exc:
+        outcomes.append(NodeOutcome("job script", False, connections.explain(exc, master)))
+    outcomes += on_nodes(conns, _sh(STOP_NODE_SH, job_id, grace), timeout=grace + 30)
+    return outcomes
+
+

@@ -1,0 +1,258 @@
+"""`fab preflight`, `fab plan`, `fab sweep`: know before you pay, leave nothing behind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from invoke import Exit
+
+from cluster import calibration as calib
+from cluster import costplan, models
+from cluster.costplan import PlanOptions, Price
+from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES
+from cluster.spec import ClusterSpec, ConfigError
+from node_setup.aws import clients as aws
+from node_setup.controller import config_root
+from node_setup.stack_config import StackConfigError, load_stack_spec, stack_files
+from node_setup.tasks.common import FAILED, fail, task
+
+
+def _stack_spec(stack: str, *, required: bool) -> ClusterSpec | None:
+    """The stack's validated spec; None only when not `required` and there is no stack file at all."""
+    if not stack and not required and not stack_files():
+        return None
+    try:
+        return load_stack_spec(stack or None)
+    except (StackConfigError, ConfigError) as exc:
+        raise fail(str(exc)) from None
+
+
+@task(help={
+    "stack": "Pulumi stack whose Pulumi.<stack>.yaml to check (default: the only one besides the example)",
+    "ip_check": "compare adminCidrs with this machine's public address (asks checkip.amazonaws.com)",
+    "pick_zone": "rank the region's zones that offer instanceType by EC2's spot placement score, then spot price",
+    "write": "with --pick-zone: set the stack's availabilityZone to the best-ranked zone",
+})
+def preflight(c, stack="", ip_check=True, pick_zone=False, write=False):
+    """Check credentials, region, instance offerings, vCPU quotas, a DryRun launch and adminCidrs.
+
+    Exit code 0 when the launch should succeed, 1 when it would fail, 2 when the stack config is bad.
+    """
+    from node_setup.aws.preflight import lookup_public_ip, run_preflight
+
+    if write and not pick_zone:
+        raise fail("--write: only with --pick-zone (it writes the zone --pick-zone chose)")
+    spec = _stack_spec(stack, required=True)
+    if pick_zone:
+        return _pick_zone(spec, stack, write)
+    report = run_preflight(spec, public_ip=lookup_public_ip if ip_check else None)
+    print(report.render())
+    if report.exit_code:
+        raise Exit(code=report.exit_code)
+
+
+def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
+    """The zone table; with `write`, availabilityZone set to the best zone in the stack file."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from node_setup.aws import errors
+    from node_setup.aws.zones import rank_zones, zone_table
+    from node_setup.stack_config import choose_stack
+    from node_setup.stack_edit import set_stack_value
+
+    if spec.subnet_id:
+        raise fail(f"--pick-zone: the stack sets subnetId {spec.subnet_id!r}, whose zone decides; "
+                   "unset it (`pulumi config rm subnetId`) to let a zone be picked")
+    try:
+        ranked = rank_zones(aws.client("ec2", spec.region), spec)
+    except ClientError as exc:
+        raise fail(f"cannot rank the zones of {spec.region}: {errors.describe(exc)} (needs "
+                   "ec2:GetSpotPlacementScores, ec2:DescribeSpotPriceHistory, ec2:DescribeInstanceTypeOfferings)",
+                   code=FAILED) from None
+    except (BotoCoreError, aws.AwsSetupError) as exc:
+        raise fail(f"cannot rank the zones of {spec.region}: {exc}", code=FAILED) from None
+    if not ranked:
+        raise fail(f"{spec.instance_type} is not offered in any zone of {spec.region}", code=FAILED)
+    print(f"{spec.instance_type} x {spec.node_count} (spot placement score for all nodes in one zone, 1-10; "
+          f"latest spot price), {spec.region}, best first:")
+    print(zone_table(ranked, current=spec.availability_zone))
+    best = ranked[0].zone
+    if not write:
+        print(f"best: {best}; `fab preflight --pick-zone --write` sets availabilityZone to it")
+        return
+    _, path = choose_stack(stack or None)
+    set_stack_value(path, "availabilityZone", best)
+    print(f"{path.name}: availabilityZone = {best} (takes effect when the nodes are next created: "
+          "`pulumi up`; a running master keeps its subnet)")
+
+
+def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str) -> Price:
+    """The given price, or the best one AWS tells (spot history, Pricing API, static table)."""
+    market = "spot" if inputs.spot else "on-demand"
+    if hourly_usd:
+        return Price(hourly_usd, market, "given with --hourly-usd")
+    from node_setup.aws import pricing
+
+    where = region or (spec.region if spec else "")
+    try:
+        where = aws.resolve_region(where or None)
+    except aws.AwsSetupError:
+        where = "us-east-1"
+        inputs.notes.append("no region set: prices for us-east-1")
+    skipped: list[str] = []
+    price = pricing.hourly_price(inputs.instance_type, where, spot=inputs.spot, notes=skipped)
+    inputs.notes.extend(f"price note: {n}" for n in skipped)
+    return price
+
+
+def load_calibration(calibration_file: str, cluster: str) -> tuple[calib.Calibration | None, str]:
+    """The calibration `fab plan` uses (the given file, else the cluster's from `fab bench`) and a note."""
+    if calibration_file:
+        path = Path(calibration_file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--calibration: {calibration_file!r} is not a file; allowed: a calibration "
+                             "`fab bench` wrote")
+        return calib.parse(path.read_text(), str(path)), ""
+    if not cluster:
+        return None, ""
+    path = calib.path_for(config_root(), cluster)
+    if not path.is_file():
+        return None, f"calibration: none for cluster {cluster!r} ({path}); `fab bench --cluster {cluster}` measures one"
+    return calib.parse(path.read_text(), str(path)), ""
+
+
+def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
+               calibration: calib.Calibration | None = None):
+    """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem."""
+    if not hourly_usd >= 0:
+        raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
+    spec = _stack_spec(stack, required=False)
+    inputs = costplan.plan_inputs(spec, options, calibration)
+    price = _price(inputs, spec, hourly_usd, region)
+    return costplan.plan_rows(inputs, price), inputs.header, costplan.price_source(price), inputs.notes, inputs
+
+
+@task(help={
+    "nodes": "comma-separated node counts to compare, e.g. 1,2,4,8",
+    "instance_type": f"instance type (default: the stack's, else {costplan.DEFAULT_INSTANCE_TYPE})",
+    "model": f"model name for its parameter count and default throughput (default: the calibration's, else "
+             f"{costplan.DEFAULT_MODEL})",
+    "dataset": f"data set for its size and default throughput (default {costplan.DEFAULT_DATASET}; "
+               f"known: {', '.join(sorted(models.DATASETS))})",
+    "epochs": "epochs to train (cost and run time scale with it)",
+    "single_node_time": "measured time of one epoch on one node (26m, 1h30m, 45s); replaces the default throughput",
+    "params": "parameter count for a model not in the list (66M, 1.3B)",
+    "samples": "training samples (features) per epoch for a data set not in the list",
+    "batch": "batch size per rank (default: the calibration's, else 32)",
+    "profile": "software profile (intel: bf16 gradients, 2 bytes; stock: fp32 gradients, 4 bytes); default the stack's",
+    "ranks_per_node": "training processes per node in multi-node runs (default: the type's sockets)",
+    "flows_per_rank": "TCP flows per rank for the all-reduce (CCL workers under the intel profile)",
+    "placement_group": "nodes share a cluster placement group (10 Gbps per flow instead of 5); on by default, "
+                       "--no-placement-group plans without one (a note says when the stack's placementGroup differs)",
+    "on_demand": "price on-demand instead of spot",
+    "hourly_usd": "price per instance-hour to use instead of looking it up",
+    "region": "region for prices (default: the stack's, else AWS_REGION)",
+    "stack": "Pulumi stack to take defaults from (default: the only Pulumi.<stack>.yaml here, if any)",
+    "json": "print one JSON object per node count (nodes, epoch_seconds, efficiency, hourly_usd, total_usd)",
+    "plot": "also draw run time and cost against node count into this PNG file",
+    "grad_comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (default {DEFAULT_GRAD_COMM}, as the "
+                 "job's --grad_comm)",
+    "ddp_bucket_mb": "DDP's gradient bucket size in MB (default DDP's 25; the job's --ddp_bucket_mb)",
+    "calibration": "a calibration file `fab bench` wrote (default: the --cluster's, if it has one)",
+    "cluster": "use the calibration `fab bench` measured on this cluster (local, local:NAME or an AWS cluster name)",
+})
+def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAULT_DATASET,
+         epochs=1.0, single_node_time="", params="", samples=0, batch=0, profile="", ranks_per_node=0,
+         flows_per_rank=1, placement_group=True, on_demand=False, hourly_usd=0.0, region="", stack="", json=False,
+         plot="", grad_comm="", ddp_bucket_mb=0.0, calibration="", cluster=""):
+    """Predict epoch time, scaling efficiency and cost for several node counts."""
+    options = PlanOptions(nodes=nodes, instance_type=instance_type, model=model, dataset=dataset, epochs=epochs,
+                          single_node_time=single_node_time, params=params, samples=samples, batch=batch or None,
+                          profile=profile, ranks_per_node=ranks_per_node, flows_per_rank=flows_per_rank,
+                          placement_group=placement_group, on_demand=on_demand, grad_comm=grad_comm,
+                          bucket_mb=ddp_bucket_mb)
+    try:
+        cal, cal_note = load_calibration(calibration, cluster)
+        rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd, region=region, stack=stack,
+                                                         calibration=cal)
+    except (ValueError, LookupError) as exc:
+        raise fail(str(exc)) from None
+    if cal_note:
+        notes.append(cal_note)
+    if json:
+        print(costplan.render_json(rows))
+    else:
+        print(costplan.render_table(rows, header=header, price_source=source, notes=notes))
+        print(costplan.render_sources(inputs))
+    if plot:
+        from node_setup.plan_plot import plot_plan
+
+        print(f"plot: {plot_plan(rows, plot, header)}", file=sys.stderr if json else sys.stdout)
+
+
+@task(help={
+    "region": "region to sweep (default: the stack's, else AWS_REGION)",
+    "delete": "remove the leaked resources (asks first)",
+    "yes": "do not ask before deleting",
+    "delete_buckets": "also delete the kept checkpoint buckets of clusters that are down, with their objects",
+    "stack": "Pulumi stack to take the region from",
+})
+def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack=""):
+    """List every resource with this toolkit's tags, by cluster; with --delete remove the leaked ones.
+
+    IAM roles and instance profiles are global: one counts as leaked only when its cluster has no
+    instance in any region. Exit code 1 when a kind of resource could not be listed (the permission
+    is named), other regions could not be checked for IAM, or something could not be removed.
+    """
+    from node_setup.aws import sweep as sweeping
+    from node_setup.aws import sweep_delete
+
+    if not region:
+        spec = _stack_spec(stack, required=False)
+        region = spec.region if spec else ""
+    try:
+        region = aws.resolve_region(region or None)
+        ec2, s3, iam = aws.client("ec2", region), aws.client("s3", region), aws.client("iam", region)
+        listing = sweeping.collect(ec2, s3, region, iam, regional_ec2=lambda other: aws.client("ec2", other))
+    except aws.AwsSetupError as exc:
+        raise fail(str(exc)) from None
+    except Exception as exc:  # credentials: say what to do
+        from node_setup.aws.errors import credentials_hint
+
+        hint = credentials_hint(exc)
+        if hint:
+            raise fail(hint) from None
+        raise
+    print(listing.render())
+    # Exit 1 at the end when a listing was refused: the sweep may have missed leaked resources.
+    missed = sorted(listing.errors) + (["other regions' instances (IAM)"] if listing.elsewhere_error else [])
+    incomplete = (f"sweep: the listing is incomplete (could not list: {', '.join(missed)}); "
+                  "fix the permissions named above and rerun") if missed else ""
+    todo = listing.leaked(include_buckets=delete_buckets)
+    if not delete:
+        if todo:
+            print("run `fab sweep --delete` to remove the leaked resources")
+        if incomplete:
+            raise Exit(incomplete, code=FAILED)
+        return
+    if not todo:
+        print("nothing leaked: nothing to remove" if listing.clusters_known else
+              "nothing removed: without the instances no cluster can be told up or down")
+        if incomplete:
+            raise Exit(incomplete, code=FAILED)
+        return
+    if not yes:
+        answer = input(f"delete {len(todo)} resource(s) listed as leaked"
+                       f"{' and kept' if delete_buckets else ''} in {region}? type 'yes': ")
+        if answer.strip().lower() != "yes":
+            raise Exit("sweep: nothing deleted", code=FAILED)
+    outcomes = sweep_delete.delete(listing, ec2, s3, iam, include_buckets=delete_buckets)
+    print(sweep_delete.render_outcomes(outcomes))
+    if incomplete:
+        raise Exit(incomplete, code=FAILED)
+    if any(o.startswith(("FAILED", "skipped")) for _, o in outcomes):
+        raise Exit(code=FAILED)
+
+
+TASKS = [preflight, plan, sweep]

@@ -1,0 +1,123 @@
+"""`fab status`, `fab logs`, `fab stop`: a job that `fab train` started, found on the master."""
+
+from __future__ import annotations
+
+import sys
+
+from invoke import Exit
+
+from cluster.jobplan import shown
+from cluster.joblog import RankPrefixer
+from cluster.launch import DEFAULT_LAUNCHER
+from node_setup.ssh import job as jobs
+from node_setup.ssh.fanout import on_nodes, outcome_table
+from node_setup.tasks import common
+from node_setup.tasks.common import CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP, UNREACHABLE, fail, task
+
+
+def _job_on_master(cluster: str, region: str, job: str):
+    """(inventory, connections, master connection, job id) for status, logs and stop."""
+    inventory = common.inventory(cluster, region)
+    conns = common.connect(inventory)
+    master = conns[inventory.master.name]
+    try:
+        return inventory, conns, master, jobs.resolve_job_id(master, job or None)
+    except jobs.JobError as exc:
+        raise fail(str(exc)) from None
+
+
+@task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP})
+def status(c, cluster="", region="", job=""):
+    """Show nodes (state, type, spot), the job running on them and its last log line."""
+    inventory = common.inventory(cluster, region)
+    conns = common.connect(inventory)
+    master = conns[inventory.master.name]
+    try:
+        job_id = jobs.resolve_job_id(master, job or None)
+    except jobs.JobError:
+        job_id = None
+    except Exception as exc:  # noqa: BLE001 - the table below still shows every node
+        job_id = None
+        print(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
+    ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
+    print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
+    print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {'spot':<5} {'reachable':<10} ranks")
+    for node in inventory.nodes:
+        outcome = ranks.get(node.name)
+        reachable = "yes" if outcome and outcome.ok else "NO"
+        running = ""
+        if outcome and outcome.ok and job_id:
+            live = [line.split()[0] for line in outcome.detail.splitlines() if line.endswith(" running")]
+            running = f"{len(live)} running ({', '.join('r' + r for r in live)})" if live else "none running"
+        elif outcome and not outcome.ok:
+            running = outcome.detail.splitlines()[-1][:60] if outcome.detail else ""
+        spot = {True: "yes", False: "no", None: "-"}[node.spot]
+        print(f"  {node.name:<10} {node.address:<16} {node.state:<9} "
+              f"{(node.instance_type or inventory.instance_type or '-'):<16} {spot:<5} {reachable:<10} {running}")
+    if not job_id:
+        print("no job started yet (fab train starts one)")
+        return
+    state, detail = jobs.job_state(master, job_id)
+    try:
+        meta = jobs.read_metadata(master, job_id)
+    except jobs.JobError:
+        meta = {}
+    described = {"running": f"running (job script pid {detail})", "exited": f"finished, exit code {detail}",
+                 "stopped": f"stopped by fab stop at {detail}", "lost": "ended without an exit code (node restarted?)",
+                 "missing": "not found"}.get(state, state)
+    print(f"job {job_id}: {described}")
+    if meta:
+        print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
+              f"output {shown(meta.get('output_dir') or '?')}")
+    tail = [line for line in jobs.log_tail(master, job_id).splitlines() if line.strip()]
+    if tail:
+        prefixer = RankPrefixer(meta.get("rank_hosts", []), sys.stdout, meta.get("launcher", DEFAULT_LAUNCHER))
+        print(f"  last log line: {prefixer.line(tail[-1])}")
+
+
+@task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
+            "follow": "keep streaming until the job ends",
+            "lines": "show only the last N lines first (default: the whole log)"})
+def logs(c, cluster="", region="", job="", follow=False, lines=0):
+    """Print a job's log with node/rank prefixes; --follow reattaches to a running job."""
+    _, _, master, job_id = _job_on_master(cluster, region, job)
+    try:
+        meta = jobs.read_metadata(master, job_id)
+    except jobs.JobError as exc:
+        raise fail(str(exc)) from None
+    if lines < 0:
+        raise fail(f"--lines: {lines} is not allowed; give 1 or more (0: the whole log)")
+    last = lines or None
+    if not follow:
+        jobs.follow(master, job_id, meta.get("rank_hosts", []), last_lines=last, follow_=False,
+                    launcher=meta.get("launcher", DEFAULT_LAUNCHER))
+        return
+    try:
+        jobs.follow(master, job_id, meta.get("rank_hosts", []), last_lines=last,
+                    launcher=meta.get("launcher", DEFAULT_LAUNCHER))
+    except KeyboardInterrupt:
+        print(f"\ndetached; job {job_id} keeps running (`fab stop` ends it)")
+        raise Exit(code=CTRL_C) from None
+    state, detail = jobs.job_state(master, job_id)
+    print(f"\njob {job_id}: {state} {detail}".rstrip())
+    if state == "exited" and detail.strip().isdigit():
+        raise Exit(code=int(detail))
+
+
+@task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
+            "grace": f"seconds ranks get to exit after TERM before KILL (default {jobs.STOP_GRACE_SECONDS})"})
+def stop(c, cluster="", region="", job="", grace=jobs.STOP_GRACE_SECONDS):
+    """Stop a job on every node; checks that no rank is left anywhere."""
+    _, conns, master, job_id = _job_on_master(cluster, region, job)
+    if grace < 0:
+        raise fail(f"--grace: {grace} is not allowed; give 0 or more seconds")
+    outcomes = jobs.stop(master, conns, job_id, grace=grace)
+    print(f"stop job {job_id}:")
+    print(outcome_table(outcomes))
+    failed = [o.node for o in outcomes if not o.ok]
+    if failed:
+        raise fail(f"could not confirm the job is gone on: {', '.join(failed)} (reason above); rerun "
+                   "`fab stop` once they are reachable", UNREACHABLE)
+
+
+TASKS = [status, logs, stop]

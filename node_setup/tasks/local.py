@@ -1,0 +1,110 @@
+"""`fab local-up` / `fab local-down`: the no-AWS cluster of network-namespace nodes on this machine."""
+
+from __future__ import annotations
+
+from node_setup.local import cluster as local_cluster
+from node_setup.local import state as local_state
+from node_setup.ssh import keys
+from node_setup.tasks.common import fail, task
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
+
+
+def _target(name: str) -> str:
+    """What `--cluster` takes for this local cluster."""
+    return "local" if name == local_state.DEFAULT_NAME else f"local:{name}"
+
+
+def _name_flag(name: str) -> str:
+    return "" if name == local_state.DEFAULT_NAME else f" --name {name}"
+
+
+@task(help={
+    "nodes": f"how many nodes to start (1 to {local_state.MAX_NODES})",
+    "name": "local cluster name (default local; `--cluster local` finds the cluster named local)",
+    "replace": "tear down a running cluster of that name first instead of refusing",
+    "wheelhouse": "shared directory the nodes install packages from (they have no internet)",
+    "link_mbit": f"limit what each node sends to M Mbit/s with tc ({local_state.LINK_MBIT_RANGE[0]:g} to "
+                 f"{local_state.LINK_MBIT_RANGE[1]:g}; default 0: not limited), e.g. to make the cluster "
+                 "communication-bound",
+    "link_delay_ms": "with --link-mbit: also delay each node's packets by D ms (netem)",
+})
+def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhouse=local_state.DEFAULT_WHEELHOUSE,
+             link_mbit=0.0, link_delay_ms=0.0):
+    """Start N local nodes (own network namespace, hostname, /root, sshd and metadata service each); Linux, root.
+
+    Run again on a cluster with nodes down (`fab local-reclaim`) or missing, it brings them back as
+    new machines and leaves the running ones alone.
+    """
+    try:
+        state = local_cluster.create(nodes, name, replace=replace, wheelhouse=wheelhouse or None, progress=_progress,
+                                     link_mbit=link_mbit, link_delay_ms=link_delay_ms)
+    except local_state.LocalClusterError as exc:
+        raise fail(str(exc)) from None
+    target = _target(name)
+    print("\nnodes: " + ", ".join(f"{n.name} {n.address}" for n in state.nodes))
+    print(f"controller key: {state.key_path}")
+    if state.link_mbit:
+        print(f"link: {local_state.describe_link(state.link_mbit, state.link_delay_ms)} (tc; fab local-down removes it)")
+    print(f"next: fab setup --cluster {target}   then   fab train --nodes {len(state.nodes)} --cluster {target}")
+    print(f"done: fab local-down{_name_flag(name)}")
+
+
+@task(help={"name": "local cluster name (default local)"})
+def local_down(c, name=local_state.DEFAULT_NAME):
+    """Stop a local cluster: its sshd and node processes, namespaces, bridge, files (safe to repeat)."""
+    try:
+        local_cluster.destroy(local_state.paths_for(name), progress=_progress)
+    except local_state.LocalClusterError as exc:
+        raise fail(str(exc)) from None
+    if keys.forget_cluster(name):
+        _progress(f"  removed the SSH key pair and known_hosts `fab distribute` kept for {name!r}")
+
+
+def _cluster_name(cluster: str) -> str:
+    """`--cluster local` or `local:NAME` -> the local cluster's name; anything else is bad input."""
+    if cluster == "local":
+        return local_state.DEFAULT_NAME
+    if cluster.startswith("local:"):
+        name = cluster.split(":", 1)[1]
+        try:
+            local_state.validate_name(name)
+        except local_state.LocalClusterError:
+            raise fail(f"--cluster: {cluster!r} is not allowed; allowed: local or local:NAME "
+                       "(NAME as given to `fab local-up --name`)") from None
+        return name
+    raise fail(f"--cluster: {cluster!r} is not allowed; allowed: local or local:NAME (a local cluster; "
+               "on AWS, EC2 itself reclaims spot instances)")
+
+
+@task(help={
+    "node": "the node to reclaim, as local-up named it (node0 is the master)",
+    "notice": f"seconds between the interruption notice and the node going down (0 to "
+              f"{local_state.NOTICE_SECONDS_MAX}; default {local_state.DEFAULT_NOTICE_SECONDS}, as on EC2)",
+    "rebalance": "post only a rebalance recommendation; the node stays up",
+    "cluster": "local (default) or local:NAME",
+})
+def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), rebalance=False, cluster="local"):
+    """Rehearse a spot reclaim: a notice on NODE's metadata service, then the node goes down as on EC2."""
+    name = _cluster_name(cluster)
+    try:
+        local_state.validate_notice(notice)
+        paths = local_state.paths_for(name)
+        state = local_state.load_state(paths)
+        if state is None:
+            raise fail(f"--cluster: no local cluster named {name!r} is up; start one with "
+                       f"`fab local-up{_name_flag(name)}`")
+        local_state.find_node(state, node)
+    except local_state.LocalClusterError as exc:
+        raise fail(str(exc)) from None
+    try:
+        local_cluster.reclaim(paths, node, notice_seconds=notice, rebalance=rebalance, progress=_progress)
+    except local_state.LocalClusterError as exc:
+        raise fail(str(exc), code=1) from None
+    if not rebalance:
+        print(f"bring it back as a new machine: fab local-up --nodes {len(state.nodes)}{_name_flag(name)}")
+
+
+TASKS = [local_up, local_down, local_reclaim]

@@ -1,0 +1,488 @@
+"""`fab train`: the training job on a cluster (`fab status`, `fab logs`, `fab stop`: tasks/jobs.py).
+
+`fab train` runs the built-in job (`python -m training`) or, with `--script PATH` / `--module NAME`,
+the user's own program (cluster/userjob.py decides: the workdir's copy plan, the requirements'
+install plan, the command; node_setup/ssh/workdir.py and requirements.py act).
+
+`fab train` in four steps: data inputs (what the job reads, and what must be copied or made on
+the nodes first), plan (cluster/jobplan.py, pure: printed by --dry-run), launch (prepare the
+nodes, distribute SSH, start the job detached on the master) and follow (stream the labelled log
+until the job ends, then report). Its exit code is the job's own (training/exit_codes.py: 0 ok,
+1 failed, 2 bad input, 75 interrupted by a spot reclaim; when a rank's program failed, that
+program's code as its rank wrapper reported it, where the launcher returned another: Intel MPI's
+255, torchrun's 1), or node_setup/tasks/common.py's: 2 bad option or cluster, 3 a node cannot be
+reached or prepared, 130 after Ctrl-C.
+
+`--launcher torchrun` starts one torchrun per node instead of mpirun (cluster/torchrun.py), elastic
+with `--min-nodes`; `--grad-comm` and `--ddp-bucket-mb` pass through to the job (cluster/job_args.py).
+
+Why this module is longer than the others (about 480 lines): it is the one task that meets two
+kinds of program and two launchers, and its options and their help are most of it; every decision
+is already in cluster/ (jobplan, job_args, userjob, torchrun, jobreport), and what is left here is
+the order of the steps above, one section each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from invoke import Exit
+
+from cluster import jobreport
+from cluster.inventory import Inventory, InventoryError
+from cluster.job_args import (GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError,
+                              synthetic_data, training_arguments)
+from cluster.torchrun import DEFAULT_MAX_RESTARTS
+from cluster.jobplan import JobPlan, new_job_id, plan_job, shown
+from cluster.joblog import failure_report, first_failure
+from cluster.launch import DEFAULT_LAUNCHER, LAUNCHERS, LaunchError, env_pairs, job_dir
+from cluster.layout import LayoutError
+from cluster.profiles import get_profile, venv_dir
+from cluster.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDIR_LIMIT_MB, NO_SIGNAL,
+                             NOTICE_SIGNALS, RequirementsPlan, UserJobError, UserProgram, check_module,
+                             conflicting_builtin_options, notice_signal, parse_requirements, script_in_workdir,
+                             split_args)
+from node_setup.ssh import job as jobs
+from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
+from node_setup.tasks import common
+from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, REGION_HELP,
+                                     STOPPED, UNREACHABLE, fail, task, whole_number)
+
+PIN_CHOICES = {"": None, "on": True, "true": True, "off": False, "false": False}
+
+
+# ----------------------------------------------------------------------------- 1. data inputs
+
+
+@dataclass
+class JobInputs:
+    """What the job reads and what the nodes need before the launch."""
+
+    args: list[str]  # `python -m training` arguments (without --output_dir)
+    uploads: dict[str, str] = field(default_factory=dict)  # local file -> path on every node (relative to home)
+    prepare: list[str] = field(default_factory=list)  # shell commands every node runs first
+    synthetic: bool = False
+
+
+def _data_inputs(inventory: Inventory, job_id: str, options: dict, *, synthetic_examples: str, epochs: str,
+                 batch_size: int, bf16: str, checkpoint_minutes: str, checkpoint_uri: str, max_steps: int,
+                 resume: bool, extra: str, grad_comm: str = "", ddp_bucket_mb: str = "") -> JobInputs:
+    """The job's arguments from fab train's data options; a local data file is copied to every node,
+    and a local cluster with no model or data gets the synthetic demo."""
+    uploads: dict[str, str] = {}
+    for key in ("train_file", "validation_file"):
+        path = options[key]
+        if path and Path(path).expanduser().is_file():
+            remote = f"{job_dir(job_id)}/data/{key}-{Path(path).name}"
+            uploads[str(Path(path).expanduser())] = remote
+            options[key] = remote
+    given_data = options["model"] or options["dataset"] or options["train_file"]
+    synthetic = bool(synthetic_examples) or (inventory.kind == "local" and not given_data)
+    if synthetic and given_data:
+        raise JobArgsError("--synthetic-examples: the offline demo brings its own model and data; leave out "
+                           "--model, --dataset and --train-file, or drop --synthetic-examples")
+    prepare = []
+    if synthetic:
+        demo = synthetic_data(options["task_name"], whole_number("synthetic-examples", synthetic_examples, minimum=1),
+                              f"{venv_dir(get_profile(inventory.profile))}/bin/python")
+        options.update(demo.options)
+        prepare.append(demo.prepare)
+        epochs = epochs or SYNTHETIC_EPOCHS
+        batch_size = batch_size or SYNTHETIC_BATCH_SIZE
+        extra = f"{demo.recommended} {extra}".strip()
+    args = training_arguments(**options, epochs=epochs, batch_size=batch_size or None, bf16=bf16,
+                              checkpoint_minutes=checkpoint_minutes, checkpoint_uri=checkpoint_uri,
+                              max_steps=max_steps or None, resume=resume, extra=extra, grad_comm=grad_comm,
+                              ddp_bucket_mb=ddp_bucket_mb)
+    return JobInputs(args, uploads, prepare, synthetic)
+
+
+@dataclass
+class UserInputs:
+    """A user's own program: what runs, the workdir to copy, the requirements to install."""
+
+    program: UserProgram
+    copy: object  # cluster.userjob.CopyPlan
+    install: RequirementsPlan | None
+
+
+def _user_inputs(inventory: Inventory, *, script: str, module: str, args: str, workdir: str, requirements: str,
+                 signal: str, limit_mb: int, builtin: dict) -> UserInputs:
+    """--script/--module and their options, checked on this machine before any node is touched."""
+    from node_setup.ssh.workdir import scan
+
+    if script and module:
+        raise UserJobError(f"--module: {module!r} given with --script {script!r}; allowed: one of them")
+    conflicting_builtin_options(builtin)
+    words = split_args(args)
+    sig = notice_signal(signal)
+    if script:
+        path = Path(script).expanduser()
+        if not path.is_file():
+            raise UserJobError(f"--script: {script!r} is not a file on this machine; allowed: the path of your "
+                               "training script")
+        root = Path(workdir).expanduser() if workdir else path.parent
+    else:
+        check_module(module)
+        root = Path(workdir).expanduser() if workdir else Path.cwd()
+    if not root.is_dir():
+        raise UserJobError(f"--workdir: {workdir!r} is not a folder on this machine")
+    rel = script_in_workdir(str(path.resolve()), str(root.resolve())) if script else None
+    if limit_mb < 1:
+        raise UserJobError(f"--workdir-limit-mb: {limit_mb} is not allowed; give 1 or more")
+    copy = scan(root, limit_mb * 1024 * 1024)
+    install = None
+    if requirements:
+        req_path = Path(requirements).expanduser()
+        if not req_path.is_file():
+            raise UserJobError(f"--requirements: {requirements!r} is not a file on this machine")
+        install = parse_requirements(req_path.read_text(errors="replace"), requirements, get_profile(inventory.profile))
+    return UserInputs(UserProgram(rel, module or None, tuple(words), sig), copy, install)
+
+
+# ----------------------------------------------------------------------------- 3. launch
+
+
+def _newest_output_dir(master) -> str | None:
+    """The output directory of the newest job on the master (what --resume continues)."""
+    try:
+        job_id = jobs.resolve_job_id(master, None)
+        return jobs.read_metadata(master, job_id).get("output_dir")
+    except jobs.JobError:
+        return None
+
+
+def _aws_preflight(inventory: Inventory) -> None:
+    """Before launching on an AWS cluster: credentials, every node still running, no spot notice."""
+    from node_setup.aws.train_checks import preflight_for_train
+
+    report = preflight_for_train(inventory)
+    if report is not None and not report.ok:
+        print(report.render())
+        raise fail("preflight failed; fix the findings above and rerun")
+
+
+def _upload(conns, uploads: dict[str, str]) -> list[NodeOutcome]:
+    """Copy the user's local data files to every node, in parallel."""
+    folders = sorted({os.path.dirname(remote) for remote in uploads.values()})
+    mkdir = "mkdir -p " + " ".join(shlex.quote(f) for f in folders)
+
+    def one(name: str, conn) -> NodeOutcome:
+        from node_setup.ssh.connections import explain
+
+        try:
+            conn.run(mkdir, hide=True, in_stream=False)  # one round trip per node, not one per file
+            for local, remote in uploads.items():
+                conn.put(local, remote=remote)
+        except Exception as exc:  # noqa: BLE001 - reported per node
+            return NodeOutcome(name, False, explain(exc, conn))
+        return NodeOutcome(name, True, f"copied {len(uploads)} file(s)")
+
+    return each_node(conns, one)
+
+
+def _prepare(conns, plan: JobPlan, inputs: JobInputs) -> None:
+    """Job directory (also proves every node answers), synthetic data and uploads on every node."""
+    print(f"preparing {len(conns)} node(s): job directory"
+          + (", synthetic model and data" if inputs.synthetic else "") + " ...", flush=True)
+    outcomes = jobs.prepare_nodes(conns, plan)
+    if all(o.ok for o in outcomes) and inputs.uploads:
+        outcomes = _upload(conns, inputs.uploads)
+    failed = [o.node for o in outcomes if not o.ok]
+    if failed:
+        print("node preparation:")
+        print(outcome_table(outcomes))
+        names = ", ".join(failed)
+        raise fail(f"cannot launch: {names} not ready (reason above); the other nodes are fine. "
+                   f"Fix or replace {names}, or use fewer nodes (--nodes), then rerun", UNREACHABLE)
+
+
+def _prepare_user_job(conns, plan: JobPlan, inventory: Inventory) -> None:
+    """The workdir's copy and the requirements on every node, in parallel (before the launch)."""
+    from node_setup.ssh import requirements as reqs
+    from node_setup.ssh import workdir
+    from node_setup.ssh.wheels import InstallError
+
+    print(f"copying the workdir to {len(conns)} node(s) ({len(plan.copy.files)} file(s)) ...", flush=True)
+    steps = [("workdir", workdir.push(conns, plan.copy, plan.job_id))]
+    if plan.install:
+        print(f"installing {len(plan.install.requirements)} requirement(s) on {len(conns)} node(s) ...", flush=True)
+        try:
+            steps.append(("requirements", reqs.install(inventory, conns, plan.install)))
+        except InstallError as exc:
+            raise fail(str(exc), FAILED) from None
+    for what, outcomes in steps:
+        print(outcome_table(outcomes))
+        failed = [o.node for o in outcomes if not o.ok]
+        if failed:
+            raise fail(f"cannot launch: {what} failed on {', '.join(failed)} (reason above)",
+                       UNREACHABLE if what == "workdir" else FAILED)
+
+
+def _distribute(inventory: Inventory, conns) -> None:
+    """Keys, ssh config, known_hosts and hostfile on the master, so mpirun reaches every node."""
+    from node_setup.ssh.distribute import DistributionError, distribute
+
+    try:
+        distribute(inventory, conns=conns)
+    except DistributionError as exc:
+        print("distribution:")
+        print(exc.result.table())
+        raise fail(f"cannot launch: {exc}", UNREACHABLE) from None
+
+
+# ----------------------------------------------------------------------------- 4. follow
+
+
+def _read_summary(master, plan: JobPlan) -> tuple[dict | None, str | None]:
+    """(summary.json of the job on the master, None), or (None, why there is none to read)."""
+    path = f"{plan.output_dir}/summary.json"
+    text = jobs.read_remote_file(master, path)
+    if text is None:
+        return None, f"(no {path} on the master)"
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        summary = None
+    return (summary, None) if isinstance(summary, dict) else (None, f"summary ({path}): unreadable")
+
+
+def _print_summary(master, plan: JobPlan) -> None:
+    """The run's figures from summary.json on the master, and its failed checkpoint uploads."""
+    summary, problem = _read_summary(master, plan)
+    lines = [problem] if summary is None else jobreport.summary_lines(
+        summary, shown(f"{plan.output_dir}/summary.json"), plan.inventory.master.name)
+    print("\n".join(lines))
+
+
+def _follow_to_end(master, conns, plan: JobPlan) -> int:
+    """Stream the job until it ends; Ctrl-C asks whether to stop it. Returns fab's exit code."""
+    job_id, rank_hosts = plan.job_id, list(plan.launch.rank_hosts)
+    try:
+        jobs.follow(master, job_id, rank_hosts, launcher=plan.launch.launcher)
+    except KeyboardInterrupt:
+        return _on_interrupt(conns, job_id)
+    state, detail = jobs.job_state(master, job_id)
+    if state == "running":  # the stream broke (connection lost) while the job goes on
+        print(f"\nlost the log stream; job {job_id} is still running: reattach with `fab logs --follow`")
+        return 1
+    if state == "stopped":
+        print(f"\njob {job_id} was stopped (fab stop, {detail})")
+        return STOPPED
+    code = int(detail) if state == "exited" and detail.strip().lstrip("-").isdigit() else None
+    if code == 0:
+        print(f"\njob {job_id} finished: exit code 0")
+        if plan.user:
+            print(f"output: {shown(plan.output_dir)} on {plan.inventory.master.name} (`fab get` copies it here)")
+        else:
+            _print_summary(master, plan)
+        return 0
+    print(f"\njob {job_id} " + (f"failed: exit code {code}" if code is not None else f"ended without an exit code ({state})"))
+    log = jobs.log_text(master, job_id)
+    for line in failure_report(log, rank_hosts, code):
+        print(f"  {line}")
+    first = first_failure(log, rank_hosts)
+    if first is not None and first.code != code:
+        # the launcher's own code (Intel MPI: 255, torchrun: 1) says less than the program's
+        print(f"  exit code {first.code}: rank {first.rank}'s program's own (the launcher returned {code})")
+        code = first.code
+    if code == INTERRUPTED_BY_RECLAIM and not plan.user:
+        for line in jobreport.reclaim_report(_read_summary(master, plan)[0], plan.inventory.master.name):
+            print(f"  {line}")
+    cleanup = jobs.stop(master, conns, job_id, grace=5)
+    if any(not o.ok for o in cleanup):
+        print("could not clean up every node:")
+        print(outcome_table(cleanup))
+    else:
+        print("  no rank of the job is left on any node")
+    return code if code is not None else 1
+
+
+def _on_interrupt(conns, job_id: str) -> int:
+    print("\ninterrupted.", flush=True)
+    try:
+        answer = input(f"Stop job {job_id} on every node? [y/N] ").strip().lower()
+    except (EOFError, KeyboardInterrupt):
+        answer = ""
+    for conn in conns.values():  # the interrupted stream may have left a half-closed channel
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - closing is best effort; stop reconnects
+            pass
+    master = next(iter(conns.values()))
+    if answer in ("y", "yes"):
+        print(f"stopped job {job_id}:")
+        print(outcome_table(jobs.stop(master, conns, job_id)))
+    else:
+        print(f"job {job_id} keeps running on the cluster: `fab logs --follow` reattaches, `fab stop` ends it")
+    return CTRL_C
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+@task(help={
+    "nodes": "how many nodes to use, master first (1 to the nodes available; default all)",
+    "cluster": CLUSTER_HELP,
+    "region": REGION_HELP,
+    "task": "training task: qa or classification (training default qa)",
+    "model": "model id or a directory on the nodes (--model_name_or_path)",
+    "dataset": "hub dataset name (default squad for qa, glue/mrpc for classification)",
+    "dataset-config": "hub dataset configuration (e.g. mrpc)",
+    "train-file": "training data (.json/.jsonl): a file on this machine is copied to every node, "
+                  "else the path on the nodes",
+    "validation-file": "evaluation data, like --train-file",
+    "epochs": "number of training epochs (--num_train_epochs)",
+    "batch-size": "batch size per rank (--per_device_train_batch_size)",
+    "bf16": "auto (on when the CPU has AMX/AVX512-BF16), on or off",
+    "checkpoint-minutes": "save a checkpoint every N minutes (0: only at the end)",
+    "checkpoint-uri": "s3://bucket/prefix every checkpoint is uploaded to (and --resume reads)",
+    "max-steps": "stop after N optimizer steps",
+    "output-dir": "output directory on the nodes, relative to the home directory (default "
+                  "xeon-cluster-runs/<job id>; local cluster: /var/tmp/xeon-cluster-runs/<cluster>/<job id>, "
+                  "which its nodes share; with --resume: the newest job's)",
+    "extra": "more `python -m training` arguments, verbatim, e.g. --extra '--learning_rate 3e-5 --max_seq_length 256' "
+             "(arguments after `--` are added here)",
+    "resume": "continue from the newest complete checkpoint (after a spot reclaim)",
+    "ranks-per-node": "override ranks per node (default one per socket)",
+    "threads": "override OpenMP threads per rank (default the rank's physical cores minus CCL workers)",
+    "ccl-workers": "override oneCCL workers per rank (intel profile only)",
+    "pin": "pin ranks to their cores: on or off (default on; off on the local cluster)",
+    "env": "extra environment for every rank, e.g. --env 'FI_PROVIDER=tcp CCL_LOG_LEVEL=info'",
+    "synthetic-examples": "train the offline demo (a tiny model and data made on every node) with N examples; "
+                          "the default on a local cluster without --model/--dataset/--train-file (2000 examples)",
+    "dry-run": "print nodes, layout, full command and environment (and for --script: the copy and install "
+               "plans); connect to nothing",
+    "script": "run your own training script (a .py file in --workdir) on every rank instead of the built-in job",
+    "module": "run `python -m MODULE` (found in --workdir or the node venv) on every rank instead of the built-in job",
+    "args": "arguments of your --script/--module, split like a shell would (arguments after `--` are added)",
+    "workdir": "folder copied to every node, where the ranks start (default: the script's folder; with --module "
+               "the current folder); .git, __pycache__, virtual environments and what its .gitignore lists stay here",
+    "workdir-limit-mb": f"refuse a workdir over this many MB to copy (default {DEFAULT_WORKDIR_LIMIT_MB})",
+    "requirements": "a requirements file installed into the node venv before the launch (once per content); "
+                    "a requirement that would change a pinned package of the profile is refused",
+    "launcher": f"what starts the ranks: {' or '.join(LAUNCHERS)} (default {DEFAULT_LAUNCHER}; torchrun: one per node, "
+                "started over SSH, c10d rendezvous on the master)",
+    "min-nodes": "torchrun only: elastic, train on as few as M nodes (torchrun's M:N range; a node that leaves "
+                 "restarts the ranks on the others, which resume from the newest checkpoint)",
+    "max-restarts": f"torchrun with --min-nodes: restarts of the ranks before the job fails (default "
+                    f"{DEFAULT_MAX_RESTARTS})",
+    "grad-comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's --grad_comm; bf16 compresses "
+                 "DDP's buckets)",
+    "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default 25)",
+    "notice-signal": f"signal every rank gets on a spot interruption notice: {', '.join(NOTICE_SIGNALS)} or "
+                     f"{NO_SIGNAL} (default {DEFAULT_NOTICE_SIGNAL})",
+})
+def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", dataset_config="",
+          train_file="", validation_file="", epochs="", batch_size=0, bf16="auto", checkpoint_minutes="",
+          checkpoint_uri="", max_steps=0, output_dir="", extra="", resume=False, ranks_per_node=0, threads=0,
+          ccl_workers="", pin="", env="", synthetic_examples="", dry_run=False, script="", module="", args="",
+          workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
+          launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb=""):
+    """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
+    if pin.lower() not in PIN_CHOICES:
+        raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
+    if launcher not in LAUNCHERS:
+        raise fail(f"--launcher: {launcher!r} is not allowed; choose {' or '.join(LAUNCHERS)}")
+    launch_options = dict(launcher=launcher, min_nodes=whole_number("min-nodes", min_nodes, minimum=1),
+                          max_restarts=whole_number("max-restarts", max_restarts, minimum=0))
+    user_options = dict(script=script, module=module, workdir=workdir, requirements=requirements)
+    if not (script or module):
+        given = [f"--{k}" for k, v in user_options.items() if v] + (["--args"] if args else [])
+        if given:
+            raise fail(f"{given[0]}: only with --script or --module (your own program)")
+    inventory = common.inventory(cluster, region)
+    job_id = new_job_id()
+    if script or module:
+        builtin = dict(zip(BUILTIN_ONLY, (task, model, dataset, dataset_config, train_file, validation_file, epochs,
+                                          batch_size, max_steps, bf16 != "auto", checkpoint_minutes, checkpoint_uri,
+                                          resume, synthetic_examples)))
+        for name, value in (("grad-comm", grad_comm), ("ddp-bucket-mb", ddp_bucket_mb)):
+            if value:
+                raise fail(f"--{name}: an option of the built-in job, not allowed with --script/--module; pass your "
+                           "program's own arguments with --args (or after `--`)")
+        try:
+            user = _user_inputs(inventory, script=script, module=module, args=f"{args} {extra}".strip(),
+                                workdir=workdir, requirements=requirements, signal=notice_signal,
+                                limit_mb=int(workdir_limit_mb), builtin=builtin)
+            plan = plan_job(inventory, nodes=nodes or len(inventory.nodes), training_args=(), job_id=job_id,
+                            output_dir=output_dir or None, prepare=[], user=user.program, copy=user.copy,
+                            install=user.install, ranks_per_node=ranks_per_node or None,
+                            threads_per_rank=threads or None, ccl_workers=whole_number("ccl-workers", ccl_workers,
+                                                                                       minimum=0),
+                            pin=PIN_CHOICES[pin.lower()], extra_env=env_pairs(env), **launch_options)
+        except (InventoryError, LayoutError, LaunchError, ValueError) as exc:
+            raise fail(str(exc)) from None
+        plan = replace(plan, prepare=(f"mkdir -p {shlex.quote(plan.output_dir)}",))
+        if dry_run:
+            print(plan.describe())
+            print("\ndry run: nothing was started")
+            return
+        raise Exit(code=_launch(inventory, plan, user_job=True))
+    options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
+                   train_file=train_file, validation_file=validation_file)
+    try:
+        layout = dict(ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
+                      ccl_workers=whole_number("ccl-workers", ccl_workers, minimum=0), pin=PIN_CHOICES[pin.lower()],
+                      extra_env=env_pairs(env), **launch_options)
+        inputs = _data_inputs(inventory, job_id, options, synthetic_examples=synthetic_examples, epochs=epochs,
+                              batch_size=batch_size, bf16=bf16, checkpoint_minutes=checkpoint_minutes,
+                              checkpoint_uri=checkpoint_uri, max_steps=max_steps, resume=resume, extra=extra,
+                              grad_comm=grad_comm, ddp_bucket_mb=ddp_bucket_mb)
+
+        def make_plan(out_dir: str | None) -> JobPlan:
+            return plan_job(inventory, nodes=nodes or len(inventory.nodes), training_args=inputs.args, job_id=job_id,
+                            output_dir=out_dir or None, prepare=inputs.prepare, **layout)
+
+        plan = make_plan(output_dir)
+    except (InventoryError, LayoutError, LaunchError, JobArgsError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    warning = jobreport.spot_warning(plan.inventory, inputs.args)
+    if warning:
+        print(warning)
+
+    if dry_run:
+        print(plan.describe())
+        for local, remote in inputs.uploads.items():
+            print(f"would copy {local} to ~/{remote} on every node")
+        if resume and not output_dir:
+            print("note: --resume continues in the newest job's output directory (read from the master at launch)")
+        print("\ndry run: nothing was started")
+        return
+
+    if inventory.kind == "aws":
+        _aws_preflight(plan.inventory)  # only the nodes this job uses (--nodes)
+    conns = common.connect(plan.inventory)
+    master = conns[plan.inventory.master.name]
+    if resume and not output_dir:
+        previous = _newest_output_dir(master)
+        if previous:
+            plan = make_plan(previous)
+            print(f"resuming in {previous} (the newest job's output directory)")
+    raise Exit(code=_launch(inventory, plan, inputs=inputs, conns=conns))
+
+
+def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = None, conns: dict | None = None,
+            user_job: bool = False) -> int:
+    """Prepare the nodes, distribute SSH, start the job detached on the master and follow it."""
+    if conns is None:
+        if inventory.kind == "aws":
+            _aws_preflight(plan.inventory)
+        conns = common.connect(plan.inventory)
+    master = conns[plan.inventory.master.name]
+    _prepare(conns, plan, inputs or JobInputs([]))
+    if user_job:
+        _prepare_user_job(conns, plan, plan.inventory)
+    _distribute(plan.inventory, conns)
+    pid = jobs.start(master, plan)
+    print(f"layout: {plan.layout.describe()[1]}")
+    print(f"job {plan.job_id} started on {plan.inventory.master.name} (pid {pid}): {plan.launch.world_size} ranks "
+          f"on {', '.join(plan.launch.hosts)}; output {shown(plan.output_dir)}", flush=True)
+    return _follow_to_end(master, conns, plan)
+
+
+TASKS = [train]
