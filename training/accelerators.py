@@ -27,9 +27,19 @@ def load_ipex(mode: str):
 
 
 def optimize(ipex, model, optimizer, *, bf16: bool):
-    """ipex.optimize on the model and its optimizer before DDP wraps them; returns both."""
+    """ipex.optimize on the model and its optimizer before DDP wraps them; returns both.
+
+    IPEX runs bf16 only on CPUs whose oneDNN kernels support it (AVX512BW/VL/DQ or AVX-NE-CONVERT;
+    every instance type in cluster/catalog.py has them) and otherwise refuses with an
+    AssertionError, which becomes one line naming the way out."""
     import torch
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     model.train()
-    return ipex.optimize(model, optimizer=optimizer, dtype=dtype)
+    try:
+        return ipex.optimize(model, optimizer=optimizer, dtype=dtype)
+    except AssertionError as exc:
+        if not bf16:
+            raise
+        raise BadInput(f"--bf16 with IPEX: this CPU cannot run it ({' '.join(str(exc).split())}); "
+                       "use --bf16 false or --use_ipex off") from None

@@ -9,13 +9,16 @@ bf16 when the CPU has AMX-BF16 or AVX512-BF16.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, TASKS
+from training.checkpoint_s3 import parse_s3_uri
 from training.errors import BadInput
 
-TASKS = ("qa", "classification")
 DEFAULT_DATASETS = {"qa": ("squad", None), "classification": ("glue", "mrpc")}
 DEFAULT_MAX_SEQ_LENGTH = {"qa": 384, "classification": 128}
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl")
@@ -80,17 +83,26 @@ class JobArguments:
     checkpoint_minutes: float = field(default=10.0, metadata={
         "help": "Save a checkpoint every N minutes of training (0: only TrainingArguments' save_* settings)."})
     checkpoint_uri: str | None = field(default=None, metadata={
-        "help": "s3://bucket/prefix to upload every checkpoint to (verified); --resume also looks there."})
+        "help": "s3://bucket/prefix to upload every checkpoint to (verified; probed at start); --resume also "
+                "looks there."})
     resume: bool = field(default=False, metadata={
-        "help": "Continue from the newest complete checkpoint in output_dir or --checkpoint_uri."})
+        "help": "Continue the run of the newest complete checkpoint every rank can read (in its output_dir "
+                "or under --checkpoint_uri)."})
     dist_backend: str = field(default="auto", metadata={
         "help": "torch.distributed backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), gloo, ccl."})
     use_ipex: str = field(default="auto", metadata={
         "help": "Apply ipex.optimize: auto (when intel_extension_for_pytorch imports), on, off."})
     spot_watch: str = field(default="auto", metadata={
-        "help": "Poll the instance metadata service for spot interruption/rebalance notices: "
-                "auto (on EC2 or when XEON_IMDS_ENDPOINT is set), on, off."})
+        "help": "Poll the instance metadata service for spot interruption notices (checkpoint and stop) and "
+                "rebalance recommendations (checkpoint once): auto (on EC2, when XEON_IMDS_ENDPOINT is set, or on a "
+                "local cluster node, which holds the metadata address itself), on, off."})
     spot_poll_seconds: float = field(default=5.0, metadata={"help": "Seconds between metadata polls."})
+    grad_comm: str = field(default=DEFAULT_GRAD_COMM, metadata={
+        "help": "How gradients cross the network: bf16 (DDP's bf16 compression hook: half the bytes; the "
+                "optimizer still steps in fp32) or fp32 (as computed)."})
+    ddp_bucket_mb: float | None = field(default=None, metadata={
+        "help": "DDP's gradient bucket size in MB (default: DDP's own, 25); sets TrainingArguments' "
+                "ddp_bucket_cap_mb."})
 
 
 @dataclass
@@ -126,6 +138,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[ModelArguments, DataArgume
     model, data, job, _rest = parser.parse_args_into_dataclasses(
         args=list(argv), return_remaining_strings=True)
     validate_job(model, data, job)
+    refuse_nan(model, data, job)
     return model, data, job
 
 
@@ -133,11 +146,32 @@ def bf16_given(argv: Sequence[str]) -> bool:
     return any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv)
 
 
-def parse_all(argv: Sequence[str], *, bf16_supported: bool) -> ParsedArguments:
-    """Phase two: every argument, TrainingArguments included (initialises accelerate's state)."""
+def training_arguments_class():
+    """TrainingArguments, minus any field the job's own arguments also define.
+
+    transformers before 4.57 (the intel profile's 4.56) has a boolean `use_ipex` of its own, which
+    would clash with the job's `--use_ipex auto|on|off` in one parser (and would make the Trainer
+    apply IPEX a second time). Such a field is re-declared with init=False, which HfArgumentParser
+    skips, so it keeps its default and the job's option is the only one. The class is a global of
+    this module (JobTrainingArguments), so checkpoints can pickle the arguments.
+    """
     from transformers import TrainingArguments
 
-    parser = _parser((ModelArguments, DataArguments, JobArguments, TrainingArguments))
+    ours = {f.name for f in dataclasses.fields(JobArguments)}
+    clashing = [f for f in dataclasses.fields(TrainingArguments) if f.init and f.name in ours]
+    if not clashing:
+        return TrainingArguments
+    if "JobTrainingArguments" not in globals():
+        namespace = {"__annotations__": {f.name: f.type for f in clashing}, "__module__": __name__,
+                     "__qualname__": "JobTrainingArguments",
+                     **{f.name: field(default=f.default, init=False) for f in clashing}}
+        globals()["JobTrainingArguments"] = dataclass(type("JobTrainingArguments", (TrainingArguments,), namespace))
+    return globals()["JobTrainingArguments"]
+
+
+def parse_all(argv: Sequence[str], *, bf16_supported: bool) -> ParsedArguments:
+    """Phase two: every argument, TrainingArguments included (initialises accelerate's state)."""
+    parser = _parser((ModelArguments, DataArguments, JobArguments, training_arguments_class()))
     explicit = bf16_given(argv)
     parser.set_defaults(**TRAINING_DEFAULTS, **({} if explicit else {"bf16": bf16_supported}))
     if _is_help(argv):
@@ -149,7 +183,23 @@ def parse_all(argv: Sequence[str], *, bf16_supported: bool) -> ParsedArguments:
     except ValueError as exc:  # unknown arguments, TrainingArguments.__post_init__ checks
         raise BadInput(str(exc)) from None
     validate_job(model, data, job)
+    refuse_nan(model, data, job, training)
     return ParsedArguments(model, data, job, training, explicit)
+
+
+def refuse_nan(*parsed) -> None:
+    """No option may be nan: every comparison with it is false, so it would pass every check."""
+    for instance in parsed:
+        for item in dataclasses.fields(instance):
+            value = getattr(instance, item.name, None)
+            if isinstance(value, float) and math.isnan(value):
+                raise BadInput(f"--{item.name} nan is not allowed; allowed: a number")
+
+
+def _positive(name: str, value: float, allowed: str, zero: bool = False) -> None:
+    """A finite number above 0 (or 0 itself when `zero`), else one line naming the option."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise BadInput(f"--{name} {value:g} is not allowed; allowed: {allowed}")
 
 
 def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
@@ -163,6 +213,7 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     _choice("dist_backend", job.dist_backend, BACKEND_CHOICES)
     _choice("use_ipex", job.use_ipex, IPEX_CHOICES)
     _choice("spot_watch", job.spot_watch, SPOT_WATCH_CHOICES)
+    _choice("grad_comm", job.grad_comm, GRAD_COMM_CHOICES)
     if data.max_seq_length is None:
         data.max_seq_length = DEFAULT_MAX_SEQ_LENGTH[data.task]
     if data.max_seq_length < 16:
@@ -188,15 +239,20 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     if not data.train_file and data.dataset_name is None:
         data.dataset_name, default_config = DEFAULT_DATASETS[data.task]
         data.dataset_config_name = data.dataset_config_name or default_config
-    if job.checkpoint_minutes < 0:
-        raise BadInput(f"--checkpoint_minutes {job.checkpoint_minutes} must be 0 (off) or positive")
-    if job.checkpoint_uri is not None and not job.checkpoint_uri.startswith("s3://"):
-        raise BadInput(f"--checkpoint_uri {job.checkpoint_uri!r} must be an S3 URI like "
-                       "s3://my-bucket/jobs/run-1 (local checkpoints always go to --output_dir)")
-    if job.spot_poll_seconds <= 0:
-        raise BadInput(f"--spot_poll_seconds {job.spot_poll_seconds} must be positive")
+    _positive("checkpoint_minutes", job.checkpoint_minutes, "0 (off) or a positive number of minutes", zero=True)
+    if job.checkpoint_uri is not None:
+        parse_s3_uri(job.checkpoint_uri)  # the controller's rule (cluster/job_args.py)
+    _positive("spot_poll_seconds", job.spot_poll_seconds, "a positive number of seconds")
+    if job.ddp_bucket_mb is not None:
+        _positive("ddp_bucket_mb", job.ddp_bucket_mb, "a positive number of MB")
     if job.global_batch_size is not None and job.global_batch_size < 1:
         raise BadInput(f"--global_batch_size {job.global_batch_size} must be positive")
+
+
+def apply_ddp_settings(job: JobArguments, training) -> None:
+    """--ddp_bucket_mb becomes TrainingArguments' ddp_bucket_cap_mb (the Trainer passes it to DDP)."""
+    if job.ddp_bucket_mb is not None:
+        training.ddp_bucket_cap_mb = job.ddp_bucket_mb
 
 
 def apply_global_batch(job: JobArguments, training, world_size: int) -> None:

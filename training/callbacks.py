@@ -1,8 +1,15 @@
-"""Trainer callbacks: step timing, and checkpoints on a timer or on a spot notice.
+"""Trainer callbacks: step timing, and checkpoints on a timer, on a rebalance recommendation and on
+a spot interruption notice.
 
-Every step all ranks exchange two numbers with one tiny all-reduce: the highest rank (+1) that
-has seen a metadata notice, and whether any rank's checkpoint timer has run out. All ranks get
-the same answer at the same step, so they save together and stop together.
+Every step all ranks exchange three numbers with one tiny all-reduce: the highest rank (+1) that
+has an interruption notice to act on, whether any rank's checkpoint timer has run out, and the
+highest rank (+1) that has seen a rebalance recommendation. All ranks get the same answer at the
+same step, so they save together and stop together. A rebalance recommendation is advice: one
+checkpoint, and training goes on.
+
+Checkpoints are this job's to prune (TrainingArguments.save_total_limit is taken over by the
+job): rank 0 keeps the `keep` newest of this run, on its disk and on S3, and never touches
+another run's.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import time
 
 from transformers import TrainerCallback
 
-from training import checkpoints, distributed
+from training import checkpoint_s3, checkpoints, distributed
 
 log = logging.getLogger(__name__)
 
@@ -43,28 +50,37 @@ class StepTimer(TrainerCallback):
 
 
 class SpotCheckpointCallback(TrainerCallback):
-    """Time-based checkpoints, and checkpoint-then-stop when any rank sees an interruption notice."""
+    """Time-based checkpoints, one checkpoint on a rebalance recommendation, and checkpoint-then-stop
+    when any rank has an interruption notice to act on; every checkpoint gets the run's manifest,
+    its upload and the run's pruning."""
 
     def __init__(self, *, rank: int, watcher=None, checkpoint_minutes: float = 0.0,
-                 checkpoint_uri: str | None = None, s3_client_factory=checkpoints.s3_client):
+                 checkpoint_uri: str | None = None, s3_client_factory=checkpoint_s3.s3_client,
+                 run_id: str | None = None, keep: int | None = None):
         self.rank = rank
         self.watcher = watcher
         self.interval = checkpoint_minutes * 60.0
         self.uri = checkpoint_uri
+        self.run_id = run_id
+        self.keep = keep or 0  # checkpoints of this run to keep (0: all)
         self._client_factory = s3_client_factory
         self._client = None
         self.last_save = time.monotonic()
         self.interrupted_at: int | None = None
         self.notice_rank: int | None = None
+        self.rebalance_at: int | None = None
         self.saved: list[dict] = []
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_save = time.monotonic()
 
+    def _seen(self, attribute: str) -> int:
+        return self.rank + 1 if self.watcher is not None and getattr(self.watcher, attribute, None) else 0
+
     def on_step_end(self, args, state, control, **kwargs):
-        seen = self.rank + 1 if self.watcher is not None and self.watcher.notice else 0
         due = int(self.interval > 0 and time.monotonic() - self.last_save >= self.interval)
-        notice_rank_plus_one, any_due = distributed.max_over_ranks([seen, due])
+        notice_rank_plus_one, any_due, rebalance_rank_plus_one = distributed.max_over_ranks(
+            [self._seen("notice"), due, self._seen("rebalance")])
         if notice_rank_plus_one and self.interrupted_at is None:
             self.interrupted_at = state.global_step
             self.notice_rank = notice_rank_plus_one - 1
@@ -73,31 +89,53 @@ class SpotCheckpointCallback(TrainerCallback):
                             self.notice_rank, state.global_step)
             control.should_save = True
             control.should_training_stop = True
+        elif rebalance_rank_plus_one and self.rebalance_at is None:
+            self.rebalance_at = state.global_step
+            if self.rank == 0:
+                log.warning("rank %d saw a rebalance recommendation: checkpointing at step %d and training on",
+                            rebalance_rank_plus_one - 1, state.global_step)
+            control.should_save = True
         elif any_due:
             control.should_save = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        distributed.barrier()  # every rank has written its part (its RNG state) before the manifest lists them
         directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         record = {"step": state.global_step, "path": directory, "uri": None, "upload_error": None}
         if self.rank == 0:
             started = time.monotonic()
-            checkpoints.write_manifest(directory, state.global_step)
+            checkpoints.write_manifest(directory, state.global_step, run_id=self.run_id)
+            protect = [checkpoints.step_of(os.path.basename(state.best_model_checkpoint))] \
+                if getattr(state, "best_model_checkpoint", None) else []
             if self.uri:
-                try:
-                    if self._client is None:
-                        self._client = self._client_factory()
-                    record["uri"] = checkpoints.upload_checkpoint(self._client, directory, self.uri)
-                    log.info("checkpoint %d uploaded to %s", state.global_step, record["uri"])
-                    if args.save_total_limit:  # S3 keeps as many as the output directory does
-                        pruned = checkpoints.prune_s3(self._client, self.uri, args.save_total_limit)
-                        if pruned:
-                            log.info("removed older S3 checkpoints %s", pruned)
-                except Exception as exc:  # keep training; the local copy still exists
-                    record["upload_error"] = f"{type(exc).__name__}: {exc}"
-                    log.error("checkpoint %d upload to %s failed: %s", state.global_step, self.uri, exc)
+                record["uri"], record["upload_error"] = self._upload(directory, state.global_step, protect)
+            if self.keep:
+                pruned = checkpoints.prune_local(args.output_dir, self.keep, self.run_id, protect)
+                if pruned:
+                    log.info("removed older local checkpoints %s", pruned)
             record["seconds"] = round(time.monotonic() - started, 3)
             self.saved.append(record)
         distributed.barrier()  # nobody stops (or exits) before the checkpoint is complete
         self.last_save = time.monotonic()
         return control
+
+    def _upload(self, directory: str, step: int, protect: list) -> tuple[str | None, str | None]:
+        """(uri, None) after a verified upload (then the run's S3 pruning), or (None, error): training goes on."""
+        try:
+            if self._client is None:
+                self._client = self._client_factory()
+            uri = checkpoint_s3.upload_checkpoint(self._client, directory, self.uri)
+        except Exception as exc:  # noqa: BLE001 - keep training; the local copy still exists
+            log.error("checkpoint %d upload to %s failed: %s", step, self.uri, exc)
+            return None, f"{type(exc).__name__}: {exc}"
+        log.info("checkpoint %d uploaded to %s", step, uri)
+        if self.keep:  # S3 keeps as many of this run's as the output directory does
+            try:
+                pruned = checkpoint_s3.prune_s3(self._client, self.uri, self.keep, self.run_id, protect)
+            except Exception as exc:  # noqa: BLE001 - old checkpoints left over cost space, not progress
+                log.warning("could not remove older S3 checkpoints under %s: %s", self.uri, exc)
+            else:
+                if pruned:
+                    log.info("removed older S3 checkpoints %s", pruned)
+        return uri, None

@@ -1,44 +1,69 @@
 """Checkpoints that survive losing the node: a manifest marks a checkpoint complete, S3 keeps a
-verified copy, and resume picks the newest complete one.
+verified copy (training/checkpoint_s3.py moves them), every checkpoint belongs to one run, and
+resume picks the newest complete one that every rank can read.
 
 A checkpoint directory is complete when its manifest (written last, by rank 0, after the Trainer
 finished writing) lists every file with size and SHA-256 and the files match. On S3 the manifest
 is uploaded last, after every file was uploaded with a SHA-256 checksum that S3 verifies and its
 size was read back; a checkpoint whose upload was cut short has no manifest and is never chosen.
+
+The manifest names the run that wrote it (`run_id`): pruning deletes only the run's own older
+checkpoints, and --resume continues one run. A manifest is data from the bucket, which every node
+may write: a file name in it that is absolute, has `.`/`..` parts or would land outside the
+checkpoint folder, and a local checkpoint holding symbolic links, make the checkpoint unusable
+(UnsafeCheckpoint) instead of writing or reading anywhere else.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import time
-from dataclasses import dataclass
-from pathlib import Path
-
-from training.errors import BadInput
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Sequence
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "xeon-checkpoint.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
     """An upload or download that could not be verified."""
 
 
+class UnsafeCheckpoint(CheckpointError):
+    """A manifest or checkpoint folder that would make the job read or write outside the folder."""
+
+
 @dataclass(frozen=True)
 class Found:
+    """A complete checkpoint: its step, where it is, the run that wrote it and when."""
+
     step: int
     location: str  # local directory or s3:// prefix (no trailing slash)
+    run_id: str | None = None
+    created: str = field(default="", compare=False)
+
+    @property
+    def key(self) -> tuple[str | None, int]:
+        """What makes two copies the same checkpoint: the run and the step."""
+        return self.run_id, self.step
 
 
-def _sha256(path: Path) -> str:
+def new_run_id() -> str:
+    """A run's id: when it started (UTC) and 8 random hex digits, e.g. 20260101T120000Z-1a2b3c4d."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -46,13 +71,62 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(directory: str | os.PathLike, step: int) -> dict:
+# ---- what a manifest may name
+
+def _safe_name(name: object, where: str) -> str:
+    """`name` if it is a plain relative path inside the checkpoint; UnsafeCheckpoint otherwise."""
+    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
+        raise UnsafeCheckpoint(f"{where}: manifest names {name!r}, which is not allowed; allowed: relative file "
+                               "names inside the checkpoint folder")
+    parts = name.split("/")
+    if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise UnsafeCheckpoint(f"{where}: manifest names {name!r}, which is outside the checkpoint folder or not a "
+                               "plain relative name; allowed: relative file names without '.', '..' or empty parts")
+    if name == MANIFEST:
+        raise UnsafeCheckpoint(f"{where}: manifest names itself ({MANIFEST!r}) as a file, which is not allowed")
+    return str(PurePosixPath(name))
+
+
+def manifest_files(manifest: object, where: str) -> dict[str, dict]:
+    """The manifest's files (name -> {size, sha256}), every name checked; UnsafeCheckpoint when one
+    could leave the folder, CheckpointError when the manifest is not one."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{where}: {MANIFEST} has no file list")
+    checked = {}
+    for name, entry in files.items():
+        _safe_name(name, where)
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and entry["size"] >= 0
+                and isinstance(entry.get("sha256"), str) and _SHA256_RE.match(entry["sha256"])):
+            raise CheckpointError(f"{where}: {MANIFEST} entry {name!r} has no valid size and sha256")
+        checked[name] = entry
+    return checked
+
+
+def links_under(root: Path) -> list[str]:
+    """Every symbolic link below `root` (relative names), without following any."""
+    found = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = Path(folder, name)
+            if path.is_symlink():
+                found.append(path.relative_to(root).as_posix())
+    return sorted(found)
+
+
+# ---- local checkpoints
+
+def write_manifest(directory: str | os.PathLike, step: int, run_id: str | None = None) -> dict:
     """List every file of a finished checkpoint; the manifest is what makes it complete."""
     root = Path(directory)
+    links = links_under(root)
+    if links:
+        raise UnsafeCheckpoint(f"{root}: holds symbolic link(s) {', '.join(links[:3])}; a checkpoint holds files only")
     files = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[path.relative_to(root).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {"step": step, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, MANIFEST + ".tmp")):
+        files[path.relative_to(root).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+    manifest = {"step": step, "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": files}
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, root / MANIFEST)
@@ -61,21 +135,10 @@ def write_manifest(directory: str | os.PathLike, step: int) -> dict:
 
 def read_manifest(directory: str | os.PathLike) -> dict | None:
     try:
-        return json.loads((Path(directory) / MANIFEST).read_text())
+        manifest = json.loads((Path(directory) / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-
-
-def local_complete(directory: str | os.PathLike) -> bool:
-    manifest = read_manifest(directory)
-    if not manifest:
-        return False
-    root = Path(directory)
-    for name, entry in manifest["files"].items():
-        path = root / name
-        if not path.is_file() or path.stat().st_size != entry["size"]:
-            return False
-    return True
+    return manifest if isinstance(manifest, dict) else None
 
 
 def step_of(name: str) -> int | None:
@@ -83,181 +146,140 @@ def step_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def newest_local(output_dir: str | os.PathLike) -> Found | None:
-    """The complete checkpoint-N under output_dir with the highest N."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    steps = sorted(((step_of(p.name), p) for p in root.iterdir() if p.is_dir() and step_of(p.name) is not None),
-                   reverse=True)
-    for step, path in steps:
-        if local_complete(path):
-            return Found(step, str(path))
-        log.warning("ignoring %s: incomplete (no or mismatching %s)", path, MANIFEST)
-    return None
-
-
-# ---- S3 ----
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """('bucket', 'prefix') from s3://bucket/prefix (prefix without slashes at the ends)."""
-    if not uri.startswith("s3://"):
-        raise BadInput(f"--checkpoint_uri {uri!r} must start with s3://")
-    bucket, _, prefix = uri[5:].partition("/")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
-        raise BadInput(f"--checkpoint_uri {uri!r}: {bucket!r} is not a valid S3 bucket name")
-    return bucket, prefix.strip("/")
-
-
-def _key(prefix: str, *parts: str) -> str:
-    return "/".join(p for p in (prefix, *parts) if p)
-
-
-def s3_client():
-    """An S3 client with adaptive retries (credentials: the instance profile on EC2)."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", config=Config(retries={"mode": "adaptive", "max_attempts": 8},
-                                            connect_timeout=10, read_timeout=120))
-
-
-def upload_directory(client, directory: str | os.PathLike, uri: str) -> str:
-    """Upload a directory that has a manifest; verify every object; put the manifest last.
-
-    Returns the s3:// prefix. Raises CheckpointError when S3 does not hold what was sent.
-    """
+def inspect_local(directory: str | os.PathLike) -> tuple[Found | None, str | None]:
+    """(the checkpoint, None) when `directory` is complete and safe to load, else (None, why not)."""
     root = Path(directory)
+    if root.is_symlink():
+        return None, "it is a symbolic link"
     manifest = read_manifest(root)
     if manifest is None:
-        raise CheckpointError(f"{root} has no {MANIFEST}; write it before uploading")
-    bucket, prefix = parse_s3_uri(uri)
-    for name, entry in manifest["files"].items():
-        key = _key(prefix, name)
-        client.upload_file(str(root / name), bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256"})
-        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-        if head["ContentLength"] != entry["size"]:
-            raise CheckpointError(f"s3://{bucket}/{key}: {head['ContentLength']} bytes on S3, "
-                                  f"{entry['size']} locally")
-        remote_sum = head.get("ChecksumSHA256")
-        if remote_sum and "-" not in remote_sum:  # composite sums of multipart uploads differ by design
-            local_sum = base64.b64encode(bytes.fromhex(entry["sha256"])).decode()
-            if remote_sum != local_sum:
-                raise CheckpointError(f"s3://{bucket}/{key}: SHA-256 on S3 differs from the local file")
-    client.put_object(Bucket=bucket, Key=_key(prefix, MANIFEST), Body=json.dumps(manifest).encode(),
-                      ContentType="application/json")
-    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-
-
-def upload_checkpoint(client, directory: str | os.PathLike, uri: str) -> str:
-    """s3://.../checkpoint-N holding the checkpoint directory (its name gives N)."""
-    return upload_directory(client, directory, f"{uri.rstrip('/')}/{Path(directory).name}")
-
-
-def _remote_manifest(client, bucket: str, prefix: str) -> dict | None:
-    from botocore.exceptions import ClientError
-
+        return None, f"no {MANIFEST} (incomplete)"
     try:
-        body = client.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST))["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None
-        raise
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
+        files = manifest_files(manifest, str(root))
+    except CheckpointError as exc:
+        return None, str(exc)
+    links = links_under(root)
+    if links:
+        return None, f"holds symbolic link(s) {', '.join(links[:3])}, which a checkpoint never does"
+    for name, entry in files.items():
+        path = root / name
+        if not path.is_file() or path.stat().st_size != entry["size"]:
+            return None, f"{name} is missing or its size differs from {MANIFEST}"
+    step = step_of(root.name)
+    if step is not None and manifest.get("step") != step:
+        return None, f"{MANIFEST} is for step {manifest.get('step')!r}"
+    return Found(step if step is not None else int(manifest.get("step") or 0), str(root), manifest.get("run_id"),
+                 str(manifest.get("created", ""))), None
 
 
-def _remote_sizes(client, bucket: str, prefix: str) -> dict[str, int]:
-    sizes = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        for item in page.get("Contents", []):
-            sizes[item["Key"][len(prefix) + 1:]] = item["Size"]
-    return sizes
+def local_complete(directory: str | os.PathLike) -> bool:
+    return inspect_local(directory)[0] is not None
 
 
-def _s3_checkpoints(client, bucket: str, prefix: str) -> list[tuple[int, str]]:
-    """(N, name) of every checkpoint-N "directory" directly under `prefix`, complete or not."""
-    list_prefix = prefix + "/" if prefix else ""
+def _checkpoint_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted((step_of(p.name), p) for p in root.iterdir() if step_of(p.name) is not None
+                  and (p.is_dir() or p.is_symlink()))
+
+
+def local_checkpoints(output_dir: str | os.PathLike, *, quiet: bool = False) -> list[Found]:
+    """Every complete, safe checkpoint-N under output_dir, by step; the others are logged and left out."""
     found = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=list_prefix, Delimiter="/"):
-        for common in page.get("CommonPrefixes", []):
-            name = common["Prefix"][len(list_prefix):].rstrip("/")
-            step = step_of(name)
-            if step is not None:
-                found.append((step, name))
+    for _step, path in _checkpoint_dirs(output_dir):
+        checkpoint, why = inspect_local(path)
+        if checkpoint is not None:
+            found.append(checkpoint)
+        elif not quiet:
+            log.warning("ignoring %s: %s", path, why)
     return found
 
 
-def newest_s3(client, uri: str) -> Found | None:
-    """The highest-step checkpoint under `uri` whose manifest exists and whose files all match it."""
-    bucket, prefix = parse_s3_uri(uri)
-    for step, name in sorted(_s3_checkpoints(client, bucket, prefix), reverse=True):
-        checkpoint_prefix = _key(prefix, name)
-        manifest = _remote_manifest(client, bucket, checkpoint_prefix)
-        if manifest is None:
-            log.warning("ignoring s3://%s/%s: upload never finished (no %s)", bucket, checkpoint_prefix, MANIFEST)
-            continue
-        sizes = _remote_sizes(client, bucket, checkpoint_prefix)
-        if all(sizes.get(name) == entry["size"] for name, entry in manifest["files"].items()):
-            return Found(step, f"s3://{bucket}/{checkpoint_prefix}")
-        log.warning("ignoring s3://%s/%s: objects do not match its manifest", bucket, checkpoint_prefix)
-    return None
+def newest_local(output_dir: str | os.PathLike) -> Found | None:
+    """The complete checkpoint-N under output_dir with the highest N."""
+    return max(local_checkpoints(output_dir), key=lambda f: f.step, default=None)
 
 
-def prune_s3(client, uri: str, keep: int) -> list[int]:
-    """Delete S3 checkpoints older than the `keep` newest complete ones; returns the steps deleted.
+def _newest_first(found: Iterable[Found]) -> list[Found]:
+    """Newest written first: by creation time, then step (a resumed run's steps can repeat an old branch's)."""
+    return sorted(found, key=lambda f: (f.created, f.step), reverse=True)
 
-    Unfinished uploads newer than the oldest kept checkpoint are left alone (one may be in flight).
+
+def to_prune(found: list[Found], all_steps: Iterable[int], keep: int, run_id: str | None,
+              protect: Iterable[int] = ()) -> tuple[list[Found], list[int]]:
+    """(the run's complete checkpoints to delete, steps of unfinished ones older than every kept one)."""
+    ours = _newest_first(f for f in found if f.run_id == run_id)
+    if keep < 1 or len(ours) <= keep:
+        return [], []
+    kept, older = ours[:keep], [f for f in ours[keep:] if f.step not in set(protect)]
+    oldest_kept = min(f.step for f in kept)
+    complete_steps = {f.step for f in found}
+    unfinished = sorted(s for s in set(all_steps) - complete_steps if s < oldest_kept)
+    return older, unfinished
+
+
+def prune_local(output_dir: str | os.PathLike, keep: int, run_id: str | None, protect: Iterable[int] = ()) -> list[int]:
+    """Delete the run's local checkpoints beyond the `keep` newest (and unfinished ones older than those).
+
+    Other runs' checkpoints, `protect`ed steps (the best model) and anything that is not a complete,
+    safe checkpoint newer than the kept ones stay. Returns the steps deleted.
     """
-    if keep < 1:
-        return []
-    bucket, prefix = parse_s3_uri(uri)
-    steps = [step for step, _ in _s3_checkpoints(client, bucket, prefix)]
-    complete = [s for s in sorted(steps, reverse=True)
-                if _remote_manifest(client, bucket, _key(prefix, f"checkpoint-{s}")) is not None]
-    if len(complete) <= keep:
-        return []
-    oldest_kept = complete[keep - 1]
+    dirs = _checkpoint_dirs(output_dir)
+    complete = local_checkpoints(output_dir, quiet=True)
+    unsafe = {s for s, p in dirs if read_manifest(p) is not None} - {f.step for f in complete}
+    older, unfinished = to_prune(complete, [s for s, _ in dirs if s not in unsafe], keep, run_id, protect)
     deleted = []
-    for step in sorted(s for s in steps if s < oldest_kept):
-        checkpoint_prefix = _key(prefix, f"checkpoint-{step}")
-        # the manifest goes first, so a half-deleted checkpoint never looks complete
-        client.delete_object(Bucket=bucket, Key=_key(checkpoint_prefix, MANIFEST))
-        keys = list(_remote_sizes(client, bucket, checkpoint_prefix))
-        for start in range(0, len(keys), 1000):
-            client.delete_objects(Bucket=bucket, Delete={"Objects": [
-                {"Key": _key(checkpoint_prefix, k)} for k in keys[start:start + 1000]], "Quiet": True})
+    for step in sorted({f.step for f in older} | set(unfinished)):
+        path = Path(output_dir) / f"checkpoint-{step}"
+        if path.is_symlink():
+            path.unlink()
+        else:
+            (path / MANIFEST).unlink(missing_ok=True)  # never half-deleted yet complete-looking
+            shutil.rmtree(path, ignore_errors=True)
         deleted.append(step)
     return deleted
 
 
-def download_checkpoint(client, location: str, destination: str | os.PathLike) -> str:
-    """Fetch a complete S3 checkpoint into `destination` (verified, manifest last, atomic rename)."""
-    bucket, prefix = parse_s3_uri(location)
-    manifest = _remote_manifest(client, bucket, prefix)
-    if manifest is None:
-        raise CheckpointError(f"{location} has no {MANIFEST}; it is not a complete checkpoint")
-    target = Path(destination)
-    partial = target.with_name(target.name + ".download")
-    shutil.rmtree(partial, ignore_errors=True)
-    for name, entry in manifest["files"].items():
-        path = partial / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, _key(prefix, name), str(path))
-        if _sha256(path) != entry["sha256"]:
-            raise CheckpointError(f"{location}/{name}: downloaded bytes do not match the manifest's SHA-256")
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(partial, target)
-    return str(target)
+# ---- which checkpoint --resume continues, and whether a fresh start may use the folder
+
+def choose_resume(local_by_rank: Sequence[Iterable[Found]], remote: Iterable[Found]) -> Found | None:
+    """The checkpoint --resume continues: one every rank can read (in its own output_dir, or on S3).
+
+    Of those, the run written last is continued, from its highest step. The location is rank 0's
+    local copy when it has one, else the S3 copy. None when no checkpoint is readable by all ranks.
+    """
+    remote_by_key = {f.key: f for f in remote}
+    rank0 = {f.key: f for f in (local_by_rank[0] if local_by_rank else ())}
+    common: set | None = None
+    for local in local_by_rank:
+        readable = {f.key for f in local} | set(remote_by_key)
+        common = readable if common is None else common & readable
+    if not common:
+        return None
+    candidates = [rank0.get(key) or remote_by_key[key] for key in common]
+    run = _newest_first(candidates)[0].run_id
+    return max((f for f in candidates if f.run_id == run), key=lambda f: f.step)
 
 
-def choose_resume(output_dir: str, uri: str | None, client=None) -> Found | None:
-    """The newest complete checkpoint among output_dir and the S3 copy (local wins a tie)."""
-    local = newest_local(output_dir)
-    remote = newest_s3(client, uri) if uri and client is not None else None
-    if remote and (local is None or remote.step > local.step):
-        return remote
-    return local
+def describe_readable(local_by_rank: Sequence[Iterable[Found]], remote: Iterable[Found], hosts: Sequence[str]) -> str:
+    """Which steps every rank can read, for the message when no checkpoint is common to all."""
+    remote_steps = sorted({f.step for f in remote})
+    parts = [f"rank {rank} ({hosts[rank] if rank < len(hosts) else '?'}): "
+             + (", ".join(str(s) for s in sorted({f.step for f in local})) or "none")
+             for rank, local in enumerate(local_by_rank)]
+    return f"{'; '.join(parts)}; on S3: {', '.join(map(str, remote_steps)) or 'none'}"
+
+
+def fresh_start_conflict(output_dir: str, uri: str | None, local: Sequence[Found], remote: Sequence[Found]) -> str | None:
+    """The message that stops a fresh start into a folder or prefix holding another run's complete
+    checkpoints (its pruning and a later --resume would mix the two runs), or None."""
+    places = [(f"--checkpoint_uri {uri}", remote, "--checkpoint_uri prefix"), (f"--output_dir {output_dir}", local,
+                                                                              "--output_dir")]
+    for where, found, other in places:
+        if found:
+            newest = _newest_first(found)[0]
+            runs = sorted({str(f.run_id) for f in found})
+            return (f"{where} already holds checkpoints of run {', '.join(runs)} (newest: checkpoint-{newest.step}); "
+                    f"a new run there would mix with it: pass --resume to continue that run, or choose another {other}")
+    return None

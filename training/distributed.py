@@ -49,7 +49,7 @@ def active() -> bool:
 
 
 def destroy() -> None:
-    """Without this a rank sometimes aborts at interpreter exit (DESIGN.md section 2)."""
+    """Without this a rank sometimes aborts at interpreter exit (docs/design.md, "The training job")."""
     if active():
         dist.destroy_process_group()
 

@@ -6,4 +6,4 @@
 OK = 0
 FAILED = 1  # an unexpected error; the failing rank printed its traceback
 BAD_INPUT = 2  # bad arguments, data, tokenizer or environment; rank 0 printed one message
-INTERRUPTED = 75  # spot interruption or rebalance notice: checkpoint saved, rerun with --resume
+INTERRUPTED = 75  # spot interruption notice: checkpoint taken (summary.json says where), rerun with --resume

@@ -1,5 +1,6 @@
 """SQuAD question answering: features with overflowing tokens and doc stride, and the way back
-from start/end logits to answer text (after transformers' examples/pytorch/question-answering)."""
+from start/end logits to answer text (after transformers' examples/pytorch/question-answering).
+`QuestionAnswering` is --task qa for the job (training/tasks.py)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,45 @@ def references(examples) -> dict[str, list[str]]:
 def eval_model_inputs(features, columns_to_drop=("example_id", "offset_mapping")) -> Any:
     """The evaluation features without the columns the model's forward does not take."""
     return features.remove_columns([c for c in columns_to_drop if c in features.column_names])
+
+
+def with_ids(dataset, prefix: str):
+    """`dataset` with an `id` column (`<prefix>-<row>`) when it has none: predictions are keyed by it."""
+    if dataset is None or "id" in dataset.column_names:
+        return dataset
+    return dataset.add_column("id", [f"{prefix}-{i}" for i in range(len(dataset))])
+
+
+class QuestionAnswering:
+    """--task qa: SQuAD features with doc stride, a QA head, exact match and F1 over answer text."""
+
+    def prepare(self, train_raw, eval_raw, tokenizer, parsed, columns):
+        """(train features, eval examples, eval features or None, model); examples without ids get
+        them. `columns` (the classification text columns) is None here."""
+        from transformers import set_seed
+
+        from training import data, modeling
+
+        train_raw, eval_raw = with_ids(train_raw, "train"), with_ids(eval_raw, "eval")
+        kwargs = {"tokenizer": tokenizer, "max_seq_length": parsed.data.max_seq_length,
+                  "doc_stride": parsed.data.doc_stride}
+        train_features = data.tokenized(train_raw, prepare_train_features, kwargs)
+        eval_features = None if eval_raw is None else data.tokenized(eval_raw, prepare_eval_features, kwargs)
+        set_seed(parsed.training.seed)  # the freshly initialised QA head is the same on every rank
+        return train_features, eval_raw, eval_features, modeling.load_model(parsed.model, "qa")
+
+    def collator(self, tokenizer):
+        from transformers import default_data_collator
+
+        return default_data_collator  # features are padded to max_seq_length already
+
+    def predict_inputs(self, eval_features):
+        return eval_model_inputs(eval_features)
+
+    def scores(self, output, eval_raw, eval_features, data_args) -> dict:
+        from training import metrics
+
+        start_logits, end_logits = output.predictions
+        answers = postprocess_predictions(eval_raw, eval_features, start_logits, end_logits,
+                                          data_args.n_best_size, data_args.max_answer_length)
+        return metrics.squad_scores(answers, references(eval_raw))

@@ -20,6 +20,8 @@ import random
 import sys
 from pathlib import Path
 
+from cluster.job_args import SYNTHETIC_ARGS
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 FIXED_WORDS = ("?", ".", ",", "what", "is", "the", "a", "of", "and", "key", "same", "other")
 CUES = ("color", "shape", "owner", "place", "size", "sound", "taste", "price")
@@ -27,13 +29,6 @@ CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 FILLER_WORDS = 400
 ANSWER_WORDS = 100  # the last 100 generated words only ever appear as answers
-# Settings under which the tiny model learns in a few dozen steps (with 16 per rank, as `fab train`
-# uses for the demo). No batch size here: callers append these after their own options.
-RECOMMENDED_ARGS = {
-    "qa": ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.005",
-           "--warmup_steps", "5", "--weight_decay", "0.0"),
-    "classification": ("--max_seq_length", "48", "--learning_rate", "0.005", "--warmup_steps", "5"),
-}
 MODEL_CONFIG = {"dim": 64, "hidden_dim": 256, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 128,
                 "dropout": 0.0, "attention_dropout": 0.0, "qa_dropout": 0.0, "seq_classif_dropout": 0.0}
 
@@ -108,7 +103,7 @@ def default_eval_examples(examples: int) -> int:
 def write_demo(out_dir, task: str = "qa", examples: int = 2000, seed: int = 0) -> dict:
     """Write DIR/model, DIR/train.json and DIR/eval.json; return their paths and the recommended
     training arguments ("args") for this tiny model."""
-    if task not in RECOMMENDED_ARGS:
+    if task not in SYNTHETIC_ARGS:
         raise ValueError(f"task: {task!r} is not allowed; choose qa or classification")
     if examples < 1:
         raise ValueError(f"examples: {examples} must be positive")
@@ -130,14 +125,14 @@ def write_demo(out_dir, task: str = "qa", examples: int = 2000, seed: int = 0) -
             text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         Path(path).write_text(text)
     args = ["--task", task, "--model_name_or_path", paths["model"], "--train_file", paths["train_file"],
-            "--validation_file", paths["validation_file"], *RECOMMENDED_ARGS[task]]
+            "--validation_file", paths["validation_file"], *SYNTHETIC_ARGS[task]]
     return {**paths, "args": args}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.synthetic", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory to write model/, train.json, eval.json into")
-    parser.add_argument("--task", default="qa", choices=tuple(RECOMMENDED_ARGS))
+    parser.add_argument("--task", default="qa", choices=tuple(SYNTHETIC_ARGS))
     parser.add_argument("--examples", type=int, default=2000, help="training examples (eval: a tenth, at least 32)")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)

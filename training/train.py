@@ -1,9 +1,10 @@
-"""The job every MPI rank runs: `python -m training [arguments]` (see README.md, "The training job").
+"""The job every MPI rank runs: `python -m training [arguments]` (docs/training.md).
 
 Order of events: ranks from the launcher's environment -> the job's own arguments -> process
-group (ccl or gloo) -> every argument (TrainingArguments) -> tokenizer, data, model (all ranks
-agree on any error) -> resume point -> training with step timing, timed checkpoints and the spot
-watcher -> final model, evaluation -> summary on rank 0 -> process group destroyed.
+group (ccl or gloo) -> every argument (TrainingArguments) -> checkpoints: the --checkpoint_uri
+probe, the run's id and the resume point (the newest checkpoint every rank can read) -> tokenizer,
+data, model (all ranks agree on any error) -> training with step timing, timed checkpoints and the
+spot watcher -> final model, evaluation -> summary on rank 0 -> process group destroyed.
 Exit codes are in training/exit_codes.py.
 """
 
@@ -13,16 +14,19 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import socket
 import sys
 import time
 import traceback
-from importlib import metadata
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from training import exit_codes
 from training import ranks as rank_env
 from training.errors import BadInput
+from training.resume import RunCheckpoints
+
+if TYPE_CHECKING:
+    from training import tasks
 
 log = logging.getLogger("training")
 
@@ -55,13 +59,6 @@ def _configure_logging(rank: int) -> None:
         pass
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _weights_sha256(model) -> str:
     """A digest of every parameter and buffer, in name order: equal digests, equal models."""
     import torch
@@ -74,9 +71,14 @@ def _weights_sha256(model) -> str:
     return digest.hexdigest()
 
 
-def _features(dataset, tokenize, kwargs: dict):
-    """`dataset` tokenised in batches by `tokenize(batch, **kwargs)`, keeping only its output columns."""
-    return dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, fn_kwargs=kwargs)
+class Trained(NamedTuple):
+    """What training left for the finish: the Trainer, its callbacks, the loss and the resume point."""
+
+    trainer: Any
+    timer: Any  # training.callbacks.StepTimer
+    spot: Any  # training.callbacks.SpotCheckpointCallback
+    train_loss: float
+    resumed: Any  # the checkpoint resumed from (training.checkpoints), or None
 
 
 class Job:
@@ -87,7 +89,9 @@ class Job:
         self.argv = argv
         self.started = started
         self.watcher = None
+        self.task = None  # the --task's object (training/tasks.py), chosen once the arguments are read
         self.settings: dict = {}
+        self.store = None  # the run's checkpoints (training/resume.py), set once the arguments are read
 
     # ---- start-up ----
 
@@ -124,17 +128,22 @@ class Job:
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         }
 
+    def _log_settings(self) -> None:
+        s = self.settings
+        log.info("world size %d (%s), backend %s (%s); bf16 %s (%s); ipex %s; threads per rank %d "
+                 "(OMP_NUM_THREADS=%s); allocator %s; %s; CPU features %s",
+                 self.info.world_size, self.info.launcher, s["backend"], s["backend_reason"],
+                 "on" if s["bf16"] else "off", s["bf16_reason"], s["ipex"] or "off", s["threads"],
+                 s["omp_num_threads"], s["allocator"], s["openmp_runtime"], ", ".join(s["cpu_features"]) or "none")
+
     # ---- data and model ----
 
-    def _prepare(self, parsed):
+    def _prepare(self, parsed) -> tasks.Prepared:
         """Tokenizer, datasets, features and model; raises BadInput for anything the user can fix."""
-        from transformers import set_seed
+        from training import data, modeling, tasks
 
-        from training import classification, data, modeling, qa
-
-        model_args, data_args, training_args = parsed.model, parsed.data, parsed.training
-        task = data_args.task
-        tokenizer = modeling.load_tokenizer(model_args, task)
+        model_args, data_args = parsed.model, parsed.data
+        tokenizer = modeling.load_tokenizer(model_args, data_args.task)
         train_raw, eval_raw, source = data.load_splits(data_args, model_args.cache_dir)
         train_name = data_args.train_file or f"dataset {data_args.dataset_name} split {data_args.train_split}"
         columns = data.check_columns(train_raw, data_args, train_name)
@@ -145,35 +154,13 @@ class Job:
         eval_raw = None if data_args.max_eval_samples == 0 else data.limit(eval_raw, data_args.max_eval_samples)
         if eval_raw is not None and len(eval_raw) == 0:
             eval_raw = None
-        prepared = {"tokenizer": tokenizer, "source": source, "train_examples": len(train_raw),
-                    "eval_raw": eval_raw, "eval_features": None}
-        length, stride = data_args.max_seq_length, data_args.doc_stride
-        if task == "qa":
-            if "id" not in train_raw.column_names:
-                train_raw = train_raw.add_column("id", [f"train-{i}" for i in range(len(train_raw))])
-            if eval_raw is not None and "id" not in eval_raw.column_names:
-                eval_raw = eval_raw.add_column("id", [f"eval-{i}" for i in range(len(eval_raw))])
-                prepared["eval_raw"] = eval_raw
-            kwargs = {"tokenizer": tokenizer, "max_seq_length": length, "doc_stride": stride}
-            prepared["train_features"] = _features(train_raw, qa.prepare_train_features, kwargs)
-            if eval_raw is not None:
-                prepared["eval_features"] = _features(eval_raw, qa.prepare_eval_features, kwargs)
-            set_seed(training_args.seed)  # the freshly initialised QA head is the same on every rank
-            prepared["model"] = modeling.load_model(model_args, task)
-        else:
-            labels = classification.label_names(train_raw, eval_raw, data_args.label_column)
-            label_ids = {label: i for i, label in enumerate(labels)}
-            kwargs = {"tokenizer": tokenizer, "columns": columns, "label_column": data_args.label_column,
-                      "label_ids": label_ids, "max_seq_length": length}
-            prepared["train_features"] = _features(train_raw, classification.tokenize_pairs, kwargs)
-            if eval_raw is not None:
-                prepared["eval_features"] = _features(eval_raw, classification.tokenize_pairs, kwargs)
-            set_seed(training_args.seed)
-            prepared["model"] = modeling.load_model(model_args, task, num_labels=len(labels), label_names=labels)
-        sample = prepared["train_features"].select(range(min(10000, len(prepared["train_features"]))))
+        train_features, eval_raw, eval_features, model = self.task.prepare(train_raw, eval_raw, tokenizer,
+                                                                            parsed, columns)
+        sample = train_features.select(range(min(10000, len(train_features))))
         masks = sample["attention_mask"]
-        prepared["tokens_per_sample"] = sum(map(sum, masks)) / max(1, len(masks))
-        return prepared
+        return tasks.Prepared(tokenizer=tokenizer, source=source, train_examples=len(train_raw),
+                              train_features=train_features, eval_raw=eval_raw, eval_features=eval_features,
+                              model=model, tokens_per_sample=sum(map(sum, masks)) / max(1, len(masks)))
 
     def _agreed(self, stage):
         """Run `stage()` on every rank; if any rank raises BadInput, all raise the first message."""
@@ -187,120 +174,76 @@ class Job:
         distributed.raise_first_error(message)
         return result
 
-    # ---- resume ----
-
-    def _resume_path(self, parsed):
-        from training import checkpoints, distributed
-
-        job_args, output_dir = parsed.job, parsed.training.output_dir
-        uri = job_args.checkpoint_uri
-        client = checkpoints.s3_client() if uri else None
-        found = None
-        error = None
-        if self.info.rank == 0:
-            try:
-                found = checkpoints.choose_resume(output_dir, uri, client)
-            except Exception as exc:
-                error = (f"--resume: could not look for checkpoints in {output_dir}"
-                         f"{' or ' + uri if uri else ''}: {type(exc).__name__}: {exc}")
-        distributed.raise_first_error(error)
-        found = distributed.gather(found)[0]  # rank 0 decides
-        if found is None:
-            if self.info.rank == 0:
-                log.warning("--resume: no complete checkpoint in %s%s; starting from step 0",
-                            output_dir, f" or {uri}" if uri else "")
-            return None
-        path = os.path.join(output_dir, f"checkpoint-{found.step}")
-        error = None
-        if self.info.local_rank == 0 and not checkpoints.local_complete(path):
-            if uri:
-                try:
-                    checkpoints.download_checkpoint(client, f"{uri.rstrip('/')}/checkpoint-{found.step}", path)
-                    log.warning("downloaded checkpoint %d from %s", found.step, uri)
-                except Exception as exc:
-                    error = f"--resume: download of checkpoint {found.step} from {uri} failed: {exc}"
-            else:
-                error = (f"--resume: checkpoint-{found.step} is not in {output_dir} on this node; pass "
-                         "--checkpoint_uri s3://... so every node can fetch it, or use a shared --output_dir")
-        distributed.raise_first_error(error)
-        if self.info.rank == 0:
-            log.info("resuming from %s (step %d, chosen from %s)", path, found.step, found.location)
-        return path, found
-
     # ---- evaluation ----
 
-    def _evaluate(self, trainer, parsed, prepared) -> dict | None:
-        import numpy as np
-
-        from training import metrics, qa
-
-        eval_features = prepared["eval_features"]
-        if eval_features is None:
+    def _evaluate(self, trainer, parsed, prepared: tasks.Prepared) -> dict | None:
+        """The task's metrics on rank 0 (None elsewhere, and when there is no evaluation data)."""
+        if prepared.eval_features is None:
             return None
-        data_args = parsed.data
         started = time.time()
-        if data_args.task == "qa":
-            output = trainer.predict(qa.eval_model_inputs(eval_features))
-            if self.info.rank != 0:
-                return None
-            start_logits, end_logits = output.predictions
-            answers = qa.postprocess_predictions(prepared["eval_raw"], eval_features, start_logits, end_logits,
-                                                 data_args.n_best_size, data_args.max_answer_length)
-            scores = metrics.squad_scores(answers, qa.references(prepared["eval_raw"]))
-        else:
-            output = trainer.predict(eval_features)
-            if self.info.rank != 0:
-                return None
-            predictions = np.argmax(output.predictions, axis=-1).tolist()
-            labels = output.label_ids.tolist()
-            kept = [(p, t) for p, t in zip(predictions, labels) if t != -100]
-            scores = metrics.classification_scores([p for p, _ in kept], [t for _, t in kept])
+        output = trainer.predict(self.task.predict_inputs(prepared.eval_features))  # every rank takes part
+        if self.info.rank != 0:
+            return None
+        scores = self.task.scores(output, prepared.eval_raw, prepared.eval_features, parsed.data)
         result = {k: round(v, 4) for k, v in scores.items()}
-        result["eval_examples"] = len(prepared["eval_raw"])
+        result["eval_examples"] = len(prepared.eval_raw)
         result["eval_seconds"] = round(time.time() - started, 2)
         return result
 
-    # ---- the run ----
+    # ---- the run: start-up, data, training, finish ----
 
     def run(self) -> int:
+        parsed, ipex = self._start_up()
+        self.store = RunCheckpoints(self.info, self._agreed)
+        resume = self.store.start(parsed)
+        prepared = self._data(parsed)
+        trained = self._train(parsed, prepared, ipex, resume)
+        return self._finish(parsed, prepared, trained)
+
+    def _start_up(self) -> tuple[Any, Any]:
+        """Arguments, process group, hardware settings and IPEX: (parsed arguments, ipex or None)."""
         from training import args as job_arguments
 
         _model, _data, job_args = job_arguments.parse_job_arguments(self.argv)
         self._start_distributed(job_args)
 
-        from training import accelerators, distributed, hardware, imds
-        from training.summary import logged_losses, step_time_stats, throughput
+        from training import accelerators, hardware
 
         flags = hardware.cpu_flags()
         bf16_supported, bf16_reason = hardware.bf16_support(flags)
         parsed = job_arguments.parse_all(self.argv, bf16_supported=bf16_supported)
         if parsed.bf16_explicit:
             bf16_reason = f"set with --bf16 ({bf16_reason})"
-        training_args = parsed.training
-        job_arguments.apply_global_batch(parsed.job, training_args, self.info.world_size)
+        job_arguments.apply_global_batch(parsed.job, parsed.training, self.info.world_size)
+        job_arguments.apply_ddp_settings(parsed.job, parsed.training)
         ipex = accelerators.load_ipex(parsed.job.use_ipex)
-        self.settings.update(self._hardware_settings(training_args, bf16_reason, ipex, flags))
+        self.settings.update(self._hardware_settings(parsed.training, bf16_reason, ipex, flags))
         self.settings["launcher"] = self.info.launcher
         if self.info.rank == 0:
-            s = self.settings
-            log.info("world size %d (%s), backend %s (%s); bf16 %s (%s); ipex %s; threads per rank %d "
-                     "(OMP_NUM_THREADS=%s); allocator %s; %s; CPU features %s",
-                     self.info.world_size, self.info.launcher, s["backend"], s["backend_reason"],
-                     "on" if s["bf16"] else "off", bf16_reason, s["ipex"] or "off", s["threads"],
-                     s["omp_num_threads"], s["allocator"], s["openmp_runtime"], ", ".join(s["cpu_features"]) or "none")
+            self._log_settings()
+        return parsed, ipex
 
+    def _data(self, parsed) -> tasks.Prepared:
+        """The task's data and model, agreed on by every rank."""
+        from training import tasks
+
+        self.task = tasks.for_name(parsed.data.task)
         prepared = self._agreed(lambda: self._prepare(parsed))
         if self.info.rank == 0:
             log.info("%d training examples -> %d features of up to %d tokens (%.1f real tokens on average); "
-                     "%s evaluation examples", prepared["train_examples"], len(prepared["train_features"]),
-                     parsed.data.max_seq_length, prepared["tokens_per_sample"],
-                     len(prepared["eval_raw"]) if prepared["eval_raw"] is not None else "no")
-        trainer, timer, spot = self._trainer(parsed, prepared, ipex)
+                     "%s evaluation examples", prepared.train_examples, len(prepared.train_features),
+                     parsed.data.max_seq_length, prepared.tokens_per_sample,
+                     len(prepared.eval_raw) if prepared.eval_raw is not None else "no")
+        return prepared
 
-        resume = self._resume_path(parsed) if parsed.job.resume else None
+    def _train(self, parsed, prepared: tasks.Prepared, ipex, resume) -> Trained:
+        """Spot watcher, then Trainer.train (from the resume point, if any) until done or interrupted."""
+        from training import hardware, imds
+
+        trainer, timer, spot = self._trainer(parsed, prepared, ipex)
         resume_path, resumed = (resume if resume else (None, None))
-        if resume_path is None and training_args.resume_from_checkpoint:  # Trainer's own flag: a path
-            resume_path = training_args.resume_from_checkpoint
+        if resume_path is None and parsed.training.resume_from_checkpoint:  # Trainer's own flag: a path
+            resume_path = parsed.training.resume_from_checkpoint
 
         if imds.watch_enabled(parsed.job.spot_watch, on_ec2=hardware.on_ec2()):
             self.watcher = imds.InterruptionWatcher(imds.ImdsClient(imds.endpoint()), parsed.job.spot_poll_seconds)
@@ -310,105 +253,77 @@ class Job:
                 log.info("spot watcher polling %s every %gs", imds.endpoint(), parsed.job.spot_poll_seconds)
 
         train_output = trainer.train(resume_from_checkpoint=resume_path)
-        interrupted = spot.interrupted_at is not None
         if self.watcher is not None:
             self.watcher.stop()
+        return Trained(trainer, timer, spot, train_output.training_loss, resumed)
 
-        final_model = None
-        eval_metrics = None
+    def _finish(self, parsed, prepared: tasks.Prepared, trained: Trained) -> int:
+        """Final model and evaluation (unless interrupted), weights digests, the summary on rank 0."""
+        from training import distributed, summary
+
+        output_dir = parsed.training.output_dir
+        interrupted = trained.spot.interrupted_at is not None
+        final_model, eval_metrics = None, None
         if not interrupted:
-            trainer.save_model(training_args.output_dir)
-            if self.info.rank == 0:
-                final_model = training_args.output_dir
-            eval_metrics = self._evaluate(trainer, parsed, prepared)
-        digests = distributed.gather(_weights_sha256(trainer.model))
+            trained.trainer.save_model(output_dir)
+            final_model = output_dir if self.info.rank == 0 else None
+            eval_metrics = self._evaluate(trained.trainer, parsed, prepared)
+        digests = distributed.gather(_weights_sha256(trained.trainer.model))
         hosts = distributed.hosts()
-
         if self.info.rank == 0:
-            state = trainer.state
-            global_batch = (training_args.per_device_train_batch_size * self.info.world_size
-                            * training_args.gradient_accumulation_steps)
-            steps_run = len(timer.step_seconds)
-            train_seconds = (timer.last_step_end - timer.train_begin) if timer.last_step_end else 0.0
-            losses = logged_losses(state.log_history)
-            summary = {
-                "status": "interrupted" if interrupted else "completed",
-                "exit_code": exit_codes.INTERRUPTED if interrupted else exit_codes.OK,
-                "task": parsed.data.task,
-                "model": parsed.model.model_name_or_path,
-                "data": prepared["source"],
-                "world_size": self.info.world_size,
-                "nodes": len(set(hosts)),
-                "hosts": hosts,
-                "per_rank_batch_size": training_args.per_device_train_batch_size,
-                "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-                "global_batch_size": global_batch,
-                "train_examples": prepared["train_examples"],
-                "train_features": len(prepared["train_features"]),
-                "tokens_per_sample": round(prepared["tokens_per_sample"], 2),
-                "max_seq_length": parsed.data.max_seq_length,
-                "start_step": timer.start_step,
-                "steps": state.global_step,
-                "max_steps": state.max_steps,
-                "steps_this_run": steps_run,
-                "epoch": round(state.epoch or 0.0, 4),
-                "train_seconds": round(train_seconds, 3),
-                **throughput(steps_run, global_batch, train_seconds, prepared["tokens_per_sample"],
-                             self.info.world_size),
-                "step_time_seconds": step_time_stats(timer.step_seconds),
-                "time_to_first_step_seconds": (round(timer.first_step_end - self.started, 3)
-                                               if timer.first_step_end else None),
-                "wall_seconds": round(time.time() - self.started, 3),
-                "train_loss": round(train_output.training_loss, 5) if steps_run else None,
-                "first_logged_loss": losses[0] if losses else None,
-                "last_logged_loss": losses[-1] if losses else None,
-                "metrics": eval_metrics,
-                "resumed_from": ({"step": resumed.step, "location": resumed.location} if resumed else None),
-                "interruption": ({"step": spot.interrupted_at, "seen_by_rank": spot.notice_rank}
-                                 if interrupted else None),
-                "checkpoints": spot.saved,
-                "final_model": final_model,
-                "weights_sha256_per_rank": digests,
-                "settings": {
-                    **self.settings,
-                    "checkpoint_minutes": parsed.job.checkpoint_minutes,
-                    "checkpoint_uri": parsed.job.checkpoint_uri,
-                    "spot_watch": self.watcher is not None,
-                    "versions": {"python": platform.python_version(),
-                                 **{p: _version(p) for p in ("torch", "transformers", "accelerate", "datasets",
-                                                             "intel-extension-for-pytorch", "oneccl-bind-pt",
-                                                             "impi-rt")}},
-                },
-            }
-            os.makedirs(training_args.output_dir, exist_ok=True)
-            path = os.path.join(training_args.output_dir, "summary.json")
-            with open(path + ".tmp", "w") as handle:
-                json.dump(summary, handle, indent=2)
-            os.replace(path + ".tmp", path)
-            print(json.dumps(summary, indent=2), flush=True)
+            report = summary.build_summary(
+                parsed=parsed, prepared=prepared, world_size=self.info.world_size, hosts=hosts,
+                state=trained.trainer.state, timer=trained.timer, spot=trained.spot, train_loss=trained.train_loss,
+                eval_metrics=eval_metrics, resumed=trained.resumed, final_model=final_model, digests=digests,
+                settings=self.settings, versions=summary.software_versions(), started=self.started, now=time.time(),
+                run_id=self.store.run_id)
+            summary.write_summary(report, output_dir)
+            print(json.dumps(report, indent=2), flush=True)
+            for error in report["checkpoint_upload_errors"]:
+                log.error("checkpoint %d was not uploaded (%s): it exists only in %s on this node",
+                          error["step"], error["error"], output_dir)
             if interrupted:
-                log.warning("stopped at step %d after an interruption notice; checkpoint saved; "
-                            "rerun with --resume to continue (exit code %d)", spot.interrupted_at,
+                log.warning("stopped at step %d after an interruption notice; %s; rerun with --resume to continue "
+                            "(exit code %d)", trained.spot.interrupted_at, summary.interruption_checkpoint(report),
                             exit_codes.INTERRUPTED)
         distributed.barrier()
         return exit_codes.INTERRUPTED if interrupted else exit_codes.OK
 
-    def _trainer(self, parsed, prepared, ipex):
-        from transformers import DataCollatorWithPadding, Trainer, default_data_collator
+    def _trainer(self, parsed, prepared: tasks.Prepared, ipex):
+        from transformers import Trainer
 
-        from training import accelerators
+        from training import accelerators, checkpoints, grad_comm
         from training.callbacks import SpotCheckpointCallback, StepTimer
 
         training_args = parsed.training
         bf16 = bool(training_args.bf16)
 
         class XeonTrainer(Trainer):
-            """Trainer that applies ipex.optimize to the model and its optimizer before DDP wraps them."""
+            """Trainer that applies ipex.optimize to the model and its optimizer before DDP wraps them, that
+            registers --grad_comm's hook on the DDP model before the first backward, and that never leaves an
+            old manifest in a checkpoint folder it writes again (an abandoned branch's checkpoint-N after a
+            resume from an earlier step): the folder is incomplete until on_save."""
 
             _ipex_applied = False
+            _comm_hook_checked = False
 
-            def create_optimizer(self, model=None):
-                optimizer = super().create_optimizer(model)
+            def training_step(self, model, *args, **kwargs):
+                if not self._comm_hook_checked:  # `model` is DDP-wrapped from here on; no backward has run yet
+                    if grad_comm.register(model, parsed.job.grad_comm):
+                        log.info("gradients all-reduced in bf16 (DDP compression hook)")
+                    self._comm_hook_checked = True
+                return super().training_step(model, *args, **kwargs)
+
+            def _save_checkpoint(self, model, trial):
+                folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+                try:
+                    os.remove(os.path.join(folder, checkpoints.MANIFEST))
+                except FileNotFoundError:
+                    pass
+                super()._save_checkpoint(model, trial)
+
+            def create_optimizer(self, *args, **kwargs):  # transformers 5 passes the model, 4.56 nothing
+                optimizer = super().create_optimizer(*args, **kwargs)
                 if ipex is not None and not self._ipex_applied:
                     self.model, self.optimizer = accelerators.optimize(ipex, self.model, self.optimizer, bf16=bf16)
                     self.model_wrapped = self.model
@@ -418,11 +333,11 @@ class Job:
 
         timer = StepTimer()
         spot = SpotCheckpointCallback(rank=self.info.rank, checkpoint_minutes=parsed.job.checkpoint_minutes,
-                                      checkpoint_uri=parsed.job.checkpoint_uri)
-        tokenizer = prepared["tokenizer"]
-        collator = default_data_collator if parsed.data.task == "qa" else DataCollatorWithPadding(tokenizer)
-        trainer = XeonTrainer(model=prepared["model"], args=training_args, train_dataset=prepared["train_features"],
-                              processing_class=tokenizer, data_collator=collator, callbacks=[timer, spot])
+                                      checkpoint_uri=parsed.job.checkpoint_uri, s3_client_factory=self.store.s3,
+                                      run_id=self.store.run_id, keep=self.store.keep)
+        trainer = XeonTrainer(model=prepared.model, args=training_args, train_dataset=prepared.train_features,
+                              processing_class=prepared.tokenizer, data_collator=self.task.collator(prepared.tokenizer),
+                              callbacks=[timer, spot])
         return trainer, timer, spot
 
     def close(self) -> None:

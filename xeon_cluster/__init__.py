@@ -1,0 +1,39 @@
+"""What a user's own training program can import on the nodes (`fab train --script`).
+
+Self-contained on purpose: a user's workdir may hold its own `training/` package or `cluster.py`,
+which come first on the program's import path; nothing here imports the toolkit's packages of
+those names, so neither can be picked up instead.
+
+    from xeon_cluster.callbacks import SpotNoticeCallback   # a Trainer callback: checkpoint and stop
+    from xeon_cluster import notice                          # the spot notice, or None
+
+The toolkit's per-node watcher (xeon_cluster/notice_watch.py) writes the file named by
+XEON_CLUSTER_NOTICE_FILE when the metadata service announces a spot interruption, and signals
+every rank of the node (SIGUSR1 unless `fab train --notice-signal` says otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+NOTICE_FILE_VARIABLE = "XEON_CLUSTER_NOTICE_FILE"
+OUTPUT_DIR_VARIABLE = "XEON_CLUSTER_OUTPUT_DIR"
+
+
+def notice() -> dict | None:
+    """The spot interruption notice this node received (`action`, `time`, `noticed_at`), or None."""
+    path = os.environ.get(NOTICE_FILE_VARIABLE)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def output_dir(default: str = "output") -> str:
+    """Where the job should write (XEON_CLUSTER_OUTPUT_DIR, shared or rank 0's), or `default`."""
+    return os.environ.get(OUTPUT_DIR_VARIABLE) or default
