@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from node_setup import local_cluster as lc  # noqa: E402
+from node_setup.local import cluster as lc
+from node_setup.local import state as local_state
 
 FAB = [sys.executable, "-m", "fabric"]
 
@@ -47,12 +48,12 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="xc-bench-") as tmp:
         config, data = Path(tmp) / "config", Path(tmp) / "data"
-        env = {**os.environ, "XDG_CONFIG_HOME": str(config), lc.DATA_ROOT_ENV: str(data)}
+        env = {**os.environ, "XDG_CONFIG_HOME": str(config), local_state.DATA_ROOT_ENV: str(data)}
         made = []
         try:
             for n in sizes:
                 name = f"bench{n}-{os.getpid() % 10000}"
-                paths = lc.paths_for(name, config=config / "xeon-cluster", data=data)
+                paths = local_state.paths_for(name, config=config / "xeon-cluster", data=data)
                 lc.create(n, name, paths=paths)
                 made.append(paths)
                 cluster = ["--cluster", str(paths.inventory_path)]

@@ -66,17 +66,19 @@ def toolkit_env() -> tuple[dict, list[str]]:
     return env, layout.describe()
 
 
-def run(paths: dict, out: Path, *, steps: int, batch: int, extra_env: dict, bf16: str | None) -> dict:
+def run(paths: dict, out: Path, *, steps: int, batch: int, extra_env: dict, bf16: str | None,
+        python: str = sys.executable, extra_args: tuple[str, ...] = ()) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in TUNED_VARIABLES}
     env.update(extra_env)
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    args = [sys.executable, "-m", "training", "--task", "qa", "--model_name_or_path", paths["model"],
+    args = [python, "-m", "training", "--task", "qa", "--model_name_or_path", paths["model"],
             "--train_file", paths["train_file"], "--max_seq_length", "128", "--doc_stride", "32",
             "--per_device_train_batch_size", str(batch), "--max_steps", str(steps), "--output_dir", str(out),
             "--save_strategy", "no", "--checkpoint_minutes", "0", "--logging_steps", str(steps),
             "--spot_watch", "off"]
     if bf16 is not None:
         args += ["--bf16", bf16]
+    args += list(extra_args)
     result = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"training run failed ({result.returncode}):\n{result.stderr[-3000:]}")
