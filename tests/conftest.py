@@ -1,6 +1,16 @@
-"""Fixtures every test folder may use."""
+"""Fixtures every test folder may use.
+
+Every test, and every process a test starts with this environment, has boto3's instance metadata
+lookups (credentials, region) turned off: nothing may be sent to 169.254.169.254 from the host's
+own namespace, where a real metadata service may answer. (The local nodes' fake metadata services
+live inside their namespaces and are asked by the job's spot watcher, not by boto3.)
+"""
+
+import os
 
 import pytest
+
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 AWS_TEST_REGION = "us-east-1"
 

@@ -9,6 +9,7 @@ import yaml
 from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY)
 from node_setup import discovery
+from node_setup.aws import discovery as aws_discovery
 from node_setup.discovery import ClusterSelectionError, resolve_cluster
 
 
@@ -152,6 +153,21 @@ def test_user_and_profile_tags(launch):
     launch("badprofile", ROLE_MASTER, 0, ip="6.11", extra_tags={PROFILE_KEY: "cuda"})
     with pytest.raises(ClusterSelectionError, match="'cuda' names no profile; allowed: intel, stock"):
         resolve_cluster("badprofile")
+
+
+def test_a_master_without_a_public_address_is_the_gateway_at_its_private_address():
+    # A private subnet: the controller is inside the VPC (or routed into it), but only the master's
+    # security group admits its SSH, so the workers are still reached through the master.
+    def running(role, rank, ip):
+        return {"InstanceId": f"i-{rank}", "PrivateIpAddress": ip, "State": {"Name": "running"},
+                "Tags": [{"Key": ROLE_KEY, "Value": role}, {"Key": RANK_KEY, "Value": str(rank)}]}
+
+    inventory = aws_discovery.inventory_from_instances(
+        "private", [running(ROLE_WORKER, 1, "10.0.1.6"), running(ROLE_MASTER, 0, "10.0.1.5")],
+        region="us-east-1", key_path=None)
+    assert [(n.address, n.private_address) for n in inventory.nodes] == [("10.0.1.5", "10.0.1.5"),
+                                                                          ("10.0.1.6", "10.0.1.6")]
+    assert inventory.gateway == "10.0.1.5" == inventory.master.address
 
 
 def test_no_region_suggests_the_alternatives(monkeypatch, tmp_path):

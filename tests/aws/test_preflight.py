@@ -19,8 +19,9 @@ moto = pytest.importorskip("moto")
 from moto.core import set_initial_no_auth_action_count  # noqa: E402
 
 from cluster.spec import ClusterSpec  # noqa: E402
-from node_setup import preflight as pf  # noqa: E402
-from node_setup.preflight import AwsClients, run_preflight  # noqa: E402
+from node_setup.aws import preflight as pf  # noqa: E402
+from node_setup.aws import train_checks  # noqa: E402
+from node_setup.aws.preflight import AwsClients, run_preflight  # noqa: E402
 
 PUBLIC_KEY = "ssh-ed25519 " + base64.b64encode(
     b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(range(32))).decode() + " test"
@@ -70,6 +71,57 @@ def test_a_good_account_passes_every_check(mocked_aws):
     offering = next(f for f in report.findings if f.check == "offering")
     assert "us-east-1a" in offering.message and "not offered in us-east-1e" in offering.message
     assert "need 256" in report.render()
+
+
+@pytest.mark.parametrize("itype, group", [
+    ("r7iz.metal-16xl", "Standard"), ("c6i.16xlarge", "Standard"), ("m7i-flex.large", "Standard"),
+    ("i4i.large", "Standard"), ("im4gn.large", "Standard"), ("is4gen.large", "Standard"), ("z1d.large", "Standard"),
+    ("inf2.xlarge", "Inf"), ("trn1.2xlarge", "Trn"), ("dl1.24xlarge", "DL"), ("hpc7g.4xlarge", "HPC"),
+    ("u-6tb1.metal", "High Memory"), ("u7i-12tb.224xlarge", "High Memory"), ("x2idn.large", "X"),
+    ("g5.xlarge", "G and VT"), ("vt1.3xlarge", "G and VT"), ("p5.48xlarge", "P"), ("mac2.metal", "Mac"),
+    ("q9.large", None),
+])
+def test_quota_group_by_family_not_by_first_letter(itype, group):
+    assert pf.quota_group(itype) == group
+
+
+def test_non_standard_types_are_not_checked_against_the_standard_quota(mocked_aws):
+    report = pf.Report(region="us-east-1")
+    pf.check_quotas(report, clients(quotas=None), spec_for(instanceType="inf2.48xlarge", sockets=2,
+                                                           physicalCores=96))
+    (finding,) = report.findings
+    assert finding.status == pf.SKIPPED and "the Inf vCPU quota" in finding.message
+
+
+def test_non_standard_instances_already_running_do_not_count_against_the_standard_quota(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    for itype in ("inf2.xlarge", "trn1.2xlarge", "c6i.16xlarge"):
+        ec2.run_instances(ImageId=canonical_image(), InstanceType=itype, MinCount=1, MaxCount=1,
+                          InstanceMarketOptions={"MarketType": "spot"})
+    assert pf._in_use(ec2, "xeon-dev") == {"spot": 64, "on-demand": 0}  # only the c6i
+
+
+def test_dry_run_launches_with_the_clusters_tags(mocked_aws):
+    """Tagging on launch needs ec2:CreateTags: the dry run carries the tags the master gets."""
+    from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, RANK_KEY, ROLE_KEY
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    sent = []
+    ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **kw: sent.append(params))
+    report = pf.Report(region="us-east-1")
+    pf.check_dry_run(report, AwsClients(sts=None, ec2=ec2, quotas=None),
+                     spec_for(baseAmi=canonical_image(), tags=["team=ml"]), "us-east-1a")
+    assert report.status_of("dry-run") == pf.OK, report.render()
+    assert "with the cluster's tags" in report.findings[0].message and "iam:PassRole" in report.findings[0].message
+    (params,) = sent  # one market: master and workers are both spot
+    kinds = {spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]} for spec in params["TagSpecifications"]}
+    assert set(kinds) == {"instance", "volume"}
+    for tags in kinds.values():
+        assert tags[CLUSTER_KEY] == "xeon-dev" and tags[MANAGED_BY_KEY] == "xeon-cluster" and tags["team"] == "ml"
+        assert (tags[ROLE_KEY], tags[RANK_KEY], tags["Name"]) == ("master", "0", "xeon-dev-master")
+    # Not before `pulumi up` makes them: profile, placement group, security groups, key pair.
+    assert not {"IamInstanceProfile", "SecurityGroupIds", "KeyName"} & set(params)
+    assert "GroupName" not in params.get("Placement", {})
 
 
 def test_type_not_offered_in_the_subnets_zone_fails_and_names_the_good_zones(mocked_aws):
@@ -192,7 +244,7 @@ def test_throttling_is_retried(mocked_aws):
     """`throttle_once` (a test double) answers the first GetCallerIdentity with HTTP 400 Throttling."""
     from botocore.awsrequest import AWSResponse
 
-    from node_setup import aws
+    from node_setup.aws import clients as aws
 
     sts = aws.client("sts", "us-east-1")
     calls = []
@@ -206,7 +258,7 @@ def test_throttling_is_retried(mocked_aws):
         return None
 
     sts.meta.events.register_first("before-send.sts.GetCallerIdentity", throttle_once)
-    report = pf.PreflightReport(region="us-east-1")
+    report = pf.Report(region="us-east-1")
     assert pf.check_credentials(report, AwsClients(sts=sts, ec2=None, quotas=None))
     assert len(calls) == 2 and report.findings[0].status == pf.OK
 
@@ -229,7 +281,7 @@ def _instances(ec2, ids):
 def running_cluster(ec2, name="train", workers=2, spot=False):
     """A master and workers tagged as the Pulumi program tags them, and the Inventory discovery makes."""
     from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags
-    from node_setup.discovery import inventory_from_instances
+    from node_setup.aws.discovery import inventory_from_instances
 
     base = cluster_tags(name, "dev")
     market = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
@@ -246,7 +298,7 @@ def running_cluster(ec2, name="train", workers=2, spot=False):
 def test_train_preflight_passes_on_a_running_cluster(mocked_aws):
     ec2 = boto3.client("ec2", region_name="us-east-1")
     inventory = running_cluster(ec2)
-    report = pf.preflight_for_train(inventory, clients=clients())
+    report = train_checks.preflight_for_train(inventory, clients=clients())
     assert report.ok, report.render()
     assert [(f.check, f.status) for f in report.findings] == [("credentials", pf.OK), ("nodes", pf.OK)]
     assert "all 3 node(s) running" in report.render()
@@ -258,8 +310,8 @@ def test_train_preflight_is_none_for_clusters_outside_aws():
     from cluster.inventory import Inventory
 
     inventory = Inventory.from_mapping({"hosts": ["192.0.2.10", "192.0.2.11"]}, default_name="lab")
-    assert pf.preflight_for_train(inventory, clients=AwsClients(None, None, None)) is None
-    assert pf.preflight_for_train(replace(inventory, kind="local"), clients=AwsClients(None, None, None)) is None
+    assert train_checks.preflight_for_train(inventory, clients=AwsClients(None, None, None)) is None
+    assert train_checks.preflight_for_train(replace(inventory, kind="local"), clients=AwsClients(None, None, None)) is None
 
 
 def test_train_preflight_fails_naming_a_terminated_worker(mocked_aws):
@@ -267,12 +319,12 @@ def test_train_preflight_fails_naming_a_terminated_worker(mocked_aws):
     inventory = running_cluster(ec2)
     lost = inventory.nodes[2]
     ec2.terminate_instances(InstanceIds=[lost.instance_id])  # a reclaimed spot worker
-    report = pf.preflight_for_train(inventory, clients=clients())
+    report = train_checks.preflight_for_train(inventory, clients=clients())
     assert not report.ok and report.exit_code == 1
     [bad] = report.failures
     assert bad.check == "nodes" and "node2" in bad.message and lost.instance_id in bad.message
     assert "terminated" in bad.message
-    assert "pulumi up" in bad.fix and "--nodes 2" in bad.fix
+    assert "`pulumi up --refresh`" in bad.fix and "--nodes 2" in bad.fix  # plain `pulumi up` sees no change
     assert "launch would fail" in report.render()
 
 
@@ -280,7 +332,7 @@ def test_train_preflight_a_stopped_master_cannot_be_left_out(mocked_aws):
     ec2 = boto3.client("ec2", region_name="us-east-1")
     inventory = running_cluster(ec2, workers=1)
     ec2.stop_instances(InstanceIds=[inventory.master.instance_id])
-    [bad] = pf.preflight_for_train(inventory, clients=clients()).failures
+    [bad] = train_checks.preflight_for_train(inventory, clients=clients()).failures
     assert "node0" in bad.message and "stopped" in bad.message
     assert "master cannot be left out" in bad.fix and "--nodes" not in bad.fix
 
@@ -288,7 +340,7 @@ def test_train_preflight_a_stopped_master_cannot_be_left_out(mocked_aws):
 @set_initial_no_auth_action_count(4)
 def _train_preflight_as_restricted_user(inventory, deny):
     session = _restricted_session(deny)
-    return pf.preflight_for_train(inventory, clients=clients(session=session))
+    return train_checks.preflight_for_train(inventory, clients=clients(session=session))
 
 
 def test_train_preflight_access_denied_is_a_finding_not_a_stop(mocked_aws):
@@ -354,7 +406,7 @@ def test_train_preflight_fails_on_a_spot_interruption_notice(mocked_aws):
     notices = {n.instance_id: "fulfilled" for n in inventory.nodes}
     notices[inventory.nodes[1].instance_id] = "marked-for-termination"
     double = SpotNoticeEc2(ec2, notices)
-    report = pf.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
+    report = train_checks.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
                                                                   ec2=double, quotas=None))
     assert report.status_of("nodes") == pf.OK
     [bad] = report.failures
@@ -362,7 +414,7 @@ def test_train_preflight_fails_on_a_spot_interruption_notice(mocked_aws):
     assert "--nodes 1" in bad.fix
 
     double.notices[inventory.nodes[1].instance_id] = "fulfilled"
-    report = pf.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
+    report = train_checks.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
                                                                   ec2=double, quotas=None))
     assert report.ok and report.status_of("spot") == pf.OK
 
@@ -370,7 +422,8 @@ def test_train_preflight_fails_on_a_spot_interruption_notice(mocked_aws):
 def test_fab_train_stops_before_connecting_when_a_node_is_gone(mocked_aws, capsys):
     from invoke.exceptions import Exit
 
-    from node_setup import job_tasks
+    from node_setup.tasks import train as job_tasks
+    from node_setup.tasks.common import BAD_INPUT
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     inventory = running_cluster(ec2, workers=1)
@@ -379,5 +432,5 @@ def test_fab_train_stops_before_connecting_when_a_node_is_gone(mocked_aws, capsy
     ec2.terminate_instances(InstanceIds=[inventory.nodes[1].instance_id])
     with pytest.raises(Exit) as stopped:
         job_tasks._aws_preflight(inventory)
-    assert stopped.value.code == job_tasks.EXIT_BAD_INPUT and "preflight failed" in str(stopped.value.message)
+    assert stopped.value.code == BAD_INPUT and "preflight failed" in str(stopped.value.message)
     assert "node1 (worker" in capsys.readouterr().out

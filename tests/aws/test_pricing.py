@@ -14,7 +14,7 @@ from botocore.stub import ANY, Stubber
 
 pytest.importorskip("moto")
 
-from node_setup import pricing  # noqa: E402
+from node_setup.aws import pricing  # noqa: E402
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -71,11 +71,27 @@ def stubbed_pricing(*, items=None, error=None):
     return client
 
 
-def test_on_demand_price_from_the_pricing_api_names_the_location():
+def test_on_demand_price_from_the_pricing_api_names_the_region():
     price = pricing.on_demand_price(stubbed_pricing(items=[_price_list_item("5.9520000000")]), "r7iz.metal-16xl",
                                     "eu-west-1")
     assert price.usd_per_hour == pytest.approx(5.952)
-    assert price.source == "on-demand, AWS Pricing API (Europe (Ireland))"
+    assert price.source == "on-demand, AWS Pricing API (eu-west-1)"
+
+
+@pytest.mark.parametrize("region", ["eu-north-1", "sa-east-1", "eu-west-1", "us-east-1"])
+def test_the_pricing_api_is_asked_by_region_code_not_by_location_name(region):
+    """botocore's region names ("Europe (Stockholm)") are not the Pricing API's ("EU (Stockholm)")."""
+    client = boto3.client("pricing", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.add_response("get_products", {"PriceList": [_price_list_item("1.5")], "FormatVersion": "aws_v1"},
+                      {"ServiceCode": "AmazonEC2", "Filters": [
+                          {"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
+                              ("instanceType", "c6i.16xlarge"), ("regionCode", region), ("operatingSystem", "Linux"),
+                              ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]})
+    stub.activate()
+    price = pricing.on_demand_price(client, "c6i.16xlarge", region)
+    stub.assert_no_pending_responses()
+    assert price.usd_per_hour == 1.5 and region in price.source
 
 
 def test_no_spot_history_falls_back_to_the_pricing_api():
@@ -97,8 +113,3 @@ def test_unreachable_pricing_api_falls_back_to_the_static_table_and_says_so():
 def test_no_source_at_all_says_what_to_do():
     with pytest.raises(LookupError, match="--hourly-usd"):
         pricing.hourly_price("x9z.tiny", "us-east-1", spot=False, pricing=stubbed_pricing(items=[]))
-
-
-def test_region_location_names_come_from_botocore():
-    assert pricing.region_location_name("us-east-1") == "US East (N. Virginia)"
-    assert pricing.region_location_name("mars-north-1") is None

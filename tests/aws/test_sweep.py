@@ -21,7 +21,7 @@ pytest.importorskip("moto")
 from moto.core import set_initial_no_auth_action_count  # noqa: E402
 
 from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags  # noqa: E402
-from node_setup import sweep  # noqa: E402
+from node_setup.aws import sweep, sweep_delete  # noqa: E402
 
 IMAGE = "ami-1e749f67"  # a Canonical image moto ships
 
@@ -206,7 +206,7 @@ def test_listing_groups_by_cluster_and_marks_up_leaked_and_kept(account):
 def test_delete_removes_leaked_only_and_a_rerun_finds_nothing(account):
     ec2, s3, region = account["ec2"], account["s3"], account["region"]
     before = sweep.collect(ec2, s3, region)
-    outcomes = sweep.delete(before, ec2, s3, waiter_delay=1)
+    outcomes = sweep_delete.delete(before, ec2, s3, waiter_delay=1)
     removed = {(r.kind, r.id) for r, outcome in outcomes if outcome == "removed"}
     assert ("image", account["gone"]["image"]) in removed
     assert ("spot-request", account["gone"]["spot"]) in removed
@@ -224,14 +224,14 @@ def test_delete_removes_leaked_only_and_a_rerun_finds_nothing(account):
     # the kept bucket still holds its checkpoint
     assert s3.list_objects_v2(Bucket="gone-checkpoints-1a2b")["KeyCount"] == 1
 
-    assert sweep.delete(after, ec2, s3, waiter_delay=1) == []
-    assert sweep.render_outcomes([]) == "nothing leaked: nothing removed"
+    assert sweep_delete.delete(after, ec2, s3, waiter_delay=1) == []
+    assert sweep_delete.render_outcomes([]) == "nothing leaked: nothing removed"
 
 
 def test_buckets_go_only_with_the_explicit_flag(account):
     ec2, s3, region = account["ec2"], account["s3"], account["region"]
-    sweep.delete(sweep.collect(ec2, s3, region), ec2, s3, waiter_delay=1)
-    outcomes = sweep.delete(sweep.collect(ec2, s3, region), ec2, s3, include_buckets=True, waiter_delay=1)
+    sweep_delete.delete(sweep.collect(ec2, s3, region), ec2, s3, waiter_delay=1)
+    outcomes = sweep_delete.delete(sweep.collect(ec2, s3, region), ec2, s3, include_buckets=True, waiter_delay=1)
     assert [(r.id, o) for r, o in outcomes] == [("gone-checkpoints-1a2b", "removed")]
     names = {b["Name"] for b in s3.list_buckets()["Buckets"]}
     assert "gone-checkpoints-1a2b" not in names and {"alive-checkpoints-1a2b", "someone-elses-bucket"} <= names
@@ -242,19 +242,48 @@ def test_a_resource_deleted_meanwhile_counts_as_already_gone(account):
     listing = sweep.collect(ec2, s3, region)
     ec2.delete_key_pair(KeyName="gone-key")
     ec2.delete_placement_group(GroupName="gone-pg")
-    outcomes = dict(((r.kind, r.id), o) for r, o in sweep.delete(listing, ec2, s3, waiter_delay=1))
+    outcomes = dict(((r.kind, r.id), o) for r, o in sweep_delete.delete(listing, ec2, s3, waiter_delay=1))
     assert outcomes[("placement-group", "gone-pg")] == "already gone"
     # moto deletes a missing key pair without an error, as AWS does
     assert outcomes[("key-pair", "gone-key")] in ("removed", "already gone")
 
 
-def test_a_stopped_master_means_the_cluster_is_down(account):
+def test_a_stopped_master_keeps_its_cluster_up(account):
     ec2, s3, region = account["ec2"], account["s3"], account["region"]
     ec2.stop_instances(InstanceIds=sorted(account["alive"]["instances"]))
     listing = sweep.collect(ec2, s3, region)
-    assert "alive" not in listing.up_clusters
+    assert "alive" in listing.up_clusters
     instances = [r for r in listing.resources if r.cluster == "alive" and r.kind == "instance"]
-    assert {r.state for r in instances} == {"stopped"} and {listing.status(r) for r in instances} == {sweep.LEAKED}
+    assert {r.state for r in instances} == {"stopped"} and {listing.status(r) for r in instances} == {sweep.UP}
+    assert "cluster alive: up but stopped (master stopped: start it again, or `pulumi destroy`" in listing.render()
+    assert not [o for r, o in sweep_delete.delete(listing, ec2, s3, waiter_delay=1) if r.cluster == "alive"]
+
+
+def test_a_cluster_that_comes_back_between_listing_and_deleting_keeps_everything(account):
+    """The master of a down cluster is started while the user reads the list: nothing of it is deleted."""
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    ec2.terminate_instances(InstanceIds=sorted(account["alive"]["instances"]))  # down: listed as leaked
+    listing = sweep.collect(ec2, s3, region)
+    leaked_before = {r.id for r in listing.leaked() if r.cluster == "alive"}
+    assert account["alive"]["groups"] <= leaked_before
+    # `pulumi up --refresh` brings a new master while the user reads the list
+    master = ec2.run_instances(ImageId=IMAGE, InstanceType="c6i.16xlarge", MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": _spec(node_tags(cluster_tags("alive", "dev"), ROLE_MASTER, 0, "m"))}],
+    )["Instances"][0]["InstanceId"]
+    outcomes = {r.id: o for r, o in sweep_delete.delete(listing, ec2, s3, waiter_delay=1) if r.cluster == "alive"}
+    assert set(outcomes) == leaked_before
+    assert set(outcomes.values()) == {"kept: cluster alive is up again since the listing"}
+    state = ec2.describe_instances(InstanceIds=[master])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state == "running"
+    assert len(ec2.describe_security_groups(GroupIds=sorted(account["alive"]["groups"]))["SecurityGroups"]) == 2
+
+
+def test_deleted_resources_name_the_stack_that_made_them(account):
+    ec2, s3, region = account["ec2"], account["s3"], account["region"]
+    listing = sweep.collect(ec2, s3, region)
+    assert {r.stack for r in listing.resources if r.cluster == "gone"} == {"dev"}
+    text = sweep_delete.render_outcomes(sweep_delete.delete(listing, ec2, s3, waiter_delay=1))
+    assert "(cluster gone, stack dev)" in text
 
 
 # ------------------------------------------------------------------ IAM roles and instance profiles (global)
@@ -279,9 +308,9 @@ def test_iam_roles_and_profiles_are_ours_by_their_tags_and_grouped_by_cluster(ac
 
 
 def test_delete_removes_a_leaked_clusters_role_profile_and_policies_and_keeps_the_others(account):
-    ec2, s3, iam, region = account["ec2"], account["s3"], account["iam"], account["region"]
+    ec2, s3, iam = account["ec2"], account["s3"], account["iam"]
     gone = account["gone"]
-    outcomes = sweep.delete(collect_all(account), ec2, s3, iam, waiter_delay=1)
+    outcomes = sweep_delete.delete(collect_all(account), ec2, s3, iam, waiter_delay=1)
     done = [(r.kind, r.id, o) for r, o in outcomes]
     assert ("instance-profile", gone["profile"], "removed") in done and ("iam-role", gone["role"], "removed") in done
     assert not [o for _, _, o in done if o.startswith("FAILED")]
@@ -302,7 +331,7 @@ def test_delete_removes_a_leaked_clusters_role_profile_and_policies_and_keeps_th
 
     after = collect_all(account)
     assert not [r for r in after.resources if after.status(r) == sweep.LEAKED]
-    assert sweep.delete(after, ec2, s3, iam, waiter_delay=1) == []
+    assert sweep_delete.delete(after, ec2, s3, iam, waiter_delay=1) == []
 
 
 def test_without_other_regions_no_role_or_profile_counts_as_leaked(account):
@@ -399,7 +428,8 @@ def run_sweep_task(monkeypatch, ec2, s3, iam, session=boto3, **options):
     other regions' EC2 clients come from `session` (moto)."""
     from invoke import Context
 
-    from node_setup import aws, cost_tasks
+    from node_setup.aws import clients as aws
+    from node_setup.tasks import costs as cost_tasks
 
     def client(service, region=None):
         if service == "ec2" and region != options["region"]:

@@ -3,7 +3,8 @@
 No CLI, no AWS account, no network. `FakeAws` answers the lookups (AMI, VPC, subnets, offerings)
 and gives created resources ids and computed addresses; `RecordingMonitor` keeps, per resource,
 its type, name, parent, inputs, the URNs it depends on (`depends_on` is not part of the inputs a
-Mocks object sees) and the order of registration.
+Mocks object sees), the lifecycle options the engine acts on (what a real `pulumi up` would do with
+them is the engine's part, not testable here) and the order of registration.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pulumi
 import pytest
+from google.protobuf import json_format
 from pulumi.runtime import mocks, rpc
 from pulumi.runtime.sync_await import _sync_await
 
@@ -34,6 +36,11 @@ DEFAULT_VPC = "vpc-0default"
 OFFERED_ZONES = ["us-east-1c", "us-east-1a"]
 DEFAULT_SUBNETS = ["subnet-0ccc", "subnet-0aaa"]
 ACCOUNT = "123456789012"
+
+# Type tokens of what the program registers, as the monitor sees them.
+INSTANCE = "aws:ec2/instance:Instance"
+AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
+SETUP = "pulumi-python:dynamic/xeon-cluster:ProfileSetup"
 
 
 def minimal_config(**overrides: Any) -> dict[str, Any]:
@@ -83,6 +90,7 @@ class FakeAws(mocks.Mocks):
             state.update(privateIp=private, publicIp=public if args.inputs.get("associatePublicIpAddress") else "")
         elif typ == "aws:ec2/amiFromInstance:AmiFromInstance":
             rid = f"ami-{name}"
+            state["rootSnapshotId"] = f"snap-{name}"
         elif typ == "aws:ec2/securityGroup:SecurityGroup":
             rid = f"sg-{name}"
         elif typ == "aws:ec2/keyPair:KeyPair":
@@ -113,6 +121,14 @@ class Registration:
     id: str = ""
     index: int = 0
     state: dict = field(default_factory=dict)
+    # Lifecycle options as the engine receives them.
+    delete_before_replace: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
+    replace_on_changes: list[str] = field(default_factory=list)
+    replacement_trigger: Any = None
+    deleted_with: str = ""
+    custom_timeouts: dict = field(default_factory=dict)
+    error_hooks: list[str] = field(default_factory=list)
 
 
 class RecordingMonitor(mocks.MockMonitor):
@@ -132,7 +148,14 @@ class RecordingMonitor(mocks.MockMonitor):
                 inputs=inputs, dependencies=list(request.dependencies),
                 retain_on_delete=bool(getattr(request, "retainOnDelete", False)),
                 id=reg.id if reg else "", index=len(self.registrations),
-                state=dict(reg.state) if reg else {}))
+                state=dict(reg.state) if reg else {},
+                delete_before_replace=bool(request.deleteBeforeReplace),
+                ignore_changes=list(request.ignoreChanges), replace_on_changes=list(request.replaceOnChanges),
+                replacement_trigger=(json_format.MessageToDict(request.replacement_trigger)
+                                     if request.HasField("replacement_trigger") else None),
+                deleted_with=request.deletedWith,
+                custom_timeouts={k: v for k, v in json_format.MessageToDict(request.customTimeouts).items() if v},
+                error_hooks=list(request.hooks.on_error) if request.HasField("hooks") else []))
         return response
 
     # helpers for assertions -------------------------------------------------------------------
@@ -183,3 +206,11 @@ def harness() -> Harness:
     pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
     yield Harness(fake, monitor)
     pulumi.runtime.set_all_config({})
+
+
+def fresh_run(config: dict[str, Any]) -> tuple[RecordingMonitor, dict[str, Any]]:
+    """Run the program with its own mocks (to compare two configs); (monitor, outputs)."""
+    fake = FakeAws()
+    monitor = RecordingMonitor(fake)
+    pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
+    return monitor, Harness(fake, monitor).run(config)

@@ -17,7 +17,7 @@ BAD_CONFIGS = {
     "no admin cidrs": ({"adminCidrs": []}, ["adminCidrs", "not set", "pulumi config set"]),
     "negative workers": ({"workerCount": -1}, ["workerCount", "-1", "0 to 128"]),
     "absurd workers": ({"workerCount": 5000}, ["workerCount", "5000", "0 to 128"]),
-    "workers not a number": ({"workerCount": "three"}, ["workerCount", "'three'", "int"]),
+    "workers not a number": ({"workerCount": "three"}, ["workerCount", "'three'", "whole number"]),
     "unknown instance type": ({"instanceType": "x9z.huge"},
                               ["instanceType", "'x9z.huge'", "r7iz.metal-16xl", "sockets and physicalCores"]),
     "root volume too small": ({"rootVolumeGib": 20}, ["rootVolumeGib", "20", "'stock'", "40"]),
@@ -31,12 +31,16 @@ BAD_CONFIGS = {
                                      ["publicKey", "not an OpenSSH public key"]),
     "spot price zero": ({"spotMaxPrice": "0"}, ["spotMaxPrice", "0.0", "positive"]),
     "spot price negative": ({"spotMaxPrice": "-1.5"}, ["spotMaxPrice", "-1.5", "positive"]),
-    "spot price not a number": ({"spotMaxPrice": "cheap"}, ["spotMaxPrice", "'cheap'", "float"]),
+    "spot price not a number": ({"spotMaxPrice": "cheap"}, ["spotMaxPrice", "'cheap'", "a number"]),
     "unknown profile": ({"softwareProfile": "cuda"}, ["softwareProfile", "'cuda'", "intel, stock"]),
     "bad volume type": ({"rootVolumeType": "st1"}, ["rootVolumeType", "'st1'", "gp3"]),
+    "volume type needing iops": ({"rootVolumeType": "io2"}, ["rootVolumeType", "'io2'", "provisioned IOPS",
+                                                             "allowed: gp3, gp2"]),
+    "half the internet v6": ({"adminCidrs": ["::/1"]}, ["adminCidrs", "'::/1'", "/32", "allowSshFromAnywhere"]),
+    "wider than /8": ({"adminCidrs": ["10.0.0.0/7"]}, ["adminCidrs", "'10.0.0.0/7'", "/8", "allowSshFromAnywhere"]),
     "bad cluster name": ({"clusterName": "My_Cluster"}, ["clusterName", "'My_Cluster'", "lowercase"]),
     "bad tag": ({"tags": ["team"]}, ["tags", "'team'", "key=value"]),
-    "bake not a boolean": ({"bake": "yes"}, ["bake", "'yes'", "bool"]),
+    "bake not a boolean": ({"bake": "yes"}, ["bake", "'yes'", "true or false"]),
     "unknown key (typo)": ({"workercount": 4}, ["xeon-cluster:workercount", "not a setting", "workerCount"]),
 }
 
@@ -78,3 +82,51 @@ def test_missing_region_is_reported(harness):
 def test_overrides_and_boundaries_are_accepted(harness, overrides):
     outputs = harness.run(minimal_config(**overrides))
     assert outputs["clusterName"] == "xeon-dev"
+
+
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EVERY_SLASH_8 = [f"{first}.0.0.0/8" for first in range(256)]
+
+
+def ssh_sources(monitor) -> list[str]:
+    return sorted(r.inputs.get("cidrIpv4") or r.inputs.get("cidrIpv6") for r in monitor.of_type(INGRESS)
+                  if not r.inputs.get("referencedSecurityGroupId"))
+
+
+@pytest.mark.parametrize("cidrs, phrases", [
+    (["0.0.0.0/1", "128.0.0.0/1"], ["'0.0.0.0/1'", "'128.0.0.0/1'", "wider than /8"]),
+    (["203.0.113.7/32", "::/1"], ["'::/1'", "wider than /32"]),
+    (EVERY_SLASH_8, ["'0.0.0.0/8'", "(256 networks)", "together cover every IPv4 address"]),
+], ids=["two halves of IPv4", "one good, one open IPv6", "every /8"])
+def test_networks_that_open_ssh_to_the_internet_register_no_ssh_rule(harness, cidrs, phrases):
+    with pytest.raises(ConfigError) as caught:
+        harness.run(minimal_config(adminCidrs=cidrs))
+    message = str(caught.value)
+    for phrase in phrases:
+        assert phrase in message, f"{phrase!r} missing from: {message}"
+    assert all(p.startswith("adminCidrs: ") and "allowSshFromAnywhere: true" in p for p in caught.value.problems)
+    assert harness.monitor.registrations == []  # so no SSH rule either
+
+
+def test_the_override_admits_them_and_the_widest_own_networks_need_none(harness):
+    harness.run(minimal_config(adminCidrs=["0.0.0.0/1", "128.0.0.0/1"], allowSshFromAnywhere=True))
+    assert ssh_sources(harness.monitor) == ["0.0.0.0/1", "128.0.0.0/1"]
+
+
+def test_the_widest_accepted_networks_are_a_slash_8_and_a_slash_32(harness):
+    harness.run(minimal_config(adminCidrs=["10.0.0.0/8", "2001:db8::/32"]))
+    assert ssh_sources(harness.monitor) == ["10.0.0.0/8", "2001:db8::/32"]
+
+
+def test_a_repeated_network_gets_one_rule_and_a_warning(harness, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    harness.run(minimal_config(adminCidrs=["203.0.113.7/32", "2001:DB8::/48", "203.0.113.7/32", "2001:db8::/48"]))
+    assert ssh_sources(harness.monitor) == ["2001:DB8::/48", "203.0.113.7/32"]
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("adminCidrs: ")]
+    assert warnings == [
+        ("adminCidrs: '203.0.113.7/32' is listed more than once; the duplicate is dropped "
+         "(a security group cannot hold two identical rules)"),
+        ("adminCidrs: '2001:db8::/48' is listed more than once (the same network as '2001:DB8::/48'); the duplicate "
+         "is dropped (a security group cannot hold two identical rules)")]

@@ -16,15 +16,12 @@ from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, STACK_KEY)
 from infra.lookups import CANONICAL_OWNER, AccountLookupError
 from infra.setup_step import ProfileSetupProvider
-from tests.infra.conftest import (ADMIN_CIDR, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, STACK, FakeAws, Harness,
-                                  RecordingMonitor, minimal_config)
+from tests.infra.conftest import (ADMIN_CIDR, AMI, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, INSTANCE, SETUP, STACK,
+                                  FakeAws, Harness, RecordingMonitor, fresh_run, minimal_config)
 
-INSTANCE = "aws:ec2/instance:Instance"
 SG = "aws:ec2/securityGroup:SecurityGroup"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
-AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
-SETUP = "pulumi-python:dynamic/xeon-cluster:ProfileSetup"
 BUCKET = "aws:s3/bucket:Bucket"
 PLACEMENT = "aws:ec2/placementGroup:PlacementGroup"
 ROLE = "aws:iam/role:Role"
@@ -333,9 +330,9 @@ def test_placement_group_off(harness):
 
 
 def test_root_volume_size_and_type(harness):
-    run(harness, rootVolumeGib=250, rootVolumeType="io2")
+    run(harness, rootVolumeGib=250, rootVolumeType="gp2")
     for node in instances(harness.monitor):
-        assert (node.inputs["rootBlockDevice"]["volumeSize"], node.inputs["rootBlockDevice"]["volumeType"]) == (250, "io2")
+        assert (node.inputs["rootBlockDevice"]["volumeSize"], node.inputs["rootBlockDevice"]["volumeType"]) == (250, "gp2")
 
 
 def test_ipv6_admin_network_and_several_cidrs(harness):
@@ -368,14 +365,51 @@ def test_bucket_kept_private_and_encrypted_by_default(harness):
     assert all(block.inputs[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
                                                   "restrictPublicBuckets"))
     (sse,) = monitor.of_type("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
-    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+    (rule,) = sse.inputs["rules"]
+    assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+    assert "bucketKeyEnabled" not in rule  # an S3 Bucket Key only applies to SSE-KMS
     s3 = [r for r in monitor.registrations if r.type.startswith("aws:s3/")]
-    assert len(s3) == 4
+    assert len(s3) == 7
     for reg in s3:
         assert reg.retain_on_delete, f"{reg.name} would be deleted on destroy while the bucket is kept"
         if reg is not bucket:
             assert reg.inputs["bucket"] == bucket.id
     assert not any(r.retain_on_delete for r in monitor.registrations if not r.type.startswith("aws:s3/"))
+
+
+def test_bucket_refuses_requests_without_tls(harness):
+    run(harness)
+    monitor = harness.monitor
+    (bucket,) = monitor.of_type(BUCKET)
+    (policy,) = monitor.of_type("aws:s3/bucketPolicy:BucketPolicy")
+    (block,) = monitor.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    arn = bucket.state["arn"]
+    (statement,) = json.loads(policy.inputs["policy"])["Statement"]
+    assert statement["Effect"] == "Deny" and statement["Principal"] == "*"
+    assert _as_list(statement["Action"]) == ["s3:*"]
+    assert sorted(_as_list(statement["Resource"])) == [arn, f"{arn}/*"]
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    # Only a deny: access comes from the node role's own policy, never from the bucket policy.
+    assert block.urn in policy.dependencies  # S3 refuses concurrent changes to one bucket
+
+
+def test_bucket_keeps_old_versions_for_a_while_and_aborts_stale_uploads(harness):
+    from infra.bucket import ABORT_MULTIPART_DAYS, NONCURRENT_VERSION_DAYS
+
+    run(harness)
+    monitor = harness.monitor
+    (versioning,) = monitor.of_type("aws:s3/bucketVersioning:BucketVersioning")
+    assert versioning.inputs["versioningConfiguration"] == {"status": "Enabled"}
+    (lifecycle,) = monitor.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    (rule,) = lifecycle.inputs["rules"]
+    assert rule["status"] == "Enabled"
+    assert not rule.get("filter") and not rule.get("prefix")  # every object
+    assert rule["noncurrentVersionExpiration"] == {"noncurrentDays": NONCURRENT_VERSION_DAYS}
+    assert rule["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": ABORT_MULTIPART_DAYS}
+    assert rule["expiration"] == {"expiredObjectDeleteMarker": True}
+    assert not rule["expiration"].get("days")  # current checkpoints never expire
+    assert versioning.urn in lifecycle.dependencies
+    assert 0 < ABORT_MULTIPART_DAYS <= NONCURRENT_VERSION_DAYS
 
 
 def test_destroy_bucket_deletes_it_with_its_objects(harness):
@@ -402,14 +436,10 @@ def test_intel_profile_installs_its_pins(harness):
 
 
 def _fresh_run(config) -> RecordingMonitor:
-    fake = FakeAws()
-    monitor = RecordingMonitor(fake)
-    pulumi.runtime.set_mocks(fake, project="xeon-cluster", stack=STACK, preview=False, monitor=monitor)
-    Harness(fake, monitor).run(config)
-    return monitor
+    return fresh_run(config)[0]
 
 
-def test_changing_a_pin_replaces_setup_and_renames_image(monkeypatch, harness):
+def test_changing_a_pin_replaces_setup_and_the_image(monkeypatch, harness):
     before = _fresh_run(minimal_config())
     stock = profiles.PROFILES["stock"]
     bumped = dataclasses.replace(stock, pip_pins=tuple(p.replace("transformers==5.23.0", "transformers==5.24.0")
@@ -420,9 +450,11 @@ def test_changing_a_pin_replaces_setup_and_renames_image(monkeypatch, harness):
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
     assert {"pip_pins", "fingerprint", "bake_tag"} <= set(diff.replaces)
-    # AmiFromInstance's name forces a new image, whose new id replaces every worker.
+    # The image's replacement trigger is the bake tag: a new one makes a new image, whose new id
+    # replaces every worker.
     (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
-    assert old_image.inputs["name"] != new_image.inputs["name"]
+    assert old_image.replacement_trigger == old_setup.inputs["bake_tag"]
+    assert new_image.replacement_trigger == new_setup.inputs["bake_tag"] != old_image.replacement_trigger
 
 
 def test_key_path_change_updates_setup_without_rebaking(harness):
@@ -431,7 +463,7 @@ def test_key_path_change_updates_setup_without_rebaking(harness):
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
     assert diff.changes and diff.replaces == []
-    assert before.of_type(AMI)[0].inputs["name"] == after.of_type(AMI)[0].inputs["name"]
+    assert before.of_type(AMI)[0].replacement_trigger == after.of_type(AMI)[0].replacement_trigger
 
 
 @pytest.mark.parametrize("token, message", [

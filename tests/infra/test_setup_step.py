@@ -1,7 +1,7 @@
 """The setup step's provider logic: against a real sshd on loopback, and with test doubles.
 
 `create()` never runs under Pulumi mocks, so these tests call `run_profile_setup` (what `create()`
-runs) directly. The real installer would run apt and pip, so the node_setup.install functions are
+runs) directly. The real installer would run apt and pip, so the node_setup.ssh.install functions are
 replaced by test doubles (`install_double`, `bake_double`) that run real commands over the same
 Fabric connection. An sshd started by the test on 127.0.0.1 (own host key, own authorized_keys,
 a free port) is the "master"; it is stopped by its PID at the end.
@@ -39,47 +39,76 @@ def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
+def _needs_sshd() -> None:
     if os.geteuid() != 0 or not os.access(SSHD, os.X_OK) or not shutil.which("ssh-keygen"):
         pytest.skip("needs root, /usr/sbin/sshd (openssh-server) and ssh-keygen")
-    home = tmp_path_factory.mktemp("sshd")
-    _keygen(home / "host_key")
-    _keygen(home / "client_key")
-    _keygen(home / "other_key")
-    shutil.copy(home / "client_key.pub", home / "authorized_keys")
-    port = _free_port()
-    (home / "sshd_config").write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {home / 'host_key'}",
-        f"AuthorizedKeysFile {home / 'authorized_keys'}", f"PidFile {home / 'sshd.pid'}",
+
+
+def start_sshd(home: Path, port: int, host_key: Path) -> subprocess.Popen:
+    """An sshd on 127.0.0.1:`port` presenting `host_key`, admitting home/authorized_keys (stop it by PID)."""
+    config = home / f"sshd_config.{host_key.name}"
+    config.write_text("\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
+        f"AuthorizedKeysFile {home / 'authorized_keys'}", f"PidFile {home / (host_key.name + '.pid')}",
         "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
         "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp", ""]))
     os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(home / "sshd_config")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 pytest.fail(f"test sshd did not start: {proc.stderr.read().decode()[-500:]}")
             time.sleep(0.1)
-    yield SimpleNamespace(port=port, home=home, key=home / "client_key", other_key=home / "other_key",
-                          user=getpass.getuser())
+
+
+def stop_sshd(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait(timeout=5)
+
+
+def _sshd_home(home: Path) -> SimpleNamespace:
+    for name in ("host_key", "other_host_key", "client_key", "other_key"):
+        _keygen(home / name)
+    shutil.copy(home / "client_key.pub", home / "authorized_keys")
+    return SimpleNamespace(port=_free_port(), home=home, key=home / "client_key", other_key=home / "other_key",
+                           host_key=home / "host_key", other_host_key=home / "other_host_key", user=getpass.getuser())
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    _needs_sshd()
+    server = _sshd_home(tmp_path_factory.mktemp("sshd"))
+    proc = start_sshd(server.home, server.port, server.host_key)
+    yield server
+    stop_sshd(proc)
+
+
+@pytest.fixture(autouse=True)
+def config_home(tmp_path, monkeypatch):
+    """The toolkit's config directory (cluster known_hosts) for this test only."""
+    path = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(path))
+    return path
+
+
+def known_hosts(config_home: Path, cluster: str = "xeon-test") -> Path:
+    return config_home / "xeon-cluster" / "keys" / cluster / "known_hosts"
 
 
 def make_props(**overrides):
     profile = PROFILES["stock"]
     props = {
         "host": "127.0.0.1", "port": 22, "user": "ubuntu", "private_key_path": "~/.ssh/id_ed25519",
+        "cluster": "xeon-test",
         "instance_id": "i-0master", "profile": profile.name, "pip_pins": list(profile.pip_pins),
         "fingerprint": profile.fingerprint(), "bake_tag": bake_tag("i-0master", profile.fingerprint()),
         "ssh_timeout_seconds": 10, "cloud_init_timeout_seconds": 30, "__provider": "serialized",
@@ -90,7 +119,7 @@ def make_props(**overrides):
 
 @dataclass
 class RecordingInstaller:
-    """Test double for node_setup.install: runs real commands over the connection it is given."""
+    """Test double for node_setup.ssh.install: runs real commands over the connection it is given."""
 
     marker: Path
     fail_with: str | None = None
@@ -151,6 +180,77 @@ def test_wrong_key_is_retried_then_reported_within_the_bound(sshd, tmp_path, mon
         run_profile_setup(props, install=installer.functions)
     assert time.monotonic() - started < 6
     assert installer.calls == []
+
+
+@pytest.mark.ssh
+def test_first_connect_records_the_masters_host_key(sshd, tmp_path, config_home):
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
+    run_profile_setup(props, install=installer.functions)
+    keytype, b64 = (sshd.host_key.with_suffix(".pub")).read_text().split()[:2]
+    assert known_hosts(config_home).read_text() == f"[127.0.0.1]:{sshd.port} {keytype} {b64}\n"
+    assert oct(known_hosts(config_home).stat().st_mode & 0o777) == "0o600"
+    # The same key again: accepted, nothing added (what `fab` then finds recorded too).
+    run_profile_setup(props, install=installer.functions)
+    assert known_hosts(config_home).read_text().count("\n") == 1
+
+
+@pytest.mark.ssh
+def test_another_host_key_on_the_same_address_is_refused_with_fabs_message(tmp_path, config_home):
+    """A replaced master that reuses the address: refused at once, as `fab` refuses it."""
+    from node_setup.ssh import keys
+
+    _needs_sshd()
+    (tmp_path / "sshd").mkdir()
+    server = _sshd_home(tmp_path / "sshd")
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=server.port, user=server.user, private_key_path=str(server.key),
+                       ssh_timeout_seconds=30)
+    first = start_sshd(server.home, server.port, server.host_key)
+    try:
+        run_profile_setup(props, install=installer.functions)
+    finally:
+        stop_sshd(first)
+    recorded = known_hosts(config_home).read_text()
+    second = start_sshd(server.home, server.port, server.other_host_key)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SetupError) as caught:
+            run_profile_setup(props, install=installer.functions)
+        elapsed = time.monotonic() - started
+    finally:
+        stop_sshd(second)
+    message = str(caught.value)
+    # connections.explain's words for paramiko's BadHostKeyException: what `fab` prints.
+    assert message.startswith("setup step: host key mismatch for 127.0.0.1: got ssh-ed25519 SHA256:")
+    assert ", recorded SHA256:" in message
+    assert message.endswith("; " + keys.forget_hint("xeon-test", "127.0.0.1"))
+    assert elapsed < 10  # refused, not retried until the 30 s bound
+    assert installer.calls == ["install:stock", "prepare_for_bake"]  # only the first master was set up
+    assert known_hosts(config_home).read_text() == recorded  # the recorded key is kept
+
+
+@pytest.mark.ssh
+def test_a_host_key_of_another_type_than_recorded_is_refused(sshd, tmp_path, config_home):
+    from node_setup.ssh import keys
+
+    rsa = tmp_path / "rsa_host"
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(rsa)], check=True)
+    keytype, b64 = rsa.with_suffix(".pub").read_text().split()[:2]
+    path = known_hosts(config_home)
+    path.parent.mkdir(parents=True)
+    recorded = f"[127.0.0.1]:{sshd.port} {keytype} {b64}\n"
+    path.write_text(recorded)
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), ssh_timeout_seconds=30)
+    with pytest.raises(SetupError) as caught:
+        run_profile_setup(props, install=installer.functions)
+    message = str(caught.value)
+    assert message.startswith("setup step: host key ") and "ssh-ed25519" in message
+    assert "forget the old key with `fab forget --cluster xeon-test --host " in message
+    assert message.endswith("and rerun; otherwise do not connect")
+    assert installer.calls == [] and path.read_text() == recorded
+    assert keys.forget_hint("xeon-test", "h").endswith("and rerun; otherwise do not connect")
 
 
 def test_no_sshd_is_reported_within_the_bound(tmp_path, monkeypatch):
@@ -222,7 +322,7 @@ def test_cloud_init_failure_stops_setup_with_its_output(tmp_path):
 
 
 def test_wheel_build_failure_on_the_controller_is_a_setup_error_with_its_message(tmp_path):
-    from node_setup.install import InstallError
+    from node_setup.ssh.wheels import InstallError
 
     conn = ScriptedConnection({})
     calls = []
@@ -257,8 +357,8 @@ def test_profile_edited_since_preview_is_refused(tmp_path):
 
 
 def test_missing_node_setup_install_says_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "node_setup.install", None)  # makes the import fail
-    with pytest.raises(SetupError, match=r"node_setup.install is not importable.*bake: false"):
+    monkeypatch.setitem(sys.modules, "node_setup.ssh.install", None)  # makes the import fail
+    with pytest.raises(SetupError, match=r"node_setup.ssh.install is not importable.*bake: false"):
         run_profile_setup(_props_with_key(tmp_path), connect=None)
 
 
@@ -295,18 +395,64 @@ def test_bake_tag_depends_on_instance_and_fingerprint():
     assert len({bake_tag("i-1", "a"), bake_tag("i-2", "a"), bake_tag("i-1", "b")}) == 3
 
 
-def test_provider_is_serialized_by_reference_and_loads_where_the_project_is_installed(tmp_path):
-    """Pulumi pickles the provider into the state; its process must import it (hence `pip install -e .`)."""
+def _serialized_provider() -> str:
+    """The provider as `pulumi.dynamic` stores it in the state (dill, base64; module classes by reference)."""
     from pulumi.dynamic.dynamic import serialize_provider
+
+    return serialize_provider(ProfileSetupProvider())
+
+
+# What pulumi/dynamic/__main__.py's get_provider does with the state's `__provider` (that module
+# starts the provider server when imported, so its two lines are repeated here).
+LOAD_LIKE_PULUMI = ("import base64, dill, sys; p = dill.loads(base64.b64decode(sys.argv[1])); "
+                    "print(type(p).__module__, type(p).__qualname__, "
+                    "p.diff('i', {'profile': 'a'}, {'profile': 'b'}).replaces)")
+
+
+def test_provider_is_serialized_by_reference_to_a_stable_class_path():
+    """Pulumi pickles the provider into every state: renaming or moving the class breaks old stacks."""
+    import base64
+
+    payload = _serialized_provider()
+    assert len(payload) < 400  # a reference, not a copy of code or data
+    raw = base64.b64decode(payload)
+    assert b"infra.setup_step" in raw and b"ProfileSetupProvider" in raw
+    assert ProfileSetupProvider.__module__ == "infra.setup_step"
+
+
+def test_serialized_provider_loads_in_a_fresh_python_started_in_infra():
+    """As Pulumi's dynamic provider process: cwd infra/, no PYTHONPATH; the project comes from the venv."""
+    from tests.infra.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    done = subprocess.run([sys.executable, "-c", LOAD_LIKE_PULUMI, _serialized_provider()], cwd=ROOT / "infra",
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["infra.setup_step", "ProfileSetupProvider", "['profile']"]
+
+
+def test_no_module_of_infra_hides_a_package_of_the_project():
+    """The provider process has infra/ first on sys.path: an infra/cluster.py would shadow `cluster`."""
+    from node_setup.controller import PROJECT_PACKAGES
+    from tests.infra.conftest import ROOT
+
+    assert not {p.stem for p in (ROOT / "infra").glob("*.py")} & set(PROJECT_PACKAGES)
+
+
+def test_without_the_project_installed_the_provider_does_not_load(tmp_path):
+    """Why Pulumi.yaml names the project's venv: a Python without the project cannot load the step."""
+    # A Python with the same packages but without the project: `-S` skips site-packages' .pth files
+    # (the editable install's finder is one), then site-packages itself goes back on sys.path.
+    # Started in infra/ like the provider process.
+    import dill
 
     from tests.infra.conftest import ROOT
 
-    payload = serialize_provider(ProfileSetupProvider())
-    assert len(payload) < 400  # a reference to infra.setup_step, not a copy of code or data
-    load = ("import base64, dill, sys; p = dill.loads(base64.b64decode(sys.argv[1])); "
-            "print(type(p).__module__, p.diff('i', {'profile': 'a'}, {'profile': 'b'}).replaces)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", load, payload], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["infra.setup_step", "['profile']"]
+    site_packages = str(Path(dill.__file__).resolve().parents[1])
+    code = "import sys; sys.path.append(sys.argv[2]); " + LOAD_LIKE_PULUMI
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    done = subprocess.run([sys.executable, "-S", "-c", code, _serialized_provider(), site_packages],
+                          cwd=ROOT / "infra",
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "No module named 'infra'" in done.stderr

@@ -26,7 +26,9 @@ import pytest
 import yaml
 
 from cluster.inventory import Inventory
-from node_setup import local_cluster as lc
+from node_setup.local import cluster as lc
+from node_setup.local import state as local_state
+from node_setup.local import system as local_system
 
 
 def local_cluster_unavailable() -> str | None:
@@ -39,8 +41,8 @@ def local_cluster_unavailable() -> str | None:
                           ("ssh-keygen", "openssh-client")):
         if not shutil.which(tool):
             return f"`{tool}` not found (install {package})"
-    if not os.access(lc.SSHD, os.X_OK):
-        return f"{lc.SSHD} not found (install openssh-server)"
+    if not os.access(local_system.SSHD, os.X_OK):
+        return f"{local_system.SSHD} not found (install openssh-server)"
     probe = f"xc-probe-{secrets.token_hex(3)}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -53,8 +55,8 @@ def local_cluster_unavailable() -> str | None:
 class RunningLocalCluster:
     """A local cluster made for tests, with what tests need to reach it."""
 
-    state: lc.ClusterState
-    paths: lc.ClusterPaths
+    state: local_state.ClusterState
+    paths: local_state.ClusterPaths
     config_home: Path  # XDG_CONFIG_HOME under which its key, inventory and state live
     data_root: Path
     known_hosts: Path  # every node's recorded host key, by address and alias (the test's own file)
@@ -83,7 +85,7 @@ class RunningLocalCluster:
 
     def env(self) -> dict[str, str]:
         """Environment for a `fab` subprocess that should find this cluster as `--cluster local:NAME`."""
-        return {**os.environ, "XDG_CONFIG_HOME": str(self.config_home), lc.DATA_ROOT_ENV: str(self.data_root)}
+        return {**os.environ, "XDG_CONFIG_HOME": str(self.config_home), local_state.DATA_ROOT_ENV: str(self.data_root)}
 
     def write_known_hosts(self, path: Path) -> Path:
         path.write_text(self.state.known_hosts_text())
@@ -104,7 +106,7 @@ class RunningLocalCluster:
     def stop_sshd(self, index: int) -> None:
         """Stop node `index`'s sshd (by its recorded PID): the node becomes unreachable by SSH."""
         node = self.state.nodes[index]
-        lc._stop_pids([node.sshd_pid])
+        local_system.stop_pids([node.sshd_pid])
 
     def destroy(self) -> bool:
         return lc.destroy(self.paths)
@@ -122,7 +124,7 @@ def local_cluster_factory(tmp_path_factory):
     def make(nodes: int = 3) -> RunningLocalCluster:
         name = f"t{session_tag}-{len(made)}"
         config_home, data = base / "config", base / "data"
-        paths = lc.paths_for(name, config=config_home / "xeon-cluster", data=data)
+        paths = local_state.paths_for(name, config=config_home / "xeon-cluster", data=data)
         state = lc.create(nodes, name, paths=paths)
         known_hosts = base / f"{name}.known_hosts"
         known_hosts.write_text(state.known_hosts_text())
@@ -136,7 +138,7 @@ def local_cluster_factory(tmp_path_factory):
     for cluster in made:  # every cluster gets its teardown, even if one fails
         try:
             cluster.destroy()
-        except lc.LocalClusterError as exc:
+        except local_state.LocalClusterError as exc:
             failures.append(str(exc))
     if failures:
         pytest.fail("local cluster teardown incomplete: " + " | ".join(failures))

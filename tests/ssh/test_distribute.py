@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from node_setup import keys
-from node_setup.distribute import DistributionError, distribute
+from node_setup.ssh import keys
+from node_setup.ssh.distribute import DistributionError, distribute
 
 pytestmark = pytest.mark.ssh
 
@@ -47,11 +48,27 @@ def test_master_files_hold_the_controllers_view_and_workers_get_no_private_key(i
     assert known == [f"{n.name},{n.address} {n.host_key}" for n in cluster.state.nodes]
     public = (Path(cluster.config_home) / "xeon-cluster" / "keys" / name / "id_ed25519.pub").read_text().strip()
     assert public.endswith(f"xeon-cluster:{name}")
+    addresses = ",".join(n.address for n in cluster.state.nodes)
     for i in range(3):
         authorized = (home(cluster, i) / ".ssh" / "authorized_keys").read_text().splitlines()
-        assert authorized.count(public) == 1
+        assert [line for line in authorized if line.endswith(f"xeon-cluster:{name}")] == [
+            f'from="{addresses}",no-agent-forwarding,no-port-forwarding,no-X11-forwarding {public}']
         if i:
             assert not (home(cluster, i) / ".ssh" / f"{name}_ed25519").exists()
+
+
+def test_the_cluster_key_is_refused_from_outside_the_cluster(installed_cluster):
+    """From this machine (the bridge's address, not a node's) the cluster's own key gets no login."""
+    cluster = installed_cluster
+    key = Path(cluster.config_home) / "xeon-cluster" / "keys" / cluster.name / "id_ed25519"
+    node1 = cluster.state.nodes[1]
+    result = subprocess.run(
+        ["ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
+         "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-i", str(key), f"root@{node1.address}", "true"],
+        capture_output=True, text=True, timeout=30)
+    assert result.returncode == 255 and "Permission denied" in result.stderr, result.stderr
+    inside = cluster.ssh(0, f"ssh {STRICT} node1 hostname", timeout=30)  # the master, with the same key
+    assert inside.stdout.strip() == "node1", inside.stderr
 
 
 def test_second_distribution_changes_nothing_and_a_tampered_known_hosts_is_refused_then_repaired(
@@ -93,7 +110,7 @@ def test_controller_records_first_seen_host_keys_and_refuses_a_changed_one(local
         distribute(inventory)
     result = failure.value.result
     assert [n.ok for n in result.nodes] == [True, False]
-    assert "host key mismatch" in result.nodes[1].detail and "ssh-keygen -R" in result.nodes[1].detail
+    assert "host key mismatch" in result.nodes[1].detail and "fab forget --cluster" in result.nodes[1].detail
     assert result.hostfile is None  # the master's files are not written for a partial cluster
 
 
@@ -113,7 +130,7 @@ def test_unreachable_node_fails_distribution_with_exit_3(local_cluster_factory):
 def test_gateway_rule_and_controller_key_files(installed_cluster, monkeypatch):
     """Nodes whose address differs from the gateway go through it (the node sees the gateway as
     its SSH client); the gateway itself is reached directly. The cluster key stays 0600 in 0700."""
-    from node_setup.connections import close_all, connections_for
+    from node_setup.ssh.connections import close_all, connections_for
 
     cluster = installed_cluster
     monkeypatch.setenv("XDG_CONFIG_HOME", str(cluster.config_home))

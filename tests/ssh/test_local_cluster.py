@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from node_setup import local_cluster as lc
+from node_setup.local import cluster as lc
+from node_setup.local import state as local_state
+from node_setup.local import system as local_system
 
 pytestmark = pytest.mark.ssh
 
@@ -59,7 +61,7 @@ def test_wrong_host_key_is_refused(local_cluster, tmp_path):
 
 def test_nodes_reach_each_other(local_cluster, tmp_path):
     """From node0, every other node's sshd answers with the host key recorded for it."""
-    known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
+    local_cluster.write_known_hosts(tmp_path / "known_hosts")
     others = local_cluster.state.nodes[1:]
     result = local_cluster.ssh(0, "ssh-keyscan -T 5 -t ed25519 " + " ".join(n.address for n in others))
     assert result.returncode == 0, result.stderr
@@ -87,12 +89,12 @@ def test_fabric_connects_with_the_inventory(local_cluster, tmp_path):
 
 def test_local_up_refuses_a_running_cluster_and_replace_replaces(local_cluster_factory):
     cluster = local_cluster_factory(1)
-    with pytest.raises(lc.LocalClusterError, match="already up"):
+    with pytest.raises(local_state.LocalClusterError, match="already up"):
         lc.create(1, cluster.name, paths=cluster.paths)
     old_pid = cluster.state.nodes[0].sshd_pid
     new_state = lc.create(2, cluster.name, paths=cluster.paths, replace=True)
     assert [n.name for n in new_state.nodes] == ["node0", "node1"]
-    assert not lc._process_alive(old_pid)
+    assert not local_system.process_alive(old_pid)
     assert lc.is_running(new_state)
     cluster.destroy()
 
@@ -101,16 +103,16 @@ def test_local_down_removes_exactly_what_local_up_made(local_cluster_factory):
     cluster = local_cluster_factory(2)
     state = cluster.state
     # unrelated things, one named like a node of this cluster would be, must survive local-down
-    unrelated = [f"xc-unrelated-{secrets.token_hex(3)}", lc.namespace_name(cluster.name, 2)]
+    unrelated = [f"xc-unrelated-{secrets.token_hex(3)}", local_state.namespace_name(cluster.name, 2)]
     for ns in unrelated:
         subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         pids = [n.sshd_pid for n in state.nodes]
-        assert all(lc._process_alive(p) for p in pids)
+        assert all(local_system.process_alive(p) for p in pids)
         assert {n.namespace for n in state.nodes} <= _namespaces()
         assert lc.destroy(cluster.paths) is True
 
-        assert not any(lc._process_alive(p) for p in pids)
+        assert not any(local_system.process_alive(p) for p in pids)
         assert not ({n.namespace for n in state.nodes} & _namespaces())
         assert not _link_exists(state.bridge)
         assert not any(_link_exists(n.veth) for n in state.nodes)
@@ -130,13 +132,13 @@ def test_failed_local_up_cleans_up_after_itself(local_cluster_factory, monkeypat
     """A node that cannot start (namespace name taken) makes local-up remove what it made so far."""
     cluster = local_cluster_factory(1)
     cluster.destroy()
-    blocker = lc.namespace_name(cluster.name, 1)
+    blocker = local_state.namespace_name(cluster.name, 1)
     subprocess.run(["ip", "netns", "add", blocker], check=True)
     try:
-        with pytest.raises(lc.LocalClusterError, match=f"namespace {blocker} already exists"):
+        with pytest.raises(local_state.LocalClusterError, match=f"namespace {blocker} already exists"):
             lc.create(2, cluster.name, paths=cluster.paths)
-        assert lc.namespace_name(cluster.name, 0) not in _namespaces()
-        assert not _link_exists(lc.bridge_name(cluster.name))
+        assert local_state.namespace_name(cluster.name, 0) not in _namespaces()
+        assert not _link_exists(local_state.bridge_name(cluster.name))
         assert not cluster.paths.state_path.exists()
         assert blocker in _namespaces()
     finally:
@@ -150,7 +152,7 @@ def test_fab_local_up_and_down_cli(tmp_path):
     if reason:
         pytest.skip(reason)
     name = f"f{secrets.token_hex(3)}"
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), lc.DATA_ROOT_ENV: str(tmp_path / "data")}
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), local_state.DATA_ROOT_ENV: str(tmp_path / "data")}
     fab = [sys.executable, "-m", "fabric"]
     try:
         up = subprocess.run([*fab, "local-up", "--nodes", "2", "--name", name], cwd=REPO, env=env,
@@ -158,9 +160,9 @@ def test_fab_local_up_and_down_cli(tmp_path):
         assert up.returncode == 0, up.stderr
         assert "node1: sshd up" in up.stdout
         # fab has exited; the nodes' sshd keep running without it
-        state = lc.load_state(lc.paths_for(name, config=tmp_path / "cfg" / "xeon-cluster", data=tmp_path / "data"))
+        state = local_state.load_state(local_state.paths_for(name, config=tmp_path / "cfg" / "xeon-cluster", data=tmp_path / "data"))
         assert lc.is_running(state)
-        assert all(lc._port_open(n.address) for n in state.nodes)
+        assert all(local_system.port_open(n.address) for n in state.nodes)
         inventory = yaml.safe_load((tmp_path / "cfg" / "xeon-cluster" / "local" / name / "inventory.yaml").read_text())
         assert inventory["kind"] == "local" and len(inventory["hosts"]) == 2
         again = subprocess.run([*fab, "local-up", "--nodes", "2", "--name", name], cwd=REPO, env=env,
@@ -175,18 +177,18 @@ def test_fab_local_up_and_down_cli(tmp_path):
                               capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     assert "removed" in down.stdout
-    assert lc.namespace_name(name, 0) not in _namespaces()
+    assert local_state.namespace_name(name, 0) not in _namespaces()
     # the cluster key pair distribute made goes with the cluster
     assert not (tmp_path / "cfg" / "xeon-cluster" / "keys" / name).exists()
 
 
 def test_names_and_counts_are_validated():
-    with pytest.raises(lc.LocalClusterError, match="--nodes: 0 is not possible; allowed 1 to 64"):
-        lc.validate_node_count(0)
-    with pytest.raises(lc.LocalClusterError, match="--name: 'Bad_Name'"):
-        lc.validate_name("Bad_Name")
-    assert all(len(lc.veth_name("x" * 24, i)) <= 15 for i in range(lc.MAX_NODES))
-    assert len(lc.bridge_name("x" * 24)) <= 15
+    with pytest.raises(local_state.LocalClusterError, match="--nodes: 0 is not possible; allowed 1 to 64"):
+        local_state.validate_node_count(0)
+    with pytest.raises(local_state.LocalClusterError, match="--name: 'Bad_Name'"):
+        local_state.validate_name("Bad_Name")
+    assert all(len(local_state.veth_name("x" * 24, i)) <= 15 for i in range(local_state.MAX_NODES))
+    assert len(local_state.bridge_name("x" * 24)) <= 15
 
 
 def test_cluster_local_resolves_to_the_running_cluster(local_cluster_factory, monkeypatch):
@@ -196,11 +198,11 @@ def test_cluster_local_resolves_to_the_running_cluster(local_cluster_factory, mo
     inventory = resolve_cluster(f"local:{cluster.name}")
     assert (inventory.kind, inventory.name, inventory.user) == ("local", cluster.name, "root")
     assert [(n.name, n.address) for n in inventory.nodes] == [(n.name, n.address) for n in cluster.state.nodes]
-    assert inventory.key_path == str(cluster.key_path) and inventory.wheelhouse == lc.DEFAULT_WHEELHOUSE
-    assert inventory.physical_cores == lc.machine_topology()[1]
+    assert inventory.key_path == str(cluster.key_path) and inventory.wheelhouse == local_state.DEFAULT_WHEELHOUSE
+    assert inventory.physical_cores == local_system.machine_topology()[1]
     # a node whose sshd died makes the cluster "not running", with the command that restarts it
     cluster.stop_sshd(1)
-    assert not lc._port_open(cluster.state.nodes[1].address)
+    assert not local_system.port_open(cluster.state.nodes[1].address)
     with pytest.raises(ClusterSelectionError, match=f"local cluster '{cluster.name}' is not running.*"
                                                     f"fab local-up --replace --nodes 2 --name {cluster.name}"):
         resolve_cluster(f"local:{cluster.name}")
@@ -211,26 +213,26 @@ def test_cluster_local_resolves_to_the_running_cluster(local_cluster_factory, mo
 
 def test_pick_subnet_avoids_every_taken_network():
     import ipaddress
-    first = lc.pick_subnet("demo", [])
+    first = local_state.pick_subnet("demo", [])
     assert first.prefixlen == 24 and first.subnet_of(ipaddress.IPv4Network("10.0.0.0/8"))
-    assert lc.pick_subnet("demo", []) == first  # stable for a name
+    assert local_state.pick_subnet("demo", []) == first  # stable for a name
     # the name's own slot and a wide route over its neighbours are taken: the next free one is chosen
     wide = ipaddress.IPv4Network(f"{first.network_address}/20", strict=False)
-    chosen = lc.pick_subnet("demo", [first, wide, ipaddress.IPv4Network("192.0.2.0/24")])
+    chosen = local_state.pick_subnet("demo", [first, wide, ipaddress.IPv4Network("192.0.2.0/24")])
     assert not chosen.overlaps(wide)
 
 
 def test_check_host_refuses_non_root(monkeypatch):
-    monkeypatch.setattr(lc.os, "geteuid", lambda: 1000)
-    with pytest.raises(lc.LocalClusterError, match=r"needs root: run `sudo fab local-up"):
-        lc.check_host()
+    monkeypatch.setattr(local_system.os, "geteuid", lambda: 1000)
+    with pytest.raises(local_state.LocalClusterError, match=r"needs root: run `sudo fab local-up"):
+        local_system.check_host()
 
 
 def test_known_hosts_text_lists_address_and_alias():
-    state = lc.ClusterState(name="x", bridge="b", subnet="10.200.0.0/24", bridge_address="10.200.0.1",
+    state = local_state.ClusterState(name="x", bridge="b", subnet="10.200.0.0/24", bridge_address="10.200.0.1",
                             data_dir="/d", cluster_dir="/c", key_path="/c/k", inventory_path="/c/i",
-                            nodes=[lc.NodeState(name="node0", namespace="xc-x-n0", veth="v0", address="10.200.0.2",
+                            nodes=[local_state.NodeState(name="node0", namespace="xc-x-n0", veth="v0", address="10.200.0.2",
                                                 dir="/d/node0", sshd_config="/d/node0/etc/sshd_config",
                                                 host_key="ssh-ed25519 AAAAkey0")])
     assert state.known_hosts_text() == "10.200.0.2,node0 ssh-ed25519 AAAAkey0\n"
-    assert lc.ClusterState.from_json(state.to_json()) == state
+    assert local_state.ClusterState.from_json(state.to_json()) == state

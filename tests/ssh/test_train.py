@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from cluster.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.launch import JOBS_DIR
 from cluster.profiles import PROFILES, venv_dir
-from node_setup.job import LOCAL_OUTPUT_ROOT
+from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi]
 
@@ -40,37 +41,12 @@ def fab_background(cluster, *args) -> subprocess.Popen:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def node_home(cluster, index: int) -> Path:
-    """The node's own /root, as seen from this machine."""
-    return Path(cluster.state.nodes[index].dir) / "root"
 
 
-def job_processes(job_id: str) -> list[int]:
-    """Every process on this machine (the local nodes share its pid space) marked with the job."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if f"XEON_CLUSTER_JOB={job_id}".encode() in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def newest_job(cluster, index: int = 0) -> str | None:
-    jobs = node_home(cluster, index) / JOBS_DIR
-    ids = sorted(p.name for p in jobs.glob("2*")) if jobs.is_dir() else []
-    return ids[-1] if ids else None
 
 
 def rank_file(cluster, index: int, job_id: str, rank: int) -> Path:
@@ -87,9 +63,9 @@ def train_cluster(request, local_cluster):
     if not Path(VENV, "bin", "python").exists():
         pytest.skip(f"needs the stock profile installed in {VENV} (fab setup)")
     try:
-        import node_setup.distribute  # noqa: F401
+        import node_setup.ssh.distribute  # noqa: F401
     except ImportError:
-        pytest.skip("needs node_setup.distribute (ssh keys and config on the master)")
+        pytest.skip("needs node_setup.ssh.distribute (ssh keys and config on the master)")
     return local_cluster
 
 

@@ -66,8 +66,8 @@ def mpi_env(extra: dict | None = None) -> dict:
 
 
 def run_mpi(rank_args: list[list[str]], env: dict, per_rank_env: list[dict] | None = None,
-            timeout: float = 240) -> subprocess.CompletedProcess:
-    """`mpirun` with one `python -m training ...` per entry of rank_args (MPMD, one rank each)."""
+            timeout: float = 240, python: str = sys.executable) -> subprocess.CompletedProcess:
+    """`mpirun` with one `<python> -m training ...` per entry of rank_args (MPMD, one rank each)."""
     prefix = impi_prefix()
     command = [str(prefix / "bin" / "mpirun"), "-hosts", "localhost"]
     for index, args in enumerate(rank_args):
@@ -76,7 +76,7 @@ def run_mpi(rank_args: list[list[str]], env: dict, per_rank_env: list[dict] | No
         command += ["-n", "1"]
         for key, value in (per_rank_env[index] if per_rank_env else {}).items():
             command += ["-env", key, value]
-        command += [sys.executable, "-m", "training", *args]
+        command += [python, "-m", "training", *args]
     return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -97,19 +97,33 @@ def classification_demo(tmp_path_factory) -> dict:
     return write_demo(tmp_path_factory.mktemp("cls-demo"), task="classification", examples=300, seed=0)
 
 
+def iso_in(seconds: float) -> str:
+    """The instance-action `time` format, `seconds` from now (negative: in the past)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+
+
 class FakeImds:
     """A fake EC2 instance metadata service (IMDSv2) on 127.0.0.1.
 
     Tokens come from PUT /latest/api/token; every GET without that token gets 401. The spot
-    interruption notice appears `announce_after` seconds after the first metadata GET
-    (None: never); `rebalance` makes the rebalance recommendation appear at once instead.
+    interruption notice (`{"action": "terminate", "time": notice_time}`) appears `announce_after`
+    seconds after the first metadata GET (None: never; 0: already there at the first GET);
+    `rebalance` makes the rebalance recommendation appear at once. `broken` makes the first
+    `broken_replies` GETs fail in one way: "bad-status" (a status line that is not HTTP),
+    "cut-short" (the connection closes in the middle of the body), "closed" (closes before any
+    reply), "not-json" (200 with an HTML body) or "server-error" (500).
     """
 
     TOKEN = "fake-imds-token"
+    PAST = "2026-01-01T00:02:00Z"
 
-    def __init__(self, announce_after: float | None = None, rebalance: bool = False):
+    def __init__(self, announce_after: float | None = None, rebalance: bool = False, notice_time: str = PAST,
+                 broken: str | None = None, broken_replies: int = 0):
         self.announce_after = announce_after
         self.rebalance = rebalance
+        self.notice_time = notice_time
+        self.broken = broken
+        self.broken_left = broken_replies
         self.requests: list[tuple[str, str, bool]] = []
         self.first_get: float | None = None
         fake = self
@@ -125,6 +139,25 @@ class FakeImds:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _broken_reply(self) -> bool:
+                if not fake.broken or fake.broken_left <= 0:
+                    return False
+                fake.broken_left -= 1
+                self.close_connection = True
+                if fake.broken == "bad-status":
+                    self.wfile.write(b"SPOT NOTICE HERE\r\n\r\n")
+                elif fake.broken == "cut-short":
+                    self.send_response(200)
+                    self.send_header("Content-Length", "400")
+                    self.end_headers()
+                    self.wfile.write(b'{"action": "term')
+                elif fake.broken == "not-json":
+                    self._reply(200, "<html><body>upstream error</body></html>")
+                elif fake.broken == "server-error":
+                    self._reply(500, "internal error")
+                # "closed": nothing at all
+                return True
+
             def do_PUT(self):
                 ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
                 fake.requests.append(("PUT", self.path, bool(ok)))
@@ -135,11 +168,13 @@ class FakeImds:
                 fake.requests.append(("GET", self.path, has_token))
                 if not has_token:
                     return self._reply(401)
+                if self._broken_reply():
+                    return None
                 now = time.monotonic()
                 fake.first_get = fake.first_get or now
                 if self.path.endswith("/spot/instance-action") and fake.announce_after is not None \
                         and now - fake.first_get >= fake.announce_after:
-                    return self._reply(200, json.dumps({"action": "terminate", "time": "2026-01-01T00:02:00Z"}))
+                    return self._reply(200, json.dumps({"action": "terminate", "time": fake.notice_time}))
                 if self.path.endswith("/events/recommendations/rebalance") and fake.rebalance:
                     return self._reply(200, json.dumps({"noticeTime": "2026-01-01T00:00:00Z"}))
                 self._reply(404)

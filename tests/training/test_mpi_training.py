@@ -140,6 +140,8 @@ BAD_INPUTS = {
     "unknown task": (["--task", "translation"], r"--task: 'translation' is not allowed; choose one of qa, classification"),
     "missing columns": (["--train_file", "{no_answers}"], r"missing column\(s\) answers needed by --task qa"),
     "slow tokenizer": (["--model_name_or_path", "{slow_model}"], r"ByT5Tokenizer, which has no fast"),
+    "nan minutes": (["--checkpoint_minutes", "nan"],
+                    r"--checkpoint_minutes nan is not allowed; allowed: 0 \(off\) or a positive number of minutes"),
     "batch does not divide": (["--global_batch_size", "33"],
                               r"--global_batch_size 33 does not divide over 2 ranks x 1 gradient accumulation "
                               r"step\(s\); use a multiple of 2 \(e\.g\. 32, 34\)"),
@@ -159,6 +161,18 @@ def test_bad_input_stops_all_ranks_with_one_message(case, qa_demo, tmp_path, slo
     assert len(errors) == 1, explain(result)
     assert re.search(pattern, errors[0]), errors[0]
     assert "Traceback" not in result.stderr
+
+
+def test_an_unwritable_checkpoint_uri_stops_every_rank_at_start(qa_demo, tmp_path, moto_s3_server):
+    # rank 0 probes the URI before the data is read; rank 1 stops with it, rank 0 prints the one line
+    args = demo_args(qa_demo, tmp_path / "out", "--checkpoint_uri", "s3://kept-bucket-of-an-old-stack/run")
+    result = run_mpi([args, args], mpi_env(moto_s3_server))
+    assert result.returncode == 2, explain(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, explain(result)
+    assert errors[0].startswith("error: --checkpoint_uri s3://kept-bucket-of-an-old-stack/run: cannot write there")
+    assert "NoSuchBucket" in errors[0] and "Traceback" not in result.stderr
+    assert "training examples" not in result.stderr  # stopped before the data
 
 
 def test_error_on_one_rank_only_is_reported_once_by_rank_0(qa_demo, tmp_path):
@@ -181,3 +195,22 @@ def test_missing_master_addr_is_named(qa_demo, tmp_path):
     assert result.returncode == 2, explain(result)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "MASTER_ADDR not set for a 2-rank job" in errors[0], explain(result)
+
+
+def test_bf16_gradient_communication_changes_the_arithmetic_not_the_learning(qa_demo, tmp_path):
+    """--grad_comm bf16 sends bf16 buckets: the same seeded run ends with other weights (so the hook ran),
+    still identical on both ranks, and with a final loss within 3 % of the fp32 run's."""
+    summaries = {}
+    for mode in ("fp32", "bf16"):
+        out = tmp_path / mode
+        args = demo_args(qa_demo, out, "--num_train_epochs", "2", "--dist_backend", "gloo", "--grad_comm", mode,
+                         "--ddp_bucket_mb", "1", "--max_eval_samples", "0")
+        result = run_mpi([args, args], mpi_env())
+        assert result.returncode == 0, explain(result)
+        summaries[mode] = read_summary(out)
+    fp32, bf16 = summaries["fp32"], summaries["bf16"]
+    assert bf16["settings"]["grad_comm"] == "bf16" and bf16["settings"]["ddp_bucket_mb"] == 1
+    assert len(set(bf16["weights_sha256_per_rank"])) == 1, "the two ranks' weights differ under bf16 communication"
+    assert bf16["weights_sha256_per_rank"][0] != fp32["weights_sha256_per_rank"][0], "bf16 hook had no effect"
+    assert abs(bf16["train_loss"] - fp32["train_loss"]) <= 0.03 * fp32["train_loss"], (bf16["train_loss"],
+                                                                                        fp32["train_loss"])

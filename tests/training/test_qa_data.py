@@ -87,3 +87,12 @@ def test_missing_columns_are_named():
         data.check_classification_columns(["a", "b", "label"], "x.jsonl", None, "label")
     with pytest.raises(BadInput, match="missing column\\(s\\) b named by --text_columns"):
         data.check_classification_columns(["a", "label"], "x.jsonl", "a,b", "label")
+
+
+def test_examples_without_ids_get_them_and_ids_are_kept():
+    from datasets import Dataset
+
+    bare = Dataset.from_dict({"question": ["q", "r"]})
+    assert qa.with_ids(bare, "eval")["id"] == ["eval-0", "eval-1"]
+    assert qa.with_ids(Dataset.from_dict({"id": ["x"]}), "eval")["id"] == ["x"]
+    assert qa.with_ids(None, "eval") is None

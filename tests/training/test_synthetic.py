@@ -15,7 +15,7 @@ def digest_tree(root: Path) -> dict[str, str]:
 def test_same_seed_gives_byte_identical_files(tmp_path):
     a = synthetic.write_demo(tmp_path / "a", examples=40, seed=3)
     b = synthetic.write_demo(tmp_path / "b", examples=40, seed=3)
-    c = synthetic.write_demo(tmp_path / "c", examples=40, seed=4)
+    synthetic.write_demo(tmp_path / "c", examples=40, seed=4)
     assert digest_tree(tmp_path / "a") == digest_tree(tmp_path / "b")
     assert digest_tree(tmp_path / "a")["train.json"] != digest_tree(tmp_path / "c")["train.json"]
     assert set(a) == {"model", "train_file", "validation_file", "args"}

@@ -1,5 +1,6 @@
-"""The instance catalog: the types the issue names, internally consistent, and the facts DESIGN.md
-section 7 records (network, EFA, cores) and AWS's family ratios (memory per vCPU)."""
+"""The instance catalog: the supported types, internally consistent, with the facts the time model
+rests on (network, EFA, cores; docs/design.md, "The time model") and AWS's family ratios (memory
+per vCPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from cluster import catalog
 REQUIRED = ["r7iz.metal-16xl", "r7iz.metal-32xl", "c6i.16xlarge", "c6i.32xlarge", "c7i.metal-24xl",
             "c7i.metal-48xl", "m7i.48xlarge", "c6in.32xlarge"]
 
-# DESIGN.md section 7: bandwidth and EFA per type.
+# docs/design.md, "The time model": bandwidth and EFA per type.
 NETWORK = {
     "r7iz.metal-16xl": (25, False), "c6i.16xlarge": (25, False),
     "r7iz.metal-32xl": (50, True), "c6i.32xlarge": (50, True), "c7i.metal-48xl": (50, True),

@@ -35,7 +35,8 @@ def test_cheapest_and_fastest():
 def test_json_has_one_object_per_node_count_with_the_documented_keys():
     data = json.loads(costplan.render_json(_rows()))
     assert [d["nodes"] for d in data] == [1, 2, 4, 8]
-    assert all(set(d) == {"nodes", "epoch_seconds", "efficiency", "hourly_usd", "total_usd"} for d in data)
+    assert all(set(d) == {"nodes", "epoch_seconds", "step_seconds", "comm_seconds_per_step",
+                                 "efficiency", "hourly_usd", "total_usd"} for d in data)
     assert data[0]["efficiency"] == 1.0
 
 
@@ -50,30 +51,61 @@ def test_parse_node_counts_rejects(text):
         costplan.parse_node_counts(text)
 
 
-def _plan_args(**over):
-    args = dict(nodes="1,2,4", instance_type="r7iz.metal-16xl", model="distilbert-base-uncased", dataset="squad",
-                epochs=1.0, single_node_time="", params="", samples=0, batch=32, profile="intel", ranks_per_node=0,
-                flows_per_rank=1, placement_group=False, on_demand=False, hourly_usd=5.0, region="us-east-1",
-                stack="")
-    args.update(over)
-    return args
+def _plan(spec=None, **over):
+    """(rows, inputs) of the pure plan for the recipe's case at $5/instance-hour."""
+    options = dict(nodes="1,2,4", instance_type="r7iz.metal-16xl", profile="intel", placement_group=False)
+    options.update(over)
+    inputs = costplan.plan_inputs(spec, costplan.PlanOptions(**options))
+    return costplan.plan_rows(inputs, costplan.Price(5.0, "spot", "given with --hourly-usd")), inputs
 
 
-def test_fab_plan_builds_the_recipe_table(tmp_path, monkeypatch):
-    from node_setup.cost_tasks import build_plan
-
-    monkeypatch.chdir(tmp_path)  # no Pulumi stack file here: the task's own defaults
-    rows, header, source, notes = build_plan(**_plan_args())
+def test_fab_plan_builds_the_recipe_table():
+    rows, inputs = _plan()
     four = next(r for r in rows if r.nodes == 4)
     assert abs(four.prediction.run_seconds - 450) / 450 < 0.15
-    assert "2 ranks/node" in header and "no placement group" in header and "2-byte gradients" in header
-    assert source.endswith("given with --hourly-usd") and notes[0].startswith("throughput: ")
+    assert "2 ranks/node" in inputs.header and "no placement group" in inputs.header
+    assert "2-byte gradients" in inputs.header and inputs.notes[0].startswith("throughput: ")
+
+
+def test_fab_plan_task_uses_a_given_price_without_a_stack_file(tmp_path, monkeypatch):
+    from node_setup.tasks.costs import build_plan
+
+    monkeypatch.chdir(tmp_path)  # no Pulumi stack file here: the plan's own defaults
+    rows, header, source, notes, _ = build_plan(costplan.PlanOptions(nodes="1,4"), hourly_usd=5.0)
+    assert [r.nodes for r in rows] == [1, 4] and source.endswith("given with --hourly-usd")
+    assert "r7iz.metal-16xl" in header
+
+
+def test_fab_plan_task_refuses_an_invalid_stack_file_instead_of_ignoring_it(tmp_path, monkeypatch):
+    from invoke import Exit
+
+    from node_setup.tasks.costs import build_plan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  aws:region: us-east-1\n  xeon-cluster:workerCont: 3\n")
+    with pytest.raises(Exit) as stopped:
+        build_plan(costplan.PlanOptions(), hourly_usd=5.0)
+    assert stopped.value.code == 2 and "workerCont" in stopped.value.message
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(profile="intl"), "--profile: 'intl' is unknown; allowed: intel, stock"),
+    (dict(epochs=float("nan")), "--epochs: nan is not allowed"),
+    (dict(epochs=0.0), "--epochs: 0.0 is not allowed"),
+    (dict(batch=0), "--batch: 0 is not allowed"),
+    (dict(samples=-5), "--samples: -5 is not allowed"),
+    (dict(instance_type="m5.large"), "--instance-type: 'm5.large' is not in the catalog"),
+])
+def test_plan_options_that_cannot_be_planned_are_named(over, message):
+    with pytest.raises(ValueError) as refused:
+        _plan(**over)
+    assert message in str(refused.value)
 
 
 def test_fab_plan_placement_group_is_a_flag_with_a_no_form():
     from invoke.parser import Parser, ParserContext
 
-    from node_setup.cost_tasks import plan
+    from node_setup.tasks.costs import plan
 
     def arguments():
         task = copy.copy(plan)
@@ -90,44 +122,36 @@ def test_fab_plan_placement_group_is_a_flag_with_a_no_form():
     assert "--no-placement-group" in arguments()["placement_group"].help
 
 
-def test_fab_plan_placement_group_doubles_the_per_flow_bandwidth(tmp_path, monkeypatch):
-    from node_setup.cost_tasks import build_plan
-
-    monkeypatch.chdir(tmp_path)
-    with_pg, header_pg, _, _ = build_plan(**_plan_args(placement_group=True))
-    without, header, _, _ = build_plan(**_plan_args(placement_group=False))
-    assert "in placement group" in header_pg and "no placement group" in header
+def test_fab_plan_placement_group_doubles_the_per_flow_bandwidth():
+    with_pg, inputs_pg = _plan(placement_group=True)
+    without, inputs = _plan(placement_group=False)
+    assert "in placement group" in inputs_pg.header and "no placement group" in inputs.header
     four = {r.nodes: r.prediction.run_seconds for r in without}[4]
     assert {r.nodes: r.prediction.run_seconds for r in with_pg}[4] < four
     with pytest.raises(ValueError, match=r"--placement-group: 'false' is not allowed; give --placement-group or "
                                          r"--no-placement-group"):
-        build_plan(**_plan_args(placement_group="false"))
+        _plan(placement_group="false")
 
 
-def test_fab_plan_notes_when_the_stack_disagrees_about_the_placement_group(tmp_path, monkeypatch):
+def test_fab_plan_notes_when_the_stack_disagrees_about_the_placement_group():
     import base64
 
     from cluster.spec import ClusterSpec
-    from node_setup import cost_tasks
 
     key = "ssh-ed25519 " + base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)).decode()
     spec = ClusterSpec.from_config({"publicKey": key, "adminCidrs": ["203.0.113.0/24"], "placementGroup": False},
                                    stack="dev", region="us-east-1")
-    monkeypatch.setattr(cost_tasks, "_stack_defaults", lambda stack: (spec, ""))
-    _, header, _, notes = cost_tasks.build_plan(**_plan_args(placement_group=True))
-    assert "in placement group" in header  # the flag decides
-    assert any("placementGroup false" in n and "add --no-placement-group" in n for n in notes)
-    _, _, _, notes = cost_tasks.build_plan(**_plan_args(placement_group=False))
-    assert not any("placementGroup" in n for n in notes)
+    _, inputs = _plan(spec, placement_group=True)
+    assert "in placement group" in inputs.header  # the flag decides
+    assert any("placementGroup false" in n and "add --no-placement-group" in n for n in inputs.notes)
+    _, inputs = _plan(spec, placement_group=False)
+    assert not any("placementGroup" in n for n in inputs.notes)
 
 
-def test_fab_plan_single_node_time_and_params_override(tmp_path, monkeypatch):
-    from node_setup.cost_tasks import build_plan
-
-    monkeypatch.chdir(tmp_path)
-    rows, header, _, notes = build_plan(**_plan_args(single_node_time="1h", params="350M", model="my-model"))
+def test_fab_plan_single_node_time_and_params_override():
+    rows, inputs = _plan(single_node_time="1h", params="350M", model="my-model")
     assert rows[0].prediction.run_seconds == pytest.approx(3600, abs=2)
-    assert "350M params" in header and "single-node time 1h 00m 00s (given)" in notes[0]
+    assert "350M params" in inputs.header and "single-node time 1h 00m 00s (given)" in inputs.notes[0]
 
 
 def test_fab_plan_draws_a_png(tmp_path):

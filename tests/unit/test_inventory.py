@@ -31,6 +31,17 @@ def test_first_cuts_and_names_the_allowed_range():
     ({"hosts": ["a"], "profile": "cuda"}, "profile 'cuda' is unknown; allowed: intel, stock"),
     ({"hosts": [{"name": "n", "address": "a"}, {"name": "n", "address": "b"}]}, "host names repeat"),
     (["a"], "expected a mapping"),
+    ({"hosts": ["a"], "usr": "ubuntu"}, "key 'usr' is unknown; did you mean 'user'?"),
+    ({"hosts": ["a"], "physical_core": 8}, "key 'physical_core' is unknown; did you mean 'physical_cores'?"),
+    ({"hosts": [{"adress": "a"}]}, r"hosts\[0\]: key 'adress' is unknown; did you mean 'address'?"),
+    ({"hosts": ["a"], "sockets": "two"}, "sockets: 'two' is not allowed; allowed: a whole number of 1 or more"),
+    ({"hosts": ["a"], "physical_cores": 0}, "physical_cores: 0 is not allowed"),
+    ({"hosts": ["a"], "user": "root; rm -rf ~"}, r"user: 'root; rm -rf ~' is not allowed; allowed: a login name"),
+    ({"hosts": ["10.0.0.1$(touch /tmp/x)"]}, r"host 0 \('node0'\) address: .* is not allowed"),
+    ({"hosts": [{"name": "*", "address": "10.0.0.1"}]}, r"host 0 \('\*'\) name: '\*' is not allowed"),
+    ({"hosts": [{"address": "a", "private_address": "b`id`"}]}, "private_address: 'b`id`' is not allowed"),
+    ({"hosts": ["a"], "gateway": "bastion -oProxyCommand=x"}, "gateway: .* is not allowed"),
+    ({"hosts": ["a"], "wheelhouse": "/srv/w; id"}, "wheelhouse: '/srv/w; id' is not allowed"),
 ])
 def test_bad_inventories_say_what_is_wrong(data, message):
     with pytest.raises(InventoryError, match=message):
@@ -44,3 +55,19 @@ def test_machine_from_catalog_or_from_given_core_counts():
     assert (custom.sockets, custom.physical_cores) == (1, 2)
     with pytest.raises(InventoryError, match="give sockets and physical_cores"):
         Inventory.from_mapping({"hosts": ["a"], "instance_type": "z9.huge"}, default_name="x").machine()
+
+
+def test_addresses_may_be_ips_host_names_or_user_host_port():
+    inv = Inventory.from_mapping({"user": "ubuntu", "gateway": "ops@bastion.example.org:2222", "hosts": [
+        "2001:db8::10", {"address": "admin@node-1.lab.example.org:22", "private_address": "10.0.0.11"}]},
+        default_name="lab")
+    assert [n.address for n in inv.nodes] == ["2001:db8::10", "admin@node-1.lab.example.org:22"]
+
+
+def test_nodes_from_any_source_are_checked(monkeypatch):
+    from cluster.inventory import Node
+
+    with pytest.raises(InventoryError, match="private_address"):
+        Node(name="node0", address="10.0.0.1", private_address="10.0.0.1 *", rank=0)
+    with pytest.raises(InventoryError, match="user"):
+        Inventory(name="c", kind="aws", user="Ubuntu$(id)", nodes=())

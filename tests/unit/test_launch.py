@@ -127,18 +127,97 @@ def test_hostfile_text():
     assert hostfile_text(["m", "w"], "openmpi", 2) == "m slots=2\nw slots=2\n"
 
 
-def test_script_is_valid_shell_and_records_pid_log_and_exit_code():
-    plan = _plan(catalog.lookup("r7iz.metal-16xl"), "intel-mpi-oneccl")
-    script = plan.script()
-    subprocess.run(["sh", "-n"], input=script, text=True, check=True)  # syntax check only
-    d = f'"$HOME/{plan.job_dir}"'
-    assert f"echo $$ > {d}/pid" in script
-    assert f"exec >> {d}/log 2>&1" in script
-    assert f"mv {d}/exit_code.tmp {d}/exit_code" in script
-    assert " ".join(shlex.quote(a) for a in plan.argv) in script
-    assert 'export PATH="/opt/xeon-cluster/venv-stock/bin:$PATH"' in script
+FAKE_MPIRUN = """#!/bin/sh
+for a in "$@"; do printf '%s\\0' "$a"; done > "$HOME/mpirun.args"
+env -0 > "$HOME/mpirun.env"
+exit 7
+"""
+
+
+def run_job_script(tmp_path, flavour, *, job_id="20260101-000000-abcd", master_addr="127.0.0.1", extra_env=None,
+                   node_env=None):
+    """Run the job script of a one-node plan with a fake `mpirun` (and python) in a fake venv.
+
+    Returns (plan, completed process, mpirun's argv, mpirun's environment).
+    """
+    home, venv, ccl = tmp_path / "home", tmp_path / "venv", tmp_path / "ccl"
+    (venv / "bin").mkdir(parents=True)
+    (ccl / "env").mkdir(parents=True)
+    (venv / "bin" / "mpirun").write_text(FAKE_MPIRUN)
+    # what the oneCCL setup runs: the venv's python finds the bindings, their setvars.sh is sourced
+    (venv / "bin" / "python").write_text(f"#!/bin/sh\necho {shlex.quote(str(ccl))}\n")
+    (ccl / "env" / "setvars.sh").write_text('echo "$#" > "$HOME/setvars.args"; export CCL_FROM_SETVARS=1\n')
+    for tool in ("mpirun", "python"):
+        (venv / "bin" / tool).chmod(0o755)
+    layout = plan_layout(catalog.custom("test", 1, 2), backend="ccl" if flavour == "intel-mpi-oneccl" else "gloo")
+    plan = plan_launch(flavour=flavour, job_id=job_id, hosts=["node0"], master_addr=master_addr, layout=layout,
+                       program=["python", "-m", "training"], venv=str(venv), extra_env=extra_env)
+    (home / plan.job_dir).mkdir(parents=True)
+    script = home / plan.job_dir / "run.sh"
+    script.write_text(plan.script())
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", **(node_env or {})}
+    done = subprocess.run(["sh", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    args = (home / "mpirun.args").read_bytes().decode().split("\0")[:-1] if (home / "mpirun.args").exists() else None
+    mpi_env = None
+    if (home / "mpirun.env").exists():
+        mpi_env = dict(item.split("=", 1) for item in (home / "mpirun.env").read_bytes().decode().split("\0") if item)
+    return plan, done, args, mpi_env
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_job_script_runs_mpirun_and_records_pid_log_and_exit_code(tmp_path, flavour):
+    plan, done, args, env = run_job_script(tmp_path, flavour)
+    subprocess.run(["sh", "-n"], input=plan.script(), text=True, check=True)
+    d = tmp_path / "home" / plan.job_dir
+    assert done.returncode == 7, done.stdout + done.stderr
+    assert (d / "exit_code").read_text() == "7\n" and (d / "pid").read_text().strip().isdigit()
+    log = (d / "log").read_text()
+    assert f"job {plan.job_id} started" in log and "1 ranks, 1 per node, MASTER_ADDR=127.0.0.1" in log
+    assert f"job {plan.job_id} exited with code 7" in log
+    assert args == list(plan.argv[1:])  # mpirun got the plan's argv, word for word
+    venv = str(tmp_path / "venv")
+    assert {k: env[k] for k in plan.exports} == plan.exports
+    assert env["PATH"].startswith(plan.prepends["PATH"] + ":/usr/local/bin")
+    if flavour == "intel-mpi":
+        assert env["LD_LIBRARY_PATH"] == f"{venv}/lib"  # no empty entry when the node had none
+        assert env["I_MPI_ROOT"] == venv
+    if flavour == "openmpi":
+        assert "I_MPI_HYDRA_IFACE" not in env
+    else:
+        assert env["I_MPI_HYDRA_IFACE"] == "lo"  # the interface holding MASTER_ADDR
+    if flavour == "intel-mpi-oneccl":
+        assert env["CCL_FROM_SETVARS"] == "1"
+        assert (tmp_path / "home" / "setvars.args").read_text() == "0\n"  # not mpirun's argv
     # the readable line hides the wrapper but keeps everything else
     assert "<rank-wrapper>" in plan.command_line() and RANK_WRAPPER not in plan.command_line()
+
+
+def test_job_script_extends_the_nodes_own_path_and_library_path(tmp_path):
+    plan, done, _, env = run_job_script(tmp_path, "intel-mpi", node_env={"LD_LIBRARY_PATH": "/node/lib"})
+    venv = tmp_path / "venv"
+    assert env["LD_LIBRARY_PATH"] == f"{venv}/lib:/node/lib"
+    assert env["PATH"] == f"{venv}/bin:{venv}/bin/libfabric:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+    assert plan.env["PATH"] == f"{venv}/bin:{venv}/bin/libfabric:$PATH"  # as `fab train --dry-run` shows it
+
+
+def test_values_reach_the_job_script_literally_and_nothing_runs(tmp_path):
+    """MASTER_ADDR, the job id and `--env` values are data: `$(...)` and backticks do not run."""
+    evil = {"EVIL": "$(touch pwned-env)", "TICKS": "`touch pwned-ticks`", "QUOTES": "it's \"$HOME\" ${PATH}"}
+    for flavour in FLAVOURS:
+        root = tmp_path / flavour
+        root.mkdir()
+        plan, done, args, env = run_job_script(root, flavour, job_id="j$(touch pwned-job)`touch pwned-job2`",
+                                               master_addr="10.0.0.1$(touch pwned-addr)", extra_env=evil)
+        assert not list(tmp_path.rglob("pwned*")), f"{flavour}: a value ran as a command"
+        assert done.returncode == 7, done.stdout + done.stderr
+        assert env["MASTER_ADDR"] == "10.0.0.1$(touch pwned-addr)"
+        assert env["XEON_CLUSTER_JOB"] == "j$(touch pwned-job)`touch pwned-job2`"
+        assert args == list(plan.argv[1:])
+        for key, value in evil.items():
+            assert (["-x", f"{key}={value}"] if flavour == "openmpi" else ["-genv", key, value]) in [
+                args[i:i + (2 if flavour == "openmpi" else 3)] for i in range(len(args))]
+        for text in (plan.script(), RANK_WRAPPER):
+            assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
 
 
 def test_rank_wrapper_records_pid_and_runs_program(tmp_path):
@@ -151,3 +230,13 @@ def test_rank_wrapper_records_pid_and_runs_program(tmp_path):
     assert record[0] == pid  # exec: the recorded pid is the program's
     assert record[1].isdigit()
     assert iface == "lo"  # the interface holding MASTER_ADDR
+
+
+def test_rank_wrapper_treats_master_addr_as_data(tmp_path):
+    env = {"HOME": str(tmp_path), "XEON_CLUSTER_JOB": "j$(touch pwned-job)", "PMI_RANK": "0",
+           "MASTER_ADDR": "10.0.0.1$(touch pwned-addr)`touch pwned-ticks`", "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    out = subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", "true"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / ".xeon-cluster/jobs/j$(touch pwned-job)/ranks/rank-0").exists()
+    assert not list(tmp_path.rglob("pwned*"))

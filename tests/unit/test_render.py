@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from cluster.inventory import Node
-from cluster.render import (MasterPaths, RenderError, hostfile_text, known_hosts_text, replace_managed_block,
-                            ssh_config_block, table)
+from cluster.inventory import InventoryError, Node
+from cluster.render import (MasterPaths, RenderError, authorized_key_line, hostfile_text, known_hosts_text,
+                            replace_managed_block, ssh_config_block, table)
 from cluster.tags import ROLE_MASTER
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0ZXN0a2V5Zm9ycmVuZGVyaW5ndGVzdHMxMjM0NTY3"
@@ -82,10 +82,9 @@ def test_known_hosts_refuses_missing_or_malformed_keys():
         known_hosts_text(nodes(1), {"node0": "ssh-ed25519 not;base64"})
 
 
-def test_alias_with_spaces_is_refused():
-    bad = [Node(name="node 0", address="a", private_address="a", rank=0)]
-    with pytest.raises(RenderError, match="cannot be an ssh alias"):
-        hostfile_text(bad)
+def test_alias_with_spaces_cannot_even_be_a_node():
+    with pytest.raises(InventoryError, match="name: 'node 0' is not allowed"):
+        Node(name="node 0", address="a", private_address="a", rank=0)
 
 
 def test_master_paths_and_table():
@@ -93,3 +92,39 @@ def test_master_paths_and_table():
     assert (paths.private_key, paths.hostfile) == ("~/.ssh/c1_ed25519", "~/hosts")
     text = table([("node0", "ok"), ("node10", "failed")], ("node", "result"))
     assert text.splitlines() == ["node    result", "------  ------", "node0   ok", "node10  failed"]
+
+
+def _nodes(*addresses):
+    return [Node(name=f"node{i}", address=a, private_address=a, rank=i) for i, a in enumerate(addresses)]
+
+
+def test_the_cluster_key_line_is_limited_to_the_nodes_addresses_when_they_are_ips():
+    key = "ssh-ed25519 AAAAkey xeon-cluster:demo"
+    assert authorized_key_line(key, _nodes("10.0.0.11", "10.0.0.10")) == (
+        'from="10.0.0.11,10.0.0.10",no-agent-forwarding,no-port-forwarding,no-X11-forwarding ' + key)
+    # host names match only with sshd's UseDNS: no from= then, forwarding still refused
+    assert authorized_key_line(key, _nodes("n1.lab", "10.0.0.10")).startswith("no-agent-forwarding,")
+
+
+def test_authorize_script_replaces_an_older_line_of_the_key_and_keeps_the_rest(tmp_path):
+    import subprocess
+
+    from cluster import shell
+
+    ssh_dir = tmp_path / ".ssh"
+    ssh_dir.mkdir()
+    keys = ssh_dir / "authorized_keys"
+    keys.write_text("ssh-ed25519 AAAAuser admin@laptop\nssh-ed25519 AAAAold xeon-cluster:demo\n"
+                    "ssh-ed25519 AAAAother xeon-cluster:demo2\n")
+    line = 'from="10.0.0.10",no-agent-forwarding ssh-ed25519 AAAAnew xeon-cluster:demo'
+
+    def run():
+        script = shell.render("authorize-key.sh", {"FILE": ".ssh/authorized_keys", "LINE": line,
+                                                   "MARK": "xeon-cluster:demo"})
+        return subprocess.run(["sh", "-c", script], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert run() == "written"
+    assert keys.read_text().splitlines() == ["ssh-ed25519 AAAAuser admin@laptop",
+                                             "ssh-ed25519 AAAAother xeon-cluster:demo2", line]
+    assert run() == "unchanged" and oct(keys.stat().st_mode & 0o777) == "0o600"

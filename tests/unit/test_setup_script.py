@@ -60,21 +60,28 @@ FAKE_TOOLS = {
                '  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (unattended-upgr)"; exit 100; fi\n'
                'case " $* " in *" install "*) for a in "$@"; do case "$a" in -*|install|*=*) ;; '
                '*) echo "$a" >> "$FAKE_APT/installed";; esac; done;; esac\n',
+    # a node's passwordless sudo, for runs as a non-root user: drop sudo's options and run the command
+    "sudo": 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"\n',
 }
 
 
-@pytest.fixture
-def fake_apt(tmp_path):
-    """Test double for apt/dpkg: scripts on PATH backed by files under tmp_path/apt."""
-    state = tmp_path / "apt"
+def fake_tools(tmp_path) -> Path:
+    """Test doubles for apt/dpkg and sudo, as scripts in one directory for PATH."""
     bin_dir = tmp_path / "fakebin"
-    state.mkdir()
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     for tool, body in FAKE_TOOLS.items():
         script = bin_dir / tool
         script.write_text("#!/bin/bash\n" + body)
         script.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_APT": str(state)}
+    return bin_dir
+
+
+@pytest.fixture
+def fake_apt(tmp_path):
+    """Test double for apt/dpkg (and sudo): scripts on PATH backed by files under tmp_path/apt."""
+    state = tmp_path / "apt"
+    state.mkdir()
+    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}:{os.environ['PATH']}", "FAKE_APT": str(state)}
     for var in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL"):
         env.pop(var, None)
     return state, env
@@ -161,6 +168,16 @@ def test_evaluate_check_passes_a_good_node_and_names_each_problem():
     assert icx.ok
 
 
+def test_check_script_takes_its_values_literally(tmp_path):
+    venv = tmp_path / "v $(touch pwned) `touch pwned`"
+    result = subprocess.run(["bash", "-c", check_script(TEST_PROFILE, venv=str(venv))], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=60)
+    facts = {e.name: e.detail for e in parse_events(result.stdout) if e.kind == "fact"}
+    assert facts["python"] == "MISSING" and facts["profile_marker"] == "MISSING", result.stdout + result.stderr
+    assert facts["disk_free_kib"].split(" ", 1)[0].isdigit()
+    assert not list(tmp_path.rglob("pwned"))
+
+
 # ------------------------------------------------------------------------- the install, for real
 
 
@@ -244,7 +261,7 @@ def test_two_nodes_sharing_the_node_root_install_once(tmp_path, fake_apt):
 
 
 def test_prebake_removes_host_keys_history_cloud_state_and_private_keys_then_restores_host_keys(tmp_path):
-    root = tmp_path / "img"
+    root = tmp_path / "img $(touch pwned) it's"  # the root is data: spaces, quotes and `$(...)` stay literal
     files = {
         "etc/ssh/ssh_host_ed25519_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n",
         "etc/ssh/ssh_host_ed25519_key.pub": "ssh-ed25519 AAAA host",
@@ -257,20 +274,38 @@ def test_prebake_removes_host_keys_history_cloud_state_and_private_keys_then_res
         "home/ubuntu/.ssh/authorized_keys": "ssh-ed25519 AAAAuser admin\nssh-ed25519 AAAAclus xeon-cluster:demo\n",
         "var/lib/cloud/instances/i-0abc/user-data.txt": "#cloud-config\n",
         "var/log/cloud-init.log": "log\n",
+        # secrets a user or a job left, and what jobs left behind
+        "home/ubuntu/.ssh/old/id_ed25519": "-----BEGIN OPENSSH PRIVATE KEY-----\nnested\n",
+        "home/ubuntu/.ssh/xeon-cluster-demo.known_hosts": "node1 ssh-ed25519 AAAA\n",
+        "home/ubuntu/.aws/credentials": "[default]\naws_secret_access_key = x\n",
+        "home/ubuntu/.cache/huggingface/token": "hf_secret\n",
+        "root/.netrc": "machine example.org password x\n",
+        "home/ubuntu/.xeon-cluster/jobs/20261123-101500-ab12/log": "[0] loss 1.2\n",
+        "home/ubuntu/xeon-cluster-runs/20261123-101500-ab12/checkpoint-60/model.safetensors": "weights",
+        "home/ubuntu/xeon-cluster-data/synthetic-qa/train.json": "{}",
+        "home/ubuntu/hosts": "node0\nnode1\n",
+        "home/ubuntu/.cache/pip/keep-me": "a cache that is not a secret",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
+    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}:{os.environ['PATH']}"}  # sudo when not root
     result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=2)],
-                            capture_output=True, text=True, timeout=30)
+                            capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert left == {"etc/ssh/sshd_config", "home/ubuntu/.ssh/id_rsa.pub", "home/ubuntu/.ssh/authorized_keys",
+                    "home/ubuntu/.cache/pip/keep-me",
                     "run/xeon-cluster/hostkeys-before-bake/ssh_host_ed25519_key",
                     "run/xeon-cluster/hostkeys-before-bake/ssh_host_ed25519_key.pub"}
+    listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
+    for gone in ("/home/ubuntu/.aws", "/home/ubuntu/.cache/huggingface/token", "/root/.netrc",
+                 "/home/ubuntu/.xeon-cluster/jobs", "/home/ubuntu/xeon-cluster-runs", "/home/ubuntu/hosts"):
+        assert gone in listed, listed  # the step says what it removed
     assert (root / "home/ubuntu/.ssh/authorized_keys").read_text() == "ssh-ed25519 AAAAuser admin\n"
     deadline = time.monotonic() + 15  # the detached restore runs after 2 s
     while not (root / "etc/ssh/ssh_host_ed25519_key").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text() == "ssh-ed25519 AAAA host"
+    assert not list(tmp_path.rglob("pwned"))
     shutil.rmtree(root)

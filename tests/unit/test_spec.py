@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cluster.profiles import PROFILES
-from cluster.spec import MAX_ROOT_VOLUME_GIB, MAX_WORKERS, ClusterSpec, ConfigError
+from cluster.spec import MAX_ROOT_VOLUME_GIB, MAX_WORKERS, MIN_ADMIN_PREFIX, ClusterSpec, ConfigError, unique_cidrs
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICECnqlEndt9BEuNRtVWwmWQcvgQq/FYgx/iofqx4Int test@xeon-cluster"
 # A real ecdsa-sha2-nistp256 public key (made with ssh-keygen for this test).
@@ -51,10 +51,10 @@ def test_pulumi_strings_are_read_as_their_types():
 
 
 @pytest.mark.parametrize("cfg, expected", [
-    ({"bake": "yes"}, "bake: 'yes' is not a bool"),
-    ({"workerCount": 2.5}, "workerCount: 2.5 is not a int"),
-    ({"workerCount": True}, "workerCount: True is not a int"),
-    ({"spotMaxPrice": "cheap"}, "spotMaxPrice: 'cheap' is not a float"),
+    ({"bake": "yes"}, "bake: 'yes' is not true or false"),
+    ({"workerCount": 2.5}, "workerCount: 2.5 is not a whole number"),
+    ({"workerCount": True}, "workerCount: True is not a whole number"),
+    ({"spotMaxPrice": "cheap"}, "spotMaxPrice: 'cheap' is not a number"),
 ])
 def test_values_of_the_wrong_type_are_named(cfg, expected):
     assert expected in problems(**cfg)[0]
@@ -69,6 +69,41 @@ def test_a_single_cidr_string_is_accepted_and_ipv6_too():
 def test_open_ssh_needs_the_explicit_override(cidr):
     assert "allowSshFromAnywhere" in problems(adminCidrs=[cidr])[0]
     assert spec(adminCidrs=[cidr], allowSshFromAnywhere="true").admin_cidrs == (cidr,)
+
+
+@pytest.mark.parametrize("cidrs", [["0.0.0.0/1", "128.0.0.0/1"], ["::/1"], ["10.0.0.0/7"], ["2001:db8::/31"],
+                                   ["2001:db8::/48", "::/1", "8000::/1"]])
+def test_networks_wider_than_anyone_owns_need_the_override(cidrs):
+    found = problems(adminCidrs=cidrs)
+    wide = [c for c in cidrs if int(c.split("/")[1]) < MIN_ADMIN_PREFIX[6 if ":" in c else 4]]
+    assert len(found) == len(wide)  # one line per too-wide network, each naming it
+    for cidr, problem in zip(wide, found):
+        assert problem.startswith(f"adminCidrs: {cidr!r} is wider than /") and "allowSshFromAnywhere" in problem
+    assert spec(adminCidrs=cidrs, allowSshFromAnywhere=True).admin_cidrs == tuple(cidrs)
+
+
+def test_the_minimum_prefixes_are_a_slash_8_and_a_slash_32():
+    assert MIN_ADMIN_PREFIX == {4: 8, 6: 32}
+    assert spec(adminCidrs=["10.0.0.0/8", "2001:db8::/32"]).admin_cidrs == ("10.0.0.0/8", "2001:db8::/32")
+
+
+def test_networks_that_together_cover_every_address_need_the_override():
+    every_v4 = [f"{first}.0.0.0/8" for first in range(256)]
+    (problem,) = problems(adminCidrs=every_v4)
+    assert "together cover every IPv4 address" in problem and "allowSshFromAnywhere" in problem
+    assert len(problem) < 400  # the listing is shortened
+    assert len(spec(adminCidrs=every_v4[:-1]).admin_cidrs) == 255  # one /8 short of everything
+    assert len(spec(adminCidrs=every_v4, allowSshFromAnywhere=True).admin_cidrs) == 256
+
+
+def test_a_repeated_network_is_dropped_and_said():
+    s = spec(adminCidrs=["203.0.113.7/32", "2001:DB8::/48", "203.0.113.7/32", "2001:db8::/48"])
+    assert s.admin_cidrs == ("203.0.113.7/32", "2001:DB8::/48")
+    kept, notes = unique_cidrs(["203.0.113.7/32", "2001:DB8::/48", "203.0.113.7/32", "2001:db8::/48", "bad", "bad"])
+    assert kept == ("203.0.113.7/32", "2001:DB8::/48", "bad")
+    assert notes[0].startswith("adminCidrs: '203.0.113.7/32' is listed more than once; the duplicate is dropped")
+    assert "(the same network as '2001:DB8::/48')" in notes[1] and len(notes) == 3
+    assert unique_cidrs(["203.0.113.7/32"]) == (("203.0.113.7/32",), [])
 
 
 @pytest.mark.parametrize("cidr", ["10.0.0.1/33", "example.org", "203.0.113.7/24", ""])
@@ -96,7 +131,8 @@ def test_unknown_instance_type_needs_its_core_counts():
     assert "sockets and physicalCores" in problems(instanceType="x9z.huge")[0]
     s = spec(instanceType="x9z.huge", sockets="2", physicalCores="96")
     assert (s.instance.name, s.instance.sockets, s.instance.physical_cores) == ("x9z.huge", 2, 96)
-    assert "sockets: 0 must be a positive integer" in problems(sockets=0)[0]
+    assert "sockets: -1 must be a positive integer" in problems(sockets=-1)[0]
+    assert spec(sockets=0).sockets is None  # 0 is the schema default that means "from the catalog"
 
 
 def test_catalog_type_layout_can_be_overridden():
@@ -122,7 +158,15 @@ def test_spot_price_must_be_positive():
 
 def test_profile_and_volume_type_choices():
     assert "allowed: intel, stock" in problems(softwareProfile="cuda")[0]
-    assert "allowed: gp3, gp2, io1, io2" in problems(rootVolumeType="st1")[0]
+    assert "allowed: gp3, gp2" in problems(rootVolumeType="st1")[0]
+    assert spec(rootVolumeType="gp2").root_volume_type == "gp2"
+
+
+@pytest.mark.parametrize("volume_type", ["io1", "io2"])
+def test_provisioned_iops_volume_types_are_refused_before_aws_refuses_the_launch(volume_type):
+    (problem,) = problems(rootVolumeType=volume_type)
+    assert problem == (f"rootVolumeType: {volume_type!r} needs provisioned IOPS, which no setting gives (AWS "
+                       "refuses the launch without them); allowed: gp3, gp2")
 
 
 def test_tags_as_map_or_key_value_list():
@@ -149,3 +193,8 @@ def test_all_problems_at_once_one_line_each():
                                                 "adminCidrs", "publicKey"]
     message = str(ConfigError(found))
     assert message.count("\n  - ") == len(found)
+
+
+def test_a_login_user_that_would_reach_a_shell_is_refused():
+    assert "sshUser: 'ubuntu; id' is not allowed; allowed: a login name" in problems(sshUser="ubuntu; id")[0]
+    assert spec(sshUser="ec2-user").ssh_user == "ec2-user"

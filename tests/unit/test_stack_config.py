@@ -18,7 +18,7 @@ STACK = f"""config:
   xeon-cluster:publicKey: {KEY}
   xeon-cluster:adminCidrs:
     - 198.51.100.0/24
-  xeon-cluster:someSecret:
+  xeon-cluster:baseAmi:
     secure: AAABAKxyz
 """
 
@@ -50,5 +50,13 @@ def test_no_stack_file_says_how_to_make_one(tmp_path):
 
 def test_bad_values_are_reported_with_the_file_name(tmp_path):
     (tmp_path / "Pulumi.dev.yaml").write_text(STACK.replace('"7"', '"lots"'))
-    with pytest.raises(ConfigError, match=r"Pulumi.dev.yaml: workerCount: 'lots' is not a int"):
+    with pytest.raises(ConfigError, match=r"Pulumi.dev.yaml: workerCount: 'lots' is not a whole number"):
         load_stack_spec(root=tmp_path)
+
+
+def test_a_key_pulumi_up_would_refuse_is_refused_with_the_closest_key(tmp_path):
+    (tmp_path / "Pulumi.dev.yaml").write_text(STACK.replace("xeon-cluster:workerCount", "xeon-cluster:workerCont"))
+    with pytest.raises(ConfigError) as refused:
+        load_stack_spec(root=tmp_path)
+    assert "Pulumi.dev.yaml: xeon-cluster:workerCont: not a setting of this project; did you mean workerCount?" \
+        in str(refused.value)

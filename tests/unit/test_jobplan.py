@@ -1,14 +1,14 @@
-"""The pure parts of node_setup/job.py and job_tasks.py: planning, log prefixes, failure reports,
-training arguments."""
+"""The job decided before anything is touched: the plan (cluster/jobplan.py), log labels and failure
+reports (cluster/joblog.py), and the job's arguments (cluster/job_args.py)."""
 
 import io
 
 import pytest
-from invoke import Exit
 
+from cluster import jobplan as jobs
 from cluster.inventory import Inventory
-from node_setup import job as jobs
-from node_setup.job_tasks import training_arguments
+from cluster.job_args import JobArgsError, training_arguments
+from cluster.joblog import RankPrefixer, failure_report
 
 
 def inventory(kind="file", nodes=4, instance_type="r7iz.metal-16xl", **kw):
@@ -60,7 +60,7 @@ def test_too_many_nodes_is_a_clear_error():
 
 def test_prefixer_labels_ranks_with_their_node_and_keeps_split_lines_together():
     out = io.StringIO()
-    sink = jobs.RankPrefixer(["node0", "node0", "node1", "node1"], out)
+    sink = RankPrefixer(["node0", "node0", "node1", "node1"], out)
     sink.write("[3] loss 0.5\n[0] hel")
     sink.write("lo\r\n[mpiexec@node0] Error: oops\n")
     sink.write("[2] partial line\n second half\n[xeon-cluster] job x exited with code 0\n")
@@ -87,27 +87,27 @@ HYDRA_KILLED = """[0] step 3
 
 
 def test_failure_report_maps_rank_to_node():
-    report = jobs.failure_report(HYDRA_KILLED, ["node0", "node0", "node1", "node1"], 255)
+    report = failure_report(HYDRA_KILLED, ["node0", "node0", "node1", "node1"], 255)
     assert report == ["rank 3 on node node1 (host ip-10-0-0-11, pid 4242): killed by signal: 9 (killed)"]
 
 
 def test_failure_report_without_hydra_banner_names_ranks_with_errors():
     log = "[0] ok\n[2] Traceback (most recent call last):\n[2] ValueError: bad\n"
-    assert jobs.failure_report(log, ["a", "b", "c"], 1) == [
+    assert failure_report(log, ["a", "b", "c"], 1) == [
         "rank 2 on node c reported an error (see its lines above)"]
-    assert jobs.failure_report(log, ["a", "b", "c"], 0) == []
+    assert failure_report(log, ["a", "b", "c"], 0) == []
 
 
 def test_training_arguments_map_options_and_pass_extra_verbatim():
     args = training_arguments(task_name="qa", model="m", dataset="squad", epochs="2", batch_size=32, bf16="on",
-                              checkpoint_minutes="5", checkpoint_uri="s3://b/p", resume=True,
+                              checkpoint_minutes="5", checkpoint_uri="s3://ckpt-bucket/p", resume=True,
                               extra="--learning_rate 3e-5 --run_name 'two words'")
     assert args == ["--task", "qa", "--model_name_or_path", "m", "--dataset_name", "squad",
                     "--num_train_epochs", "2", "--per_device_train_batch_size", "32", "--checkpoint_minutes", "5",
-                    "--checkpoint_uri", "s3://b/p", "--bf16", "true", "--resume", "--learning_rate", "3e-5",
+                    "--checkpoint_uri", "s3://ckpt-bucket/p", "--bf16", "true", "--resume", "--learning_rate", "3e-5",
                     "--run_name", "two words"]
     assert training_arguments() == []
-    with pytest.raises(Exit, match="--bf16"):
+    with pytest.raises(JobArgsError, match="--bf16"):
         training_arguments(bf16="maybe")
 
 
@@ -116,10 +116,16 @@ def test_fab_options_reach_the_training_parser():
     args_module = pytest.importorskip("training.args")
     args = training_arguments(task_name="qa", model="m", dataset="squad", dataset_config="plain_text",
                               epochs="1", batch_size=8, bf16="off", checkpoint_minutes="5",
-                              checkpoint_uri="s3://b/p", max_steps=3, resume=True)
+                              checkpoint_uri="s3://ckpt-bucket/p", max_steps=3, resume=True)
     args += ["--output_dir", "out"]
     transformers = pytest.importorskip("transformers")
     parser = transformers.HfArgumentParser((args_module.ModelArguments, args_module.DataArguments,
                                             args_module.JobArguments, transformers.TrainingArguments))
     *_, rest = parser.parse_known_args(args)
     assert rest == []
+
+
+@pytest.mark.parametrize("uri", ["gs://b/x", "s3://b/x", "s3://My_Bucket/x", "s3://bucket/../other", "bucket/x"])
+def test_checkpoint_uris_that_no_node_could_use_are_refused(uri):
+    with pytest.raises(JobArgsError, match=r"--checkpoint-uri: .* is not allowed; allowed: s3://BUCKET/PREFIX"):
+        training_arguments(checkpoint_uri=uri)

@@ -1,0 +1,225 @@
+"""What `pulumi up` would do on a real account after a change, as far as the program decides it.
+
+The engine acts on the options the program registers (delete-before-replace, ignored changes,
+replacement triggers, timeouts, error hooks); these tests check the options under Pulumi's mocks.
+What the engine then does with them is Pulumi's part and is described, with sources, in
+docs/aws-lifecycle.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+
+import pulumi
+import pytest
+
+from cluster.spec import ClusterSpec
+from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY
+from infra import image as infra_image
+from infra import node as infra_node
+from infra import program as infra_program
+from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS
+from tests.infra.conftest import AMI, BASE_AMI, DEFAULT_SUBNETS, INSTANCE, SETUP, STACK, fresh_run, minimal_config
+
+TAG = "aws:ec2/tag:Tag"
+
+
+def run_with(**config):
+    """(monitor, outputs) of a run with its own mocks, for comparing two configs."""
+    return fresh_run(minimal_config(**config))
+
+
+def nodes(monitor):
+    return sorted(monitor.of_type(INSTANCE), key=lambda n: n.name)
+
+
+def master(monitor):
+    (found,) = [n for n in nodes(monitor) if n.inputs["tags"][ROLE_KEY] == ROLE_MASTER]
+    return found
+
+
+def workers(monitor):
+    return [n for n in nodes(monitor) if n.inputs["tags"][ROLE_KEY] != ROLE_MASTER]
+
+
+# ----------------------------------------------------------------- A1: base image and subnet kept
+
+
+def test_master_keeps_the_looked_up_image_and_subnet_and_workers_follow_it(harness):
+    outputs = harness.run(minimal_config(bake=False))
+    monitor = harness.monitor
+    first = master(monitor)
+    assert sorted(first.ignore_changes) == ["ami", "subnetId"]
+    for worker in workers(monitor):
+        assert worker.ignore_changes == []  # they follow the master's outputs instead
+        assert worker.inputs["ami"] == first.state["ami"] == BASE_AMI
+        assert worker.inputs["subnetId"] == first.state["subnetId"] == min(DEFAULT_SUBNETS)
+    # The kept choices are stack outputs: what the cluster really runs on.
+    assert outputs["baseAmiId"] == BASE_AMI and outputs["subnetId"] == min(DEFAULT_SUBNETS)
+
+
+def test_given_image_and_subnet_are_not_ignored_so_setting_them_moves_the_cluster(harness):
+    harness.run(minimal_config(baseAmi="ami-0newer", subnetId="subnet-0chosen"))
+    first = master(harness.monitor)
+    assert first.ignore_changes == []
+    assert (first.inputs["ami"], first.inputs["subnetId"]) == ("ami-0newer", "subnet-0chosen")
+
+
+def test_only_the_looked_up_one_is_kept():
+    from infra.master import kept_on_update
+
+    def spec(**cfg):
+        return ClusterSpec.from_config(minimal_config(**cfg), stack="dev", region="us-east-1")
+
+    assert kept_on_update(spec()) == ["ami", "subnetId"]
+    assert kept_on_update(spec(baseAmi="ami-1")) == ["subnetId"]
+    assert kept_on_update(spec(subnetId="subnet-1")) == ["ami"]
+
+
+# --------------------------------------------- A3/A4: replacement deletes first; market and type
+
+
+@pytest.mark.parametrize("config", [{}, {"bake": False}, {"masterSpot": False}], ids=["baked", "no bake", "on-demand"])
+def test_every_node_is_deleted_before_its_replacement(harness, config):
+    harness.run(minimal_config(**config))
+    for node in nodes(harness.monitor):
+        assert node.delete_before_replace, node.name
+        assert node.custom_timeouts["create"] == node.custom_timeouts["delete"] == "40m"
+    for reg in harness.monitor.of_type(AMI) + harness.monitor.of_type(SETUP):
+        assert reg.delete_before_replace, reg.name
+
+
+def test_market_and_instance_type_force_a_replacement():
+    spot, _ = run_with()
+    on_demand, _ = run_with(masterSpot=False, workerSpot=False)
+    bigger, _ = run_with(instanceType="r7iz.metal-32xl")
+    for before, after in zip(nodes(spot), nodes(on_demand)):
+        assert before.name == after.name
+        # The spot options just vanish from the inputs (the provider shows no diff): the trigger changes.
+        assert not after.inputs.get("instanceMarketOptions")
+        assert before.replacement_trigger["market"] == "spot" and after.replacement_trigger["market"] == "on-demand"
+    for before, after in zip(nodes(spot), nodes(bigger)):
+        assert "instanceType" in after.replace_on_changes  # never an in-place stop/modify/start
+        assert before.replacement_trigger != after.replacement_trigger
+    again, _ = run_with()
+    assert [n.replacement_trigger for n in nodes(spot)] == [n.replacement_trigger for n in nodes(again)]
+
+
+# ------------------------------------------------------------------- A5: setup step never blocks
+
+
+def test_setup_step_is_skipped_on_delete_when_the_master_goes_too(harness):
+    harness.run(minimal_config())
+    (setup,) = harness.monitor.of_type(SETUP)
+    assert setup.deleted_with == master(harness.monitor).urn
+    assert setup.inputs["cluster"] == "xeon-dev"  # names the known_hosts the host key is pinned in
+
+
+@pytest.mark.parametrize("itype, seconds", [("r7iz.metal-16xl", METAL_SSH_TIMEOUT_SECONDS),
+                                            ("c6i.16xlarge", SSH_TIMEOUT_SECONDS)])
+def test_setup_step_waits_longer_for_a_metal_master(harness, itype, seconds):
+    harness.run(minimal_config(instanceType=itype))
+    (setup,) = harness.monitor.of_type(SETUP)
+    assert setup.inputs["ssh_timeout_seconds"] == seconds
+    assert METAL_SSH_TIMEOUT_SECONDS >= 2400  # "over 20 minutes" to start, per the comment's source
+
+
+# ------------------------------------------------------------------------------------ A6: image
+
+
+def test_image_create_timeout_and_name_survive_a_retry(harness):
+    harness.run(minimal_config(rootVolumeGib=500))
+    (image,) = harness.monitor.of_type(AMI)
+    (setup,) = harness.monitor.of_type(SETUP)
+    assert image.custom_timeouts["create"] == "500m"  # the provider's default is 40m
+    assert infra_image.image_create_timeout(100) == "120m"
+    # A unique name per create attempt, kept afterwards; the bake tag decides replacement.
+    assert image.ignore_changes == ["name"]
+    assert image.replacement_trigger == setup.inputs["bake_tag"] and setup.inputs["bake_tag"] in image.inputs["name"]
+    spec = ClusterSpec.from_config(minimal_config(), stack="dev", region="us-east-1")
+    first = infra_image.image_name(spec, "abc", dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc))
+    retry = infra_image.image_name(spec, "abc", dt.datetime(2026, 5, 1, 12, 31, 5, tzinfo=dt.timezone.utc))
+    assert first == "xeon-dev-stock-abc-20260501T120000Z" and retry != first
+    assert len(first) <= 128  # CreateImage's limit
+
+
+def test_image_snapshot_is_tagged_for_the_sweep(harness):
+    harness.run(minimal_config(tags=["team=ml"]))
+    (image,) = harness.monitor.of_type(AMI)
+    snapshot_tags = {t.inputs["key"]: t for t in harness.monitor.of_type(TAG)}
+    assert snapshot_tags[MANAGED_BY_KEY].inputs["value"] == MANAGED_BY_VALUE
+    assert snapshot_tags[CLUSTER_KEY].inputs["value"] == "xeon-dev"
+    assert snapshot_tags[STACK_KEY].inputs["value"] == STACK
+    assert snapshot_tags["team"].inputs["value"] == "ml"
+    for tag in snapshot_tags.values():
+        assert tag.inputs["resourceId"] == image.state["rootSnapshotId"]
+        assert tag.deleted_with == image.urn  # the image's delete removes its snapshots
+
+
+def test_no_image_no_snapshot_tags(harness):
+    harness.run(minimal_config(bake=False))
+    assert not harness.monitor.of_type(TAG) and not harness.monitor.of_type(AMI)
+
+
+# -------------------------------------------------------------- A7: capacity errors on launch
+
+
+CAPACITY = ("creating EC2 Instance: operation error EC2: RunInstances, https response error StatusCode: 500, "
+            "api error InsufficientInstanceCapacity: There is no Spot capacity available that matches your request.")
+
+
+def test_every_node_launch_has_the_capacity_retry_hook(harness):
+    harness.run(minimal_config())
+    for node in nodes(harness.monitor):
+        assert node.error_hooks == ["xeon-cluster-capacity-retry"], node.name
+
+
+def test_capacity_errors_are_retried_a_few_times_then_given_up():
+    delays = (1, 2, 3)
+    assert infra_node.capacity_retry_delay([CAPACITY], delays) == 1
+    assert infra_node.capacity_retry_delay([CAPACITY] * 3, delays) == 3
+    assert infra_node.capacity_retry_delay([CAPACITY] * 4, delays) is None
+    assert infra_node.capacity_retry_delay(["api error InvalidAMIID.NotFound"], delays) is None
+    assert infra_node.capacity_retry_delay([], delays) is None
+
+
+def _hook_args(errors, operation="create", name="xeon-dev-worker-2"):
+    return pulumi.ErrorHookArgs(urn="urn", id="", name=name, type=INSTANCE, failed_operation=operation,
+                                new_inputs={"instanceType": "r7iz.metal-16xl",
+                                            "instanceMarketOptions": {"marketType": "spot"}},
+                                errors=errors)
+
+
+def test_capacity_hook_waits_retries_and_finally_says_what_to_change(monkeypatch, caplog):
+    slept = []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    # Building the hook registers it with the engine; here only its callback is exercised.
+    monkeypatch.setattr(pulumi, "ErrorHook", lambda name, func: func)
+    on_error = infra_node.capacity_retry_hook("test-hook", delays=(5, 7), sleep=sleep)
+    caplog.set_level(logging.INFO)
+    assert asyncio.run(on_error(_hook_args([CAPACITY]))) is True
+    assert asyncio.run(on_error(_hook_args([CAPACITY, CAPACITY]))) is True
+    assert slept == [5, 7]
+    assert asyncio.run(on_error(_hook_args([CAPACITY] * 3))) is False
+    final = caplog.records[-1].getMessage()
+    assert final.startswith("xeon-dev-worker-2: AWS has no spot capacity for r7iz.metal-16xl")
+    assert "workerSpot: false" in final and "subnetId" in final and "fab preflight" in final
+    assert "masterSpot: false" in infra_node.capacity_message("xeon-dev-master", {}, 1)
+    # Not a capacity error, or not a create: not retried.
+    assert asyncio.run(on_error(_hook_args(["api error UnauthorizedOperation"]))) is False
+    assert asyncio.run(on_error(_hook_args([CAPACITY], operation="delete"))) is False
+    assert slept == [5, 7]
+
+
+def test_an_older_cli_gets_warnings_and_no_hook(harness, monkeypatch, caplog):
+    monkeypatch.setattr(infra_program, "engine_supports", lambda feature: False)
+    caplog.set_level(logging.WARNING)
+    harness.run(minimal_config())
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "ignores the replacementTrigger option" in messages and "no error hooks" in messages
+    assert all(node.error_hooks == [] for node in nodes(harness.monitor))

@@ -1,0 +1,442 @@
+"""`pulumi up` and `pulumi destroy` of the real program (infra/__main__.py), with only the engine and
+the AWS provider replaced: Pulumi's mocks, backed by the rehearsal's moto account.
+
+`MotoBackedAws` is the provider's stand-in. Each resource the program registers is created in the
+moto account from the inputs the program gave it, and the mock returns moto's ids and attributes
+as the resource's outputs; each lookup (`aws:ec2/getAmiIds`, `getVpcs`, `getSubnets`, `getSubnet`,
+`getInstanceTypeOfferings`) is answered by the matching describe call. A type or lookup it does
+not know stops the run with its name, so a new resource in the program cannot slip past.
+
+| program registers | moto calls |
+|---|---|
+| `aws:ec2/securityGroup` | CreateSecurityGroup (tags), then RevokeSecurityGroupEgress of the default allow-all rule, as the provider does |
+| `aws:vpc/securityGroupIngressRule`, `...EgressRule` | AuthorizeSecurityGroupIngress / Egress (tags on the rule); id = the rule id |
+| `aws:ec2/placementGroup` | CreatePlacementGroup (PlacementGroupsDouble: moto has none) |
+| `aws:ec2/keyPair` | ImportKeyPair |
+| `aws:s3/bucket` and its six settings | CreateBucket + PutBucketTagging; PutPublicAccessBlock, PutBucketOwnershipControls, PutBucketEncryption, PutBucketPolicy, PutBucketVersioning, PutBucketLifecycleConfiguration |
+| `aws:iam/role`, `rolePolicy`, `instanceProfile` | CreateRole, PutRolePolicy, CreateInstanceProfile + AddRoleToInstanceProfile |
+| `aws:ec2/instance` | RunInstances with every input (image, type, subnet, groups, key, placement group, market, IMDS, root volume, profile, instance and volume tags) and the private address of the local node of its rank tag; waits until running |
+| the setup step (`ProfileSetup`) | none: its pickled provider's `create()` runs for real, over SSH to the master's address |
+| `aws:ec2/amiFromInstance` | CreateImage (NoReboot, image tags); `rootSnapshotId` from the image's root device |
+| `aws:ec2/tag` | CreateTags (the image's root snapshot) |
+
+`destroy()` deletes what `up()` registered in reverse order of registration, as the engine would:
+resources marked `retain_on_delete` (the bucket and its settings, unless `destroyBucket`) are left
+in the account and dropped from the stack; a resource `deleted_with` another one that is deleted
+too (the setup step with the master, the snapshot tags with the image) is not called; the image's
+delete deregisters it and deletes the snapshots it made (`manage_ebs_snapshots`).
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pulumi
+from pulumi.runtime import mocks
+
+from cluster.tags import RANK_KEY
+from tests.infra.conftest import AMI, INSTANCE, PROJECT, SETUP, Harness, Registration, RecordingMonitor
+from tests.rehearsal.account import ACCOUNT, REGION, Account
+
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+INGRESS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS_RULE = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+KEY_PAIR = "aws:ec2/keyPair:KeyPair"
+TAG = "aws:ec2/tag:Tag"
+BUCKET = "aws:s3/bucket:Bucket"
+PUBLIC_ACCESS_BLOCK = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+OWNERSHIP = "aws:s3/bucketOwnershipControls:BucketOwnershipControls"
+ENCRYPTION = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
+VERSIONING = "aws:s3/bucketVersioning:BucketVersioning"
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
+BUCKET_SETTINGS = (PUBLIC_ACCESS_BLOCK, OWNERSHIP, ENCRYPTION, BUCKET_POLICY, VERSIONING, LIFECYCLE)
+
+
+def autoname(name: str) -> str:
+    """Pulumi's auto-name: the logical name and a random suffix (done by the provider, so by the mock)."""
+    return f"{name}-{secrets.token_hex(4)[:7]}"
+
+
+def tag_spec(kind: str, tags: dict[str, str] | None) -> list[dict]:
+    return [{"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
+
+
+def aws_filters(items) -> list[dict]:
+    return [{"Name": f["name"], "Values": list(f["values"])} for f in items or []]
+
+
+@dataclass
+class Created:
+    type: str
+    name: str
+    id: str
+
+
+class MotoBackedAws(mocks.Mocks):
+    """The AWS provider's stand-in: lookups and resources go to the moto account (module docstring)."""
+
+    def __init__(self, account: Account, node_addresses: list[str],
+                 setup: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]):
+        self.ec2, self.s3, self.iam = account.client("ec2"), account.client("s3"), account.client("iam")
+        self.node_addresses = node_addresses  # by rank: the local node each instance stands for
+        self.setup = setup
+        self.created: list[Created] = []
+        self.lookups: list[str] = []
+        self.setup_inputs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------ lookups
+
+    def call(self, args: mocks.MockCallArgs):
+        token, a = args.token, dict(args.args)
+        with self._lock:
+            self.lookups.append(token)
+        if token == "aws:ec2/getAmiIds:getAmiIds":
+            images = self.ec2.describe_images(Owners=list(a.get("owners") or []),
+                                              Filters=aws_filters(a.get("filters")))["Images"]
+            images.sort(key=lambda i: i.get("CreationDate", ""), reverse=not a.get("sortAscending"))
+            return {"ids": [i["ImageId"] for i in images], "id": REGION}
+        if token == "aws:ec2/getVpcs:getVpcs":
+            return {"ids": [v["VpcId"] for v in self.ec2.describe_vpcs(Filters=aws_filters(a.get("filters")))["Vpcs"]],
+                    "id": REGION}
+        if token == "aws:ec2/getSubnets:getSubnets":
+            subnets = self.ec2.describe_subnets(Filters=aws_filters(a.get("filters")))["Subnets"]
+            return {"ids": [s["SubnetId"] for s in subnets], "id": REGION}
+        if token == "aws:ec2/getSubnet:getSubnet":
+            s = self.ec2.describe_subnets(SubnetIds=[a["id"]])["Subnets"][0]
+            return {"id": s["SubnetId"], "vpcId": s["VpcId"], "availabilityZone": s["AvailabilityZone"],
+                    "cidrBlock": s["CidrBlock"], "mapPublicIpOnLaunch": s["MapPublicIpOnLaunch"],
+                    "defaultForAz": s["DefaultForAz"]}
+        if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            offers = self.ec2.describe_instance_type_offerings(
+                LocationType=a.get("locationType", "region"), Filters=aws_filters(a.get("filters")))
+            found = offers["InstanceTypeOfferings"]
+            return {"locations": [o["Location"] for o in found], "locationTypes": [o["LocationType"] for o in found],
+                    "instanceTypes": [o["InstanceType"] for o in found], "id": REGION}
+        raise NotImplementedError(f"the rehearsal's AWS stand-in does not answer the lookup {token}; map it to moto "
+                                  "in tests/rehearsal/engine.py")
+
+    # ---------------------------------------------------------------------------- resources
+
+    def new_resource(self, args: mocks.MockResourceArgs):
+        if not args.custom:  # a ComponentResource: nothing in AWS
+            return "", {}
+        make = self._makers().get(args.typ)
+        if make is None:
+            raise NotImplementedError(f"the rehearsal's AWS stand-in cannot create {args.typ} ({args.name}); "
+                                      "map it to moto in tests/rehearsal/engine.py")
+        rid, outputs = make(args.name, dict(args.inputs))
+        with self._lock:
+            self.created.append(Created(args.typ, args.name, rid))
+        return rid, {**args.inputs, **outputs}
+
+    def _makers(self) -> dict[str, Callable[[str, dict], tuple[str, dict]]]:
+        return {SECURITY_GROUP: self._security_group,
+                INGRESS_RULE: lambda name, i: self._rule(name, i, egress=False),
+                EGRESS_RULE: lambda name, i: self._rule(name, i, egress=True),
+                PLACEMENT_GROUP: self._placement_group, KEY_PAIR: self._key_pair, BUCKET: self._bucket,
+                **{t: self._bucket_setting for t in BUCKET_SETTINGS},
+                ROLE: self._role, ROLE_POLICY: self._role_policy, INSTANCE_PROFILE: self._instance_profile,
+                INSTANCE: self._instance, SETUP: self._setup_step, AMI: self._image, TAG: self._tag}
+
+    def _security_group(self, name: str, i: dict) -> tuple[str, dict]:
+        group_name = i.get("name") or autoname(name)
+        gid = self.ec2.create_security_group(
+            GroupName=group_name, Description=i.get("description") or "Managed by Pulumi", VpcId=i["vpcId"],
+            TagSpecifications=tag_spec("security-group", i.get("tags")))["GroupId"]
+        # As the provider does: a new group's default allow-all egress goes (the rules are resources of their own).
+        default = self.ec2.describe_security_groups(GroupIds=[gid])["SecurityGroups"][0]["IpPermissionsEgress"]
+        if default:
+            self.ec2.revoke_security_group_egress(GroupId=gid, IpPermissions=default)
+        return gid, {"name": group_name, "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:security-group/{gid}",
+                     "ownerId": ACCOUNT}
+
+    def _rule(self, name: str, i: dict, *, egress: bool) -> tuple[str, dict]:
+        permission: dict[str, Any] = {"IpProtocol": i["ipProtocol"]}
+        if i.get("fromPort") is not None:
+            permission.update(FromPort=int(i["fromPort"]), ToPort=int(i["toPort"]))
+        described = {"Description": i["description"]} if i.get("description") else {}
+        if i.get("cidrIpv4"):
+            permission["IpRanges"] = [{"CidrIp": i["cidrIpv4"], **described}]
+        elif i.get("cidrIpv6"):
+            permission["Ipv6Ranges"] = [{"CidrIpv6": i["cidrIpv6"], **described}]
+        elif i.get("referencedSecurityGroupId"):
+            permission["UserIdGroupPairs"] = [{"GroupId": i["referencedSecurityGroupId"], **described}]
+        authorize = self.ec2.authorize_security_group_egress if egress else self.ec2.authorize_security_group_ingress
+        rule = authorize(GroupId=i["securityGroupId"], IpPermissions=[permission],
+                         TagSpecifications=tag_spec("security-group-rule", i.get("tags")))["SecurityGroupRules"][0]
+        rid = rule["SecurityGroupRuleId"]
+        return rid, {"securityGroupRuleId": rid, "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:security-group-rule/{rid}"}
+
+    def _placement_group(self, name: str, i: dict) -> tuple[str, dict]:
+        group_name = i.get("name") or autoname(name)
+        self.ec2.create_placement_group(GroupName=group_name, Strategy=i["strategy"],
+                                        TagSpecifications=tag_spec("placement-group", i.get("tags")))
+        group = self.ec2.describe_placement_groups(GroupNames=[group_name])["PlacementGroups"][0]
+        return group_name, {"name": group_name, "placementGroupId": group["GroupId"]}
+
+    def _key_pair(self, name: str, i: dict) -> tuple[str, dict]:
+        key_name = i.get("keyName") or autoname(name)
+        made = self.ec2.import_key_pair(KeyName=key_name, PublicKeyMaterial=i["publicKey"].encode(),
+                                        TagSpecifications=tag_spec("key-pair", i.get("tags")))
+        return key_name, {"keyName": key_name, "keyPairId": made.get("KeyPairId", ""),
+                          "fingerprint": made.get("KeyFingerprint", "")}
+
+    def _bucket(self, name: str, i: dict) -> tuple[str, dict]:
+        bucket = i.get("bucket") or autoname(name).lower()
+        self.s3.create_bucket(Bucket=bucket)  # us-east-1: no location constraint
+        if i.get("tags"):
+            self.s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": tag_spec("bucket", i["tags"])[0]["Tags"]})
+        return bucket, {"bucket": bucket, "arn": f"arn:aws:s3:::{bucket}", "region": REGION}
+
+    def _bucket_setting(self, name: str, i: dict) -> tuple[str, dict]:
+        bucket = i["bucket"]
+        if "blockPublicAcls" in i:
+            self.s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration={
+                "BlockPublicAcls": i["blockPublicAcls"], "BlockPublicPolicy": i["blockPublicPolicy"],
+                "IgnorePublicAcls": i["ignorePublicAcls"], "RestrictPublicBuckets": i["restrictPublicBuckets"]})
+        elif "rule" in i:
+            self.s3.put_bucket_ownership_controls(Bucket=bucket, OwnershipControls={
+                "Rules": [{"ObjectOwnership": i["rule"]["objectOwnership"]}]})
+        elif "policy" in i:
+            self.s3.put_bucket_policy(Bucket=bucket, Policy=i["policy"])
+        elif "versioningConfiguration" in i:
+            self.s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={
+                "Status": i["versioningConfiguration"]["status"]})
+        elif "rules" in i and "applyServerSideEncryptionByDefault" in i["rules"][0]:
+            self.s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [
+                {"ApplyServerSideEncryptionByDefault": {
+                    "SSEAlgorithm": r["applyServerSideEncryptionByDefault"]["sseAlgorithm"]}} for r in i["rules"]]})
+        elif "rules" in i:
+            self.s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={
+                "Rules": [_lifecycle_rule(r) for r in i["rules"]]})
+        else:
+            raise NotImplementedError(f"bucket setting {name} with inputs {sorted(i)}")
+        return bucket, {}
+
+    def _role(self, name: str, i: dict) -> tuple[str, dict]:
+        role = i.get("name") or autoname(name)
+        made = self.iam.create_role(RoleName=role, AssumeRolePolicyDocument=i["assumeRolePolicy"],
+                                    Description=i.get("description", ""),
+                                    Tags=tag_spec("role", i.get("tags"))[0]["Tags"] if i.get("tags") else [])["Role"]
+        return role, {"name": role, "arn": made["Arn"], "uniqueId": made["RoleId"]}
+
+    def _role_policy(self, name: str, i: dict) -> tuple[str, dict]:
+        policy = i.get("name") or autoname(name)
+        self.iam.put_role_policy(RoleName=i["role"], PolicyName=policy, PolicyDocument=i["policy"])
+        return f"{i['role']}:{policy}", {"name": policy}
+
+    def _instance_profile(self, name: str, i: dict) -> tuple[str, dict]:
+        profile = i.get("name") or autoname(name)
+        made = self.iam.create_instance_profile(
+            InstanceProfileName=profile, Tags=tag_spec("p", i.get("tags"))[0]["Tags"] if i.get("tags") else [])
+        self.iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=i["role"])
+        return profile, {"name": profile, "arn": made["InstanceProfile"]["Arn"]}
+
+    def _instance(self, name: str, i: dict) -> tuple[str, dict]:
+        tags = i.get("tags") or {}
+        rank = int(tags[RANK_KEY])
+        if rank >= len(self.node_addresses):
+            raise RuntimeError(f"{name}: rank {rank}, but the rehearsal has {len(self.node_addresses)} local node(s)")
+        image = self.ec2.describe_images(ImageIds=[i["ami"]])["Images"][0]
+        root = i.get("rootBlockDevice") or {}
+        params: dict[str, Any] = dict(
+            ImageId=i["ami"], InstanceType=i["instanceType"], MinCount=1, MaxCount=1, KeyName=i["keyName"],
+            BlockDeviceMappings=[{"DeviceName": image.get("RootDeviceName", "/dev/sda1"), "Ebs": {
+                "VolumeSize": int(root["volumeSize"]), "VolumeType": root["volumeType"],
+                "Encrypted": root["encrypted"], "DeleteOnTermination": root["deleteOnTermination"]}}],
+            TagSpecifications=tag_spec("instance", tags) + tag_spec("volume", root.get("tags")))
+        # The local node of this rank: its address is the instance's private address in the subnet.
+        network = {"SubnetId": i["subnetId"], "PrivateIpAddress": self.node_addresses[rank]}
+        if i.get("associatePublicIpAddress") is None:
+            params.update(network, SecurityGroupIds=list(i["vpcSecurityGroupIds"]))
+        else:
+            params["NetworkInterfaces"] = [{"DeviceIndex": 0, "Groups": list(i["vpcSecurityGroupIds"]),
+                                            "AssociatePublicIpAddress": i["associatePublicIpAddress"], **network}]
+        if i.get("placementGroup"):
+            params["Placement"] = {"GroupName": i["placementGroup"]}
+        if i.get("iamInstanceProfile"):
+            params["IamInstanceProfile"] = {"Name": i["iamInstanceProfile"]}
+        if i.get("metadataOptions"):
+            m = i["metadataOptions"]
+            params["MetadataOptions"] = {"HttpEndpoint": m["httpEndpoint"], "HttpTokens": m["httpTokens"],
+                                         "HttpPutResponseHopLimit": int(m["httpPutResponseHopLimit"])}
+        market = i.get("instanceMarketOptions")
+        if market:
+            spot = market.get("spotOptions") or {}
+            options = {"SpotInstanceType": spot["spotInstanceType"],
+                       "InstanceInterruptionBehavior": spot["instanceInterruptionBehavior"]}
+            if spot.get("maxPrice"):
+                options["MaxPrice"] = spot["maxPrice"]
+            params["InstanceMarketOptions"] = {"MarketType": market["marketType"], "SpotOptions": options}
+        if i.get("instanceInitiatedShutdownBehavior"):
+            params["InstanceInitiatedShutdownBehavior"] = i["instanceInitiatedShutdownBehavior"]
+        iid = self.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
+        self.ec2.get_waiter("instance_running").wait(InstanceIds=[iid], WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+        inst = self.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+        return iid, {"arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{iid}", "privateIp": inst["PrivateIpAddress"],
+                     "publicIp": inst.get("PublicIpAddress") or "", "privateDns": inst.get("PrivateDnsName", ""),
+                     "availabilityZone": inst["Placement"]["AvailabilityZone"], "instanceState": inst["State"]["Name"],
+                     "instanceLifecycle": inst.get("InstanceLifecycle", "")}
+
+    def _setup_step(self, name: str, i: dict) -> tuple[str, dict]:
+        props = {k: v for k, v in i.items() if k != "__provider"}
+        with self._lock:
+            self.setup_inputs = dict(props)
+        rid, outs = self.setup(i)
+        return rid, outs
+
+    def _image(self, name: str, i: dict) -> tuple[str, dict]:
+        # The provider tags the image only (the program tags its snapshot with a Tag resource).
+        made = self.ec2.create_image(InstanceId=i["sourceInstanceId"], Name=i["name"],
+                                     Description=i.get("description", ""),
+                                     NoReboot=bool(i.get("snapshotWithoutReboot")),
+                                     TagSpecifications=tag_spec("image", i.get("tags")))
+        image_id = made["ImageId"]
+        self.ec2.get_waiter("image_available").wait(ImageIds=[image_id], WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+        image = self.ec2.describe_images(ImageIds=[image_id])["Images"][0]
+        devices = [{"deviceName": m["DeviceName"], "snapshotId": m["Ebs"]["SnapshotId"]}
+                   for m in image.get("BlockDeviceMappings", []) if m.get("Ebs", {}).get("SnapshotId")]
+        root = next(d["snapshotId"] for d in devices if d["deviceName"] == image["RootDeviceName"])
+        return image_id, {"arn": f"arn:aws:ec2:{REGION}::image/{image_id}", "rootSnapshotId": root,
+                          "rootDeviceName": image["RootDeviceName"], "ebsBlockDevices": devices,
+                          "manageEbsSnapshots": True}
+
+    def _tag(self, name: str, i: dict) -> tuple[str, dict]:
+        self.ec2.create_tags(Resources=[i["resourceId"]], Tags=[{"Key": i["key"], "Value": i["value"]}])
+        return f"{i['resourceId']},{i['key']}", {}
+
+    # ------------------------------------------------------------------------------- delete
+
+    def delete(self, reg: Registration) -> str:
+        """Delete one registered resource from the account; returns what was done."""
+        i, rid = reg.inputs, reg.id
+        if reg.type == INSTANCE:
+            self.ec2.terminate_instances(InstanceIds=[rid])
+            self.ec2.get_waiter("instance_terminated").wait(InstanceIds=[rid],
+                                                            WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+            return "terminated"
+        if reg.type == AMI:
+            self.ec2.deregister_image(ImageId=rid)
+            for device in reg.state.get("ebsBlockDevices") or []:
+                self.ec2.delete_snapshot(SnapshotId=device["snapshotId"])
+            return "deregistered, snapshots deleted"
+        if reg.type == TAG:
+            self.ec2.delete_tags(Resources=[i["resourceId"]], Tags=[{"Key": i["key"]}])
+        elif reg.type in (INGRESS_RULE, EGRESS_RULE):
+            revoke = (self.ec2.revoke_security_group_egress if reg.type == EGRESS_RULE
+                      else self.ec2.revoke_security_group_ingress)
+            revoke(GroupId=i["securityGroupId"], SecurityGroupRuleIds=[rid])
+        elif reg.type == SECURITY_GROUP:
+            self.ec2.delete_security_group(GroupId=rid)
+        elif reg.type == PLACEMENT_GROUP:
+            self.ec2.delete_placement_group(GroupName=rid)
+        elif reg.type == KEY_PAIR:
+            self.ec2.delete_key_pair(KeyName=rid)
+        elif reg.type == ROLE_POLICY:
+            self.iam.delete_role_policy(RoleName=i["role"], PolicyName=reg.state["name"])
+        elif reg.type == INSTANCE_PROFILE:
+            self.iam.remove_role_from_instance_profile(InstanceProfileName=rid, RoleName=i["role"])
+            self.iam.delete_instance_profile(InstanceProfileName=rid)
+        elif reg.type == ROLE:
+            self.iam.delete_role(RoleName=rid)
+        elif reg.type in BUCKET_SETTINGS:
+            return "dropped with the bucket"
+        elif reg.type == BUCKET:
+            if not i.get("forceDestroy"):
+                self.s3.delete_bucket(Bucket=rid)  # refused by S3 when it holds objects, as with the provider
+                return "deleted"
+            for page in self.s3.get_paginator("list_object_versions").paginate(Bucket=rid):
+                objects = [{"Key": o["Key"], "VersionId": o["VersionId"]}
+                           for o in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+                if objects:
+                    self.s3.delete_objects(Bucket=rid, Delete={"Objects": objects, "Quiet": True})
+            self.s3.delete_bucket(Bucket=rid)
+        else:
+            raise NotImplementedError(f"the rehearsal's AWS stand-in cannot delete {reg.type} ({reg.name})")
+        return "deleted"
+
+
+def _lifecycle_rule(rule: dict) -> dict:
+    out: dict[str, Any] = {"ID": rule["id"], "Status": rule["status"], "Filter": {}}
+    if rule.get("noncurrentVersionExpiration"):
+        days = int(rule["noncurrentVersionExpiration"]["noncurrentDays"])
+        out["NoncurrentVersionExpiration"] = {"NoncurrentDays": days}
+    if rule.get("expiration"):
+        out["Expiration"] = {"ExpiredObjectDeleteMarker": rule["expiration"]["expiredObjectDeleteMarker"]}
+    if rule.get("abortIncompleteMultipartUpload"):
+        out["AbortIncompleteMultipartUpload"] = {
+            "DaysAfterInitiation": int(rule["abortIncompleteMultipartUpload"]["daysAfterInitiation"])}
+    return out
+
+
+def run_setup_provider(inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What the engine does with the setup step: load its pickled provider (`__provider`, as Pulumi's
+    dynamic provider process does) and call `create()` with the inputs the program registered."""
+    import dill
+
+    serialized = inputs["__provider"]
+    if isinstance(serialized, dict):  # a secret, as the mocks see it: {<secret signature>: ..., "value": ...}
+        serialized = serialized["value"]
+    provider = dill.loads(base64.b64decode(serialized))
+    result = provider.create({k: v for k, v in inputs.items() if k != "__provider"})
+    return result.id, {**result.outs, "__provider": inputs["__provider"]}
+
+
+@dataclass
+class Deleted:
+    reg: Registration
+    outcome: str
+
+
+@dataclass
+class Stack:
+    """One Pulumi stack of the program, deployed into the moto account by the mocks."""
+
+    name: str
+    account: Account
+    node_addresses: list[str]
+    setup: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]] = run_setup_provider
+    aws: MotoBackedAws | None = None
+    monitor: RecordingMonitor | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def up(self, config: dict[str, Any]) -> dict[str, Any]:
+        """`pulumi up`: evaluate infra/__main__.py with `config` (camelCase keys); the stack outputs."""
+        self.aws = MotoBackedAws(self.account, self.node_addresses, self.setup)
+        self.monitor = RecordingMonitor(self.aws)
+        pulumi.runtime.set_mocks(self.aws, project=PROJECT, stack=self.name, preview=False, monitor=self.monitor)
+        try:
+            self.outputs = Harness(self.aws, self.monitor).run(config, region=REGION)
+        finally:
+            pulumi.runtime.set_all_config({})
+        return self.outputs
+
+    def destroy(self, forget: tuple[str, ...] = ()) -> list[Deleted]:
+        """`pulumi destroy`, in reverse order of registration; `forget`: types a faulty destroy leaves."""
+        assert self.monitor is not None and self.aws is not None, "destroy() before up()"
+        custom = [r for r in self.monitor.registrations if r.type.startswith("aws:") or r.type == SETUP]
+        deleting = {r.urn for r in custom if not r.retain_on_delete and r.type not in forget}
+        done = []
+        for reg in reversed(custom):
+            if reg.retain_on_delete:
+                outcome = "kept (retain_on_delete): dropped from the stack only"
+            elif reg.type in forget:
+                outcome = "LEFT BEHIND (this destroy forgets it)"
+            elif reg.deleted_with and reg.deleted_with in deleting:
+                outcome = "skipped: deleted with " + self.monitor.by_urn(reg.deleted_with).name
+            elif reg.type == SETUP:
+                outcome = "nothing in AWS"
+            else:
+                outcome = self.aws.delete(reg)
+            done.append(Deleted(reg, outcome))
+        return done

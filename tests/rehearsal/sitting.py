@@ -1,0 +1,501 @@
+"""A user's whole sitting with the AWS path, rehearsed with only the EC2 API and the Pulumi engine
+replaced: local-up, `fab preflight`, `pulumi up`, the stack's security groups applied to the
+nodes' SSH, `fab train`, `fab status`, `pulumi destroy`,
+`fab sweep`, then a second stack whose destroy leaves its image behind, caught and removed by
+`fab sweep --delete --yes`.
+
+- The account is a moto server on 127.0.0.1 (tests/rehearsal/account.py); every `fab` is the
+  unmodified one, run as `python -m fabric --search-root <repository> ...`, reaching the server
+  through boto3's standard `AWS_ENDPOINT_URL`, with fake credentials and `AWS_REGION`.
+- The stack file is written where a user keeps theirs, next to where `fab` runs, but in the
+  rehearsal's own temporary directory, not in the repository: `fab preflight` and `fab sweep`
+  read `Pulumi.<stack>.yaml` from their working directory, and a stack file left in the checkout
+  would change what every other `fab` run there sees.
+- `pulumi up` / `pulumi destroy` run the real infra/__main__.py under Pulumi's mocks backed by that
+  server (tests/rehearsal/engine.py); the setup step runs for real over SSH against the master.
+- The instances are the nodes of a local cluster: the stack's subnet has the local bridge's
+  network, each instance is created with its node's address and none gets a public address, so
+  `fab` reaches the nodes by private address as a controller inside the VPC would: the master
+  directly and the workers through it, because the stack's security groups, enforced at the
+  nodes' sshd (tests/rehearsal/security_groups.py), admit SSH from outside the cluster on the
+  master only. The stack's
+  `sshUser` is root and `privateKeyPath` the local cluster's controller key, which `fab` is given
+  as `XEON_CLUSTER_SSH_KEY`.
+
+Run it with `bash scripts/rehearse-aws.sh` (or `python -m tests.rehearsal.sitting`) as root, or
+through pytest (tests/rehearsal/test_sitting.py). Each step prints one line with its result; a
+step that fails raises `RehearsalFailed` with the command's output, after cleaning up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import yaml
+
+from cluster.profiles import get_profile, venv_dir
+from cluster.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
+from cluster.tags import CLUSTER_KEY, RANK_KEY
+from node_setup.aws.sweep import LIVE_INSTANCE_STATES
+from node_setup.controller import cache_root
+from node_setup.discovery import KEY_ENV
+from node_setup.local import state as local_state
+from node_setup.ssh import keys as ssh_keys
+from tests.rehearsal.account import REGION, UBUNTU_IMAGE_ID, ZONE, Account
+from tests.rehearsal.engine import AMI, TAG, Stack
+from tests.rehearsal.master_node import MasterNodeSandbox
+from tests.rehearsal.security_groups import SshIngressDouble
+from tests.ssh.conftest import FAB, REPO_ROOT, local_cluster_unavailable
+
+NODES = 3
+INSTANCE_TYPE = "r7iz.metal-16xl"  # Pulumi.example.yaml's; the local nodes stand in for it
+# The nodes are 2-core namespaces standing in for r7iz.metal-16xl: one rank per node, one thread,
+# unpinned, ranks that wait instead of busy-polling (what a local cluster's layout picks by itself),
+# and no spot watcher (it would ask 169.254.169.254 on an EC2 machine).
+TRAIN_ARGS = ("--synthetic-examples", "200", "--max-steps", "6", "--ranks-per-node", "1", "--threads", "1",
+              "--pin", "off", "--env", "I_MPI_WAIT_MODE=1", "--extra", "--spot_watch off")
+
+
+def host_keys() -> dict[str, bytes]:
+    """This machine's own SSH host keys (which the master's pre-bake cleanup must not touch)."""
+    return {p.name: p.read_bytes() for p in Path("/etc/ssh").glob("ssh_host_*")}
+
+
+class RehearsalFailed(AssertionError):
+    """A step of the sitting did not do what the user needs; the message has its output."""
+
+
+@dataclass
+class StepResult:
+    number: int
+    name: str
+    summary: str
+    seconds: float
+
+
+@dataclass
+class Sitting:
+    workdir: Path
+    out: Callable[[str], None] = print
+    verbose: bool = False
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    steps: list[StepResult] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.local_name = f"rh-{self.tag}"
+        self.cluster = f"rehearsal-{self.tag}"
+        self.leak_cluster = f"{self.cluster}-leak"
+        self.stack_name = f"rehearsal-{self.tag}"
+        self.stack_dir = self.workdir / "stack"  # fab's working directory: where it reads the stack file
+        self.stack_file = self.stack_dir / f"Pulumi.{self.stack_name}.yaml"
+        self.config_home = self.workdir / "config"
+        self.cache_home = self.workdir / "cache"  # the project wheels the setup step builds
+        self.data_root = self.workdir / "data"
+        self.account = Account()
+        self.local_started = False
+        self.state: local_state.ClusterState | None = None
+        self.sandbox: MasterNodeSandbox | None = None
+        self.env: dict[str, str] = {}
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    def say(self, line: str) -> None:
+        self.out(line)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[dict]:
+        number = len(self.steps) + 1
+        self.say(f"[{number:>2}] {name}")
+        result: dict = {"summary": ""}
+        start = time.monotonic()
+        try:
+            yield result
+        except BaseException as exc:
+            first = (str(exc).splitlines() or [""])[0]
+            self.say(f"     FAILED ({time.monotonic() - start:.1f} s): {type(exc).__name__}: {first}")
+            raise
+        seconds = time.monotonic() - start
+        self.steps.append(StepResult(number, name, result["summary"], seconds))
+        self.say(f"     ok ({seconds:.1f} s): {result['summary']}")
+
+    def fab(self, *args: str, timeout: float = 300, expect: int = 0) -> str:
+        """`python -m fabric <args>` from the repository root; its output, or RehearsalFailed."""
+        shown = " ".join(a if re.fullmatch(r"[\w./:=@,+-]+", a) else repr(a) for a in args)
+        self.say(f"     $ fab {shown}")
+        run = subprocess.run(self.fab_command(*args), cwd=self.stack_dir, env=self.env, capture_output=True,
+                             text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        output = run.stdout + run.stderr
+        if self.verbose:
+            for line in output.rstrip().splitlines():
+                self.say(f"     | {line}")
+        if run.returncode != expect:
+            raise RehearsalFailed(f"`fab {shown}` exited {run.returncode} (expected {expect}):\n{output}")
+        return output
+
+    def fab_command(self, *args: str) -> list[str]:
+        """The unmodified `fab`, run from the stack's directory with the repository's fabfile."""
+        return [*FAB, "--search-root", str(REPO_ROOT), *args]
+
+    def check(self, condition: bool, message: str, detail: str = "") -> None:
+        if not condition:
+            raise RehearsalFailed(message + (f"\n{detail}" if detail else ""))
+
+    # ------------------------------------------------------------------------------ the sitting
+
+    def run(self) -> list[StepResult]:
+        reason = local_cluster_unavailable()
+        if reason:
+            raise RehearsalFailed(f"cannot rehearse here: {reason}")
+        self.stack_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **self.controller_places(),
+                    local_state.DATA_ROOT_ENV: str(self.data_root)}
+        try:
+            self.local_up()
+            self.open_account()
+            self.write_stack_file()
+            self.preflight()
+            stack = self.pulumi_up()
+            self.security_groups()
+            self.train()
+            self.status()
+            self.pulumi_destroy(stack)
+            self.sweep_finds_only_kept()
+            leaky = self.second_stack_with_a_forgetful_destroy()
+            self.sweep_catches_and_removes(leaky)
+        finally:
+            self.cleanup()
+        return self.steps
+
+    def local_up(self) -> None:
+        with self.step(f"local-up ({NODES} nodes)") as result:
+            self.local_started = True
+            self.fab("local-up", "--nodes", str(NODES), "--name", self.local_name, timeout=120)
+            paths = local_state.paths_for(self.local_name, config=self.config_home / "xeon-cluster",
+                                          data=self.data_root)
+            self.state = local_state.load_state(paths)
+            self.check(self.state is not None and len(self.state.nodes) == NODES, "local-up recorded no state")
+            # The key `fab` uses for an AWS cluster: the local cluster's controller key (the stack's privateKeyPath).
+            self.env[KEY_ENV] = self.state.key_path
+            result["summary"] = (f"{self.state.subnet} on bridge {self.state.bridge}: "
+                                 + ", ".join(f"{n.name} {n.address}" for n in self.state.nodes))
+        self.venv_ready()
+
+    def venv_ready(self) -> None:
+        """The nodes have no internet: the setup step (which installs from PyPI on AWS) needs the shared
+        venv to hold the profile already; on a fresh machine the local cluster's `fab setup` fills it
+        from the wheelhouse first."""
+        profile = get_profile("stock")
+        marker = Path(venv_dir(profile)) / PROFILE_MARKER
+
+        def ready() -> bool:
+            return marker.is_file() and marker.read_text().strip() == fingerprint_digest(profile)
+
+        if ready():
+            return
+        with self.step("prepare: the shared venv from the wheelhouse (the nodes have no internet)") as result:
+            self.fab("setup", "--cluster", f"local:{self.local_name}", timeout=1800)
+            self.check(ready(), f"after `fab setup` {marker} does not name profile stock's fingerprint")
+            result["summary"] = f"{venv_dir(profile)} holds profile stock"
+
+    def open_account(self) -> None:
+        with self.step("account: moto server on 127.0.0.1, the stack's VPC and subnet") as result:
+            self.account.start()
+            self.env.update(self.account.fab_env(self.env))
+            self.vpc, self.subnet = self.account.make_network(self.state.subnet, self.cluster)
+            result["summary"] = (f"{self.account.url}; {self.vpc}, {self.subnet} {self.state.subnet} in {ZONE} "
+                                 "(no public addresses on launch); Ubuntu 24.04 image " + UBUNTU_IMAGE_ID)
+
+    def stack_config(self, *, cluster: str, subnet: str, vpc: str, workers: int) -> dict:
+        """A stack like Pulumi.example.yaml's, on the local network (camelCase keys)."""
+        public_key = Path(f"{self.state.key_path}.pub").read_text().strip()
+        return {"publicKey": public_key, "adminCidrs": [f"{self.state.bridge_address}/32"],
+                "privateKeyPath": self.state.key_path, "clusterName": cluster, "instanceType": INSTANCE_TYPE,
+                "workerCount": workers, "masterSpot": True, "workerSpot": True, "softwareProfile": "stock",
+                "bake": True, "rootVolumeGib": 100, "destroyBucket": False, "tags": ["team=ml"],
+                "vpcId": vpc, "subnetId": subnet, "sshUser": "root", "placementGroup": True}
+
+    def write_stack_file(self) -> None:
+        with self.step(f"stack file Pulumi.{self.stack_name}.yaml (like Pulumi.example.yaml), where fab runs") \
+                as result:
+            self.config = self.stack_config(cluster=self.cluster, subnet=self.subnet, vpc=self.vpc, workers=NODES - 1)
+            doc = {"config": {"aws:region": REGION, **{f"xeon-cluster:{k}": v for k, v in self.config.items()}}}
+            self.stack_file.write_text("# written by tests/rehearsal/sitting.py in its temporary directory\n"
+                                       + yaml.safe_dump(doc, sort_keys=False))
+            result["summary"] = (f"in {self.stack_dir}: {INSTANCE_TYPE}, workerCount {NODES - 1}, spot, "
+                                 f"subnetId {self.subnet}, sshUser root, privateKeyPath {self.state.key_path}, "
+                                 "placementGroup true")
+
+    def preflight(self) -> None:
+        with self.step("fab preflight") as result:
+            out = self.fab("preflight", "--stack", self.stack_name, "--no-ip-check")
+            self.check("launch should succeed" in out, "preflight did not pass", out)
+            findings = re.findall(r"^\[\s*(\w+)\] (\S+)", out, re.M)
+            result["summary"] = "launch should succeed; " + ", ".join(f"{check} {status}" for status, check in findings)
+
+    def pulumi_up(self) -> Stack:
+        addresses = [n.address for n in self.state.nodes]
+        with self.step("pulumi up (the real program under moto-backed mocks; the setup step over SSH)") as result:
+            before = host_keys()
+            self.sandbox = MasterNodeSandbox(self.state.nodes[0], self.workdir)
+            self.say(f"     {self.sandbox.apply()}")
+            stack = Stack(self.stack_name, self.account, addresses)
+            started = time.monotonic()
+            with self.controller_env():
+                outputs = stack.up(self.config)
+                wheels = sorted((cache_root() / "wheels").glob("*/xeon_cluster-*.whl"))
+            setup = stack.aws.setup_inputs
+            self.check(setup.get("host") == addresses[0] and setup.get("user") == "root"
+                       and setup.get("private_key_path") == self.state.key_path,
+                       f"the setup step was registered for {setup.get('user')}@{setup.get('host')} with key "
+                       f"{setup.get('private_key_path')}, not root@{addresses[0]} with {self.state.key_path}")
+            self.check(outputs["nodePrivateAddresses"] == addresses and outputs["masterPublicAddress"] == ""
+                       and outputs["sshUser"] == "root" and outputs["subnetId"] == self.subnet
+                       and outputs["baseAmiId"] == UBUNTU_IMAGE_ID, f"stack outputs: {outputs}")
+            self.check_instances(outputs)
+            self.check(host_keys() == before, "this machine's /etc/ssh host keys changed: the pre-bake cleanup "
+                       "escaped the master's node")
+            # The wheel of this checkout that the setup step built (in the rehearsal's own cache) is the
+            # project the master's venv records: the version, not the checkout's now, which may have moved on.
+            self.check(len(wheels) == 1, f"the setup step built {len(wheels)} project wheels: {wheels}")
+            built = wheels[0].parent.name
+            installed = (Path(venv_dir(get_profile("stock"))) / PROJECT_MARKER).read_text().strip()
+            self.check(installed == built, f"the setup step built xeon-cluster {built}, but the venv records "
+                       f"{installed}")
+            parked = self.sandbox.parked_host_keys()
+            self.check("ssh_host_ed25519_key" in parked,
+                       f"the pre-bake cleanup did not park node0's host key: {parked}")
+            kinds = Counter(c.type.split(":")[-1] for c in stack.aws.created)
+            result["summary"] = (f"{len(stack.aws.created)} resources in the account "
+                                 f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}); setup step "
+                                 f"over SSH to root@{addresses[0]}: xeon-cluster {installed} in the venv, host keys "
+                                 f"parked for the bake; image {outputs['amiId']}; "
+                                 f"nodePrivateAddresses {', '.join(addresses)}, no public address "
+                                 f"({time.monotonic() - started:.0f} s)")
+        return stack
+
+    def controller_places(self) -> dict[str, str]:
+        """The controller's config (keys, known_hosts, local cluster state) and cache, in the workdir."""
+        return {"XDG_CONFIG_HOME": str(self.config_home), "XDG_CACHE_HOME": str(self.cache_home)}
+
+    @contextmanager
+    def controller_env(self) -> Iterator[None]:
+        """The setup step runs in this process: it keeps the master's host key where `fab` will look,
+        and builds its project wheel in the rehearsal's cache."""
+        saved = {k: os.environ.get(k) for k in self.controller_places()}
+        os.environ.update(self.controller_places())
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def security_groups(self) -> None:
+        with self.step("security groups enforced at the nodes' sshd (SshIngressDouble)") as result:
+            sources = SshIngressDouble(self.account.client("ec2"), self.state).apply()
+            master, *workers = self.state.nodes
+            admin = f"{self.state.bridge_address}/32"
+            members = sorted(n.address for n in self.state.nodes)
+            self.check(sources == {master.name: sorted([admin, *members]),
+                                   **{w.name: members for w in workers}},
+                       f"SSH sources by node: {sources}; wanted the admin CIDR {admin} on the master only")
+            # The double bites: this machine (the admin CIDR) gets into the master, but not into a worker.
+            self.check(self.ssh_directly(master) == 0, f"direct SSH to the master {master.address} failed")
+            refused = self.ssh_directly(workers[0])
+            self.check(refused != 0, f"direct SSH to the worker {workers[0].address} was let in")
+            result["summary"] = (f"SSH to {master.name} from {admin} and the members, to "
+                                 f"{', '.join(w.name for w in workers)} from the members only; from here "
+                                 f"{master.name} lets the key in, {workers[0].name} refuses it")
+
+    def ssh_directly(self, node: local_state.NodeState) -> int:
+        """`ssh` from this machine straight to a node with the stack's key (the local controller key);
+        its exit code."""
+        known_hosts = self.workdir / "probe_known_hosts"
+        known_hosts.write_text("".join(f"{n.address} {n.host_key}\n" for n in self.state.nodes))
+        run = subprocess.run(["ssh", "-i", self.state.key_path, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                              "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+                              "-o", "ConnectTimeout=10", "-F", "/dev/null", f"root@{node.address}", "true"],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        return run.returncode
+
+    def instances(self, cluster: str, states: list[str]) -> list[dict]:
+        ec2 = self.account.client("ec2")
+        found = ec2.describe_instances(Filters=[{"Name": f"tag:{CLUSTER_KEY}", "Values": [cluster]},
+                                                {"Name": "instance-state-name", "Values": states}])
+        return [i for r in found["Reservations"] for i in r["Instances"]]
+
+    def check_instances(self, outputs: dict) -> None:
+        running = sorted(self.instances(self.cluster, ["running"]),
+                         key=lambda i: int({t["Key"]: t["Value"] for t in i["Tags"]}[RANK_KEY]))
+        got = [(i["PrivateIpAddress"], i.get("PublicIpAddress"), i["SubnetId"]) for i in running]
+        want = [(n.address, None, self.subnet) for n in self.state.nodes]
+        self.check(got == want, f"instances in rank order (private, public, subnet): {got}; wanted {want}")
+        self.check(running[0]["ImageId"] == UBUNTU_IMAGE_ID
+                   and all(i["ImageId"] == outputs["amiId"] for i in running[1:]),
+                   "the master boots the Ubuntu image and the workers the baked one")
+
+    def train(self) -> None:
+        with self.step(f"fab train --nodes {NODES} --cluster {self.cluster} (dry run: discovery)") as result:
+            out = self.fab("train", "--nodes", str(NODES), "--cluster", self.cluster, *TRAIN_ARGS, "--dry-run")
+            self.check(f"on cluster '{self.cluster}' (aws," in out, "discovery did not find the AWS cluster", out)
+            nodes = re.findall(r"^  (node\d+)\s+(\S+)\s+private (\S+)", out, re.M)
+            want = [(f"node{i}", n.address, n.address) for i, n in enumerate(self.state.nodes)]
+            self.check(nodes == want, f"discovered nodes {nodes}, wanted {want} (rank order, private addresses)", out)
+            result["summary"] = "found by tags, rank order, private addresses: " + ", ".join(
+                f"{name} {address}" for name, address, _ in nodes)
+        with self.step(f"fab train --nodes {NODES} --cluster {self.cluster} --synthetic-examples 200 --max-steps 6") \
+                as result:
+            out = self.fab("train", "--nodes", str(NODES), "--cluster", self.cluster, *TRAIN_ARGS, timeout=900)
+            self.check("finished: exit code 0" in out and "world_size: 3" in out, "training did not finish", out)
+            self.check_known_hosts()
+            steps = re.search(r"^\s*steps: (\S+)", out, re.M)
+            loss = re.search(r"^\s*train_loss: (\S+)", out, re.M)
+            result["summary"] = (f"exit 0, world_size 3, steps {steps.group(1) if steps else '?'}, train_loss "
+                                 f"{loss.group(1) if loss else '?'}; workers reached through node0; host keys "
+                                 "trusted on first use = the local nodes' own")
+
+    def check_known_hosts(self) -> None:
+        """The controller pinned (setup step, then fab) exactly the local nodes' host keys, by private address."""
+        path = self.config_home / "xeon-cluster" / "keys" / self.cluster / "known_hosts"
+        self.check(path.is_file(), f"no known_hosts at {path}")
+        with self.controller_env():
+            self.check(ssh_keys.known_hosts_path(self.cluster) == path,
+                       "fab and the setup step use another known_hosts")
+        recorded = {}
+        for line in path.read_text().splitlines():
+            host, keytype, key = line.split()[:3]
+            recorded[host] = f"{keytype} {key}"
+        want = {n.address: " ".join(n.host_key.split()[:2]) for n in self.state.nodes}
+        self.check(recorded == want, f"known_hosts {recorded}, wanted the local nodes' keys {want}")
+
+    def status(self) -> None:
+        with self.step(f"fab status --cluster {self.cluster}") as result:
+            out = self.fab("status", "--cluster", self.cluster)
+            rows = re.findall(r"^  (node\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out, re.M)
+            self.check([r[0] for r in rows] == [f"node{i}" for i in range(NODES)]
+                       and all(r[2] == "running" and r[5] == "yes" for r in rows), "fab status rows", out)
+            self.check(f"cluster {self.cluster} (aws" in out, "fab status: not the AWS cluster", out)
+            last = [line.strip() for line in out.splitlines() if line.strip().startswith("job ")]
+            result["summary"] = (f"{NODES} nodes running and reachable ({rows[0][3]}, spot {rows[0][4]}); "
+                                 + (last[-1] if last else "no job line"))
+
+    def pulumi_destroy(self, stack: Stack) -> None:
+        with self.step("pulumi destroy (reverse order; the bucket is kept)") as result:
+            done = stack.destroy()
+            self.check(not self.instances(self.cluster, LIVE_INSTANCE_STATES), "instances left after destroy")
+            bucket = stack.outputs["bucketName"]
+            s3 = self.account.client("s3")
+            s3.head_bucket(Bucket=bucket)
+            settings = [s3.get_public_access_block(Bucket=bucket), s3.get_bucket_encryption(Bucket=bucket),
+                        s3.get_bucket_policy(Bucket=bucket), s3.get_bucket_lifecycle_configuration(Bucket=bucket)]
+            self.check(s3.get_bucket_versioning(Bucket=bucket).get("Status") == "Enabled" and all(settings),
+                       "the kept bucket lost a setting")
+            deleted = sum(1 for d in done if d.outcome in ("deleted", "terminated") or d.outcome.startswith("dereg"))
+            kept = sum(1 for d in done if d.outcome.startswith("kept"))
+            result["summary"] = (f"{deleted} deleted, {kept} kept (bucket {bucket} and its 6 settings, "
+                                 "still private, encrypted, versioned)")
+
+    def sweep(self, *extra: str) -> tuple[str, tuple[int, int, int]]:
+        out = self.fab("sweep", "--stack", self.stack_name, *extra)
+        counts = re.search(rf"^{REGION}: (\d+) in use, (\d+) leaked, (\d+) kept", out, re.M)
+        return out, tuple(int(c) for c in counts.groups()) if counts else (-1, -1, -1)
+
+    def sweep_finds_only_kept(self) -> None:
+        with self.step("fab sweep") as result:
+            out, counts = self.sweep()
+            self.check(counts == (0, 0, 1) and re.search(r"^\s+kept\s+bucket\s", out, re.M) is not None,
+                       "fab sweep after destroy: expected only the kept bucket", out)
+            result["summary"] = f"0 in use, 0 leaked, 1 kept (the checkpoint bucket of {self.cluster})"
+
+    def second_stack_with_a_forgetful_destroy(self) -> Stack:
+        with self.step(f"second stack {self.leak_cluster}: pulumi up, then a destroy that forgets the image") \
+                as result:
+            # moto keeps a terminated instance's private address taken (AWS frees it): a VPC of its own,
+            # again with the local network, so the master gets node0's address once more.
+            vpc, subnet = self.account.make_network(self.state.subnet, self.leak_cluster)
+            stack = Stack(f"{self.stack_name}-leak", self.account, [self.state.nodes[0].address])
+            with self.controller_env():
+                outputs = stack.up(self.stack_config(cluster=self.leak_cluster, subnet=subnet, vpc=vpc, workers=0))
+            stack.destroy(forget=(AMI, TAG))
+            ec2 = self.account.client("ec2")
+            image = ec2.describe_images(ImageIds=[outputs["amiId"]])["Images"][0]
+            snapshot = image["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]
+            left = ec2.describe_snapshots(SnapshotIds=[snapshot])["Snapshots"][0]
+            self.check(any(t["Key"] == CLUSTER_KEY for t in left.get("Tags", [])), "the left snapshot has no tags")
+            result["summary"] = f"left behind: image {outputs['amiId']} and its snapshot {snapshot} (tagged)"
+        return stack
+
+    def sweep_catches_and_removes(self, leaky: Stack) -> None:
+        image = leaky.outputs["amiId"]
+        with self.step("fab sweep (finds the image and its snapshot)") as result:
+            out, counts = self.sweep()
+            leaked = re.findall(r"^\s+leaked\s+(image|snapshot)\s+(\S+)", out, re.M)
+            self.check(counts == (0, 2, 2) and ("image", image) in leaked, "fab sweep did not report the image", out)
+            result["summary"] = ("2 leaked (" + ", ".join(f"{k} {i}" for k, i in leaked)
+                                 + f" of {self.leak_cluster}), 2 kept")
+        with self.step("fab sweep --delete --yes") as result:
+            out = self.fab("sweep", "--stack", self.stack_name, "--delete", "--yes")
+            self.check("removed 2, left 0" in out, "fab sweep --delete did not remove both", out)
+            self.check(not self.account.client("ec2").describe_images(Owners=["self"])["Images"], "an image is left")
+            result["summary"] = "removed 2, left 0"
+        with self.step("fab sweep (after the delete)") as result:
+            out, counts = self.sweep()
+            self.check(counts == (0, 0, 2), "fab sweep after --delete", out)
+            result["summary"] = "0 leaked, 2 kept (the two checkpoint buckets)"
+
+    def cleanup(self) -> None:
+        problems = []
+        self.stack_file.unlink(missing_ok=True)
+        if self.local_started:  # also after a local-up that failed half-way
+            run = subprocess.run(self.fab_command("local-down", "--name", self.local_name), cwd=self.stack_dir,
+                                 env=self.env, capture_output=True, text=True, timeout=120)
+            if run.returncode != 0 and self.state is not None:
+                problems.append(f"fab local-down --name {self.local_name}: {run.stdout}{run.stderr}")
+        if self.sandbox is not None:
+            self.sandbox.cleanup()
+        if self.account.url:
+            self.account.stop()
+        if problems:
+            raise RehearsalFailed("; ".join(problems))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verbose", "-v", action="store_true", help="print every command's output")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+    # A terminated run cleans up as an interrupted one does (the local cluster, the moto server, the workdir).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    workdir = Path(tempfile.mkdtemp(prefix="xc-rehearsal-"))
+    sitting = Sitting(workdir, out=lambda line: print(line, flush=True), verbose=args.verbose)
+    start = time.monotonic()
+    try:
+        sitting.run()
+    except RehearsalFailed as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"rehearsal passed: {len(sitting.steps)} steps in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

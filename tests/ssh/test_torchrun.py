@@ -1,0 +1,177 @@
+"""`fab train --launcher torchrun` on a local cluster: one torchrun per node over real SSH, the c10d
+rendezvous on the master, the built-in job and a user's script, `fab status`/`fab stop`, and an
+elastic run (`--min-nodes 2`) that loses a node mid-run and resumes on the other two from its
+checkpoint.
+
+Budget: about 3 minutes on a 2-core machine (the session's cluster for three short jobs, a cluster
+of this module's own for the elastic run, whose node 2 loses its sshd and its processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.launch import JOBS_DIR
+from cluster.torchrun import AGENT_FILE
+from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
+from training.checkpoints import MANIFEST
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+FAB = [sys.executable, "-m", "fabric"]
+TORCHRUN = ["--launcher", "torchrun", "--threads", "1"]
+SMALL = ["--synthetic-examples", "200"]
+
+USER_SCRIPT = '''
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+assert os.environ["LOCAL_RANK"] == "0" and os.environ["NODE_RANK"] == str(rank), dict(os.environ)
+total = torch.tensor([rank + 1])
+dist.all_reduce(total)
+print(f"rank {rank} of {world} on {os.environ['XEON_CLUSTER_NODE']}: sum {int(total)}, args {sys.argv[1:]}", flush=True)
+if "--fail" in sys.argv and rank == 1:
+    sys.exit(7)
+if "--wait" in sys.argv:
+    time.sleep(300)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def fab(cluster, *args, timeout=240) -> subprocess.CompletedProcess:
+    return subprocess.run([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+
+
+
+
+
+
+
+
+@pytest.fixture(scope="module")
+def cluster(installed_cluster):
+    yield installed_cluster
+    shutil.rmtree(Path(LOCAL_OUTPUT_ROOT) / installed_cluster.name, ignore_errors=True)
+
+
+def test_builtin_job_under_torchrun_on_three_nodes(cluster):
+    result = fab(cluster, "train", "--nodes", "3", *TORCHRUN, *SMALL, "--max-steps", "6")
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    assert re.search(r"^\[node1 r1\s*\] ", out, re.M) and re.search(r"^\[node2 r2\s*\] ", out, re.M), out[-4000:]
+    assert "torchrun --nnodes 3, rendezvous" in out and "finished: exit code 0" in out, out[-4000:]
+    job_id, output_dir = re.search(r"^job (\S+) started on node0 .*; output (\S+)$", out, re.M).groups()
+    summary = json.loads((Path(output_dir) / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 3 and summary["nodes"] == 3, summary
+    assert summary["steps"] == 6, summary
+    for key in ("status: completed", "world_size: 3", "nodes: 3", "global_batch_size: 48", "steps: 6",
+                "train_loss: ", "samples_per_second: "):  # the summary fab prints after mpirun too
+        assert f"  {key}" in out, out[-2000:]
+    assert not job_processes(job_id)
+    status = fab(cluster, "status", timeout=60)
+    assert f"job {job_id}: finished, exit code 0" in status.stdout, status.stdout
+
+
+def test_user_script_under_torchrun_runs_fails_with_its_code_and_stops(cluster, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run.py").write_text(textwrap.dedent(USER_SCRIPT))
+    ok = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"), "--args", "--x 'a b'")
+    out = ok.stdout + ok.stderr
+    assert ok.returncode == 0, out[-4000:]
+    for rank in range(3):
+        assert f"rank {rank} of 3 on node{rank}: sum 6, args ['--x', 'a b']" in out, out[-4000:]
+
+    failed = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"), "--args", "--fail --wait")
+    out = failed.stdout + failed.stderr
+    # torchrun's own code is 1; fab names the rank and its node and passes the program's 7 on
+    assert re.search(r"^  rank 1 on node node1 \(pid \d+\): exit code 7$", out, re.M), out[-4000:]
+    assert failed.returncode == 7, out[-4000:]
+    assert "no rank of the job is left on any node" in out, out[-4000:]
+
+    before = newest_job(cluster)
+    proc = subprocess.Popen([*FAB, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"), "--args",
+                             "--wait", "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job_id = wait_for(lambda: newest_job(cluster) != before and newest_job(cluster), 60, "the job directory")
+        ranks = lambda: all((node_home(cluster, i) / JOBS_DIR / job_id / "ranks" / f"rank-{i}").exists()  # noqa: E731
+                            for i in range(3))
+        wait_for(ranks, 120, "a rank on every node")
+        status = fab(cluster, "status", timeout=60)
+        assert f"job {job_id}: running" in status.stdout and status.stdout.count("1 running") == 3, status.stdout
+        stop = fab(cluster, "stop", timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert stop.stdout.count(f"no process of job {job_id} left") == 3, stop.stdout
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]  # fab stop ended it
+    assert not job_processes(job_id)
+
+
+@pytest.fixture(scope="module")
+def elastic_cluster(setup_runs, local_cluster_factory):
+    """Three nodes of this module's own (node 2 loses its sshd); the venv under /opt, which every
+    local node sees, is installed by the session's `fab setup` (`setup_runs`)."""
+    made = local_cluster_factory(3)
+    yield made
+    shutil.rmtree(Path(LOCAL_OUTPUT_ROOT) / made.name, ignore_errors=True)
+    made.destroy()
+
+
+def test_elastic_run_loses_a_node_and_resumes_on_two_from_its_checkpoint(elastic_cluster):
+    cluster = elastic_cluster
+    out_dir = Path(LOCAL_OUTPUT_ROOT) / cluster.name / "elastic"
+    proc = subprocess.Popen([*FAB, "train", "--nodes", "3", *TORCHRUN, "--min-nodes", "2", "--max-restarts", "2",
+                             *SMALL, "--max-steps", "300", "--checkpoint-minutes", "0.05", "--output-dir", str(out_dir),
+                             "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        job_id = wait_for(lambda: newest_job(cluster), 60, "the job directory")
+        # a complete checkpoint (its manifest is written last) before the node goes
+        wait_for(lambda: list(out_dir.glob(f"checkpoint-*/{MANIFEST}")), 150, "a first checkpoint")
+        node2 = node_home(cluster, 2) / JOBS_DIR / job_id
+        agent = int((node2 / AGENT_FILE).read_text().split()[0])
+        ranks = [int(f.read_text().split()[0]) for f in (node2 / "ranks").glob("rank-*")]
+        cluster.stop_sshd(2)  # the node is gone: no SSH either
+        for pid in [agent, *ranks]:  # this job's torchrun on node 2 and its rank, by recorded pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+            raise AssertionError("the elastic run did not end within 300 s:\n" + out[-8000:]) from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-6000:]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 300, summary
+    assert summary["world_size"] == 2 and summary["nodes"] == 2, summary  # finished on the two left
+    assert summary["resumed_from"] and summary["start_step"] > 0, summary  # from the checkpoint, not step 0
+    assert re.search(r"\[xeon-cluster\] node node2: (torchrun exited with code|no end after)", out), out[-6000:]

@@ -1,0 +1,252 @@
+"""`fab train --script`, `fab exec`, `fab get` on a local cluster: real sshd, real Intel MPI, the
+user's own programs written here (plain PyTorch, Trainer, accelerate), unchanged.
+
+Budget: about 3 minutes on a 2-core machine (one cluster, five short jobs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.profiles import PROFILES, venv_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
+
+FAB = [sys.executable, "-m", "fabric"]
+VENV = venv_dir(PROFILES["stock"])
+ONE_THREAD = ["--threads", "1"]
+
+PLAIN_TORCH = '''
+import json, os, sys
+import torch
+import torch.distributed as dist
+import cluster  # the workdir's own cluster.py, not the toolkit's
+import tinypkg
+
+assert cluster.WHOSE == "user", cluster.__file__
+dist.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+rank, world = dist.get_rank(), dist.get_world_size()
+assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"]) == 3
+assert os.environ["LOCAL_RANK"] == "0" and os.environ["LOCAL_WORLD_SIZE"] == "1"
+assert os.environ["NODE_RANK"] == os.environ["GROUP_RANK"] == str(rank)
+total = torch.tensor([rank])
+dist.all_reduce(total)
+print(f"rank {rank} of {world}: sum {int(total)}, tinypkg {tinypkg.VERSION}, args {sys.argv[1:]}", flush=True)
+if rank == 0:
+    out = os.environ["XEON_CLUSTER_OUTPUT_DIR"]
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump({"sum": int(total), "world": world, "args": sys.argv[1:],
+                   "job": os.environ["XEON_CLUSTER_JOB"]}, f)
+dist.destroy_process_group()
+'''
+
+TRAINER = '''
+import os, sys, time
+import torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+from xeon_cluster.callbacks import SpotNoticeCallback
+
+class Slow(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        time.sleep(0.3)
+        if state.is_world_process_zero:
+            print(f"training step {state.global_step}", flush=True)
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 4000
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": i % 2}
+
+config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+spot = SpotNoticeCallback()
+args = TrainingArguments(output_dir=os.environ["XEON_CLUSTER_OUTPUT_DIR"], max_steps=40, per_device_train_batch_size=4,
+                         save_strategy="no", report_to=[], logging_steps=1000, use_cpu=True)
+trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Data(), callbacks=[Slow(), spot])
+start = trainer.state.global_step
+trainer.train(resume_from_checkpoint="--resume" in sys.argv[1:] or None)
+print(f"rank {os.environ['RANK']}: stopped at step {trainer.state.global_step}, notice saved at {spot.saved_at}, "
+      f"by signal {spot.signalled}", flush=True)
+torch.distributed.destroy_process_group()  # without it a rank can hang in gloo's destructor at exit
+'''
+
+ACCELERATE = '''
+from accelerate import Accelerator
+acc = Accelerator(cpu=True)
+print(f"accelerate {acc.distributed_type} processes {acc.num_processes} index {acc.process_index}", flush=True)
+'''
+
+# A fake metadata service (IMDSv2) for one node's namespace: the interruption notice appears once
+# the flag file exists (the test creates it when training has started).
+FAKE_IMDS = '''
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+flag = sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def reply(self, code, body=""):
+        data = body.encode(); self.send_response(code); self.send_header("Content-Length", str(len(data)))
+        self.end_headers(); self.wfile.write(data)
+    def do_PUT(self): self.reply(200, "token")
+    def do_GET(self):
+        if self.headers.get("X-aws-ec2-metadata-token") != "token": return self.reply(401)
+        if self.path.endswith("/spot/instance-action") and os.path.exists(flag):
+            soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+            return self.reply(200, json.dumps({"action": "terminate", "time": soon}))
+        self.reply(404)
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def fab(cluster, *args, timeout=300, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
+                          env={**cluster.env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(textwrap.dedent(text))
+    return folder
+
+
+def job_id_of(output: str) -> str:
+    line = next(line for line in output.splitlines() if line.startswith("job ") and " started on " in line)
+    return line.split()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(installed_cluster):
+    yield installed_cluster
+    shutil.rmtree(Path(LOCAL_OUTPUT_ROOT) / installed_cluster.name, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_wheel(tmp_path_factory) -> tuple[Path, str]:
+    """A pure-Python wheel built here (no network), with a version new to this session."""
+    src = tmp_path_factory.mktemp("tinypkg")
+    version = f"1.0.{int(time.time())}"
+    write(src, {"pyproject.toml": f'[project]\nname = "xc-test-tinypkg"\nversion = "{version}"\n'
+                                  '[tool.setuptools]\npy-modules = ["tinypkg"]\n'
+                                  '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n',
+                "tinypkg.py": f'VERSION = "{version}"\n'})
+    dist = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
+                    str(src)], check=True, capture_output=True)
+    return dist, version
+
+
+def test_plain_pytorch_script_with_requirements_then_fab_get(cluster, tmp_path, tiny_wheel):
+    wheels, version = tiny_wheel
+    work = write(tmp_path / "work", {"train.py": PLAIN_TORCH, "cluster.py": 'WHOSE = "user"\n',
+                                     "training/__init__.py": 'raise ImportError("the user\'s own training package")\n',
+                                     ".gitignore": "big.bin\n", "big.bin": "x" * 1000,
+                                     "requirements.txt": f"xc-test-tinypkg=={version}\ntorch>=2.10\n"})
+    pip_offline = {"PIP_FIND_LINKS": str(wheels), "PIP_NO_INDEX": "1"}
+    result = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
+                 "--requirements", str(work / "requirements.txt"), "--args", "--name 'a b'", env=pip_offline)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert out.count("requirements installed") == 1 and out.count("requirements unchanged") == 2, out
+    for rank in range(3):
+        # (mpirun may glue two ranks' lines together, so the rank's own line is looked for, not its label)
+        assert f"rank {rank} of 3: sum 3, tinypkg {version}, args ['--name', 'a b']" in out, out
+    job = job_id_of(out)
+
+    again = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
+                "--requirements", str(work / "requirements.txt"), env=pip_offline)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("requirements unchanged") == 3 and "sent 0 new file(s)" in again.stdout, again.stdout
+
+    got = fab(cluster, "get", "--job", job, "--path", "result.json", "--to", str(tmp_path / "got"), timeout=60)
+    assert got.returncode == 0, got.stdout + got.stderr
+    result_file = json.loads((tmp_path / "got" / "result.json").read_text())
+    assert result_file == {"sum": 3, "world": 3, "args": ["--name", "a b"], "job": job}
+    home = Path(cluster.state.nodes[1].dir) / "root" / ".xeon-cluster" / "jobs" / job / "workdir"
+    assert (home / "train.py").is_file() and not (home / "big.bin").exists()  # .gitignore respected
+
+
+def test_trainer_saves_a_checkpoint_on_a_spot_notice_and_resumes(cluster, tmp_path):
+    work = write(tmp_path / "work", {"train.py": TRAINER, "cluster.py": "raise ImportError('user cluster.py')\n",
+                                     "training/__init__.py": "raise ImportError('user training package')\n"})
+    fake, flag = tmp_path / "fake_imds.py", tmp_path / "announce"
+    fake.write_text(FAKE_IMDS)
+    server = subprocess.Popen(["ip", "netns", "exec", cluster.state.nodes[0].namespace, sys.executable, str(fake),
+                               "8111", str(flag)])
+    out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/trainer"
+    try:
+        run = subprocess.Popen([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
+                                "--output-dir", out_dir, "--env", "XEON_IMDS_ENDPOINT=http://127.0.0.1:8111 "
+                                "XEON_CLUSTER_NOTICE_POLL_SECONDS=0.5", "--cluster", cluster.cluster_arg],
+                               cwd=REPO_ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        lines: list[str] = []
+
+        def read():
+            for line in run.stdout:
+                lines.append(line)
+                if "training step 3" in line:
+                    flag.touch()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        code = run.wait(timeout=300)
+        reader.join(10)
+    finally:
+        server.kill()
+        server.wait()
+    out = "".join(lines)
+    assert code == 0, out
+    # ranks' lines can interleave on one output line, so count matches, not lines
+    saved = [int(n) for n in re.findall(r"rank \d+: stopped at step \d+, notice saved at (\d+)", out)]
+    assert len(saved) == 3 and len(set(saved)) == 1 and 3 <= saved[0] < 40, out  # every rank, the same step
+    assert "[node0 r0] rank 0: stopped" in out and "by signal True" in out, out  # node0's watcher signalled it
+    assert (Path(out_dir) / f"checkpoint-{saved[0]}" / "trainer_state.json").is_file(), out
+
+    resumed = subprocess.run([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
+                              "--output-dir", out_dir, "--cluster", cluster.cluster_arg, "--", "--resume"],
+                             cwd=REPO_ROOT, env=cluster.env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    steps = [int(n) for n in re.findall(r"training step (\d+)", resumed.stdout)]
+    assert steps and min(steps) == saved[0] + 1 and "stopped at step 40" in resumed.stdout, resumed.stdout
+
+
+def test_accelerate_sees_multi_cpu_world_of_3(cluster, tmp_path):
+    work = write(tmp_path / "work", {"acc.py": ACCELERATE})
+    result = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "acc.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(3):
+        assert f"accelerate DistributedType.MULTI_CPU processes 3 index {rank}" in result.stdout, result.stdout
+
+
+def test_a_script_failing_on_one_rank_fails_the_job_and_leaves_no_rank(cluster, tmp_path):
+    work = write(tmp_path / "work", {"fail.py": "import os, sys, time\n"
+                                                "if os.environ['RANK'] == '1':\n    sys.exit(7)\ntime.sleep(120)\n"})
+    result = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "fail.py"))
+    out = result.stdout + result.stderr
+    assert "failed: exit code 255" in out, out  # what Intel MPI's mpirun returns for a dead rank
+    # the rank wrapper's line names the rank, its node and the program's own code, which fab passes on
+    assert re.search(r"^  rank 1 on node node1 \(host node1, pid \d+\): exit code 7$", out, re.M), out
+    assert result.returncode == 7, out
+    assert "no rank of the job is left on any node" in out, out
+
+
+def test_exec_runs_everywhere_and_reports_the_failing_node(cluster):
+    result = fab(cluster, "exec", 'echo "on $(hostname)"; case $(hostname) in *1) exit 4;; esac', timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    for rank in range(3):
+        assert f"[node{rank}] on node{rank}" in result.stdout
+    table = result.stdout.split("exec on 3 node(s):")[1]
+    assert "node1  FAILED  exit 4" in table and "node0  ok" in table and "node2  ok" in table, table

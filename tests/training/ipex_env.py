@@ -1,0 +1,53 @@
+"""The intel profile's Python stack from PyPI, in its own virtual environment, for the IPEX test.
+
+`python -m tests.training.ipex_env` builds it (scripts/setup-dev.sh does, unless
+XEON_CLUSTER_SKIP_IPEX=1): the intel profile's pins (cluster/profiles.py) except those PyPI does
+not carry (the oneCCL bindings come only from Intel's index, which this machine cannot reach), so
+the job runs with IPEX over gloo. PyPI's torch 2.8.0 is the CUDA build: it runs on the CPU but
+pulls about 3.5 GB of NVIDIA libraries, a 7 GB environment built in about 2 minutes here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cluster.profiles import get_profile
+
+VENV = Path(os.environ.get("XEON_CLUSTER_IPEX_VENV") or "/var/cache/xeon-cluster/venv-intel-pypi")
+NOT_ON_PYPI = ("oneccl_bind_pt",)
+# What the job needs beside the profile's pins (the node venv gets it from this project's wheel).
+JOB_EXTRAS = ("pyyaml>=6",)
+
+
+def python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def pins() -> list[str]:
+    return [pin for pin in get_profile("intel").pip_pins if not pin.startswith(NOT_ON_PYPI)] + list(JOB_EXTRAS)
+
+
+def ready() -> bool:
+    """The environment exists and imports IPEX and transformers."""
+    if not python().exists():
+        return False
+    check = subprocess.run([str(python()), "-c", "import intel_extension_for_pytorch, transformers"],
+                           capture_output=True)
+    return check.returncode == 0
+
+
+def main() -> int:
+    if ready():
+        print(f"{VENV}: ready")
+        return 0
+    print(f"{VENV}: installing {' '.join(pins())} (about 7 GB)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(python()), "-m", "pip", "install", "-q", *pins()], check=True)
+    return 0 if ready() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

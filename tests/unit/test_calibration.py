@@ -1,0 +1,155 @@
+"""Calibrations (cluster/calibration.py), `fab bench`'s plan (cluster/benchplan.py) and the planner
+with measured inputs, gradient communication and bucket size (cluster/timemodel.py, costplan.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster import benchplan, costplan
+from cluster import calibration as calib
+from cluster import timemodel as tm
+from cluster.inventory import Inventory, Node
+from cluster.job_args import DEFAULT_GRAD_COMM
+
+PARAMS = 135_618
+
+
+def _figures(**over) -> dict:
+    figures = {"model": "synthetic", "params": PARAMS, "batch": 16, "seq_len": 64, "bucket_mb": 25, "backend": "gloo",
+               "cpu": "Test CPU", "compute": {"1": 800.0, "2": 600.0, "3": 450.0},
+               "allreduce": {"2": {"fp32": {"gbps": 0.02, "latency_s": 2e-4, "seconds": 0.2},
+                                   "bf16": {"gbps": 0.019, "latency_s": 2e-4, "seconds": 0.11}},
+                             "3": {"fp32": {"gbps": 0.018, "latency_s": 1e-4, "seconds": 0.3}}}}
+    figures.update(over)
+    return figures
+
+
+def _inventory(kind="local") -> Inventory:
+    nodes = tuple(Node(name=f"node{i}", address=f"10.9.9.{i + 2}", private_address=f"10.9.9.{i + 2}", rank=i,
+                       role="master" if i == 0 else "worker") for i in range(3))
+    return Inventory(name="demo", kind=kind, user="root", nodes=nodes, key_path="/k", profile="stock", sockets=1,
+                     physical_cores=2)
+
+
+def _cal(**over) -> calib.Calibration:
+    return benchplan.calibration_from(_figures(**over), _inventory(), link="20 Mbit/s per node", created=0)
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 8])
+def test_ring_fit_recovers_the_bandwidth_and_latency_allreduce_seconds_assumes(nodes):
+    payload, gbps, latency, buckets = 40e6, 3.0, 80e-6, 2
+    big = tm.allreduce_seconds(payload, nodes, gbps, latency, wire_efficiency=1.0, buckets=buckets)
+    small = tm.allreduce_seconds(4, nodes, gbps, latency, wire_efficiency=1.0, buckets=1)  # all latency, nearly
+    fit_gbps, fit_latency = tm.ring_fit(nodes, payload, big, small, buckets)
+    assert fit_gbps == pytest.approx(gbps, rel=1e-4) and fit_latency == pytest.approx(latency, rel=1e-4)
+
+
+def test_bf16_gradients_halve_the_bytes_but_keep_ddp_s_bucket_count():
+    fp32 = tm.Workload(params=100_000_000, samples=1000, gradient_bytes=4)
+    bf16 = tm.Workload(params=100_000_000, samples=1000, gradient_bytes=2, bucket_gradient_bytes=4)
+    assert fp32.buckets == bf16.buckets == 16  # 400 MB of fp32 gradients in 25 MiB buckets
+    net = tm.Network(instance_gbps=10)
+    a, b = tm.predict(fp32, net, 4, 50.0), tm.predict(bf16, net, 4, 50.0)
+    latency = 2 * 3 * 16 * tm.RING_STEP_LATENCY_S * a.steps
+    assert (b.comm_s - latency) == pytest.approx((a.comm_s - latency) / 2)
+
+
+def test_a_smaller_bucket_pays_more_ring_latencies():
+    big = tm.Workload(params=10_000_000, samples=1000, bucket_bytes=25 * 2**20)
+    small = tm.Workload(params=10_000_000, samples=1000, bucket_bytes=1 * 2**20)
+    net = tm.Network(instance_gbps=10, latency_s=1e-3)
+    extra = tm.predict(small, net, 2, 50.0).comm_s - tm.predict(big, net, 2, 50.0).comm_s
+    assert (small.buckets, big.buckets) == (39, 2)
+    assert extra == pytest.approx(37 * 2 * 1e-3 * tm.predict(big, net, 2, 50.0).steps)
+
+
+def test_calibration_round_trips_and_picks_the_nearest_measurement():
+    cal = _cal()
+    again = calib.parse(cal.to_json(), "file")
+    assert again.compute == {1: 800.0, 2: 600.0, 3: 450.0} and again.link == "20 Mbit/s per node"
+    assert again.rate(8) == (450.0, 3)
+    assert again.link_fit(3, "bf16")[1] == 2  # no bf16 across 3: the nearest count that has one
+    assert again.link_fit(2, "fp16") is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "not JSON"),
+    (json.dumps({"version": 99}), "not a version 1 calibration"),
+    (json.dumps({**_figures(), "version": 1, "cluster": "c", "compute": {"1": -5}}), "compute[1] is -5"),
+    (json.dumps({**_figures(), "version": 1}), "unreadable (KeyError"),
+])
+def test_an_unusable_calibration_is_refused_with_the_reason(text, message):
+    with pytest.raises(calib.CalibrationError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        calib.parse(text, "f.json")
+
+
+def test_calibration_path_is_per_cluster_and_refuses_odd_names(tmp_path):
+    assert calib.path_for(tmp_path, "local:demo") == tmp_path / "calibration" / "demo.json"
+    with pytest.raises(calib.CalibrationError, match="--cluster: '../x'"):
+        calib.path_for(tmp_path, "../x")
+
+
+def test_plan_with_a_calibration_uses_measured_inputs_and_says_so():
+    cal = _cal()
+    options = costplan.PlanOptions(nodes="2,3", model="", batch=None, samples=16 * 2 * 40, grad_comm="fp32")
+    inputs = costplan.plan_inputs(None, options, cal)
+    rows = costplan.plan_rows(inputs, costplan.Price(1.0, "spot", "given"))
+    two = rows[0].prediction
+    # compute: 32 samples per step per node... 16 per node at 600 samples/s
+    assert two.compute_s / two.steps == pytest.approx(16 / 600)
+    expected_comm = tm.allreduce_seconds(PARAMS * 4, 2, 0.02, 2e-4, wire_efficiency=1.0, buckets=1)
+    assert two.comm_s / two.steps == pytest.approx(expected_comm)
+    assert rows[1].prediction.compute_s / rows[1].prediction.steps == pytest.approx(16 / 450)
+    text = costplan.render_sources(inputs)
+    assert "measured with 2 node(s) busy at once" in text and "measured in fp32 across 3 node(s)" in text
+    assert "given (--grad-comm)" in text and "DDP's default" in text
+
+
+def test_plan_with_a_calibration_of_another_model_keeps_the_catalog_compute():
+    inputs = costplan.plan_inputs(None, costplan.PlanOptions(nodes="1,2", model="distilbert-base-uncased"), _cal())
+    compute = next(s for s in inputs.sources if s[0] == "compute")
+    assert compute[2].startswith("catalog default") and "the calibration measured synthetic" in compute[2]
+    link = next(s for s in inputs.sources if s[0].startswith("all-reduce"))
+    assert link[2] == "measured in bf16 across 2 node(s)"  # the network is the cluster's whatever the model
+
+
+def test_plan_grad_comm_defaults_to_the_jobs_and_bf16_is_faster_when_communication_bound():
+    cal = _cal(allreduce={"2": {"fp32": {"gbps": 0.02, "latency_s": 2e-4, "seconds": 0.2},
+                                "bf16": {"gbps": 0.02, "latency_s": 2e-4, "seconds": 0.1}}})
+    options = dict(nodes="2", model="", batch=None, samples=1280)
+
+    def step_seconds(**extra):
+        inputs = costplan.plan_inputs(None, costplan.PlanOptions(**options, **extra), cal)
+        return costplan.plan_rows(inputs, costplan.Price(1.0, "spot", "given"))[0].prediction.step_seconds
+
+    assert step_seconds() == step_seconds(grad_comm=DEFAULT_GRAD_COMM)
+    assert step_seconds(grad_comm="fp32") / step_seconds(grad_comm="bf16") > 1.3
+
+
+def test_bench_plan_launches_the_bench_program_with_one_rank_per_node():
+    plan = benchplan.plan_bench(_inventory(), benchplan.BenchOptions(nodes=2))
+    command = plan.launch.command_line()
+    assert "-m training.bench" in command and "--model synthetic" in command
+    assert plan.launch.world_size == 2 and plan.layout.ranks_per_node == 1
+    assert plan.output_dir.startswith("/var/tmp/xeon-cluster-runs/demo/bench-")
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(model="bert-base-uncased"), "--model: 'bert-base-uncased' is not allowed"),
+    (dict(model="/models/../etc"), "--model: '/models/../etc' is not allowed"),
+    (dict(model="/m; rm -rf /"), "--model: '/m; rm -rf /' is not allowed"),
+    (dict(batch=0), "--batch: 0 is not allowed; give 1 to 4096"),
+    (dict(bucket_mb=0.5), "--ddp-bucket-mb: 0.5 is not allowed"),
+])
+def test_bench_options_are_checked(over, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        benchplan.check_options(benchplan.BenchOptions(**over))
+
+
+def test_bench_table_lists_every_node_count():
+    table = benchplan.render_table(_cal())
+    lines = table.splitlines()
+    assert "20 Mbit/s per node" in lines[0] and "Test CPU" in lines[0]
+    assert lines[-1].split()[:4] == ["3", "450.0", "300.0", "0.018"]

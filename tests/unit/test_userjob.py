@@ -1,0 +1,149 @@
+"""The user's own program (cluster/userjob.py and its edges): the copy plan, the install plan, the
+command every rank runs, and the shell that carries them out (rendered, shellchecked, run here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from cluster.inventory import Inventory
+from cluster.jobplan import plan_job
+from cluster.launch import RANK_WRAPPER, RESERVED_VARIABLES, LaunchError
+from cluster.profiles import PROFILES
+from cluster.userjob import (FILE_STORE, UserJobError, UserProgram, notice_signal, parse_requirements,
+                             script_in_workdir, split_args)
+from node_setup.ssh import requirements as reqs
+from node_setup.ssh.workdir import WORKDIR_SH, scan
+from tests.unit.test_shell_scripts import shellcheck
+
+STOCK = PROFILES["stock"]
+
+
+def inventory(kind: str = "file") -> Inventory:
+    return Inventory.from_mapping({"name": "lab", "user": "ubuntu", "instance_type": "r7iz.metal-16xl",
+                                   "hosts": ["192.0.2.10", "192.0.2.11"]}, default_name="lab", kind=kind)
+
+
+def test_the_scan_skips_git_caches_venvs_and_gitignored_files_and_hashes_the_rest(tmp_path):
+    for rel, text in {"train.py": "print(1)\n", "lib/util.py": "x = 1\n", ".git/HEAD": "ref\n",
+                      "lib/__pycache__/util.pyc": "b", "env/pyvenv.cfg": "home = /usr\n", "env/lib/x.py": "",
+                      "data/big.bin": "0" * 100, "notes.log": "log\n", ".gitignore": "data/\n*.log\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    os.chmod(tmp_path / "train.py", 0o755)
+    plan = scan(tmp_path)
+    assert sorted(f.path for f in plan.files) == [".gitignore", "lib/util.py", "train.py"]
+    assert set(plan.skipped) == {".git/", "env/", "data/", "notes.log", "lib/__pycache__/"}
+    train = next(f for f in plan.files if f.path == "train.py")
+    assert train.executable and train.stored_as.endswith(".x") and train.size == 9
+    assert "train.py" in plan.manifest() and "\t" in plan.manifest()
+
+
+def test_a_workdir_over_the_limit_names_its_largest_files(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"0" * 3000)
+    (tmp_path / "small.py").write_text("x")
+    with pytest.raises(UserJobError, match=r"--workdir: .* over the limit of 2\.0 KB; largest: model\.bin \(2\.9 KB\)"):
+        scan(tmp_path, limit_bytes=2048)
+
+
+def test_the_script_must_be_inside_the_workdir_and_args_split_like_a_shell():
+    assert script_in_workdir("/w/sub/train.py", "/w") == "sub/train.py"
+    with pytest.raises(UserJobError, match="--script: /elsewhere/train.py is outside the workdir /w"):
+        script_in_workdir("/elsewhere/train.py", "/w")
+    assert split_args("--name 'a b' --x=$(y)") == ["--name", "a b", "--x=$(y)"]
+    with pytest.raises(UserJobError, match="--args: cannot split"):
+        split_args("--name 'open")
+
+
+@pytest.mark.parametrize("given, expected", [("", "SIGUSR1"), ("usr2", "SIGUSR2"), ("SIGTERM", "SIGTERM"),
+                                             ("none", None)])
+def test_notice_signals(given, expected):
+    assert notice_signal(given) == expected
+
+
+def test_an_unknown_notice_signal_is_refused():
+    with pytest.raises(UserJobError, match="--notice-signal: 'KILL' is not allowed"):
+        notice_signal("KILL")
+
+
+def test_requirements_that_would_move_a_pin_are_refused_naming_the_package():
+    plan = parse_requirements("# tools\npeft>=0.13  # adapters\ntorch>=2.10\n", "req.txt", STOCK)
+    assert plan.requirements == ("peft>=0.13", "torch>=2.10") and "torch==2.13.0" in plan.constraints
+    with pytest.raises(UserJobError, match=r"'torch==2\.12\.0' would change torch, pinned to 2\.13\.0"):
+        parse_requirements("torch==2.12.0\n", "req.txt", STOCK)
+    with pytest.raises(UserJobError, match=r"would change impi_rt, pinned to 2021\.18\.1"):
+        parse_requirements("impi_rt<2021\n", "req.txt", STOCK)
+    with pytest.raises(UserJobError, match="line 2: 'peft >=>= 1' does not parse"):
+        parse_requirements("ok\npeft >=>= 1\n", "req.txt", STOCK)
+    with pytest.raises(UserJobError, match="pip options are not allowed"):
+        parse_requirements("--index-url http://x\n", "req.txt", STOCK)
+    assert parse_requirements("a\n", "r", STOCK).digest != parse_requirements("b\n", "r", STOCK).digest
+
+
+def test_a_user_program_runs_from_the_workdir_with_the_venv_python_and_its_own_variables():
+    plan = plan_job(inventory(), nodes=2, training_args=(), job_id="20260101-000000-abcd",
+                    user=UserProgram("sub/train.py", None, ("--lr", "1e-4"), "SIGUSR2"))
+    assert plan.launch.program == ("/opt/xeon-cluster/venv-stock/bin/python", "sub/train.py", "--lr", "1e-4")
+    env = plan.launch.rank_env
+    assert env["XEON_CLUSTER_WORKDIR"] == ".xeon-cluster/jobs/20260101-000000-abcd/workdir"
+    assert env["XEON_CLUSTER_OUTPUT_DIR"] == plan.output_dir and env["XEON_CLUSTER_NOTICE_SIGNAL"] == "SIGUSR2"
+    assert "--output_dir" not in plan.launch.program
+    module = plan_job(inventory(), nodes=1, training_args=(), user=UserProgram(None, "pkg.train", (), None))
+    assert module.launch.program[1:] == ("-m", "pkg.train") and module.launch.rank_env[
+        "XEON_CLUSTER_NOTICE_SIGNAL"] == "none"
+
+
+def test_env_may_not_set_what_the_launch_sets():
+    assert "RANK" in RESERVED_VARIABLES and "MASTER_PORT" in RESERVED_VARIABLES
+    with pytest.raises(LaunchError, match="--env: RANK is set by the launch itself"):
+        plan_job(inventory(), nodes=1, training_args=(), extra_env={"RANK": "3"})
+
+
+def test_the_rank_wrapper_exports_what_torchrun_sets(tmp_path):
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "XEON_CLUSTER_JOB": "j", "MASTER_ADDR": "127.0.0.1",
+           "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
+           "GLOO_SOCKET_IFNAME": "lo"}
+    out = subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", "sh", "-c",
+                          'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $GROUP_RANK '
+                          '$XEON_CLUSTER_NOTICE_FILE $(pwd)"'], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["5", "8", "1", "2", "2", "2", f"{tmp_path}/.xeon-cluster/jobs/j/notice", os.getcwd()]
+    (tmp_path / "wd").mkdir()
+    user = subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", "sh", "-c", 'echo "$XEON_CLUSTER_OUTPUT_DIR $(pwd)"'],
+                          env={**env, "MPI_LOCALRANKID": "1", "XEON_CLUSTER_WORKDIR": "wd",
+                               "XEON_CLUSTER_OUTPUT_DIR": "runs/x"}, capture_output=True, text=True, check=True)
+    assert user.stdout.split() == [f"{tmp_path}/runs/x", f"{tmp_path}/wd"]
+
+
+def test_the_workdir_script_stores_each_content_once_and_links_it(tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "workdir.manifest").write_text(f"{'a' * 64}\tsub/x.py\n{'a' * 64}\ty.py\n{'b' * 64}.x\trun\n")
+    run = lambda mode: subprocess.run(["sh", "-c", WORKDIR_SH, "xeon-cluster", mode, "job", "job/workdir"],  # noqa: E731
+                                      env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]},
+                                      capture_output=True, text=True, check=True).stdout
+    assert run("missing").split() == ["a" * 64, "b" * 64 + ".x"]
+    store = tmp_path / FILE_STORE
+    (store / ("a" * 64 + ".part")).write_text("print(1)\n")
+    (store / ("b" * 64 + ".x.part")).write_text("#!/bin/sh\n")
+    assert "linked 3 file(s)" in run("link")
+    work = tmp_path / "job" / "workdir"
+    assert (work / "sub" / "x.py").stat().st_ino == (work / "y.py").stat().st_ino == (store / ("a" * 64)).stat().st_ino
+    assert os.access(work / "run", os.X_OK) and run("missing") == ""
+
+
+@pytest.mark.parametrize("kind", ["local", "file"])
+def test_the_requirements_script_passes_shellcheck_and_quotes_its_values(kind):
+    inv = inventory(kind)
+    if kind == "local":
+        inv = Inventory.from_mapping({"name": "lab", "user": "root", "wheelhouse": "/var/cache/wh",
+                                      "hosts": ["10.0.0.2"]}, default_name="lab", kind="local")
+    text = reqs.node_script(inv, parse_requirements("peft>=0.13\n", "r", STOCK))
+    shellcheck(text, f"install-requirements ({kind})")
+    assert ("--find-links /var/cache/wh" in text) == (kind == "local") and "'peft>=0.13'" in text
+
+
+def test_the_workdir_script_rendered_passes_shellcheck():
+    shellcheck(WORKDIR_SH, "workdir")
+
+
