@@ -4,8 +4,10 @@ For each link speed (not limited: compute-bound; --slow-mbit: communication-boun
 local cluster of --nodes nodes with that link (`fab local-up --link-mbit`), runs `fab setup`,
 `fab bench` (the calibration), then for 2..N nodes and each gradient communication (fp32, bf16)
 `fab plan --cluster ... --json` (calibrated) and a short run of the offline job
-(`fab train --synthetic-examples E --max-steps K`), and prints predicted vs measured step time
-(the job's `train_seconds` / steps: start-up left out), the error, and each run's final loss.
+(`fab train --synthetic-examples E --max-steps K`), and prints predicted vs measured step time,
+the error, and each run's final loss. The measured step is the job's mean step after its first
+(summary.json `step_time_seconds.mean`): the planner's step is a steady one, and its start-up term
+covers the rest (the first step's warm-up, shown as `first s`, and the launch before it).
 
     python bench/bench_calibration.py [--nodes 3] [--slow-mbit 20] [--steps 40] [--examples 800]
                                       [--grad-comm fp32,bf16] [--name xcb-cal]
@@ -80,10 +82,12 @@ def main() -> int:
                               str(o.examples), "--max-steps", str(o.steps), *extra)
                     wall = time.monotonic() - t0
                     s = summary_of(out)
-                    measured_step = s["train_seconds"] / s["steps_this_run"]
+                    steps = s["step_time_seconds"]
                     rows.append(dict(link=f"{link:g} Mbit/s" if link else "not limited", nodes=nodes, comm=comm,
                                      predicted=predicted["step_seconds"], comm_s=predicted["comm_seconds_per_step"],
-                                     measured=measured_step, loss=s["train_loss"], wall=wall))
+                                     measured=steps["mean"], first=steps["first"],
+                                     overall=s["train_seconds"] / s["steps_this_run"], loss=s["train_loss"],
+                                     wall=wall))
                     r = rows[-1]
                     print(f"  {r['link']:<12} {nodes} nodes {comm}: predicted {r['predicted']:.4f} s/step, "
                           f"measured {r['measured']:.4f} s/step, loss {r['loss']:.4f}", flush=True)
@@ -92,14 +96,14 @@ def main() -> int:
                        capture_output=True, timeout=120)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nCPU: {hardware.cpu_model()}, {os.cpu_count()} CPUs; load average (1/5/15 min) {load}")
-    print(f"{o.steps} steps x batch {BATCH}/rank of the offline demo ({o.examples} examples); step time = the job's "
-          "train_seconds / steps")
+    print(f"{o.steps} steps x batch {BATCH}/rank of the offline demo ({o.examples} examples); measured step = the "
+          "job's mean step after the first; first s = its first step; all s/step = train_seconds / steps")
     print(f"{'link':<12} {'nodes':>5} {'grads':>5} {'pred s/step':>11} {'pred comm':>9} {'meas s/step':>11} "
-          f"{'error':>7} {'final loss':>10}")
+          f"{'error':>7} {'first s':>7} {'all s/step':>10} {'final loss':>10}")
     for r in rows:
         err = (r["predicted"] - r["measured"]) / r["measured"]
         print(f"{r['link']:<12} {r['nodes']:>5} {r['comm']:>5} {r['predicted']:>11.4f} {r['comm_s']:>9.4f} "
-              f"{r['measured']:>11.4f} {err:>+7.0%} {r['loss']:>10.4f}")
+              f"{r['measured']:>11.4f} {err:>+7.0%} {r['first']:>7.3f} {r['overall']:>10.4f} {r['loss']:>10.4f}")
     by = {(r["link"], r["nodes"], r["comm"]): r for r in rows}
     for (link, nodes, comm), r in by.items():
         if comm == "bf16" and (link, nodes, "fp32") in by:

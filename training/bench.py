@@ -3,9 +3,12 @@
 Two measurements in one launch, every rank taking part (the launcher, rendezvous and backend are
 those of the training job: training/ranks.py, training/distributed.py):
 
-1. compute: for n = 1..N, the first n ranks each train the model for a few steps at once
-   (forward, backward, clipped AdamW step; bf16 autocast when the CPU has it, as the job does),
-   with no all-reduce, while the others wait; samples/s per node of the slowest of them;
+1. compute: for n = 1..N, the first n ranks each run the training job itself (`python -m
+   training` as a world of one, in a child process: its Trainer, data loading, collation and
+   callbacks, bf16 when the CPU has it, as the job does) for a few steps at once, with no
+   all-reduce, while the others wait; samples/s per node of the slowest of them, from the job's
+   own mean step time (its first, warm-up step left out). A plain training loop would miss the
+   Trainer's work per step, which is as large as the compute for a small model;
 2. all-reduce: for n = 2..N, the first n ranks all-reduce a whole gradient (the model's parameter
    count) cut into DDP's buckets, in fp32 and in bf16 (what `--grad_comm bf16` sends), and one
    tiny tensor; the median times give the payload bandwidth per node and the latency per ring step
@@ -23,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,42 +34,57 @@ SYNTHETIC = "synthetic"
 
 
 def _build_model(name: str):
+    """The model, for its parameter count (the gradient the all-reduces carry)."""
     from transformers import AutoModelForQuestionAnswering, DistilBertConfig, DistilBertForQuestionAnswering
 
     if name == SYNTHETIC:
         from training.synthetic import MODEL_CONFIG, vocabulary
 
         config = DistilBertConfig(vocab_size=len(vocabulary()), pad_token_id=0, **MODEL_CONFIG)
-        return DistilBertForQuestionAnswering(config), config.vocab_size
-    model = AutoModelForQuestionAnswering.from_pretrained(name, local_files_only=True)
-    return model, model.config.vocab_size
+        return DistilBertForQuestionAnswering(config)
+    return AutoModelForQuestionAnswering.from_pretrained(name, local_files_only=True)
 
 
-def _train_steps(model, vocab: int, batch: int, seq_len: int, steps: int, bf16: bool) -> float:
-    """Seconds for `steps` training steps after 2 warm-up steps."""
-    import torch
+# The launcher's variables (training/ranks.py) and rendezvous: the child job must see a world of one.
+_LAUNCHER_PREFIXES = ("PMI_", "OMPI_", "MPI_LOCAL", "HYDI_", "HYDRA_", "TORCHELASTIC_")
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(5, vocab, (batch, seq_len))
-    mask = torch.ones_like(ids)
-    start_pos = torch.randint(0, seq_len, (batch,))
-    end_pos = torch.clamp(start_pos + 2, max=seq_len - 1)
-    model.train()
 
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = model(input_ids=ids, attention_mask=mask, start_positions=start_pos, end_positions=end_pos)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+def _alone(env) -> dict[str, str]:
+    """`env` without what would make the child job join the launcher's world."""
+    return {k: v for k, v in env.items() if k not in _RANK_VARIABLES and not k.startswith(_LAUNCHER_PREFIXES)}
 
-    for _ in range(2):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return time.perf_counter() - t0
+
+def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bool, workdir: Path) -> float:
+    """Mean steady step time of the training job run alone on this node for `steps` + 1 steps.
+
+    The data is the offline demo's (training/synthetic.py); with a model directory, that model
+    trains on it with its own tokenizer. Nothing is downloaded.
+    """
+    import subprocess
+
+    env = _alone(os.environ)
+
+    def child(*command: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise RuntimeError(f"`python -m {command[0]}` alone exited {done.returncode}:\n{tail}")
+        return done
+
+    # written by a child too: with a process group up, transformers saves a model on rank 0 only
+    made = child("training.synthetic", "--out", str(workdir / "demo"), "--examples", str(batch * (steps + 1)))
+    args = list(json.loads(made.stdout)["args"])
+    if model != SYNTHETIC:
+        args[args.index("--model_name_or_path") + 1] = model
+    i = args.index("--validation_file")
+    del args[i:i + 2]  # no evaluation: only the steps are timed
+    args[args.index("--max_seq_length") + 1] = str(seq_len)
+    args[args.index("--doc_stride") + 1] = str(seq_len // 4)
+    out = workdir / "job"
+    child("training", *args, "--per_device_train_batch_size", str(batch), "--max_steps", str(steps + 1),
+          "--output_dir", str(out), "--bf16", "true" if bf16 else "false")
+    return json.loads((out / "summary.json").read_text())["step_time_seconds"]["mean"]
 
 
 def _allreduce_times(group, params: int, bucket_bytes: int, dtype, repeats: int) -> float:
@@ -115,20 +134,28 @@ def main(argv=None) -> int:
     flags = hardware.cpu_flags()
     bf16 = o.bf16 == "on" or (o.bf16 == "auto" and hardware.bf16_support(flags)[0])
     torch.manual_seed(0)
-    model, vocab = _build_model(o.model)
+    model = _build_model(o.model)
     params = sum(p.numel() for p in model.parameters())
     say = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
     say(f"bench: {world} rank(s), backend {backend} ({why}), model {o.model} ({params} params), batch {o.batch}, "
         f"seq {o.seq_len}, bf16 {bf16}, threads {torch.get_num_threads()}")
 
     compute: dict[str, float] = {}
-    for n in range(1, world + 1):
-        dist.barrier()
-        seconds = _train_steps(model, vocab, o.batch, o.seq_len, o.steps, bf16) if rank < n else 0.0
-        slowest = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        compute[str(n)] = o.batch * o.steps / slowest.item()
-        say(f"bench: compute with {n} node(s) busy: {compute[str(n)]:.1f} samples/s per node")
+    with tempfile.TemporaryDirectory(prefix="xeon-bench-") as scratch:
+        for n in range(1, world + 1):
+            dist.barrier()
+            seconds, problem = 0.0, None
+            if rank < n:
+                try:
+                    seconds = _job_step_seconds(o.model, o.batch, o.seq_len, o.steps, bf16, Path(scratch) / str(n))
+                except (RuntimeError, OSError, ValueError, KeyError) as exc:
+                    problem = f"rank {rank}: {exc}"
+            distributed.raise_first_error(problem)
+            slowest = torch.tensor([seconds], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            compute[str(n)] = o.batch / slowest.item()
+            say(f"bench: compute with {n} node(s) busy: {compute[str(n)]:.1f} samples/s per node "
+                f"(the job's step: {slowest.item() * 1e3:.1f} ms)")
 
     from cluster.timemodel import ring_fit
 
@@ -163,6 +190,12 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.stdout.reconfigure(line_buffering=True)
-    code = main()
+    from training.errors import BadInput
+
+    try:
+        code = main()
+    except BadInput as exc:  # a rank's child job failed: every rank says why and stops
+        print(f"bench: {exc}", file=sys.stderr, flush=True)
+        code = 1
     sys.stdout.flush()
     os._exit(code)
