@@ -61,6 +61,13 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
 )
 BY_KEY = {k.key: k for k in CONFIG_KEYS}
 
+# Settings of the nodes' own services: read from the same stack file, but not part of ClusterSpec
+# (so not in Pulumi.yaml's schema, which declares the spec's keys). The Pulumi program checks them
+# with the others (infra/config.py); `fab train` reads them from the stack file (node_setup/stack_config.py).
+AUTO_STOP_IDLE = "autoStopIdle"  # idle time before the cluster powers off (cluster/autostop.py); "off"
+NODE_KEYS: tuple[ConfigKey, ...] = (ConfigKey(AUTO_STOP_IDLE, "auto_stop_idle", str),)
+KNOWN_KEYS = frozenset(BY_KEY) | {k.key for k in NODE_KEYS}
+
 
 def is_unset(key: str, value: Any) -> bool:
     """Whether a raw value means "not set": missing, empty, or the key's Pulumi.yaml placeholder."""
@@ -72,7 +79,7 @@ def is_unset(key: str, value: Any) -> bool:
 
 def unknown_key_problem(key: str, where: str = PROJECT) -> str:
     """`<where>:<key>: not a setting...`, with the closest known key as a suggestion."""
-    close = difflib.get_close_matches(key, list(BY_KEY), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
-    return (f"{where}:{key}: not a setting of this project; {hint}allowed: {', '.join(sorted(BY_KEY))} "
+    return (f"{where}:{key}: not a setting of this project; {hint}allowed: {', '.join(sorted(KNOWN_KEYS))} "
             f"(remove it with `pulumi config rm {key}`)")

@@ -11,6 +11,7 @@ Three scripts, all deterministic for their inputs; their text is in cluster/shel
   The venv step runs under `flock`, because the nodes of a local cluster share `/opt`: the first
   node installs, the others wait and then find it done. A rerun after a failure picks up where
   it stopped (markers are written only after their step succeeded; pip skips what is there).
+  Last, the idle auto-stop service (cluster/autostop.py install_section), so it is in the image.
 - `check_script(profile)`: prints facts (installed versions, markers, CPU flags, tcmalloc, free
   disk); `evaluate_check` compares them with the profile in Python.
 - `prebake_script()`: what must not go into an image: SSH host keys, shell history, cloud-init
@@ -27,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from cluster import shell
+from cluster import autostop, shell
 from cluster.catalog import InstanceType
 from cluster.job_args import SYNTHETIC_ROOT
 from cluster.jobplan import DEFAULT_OUTPUT_ROOT
@@ -46,7 +47,9 @@ PREBAKE_KEY_STASH = "/run/xeon-cluster/hostkeys-before-bake"
 PREBAKE_SECRETS = (".aws", ".netrc", ".git-credentials", ".pypirc", ".docker/config.json", ".config/gh",
                    ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token")
 PREBAKE_ARTEFACTS = (JOBS_DIR, DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME, ".cache/xeon-cluster",
-                     ".ssh/xeon-cluster-*.known_hosts")
+                     ".ssh/xeon-cluster-*.known_hosts", *autostop.BAKE_LEFTOVERS)
+# install.sh's last line; the auto-stop section (cluster/autostop.py) goes right before it
+INSTALL_DONE_LINE = 'xc "done" "$CHANGED"\n'
 DEFAULT_MIN_FREE_GIB = 10.0
 CPU_FLAGS = ("amx_bf16", "amx_tile", "amx_int8", "avx512_bf16", "avx512f", "avx512_vnni")
 
@@ -94,7 +97,7 @@ def install_script(plan: InstallPlan) -> str:
         pip_source = ["--no-index", "--find-links", plan.wheelhouse]
     else:
         pip_source = [arg for url in profile.extra_index_urls for arg in ("--extra-index-url", url)]
-    return shell.render("install.sh", {
+    text = shell.render("install.sh", {
         "APT_LOCK_TIMEOUT": str(plan.apt_lock_timeout_s),
         "APT_ATTEMPTS": str(max(plan.apt_attempts, 1)),
         "APT_RETRY_DELAY": str(plan.apt_retry_delay_s),
@@ -113,6 +116,11 @@ def install_script(plan: InstallPlan) -> str:
         "PIP_SOURCE": pip_source,
         "PINS": profile.pip_pins,
     })
+    # 4. the idle auto-stop service (and its power-off command), so that it is in the baked image
+    head, done, tail = text.rpartition(INSTALL_DONE_LINE)
+    if not done:
+        raise ValueError(f"install.sh no longer ends with {INSTALL_DONE_LINE.strip()!r}")
+    return head + autostop.install_section(f"{plan.node_root}/bin") + done + tail
 
 
 def check_script(profile: Profile, project_distribution: str = PROJECT_DISTRIBUTION, venv: str | None = None) -> str:

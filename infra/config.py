@@ -14,7 +14,8 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from cluster.config_keys import BY_KEY, CONFIG_KEYS, PROJECT, is_unset, unknown_key_problem
+from cluster import autostop
+from cluster.config_keys import AUTO_STOP_IDLE, BY_KEY, CONFIG_KEYS, KNOWN_KEYS, PROJECT, is_unset, unknown_key_problem
 from cluster.spec import ClusterSpec, ConfigError, unique_cidrs
 
 
@@ -47,9 +48,20 @@ def read_config_values(config: pulumi.Config | None = None) -> dict[str, Any]:
     return values
 
 
+def auto_stop_problems(config: pulumi.Config | None = None) -> list[str]:
+    """autoStopIdle (not part of the spec; `fab train` arms the master's auto-stop with it), checked here
+    so that `pulumi up` refuses a bad value with the other settings, before anything is created."""
+    try:
+        autostop.stack_idle_seconds((config or pulumi.Config(PROJECT)).get(AUTO_STOP_IDLE), AUTO_STOP_IDLE)
+    except autostop.AutostopError as exc:
+        return [str(exc)]
+    return []
+
+
 def load_spec() -> ClusterSpec:
     """The validated spec of this stack; raises ConfigError naming every bad or unknown key."""
-    problems = [unknown_key_problem(key) for key in sorted(_project_keys() - set(BY_KEY))]
+    problems = [unknown_key_problem(key) for key in sorted(_project_keys() - KNOWN_KEYS)]
+    problems += auto_stop_problems()
     region = pulumi.Config("aws").get("region") or ""
     values = read_config_values()
     try:

@@ -4,7 +4,8 @@ Hardening: IMDSv2 only with hop limit 1 (no container or forwarded request can r
 metadata), an encrypted root volume, the cluster's instance profile (infra/node_role.py:
 checkpoints in the bucket), spot as a one-time request that terminates on interruption (a
 one-time spot instance cannot be stopped; the training job checkpoints on the interruption notice
-instead).
+instead), and every node, spot or on-demand, terminates when it shuts itself down (the idle
+auto-stop), so nothing of it is left billing.
 
 Lifecycle (docs/aws-lifecycle.md):
 - `delete_before_replace`: a replaced node is terminated before its replacement is launched, so
@@ -38,6 +39,12 @@ from cluster.tags import node_tags
 # aws_instance's own defaults are 10 min (create) and 20 min (delete); a metal instance can take
 # over 20 minutes just to start (canonical/pycloudlib#192), and as long to shut down.
 INSTANCE_TIMEOUTS = pulumi.CustomTimeouts(create="40m", update="40m", delete="40m")
+
+# What a shutdown from inside the instance does (the idle auto-stop's `shutdown -h now`, cluster/autostop.py):
+# terminate, spot or on-demand, so that a stopped cluster bills no instance and no volume (only the
+# image's snapshot and the bucket), and `pulumi up --refresh` launches it again. A one-time spot
+# instance cannot be stopped at all.
+SHUTDOWN_BEHAVIOR = "terminate"
 
 # Launch failures worth retrying: no capacity for this type (or this spot market) in the zone now.
 CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "InsufficientCapacity", "no Spot capacity")
@@ -159,7 +166,7 @@ def node_instance(name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], role:
         placement_group=network.placement_group,
         associate_public_ip_address=network.public_ip,
         instance_market_options=market_options(spot, spec.spot_max_price),
-        instance_initiated_shutdown_behavior="terminate" if spot else None,
+        instance_initiated_shutdown_behavior=SHUTDOWN_BEHAVIOR,
         # The credentials the training job finds in IMDS (checkpoints in the cluster's bucket).
         iam_instance_profile=instance_profile,
         metadata_options=aws.ec2.InstanceMetadataOptionsArgs(

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from cluster.config_keys import BY_KEY, PROJECT, is_unset, unknown_key_problem
+from cluster import autostop
+from cluster.config_keys import AUTO_STOP_IDLE, KNOWN_KEYS, PROJECT, is_unset, unknown_key_problem
 from cluster.spec import ClusterSpec, ConfigError
 
 EXAMPLE_STACK = "example"
@@ -65,7 +66,7 @@ def read_stack_values(path: str | os.PathLike) -> tuple[dict[str, Any], str, lis
         if not str(key).startswith(prefix):
             continue
         name = str(key)[len(prefix):]
-        if name not in BY_KEY:
+        if name not in KNOWN_KEYS:
             unknown.append(name)
         elif not (isinstance(value, dict) and "secure" in value or is_unset(name, value)):
             values[name] = value
@@ -84,9 +85,29 @@ def load_stack_spec(stack: str | None = None, root: str | os.PathLike = ".", *,
         raise StackConfigError(f"{path}: aws:region is not set; run `pulumi config set aws:region us-east-1`")
     problems = [unknown_key_problem(key) for key in unknown]
     try:
+        autostop.stack_idle_seconds(values.get(AUTO_STOP_IDLE), AUTO_STOP_IDLE)
+    except autostop.AutostopError as exc:
+        problems.append(str(exc))
+    try:
         spec = ClusterSpec.from_config(values, stack=name, region=region)
     except ConfigError as err:
         problems += err.problems
     if problems:
         raise ConfigError([f"{path.name}: {p}" for p in problems])
     return spec
+
+
+def stack_auto_stop_idle(cluster_name: str, root: str | os.PathLike = ".") -> int | None:
+    """Seconds of the `autoStopIdle` of the stack here that makes `cluster_name` (None: off).
+
+    The default (30m) when no stack file here names that cluster; raises AutostopError (one line)
+    for a bad value.
+    """
+    for stack, path in stack_files(root).items():
+        try:
+            values = read_stack_values(path)[0]
+        except StackConfigError:
+            continue
+        if str(values.get("clusterName") or f"xeon-{stack}").lower() == cluster_name:
+            return autostop.stack_idle_seconds(values.get(AUTO_STOP_IDLE), f"{path.name}: {AUTO_STOP_IDLE}")
+    return autostop.stack_idle_seconds(None)

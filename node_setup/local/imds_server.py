@@ -15,6 +15,13 @@ It answers as EC2's does for what a training job reads:
 
 Notices are posted by `fab local-reclaim` as files in DIR (`spot-instance-action`, `rebalance`),
 read on every request; once there they stay, as on EC2.
+
+One request EC2 does not have, the local stand-in for a node's own `shutdown -h now` (which on a
+local node would stop the host that runs it): `PUT /xeon-cluster/power-off` with a valid token,
+sent by the idle auto-stop's power-off command from inside the node. The service answers, then
+takes its node down as `fab local-reclaim` does: every process in its own network namespace is
+killed, the node's `eth0` goes down, `powered-off` in DIR records when, and the service exits.
+It refuses (403) unless it runs in a local node's named network namespace (`xc-...`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,6 +44,12 @@ MAX_TTL = 21600
 # control files in the node's metadata directory, and the path each answers
 INSTANCE_ACTION_FILE = "spot-instance-action"
 REBALANCE_FILE = "rebalance"
+# the idle auto-stop's power-off request (cluster/autostop.py LOCAL_POWEROFF_PATH) and its record
+POWER_OFF_PATH = "/xeon-cluster/power-off"
+POWERED_OFF_FILE = "powered-off"
+POWER_OFF_DELAY_S = 0.3  # the answer leaves before the node goes down
+NETNS_DIR = "/run/netns"  # where `ip netns add` mounts the namespaces it names
+NAMESPACE_PREFIX = "xc-"  # node_setup/local/state.py namespace_name
 NOTICE_FILES = {
     "/latest/meta-data/spot/instance-action": INSTANCE_ACTION_FILE,
     "/latest/meta-data/events/recommendations/rebalance": REBALANCE_FILE,
@@ -75,6 +90,54 @@ class Metadata:
         return None
 
 
+def _net_namespace(pid: int | str) -> tuple[int, int]:
+    st = os.stat(f"/proc/{pid}/ns/net")
+    return st.st_dev, st.st_ino
+
+
+def in_own_namespace() -> bool:
+    """Whether this process runs in a local cluster node's network namespace: one that `ip netns`
+    names `xc-...` (what local-up makes), never the machine's own."""
+    try:
+        own = _net_namespace("self")
+        named = [p for p in Path(NETNS_DIR).glob(f"{NAMESPACE_PREFIX}*") if
+                 (p.stat().st_dev, p.stat().st_ino) == own]
+    except OSError:
+        return False
+    return bool(named)
+
+
+def power_off(control_dir: Path) -> int:
+    """Take this node down like a machine switched off; returns how many processes were killed.
+
+    Only processes in this process's own network namespace (the node's) are killed, never this one;
+    nothing is done unless that namespace is not the machine's own.
+    """
+    if not in_own_namespace():
+        return 0
+    own, me, killed = _net_namespace("self"), os.getpid(), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if _net_namespace(entry) == own:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+        except OSError:
+            pass
+    subprocess.run(["ip", "link", "set", "eth0", "down"], capture_output=True, check=False)
+    (control_dir / POWERED_OFF_FILE).write_text(f"{time.time():.0f} {killed}\n")
+    return killed
+
+
+def _power_off_and_exit(control_dir: Path) -> None:
+    time.sleep(POWER_OFF_DELAY_S)
+    try:
+        power_off(control_dir)
+    finally:
+        os._exit(0)
+
+
 def handler_for(metadata: Metadata):
     class Handler(BaseHTTPRequestHandler):
         server_version = "EC2ws"
@@ -89,6 +152,14 @@ def handler_for(metadata: Metadata):
             self.wfile.write(data)
 
         def do_PUT(self):  # noqa: N802 - http.server's naming
+            if self.path == POWER_OFF_PATH:
+                if not metadata.token_valid(self.headers.get(TOKEN_HEADER)):
+                    return self._send(401)
+                if not in_own_namespace():
+                    return self._send(403, "not a local cluster's node: refused")
+                self._send(200, "powering off")
+                threading.Thread(target=_power_off_and_exit, args=(metadata.control_dir,), daemon=True).start()
+                return None
             if self.path != TOKEN_PATH:
                 return self._send(404)
             try:

@@ -29,7 +29,7 @@ from cluster.jobplan import JOB_ID_RE, JobPlan, check_job_id
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
 from cluster.torchrun import AGENT_FILE
-from node_setup.ssh import connections
+from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
 CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
@@ -83,6 +83,8 @@ def start(master, plan: JobPlan) -> int:
         raise JobError(f"the job script did not start on the master {plan.inventory.master.name}: "
                        f"{(result.stdout + result.stderr).strip() or 'no pid written'}; "
                        f"look at ~/{d}/log there")
+    if plan.inventory.kind == "aws":
+        autostop.arm_with_stack_default(master, plan.inventory.name)
     return int(pid)
 
 

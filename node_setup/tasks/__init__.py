@@ -1,6 +1,6 @@
 """The `fab` tasks: thin modules that parse options, call node_setup's rooms and print.
 
-One module per group of tasks (setup, train, jobs, remote, local, costs, k8s, bench); `common` holds what they share (the
+One module per group of tasks (setup, train, jobs, remote, local, costs, k8s, bench, autostop); `common` holds what they share (the
 cluster option, exit codes, help texts, option parsing). May import everything in node_setup and
 `cluster/`; the heavy imports (boto3, Fabric connections) happen inside the tasks that need them,
 so `fab --list` and a local cluster never import boto3.
@@ -8,9 +8,9 @@ so `fab --list` and a local cluster never import boto3.
 
 from invoke import Collection
 
-from node_setup.tasks import bench, costs, jobs, k8s, local, remote, setup, train
+from node_setup.tasks import autostop, bench, costs, jobs, k8s, local, remote, setup, train
 
 ns = Collection()
-for module in (setup, train, jobs, remote, local, costs, k8s, bench):
+for module in (setup, train, jobs, remote, local, costs, k8s, bench, autostop):
     for task in module.TASKS:
         ns.add_task(task, name=getattr(module, "TASK_NAMES", {}).get(task.name))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from invoke import Exit
 
+from cluster import autostop
 from cluster.jobplan import shown
 from cluster.userjob import human_bytes
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
@@ -54,8 +55,10 @@ def exec_(c, command, nodes=0, cluster="", region=""):
     conns = common.connect(inventory)
 
     def one(name: str, conn) -> tuple[NodeOutcome, str, bool]:
+        # on the master, recorded as activity for the idle auto-stop (cluster/autostop.py)
+        run = autostop.recorded_command(command) if name == inventory.master.name else command
         try:
-            result = conn.run(command, hide=True, warn=True, in_stream=False)
+            result = conn.run(run, hide=True, warn=True, in_stream=False)
         except Exception as exc:  # noqa: BLE001 - reported per node
             return NodeOutcome(name, False, f"unreachable: {explain(exc, conn)}"), "", is_unreachable(exc)
         text = result.stdout + result.stderr

@@ -1,0 +1,116 @@
+#!/bin/bash
+# xeon-cluster idle auto-stop (cluster/autostop.py): installed on every node as SERVICE_PATH, acts
+# only on the master it was armed on (the hostname recorded when arming; an instance made from the
+# image has another). Subcommands:
+#   arm IDLE POLL   arm it (seconds), start the loop unless it runs; then `status`
+#   arm-default IDLE POLL   the same, unless it is armed or was cancelled on this master
+#   cancel          disarm it; then `status`
+#   status          key=value lines: armed idle poll mode since deadline running last now powered_off loop
+#   run             the loop: every POLL seconds, power the cluster off once it is due
+# Idle rule (the only implementation): deadline = max(armed at, last activity) + IDLE; due when
+# nothing runs and now >= deadline. Activity: the job directories (a job runs while its recorded
+# pid runs the job script; its files' times are its activity) and the `fab exec` records.
+# Header: STATE_DIR, JOBS_DIR, ACTIVITY_DIR (relative to $HOME), HOSTS_FILE (in $HOME on the
+# master: one alias per line, master first), DEFAULT_POLL, POWEROFF (the power-off command).
+set -uo pipefail
+S="$HOME/$STATE_DIR"; J="$HOME/$JOBS_DIR"; A="$HOME/$ACTIVITY_DIR"
+mkdir -p "$S" || exit 1
+
+log() { echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $*" >> "$S/log"; }
+field() { sed -n "s/^$1=//p" "$S/armed" 2>/dev/null | head -n 1; }
+armed_here() { [ -f "$S/armed" ] && [ "$(field host)" = "$(hostname)" ]; }
+
+arm() {  # IDLE POLL
+  printf 'idle=%s\npoll=%s\nsince=%s\nhost=%s\nmode=%s\n' "$1" "$2" "$(date +%s)" "$(hostname)" "$("$POWEROFF" mode)" \
+    > "$S/armed.tmp" && mv "$S/armed.tmp" "$S/armed" || return 1
+  rm -f "$S/cancelled" "$S/powered-off"
+  log "armed: idle ${1}s, poll ${2}s, mode $(field mode)"
+}
+
+loop_pid() {
+  local pid
+  pid=$(cat "$S/pid" 2>/dev/null)
+  if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "autostop run"; then echo "$pid"; fi
+}
+
+facts() {  # sets NOW RUNNING LAST ARMED IDLE POLL SINCE MODE DEADLINE
+  local d pid f start
+  NOW=$(date +%s); RUNNING=0
+  for d in "$J"/*/; do
+    [ -d "$d" ] || continue
+    pid=$(cat "$d/pid" 2>/dev/null)
+    if [ -n "$pid" ] && grep -qF "$(basename "$d")" "/proc/$pid/cmdline" 2>/dev/null; then RUNNING=$((RUNNING + 1)); fi
+  done
+  for f in "$A"/exec-*; do
+    [ -f "$f" ] || continue
+    if [ -d "/proc/${f##*/exec-}" ]; then RUNNING=$((RUNNING + 1)); fi
+  done
+  LAST=$(find "$J" "$A" -mindepth 1 -maxdepth 2 -printf '%T@\n' 2>/dev/null | sort -n | tail -n 1)
+  LAST=${LAST%.*}
+  ARMED=no; IDLE=""; POLL=""; SINCE=""; MODE=""; DEADLINE=""
+  if armed_here; then
+    ARMED=yes; IDLE=$(field idle); POLL=$(field poll); SINCE=$(field since); MODE=$(field mode)
+    start=$SINCE
+    if [ -n "$LAST" ] && [ "$LAST" -gt "$start" ]; then start=$LAST; fi
+    DEADLINE=$((start + IDLE))
+  fi
+}
+
+status() {
+  facts
+  printf 'armed=%s\nidle=%s\npoll=%s\nmode=%s\nsince=%s\ndeadline=%s\nrunning=%s\nlast=%s\nnow=%s\n' \
+    "$ARMED" "$IDLE" "$POLL" "$MODE" "$SINCE" "$DEADLINE" "$RUNNING" "$LAST" "$NOW"
+  printf 'powered_off=%s\nloop=%s\n' "$(cat "$S/powered-off" 2>/dev/null)" "$(loop_pid)"
+}
+
+power_off() {
+  local mode=$MODE h
+  case "$mode" in system|local) ;; *) log "unknown mode '$mode': disarmed"; rm -f "$S/armed"; return 1 ;; esac
+  date +%s > "$S/powered-off"
+  log "idle for ${IDLE}s since $((DEADLINE - IDLE)): powering off the cluster (mode $mode)"
+  if [ -f "$HOME/$HOSTS_FILE" ]; then
+    tail -n +2 "$HOME/$HOSTS_FILE" | {
+      while read -r h; do
+        [ -n "$h" ] || continue
+        log "powering off $h"
+        timeout 60 ssh -n -o BatchMode=yes -o ConnectTimeout=10 "$h" "$POWEROFF $mode" >> "$S/log" 2>&1 &
+      done
+      wait
+    }
+  fi
+  log "powering off this node"
+  if ! "$POWEROFF" "$mode" >> "$S/log" 2>&1; then
+    log "power-off failed (above): disarmed"
+    rm -f "$S/armed" "$S/powered-off"
+    return 1
+  fi
+}
+
+run() {
+  exec 9> "$S/lock"
+  flock -n 9 || exit 0
+  echo $$ > "$S/pid"
+  log "service started (pid $$)"
+  while :; do
+    facts
+    if [ "$ARMED" = yes ] && [ ! -f "$S/powered-off" ] && [ "$RUNNING" = 0 ] && [ "$NOW" -ge "$DEADLINE" ]; then
+      power_off
+    fi
+    sleep "${POLL:-$DEFAULT_POLL}"
+  done
+}
+
+case "${1:-}" in
+  arm|arm-default)
+    case "${2:-}${3:-x}" in *[!0-9]*) echo "usage: $0 $1 IDLE_SECONDS POLL_SECONDS" >&2; exit 2 ;; esac
+    if [ "$1" = arm ] || { ! armed_here && [ ! -f "$S/cancelled" ]; }; then arm "$2" "$3" || exit 1; fi
+    if armed_here && [ -z "$(loop_pid)" ]; then setsid nohup /bin/bash "$0" run < /dev/null >> "$S/log" 2>&1 & fi
+    i=0; while [ -z "$(loop_pid)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    status ;;
+  cancel)
+    rm -f "$S/armed"; date +%s > "$S/cancelled"; log "cancelled"
+    status ;;
+  status) status ;;
+  run) run ;;
+  *) echo "usage: $0 arm IDLE POLL | cancel | status | run" >&2; exit 2 ;;
+esac

@@ -1,0 +1,70 @@
+"""Idle auto-stop on a cluster's nodes: install the service, arm, cancel, read its status.
+
+The text (service, power-off command, install section) and the status line come from
+cluster/autostop.py; this module only runs them over SSH.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Mapping
+
+from cluster import autostop
+from node_setup.ssh.fanout import NodeOutcome, on_nodes
+
+INSTALL_TIMEOUT_S = 60
+
+
+def _bash(script: str) -> str:
+    return "bash -c " + shlex.quote(script)
+
+
+def install(conns: Mapping[str, object]) -> list[NodeOutcome]:
+    """Put the service and the power-off command on every node (what `fab setup` installs)."""
+    return on_nodes(conns, _bash(autostop.install_script()), timeout=INSTALL_TIMEOUT_S)
+
+
+def _run(master, command: str) -> autostop.Status:
+    guarded = (f"if [ -x {shlex.quote(autostop.SERVICE_PATH)} ]; then {command}; "
+               "else echo installed=no; fi")
+    result = master.run(guarded, hide=True, warn=True, in_stream=False, timeout=60)
+    if not result.ok:
+        raise RuntimeError(f"{command.split()[-1]} failed on the master (exit {result.exited}): "
+                           f"{(result.stdout + result.stderr).strip()}")
+    return autostop.parse_status(result.stdout)
+
+
+def arm(master, idle_s: int, poll_s: int) -> autostop.Status:
+    return _run(master, autostop.arm_command(idle_s, poll_s))
+
+
+def arm_with_stack_default(master, cluster_name: str) -> autostop.Status | None:
+    """Arm with the stack's autoStopIdle (a stack file here that makes this cluster; else the
+    default) unless it is armed or was cancelled on this master; a problem is one warning line."""
+    from node_setup.stack_config import stack_auto_stop_idle
+
+    try:
+        idle_s = stack_auto_stop_idle(cluster_name)
+        if idle_s is None:
+            return None
+        return _run(master, autostop.arm_default_command(idle_s))
+    except Exception as exc:  # noqa: BLE001 - never in the way of the job that was just started
+        print(f"warning: idle auto-stop not armed: {exc}", file=sys.stderr)
+        return None
+
+
+def cancel(master) -> autostop.Status:
+    return _run(master, autostop.cancel_command())
+
+
+def status(master) -> autostop.Status:
+    return _run(master, autostop.status_command())
+
+
+def status_line(master) -> str:
+    """`fab status`'s auto-stop line; never raises (an unreachable master is said so)."""
+    try:
+        return autostop.status_line(status(master))
+    except Exception as exc:  # noqa: BLE001 - a status line, not a failure
+        return f"auto-stop: unknown ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
