@@ -71,6 +71,8 @@ class Node:
     spot: bool | None = None
     instance_id: str | None = None
     state: str = "running"
+    launched_at: float | None = None  # Unix seconds: EC2's LaunchTime, a local node's start; None: not known
+    zone: str | None = None  # availability zone (what a spot price depends on)
 
     def __post_init__(self) -> None:
         where = f"host {self.rank} ({self.name!r})"

@@ -91,7 +91,8 @@ def load_inventory_file(path: str | os.PathLike) -> Inventory:
         if not key_path.is_absolute():
             key_path = file.resolve().parent / key_path
         key = str(key_path)
-    return replace(inventory, key_path=key)
+    inventory = replace(inventory, key_path=key)
+    return with_start_times(inventory, file) if kind == "local" else inventory
 
 
 def local_inventory(name: str = local_state.DEFAULT_NAME) -> Inventory:
@@ -112,3 +113,29 @@ def local_inventory(name: str = local_state.DEFAULT_NAME) -> Inventory:
                                     f"e.g. after a reboot): restart it with `fab local-up --replace --nodes "
                                     f"{len(state.nodes)}{flag}`")
     return load_inventory_file(paths.inventory_path)
+
+
+def with_start_times(inventory: Inventory, inventory_file: Path) -> Inventory:
+    """A local cluster's nodes with their start times, from the state file next to its inventory file:
+    each node's sshd's start (a node brought back later started later), else when local-up ran."""
+    try:
+        state = local_state.load_state(local_state.ClusterPaths(inventory.name, inventory_file.resolve().parent,
+                                                                local_state.data_root()))
+    except local_state.LocalClusterError:
+        state = None
+    if state is None:
+        return inventory
+    started = {n.name: None if n.reclaimed_at else (n.sshd_pid and process_started_at(n.sshd_pid)) or state.created_at
+               or None for n in state.nodes}
+    return replace(inventory, nodes=tuple(replace(n, launched_at=started.get(n.name)) for n in inventory.nodes))
+
+
+def process_started_at(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """When process `pid` started (Unix seconds), from /proc; None when it cannot be read."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in (proc / "stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None

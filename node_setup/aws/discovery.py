@@ -10,6 +10,7 @@ workers are still reached through the master.
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import os
 from typing import Any, Iterable, Mapping
@@ -42,6 +43,19 @@ def _ip_key(instance: Mapping[str, Any]) -> tuple[int, int]:
         return 0, int(ipaddress.ip_address(instance.get("PrivateIpAddress", "")))
     except ValueError:
         return 1, 0
+
+
+def _launched_at(instance: Mapping[str, Any]) -> float | None:
+    """EC2's LaunchTime as Unix seconds (boto3 gives a datetime; an ISO text is read too)."""
+    launched = instance.get("LaunchTime")
+    if isinstance(launched, str):
+        try:
+            launched = dt.datetime.fromisoformat(launched.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if not isinstance(launched, dt.datetime):
+        return None
+    return (launched if launched.tzinfo else launched.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 def node_order_key(instance: Mapping[str, Any]) -> tuple:
@@ -92,6 +106,8 @@ def inventory_from_instances(name: str, instances: Iterable[Mapping[str, Any]], 
             spot=instance.get("InstanceLifecycle") == "spot",
             instance_id=instance.get("InstanceId"),
             state=instance.get("State", {}).get("Name", "running"),
+            launched_at=_launched_at(instance),
+            zone=instance.get("Placement", {}).get("AvailabilityZone"),
         ))
     return Inventory(name=name, kind="aws", user=master_tags.get(SSH_USER_KEY) or DEFAULT_AWS_USER,
                      nodes=tuple(nodes), key_path=key_path, gateway=gateway or None, profile=profile,

@@ -117,3 +117,28 @@ def hourly_price(instance_type: str, region: str, *, spot: bool = True, zones: l
     raise LookupError(f"no price for instance type {instance_type!r} in {region}: "
                       + "; ".join(notes) + f"; the static table knows {', '.join(sorted(STATIC_ON_DEMAND_USD))}. "
                       "Pass --hourly-usd to give the price yourself")
+
+
+class PriceBook:
+    """Each node's hourly price, by (instance type, spot or on-demand, zone), looked up once per `fab` run.
+
+    A spot node is priced at its own zone's latest spot price; when there is none, at the
+    on-demand price (an upper bound), and the source says why.
+    """
+
+    def __init__(self, region: str, *, ec2=None, pricing=None):
+        self.region, self._ec2, self._pricing = region, ec2, pricing
+        self._known: dict[tuple[str, bool, str | None], Price] = {}
+
+    def price(self, instance_type: str, *, spot: bool, zone: str | None = None) -> Price:
+        """The price of one instance-hour; LookupError (with why) when no source knows one."""
+        key = (instance_type, spot, zone)
+        if key not in self._known:
+            self._ec2 = self._ec2 or (aws.client("ec2", self.region) if spot else None)
+            skipped: list[str] = []
+            found = hourly_price(instance_type, self.region, spot=spot, zones=[zone] if zone else None,
+                                 ec2=self._ec2, pricing=self._pricing, notes=skipped)
+            if spot and found.market != "spot":
+                found = Price(found.usd_per_hour, found.market, f"{found.source} ({'; '.join(skipped)})", zone)
+            self._known[key] = found
+        return self._known[key]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 
 from invoke import Exit
 
+from cluster import spend
 from cluster.jobplan import shown
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER
 from node_setup.ssh import job as jobs
+from node_setup.ssh.autostop import status_line as autostop_status_line
 from node_setup.ssh.fanout import on_nodes, outcome_table
 from node_setup.tasks import common
+from node_setup.tasks import spend as node_spend
 from node_setup.tasks.common import CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP, UNREACHABLE, fail, task
 
 
@@ -26,10 +31,24 @@ def _job_on_master(cluster: str, region: str, job: str):
         raise fail(str(exc)) from None
 
 
-@task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP})
-def status(c, cluster="", region="", job=""):
-    """Show nodes (state, type, spot), the job running on them and its last log line."""
+@task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
+            "json": "print the nodes (with their spend), the total and the job as one JSON object, nothing else"})
+def status(c, cluster="", region="", job="", json=False):
+    """Show nodes (state, type, market, uptime, hourly price, spend so far) and the cluster's total, the job
+    running on them and its last log line; --json prints the same as one JSON object."""
     inventory = common.inventory(cluster, region)
+    spent = node_spend.cluster_spend(inventory)
+    facts: dict = {"nodes": [], "job": None, "problems": []}
+    if not json:
+        _status(inventory, job, spent, facts)
+        return
+    with contextlib.redirect_stdout(io.StringIO()):  # the table's text: with --json stdout holds the JSON only
+        _status(inventory, job, spent, facts)
+    print(node_spend.status_json(inventory, spent, facts["nodes"], facts["job"], facts["problems"]))
+
+
+def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None:
+    """`fab status`'s lines; `facts` collects what they show (nodes, job, problems) for --json."""
     conns = common.connect(inventory)
     master = conns[inventory.master.name]
     try:
@@ -38,10 +57,11 @@ def status(c, cluster="", region="", job=""):
         job_id = None
     except Exception as exc:  # noqa: BLE001 - the table below still shows every node
         job_id = None
-        print(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
+        facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
+        print(facts["problems"][-1])
     ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
     print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
-    print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {'spot':<5} {'reachable':<10} ranks")
+    print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {spend.SPEND_HEADER} {'reachable':<10} ranks")
     for node in inventory.nodes:
         outcome = ranks.get(node.name)
         reachable = "yes" if outcome and outcome.ok else "NO"
@@ -51,9 +71,15 @@ def status(c, cluster="", region="", job=""):
             running = f"{len(live)} running ({', '.join('r' + r for r in live)})" if live else "none running"
         elif outcome and not outcome.ok:
             running = outcome.detail.splitlines()[-1][:60] if outcome.detail else ""
-        spot = {True: "yes", False: "no", None: "-"}[node.spot]
-        print(f"  {node.name:<10} {node.address:<16} {node.state:<9} "
-              f"{(node.instance_type or inventory.instance_type or '-'):<16} {spot:<5} {reachable:<10} {running}")
+        itype = node.instance_type or inventory.instance_type
+        facts["nodes"].append({"name": node.name, "address": node.address, "state": node.state, "type": itype,
+                               "spot": node.spot, "reachable": reachable == "yes", "ranks": running})
+        print(f"  {node.name:<10} {node.address:<16} {node.state:<9} {(itype or '-'):<16} "
+              f"{spend.spend_columns(spent.node(node.name))} {reachable:<10} {running}")
+    print(f"  {spent.total_line()}")
+    for line in spent.source_lines():
+        print(f"  {line}")
+    print(autostop_status_line(master))
     if not job_id:
         print("no job started yet (fab train starts one)")
         return
@@ -65,6 +91,9 @@ def status(c, cluster="", region="", job=""):
     described = {"running": f"running (job script pid {detail})", "exited": f"finished, exit code {detail}",
                  "stopped": f"stopped by fab stop at {detail}", "lost": "ended without an exit code (node restarted?)",
                  "missing": "not found"}.get(state, state)
+    facts["job"] = {"id": job_id, "state": state, "detail": detail, "described": described,
+                    **{key: meta.get(key) for key in ("started", "world_size", "hosts", "output_dir")},
+                    "last_log_line": None}
     print(f"job {job_id}: {described}")
     if meta:
         print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
@@ -72,7 +101,8 @@ def status(c, cluster="", region="", job=""):
     tail = [line for line in jobs.log_tail(master, job_id).splitlines() if line.strip()]
     if tail:
         prefixer = RankPrefixer(meta.get("rank_hosts", []), sys.stdout, meta.get("launcher", DEFAULT_LAUNCHER))
-        print(f"  last log line: {prefixer.line(tail[-1])}")
+        facts["job"]["last_log_line"] = prefixer.line(tail[-1])
+        print(f"  last log line: {facts['job']['last_log_line']}")
 
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,

@@ -20,6 +20,7 @@ import pytest
 
 from cluster.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.launch import JOBS_DIR
+from cluster.spend import COST_KEY, LOCAL_NO_PRICE
 from cluster.profiles import PROFILES, venv_dir
 from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
 
@@ -126,10 +127,30 @@ def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
         assert data["steps"] == 6
         assert "world_size: 3" in out
         assert not job_processes(job_id)
+        # the planned and actual time and cost: the planner has no catalog type for local nodes, which cost nothing
+        assert re.search(rf"^planned: cannot plan this run: the machines of cluster '{train_cluster.name}' have no "
+                         rf"instance type from the planner's catalog \({LOCAL_NO_PRICE}\)$", out, re.M), out[-3000:]
+        actual = re.search(rf"^actual: (?:(\d+)m )?(\d+)s, \$0\.00 \({LOCAL_NO_PRICE}\)$", out, re.M)
+        assert actual, out[-3000:]
+        cost = data[COST_KEY]
+        assert cost["planned_seconds"] is None and "planner's catalog" in cost["not_planned"]
+        assert cost["hourly_usd"] == 0 and cost["actual_usd"] == 0 and cost["price_source"] == LOCAL_NO_PRICE
+        assert cost["nodes"] == 3
+        assert abs(cost["actual_seconds"] - (int(actual.group(1) or 0) * 60 + int(actual.group(2)))) <= 1
         # status and logs find the finished job
         status = fab(train_cluster, "status", timeout=60)
         assert status.returncode == 0 and f"job {job_id}: finished, exit code 0" in status.stdout
         assert re.search(rf"last log line: .*job {job_id} exited with code 0", status.stdout), status.stdout
+        for node in ("node0", "node1", "node2"):  # market, uptime, price and spend of every node
+            assert re.search(rf"^  {node} .* local\s+(\d+h )?(\d+m )?\d+s\s+\$0\.0000\s+\$0\.00 yes",
+                             status.stdout, re.M), status.stdout
+        assert f"total: 3 node(s), $0.0000/hour, $0.00 spent so far ({LOCAL_NO_PRICE})" in status.stdout
+        as_json = fab(train_cluster, "status", "--json", timeout=60)
+        report = json.loads(as_json.stdout)  # nothing but the JSON on stdout
+        assert [n["market"] for n in report["nodes"]] == ["local"] * 3
+        assert all(n["uptime_seconds"] >= cost["actual_seconds"] for n in report["nodes"])  # up before the job
+        assert report["total"] == {"nodes": 3, "usd_per_hour": 0.0, "spent_usd": 0.0, "unpriced": []}
+        assert report["job"]["id"] == job_id and report["job"]["described"] == "finished, exit code 0"
         logs = fab(train_cluster, "logs", "--lines", "3", timeout=60)
         assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
         # --resume continues in the newest job's output directory from its last checkpoint
@@ -138,6 +159,7 @@ def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
         assert f"resuming in {output_dir}" in resumed.stdout
         data = json.loads((output_dir / "summary.json").read_text())
         assert data["start_step"] == 6 and data["steps"] == 9 and data["resumed_from"]
+        assert data[COST_KEY]["actual_seconds"] > 0 and data[COST_KEY]["actual_usd"] == 0  # the resumed run's
     finally:
         shutil.rmtree(output_dir, ignore_errors=True)  # what this test's jobs wrote
 

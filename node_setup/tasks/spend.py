@@ -1,0 +1,196 @@
+"""Spend in sight: the prices and plan behind `fab status`'s spend columns and `fab train`'s
+planned and actual cost lines (the arithmetic is cluster/spend.py's).
+
+    cluster_spend(inventory)        every node's uptime, market, hourly price and spend so far
+    status_json(...)                `fab status --json`
+    RunCostClock.at_launch(plan)    prints the planned time and cost of a `fab train` run
+    cost.at_end(master, plan, code) prints the actual ones and records both in summary.json
+
+Prices come from node_setup/aws/pricing.py (imported only for an AWS cluster, so a local cluster
+never loads boto3); the local cluster costs nothing; an inventory file's machines have no price.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from cluster import catalog, costplan, models
+from cluster import spend
+from cluster.costplan import PlanOptions, Price
+from cluster.inventory import Inventory
+from cluster.job_args import _OPTION_ARGS
+from cluster.jobplan import JobPlan
+from node_setup.tasks.common import CTRL_C
+
+JOB_FLAGS = dict(_OPTION_ARGS)  # fab train option -> the job's argument (cluster/job_args.py)
+clock: Callable[[], float] = time.time  # what "now" is for the spend so far
+
+
+def cluster_spend(inventory: Inventory, *, now: float | None = None, book=None) -> spend.ClusterSpend:
+    """Every node's spend so far; `book` answers `price(instance_type, spot=, zone=)` (default: AWS's prices)."""
+    now = clock() if now is None else now
+    if inventory.kind == "aws" and book is None:
+        book = _aws_price_book(inventory)
+    rows = []
+    for node in inventory.nodes:
+        if inventory.kind == spend.LOCAL:
+            usd, source = 0.0, spend.LOCAL_NO_PRICE
+        elif inventory.kind != "aws":
+            usd, source = None, spend.NO_PRICE_FOR_FILE
+        else:
+            usd, source = _node_price(book, node.instance_type or inventory.instance_type, node)
+        rows.append(spend.node_spend(node.name, spend.market(inventory.kind, node.spot), node.launched_at, now,
+                                     usd, source))
+    return spend.ClusterSpend(tuple(rows))
+
+
+def _aws_price_book(inventory: Inventory):
+    """AWS's prices for the cluster's region (node_setup/aws/pricing.py), or why there are none."""
+    from node_setup.aws import clients, pricing
+
+    try:
+        return pricing.PriceBook(clients.resolve_region(inventory.region))
+    except clients.AwsSetupError as exc:
+        return f"no price: {exc}"
+
+
+def _node_price(book, itype: str | None, node) -> tuple[float | None, str]:
+    if isinstance(book, str):
+        return None, book
+    if not itype:
+        return None, f"no price: {node.name} has no instance type"
+    from node_setup.aws import clients, errors
+
+    try:
+        found: Price = book.price(itype, spot=bool(node.spot), zone=node.zone)
+    except (LookupError, clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        return None, f"no price for {itype}: {str(exc)[:200]}"
+    return found.usd_per_hour, f"{itype}: {found.source}"
+
+
+def status_json(inventory: Inventory, spent: spend.ClusterSpend, nodes: list[dict[str, Any]],
+                job: dict[str, Any] | None, problems: list[str]) -> str:
+    """`fab status --json`: the cluster, every node (its status row and spend), the total, the job."""
+    rows = [{**row, **(spent.node(row["name"]).as_json() if spent.node(row["name"]) else {})} for row in nodes]
+    return json.dumps({"cluster": inventory.name, "kind": inventory.kind, "profile": inventory.profile,
+                       "nodes": rows, "total": spent.total_json(), "job": job, "problems": problems}, indent=2)
+
+
+# ---------------------------------------------------------------- fab train: planned and actual
+
+
+def plan_seconds(plan: JobPlan, calibration_for: Callable[[str], Any] | None = None) -> tuple[float | None, str]:
+    """(the planner's run time of this job, "") or (None, why it cannot be planned)."""
+    inventory = plan.inventory
+    if plan.user:
+        return None, "the planner knows the built-in job only, not your own --script/--module"
+    itype = inventory.instance_type or inventory.master.instance_type
+    if not catalog.lookup(itype or ""):
+        if itype:
+            return None, f"instance type {itype!r} is not in the planner's catalog"
+        return None, f"the machines of cluster {inventory.name!r} have no instance type from the planner's catalog"
+    args = plan.training_args
+
+    def given(option: str) -> str | None:  # a fab train option's value in the job's arguments
+        return spend.job_setting(args, JOB_FLAGS.get(option, option))
+
+    if given("train_file"):
+        return None, "the planner does not know the size of your own --train-file"
+    defaults = PlanOptions()
+    task = given("task_name") or "qa"
+    dataset = given("dataset") or (costplan.DEFAULT_DATASET if task == "qa" else "")
+    if not dataset:
+        return None, f"the planner needs --dataset for the {task} task"
+    config = given("dataset_config")
+    model = given("model") or costplan.DEFAULT_MODEL
+    for name, known, lookup in ((model, models.MODELS, models.lookup_model),
+                                (f"{dataset}-{config}" if config else dataset, models.DATASETS, models.lookup_dataset)):
+        try:
+            lookup(name)
+        except ValueError:
+            return None, f"{name!r} has no known size (the planner knows {', '.join(sorted(known))})"
+    try:
+        epochs = float(given("epochs") or defaults.epochs)
+        max_steps = int(given("max_steps") or 0)
+        options = replace(defaults, nodes=str(len(inventory.nodes)), instance_type=itype,
+                          model=model,
+                          dataset=f"{dataset}-{config}" if config else dataset, epochs=epochs,
+                          batch=int(given("batch_size") or defaults.batch), profile=inventory.profile,
+                          ranks_per_node=plan.layout.ranks_per_node, grad_comm=given("--grad_comm") or "",
+                          bucket_mb=float(given("--ddp_bucket_mb") or 0))
+        calibration = calibration_for(inventory.name) if calibration_for else _calibration(inventory.name)
+        inputs = costplan.plan_inputs(None, options, calibration)
+        row = costplan.plan_rows(inputs, Price(0.0, spend.SPOT, "not used"))[0]
+    except (ValueError, LookupError) as exc:
+        return None, str(exc)
+    return spend.planned_seconds(row.prediction, epochs, max_steps or None), ""
+
+
+def _calibration(cluster: str):
+    from node_setup.tasks.costs import load_calibration
+
+    return load_calibration("", cluster)[0]
+
+
+@dataclass
+class RunCostClock:
+    """One run's cost: the plan and the price at launch, the clock from the launch to the end."""
+
+    cost: spend.RunCost
+    started: float
+    clock: Callable[[], float] = time.time
+
+    @classmethod
+    def at_launch(cls, plan: JobPlan, *, book=None, clock: Callable[[], float] = time.time) -> "RunCostClock":
+        """Start the clock (the job has just started) and print the planned time and cost."""
+        started = clock()
+        usd, source = spend.run_price(cluster_spend(plan.inventory, book=book))
+        seconds, why = plan_seconds(plan)
+        cost = spend.RunCost(len(plan.inventory.nodes), usd, source, seconds, why)
+        print(cost.planned_line(), flush=True)
+        return cls(cost, started, clock)
+
+    def at_end(self, master, plan: JobPlan, code: int) -> spend.RunCost | None:
+        """Print the actual time and cost and add both to the run's summary.json (when the job wrote one).
+        Nothing when the job goes on (detached with Ctrl-C, or the log stream was lost)."""
+        from node_setup.ssh import job as jobs
+
+        ended = self.clock()
+        try:
+            if code == CTRL_C or jobs.job_state(master, plan.job_id)[0] == "running":
+                return None
+        except Exception as exc:  # noqa: BLE001 - e.g. a reclaimed master: the job's own outcome is printed
+            print(f"cost: the master cannot say whether job {plan.job_id} has ended ({type(exc).__name__}: {exc})")
+            return None
+        self.cost = replace(self.cost, actual_s=ended - self.started)
+        print(self.cost.actual_line())
+        if not plan.user:  # the built-in job writes summary.json; a user's program has its own outputs
+            record_cost(master, f"{plan.output_dir}/summary.json", self.cost)
+        return self.cost
+
+
+def record_cost(master, path: str, cost: spend.RunCost) -> bool:
+    """Add the cost record to the summary.json at `path` on the master; False when there is none to add to."""
+    from node_setup.ssh import job as jobs
+
+    partial = f"{path}.cost-tmp"
+    try:
+        text = jobs.read_remote_file(master, path)
+        try:
+            summary = json.loads(text) if text else None
+        except ValueError:
+            summary = None
+        if not isinstance(summary, dict):
+            return False
+        summary[spend.COST_KEY] = cost.record()
+        master.put(io.BytesIO((json.dumps(summary, indent=2) + "\n").encode()), remote=partial)
+        master.run(f"mv -f {shlex.quote(partial)} {shlex.quote(path)}", hide=True, in_stream=False)
+    except Exception as exc:  # noqa: BLE001 - the run is over; say the record is missing, do not fail it
+        print(f"cost: not recorded in {path} ({type(exc).__name__}: {exc})")
+        return False
+    return True

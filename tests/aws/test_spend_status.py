@@ -1,0 +1,157 @@
+"""`fab status`'s spend on an AWS cluster: instances in moto with known launch times, prices from a
+test double.
+
+moto's spot price history is fake (every zone at $0.00001) and moto has no Pricing API, so the
+prices come from `FakePriceBook`, a test double named as one, in place of node_setup/aws/pricing.py's
+PriceBook. The nodes cannot be reached over SSH here: `unreachable_nodes` and `job_on_master`
+stand in for the master's answers (node_setup/ssh/job.py), so the table and JSON are what is checked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+
+import boto3
+import pytest
+from invoke import Context
+
+from cluster.costplan import Price
+from cluster.tags import ROLE_MASTER, ROLE_WORKER
+from node_setup.aws import pricing
+from node_setup.ssh import job as ssh_job
+from node_setup.ssh.fanout import NodeOutcome
+from node_setup.tasks import common
+from node_setup.tasks import jobs as job_tasks
+from node_setup.tasks import spend as node_spend
+from tests.aws.test_discovery import Launcher
+
+moto = pytest.importorskip("moto")
+from moto.core import DEFAULT_ACCOUNT_ID  # noqa: E402
+from moto.ec2.models import ec2_backends  # noqa: E402
+
+NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+SPOT_USD, ON_DEMAND_USD = 2.0, 3.0
+
+
+class FakePriceBook:
+    """Test double for pricing.PriceBook: fixed prices, and the questions it was asked."""
+
+    asked: list[tuple[str, bool, str | None]] = []
+    unknown: set[str] = set()  # instance types it has no price for
+
+    def __init__(self, region, **_):
+        self.region = region
+
+    def price(self, instance_type, *, spot, zone=None):
+        FakePriceBook.asked.append((instance_type, spot, zone))
+        if instance_type in self.unknown:
+            raise LookupError(f"no price for instance type {instance_type!r} (test double)")
+        market = "spot" if spot else "on-demand"
+        return Price(SPOT_USD if spot else ON_DEMAND_USD, market, f"{market} price double, {zone}", zone)
+
+
+@pytest.fixture
+def cluster(mocked_aws, monkeypatch):
+    """Cluster demo: an on-demand master up 3 hours, spot workers up 2 hours and 30 minutes."""
+    monkeypatch.setattr(pricing, "PriceBook", FakePriceBook)
+    monkeypatch.setattr(FakePriceBook, "asked", [])
+    monkeypatch.setattr(FakePriceBook, "unknown", set())
+    monkeypatch.setattr(node_spend, "clock", NOW.timestamp)
+    launch = Launcher(mocked_aws)
+    ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][mocked_aws]
+    for role, rank, ip, spot, up in ((ROLE_MASTER, 0, "0.10", False, dt.timedelta(hours=3)),
+                                     (ROLE_WORKER, 1, "0.11", True, dt.timedelta(hours=2)),
+                                     (ROLE_WORKER, 2, "0.12", True, dt.timedelta(minutes=30))):
+        instance_id = launch("demo", role, rank, ip=ip, spot=spot, instance_type="c6i.16xlarge")
+        ec2.get_instance(instance_id).launch_time = (NOW - up).replace(tzinfo=None)  # moto keeps naive UTC
+    return mocked_aws
+
+
+@pytest.fixture
+def unreachable_nodes(monkeypatch):
+    """No SSH: every node answers `true`, and no job has been started."""
+    monkeypatch.setattr(common, "connect", lambda inventory: {n.name: object() for n in inventory.nodes})
+
+    def no_job(master, job_id):
+        raise ssh_job.JobError("no job has been started on this cluster yet")
+
+    monkeypatch.setattr(ssh_job, "resolve_job_id", no_job)
+    monkeypatch.setattr(job_tasks, "on_nodes",
+                        lambda conns, command, timeout: [NodeOutcome(name, True, "") for name in conns])
+
+
+@pytest.fixture
+def job_on_master(monkeypatch, unreachable_nodes):
+    """A running job, as the master would report it."""
+    monkeypatch.setattr(ssh_job, "resolve_job_id", lambda master, job_id: "job-7")
+    monkeypatch.setattr(ssh_job, "rank_states", lambda conns, job_id: {
+        name: NodeOutcome(name, True, f"{rank} running") for rank, name in enumerate(conns)})
+    monkeypatch.setattr(ssh_job, "job_state", lambda master, job_id: ("running", "4242"))
+    monkeypatch.setattr(ssh_job, "read_metadata", lambda master, job_id: {
+        "started": "2026-05-01T11:50:00Z", "world_size": 3, "hosts": ["node0", "node1", "node2"],
+        "output_dir": "xeon-cluster-runs/job-7", "rank_hosts": ["node0", "node1", "node2"], "launcher": "mpirun"})
+    monkeypatch.setattr(ssh_job, "log_tail", lambda master, job_id, lines=20: "[0] step 12/40 loss 1.25\n")
+
+
+def status(capsys, *flags):
+    job_tasks.status(Context(), cluster="demo", **{f: True for f in flags})
+    return capsys.readouterr().out
+
+
+def test_status_shows_each_node_s_market_uptime_price_and_spend(cluster, unreachable_nodes, capsys):
+    out = status(capsys)
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"^  node\d ", line)}
+    assert re.search(r"on-demand\s+3h 00m 00s\s+\$3\.0000\s+\$9\.00\s+yes", rows["node0"]), out
+    assert re.search(r"spot\s+2h 00m 00s\s+\$2\.0000\s+\$4\.00\s+yes", rows["node1"]), out
+    assert re.search(r"spot\s+30m 00s\s+\$2\.0000\s+\$1\.00\s+yes", rows["node2"]), out
+    assert "total: 3 node(s), $7.0000/hour, $14.00 spent so far" in out
+    assert "price: c6i.16xlarge: spot price double, us-east-1a" in out
+    # one price per instance type, market and zone: the master on-demand, the workers at their zone's spot price
+    assert sorted(set(FakePriceBook.asked)) == [("c6i.16xlarge", False, "us-east-1a"),
+                                                ("c6i.16xlarge", True, "us-east-1a")]
+    assert "no job started yet" in out
+
+
+def test_status_json_is_the_only_output_and_carries_spend_total_and_job(cluster, job_on_master, capsys):
+    data = json.loads(status(capsys, "json"))  # the whole of stdout is one JSON object
+    assert data["cluster"] == "demo" and data["kind"] == "aws"
+    master, spot_worker = data["nodes"][0], data["nodes"][1]
+    assert master["name"] == "node0" and master["market"] == "on-demand" and master["spot"] is False
+    assert master["launched_at"] == "2026-05-01T09:00:00Z" and master["uptime_seconds"] == 3 * 3600
+    assert master["usd_per_hour"] == ON_DEMAND_USD and master["spent_usd"] == pytest.approx(9.0)
+    assert spot_worker["market"] == "spot" and spot_worker["spent_usd"] == pytest.approx(4.0)
+    assert spot_worker["price_source"] == "c6i.16xlarge: spot price double, us-east-1a"
+    assert [n["ranks"] for n in data["nodes"]] == ["1 running (r0)", "1 running (r1)", "1 running (r2)"]
+    assert data["total"] == {"nodes": 3, "usd_per_hour": 7.0, "spent_usd": 14.0, "unpriced": []}
+    job = data["job"]
+    assert job["id"] == "job-7" and job["state"] == "running" and job["described"] == "running (job script pid 4242)"
+    assert job["world_size"] == 3 and job["output_dir"] == "xeon-cluster-runs/job-7"
+    assert "step 12/40 loss 1.25" in job["last_log_line"]
+
+
+def test_a_node_without_a_price_is_named_and_left_out_of_the_total(cluster, unreachable_nodes, capsys, monkeypatch):
+    launch = Launcher(cluster)
+    instance_id = launch("demo", ROLE_WORKER, 3, ip="0.13", spot=True, instance_type="m5.large")
+    ec2_backends[DEFAULT_ACCOUNT_ID][cluster].get_instance(instance_id).launch_time = (
+        NOW - dt.timedelta(hours=1)).replace(tzinfo=None)
+    FakePriceBook.unknown.add("m5.large")
+    data = json.loads(status(capsys, "json"))
+    node3 = data["nodes"][3]
+    assert node3["market"] == "spot" and node3["uptime_seconds"] == 3600
+    assert node3["usd_per_hour"] is None and node3["spent_usd"] is None
+    assert "no price for m5.large" in node3["price_source"]
+    assert data["total"] == {"nodes": 4, "usd_per_hour": 7.0, "spent_usd": 14.0, "unpriced": ["node3"]}
+    text = status(capsys)
+    assert "not counted: node3, spend unknown" in text
+    assert re.search(r"^  node3 .* spot\s+1h 00m 00s\s+-\s+-\s+yes", text, re.M), text
+
+
+def test_the_price_book_asks_aws_once_per_type_market_and_zone(mocked_aws):
+    ec2 = boto3.client("ec2", region_name=mocked_aws)
+    book = pricing.PriceBook(mocked_aws, ec2=ec2)
+    first = book.price("r7iz.metal-16xl", spot=True, zone="us-east-1b")
+    assert first.market == "spot" and first.zone == "us-east-1b"  # moto's history has every offering zone
+    assert book.price("r7iz.metal-16xl", spot=True, zone="us-east-1b") is first
+    assert book.price("r7iz.metal-16xl", spot=True, zone="us-east-1c").zone == "us-east-1c"
