@@ -242,8 +242,11 @@ def _bring_back(state: ClusterState, count: int, paths: ClusterPaths, wheelhouse
                 raise LocalClusterError(f"network namespace {node.namespace} already exists and is not recorded for "
                                         f"{paths.name!r}; remove it (`ip netns del {node.namespace}`)")
             state.nodes.append(node)
-        # the host may still map the address to the old machine's MAC: forget it (our bridge only)
+        # the host and the nodes still up may map the address to the old machine's MAC: forget it there
         system.run(["ip", "neigh", "flush", "to", node.address, "dev", state.bridge], check=False)
+        for other in state.nodes:
+            if other is not node and other.namespace in names and node_up(other, names):
+                system.run(["ip", "-n", other.namespace, "neigh", "flush", "to", node.address], check=False)
         _start_node(state, node, subnet.prefixlen, controller_key, paths, progress)
         back.append(node)
     system.wait_for_sshd(back, timeout, progress)

@@ -49,6 +49,8 @@ from cluster.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDI
 from node_setup.ssh import job as jobs
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
+from node_setup.tasks import managed as managed_run
+from node_setup.tasks.spend import RunCostClock
 from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, REGION_HELP,
                                      STOPPED, UNREACHABLE, fail, task, whole_number)
 
@@ -376,13 +378,15 @@ def _on_interrupt(conns, job_id: str) -> int:
     "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default 25)",
     "notice-signal": f"signal every rank gets on a spot interruption notice: {', '.join(NOTICE_SIGNALS)} or "
                      f"{NO_SIGNAL} (default {DEFAULT_NOTICE_SIGNAL})",
+    **managed_run.MANAGED_HELP,
 })
 def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", dataset_config="",
           train_file="", validation_file="", epochs="", batch_size=0, bf16="auto", checkpoint_minutes="",
           checkpoint_uri="", max_steps=0, output_dir="", extra="", resume=False, ranks_per_node=0, threads=0,
           ccl_workers="", pin="", env="", synthetic_examples="", dry_run=False, script="", module="", args="",
           workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
-          launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb=""):
+          launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", managed=False,
+          max_recoveries="", wait_for_capacity=""):
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
         raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
@@ -396,6 +400,12 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         if given:
             raise fail(f"{given[0]}: only with --script or --module (your own program)")
     inventory = common.inventory(cluster, region)
+    supervision = None
+    if managed or max_recoveries or wait_for_capacity:  # fab train --managed: node_setup/tasks/managed.py
+        supervision = managed_run.options(managed=managed, inventory=inventory, nodes=nodes, launcher=launcher,
+                                          own_program=bool(script or module), max_recoveries=max_recoveries,
+                                          min_nodes=min_nodes, wait=wait_for_capacity)
+        launch_options["min_nodes"] = None  # --min-nodes is the supervisor's, not torchrun's
     job_id = new_job_id()
     if script or module:
         builtin = dict(zip(BUILTIN_ONLY, (task, model, dataset, dataset_config, train_file, validation_file, epochs,
@@ -463,6 +473,9 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         if previous:
             plan = make_plan(previous)
             print(f"resuming in {previous} (the newest job's output directory)")
+    if supervision:
+        raise Exit(code=managed_run.supervise(supervision, cluster=cluster, region=region, inventory=inventory,
+                                              plan=plan, inputs=inputs, conns=conns, layout=layout))
     raise Exit(code=_launch(inventory, plan, inputs=inputs, conns=conns))
 
 
@@ -482,7 +495,10 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
     print(f"layout: {plan.layout.describe()[1]}")
     print(f"job {plan.job_id} started on {plan.inventory.master.name} (pid {pid}): {plan.launch.world_size} ranks "
           f"on {', '.join(plan.launch.hosts)}; output {shown(plan.output_dir)}", flush=True)
-    return _follow_to_end(master, conns, plan)
+    cost = RunCostClock.at_launch(plan)  # prints the planned time and cost
+    code = _follow_to_end(master, conns, plan)
+    cost.at_end(master, plan, code)  # prints the actual ones, records both in summary.json
+    return code
 
 
 TASKS = [train]

@@ -1,0 +1,128 @@
+"""cluster/recovery.py: the decisions of `fab train --managed` (pure), and its bad input through the real `fab`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import recovery as rc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- the batch on a new number of ranks
+
+
+@pytest.mark.parametrize("per_rank, accumulation, before, after, expected", [
+    (16, 1, 4, 2, (16, 2)),  # accumulation alone keeps it
+    (16, 1, 4, 1, (16, 4)),
+    (16, 1, 3, 2, (12, 2)),  # 48 over 2 ranks: a smaller per-rank batch with accumulation
+    (16, 2, 2, 4, (16, 1)),  # more ranks: less accumulation
+    (16, 1, 3, 3, (16, 1)),  # the same ranks: unchanged
+    (8, 3, 2, 4, (6, 2)),    # 48 over 4 ranks: 12 each, the largest divisor up to 8 is 6
+])
+def test_batch_keeps_the_global_batch_exactly_when_an_integer_accumulation_allows(per_rank, accumulation, before,
+                                                                                  after, expected):
+    plan = rc.batch_for(per_rank=per_rank, accumulation=accumulation, ranks_before=before, ranks=after)
+    assert (plan.per_rank, plan.accumulation) == expected
+    assert plan.exact and plan.per_rank * plan.accumulation * after == per_rank * accumulation * before
+    assert plan.per_rank <= per_rank  # never more memory per rank
+    assert plan.describe(per_rank, accumulation).startswith(f"global batch {per_rank * accumulation * before} kept")
+
+
+def test_batch_that_cannot_be_kept_says_in_one_line_what_changed():
+    plan = rc.batch_for(per_rank=16, accumulation=1, ranks_before=5, ranks=3)  # 80 does not divide over 3 ranks
+    assert not plan.exact and plan.per_rank == 16 and plan.global_batch == 96
+    line = plan.describe(16, 1)
+    assert "\n" not in line
+    assert line == ("global batch 80 cannot be kept exactly on 3 rank(s): per-rank batch 16 -> 16, gradient "
+                    "accumulation 1 -> 2 on 3 rank(s) gives 96 (+16 samples per step)")
+
+
+def test_batch_refuses_nonsense():
+    with pytest.raises(ValueError):
+        rc.batch_for(per_rank=0, accumulation=1, ranks_before=2, ranks=1)
+
+
+def test_batch_arguments_replace_the_jobs_own():
+    plan = rc.batch_for(per_rank=16, accumulation=1, ranks_before=3, ranks=2)
+    args = ["--task", "qa", "--per_device_train_batch_size", "16", "--global_batch_size=48",
+            "--gradient_accumulation_steps", "1", "--resume"]
+    assert rc.with_batch(args, plan) == ["--task", "qa", "--resume", "--per_device_train_batch_size", "12",
+                                         "--gradient_accumulation_steps", "2"]
+    assert rc.with_batch(args, None) == args
+
+
+# ---------------------------------------------------------------- after the wait: full, survivors or stop
+
+
+@pytest.mark.parametrize("wanted, available, min_nodes, expected", [
+    (3, 3, 1, rc.FULL), (3, 4, 1, rc.FULL), (3, 2, 2, rc.SURVIVORS), (3, 2, 1, rc.SURVIVORS),
+    (3, 1, 2, rc.TOO_FEW), (4, 0, 1, rc.TOO_FEW),
+])
+def test_next_step(wanted, available, min_nodes, expected):
+    assert rc.next_step(wanted, available, min_nodes) == expected
+
+
+def test_work_lost_and_the_record():
+    assert rc.work_lost_seconds(23, 23, 0.2) == 0.0  # the notice's checkpoint: nothing lost
+    assert rc.work_lost_seconds(30, 20, 0.5) == 5.0
+    assert rc.work_lost_seconds(None, 20, 0.5) is None
+    record = rc.recovery_record(number=1, at=0, cause="spot notice", step=20, exit_code=75, nodes_lost=["node2"],
+                                nodes_after=["node0", "node1"], seconds_lost=0.0, seconds_waiting=7.74)
+    assert record["at"] == "1970-01-01T00:00:00Z" and record["seconds_waiting"] == 7.7
+    merged = rc.merge_recoveries({"status": "completed", "recoveries": ["stale"]}, [record])
+    assert merged["recoveries"] == [record] and merged["status"] == "completed"
+
+
+def test_notice_due():
+    assert rc.notice_due('{"action": "terminate", "time": "1970-01-01T00:02:00Z"}') == 120
+    assert rc.notice_due("not json") is None and rc.notice_due(None) is None
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_options_defaults_and_zero_wait():
+    opts = rc.managed_options(max_recoveries="", min_nodes="", wait="", nodes=3)
+    assert (opts.max_recoveries, opts.min_nodes, opts.wait_seconds) == (rc.DEFAULT_MAX_RECOVERIES, 1, 15 * 60)
+    assert rc.managed_options(max_recoveries="0", min_nodes="3", wait="0", nodes=3).wait_seconds == 0
+    assert rc.parse_wait("1h30m") == 5400 and rc.parse_wait("90") == 90 and rc.parse_wait("0s") == 0
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(max_recoveries="-1"), "--max-recoveries: -1 is not allowed; give 0 or more"),
+    (dict(max_recoveries="two"), "--max-recoveries: 'two' is not a whole number"),
+    (dict(min_nodes="4"), "--min-nodes: 4 is not allowed; allowed 1 to 3 (the job's nodes)"),
+    (dict(min_nodes="0"), "--min-nodes: 0 is not allowed; allowed 1 to 3"),
+    (dict(wait="soon"), "--wait-for-capacity: 'soon' is not a duration"),
+    (dict(wait="-5m"), "--wait-for-capacity: '-5m' is not a duration"),
+])
+def test_options_refused_with_the_setting_value_and_what_is_allowed(given, message):
+    with pytest.raises(rc.RecoveryError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        rc.managed_options(**{**dict(max_recoveries="", min_nodes="", wait=""), **given}, nodes=3)
+
+
+INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--managed", "--max-recoveries", "-2"], "error: --max-recoveries: -2 is not allowed; give 0 or more"),
+    (["--managed", "--min-nodes", "3"], "error: --min-nodes: 3 is not allowed; allowed 1 to 2 (the job's nodes)"),
+    (["--managed", "--wait-for-capacity", "1d"], "error: --wait-for-capacity: '1d' is not a duration"),
+    (["--wait-for-capacity", "10m"], "error: --wait-for-capacity: only with --managed"),
+    (["--managed", "--launcher", "torchrun"], "error: --managed: not with --launcher torchrun"),
+])
+def test_fab_train_managed_bad_input_is_one_line_and_exit_2(tmp_path, argv, line):
+    """Against an inventory of documentation addresses (never reached: every case stops first)."""
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(INVENTORY)
+    result = subprocess.run([sys.executable, "-m", "fabric", "train", "-c", str(inventory), *argv], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), result.stderr
+    assert "Traceback" not in result.stderr
