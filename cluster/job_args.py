@@ -18,7 +18,10 @@ from typing import Any
 TASKS = ("qa", "classification")
 # How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
 GRAD_COMM_CHOICES = ("fp32", "bf16")
-# bf16 by default: on the offline task its final loss is within 0.5 % of fp32's; it is 1.8-1.9x faster
+# The job only, for `fab bench`'s compute measurement: DDP runs in lock-step but no gradient is
+# exchanged (each rank keeps its own; the ranks' models drift apart). Never for training.
+GRAD_COMM_MEASURE_ONLY = "none"
+# bf16 by default: on the offline task its final loss is within 1.5 % of fp32's; it is 1.8-2.0x faster
 # on a communication-bound link and the same within noise on a compute-bound one (docs/benchmarks.md).
 DEFAULT_GRAD_COMM = "bf16"
 BF16_CHOICES = ("auto", "on", "off")

@@ -32,9 +32,10 @@ def summary_lines(summary: dict, path: str, master: str) -> list[str]:
     return lines
 
 
-def reclaim_report(summary: dict | None, master: str) -> list[str]:
+def reclaim_report(summary: dict | None, master: str, *, managed: bool = False) -> list[str]:
     """After exit 75, from the job's summary: exactly what is saved where, and what is not."""
-    resume = "rerun with `fab train --resume` (it continues from the newest checkpoint every node can read)"
+    resume = ("`fab train --managed` resumes it (below)" if managed else
+              "rerun with `fab train --resume` (it continues from the newest checkpoint every node can read)")
     if summary is None:
         return [f"spot capacity was reclaimed, and {master} has no readable summary.json: whether a checkpoint was "
                 f"saved is unknown; look for checkpoint-* folders in the output directory on {master}, then {resume}"]

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, TASKS
+from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, GRAD_COMM_MEASURE_ONLY, TASKS
 from training.checkpoint_s3 import parse_s3_uri
 from training.errors import BadInput
 
@@ -99,7 +99,8 @@ class JobArguments:
     spot_poll_seconds: float = field(default=5.0, metadata={"help": "Seconds between metadata polls."})
     grad_comm: str = field(default=DEFAULT_GRAD_COMM, metadata={
         "help": "How gradients cross the network: bf16 (DDP's bf16 compression hook: half the bytes; the "
-                "optimizer still steps in fp32) or fp32 (as computed)."})
+                "optimizer still steps in fp32) or fp32 (as computed); none is fab bench's measurement only (no gradient "
+                "is exchanged, the ranks' models drift apart)."})
     ddp_bucket_mb: float | None = field(default=None, metadata={
         "help": "DDP's gradient bucket size in MB (default: DDP's own, 25); sets TrainingArguments' "
                 "ddp_bucket_cap_mb."})
@@ -213,7 +214,7 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     _choice("dist_backend", job.dist_backend, BACKEND_CHOICES)
     _choice("use_ipex", job.use_ipex, IPEX_CHOICES)
     _choice("spot_watch", job.spot_watch, SPOT_WATCH_CHOICES)
-    _choice("grad_comm", job.grad_comm, GRAD_COMM_CHOICES)
+    _choice("grad_comm", job.grad_comm, (*GRAD_COMM_CHOICES, GRAD_COMM_MEASURE_ONLY))
     if data.max_seq_length is None:
         data.max_seq_length = DEFAULT_MAX_SEQ_LENGTH[data.task]
     if data.max_seq_length < 16:

@@ -4,11 +4,12 @@ Two measurements in one launch, every rank taking part (the launcher, rendezvous
 those of the training job: training/ranks.py, training/distributed.py):
 
 1. compute: for n = 1..N, the first n ranks each run the training job itself (`python -m
-   training` as a world of one, in a child process: its Trainer, data loading, collation and
-   callbacks, bf16 when the CPU has it, as the job does) for a few steps at once, with no
-   all-reduce, while the others wait; samples/s per node of the slowest of them, from the job's
-   own mean step time (its first, warm-up step left out). A plain training loop would miss the
-   Trainer's work per step, which is as large as the compute for a small model;
+   training` in a child process: its Trainer, data loading, collation and callbacks, bf16 when
+   the CPU has it, as the job does) for a few steps, together as a world of n with
+   `--grad_comm none` (DDP's lock-step, no gradient exchanged), while the others wait; samples/s
+   per node of the slowest, from the job's own mean step time (its first, warm-up step left out).
+   A plain training loop would miss the Trainer's and DDP's work per step, which is as large as
+   the compute for a small model, and the waiting for the slowest rank each step;
 2. all-reduce: for n = 2..N, the first n ranks all-reduce a whole gradient (the model's parameter
    count) cut into DDP's buckets, in fp32 and in bf16 (what `--grad_comm bf16` sends), and one
    tiny tensor; the median times give the payload bandwidth per node and the latency per ring step
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cluster.job_args import GRAD_COMM_MEASURE_ONLY
 
 SYNTHETIC = "synthetic"
 
@@ -55,8 +58,10 @@ def _alone(env) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in _RANK_VARIABLES and not k.startswith(_LAUNCHER_PREFIXES)}
 
 
-def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bool, workdir: Path) -> float:
-    """Mean steady step time of the training job run alone on this node for `steps` + 1 steps.
+def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bool, workdir: Path,
+                      peers: dict[str, str]) -> float:
+    """Mean steady step time of the training job for `steps` + 1 steps, with no gradient exchanged,
+    in the world `peers` describes (torchrun's variables; empty: a world of one).
 
     The data is the offline demo's (training/synthetic.py); with a model directory, that model
     trains on it with its own tokenizer. Nothing is downloaded.
@@ -82,8 +87,11 @@ def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bo
     args[args.index("--max_seq_length") + 1] = str(seq_len)
     args[args.index("--doc_stride") + 1] = str(seq_len // 4)
     out = workdir / "job"
+    env.update(peers)
     child("training", *args, "--per_device_train_batch_size", str(batch), "--max_steps", str(steps + 1),
-          "--output_dir", str(out), "--bf16", "true" if bf16 else "false")
+          "--output_dir", str(out), "--bf16", "true" if bf16 else "false", "--grad_comm", GRAD_COMM_MEASURE_ONLY)
+    if peers.get("RANK", "0") != "0":
+        return 0.0  # in lock-step every rank's step is the same; rank 0 of the child's world writes the summary
     return json.loads((out / "summary.json").read_text())["step_time_seconds"]["mean"]
 
 
@@ -146,8 +154,12 @@ def main(argv=None) -> int:
             dist.barrier()
             seconds, problem = 0.0, None
             if rank < n:
+                peers = {} if n == 1 else {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
+                                           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": addr,
+                                           "MASTER_PORT": str(port + n)}  # the bench's own port + n
                 try:
-                    seconds = _job_step_seconds(o.model, o.batch, o.seq_len, o.steps, bf16, Path(scratch) / str(n))
+                    seconds = _job_step_seconds(o.model, o.batch, o.seq_len, o.steps, bf16, Path(scratch) / str(n),
+                                                peers)
                 except (RuntimeError, OSError, ValueError, KeyError) as exc:
                     problem = f"rank {rank}: {exc}"
             distributed.raise_first_error(problem)

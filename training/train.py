@@ -310,7 +310,7 @@ class Job:
             def training_step(self, model, *args, **kwargs):
                 if not self._comm_hook_checked:  # `model` is DDP-wrapped from here on; no backward has run yet
                     if grad_comm.register(model, parsed.job.grad_comm):
-                        log.info("gradients all-reduced in bf16 (DDP compression hook)")
+                        log.info("gradient communication %s (DDP communication hook)", parsed.job.grad_comm)
                     self._comm_hook_checked = True
                 return super().training_step(model, *args, **kwargs)
 

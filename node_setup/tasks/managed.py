@@ -122,7 +122,7 @@ def _follow(plan: JobPlan, conns) -> int:
     from node_setup.tasks import train
 
     try:
-        return train._follow_to_end(conns[plan.inventory.master.name], conns, plan)
+        return train._follow_to_end(conns[plan.inventory.master.name], conns, plan, managed=True)
     except Exception as exc:  # noqa: BLE001 - as in _run
         print(f"\nlost the job's stream: {type(exc).__name__}: {exc}", flush=True)
         return UNREACHABLE

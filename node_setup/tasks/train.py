@@ -261,7 +261,7 @@ def _print_summary(master, plan: JobPlan) -> None:
     print("\n".join(lines))
 
 
-def _follow_to_end(master, conns, plan: JobPlan) -> int:
+def _follow_to_end(master, conns, plan: JobPlan, *, managed: bool = False) -> int:
     """Stream the job until it ends; Ctrl-C asks whether to stop it. Returns fab's exit code."""
     job_id, rank_hosts = plan.job_id, list(plan.launch.rank_hosts)
     try:
@@ -293,7 +293,8 @@ def _follow_to_end(master, conns, plan: JobPlan) -> int:
         print(f"  exit code {first.code}: rank {first.rank}'s program's own (the launcher returned {code})")
         code = first.code
     if code == INTERRUPTED_BY_RECLAIM and not plan.user:
-        for line in jobreport.reclaim_report(_read_summary(master, plan)[0], plan.inventory.master.name):
+        summary = _read_summary(master, plan)[0]
+        for line in jobreport.reclaim_report(summary, plan.inventory.master.name, managed=managed):
             print(f"  {line}")
     cleanup = jobs.stop(master, conns, job_id, grace=5)
     if any(not o.ok for o in cleanup):

@@ -27,3 +27,37 @@ def test_the_child_job_leaves_the_launchers_world(launcher):
     assert (info.world_size, info.rank, info.launcher) == (1, 0, "none")
     assert "MASTER_ADDR" not in alone and "MASTER_PORT" not in alone
     assert alone["OMP_NUM_THREADS"] == "4" and alone["PATH"] == "/usr/bin"  # the rank's thread settings stay
+
+
+def _ddp_grads(rank: int, port: int, mode: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from training import grad_comm
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1, bias=False))
+    grad_comm.register(model, mode)
+    model(torch.full((1, 4), float(rank + 1))).sum().backward()
+    torch.save(model.module.weight.grad, f"{out}/{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode, exchanged", [("none", False), ("fp32", True)])
+def test_measure_only_mode_keeps_each_ranks_own_gradient(tmp_path, mode, exchanged):
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_grads, args=(port, mode, str(tmp_path)), nprocs=2, join=True)
+    g0, g1 = torch.load(tmp_path / "0.pt"), torch.load(tmp_path / "1.pt")
+    if exchanged:  # averaged: (1 + 2) / 2 on both ranks
+        assert torch.allclose(g0, g1) and torch.allclose(g0, torch.full((1, 4), 1.5))
+    else:  # each rank's own input
+        assert torch.allclose(g0, torch.full((1, 4), 1.0)) and torch.allclose(g1, torch.full((1, 4), 2.0))

@@ -129,3 +129,12 @@ def test_fab_options_reach_the_training_parser():
 def test_checkpoint_uris_that_no_node_could_use_are_refused(uri):
     with pytest.raises(JobArgsError, match=r"--checkpoint-uri: .* is not allowed; allowed: s3://BUCKET/PREFIX"):
         training_arguments(checkpoint_uri=uri)
+
+
+def test_reclaim_report_says_what_resumes_the_run():
+    from cluster.jobreport import reclaim_report
+
+    summary = {"interruption": {"step": 58}, "checkpoints": [{"step": 58, "path": "/out/checkpoint-58"}]}
+    plain, managed = reclaim_report(summary, "node0"), reclaim_report(summary, "node0", managed=True)
+    assert "checkpoint-58 is saved only on node0's local disk" in plain[0] and "fab train --resume" in plain[0]
+    assert "fab train --managed` resumes it" in managed[0] and "fab train --resume" not in managed[0]
