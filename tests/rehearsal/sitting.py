@@ -30,6 +30,7 @@ step that fails raises `RehearsalFailed` with the command's output, after cleani
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import secrets
@@ -387,13 +388,16 @@ class Sitting:
     def status(self) -> None:
         with self.step(f"fab status --cluster {self.cluster}") as result:
             out = self.fab("status", "--cluster", self.cluster)
-            rows = re.findall(r"^  (node\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out, re.M)
-            self.check([r[0] for r in rows] == [f"node{i}" for i in range(NODES)]
-                       and all(r[2] == "running" and r[5] == "yes" for r in rows), "fab status rows", out)
             self.check(f"cluster {self.cluster} (aws" in out, "fab status: not the AWS cluster", out)
+            shown = json.loads(self.fab("status", "--cluster", self.cluster, "--json"))
+            nodes = shown["nodes"]
+            self.check([n["name"] for n in nodes] == [f"node{i}" for i in range(NODES)]
+                       and all(n["state"] == "running" and n["reachable"] and n["market"] == "spot" for n in nodes)
+                       and all(n["usd_per_hour"] is not None and n["uptime_seconds"] >= 0 for n in nodes),
+                       "fab status --json: nodes", json.dumps(shown, indent=1))
             last = [line.strip() for line in out.splitlines() if line.strip().startswith("job ")]
-            result["summary"] = (f"{NODES} nodes running and reachable ({rows[0][3]}, spot {rows[0][4]}); "
-                                 + (last[-1] if last else "no job line"))
+            result["summary"] = (f"{NODES} nodes running and reachable ({nodes[0]['type']}, {nodes[0]['market']}, "
+                                 f"{shown['total']['spent_usd']:.2f} USD so far); " + (last[-1] if last else "no job line"))
 
     def pulumi_destroy(self, stack: Stack) -> None:
         with self.step("pulumi destroy (reverse order; the bucket is kept)") as result:
