@@ -44,6 +44,7 @@ def cluster(local_cluster_factory):
     dirs: list[str] = []
     made.output_dir = lambda: dirs.append(f"/var/tmp/xc-managed-{secrets.token_hex(3)}") or dirs[-1]
     yield made
+    made.destroy()  # its nodes and whatever the interrupted jobs left on them go now, not at session end
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
 
