@@ -13,7 +13,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 TASKS = ("qa", "classification")
 # How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
@@ -39,7 +39,7 @@ SYNTHETIC_EPOCHS = "1"
 SYNTHETIC_BATCH_SIZE = 16
 
 # fab train option -> the job's argument, in the order they are passed.
-_OPTION_ARGS = (("task_name", "--task"), ("model", "--model_name_or_path"), ("dataset", "--dataset_name"),
+OPTION_ARGS = (("task_name", "--task"), ("model", "--model_name_or_path"), ("dataset", "--dataset_name"),
                 ("dataset_config", "--dataset_config_name"), ("train_file", "--train_file"),
                 ("validation_file", "--validation_file"), ("epochs", "--num_train_epochs"),
                 ("batch_size", "--per_device_train_batch_size"), ("checkpoint_minutes", "--checkpoint_minutes"),
@@ -92,10 +92,10 @@ def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str =
                        ddp_bucket_mb: str | float | None = None, **options: Any) -> list[str]:
     """The `python -m training` arguments for fab train's options; `extra` goes last, split like a shell.
 
-    `options` are the names in _OPTION_ARGS (task_name, model, dataset, ...); None and "" are left out.
+    `options` are the names in OPTION_ARGS (task_name, model, dataset, ...); None and "" are left out.
     `grad_comm` and `ddp_bucket_mb` become `--grad_comm` and `--ddp_bucket_mb` (checked here).
     """
-    unknown = sorted(set(options) - {name for name, _ in _OPTION_ARGS})
+    unknown = sorted(set(options) - {name for name, _ in OPTION_ARGS})
     if unknown:
         raise TypeError(f"training_arguments: unknown option(s) {unknown}")
     task = options.get("task_name")
@@ -104,7 +104,7 @@ def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str =
     if options.get("checkpoint_uri"):
         parse_s3_uri(options["checkpoint_uri"])
     args: list[str] = []
-    for name, flag in _OPTION_ARGS:
+    for name, flag in OPTION_ARGS:
         value = options.get(name)
         if value not in (None, ""):
             args += [flag, str(value)]
@@ -157,3 +157,14 @@ def synthetic_data(task: str, examples: int | None, python: str) -> SyntheticDat
         command += ["--examples", str(examples)]
     prepare = f"[ -f {shlex.quote(directory + '/train.json')} ] || {shlex.join(command)} >/dev/null"
     return SyntheticData(task, directory, prepare)
+
+
+def job_setting(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in the job's arguments (`--flag v` or `--flag=v`; the last one counts)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found

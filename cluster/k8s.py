@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from cluster import catalog
 from cluster.catalog import InstanceType
-from cluster.job_args import SyntheticData
+from cluster.job_args import SyntheticData, job_setting
 from cluster.layout import Layout, plan_layout
 from cluster.profiles import get_profile, venv_dir
 from cluster.torchrun import TorchrunPlan, plan_torchrun
@@ -198,17 +198,6 @@ def check_restart_limit(value: int | None) -> int:
     return limit
 
 
-def _given(args: list[str], flag: str) -> str | None:
-    """The last value of `flag` in `args` (`--flag V` or `--flag=V`), or None."""
-    found = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
 def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str], name: str = DEFAULT_NAME,
                     namespace: str = DEFAULT_NAMESPACE, instance: str = DEFAULT_INSTANCE_TYPE,
                     profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,
@@ -236,7 +225,7 @@ def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str], name: s
     layout = plan_layout(resources.pod_machine(), backend=prof.backend, ranks_per_node=ranks_per_node,
                          threads_per_rank=threads_per_rank, ccl_workers=ccl_workers, pin=False)
     args = list(training_args)
-    output_dir = _given(args, "--output_dir")
+    output_dir = job_setting(args, "--output_dir")
     if output_dir is None:
         output_dir = f"{WORK_MOUNT}/{RUNS_DIR}/{name}"
         args += ["--output_dir", output_dir]

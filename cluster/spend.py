@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from cluster import timemodel as tm
 
@@ -205,17 +205,3 @@ def run_price(spend: ClusterSpend) -> tuple[float | None, str]:
     if any(n.usd_per_hour is None for n in spend.nodes):
         return None, sources
     return spend.usd_per_hour, sources
-
-
-# ---------------------------------------------------------------- the built-in job's settings
-
-
-def job_setting(args: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in the job's arguments (`--flag v` or `--flag=v`; the last one counts)."""
-    found = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg.split("=", 1)[1]
-    return found

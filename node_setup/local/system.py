@@ -198,18 +198,25 @@ _LAUNCHER = ('ip netns exec "$XC_NS" unshare --uts --mount --propagation private
              '</dev/null >>"$XC_LOG" 2>&1 & echo $!')
 
 
+def _launch_in_namespace(node: NodeState, launcher: str, what: str, values: dict[str, str]) -> int:
+    """Run `launcher` (a script that starts `what` detached in the node's namespace and prints its PID)
+    with `values` as its environment; the PID."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+           "XC_NS": node.namespace, **values}
+    done = subprocess.run(["/bin/sh", "-c", launcher], env=env, capture_output=True, text=True,
+                          start_new_session=True, timeout=30)
+    if done.returncode != 0 or not done.stdout.strip().isdigit():
+        raise LocalClusterError(f"{node.name}: could not start {what} in namespace {node.namespace}: "
+                                f"{done.stderr.strip() or done.stdout.strip()}")
+    return int(done.stdout.strip())
+
+
 def start_sshd(node: NodeState) -> int:
     node_dir = Path(node.dir)
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-           "XC_NS": node.namespace, "XC_NODE_SCRIPT": _NODE_SCRIPT, "XC_LOG": str(node_dir / "sshd.log"),
-           "XC_HOSTNAME": node.name, "XC_HOME": str(node_dir / "root"), "XC_HOSTS": str(node_dir / "etc" / "hosts"),
-           "XC_SSHD": SSHD, "XC_CONFIG": node.sshd_config}
-    launcher = subprocess.run(["/bin/sh", "-c", _LAUNCHER], env=env, capture_output=True, text=True,
-                              start_new_session=True, timeout=30)
-    if launcher.returncode != 0 or not launcher.stdout.strip().isdigit():
-        raise LocalClusterError(f"{node.name}: could not start sshd in namespace {node.namespace}: "
-                                f"{launcher.stderr.strip() or launcher.stdout.strip()}")
-    return int(launcher.stdout.strip())
+    return _launch_in_namespace(node, _LAUNCHER, "sshd", {
+        "XC_NODE_SCRIPT": _NODE_SCRIPT, "XC_LOG": str(node_dir / "sshd.log"), "XC_HOSTNAME": node.name,
+        "XC_HOME": str(node_dir / "root"), "XC_HOSTS": str(node_dir / "etc" / "hosts"), "XC_SSHD": SSHD,
+        "XC_CONFIG": node.sshd_config})
 
 
 def port_open(address: str, port: int = 22) -> bool:
@@ -264,15 +271,9 @@ def start_imds(node: NodeState, address: str, instance_type: str, zone: str) -> 
     control.mkdir(parents=True, exist_ok=True)
     (control / "ready").unlink(missing_ok=True)
     run(["ip", "-n", node.namespace, "addr", "replace", f"{address}/32", "dev", "lo"])
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-           "XC_NS": node.namespace, "XC_ADDRESS": address, "XC_PYTHON": sys.executable, "XC_SERVER": str(IMDS_SERVER),
-           "XC_DIR": str(control), "XC_ID": node.instance_id or "", "XC_TYPE": instance_type, "XC_ZONE": zone}
-    launcher = subprocess.run(["/bin/sh", "-c", _IMDS_LAUNCHER], env=env, capture_output=True, text=True,
-                              start_new_session=True, timeout=30)
-    if launcher.returncode != 0 or not launcher.stdout.strip().isdigit():
-        raise LocalClusterError(f"{node.name}: could not start the metadata service in namespace {node.namespace}: "
-                                f"{launcher.stderr.strip() or launcher.stdout.strip()}")
-    return int(launcher.stdout.strip())
+    return _launch_in_namespace(node, _IMDS_LAUNCHER, "the metadata service", {
+        "XC_ADDRESS": address, "XC_PYTHON": sys.executable, "XC_SERVER": str(IMDS_SERVER), "XC_DIR": str(control),
+        "XC_ID": node.instance_id or "", "XC_TYPE": instance_type, "XC_ZONE": zone})
 
 
 def is_our_imds(pid: int, node: NodeState) -> bool:

@@ -165,6 +165,23 @@ def read_remote_file(conn, path: str) -> str | None:
     return out.getvalue().decode(errors="replace")
 
 
+def read_remote_json_object(conn, path: str) -> dict | None:
+    """The JSON object in `path` on the node, or None (missing, unreadable or not an object)."""
+    text = read_remote_file(conn, path)
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_remote_json(conn, path: str, data) -> None:
+    """Write JSON to `path` on the node atomically (a reader never sees half a file)."""
+    partial = f"{path}.xc-new"
+    conn.put(io.BytesIO((json.dumps(data, indent=2) + "\n").encode()), remote=partial)
+    conn.run(f"mv -f {shlex.quote(partial)} {shlex.quote(path)}", hide=True, in_stream=False)
+
+
 def log_text(master, job_id: str) -> str:
     return read_remote_file(master, f"{job_dir(job_id)}/log") or ""
 

@@ -8,7 +8,6 @@ training/imds.py client), never from this machine.
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import time
@@ -153,31 +152,23 @@ def read_records(master, output_dir: str) -> list[dict]:
     return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
 
-def _put_json(master, path: str, data) -> None:
-    """Write JSON to `path` on the master atomically (a reader never sees half a file)."""
-    master.put(io.StringIO(json.dumps(data, indent=2) + "\n"), remote=f"{path}.xc-new")
-    master.run(f"mv -f {shlex.quote(path + '.xc-new')} {shlex.quote(path)}", hide=True, in_stream=False)
-
-
 def write_records(master, output_dir: str, records: list[dict]) -> None:
+    from node_setup.ssh.job import write_remote_json
+
     master.run(f"mkdir -p {shlex.quote(output_dir)}", hide=True, in_stream=False)
-    _put_json(master, _path(output_dir, RECOVERIES_FILE), records)
+    write_remote_json(master, _path(output_dir, RECOVERIES_FILE), records)
 
 
 def merge_into_summary(master, output_dir: str, records: list[dict]) -> bool:
     """Put the run's recoveries into summary.json on the master (the resumed job wrote it without
     them); False when there is no readable summary."""
-    from node_setup.ssh.job import read_remote_file
+    from node_setup.ssh.job import read_remote_json_object, write_remote_json
 
     path = _path(output_dir, "summary.json")
-    text = read_remote_file(master, path)
-    try:
-        summary = json.loads(text) if text else None
-    except ValueError:
-        summary = None
-    if not isinstance(summary, dict):
+    summary = read_remote_json_object(master, path)
+    if summary is None:
         return False
-    _put_json(master, path, merge_recoveries(summary, records))
+    write_remote_json(master, path, merge_recoveries(summary, records))
     return True
 
 

@@ -12,9 +12,7 @@ never loads boto3); the local cluster costs nothing; an inventory file's machine
 
 from __future__ import annotations
 
-import io
 import json
-import shlex
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -23,11 +21,11 @@ from cluster import catalog, costplan, models
 from cluster import spend
 from cluster.costplan import PlanOptions, Price
 from cluster.inventory import Inventory
-from cluster.job_args import _OPTION_ARGS
+from cluster.job_args import OPTION_ARGS, job_setting
 from cluster.jobplan import JobPlan
 from node_setup.tasks.common import CTRL_C
 
-JOB_FLAGS = dict(_OPTION_ARGS)  # fab train option -> the job's argument (cluster/job_args.py)
+JOB_FLAGS = dict(OPTION_ARGS)  # fab train option -> the job's argument (cluster/job_args.py)
 clock: Callable[[], float] = time.time  # what "now" is for the spend so far
 
 
@@ -97,7 +95,7 @@ def plan_seconds(plan: JobPlan, calibration_for: Callable[[str], Any] | None = N
     args = plan.training_args
 
     def given(option: str) -> str | None:  # a fab train option's value in the job's arguments
-        return spend.job_setting(args, JOB_FLAGS.get(option, option))
+        return job_setting(args, JOB_FLAGS.get(option, option))
 
     if given("train_file"):
         return None, "the planner does not know the size of your own --train-file"
@@ -178,18 +176,12 @@ def record_cost(master, path: str, cost: spend.RunCost) -> bool:
     """Add the cost record to the summary.json at `path` on the master; False when there is none to add to."""
     from node_setup.ssh import job as jobs
 
-    partial = f"{path}.cost-tmp"
     try:
-        text = jobs.read_remote_file(master, path)
-        try:
-            summary = json.loads(text) if text else None
-        except ValueError:
-            summary = None
-        if not isinstance(summary, dict):
+        summary = jobs.read_remote_json_object(master, path)
+        if summary is None:
             return False
         summary[spend.COST_KEY] = cost.record()
-        master.put(io.BytesIO((json.dumps(summary, indent=2) + "\n").encode()), remote=partial)
-        master.run(f"mv -f {shlex.quote(partial)} {shlex.quote(path)}", hide=True, in_stream=False)
+        jobs.write_remote_json(master, path, summary)
     except Exception as exc:  # noqa: BLE001 - the run is over; say the record is missing, do not fail it
         print(f"cost: not recorded in {path} ({type(exc).__name__}: {exc})")
         return False

@@ -1,8 +1,13 @@
 """What a test sees of a job on the local cluster's nodes from this machine (the nodes share its
-file system and pid space): a node's home, the newest job there, the job's processes, and waiting."""
+file system and pid space): a node's home, the newest job there, the job's processes, waiting, and
+acting on the cluster once a running `fab train` has reached a given line."""
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,3 +45,35 @@ def wait_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def act_while_training(cluster, train_args: list[str], action: list[str], ready: tuple[str, ...],
+                       *, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int, str]:
+    """Start `fab <train_args>`; once a line of its output holds one of `ready` (or it ends), run
+    `fab <action> --cluster local:NAME`; then wait for the training. (the action's run, fab train's
+    exit code, fab train's output)."""
+    job = subprocess.Popen([sys.executable, "-m", "fabric", *train_args], cwd=REPO_ROOT, env=cluster.env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in job.stdout], daemon=True)
+    reader.start()
+    log, deadline = [], time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            log.append(lines.get(timeout=1))
+        except queue.Empty:
+            if job.poll() is not None:
+                break
+            continue
+        if any(marker in log[-1] for marker in ready):
+            break
+    acted = subprocess.run([sys.executable, "-m", "fabric", *action, "--cluster", f"local:{cluster.name}"],
+                           cwd=REPO_ROOT, env=cluster.env(), capture_output=True, text=True, timeout=300)
+    code = job.wait(timeout=timeout)
+    reader.join(timeout=10)
+    while not lines.empty():
+        log.append(lines.get())
+    return acted, code, "".join(log)

@@ -12,18 +12,16 @@ Budget: five short runs of the synthetic demo (about three minutes on 2 cores).
 from __future__ import annotations
 
 import json
-import queue
 import secrets
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from node_setup.local import cluster as lc
+from tests.ssh.jobs_on_nodes import act_while_training
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 
@@ -58,27 +56,10 @@ def train_args(cluster, output_dir: str, *extra: str) -> list[str]:
 def managed_with_reclaim(cluster, node: str, output_dir: str, *extra: str, notice: str = "5") -> tuple[str, int, str]:
     """`fab train --managed`; once the spot watcher polls, `fab local-reclaim NODE --notice N`.
     (reclaim's output, fab train's exit code, its output)."""
-    job = subprocess.Popen([sys.executable, "-m", "fabric", *train_args(cluster, output_dir, "--managed", *extra)],
-                           cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in job.stdout], daemon=True)
-    reader.start()
-    log, deadline = [], time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            log.append(lines.get(timeout=1))
-        except queue.Empty:
-            if job.poll() is not None:
-                break
-            continue
-        if "spot watcher polling" in log[-1]:
-            break
-    acted = fab(cluster, "local-reclaim", node, "--notice", notice, "--cluster", f"local:{cluster.name}")
-    code = job.wait(timeout=400)
-    reader.join(timeout=10)
-    while not lines.empty():
-        log.append(lines.get())
-    return acted.stdout + acted.stderr, code, "".join(log)
+    acted, code, log = act_while_training(cluster, train_args(cluster, output_dir, "--managed", *extra),
+                                          ["local-reclaim", node, "--notice", notice], ("spot watcher polling",),
+                                          timeout=400)
+    return acted.stdout + acted.stderr, code, log
 
 
 def managed_lines(log: str) -> str:

@@ -12,17 +12,15 @@ the synthetic demo (about a minute and a half).
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from node_setup.local import cluster as lc
 from node_setup.local import system as local_system
+from tests.ssh.jobs_on_nodes import act_while_training
 from training.imds import METADATA_ADDRESS
 
 pytestmark = [pytest.mark.ssh]
@@ -101,31 +99,11 @@ def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def train_with(cluster, action: list[str], output_dir: str) -> tuple[subprocess.CompletedProcess, str, str]:
+def train_with(cluster, action: list[str], output_dir: str) -> tuple[subprocess.CompletedProcess, int, str]:
     """`fab train` on 3 nodes; once the spot watcher polls, `fab <action>` runs. (action run, train rc, log)."""
-    argv = [sys.executable, "-m", "fabric", "train", "--nodes", "3", "--cluster", f"local:{cluster.name}",
+    argv = ["train", "--nodes", "3", "--cluster", f"local:{cluster.name}",
             "--synthetic-examples", "1500", "--epochs", "15", "--output-dir", output_dir, "--extra", "--spot_poll_seconds 1"]
-    job = subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in job.stdout], daemon=True)
-    reader.start()
-    log, deadline = [], time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            log.append(lines.get(timeout=1))
-        except queue.Empty:
-            if job.poll() is not None:
-                break
-            continue
-        if "spot watcher polling" in log[-1] or "'loss'" in log[-1]:
-            break
-    acted = fab(cluster, *action, "--cluster", f"local:{cluster.name}")
-    code = job.wait(timeout=300)
-    reader.join(timeout=10)
-    while not lines.empty():
-        log.append(lines.get())
-    return acted, code, "".join(log)
+    return act_while_training(cluster, argv, action, ("spot watcher polling", "'loss'"))
 
 
 @pytest.mark.mpi

@@ -3,8 +3,8 @@
 - README.md stays short and opens with the two set-up commands CI and users copy.
 - Every relative link in README.md and docs/*.md names an existing file, and a `#anchor` an
   existing heading of that page (GitHub's heading slugs).
-- No page points outside the repository (`../shared`, or a design doc other than docs/design.md)
-  or at issue numbers.
+- No page points outside the repository (`../shared`) or at issue numbers, and no code, test or page
+  names a Markdown file the repository does not have (the design doc is docs/design.md).
 """
 
 from __future__ import annotations
@@ -119,7 +119,6 @@ def test_relative_links_point_to_existing_files_and_headings(page):
 
 
 FORBIDDEN = (
-    (re.compile(r"\bDESIGN\.md"), "a design doc outside the repository (the project's is docs/design.md)"),
     (re.compile(r"\.\./shared"), "../shared, outside the repository"),
     (re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE), "an issue number"),
 )
@@ -130,6 +129,25 @@ def test_no_page_refers_outside_the_repository_or_to_issue_numbers(page):
     text = page.read_text(errors="replace")
     found = [f"{what}: {m.group(0)!r}" for pattern, what in FORBIDDEN for m in pattern.finditer(text)]
     assert not found, f"{page_id(page)}: " + "; ".join(found)
+
+
+SOURCE_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml"}
+MD_NAME = re.compile(r"(?<![\w/.-])([\w-]+(?:/[\w.-]+)*\.md)\b")
+
+
+def _project_files() -> list[Path]:
+    return [p for p in ROOT.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES
+            and not any(part.startswith(".") or part in ("build", "node_modules") for part in p.relative_to(ROOT).parts)
+            and "egg-info" not in str(p)]
+
+
+def test_every_markdown_file_named_in_code_tests_or_docs_is_in_the_repository():
+    # a design doc, a note or a guide the project does not carry must not be cited; docs/design.md is the project's
+    ours = {p.name for p in _project_files() if p.suffix == ".md"}
+    assert "design.md" in ours
+    outside = [f"{p.relative_to(ROOT)}: {m.group(1)}" for p in _project_files()
+               for m in MD_NAME.finditer(p.read_text(errors="replace")) if Path(m.group(1)).name not in ours]
+    assert not outside, "names a Markdown file the repository does not have:\n  " + "\n  ".join(outside)
 
 
 @pytest.mark.parametrize("heading, expected", [

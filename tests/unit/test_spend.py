@@ -7,6 +7,7 @@ import pytest
 from cluster import costplan, spend
 from cluster import timemodel as tm
 from cluster.inventory import Inventory, Node
+from cluster.job_args import job_setting
 from cluster.jobplan import plan_job
 
 NOW = 1_800_000_000.0
@@ -111,10 +112,10 @@ def test_run_price_is_unknown_when_one_node_has_none():
 
 def test_job_setting_reads_the_last_value_in_either_form():
     args = ["--task", "qa", "--num_train_epochs", "2", "--extra", "--num_train_epochs=3", "--max_steps", "7"]
-    assert spend.job_setting(args, "--num_train_epochs") == "3"
-    assert spend.job_setting(args, "--max_steps") == "7"
-    assert spend.job_setting(args, "--model_name_or_path") is None
-    assert spend.job_setting(["--max_steps"], "--max_steps") is None
+    assert job_setting(args, "--num_train_epochs") == "3"
+    assert job_setting(args, "--max_steps") == "7"
+    assert job_setting(args, "--model_name_or_path") is None
+    assert job_setting(["--max_steps"], "--max_steps") is None
 
 
 # ---------------------------------------------------------------- what fab train plans (node_setup/tasks/spend.py)
