@@ -23,7 +23,7 @@ from pathlib import Path
 
 VERSION = 1
 DTYPES = ("fp32", "bf16")
-_CLUSTER_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+_CLUSTER_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}\Z")
 
 
 class CalibrationError(ValueError):

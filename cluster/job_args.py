@@ -47,7 +47,7 @@ OPTION_ARGS = (("task_name", "--task"), ("model", "--model_name_or_path"), ("dat
 
 
 # S3 bucket names: 3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit.
-S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+S3_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
 class JobArgsError(ValueError):
@@ -57,7 +57,7 @@ class JobArgsError(ValueError):
 def parse_s3_uri(uri: str, setting: str = "--checkpoint-uri") -> tuple[str, str]:
     """('bucket', 'prefix') of `s3://bucket/prefix` (prefix without slashes at the ends)."""
     bucket, _, prefix = uri[5:].partition("/") if uri.startswith("s3://") else ("", "", "")
-    if not S3_BUCKET_RE.match(bucket) or ".." in prefix.split("/"):
+    if not S3_BUCKET_RE.fullmatch(bucket) or ".." in prefix.split("/"):
         raise JobArgsError(f"{setting}: {uri!r} is not allowed; allowed: s3://BUCKET/PREFIX with a valid bucket "
                            "name (3-63 lower-case letters, digits, '.' and '-'), e.g. s3://my-bucket/runs/qa-1")
     return bucket, prefix.strip("/")
@@ -74,14 +74,34 @@ def grad_comm_argument(value: str | None) -> list[str]:
     return ["--grad_comm", choice]
 
 
+def _number(value: str | float) -> float:
+    """`value` as a float; nan when it is no number (callers refuse nan with their own message)."""
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return float("nan")
+
+
+def check_epochs(value: str | float | None) -> None:
+    """`--epochs`: a finite number above 0 (or unset)."""
+    number = 1.0 if value in (None, "") else _number(value)
+    if not (math.isfinite(number) and number > 0):
+        raise JobArgsError(f"--epochs: {value!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
+
+
+def check_checkpoint_minutes(value: str | float | None) -> None:
+    """`--checkpoint-minutes`: a finite number of 0 or more (0: off), or unset."""
+    number = 0.0 if value in (None, "") else _number(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise JobArgsError(f"--checkpoint-minutes: {value!r} is not allowed; give 0 (off) or a positive number "
+                           "of minutes")
+
+
 def ddp_bucket_argument(value: str | float | None) -> list[str]:
     """`--ddp-bucket-mb N` as the job's `--ddp_bucket_mb` (nothing when unset); N a positive number."""
     if value in (None, ""):
         return []
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = float("nan")
+    number = _number(value)
     if not math.isfinite(number) or number <= 0:
         raise JobArgsError(f"--ddp-bucket-mb: {value!r} is not allowed; give a positive number of MB "
                            "(DDP's default is 25)")
@@ -101,6 +121,8 @@ def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str =
     task = options.get("task_name")
     if task and task not in TASKS:
         raise JobArgsError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
+    check_epochs(options.get("epochs"))
+    check_checkpoint_minutes(options.get("checkpoint_minutes"))
     if options.get("checkpoint_uri"):
         parse_s3_uri(options["checkpoint_uri"])
     args: list[str] = []

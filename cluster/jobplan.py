@@ -37,7 +37,7 @@ def shown(path: str) -> str:
 
 
 # What new_job_id makes: UTC date and time, then 4 hex digits. `--job` must look like this too.
-JOB_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
+JOB_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}\Z")
 
 
 def check_job_id(job_id: str) -> str:

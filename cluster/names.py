@@ -13,13 +13,13 @@ import ipaddress
 import re
 
 # POSIX portable user names as useradd accepts them by default (lower case, digits, '_', '-').
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}\Z")
 # A node's alias in ssh config and the hostfile.
-ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+ALIAS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 # One DNS label (RFC 1123): letters, digits and inner '-'.
-_LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
 # An absolute path on a node, in characters no shell treats specially.
-PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+PATH_RE = re.compile(r"/[A-Za-z0-9._/+-]*\Z")
 
 
 class UnsafeValue(ValueError):
@@ -31,13 +31,13 @@ def _refuse(setting: str, value: object, allowed: str) -> UnsafeValue:
 
 
 def user(value: object, setting: str = "user") -> str:
-    if not isinstance(value, str) or not USER_RE.match(value):
+    if not isinstance(value, str) or not USER_RE.fullmatch(value):
         raise _refuse(setting, value, "a login name of lower-case letters, digits, '_' and '-' (e.g. ubuntu)")
     return value
 
 
 def alias(value: object, setting: str = "name") -> str:
-    if not isinstance(value, str) or not ALIAS_RE.match(value):
+    if not isinstance(value, str) or not ALIAS_RE.fullmatch(value):
         raise _refuse(setting, value, "letters, digits, '.', '_' and '-', starting with a letter or digit")
     return value
 
@@ -53,7 +53,7 @@ def is_ip(value: str) -> bool:
 def host(value: object, setting: str = "address") -> str:
     """An IP address or a DNS host name."""
     if isinstance(value, str) and (is_ip(value) or (
-            len(value) <= 253 and all(_LABEL_RE.match(label) for label in value.rstrip(".").split(".")))):
+            len(value) <= 253 and all(_LABEL_RE.fullmatch(label) for label in value.rstrip(".").split(".")))):
         return value
     raise _refuse(setting, value, "an IP address or a host name (letters, digits, '-' and '.')")
 
@@ -75,6 +75,6 @@ def endpoint(value: object, setting: str = "address") -> str:
 
 
 def node_path(value: object, setting: str = "path") -> str:
-    if not isinstance(value, str) or not PATH_RE.match(value) or "/../" in f"{value}/":
+    if not isinstance(value, str) or not PATH_RE.fullmatch(value) or "/../" in f"{value}/":
         raise _refuse(setting, value, "an absolute path of letters, digits, '.', '_', '+', '-' and '/'")
     return value

@@ -291,7 +291,7 @@ def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s
 
 # --- durations ---------------------------------------------------------------------------------
 
-_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
 
 
 def parse_duration(text: str, setting: str = "--single-node-time") -> float:

@@ -50,10 +50,10 @@ RDZV_BACKEND = "c10d"
 RDZV_PORT = 29400  # torchrun's own default for the c10d rendezvous
 DEFAULT_MAX_RESTARTS = 3  # elastic runs only (a minimum node count given)
 # What may name the rendezvous host: a DNS name or an IPv4 address.
-_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
-                   r"[A-Za-z0-9])?)*$")
-_RDZV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_HOST = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                   r"[A-Za-z0-9])?)*\Z")
+_RDZV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 class TorchrunError(ValueError):

@@ -50,15 +50,28 @@ def choose_stack(stack: str | None, root: str | os.PathLike = ".") -> tuple[str,
     raise StackConfigError(f"several stacks here ({', '.join(files)}): pass --stack NAME")
 
 
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def read_stack_values(path: str | os.PathLike) -> tuple[dict[str, Any], str, list[str]]:
     """(camelCase settings, region, keys of this project that are no setting) from a stack file."""
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise StackConfigError(f"{path}: not valid YAML ({exc})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise StackConfigError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
+    except OSError as exc:
+        raise StackConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(doc, dict):
+        raise StackConfigError(f"{path}: not Pulumi stack config; allowed: a map with a `config` map of keys like "
+                               f"{PROJECT}:instanceType (found a {type(doc).__name__} at the top)")
     config = doc.get("config") or {}
     if not isinstance(config, dict):
-        raise StackConfigError(f"{path}: `config` must be a map of keys like {PROJECT}:instanceType")
+        raise StackConfigError(f"{path}: `config` must be a map of keys like {PROJECT}:instanceType "
+                               f"(found a {type(config).__name__})")
     values: dict[str, Any] = {}
     unknown: list[str] = []
     prefix = PROJECT + ":"

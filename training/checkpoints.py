@@ -31,8 +31,8 @@ from typing import Iterable, Sequence
 log = logging.getLogger(__name__)
 
 MANIFEST = "xeon-checkpoint.json"
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\Z")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class CheckpointError(RuntimeError):

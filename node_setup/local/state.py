@@ -38,7 +38,7 @@ DATA_ROOT_ENV = "XEON_CLUSTER_LOCAL_DATA"
 STATE_VERSION = 1
 # Where subnets are looked for: 10.200.0.0/24 .. 10.239.255.0/24, starting at a spot derived from the name.
 SUBNET_FIRST_OCTET_RANGE = (200, 240)
-NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,23}\Z")
 # Link shaping (`--link-mbit`, `--link-delay-ms`): what tc can shape a veth to and still be meaningful.
 LINK_MBIT_RANGE = (1.0, 100_000.0)
 LINK_DELAY_MS_RANGE = (0.0, 1_000.0)

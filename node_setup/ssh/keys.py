@@ -23,7 +23,7 @@ from pathlib import Path
 from cluster.render import key_comment
 from node_setup.controller import PROJECT_ROOT, config_root
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 class KeyStoreError(RuntimeError):
@@ -32,7 +32,7 @@ class KeyStoreError(RuntimeError):
 
 def cluster_dir(cluster: str, *, create: bool = True) -> Path:
     """The cluster's directory under the config root (made 0700 when `create`)."""
-    if not isinstance(cluster, str) or not NAME_RE.match(cluster) or ".." in cluster:
+    if not isinstance(cluster, str) or not NAME_RE.fullmatch(cluster) or ".." in cluster:
         raise KeyStoreError(f"cluster name {cluster!r} cannot name a key directory; allowed: letters, digits, "
                             "'.', '_', '-' (up to 64), starting with a letter or digit")
     path = config_root() / "keys" / cluster
@@ -113,13 +113,20 @@ def forget_cluster(cluster: str) -> bool:
     return True
 
 
+def _names_host(pattern: str, host: str) -> bool:
+    """Whether a known_hosts host entry is `host`: the same text, or `[host]:port` when `host` is bare
+    (off port 22 known_hosts records `[address]:port`, while paramiko's errors name the bare address)."""
+    return pattern == host or (not host.startswith("[") and pattern.startswith(f"[{host}]:"))
+
+
 def forget_host(cluster: str, host: str) -> int:
-    """Remove every known_hosts line of `host` (an address or `[address]:port`); returns how many."""
+    """Remove every known_hosts line of `host` (an address: on any port; `[address]:port`: that port only);
+    returns how many."""
     path = cluster_dir(cluster, create=False) / "known_hosts"
     if not path.exists():
         return 0
     lines = path.read_text().splitlines()
-    kept = [line for line in lines if host not in line.split(" ", 1)[0].split(",")]
+    kept = [line for line in lines if not any(_names_host(p, host) for p in line.split(" ", 1)[0].split(","))]
     path.write_text("".join(f"{line}\n" for line in kept))
     return len(lines) - len(kept)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from invoke import Exit
 from cluster import calibration as calib
 from cluster import costplan, models
 from cluster.costplan import PlanOptions, Price
-from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES
+from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
 from cluster.spec import ClusterSpec, ConfigError
 from node_setup.aws import clients as aws
 from node_setup.controller import config_root
@@ -24,8 +25,10 @@ def _stack_spec(stack: str, *, required: bool) -> ClusterSpec | None:
         return None
     try:
         return load_stack_spec(stack or None)
-    except (StackConfigError, ConfigError) as exc:
+    except StackConfigError as exc:
         raise fail(str(exc)) from None
+    except ConfigError as exc:  # one problem in one line; several one per line
+        raise fail(exc.problems[0] if len(exc.problems) == 1 else str(exc)) from None
 
 
 @task(help={
@@ -125,8 +128,9 @@ def load_calibration(calibration_file: str, cluster: str) -> tuple[calib.Calibra
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
                calibration: calib.Calibration | None = None):
     """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem."""
-    if not hourly_usd >= 0:
+    if not (math.isfinite(hourly_usd) and hourly_usd >= 0):
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
+    check_epochs(options.epochs)
     spec = _stack_spec(stack, required=False)
     inputs = costplan.plan_inputs(spec, options, calibration)
     price = _price(inputs, spec, hourly_usd, region)

@@ -5,6 +5,7 @@ every case stops before connecting)."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,22 @@ CASES = {
     "local-reclaim bad cluster name": (["local-reclaim", "node1", "--cluster", "local:Bad;Name"],
                                        "--cluster: 'local:Bad;Name' is not allowed"),
     "preflight write without pick-zone": (["preflight", "--write"], "--write: only with --pick-zone"),
+    "train epochs two": (["train", "--epochs", "two", "--dry-run", "-c", "{inv}"],
+                         "--epochs: 'two' is not allowed; give a number above 0"),
+    "train epochs zero": (["train", "--epochs", "0", "--dry-run", "-c", "{inv}"], "--epochs: '0' is not allowed"),
+    "train checkpoint minutes nan": (["train", "--checkpoint-minutes", "nan", "--dry-run", "-c", "{inv}"],
+                                     "--checkpoint-minutes: 'nan' is not allowed; give 0 (off) or a positive number"),
+    "k8s-job epochs inf": (["k8s-job", "--image", "reg.example.com/xc:1", "--epochs", "inf"],
+                           "--epochs: 'inf' is not allowed; give a number above 0"),
+    "k8s-job checkpoint minutes": (["k8s-job", "--image", "reg.example.com/xc:1", "--checkpoint-minutes", "often"],
+                                   "--checkpoint-minutes: 'often' is not allowed"),
+    "plan epochs inf": (["plan", "--epochs", "inf", "--hourly-usd", "5"],
+                        "--epochs: inf is not allowed; give a number above 0"),
+    "plan price inf": (["plan", "--hourly-usd", "inf"], "--hourly-usd: inf is not allowed; give a price of 0 or more"),
+    "plan price nan": (["plan", "--hourly-usd", "nan"], "--hourly-usd: nan is not allowed"),
+    "exec --help as the command": (["exec", "--help"], "command: '--help' is an option, not a shell command; "
+                                                      "allowed: a shell command"),
+    "local-reclaim --help as the node": (["local-reclaim", "--help"], "node: '--help' is an option, not a node"),
 }
 
 
@@ -156,6 +173,29 @@ def test_a_bad_inventory_file_stops_before_connecting(key, value, message, tmp_p
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+STACK_KEY = "ssh-ed25519 " + base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)).decode()
+STACK = ("config:\n  aws:region: eu-west-1\n  xeon-cluster:workerCount: \"1\"\n"
+         f"  xeon-cluster:publicKey: {STACK_KEY}\n  xeon-cluster:adminCidrs:\n    - 198.51.100.0/24\n")
+
+
+@pytest.mark.parametrize("task", ["preflight", "plan"])
+@pytest.mark.parametrize("text, message", [
+    (STACK.replace("workerCount", "workerCont"),
+     "Pulumi.lab.yaml: xeon-cluster:workerCont: not a setting of this project; did you mean workerCount?"),
+    ("- config\n- aws:region\n", "Pulumi.lab.yaml: not Pulumi stack config; allowed: a map with a `config` map"),
+    ("config: [aws:region]\n", "Pulumi.lab.yaml: `config` must be a map of keys like xeon-cluster:instanceType"),
+    ("config: {aws:region: [eu\n", "Pulumi.lab.yaml: not valid YAML ("),
+], ids=["misspelt key", "top level a list", "config a list", "not yaml"])
+def test_a_bad_stack_file_stops_before_any_aws_call(task, text, message, tmp_path):
+    (tmp_path / "Pulumi.lab.yaml").write_text(text)
+    price = ["--hourly-usd", "5"] if task == "plan" else []
+    result = fab("-r", str(ROOT), task, "--stack", "lab", *price, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_arguments_after_a_double_dash_reach_the_training_program(inventory):
     result = fab("train", "--dry-run", "-c", inventory, "--", "--learning_rate", "3e-5")
     assert result.returncode == 0, result.stderr
@@ -167,8 +207,12 @@ def test_forget_removes_one_host_or_the_whole_cluster(tmp_path):
     env = {"XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     store = tmp_path / "xeon-cluster" / "keys" / "demo"
     store.mkdir(parents=True)
-    (store / "known_hosts").write_text("10.0.0.5 ssh-ed25519 AAAA\n10.0.0.6 ssh-ed25519 BBBB\n")
+    (store / "known_hosts").write_text("10.0.0.5 ssh-ed25519 AAAA\n10.0.0.6 ssh-ed25519 BBBB\n"
+                                       "[10.0.0.5]:2222 ssh-ed25519 CCCC\n[10.0.0.50]:2222 ssh-ed25519 DDDD\n")
     one = fab("forget", "--cluster", "demo", "--host", "10.0.0.5", env=env)
-    assert one.returncode == 0 and "forgot 1 recorded host key line(s) of 10.0.0.5" in one.stdout
+    assert one.returncode == 0 and "forgot 2 recorded host key line(s) of 10.0.0.5" in one.stdout
+    assert (store / "known_hosts").read_text() == "10.0.0.6 ssh-ed25519 BBBB\n[10.0.0.50]:2222 ssh-ed25519 DDDD\n"
+    port = fab("forget", "--cluster", "demo", "--host", "[10.0.0.50]:2222", env=env)
+    assert port.returncode == 0 and "forgot 1 recorded host key line(s)" in port.stdout
     assert (store / "known_hosts").read_text() == "10.0.0.6 ssh-ed25519 BBBB\n"
     assert fab("forget", "-c", "demo", env=env).returncode == 0 and not store.exists()

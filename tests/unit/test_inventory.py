@@ -42,6 +42,11 @@ def test_first_cuts_and_names_the_allowed_range():
     ({"hosts": [{"address": "a", "private_address": "b`id`"}]}, "private_address: 'b`id`' is not allowed"),
     ({"hosts": ["a"], "gateway": "bastion -oProxyCommand=x"}, "gateway: .* is not allowed"),
     ({"hosts": ["a"], "wheelhouse": "/srv/w; id"}, "wheelhouse: '/srv/w; id' is not allowed"),
+    ({"hosts": ["a"], "user": "ubuntu\n"}, r"user: 'ubuntu\\n' is not allowed; allowed: a login name"),
+    ({"hosts": ["10.0.0.1\n"]}, r"host 0 \('node0'\) address: '10.0.0.1\\n' is not allowed"),
+    ({"hosts": ["node-1.example.org\n"]}, r"address: 'node-1.example.org\\n' is not allowed"),
+    ({"hosts": [{"name": "n0\n", "address": "10.0.0.1"}]}, r"name: 'n0\\n' is not allowed"),
+    ({"hosts": ["a"], "wheelhouse": "/srv/w\n"}, r"wheelhouse: '/srv/w\\n' is not allowed"),
 ])
 def test_bad_inventories_say_what_is_wrong(data, message):
     with pytest.raises(InventoryError, match=message):

@@ -60,3 +60,19 @@ def test_a_key_pulumi_up_would_refuse_is_refused_with_the_closest_key(tmp_path):
         load_stack_spec(root=tmp_path)
     assert "Pulumi.dev.yaml: xeon-cluster:workerCont: not a setting of this project; did you mean workerCount?" \
         in str(refused.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- config\n- aws:region\n", r"Pulumi.dev.yaml: not Pulumi stack config; allowed: a map with a `config` map .*"
+                                   r"\(found a list at the top\)"),
+    ("just words\n", r"not Pulumi stack config; .*\(found a str at the top\)"),
+    ("config: [aws:region]\n", r"Pulumi.dev.yaml: `config` must be a map of keys like xeon-cluster:instanceType "
+                                r"\(found a list\)"),
+    ("config: eu-west-1\n", r"`config` must be a map .*\(found a str\)"),
+    ("config: {aws:region: [eu\n", r"Pulumi.dev.yaml: not valid YAML \(.* at line 2, column 1\)"),
+])
+def test_a_file_that_is_no_stack_config_is_one_line_naming_the_file(text, message, tmp_path):
+    (tmp_path / "Pulumi.dev.yaml").write_text(text)
+    with pytest.raises(StackConfigError, match=message) as refused:
+        load_stack_spec(root=tmp_path)
+    assert "\n" not in str(refused.value)
