@@ -35,6 +35,7 @@ from typing import Mapping, Sequence
 
 from cluster import shell
 from cluster.layout import Layout
+from xeon_cluster import NOTICE_FILE_VARIABLE, NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE
 
 FLAVOURS = ("intel-mpi", "intel-mpi-oneccl", "openmpi")
 # What starts the ranks (`fab train --launcher`): the profile's MPI (above), or one torchrun per node
@@ -50,14 +51,12 @@ JOBS_DIR = ".xeon-cluster/jobs"
 # The variable that marks every process of a job (ranks and the launcher), for status and stop.
 JOB_MARKER = "XEON_CLUSTER_JOB"
 # What the rank wrapper exports on every rank (PyTorch's own launcher sets the same names), and the
-# variables of a user's program (`fab train --script`) that the wrapper reads or sets.
+# variables of a user's program (`fab train --script`) that the wrapper reads or sets (the ones the
+# program itself reads are named in xeon_cluster/__init__.py, which the program imports).
 TORCH_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                           "MASTER_ADDR", "MASTER_PORT")
-OUTPUT_DIR_VARIABLE = "XEON_CLUSTER_OUTPUT_DIR"
-NOTICE_FILE_VARIABLE = "XEON_CLUSTER_NOTICE_FILE"
 WORKDIR_VARIABLE = "XEON_CLUSTER_WORKDIR"
 PYTHON_VARIABLE = "XEON_CLUSTER_PYTHON"
-NOTICE_SIGNAL_VARIABLE = "XEON_CLUSTER_NOTICE_SIGNAL"
 NOTICE_FILE = "notice"  # in the job directory on every node
 # Set by the launch itself: `--env` may not set them.
 RESERVED_VARIABLES = (*TORCH_LAUNCH_VARIABLES, JOB_MARKER, OUTPUT_DIR_VARIABLE, NOTICE_FILE_VARIABLE,

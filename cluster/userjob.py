@@ -3,7 +3,8 @@
 Pure: this module turns the options into checked values and plans, and touches no file or node.
 
 - `UserProgram`: what every rank runs (`python SCRIPT ARGS` or `python -m MODULE ARGS`, with the
-  node venv's Python, from the job's copy of the workdir), and the signal a spot notice sends.
+  node venv's Python, from the job's copy of the workdir, through the runner xeon_cluster/run.py
+  that ends each rank cleanly), and the signal a spot notice sends.
 - `CopyPlan`: the workdir's files (path, size, SHA-256) after the skip rules, checked against the
   size limit. Each node keeps a content-addressed store (FILE_STORE: one file per content) and
   the job's workdir is made of hard links into it, so an unchanged file is never sent twice.
@@ -27,6 +28,8 @@ from packaging.utils import canonicalize_name
 
 from cluster.launch import job_dir
 from cluster.profiles import Profile
+from xeon_cluster import DEFAULT_NOTICE_SIGNAL, NO_SIGNAL
+from xeon_cluster import run as runner
 
 # Folders never copied, whatever .gitignore says (virtual environments are found by their
 # pyvenv.cfg as well, whatever their name).
@@ -39,10 +42,9 @@ LARGEST_SHOWN = 5
 FILE_STORE = ".xeon-cluster/files"
 WORKDIR = "workdir"  # the job's copy of the workdir, inside its job directory
 REQUIREMENTS_MARKER_DIR = ".xeon-cluster-requirements"  # inside the node's venv: one marker per digest
-# The signals a spot notice may send to every rank (`--notice-signal`), and the way to send none.
+# The signals a spot notice may send to every rank (`--notice-signal`; the default and the way to
+# send none, NO_SIGNAL, are xeon_cluster's, which the rank's program reads).
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-DEFAULT_NOTICE_SIGNAL = "SIGUSR1"
-NO_SIGNAL = "none"
 # Options of the built-in job (python -m training) that mean nothing to the user's program.
 BUILTIN_ONLY = ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs",
                 "batch-size", "max-steps", "bf16", "checkpoint-minutes", "checkpoint-uri", "resume",
@@ -112,11 +114,15 @@ class UserProgram:
     signal: str | None = DEFAULT_NOTICE_SIGNAL
 
     def argv(self, python: str) -> list[str]:
-        target = [self.script] if self.script else ["-m", self.module or ""]
-        return [python, *target, *self.args]
+        """`python -m xeon_cluster.run --script SCRIPT -- ARGS` (or `--module MODULE`): the runner runs
+        the program as `python SCRIPT ARGS` would, then ends the rank cleanly (xeon_cluster/run.py)."""
+        target = [runner.SCRIPT_OPTION, self.script] if self.script else [runner.MODULE_OPTION, self.module or ""]
+        return [python, "-m", runner.__name__, *target, runner.ARGS_SEPARATOR, *self.args]
 
     def describe(self) -> str:
-        return " ".join(shlex.quote(a) for a in self.argv("python"))
+        """The program as the user would run it by hand: `python SCRIPT ARGS` or `python -m MODULE ARGS`."""
+        target = [self.script] if self.script else ["-m", self.module or ""]
+        return " ".join(shlex.quote(a) for a in ["python", *target, *self.args])
 
 
 def workdir_on_node(job_id: str) -> str:

@@ -9,7 +9,11 @@ those names, so neither can be picked up instead.
 
 The toolkit's per-node watcher (xeon_cluster/notice_watch.py) writes the file named by
 XEON_CLUSTER_NOTICE_FILE when the metadata service announces a spot interruption, and signals
-every rank of the node (SIGUSR1 unless `fab train --notice-signal` says otherwise).
+every rank of the node with the signal in XEON_CLUSTER_NOTICE_SIGNAL (`fab train --notice-signal`,
+SIGUSR1 unless it says otherwise, `none` for no signal). Every rank runs its program through
+xeon_cluster/run.py, which ends the process cleanly.
+
+The variables' names are defined here and the launch (cluster/launch.py) imports them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import os
 
 NOTICE_FILE_VARIABLE = "XEON_CLUSTER_NOTICE_FILE"
 OUTPUT_DIR_VARIABLE = "XEON_CLUSTER_OUTPUT_DIR"
+NOTICE_SIGNAL_VARIABLE = "XEON_CLUSTER_NOTICE_SIGNAL"
+DEFAULT_NOTICE_SIGNAL = "SIGUSR1"
+NO_SIGNAL = "none"  # XEON_CLUSTER_NOTICE_SIGNAL when a notice sends no signal
 
 
 def notice() -> dict | None:
@@ -37,3 +44,10 @@ def notice() -> dict | None:
 def output_dir(default: str = "output") -> str:
     """Where the job should write (XEON_CLUSTER_OUTPUT_DIR, shared or rank 0's), or `default`."""
     return os.environ.get(OUTPUT_DIR_VARIABLE) or default
+
+
+def notice_signal() -> str | None:
+    """The signal the node's watcher sends this rank on a notice (XEON_CLUSTER_NOTICE_SIGNAL, e.g.
+    "SIGUSR1"), None when it sends none; DEFAULT_NOTICE_SIGNAL when the variable is not set."""
+    name = (os.environ.get(NOTICE_SIGNAL_VARIABLE) or DEFAULT_NOTICE_SIGNAL).strip()
+    return None if name.lower() == NO_SIGNAL else name

@@ -3,7 +3,8 @@
     from xeon_cluster.callbacks import SpotNoticeCallback
     trainer = Trainer(..., callbacks=[SpotNoticeCallback()])
 
-On a notice (the node's watcher signals the rank, or the notice file appears) the callback asks
+On a notice (the node's watcher signals the rank with the signal the launch configured,
+XEON_CLUSTER_NOTICE_SIGNAL, or the notice file appears) the callback asks
 the Trainer to save a checkpoint at the end of the current step and to stop. A spot notice reaches
 one node, not all of them: with a process group the ranks agree with one tiny all-reduce per step,
 so every rank saves and stops at the same step. Resume with the Trainer's own
@@ -16,18 +17,21 @@ import signal
 
 from transformers import TrainerCallback
 
-from xeon_cluster import notice
-
-DEFAULT_SIGNAL = "SIGUSR1"
+from xeon_cluster import NO_SIGNAL, notice, notice_signal
 
 
 class SpotNoticeCallback(TrainerCallback):
-    def __init__(self, signal_name: str | None = DEFAULT_SIGNAL):
+    """`signal_name`: the signal to handle; by default the one the node's watcher sends
+    (xeon_cluster.notice_signal()); "none" handles none (the notice file is still read every step)."""
+
+    def __init__(self, signal_name: str | None = None):
         self.noticed = False
         self.saved_at: int | None = None
         self.signalled = False
-        if signal_name:
-            signal.signal(getattr(signal, signal_name), self._on_signal)
+        name = notice_signal() if signal_name is None else signal_name
+        self.signal_name = None if not name or name.lower() == NO_SIGNAL else name
+        if self.signal_name:
+            signal.signal(getattr(signal, self.signal_name), self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - a signal handler's signature
         self.noticed = self.signalled = True

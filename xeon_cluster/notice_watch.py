@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from xeon_cluster import NO_SIGNAL
+
 RANK_WAIT_SECONDS = 60  # how long to wait for the first rank record
 CHECK_SECONDS = 0.5
 
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> int:
 
     logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(asctime)s %(message)s")
     job_dir, signal_name = Path(argv[0]), argv[1]
-    signum = None if signal_name == "none" else getattr(signal, signal_name)
+    signum = None if signal_name == NO_SIGNAL else getattr(signal, signal_name)
     poll = float(os.environ.get("XEON_CLUSTER_NOTICE_POLL_SECONDS", "5"))
     watcher = None
     if imds.watch_enabled("auto", on_ec2=hardware.on_ec2()):

@@ -5,10 +5,12 @@
 # kept as torchrun set them) and XEON_CLUSTER_NOTICE_FILE; sets GLOO_SOCKET_IFNAME towards
 # MASTER_ADDR unless given; for a user's program (XEON_CLUSTER_WORKDIR set) makes
 # XEON_CLUSTER_OUTPUT_DIR absolute, enters the job's workdir and, on local rank 0, starts the node's
-# spot-notice watcher. Then it runs the program as its child, records "pid pgid host" of the
-# program for fab stop, forwards TERM, INT, HUP, USR1 and USR2 to it, and when it fails prints
-# "[xeon-cluster] rank R on host H (pid P): exited with code C" (or "killed by signal S"; "on node
-# N" under torchrun; cluster/joblog.py failure_report reads it) and exits with the program's code.
+# spot-notice watcher. Then it runs the program as its child (a user's program runs through
+# `python -m xeon_cluster.run`, cluster/userjob.py: unchanged, then ended cleanly), records "pid
+# pgid host" of the program for fab stop, forwards TERM, INT, HUP, USR1 and USR2 to it, and when it
+# fails prints "[xeon-cluster] rank R on host H (pid P): exited with code C" (or "killed by signal
+# S"; "on node N" under torchrun; cluster/joblog.py failure_report reads it) and exits with the
+# program's code.
 # Under torchrun (XEON_CLUSTER_NODE set: the node's name) every line of the program is labelled
 # "[N rR] ", as mpirun's -prepend-rank labels it "[R] ", and with XEON_CLUSTER_CPUS (each local
 # rank's cores, space-separated) the program runs under `taskset -c` of its local rank's cores.

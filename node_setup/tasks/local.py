@@ -88,6 +88,9 @@ def _cluster_name(cluster: str) -> str:
 })
 def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), rebalance=False, cluster="local"):
     """Rehearse a spot reclaim: a notice on NODE's metadata service, then the node goes down as on EC2."""
+    if node.startswith("-"):  # `fab local-reclaim --help` hands "--help" over as the node
+        raise fail(f"node: {node!r} is an option, not a node; allowed: a node as local-up named it (node0 is the "
+                   "master); this task's options: fab --help local-reclaim")
     name = _cluster_name(cluster)
     try:
         local_state.validate_notice(notice)

@@ -51,6 +51,9 @@ def exec_(c, command, nodes=0, cluster="", region=""):
 
     if not command.strip() or "\0" in command:
         raise fail(f"command: {command!r} is not allowed; give a non-empty shell command")
+    if command.startswith("-"):  # `fab exec --help` hands "--help" over as the command
+        raise fail(f"command: {command!r} is an option, not a shell command; allowed: a shell command, quoted "
+                   "(fab exec 'nproc'); this task's options: fab --help exec")
     inventory = _first_nodes(common.inventory(cluster, region), nodes)
     conns = common.connect(inventory)
 

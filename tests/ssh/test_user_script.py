@@ -79,10 +79,7 @@ start = trainer.state.global_step
 trainer.train(resume_from_checkpoint="--resume" in sys.argv[1:] or None)
 print(f"rank {os.environ['RANK']}: stopped at step {trainer.state.global_step}, notice saved at {spot.saved_at}, "
       f"by signal {spot.signalled}", flush=True)
-torch.distributed.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)  # skip the destructors: DDP's reducer can deadlock in gloo's at interpreter exit
-'''
+'''  # (no destroy_process_group, no os._exit: the launcher's runner, xeon_cluster/run.py, ends every rank)
 
 ACCELERATE = '''
 from accelerate import Accelerator

@@ -160,6 +160,16 @@ def test_the_dockerfile_is_hadolint_clean():
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
+def test_the_dockerfile_copies_every_package_the_project_installs():
+    from node_setup.controller import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.removesuffix("*") for p in patterns}
+    assert "xeon_cluster" in packages and "training" in packages
+    copied = set(re.findall(r"^COPY\s+(\S+?)/?\s+\S+$", (ROOT / "docker" / "Dockerfile").read_text(), re.M))
+    assert packages <= copied, f"docker/Dockerfile copies no {sorted(packages - copied)}: `pip install /src` leaves it out"
+
+
 def test_every_question_the_dockerfile_asks_the_profile_has_an_answer():
     text = "\n".join(line for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines()
                      if not line.lstrip().startswith("#"))

@@ -85,14 +85,17 @@ def test_requirements_that_would_move_a_pin_are_refused_naming_the_package():
 def test_a_user_program_runs_from_the_workdir_with_the_venv_python_and_its_own_variables():
     plan = plan_job(inventory(), nodes=2, training_args=(), job_id="20260101-000000-abcd",
                     user=UserProgram("sub/train.py", None, ("--lr", "1e-4"), "SIGUSR2"))
-    assert plan.launch.program == ("/opt/xeon-cluster/venv-stock/bin/python", "sub/train.py", "--lr", "1e-4")
+    # through the runner that ends the rank cleanly (xeon_cluster/run.py), the program's words after `--`
+    assert plan.launch.program == ("/opt/xeon-cluster/venv-stock/bin/python", "-m", "xeon_cluster.run", "--script",
+                                   "sub/train.py", "--", "--lr", "1e-4")
     env = plan.launch.rank_env
     assert env["XEON_CLUSTER_WORKDIR"] == ".xeon-cluster/jobs/20260101-000000-abcd/workdir"
     assert env["XEON_CLUSTER_OUTPUT_DIR"] == plan.output_dir and env["XEON_CLUSTER_NOTICE_SIGNAL"] == "SIGUSR2"
     assert "--output_dir" not in plan.launch.program
     module = plan_job(inventory(), nodes=1, training_args=(), user=UserProgram(None, "pkg.train", (), None))
-    assert module.launch.program[1:] == ("-m", "pkg.train") and module.launch.rank_env[
-        "XEON_CLUSTER_NOTICE_SIGNAL"] == "none"
+    assert module.launch.program[1:] == ("-m", "xeon_cluster.run", "--module", "pkg.train", "--")
+    assert module.launch.rank_env["XEON_CLUSTER_NOTICE_SIGNAL"] == "none"
+    assert UserProgram("sub/train.py", None, ("--lr", "1e-4")).describe() == "python sub/train.py --lr 1e-4"
 
 
 def test_env_may_not_set_what_the_launch_sets():

@@ -1,0 +1,64 @@
+"""What a user's program imports on a node (xeon_cluster/): the notice signal the launch configured,
+and the Trainer callback that handles it."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import xeon_cluster
+from cluster.jobplan import plan_job
+from cluster.userjob import UserProgram
+from tests.unit.test_userjob import inventory
+
+HANDLED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+@pytest.fixture
+def handlers():
+    """The signal handlers as they were, put back after the test."""
+    saved = {s: signal.getsignal(s) for s in HANDLED}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+@pytest.mark.parametrize("value, expected", [(None, "SIGUSR1"), ("SIGUSR2", "SIGUSR2"), ("none", None),
+                                             ("NONE", None)])
+def test_the_notice_signal_is_the_launchs(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(xeon_cluster.NOTICE_SIGNAL_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(xeon_cluster.NOTICE_SIGNAL_VARIABLE, value)
+    assert xeon_cluster.notice_signal() == expected
+
+
+@pytest.mark.parametrize("configured", ["SIGUSR2", None])
+def test_the_callback_handles_the_signal_the_launch_gives_every_rank(monkeypatch, handlers, configured):
+    pytest.importorskip("transformers")
+    from xeon_cluster.callbacks import SpotNoticeCallback
+
+    plan = plan_job(inventory(), nodes=1, training_args=(), user=UserProgram("train.py", None, (), configured))
+    for key, value in plan.launch.rank_env.items():  # what every rank's environment holds
+        monkeypatch.setenv(key, value)
+    for s in HANDLED:
+        signal.signal(s, signal.SIG_IGN)
+    callback = SpotNoticeCallback()
+    if configured is None:  # --notice-signal none: no handler taken over
+        assert callback.signal_name is None and all(signal.getsignal(s) == signal.SIG_IGN for s in HANDLED)
+        return
+    assert callback.signal_name == "SIGUSR2" and signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    assert not callback.noticed
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert callback.noticed and callback.signalled
+
+
+def test_a_signal_named_by_the_program_wins_over_the_launchs(monkeypatch, handlers):
+    pytest.importorskip("transformers")
+    from xeon_cluster.callbacks import SpotNoticeCallback
+
+    monkeypatch.setenv(xeon_cluster.NOTICE_SIGNAL_VARIABLE, "SIGUSR2")
+    assert SpotNoticeCallback("SIGUSR1").signal_name == "SIGUSR1"
+    assert SpotNoticeCallback("none").signal_name is None
