@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cluster.timemodel import format_duration, parse_duration
 
 DEFAULT_MAX_RECOVERIES = 3
-DEFAULT_WAIT_FOR_CAPACITY = "15m"  # a `pulumi up` that replaces a spot node takes a few minutes
+DEFAULT_WAIT_FOR_CAPACITY = "15m"  # a `pulumi up --refresh` that replaces a spot node takes a few minutes
 RECOVERIES_KEY = "recoveries"  # summary.json's list of recoveries
 RECOVERIES_FILE = "recoveries.json"  # in the run's output directory on the master, kept across relaunches
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
-from cluster.images import CANONICAL_OWNER, UBUNTU_2404_AMD64
+from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
 from cluster.spec import ClusterSpec
 
 
@@ -41,12 +41,7 @@ def base_ami_id(spec: ClusterSpec) -> str:
         return spec.base_ami
     found = aws.ec2.get_ami_ids(
         owners=[CANONICAL_OWNER],
-        filters=[
-            {"name": "name", "values": [UBUNTU_2404_AMD64]},
-            {"name": "architecture", "values": ["x86_64"]},
-            {"name": "virtualization-type", "values": ["hvm"]},
-            {"name": "root-device-type", "values": ["ebs"]},
-        ],
+        filters=[{"name": name, "values": [value]} for name, value in BASE_IMAGE_FILTERS],
         sort_ascending=False,  # newest first
     )
     if not found.ids:

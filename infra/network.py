@@ -24,12 +24,12 @@ class ClusterNetwork(pulumi.ComponentResource):
         super().__init__("xeon-cluster:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        self.cluster_group = aws.ec2.SecurityGroup(
-            f"{name}-cluster",
-            vpc_id=vpc_id,
-            description=f"xeon-cluster {spec.cluster_name}: all traffic between cluster members",
-            tags={**tags, "Name": f"{name}-cluster"},
-            opts=child)
+        def group(suffix: str, purpose: str) -> aws.ec2.SecurityGroup:
+            return aws.ec2.SecurityGroup(f"{name}-{suffix}", vpc_id=vpc_id,
+                                         description=f"xeon-cluster {spec.cluster_name}: {purpose}",
+                                         tags={**tags, "Name": f"{name}-{suffix}"}, opts=child)
+
+        self.cluster_group = group("cluster", "all traffic between cluster members")
         self.self_rule = aws.vpc.SecurityGroupIngressRule(
             f"{name}-cluster-self",
             security_group_id=self.cluster_group.id,
@@ -51,12 +51,7 @@ class ClusterNetwork(pulumi.ComponentResource):
             for family, cidr in (("ipv4", "0.0.0.0/0"), ("ipv6", "::/0"))
         ]
 
-        self.ssh_group = aws.ec2.SecurityGroup(
-            f"{name}-ssh",
-            vpc_id=vpc_id,
-            description=f"xeon-cluster {spec.cluster_name}: SSH to the master from the admin networks",
-            tags={**tags, "Name": f"{name}-ssh"},
-            opts=child)
+        self.ssh_group = group("ssh", "SSH to the master from the admin networks")
         self.ssh_rules = []
         for index, cidr in enumerate(spec.admin_cidrs):
             family = "ipv6" if ipaddress.ip_network(cidr).version == 6 else "ipv4"

@@ -74,11 +74,12 @@ class AwsClients:
     sts: object
     ec2: object
     quotas: object
+    iam: object = None  # preflight's iam:PassRole check (SimulatePrincipalPolicy); None: not checked
 
     @classmethod
     def for_region(cls, region: str) -> "AwsClients":
         return cls(sts=aws.client("sts", region), ec2=aws.client("ec2", region),
-                   quotas=aws.client("service-quotas", region))
+                   quotas=aws.client("service-quotas", region), iam=aws.client("iam", region))
 
 
 def denied(report: Report, check: str, action: str, exc: Exception) -> None:

@@ -7,13 +7,17 @@ Checks, in order, each ending in a `Finding` that says what to change:
                (the subnetId's zone, else the first default subnet in an offering zone, as infra does)
   quota        Service Quotas' standard spot / on-demand vCPU quotas cover nodes x vCPUs on top of
                what already runs in the account
-  dry-run      `run_instances(DryRun=True)` with the stack's image, type, zone, market, IMDSv2,
-               encrypted root volume and the master's tags (so ec2:CreateTags, which tagging on
-               launch needs, is tested too): DryRunOperation means AWS would accept the launch.
-               What `pulumi up` creates first cannot be named before it exists, so the dry run
-               leaves out the instance profile (the iam:PassRole of the node role is not tested),
-               the placement group, the security groups and the key pair: naming a missing one
-               fails with "does not exist" instead of testing the permission
+  dry-run      `run_instances(DryRun=True)` with the stack's image (the same lookup as infra/lookups.py,
+               filters from cluster/images.py), type, zone, market, shutdown behaviour `terminate`,
+               IMDSv2, encrypted root volume, the master's tags (so ec2:CreateTags, which tagging on
+               launch needs, is tested too) and the default security group of the VPC it launches
+               into: DryRunOperation means AWS would accept the launch. What `pulumi up` creates
+               first cannot be named before it exists, so the dry run leaves out the instance
+               profile, the placement group, the cluster's own security groups and the key pair:
+               naming a missing one fails with "does not exist" instead of testing the permission
+  pass-role    the caller may pass the node role to EC2 (iam:PassRole, which launching with the
+               instance profile needs): IAM's policy simulator (SimulatePrincipalPolicy) for the
+               caller's user or role, on a role named like the one `pulumi up` makes
   admin-cidr   the caller's public address is inside adminCidrs (else SSH to the master is refused)
 
 `fab preflight --pick-zone` ranks the region's zones that offer the instance type (`rank_zones`):
@@ -38,7 +42,7 @@ from typing import Callable
 from botocore.exceptions import ClientError
 
 from cluster import catalog
-from cluster.images import CANONICAL_OWNER, UBUNTU_2404_AMD64  # the image infra/lookups.py picks
+from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
 from cluster.spec import ClusterSpec
 from cluster.tags import CLUSTER_KEY, ROLE_MASTER, cluster_tags, node_tags
 from node_setup.aws import errors
@@ -60,6 +64,13 @@ QUOTA_GROUPS = {
 }
 
 PUBLIC_IP_URL = "https://checkip.amazonaws.com"
+
+# What a node does when it shuts itself down (infra/node.py SHUTDOWN_BEHAVIOR), spot or on-demand.
+SHUTDOWN_BEHAVIOR = "terminate"
+# The service the node role is passed to (infra/node_role.py EC2_SERVICE), and the role's name as
+# `pulumi up` makes it: Pulumi names the role `<cluster>-node-` plus 7 random hex characters.
+EC2_SERVICE = "ec2.amazonaws.com"
+NODE_ROLE_NAME_SUFFIX = "-node-0000000"
 
 
 def lookup_public_ip(timeout: float = 3.0) -> str | None:
@@ -246,8 +257,7 @@ def _base_image(ec2, spec: ClusterSpec) -> dict | None:
         images = ec2.describe_images(ImageIds=[spec.base_ami])["Images"]
         return images[0] if images else None
     images = ec2.describe_images(Owners=[CANONICAL_OWNER], Filters=[
-        {"Name": "name", "Values": [UBUNTU_2404_AMD64]}, {"Name": "architecture", "Values": ["x86_64"]},
-        {"Name": "root-device-type", "Values": ["ebs"]}])["Images"]
+        {"Name": name, "Values": [value]} for name, value in BASE_IMAGE_FILTERS])["Images"]
     return max(images, key=lambda i: i.get("CreationDate", "")) if images else None
 
 
@@ -258,9 +268,27 @@ def launch_tags(spec: ClusterSpec) -> dict[str, str]:
                      ssh_user=spec.ssh_user, profile=spec.software_profile)
 
 
-def dry_run_params(spec: ClusterSpec, image: dict, zone: str | None, spot: bool) -> dict:
+def launch_security_group(ec2, spec: ClusterSpec) -> str | None:
+    """The default security group of the VPC the dry run launches into: subnetId's VPC, else the
+    default VPC (a launch that names only a zone, or nothing, goes to its default subnet). None if
+    there is none. The cluster's own groups do not exist before `pulumi up`."""
+    if spec.subnet_id:
+        vpcs = [s["VpcId"] for s in ec2.describe_subnets(SubnetIds=[spec.subnet_id])["Subnets"]]
+    else:
+        vpcs = [v["VpcId"] for v in ec2.describe_vpcs(
+            Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]]
+    if not vpcs:
+        return None
+    groups = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpcs[0]]},
+                                                   {"Name": "group-name", "Values": ["default"]}])["SecurityGroups"]
+    return groups[0]["GroupId"] if groups else None
+
+
+def dry_run_params(spec: ClusterSpec, image: dict, zone: str | None, spot: bool,
+                   security_group: str | None = None) -> dict:
     """run_instances arguments with the stack's real settings and tags (tagging on launch needs
-    ec2:CreateTags); not the resources the stack has not made yet (see the module docstring)."""
+    ec2:CreateTags) and an existing security group; not the resources the stack has not made yet
+    (see the module docstring)."""
     tags = [{"Key": k, "Value": v} for k, v in sorted(launch_tags(spec).items())]
     params: dict = {
         "DryRun": True, "ImageId": image["ImageId"], "InstanceType": spec.instance_type,
@@ -270,7 +298,10 @@ def dry_run_params(spec: ClusterSpec, image: dict, zone: str | None, spot: bool)
             "VolumeSize": spec.root_volume_gib, "VolumeType": spec.root_volume_type, "Encrypted": True,
             "DeleteOnTermination": True}}],
         "TagSpecifications": [{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume")],
+        "InstanceInitiatedShutdownBehavior": SHUTDOWN_BEHAVIOR,
     }
+    if security_group:
+        params["SecurityGroupIds"] = [security_group]
     if spec.subnet_id:
         params["SubnetId"] = spec.subnet_id
     elif zone:
@@ -280,7 +311,6 @@ def dry_run_params(spec: ClusterSpec, image: dict, zone: str | None, spot: bool)
         if spec.spot_max_price:
             options["MaxPrice"] = f"{spec.spot_max_price:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
-        params["InstanceInitiatedShutdownBehavior"] = "terminate"
     return params
 
 
@@ -301,17 +331,23 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
         report.add("dry-run", FAIL, f"image {image['ImageId']} is {image.get('Architecture')}, but {spec.instance_type} "
                    "is x86_64", "set baseAmi to an x86_64 AMI")
         return
+    try:
+        group = launch_security_group(clients.ec2, spec)
+    except ClientError:
+        group = None  # DescribeVpcs/DescribeSecurityGroups not allowed: launch without naming a group
     markets = sorted({spec.master_spot, spec.worker_spot if spec.worker_count else spec.master_spot})
     for spot in markets:
         market = "spot" if spot else "on-demand"
         try:
-            clients.ec2.run_instances(**dry_run_params(spec, image, zone, spot))
+            clients.ec2.run_instances(**dry_run_params(spec, image, zone, spot, group))
         except ClientError as exc:
             code = errors.code(exc)
             if code == "DryRunOperation":
                 report.add("dry-run", OK, f"AWS would launch {market} {spec.instance_type} from {image['ImageId']}"
-                           + (f" in {zone}" if zone else "") + " with the cluster's tags (not tested before "
-                           "`pulumi up` makes them: node role (iam:PassRole), placement group, security groups, "
+                           + (f" in {zone}" if zone else "") + " with the cluster's tags"
+                           + (f" and the VPC's default security group {group}" if group else "")
+                           + " (not tested before `pulumi up` makes them: the node role's instance profile "
+                           "(iam:PassRole: the pass-role check), placement group, the cluster's security groups, "
                            "key pair)")
                 continue
             if errors.is_denied(exc):
@@ -344,6 +380,86 @@ def _dry_run_fix(code: str, spec: ClusterSpec) -> str:
 CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported")
 
 
+def _arn_parts(arn: str) -> tuple[str, str, str, str] | None:
+    """(partition, service, account, resource) of an ARN, None if it is not one."""
+    parts = arn.split(":", 5)
+    if len(parts) != 6 or parts[0] != "arn":
+        return None
+    return parts[1], parts[2], parts[4], parts[5]
+
+
+def role_arn_of_session(caller_arn: str) -> str | None:
+    """The IAM role ARN behind an assumed-role session ARN, without the role's path (the session ARN
+    does not carry it): arn:aws:sts::<account>:assumed-role/<role>/<session> ->
+    arn:aws:iam::<account>:role/<role>. None for any other ARN."""
+    parts = _arn_parts(caller_arn)
+    if not parts or parts[1] != "sts" or not parts[3].startswith("assumed-role/"):
+        return None
+    partition, _, account, resource = parts
+    return f"arn:{partition}:iam::{account}:role/{resource.split('/')[1]}"
+
+
+def policy_source_arn(iam, caller_arn: str) -> str | None:
+    """The ARN SimulatePrincipalPolicy takes for the caller: an IAM user's ARN as it is, the role of an
+    assumed-role session (with its path, from iam:GetRole when allowed: IAM Identity Center roles live
+    under /aws-reserved/...), None for the root user and federated users (not simulated)."""
+    parts = _arn_parts(caller_arn)
+    if not parts:
+        return None
+    partition, _, account, resource = parts
+    if resource.startswith("user/"):
+        return f"arn:{partition}:iam::{account}:{resource}"
+    role = role_arn_of_session(caller_arn)
+    if role is None:
+        return None
+    try:
+        return iam.get_role(RoleName=role.rsplit("/", 1)[1])["Role"]["Arn"]
+    except ClientError:
+        return role  # right for a role without a path; otherwise the simulation says NoSuchEntity
+
+
+def node_role_arn(spec: ClusterSpec, source_arn: str) -> str:
+    """An ARN like the node role's that `pulumi up` makes (infra/node_role.py), in the caller's account."""
+    partition, _, account, _ = _arn_parts(source_arn)
+    return f"arn:{partition}:iam::{account}:role/{spec.cluster_name}{NODE_ROLE_NAME_SUFFIX}"
+
+
+def check_pass_role(report: Report, clients: AwsClients, spec: ClusterSpec) -> None:
+    """Would launching with the node role's instance profile pass iam:PassRole? Asked of IAM's policy
+    simulator for the caller's identity policies (with SCPs and permission boundaries, not an
+    assumed role's session policy), since the role itself does not exist before `pulumi up`."""
+    if clients.iam is None:
+        report.add("pass-role", SKIPPED, "iam:PassRole of the node role is not checked (no IAM client)")
+        return
+    caller = clients.sts.get_caller_identity()["Arn"]
+    source = policy_source_arn(clients.iam, caller)
+    if source is None:
+        report.add("pass-role", SKIPPED, f"{caller} is not an IAM user or role session, which IAM's policy "
+                   "simulator needs; make sure it may pass the node role to EC2 (iam:PassRole)")
+        return
+    role = node_role_arn(spec, source)
+    try:
+        answer = clients.iam.simulate_principal_policy(
+            PolicySourceArn=source, ActionNames=["iam:PassRole"], ResourceArns=[role],
+            ContextEntries=[{"ContextKeyName": "iam:PassedToService", "ContextKeyValues": [EC2_SERVICE],
+                             "ContextKeyType": "string"}])
+    except ClientError as exc:
+        why = "access denied to iam:SimulatePrincipalPolicy" if errors.is_denied(exc) else errors.describe(exc)
+        report.add("pass-role", WARN, f"could not check that {source} may pass the node role to EC2 "
+                   f"(iam:PassRole): {why}",
+                   f"allow iam:SimulatePrincipalPolicy on {source} for your IAM identity, or make sure it may "
+                   f"pass roles named {spec.cluster_name}-node-* to {EC2_SERVICE}")
+        return
+    decision = answer["EvaluationResults"][0]["EvalDecision"]
+    if decision == "allowed":
+        report.add("pass-role", OK, f"{source} may pass the node role ({role}) to {EC2_SERVICE}")
+        return
+    report.add("pass-role", FAIL, f"{source} may not pass the node role to EC2: iam:PassRole on {role} is "
+               f"{decision}; launching the nodes with its instance profile would fail",
+               f"allow iam:PassRole on arn:...:role/{spec.cluster_name}-node-* (condition iam:PassedToService "
+               f"{EC2_SERVICE}) for your IAM identity, or lift the SCP/permission boundary that denies it")
+
+
 def check_admin_cidr(report: Report, spec: ClusterSpec,
                      public_ip: Callable[[], str | None] | None) -> None:
     if public_ip is None:
@@ -372,13 +488,14 @@ def run_preflight(spec: ClusterSpec, *, clients: AwsClients | None = None,
         return report
     clients = clients or AwsClients.for_region(spec.region)
     if not check_credentials(report, clients):
-        report.add("checks", SKIPPED, "offering, quota and dry-run need credentials")
+        report.add("checks", SKIPPED, "offering, quota, dry-run and pass-role need credentials")
         check_admin_cidr(report, spec, public_ip)
         return report
     run_checks(report, (
         ("offering", lambda done: check_offering(report, clients, spec)),
         ("quota", lambda done: check_quotas(report, clients, spec)),
         ("dry-run", lambda done: check_dry_run(report, clients, spec, done.get("offering"))),
+        ("pass-role", lambda done: check_pass_role(report, clients, spec)),
     ))
     check_admin_cidr(report, spec, public_ip)
     return report

@@ -3,12 +3,14 @@
 moto 5.2 implements describe_instance_type_offerings (with AWS's real per-zone data: r7iz.metal-16xl
 is offered in us-east-1a-d and f but not in us-east-1e, and not at all in us-west-1), DryRun on
 run_instances, and IAM policy enforcement (`set_initial_no_auth_action_count`), but Service Quotas
-only for the vpc service. EC2 quotas therefore come from `stubbed_service_quotas`, a test double
-built on botocore's Stubber over a real service-quotas client (it checks our requests and its
-answers against the API's shapes).
+only for the vpc service and no IAM policy simulator. EC2 quotas therefore come from
+`stubbed_service_quotas` and the iam:PassRole simulation from `stubbed_iam`, test doubles built on
+botocore's Stubber over real clients (they check our requests and their answers against the API's
+shapes).
 """
 
 import base64
+import datetime as dt
 import json
 
 import boto3
@@ -53,20 +55,64 @@ def stubbed_service_quotas(region="us-east-1", session=None, **values):
     return client, stub
 
 
-def clients(region="us-east-1", session=None, quotas=None):
+def clients(region="us-east-1", session=None, quotas=None, iam=None):
     s = session or boto3
     return AwsClients(sts=s.client("sts", region_name=region), ec2=s.client("ec2", region_name=region),
-                      quotas=quotas)
+                      quotas=quotas, iam=iam)
+
+
+MOTO_CALLER = "arn:aws:iam::123456789012:user/moto"  # moto's default identity, as an IAM user ARN
+NODE_ROLE = "arn:aws:iam::123456789012:role/xeon-dev-node-0000000"  # named like the role `pulumi up` makes
+PASSED_TO_EC2 = [{"ContextKeyName": "iam:PassedToService", "ContextKeyValues": ["ec2.amazonaws.com"],
+                  "ContextKeyType": "string"}]
+
+
+def stubbed_iam(*answers):
+    """Test double for IAM's policy simulator (moto has none), on botocore's Stubber over a real client.
+
+    `answers`, in call order: ("role", name, arn) answers get_role, ("role-error", name, code) refuses
+    it, ("simulate", source, decision) answers simulate_principal_policy for the node role with that
+    decision, ("simulate-error", source, code) refuses it. Each request is checked against the one
+    expected.
+    """
+    client = boto3.client("iam", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    for kind, *args in answers:
+        if kind == "role":
+            name, arn = args
+            stub.add_response("get_role", {"Role": {
+                "Path": arn.split(":role", 1)[1].rsplit("/", 1)[0] + "/", "RoleName": name,
+                "RoleId": "AROAEXAMPLEROLEID0001", "Arn": arn, "CreateDate": dt.datetime(2026, 1, 1)}},
+                {"RoleName": name})
+        elif kind == "role-error":
+            name, code = args
+            stub.add_client_error("get_role", service_error_code=code, http_status_code=403,
+                                  expected_params={"RoleName": name})
+        else:
+            source, outcome = args
+            asked = {"PolicySourceArn": source, "ActionNames": ["iam:PassRole"], "ResourceArns": [NODE_ROLE],
+                     "ContextEntries": PASSED_TO_EC2}
+            if kind == "simulate":
+                stub.add_response("simulate_principal_policy", {"EvaluationResults": [{
+                    "EvalActionName": "iam:PassRole", "EvalResourceName": NODE_ROLE, "EvalDecision": outcome}],
+                    "IsTruncated": False}, asked)
+            else:
+                stub.add_client_error("simulate_principal_policy", service_error_code=outcome, http_status_code=403,
+                                      expected_params=asked)
+    stub.activate()
+    return client, stub
 
 
 def test_a_good_account_passes_every_check(mocked_aws):
     quotas, stub = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
-    report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas),
+    iam, iam_stub = stubbed_iam(("simulate", MOTO_CALLER, "allowed"))
+    report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas, iam=iam),
                            public_ip=lambda: MY_ADDRESS)
     stub.assert_no_pending_responses()
+    iam_stub.assert_no_pending_responses()
     assert report.exit_code == 0, report.render()
     assert [f.check for f in report.findings] == ["region", "credentials", "offering", "quota", "dry-run",
-                                                  "admin-cidr"]
+                                                  "pass-role", "admin-cidr"]
     assert all(f.status == pf.OK for f in report.findings), report.render()
     offering = next(f for f in report.findings if f.check == "offering")
     assert "us-east-1a" in offering.message and "not offered in us-east-1e" in offering.message
@@ -101,13 +147,24 @@ def test_non_standard_instances_already_running_do_not_count_against_the_standar
     assert pf._in_use(ec2, "xeon-dev") == {"spot": 64, "on-demand": 0}  # only the c6i
 
 
+def _sent_launches(ec2):
+    sent = []
+    ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **kw: sent.append(params))
+    return sent
+
+
+def _default_group(ec2, vpc_id):
+    (group,) = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc_id]},
+                                                     {"Name": "group-name", "Values": ["default"]}])["SecurityGroups"]
+    return group["GroupId"]
+
+
 def test_dry_run_launches_with_the_clusters_tags(mocked_aws):
     """Tagging on launch needs ec2:CreateTags: the dry run carries the tags the master gets."""
     from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, RANK_KEY, ROLE_KEY
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
-    sent = []
-    ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **kw: sent.append(params))
+    sent = _sent_launches(ec2)
     report = pf.Report(region="us-east-1")
     pf.check_dry_run(report, AwsClients(sts=None, ec2=ec2, quotas=None),
                      spec_for(baseAmi=canonical_image(), tags=["team=ml"]), "us-east-1a")
@@ -119,9 +176,136 @@ def test_dry_run_launches_with_the_clusters_tags(mocked_aws):
     for tags in kinds.values():
         assert tags[CLUSTER_KEY] == "xeon-dev" and tags[MANAGED_BY_KEY] == "xeon-cluster" and tags["team"] == "ml"
         assert (tags[ROLE_KEY], tags[RANK_KEY], tags["Name"]) == ("master", "0", "xeon-dev-master")
-    # Not before `pulumi up` makes them: profile, placement group, security groups, key pair.
-    assert not {"IamInstanceProfile", "SecurityGroupIds", "KeyName"} & set(params)
+    # A zone and no subnet: the launch goes to the default VPC, and names that VPC's default group.
+    (default_vpc,) = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    group = _default_group(ec2, default_vpc["VpcId"])
+    assert params["SecurityGroupIds"] == [group] and group in report.findings[0].message
+    # Not before `pulumi up` makes them: profile, placement group, the cluster's groups, key pair.
+    assert not {"IamInstanceProfile", "KeyName"} & set(params)
     assert "GroupName" not in params.get("Placement", {})
+
+
+def test_dry_run_terminates_on_shutdown_in_both_markets_and_uses_the_subnets_vpc(mocked_aws):
+    """Every node, spot or on-demand, terminates when it shuts itself down (infra/node.py)."""
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    sent = _sent_launches(ec2)
+    report = pf.Report(region="us-east-1")
+    pf.check_dry_run(report, AwsClients(sts=None, ec2=ec2, quotas=None),
+                     spec_for(baseAmi=canonical_image(), subnetId=subnet["SubnetId"], masterSpot=False), "us-east-1a")
+    assert [f.status for f in report.findings] == [pf.OK, pf.OK], report.render()
+    on_demand, spot = sent  # markets in order: on-demand master, then spot workers
+    assert "InstanceMarketOptions" not in on_demand and spot["InstanceMarketOptions"]["MarketType"] == "spot"
+    for params in (on_demand, spot):
+        assert params["InstanceInitiatedShutdownBehavior"] == "terminate"
+        assert params["SubnetId"] == subnet["SubnetId"]
+        assert params["SecurityGroupIds"] == [_default_group(ec2, vpc)]  # the subnet's VPC, not the default VPC
+
+
+def test_the_base_image_lookup_sends_the_shared_filters(mocked_aws):
+    """Without baseAmi, preflight asks for the image the program picks (hvm, x86_64, EBS, the name)."""
+    from cluster.images import BASE_IMAGE_FILTERS
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    asked = []
+    ec2.meta.events.register("provide-client-params.ec2.DescribeImages", lambda params, **kw: asked.append(params))
+    pf._base_image(ec2, spec_for())
+    (params,) = asked
+    assert params["Owners"] == [pf.CANONICAL_OWNER]
+    filters = {f["Name"]: f["Values"] for f in params["Filters"]}
+    assert filters == {name: [value] for name, value in BASE_IMAGE_FILTERS}
+    assert filters["virtualization-type"] == ["hvm"] and filters["architecture"] == ["x86_64"]
+
+
+# --- iam:PassRole of the node role, through IAM's policy simulator ----------------------------------
+
+
+@pytest.mark.parametrize("caller, role", [
+    ("arn:aws:sts::123456789012:assumed-role/deployer/alice", "arn:aws:iam::123456789012:role/deployer"),
+    ("arn:aws-us-gov:sts::123456789012:assumed-role/AWSReservedSSO_Admin_0123456789abcdef/bob@example.com",
+     "arn:aws-us-gov:iam::123456789012:role/AWSReservedSSO_Admin_0123456789abcdef"),
+    ("arn:aws:iam::123456789012:user/deployer", None),
+    ("arn:aws:iam::123456789012:root", None),
+    ("arn:aws:sts::123456789012:federated-user/carol", None),
+    ("not-an-arn", None),
+])
+def test_an_assumed_role_session_is_simulated_as_its_role_not_as_the_session(caller, role):
+    assert pf.role_arn_of_session(caller) == role
+
+
+def test_pass_role_allowed_for_an_iam_user(mocked_aws):
+    iam, stub = stubbed_iam(("simulate", MOTO_CALLER, "allowed"))
+    report = pf.Report(region="us-east-1")
+    pf.check_pass_role(report, clients(iam=iam), spec_for())
+    stub.assert_no_pending_responses()
+    (finding,) = report.findings
+    assert finding.status == pf.OK and NODE_ROLE in finding.message and "ec2.amazonaws.com" in finding.message
+
+
+def test_pass_role_of_an_assumed_role_asks_about_the_role_with_its_path(mocked_aws):
+    """An IAM Identity Center session: the simulation needs the role's ARN, which has a path."""
+    sso_role = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_Admin_0123456789abcdef"
+    creds = boto3.client("sts", region_name="us-east-1").assume_role(RoleArn=sso_role, RoleSessionName="alice")
+    session = boto3.Session(aws_access_key_id=creds["Credentials"]["AccessKeyId"],
+                            aws_secret_access_key=creds["Credentials"]["SecretAccessKey"],
+                            aws_session_token=creds["Credentials"]["SessionToken"], region_name="us-east-1")
+    iam, stub = stubbed_iam(("role", "AWSReservedSSO_Admin_0123456789abcdef", sso_role),
+                            ("simulate", sso_role, "allowed"))
+    report = pf.Report(region="us-east-1")
+    pf.check_pass_role(report, clients(session=session, iam=iam), spec_for())
+    stub.assert_no_pending_responses()  # get_role, then the simulation with the role's full ARN
+    assert report.findings[0].status == pf.OK and sso_role in report.findings[0].message
+
+
+def test_pass_role_of_an_assumed_role_without_get_role_uses_the_role_arn_without_a_path(mocked_aws):
+    creds = boto3.client("sts", region_name="us-east-1").assume_role(
+        RoleArn="arn:aws:iam::123456789012:role/deployer", RoleSessionName="ci")["Credentials"]
+    session = boto3.Session(aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+                            aws_session_token=creds["SessionToken"], region_name="us-east-1")
+    iam, stub = stubbed_iam(("role-error", "deployer", "AccessDenied"),
+                            ("simulate", "arn:aws:iam::123456789012:role/deployer", "allowed"))
+    report = pf.Report(region="us-east-1")
+    pf.check_pass_role(report, clients(session=session, iam=iam), spec_for())
+    stub.assert_no_pending_responses()
+    assert report.findings[0].status == pf.OK
+
+
+@pytest.mark.parametrize("decision", ["implicitDeny", "explicitDeny"])
+def test_pass_role_denied_fails_with_what_to_allow(mocked_aws, decision):
+    iam, _ = stubbed_iam(("simulate", MOTO_CALLER, decision))
+    report = pf.Report(region="us-east-1")
+    pf.check_pass_role(report, clients(iam=iam), spec_for())
+    (bad,) = report.failures
+    assert bad.check == "pass-role" and decision in bad.message and NODE_ROLE in bad.message
+    assert "iam:PassRole" in bad.fix and "xeon-dev-node-*" in bad.fix and "ec2.amazonaws.com" in bad.fix
+
+
+def test_a_denied_policy_simulation_is_a_warning_that_the_check_was_not_made(mocked_aws):
+    iam, stub = stubbed_iam(("simulate-error", MOTO_CALLER, "AccessDenied"))
+    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas, iam=iam),
+                           public_ip=lambda: MY_ADDRESS)
+    stub.assert_no_pending_responses()
+    finding = next(f for f in report.findings if f.check == "pass-role")
+    assert finding.status == pf.WARN and "could not check" in finding.message
+    assert "iam:PassRole" in finding.message and "access denied to iam:SimulatePrincipalPolicy" in finding.message
+    assert "iam:SimulatePrincipalPolicy" in finding.fix
+    assert report.exit_code == 0 and report.status_of("admin-cidr") == pf.OK  # a warning, and the rest ran
+
+
+def test_the_root_user_is_not_simulated(mocked_aws):
+    sts = boto3.client("sts", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    sts_stub = Stubber(sts)
+    sts_stub.add_response("get_caller_identity", {"UserId": "123456789012", "Account": "123456789012",
+                                                  "Arn": "arn:aws:iam::123456789012:root"})
+    sts_stub.activate()
+    iam, iam_stub = stubbed_iam()  # no IAM call expected: the stub refuses any
+    report = pf.Report(region="us-east-1")
+    pf.check_pass_role(report, AwsClients(sts=sts, ec2=None, quotas=None, iam=iam), spec_for())
+    iam_stub.assert_no_pending_responses()
+    (finding,) = report.findings
+    assert finding.status == pf.SKIPPED and "iam:PassRole" in finding.message
 
 
 def test_type_not_offered_in_the_subnets_zone_fails_and_names_the_good_zones(mocked_aws):

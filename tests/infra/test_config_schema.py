@@ -10,6 +10,7 @@ import yaml
 from cluster.config_keys import BY_KEY, CONFIG_KEYS, PROJECT
 from cluster.spec import ClusterSpec
 from infra import config as infra_config
+from node_setup.controller import tomllib
 from tests.infra.conftest import ROOT, minimal_config
 
 PROJECT_FILE = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
@@ -27,6 +28,17 @@ def test_project_file_runs_pulumi_from_the_projects_own_virtualenv():
     options = PROJECT_FILE["runtime"]["options"]
     assert options["virtualenv"] == ".venv" and options["toolchain"] == "pip"
     assert ".venv/" in (ROOT / ".gitignore").read_text().splitlines()  # never committed
+    # When Pulumi creates that venv (`pulumi install`, or `pulumi up` without one) it installs the
+    # requirements.txt of the program's directory (`main`), running pip there; without that file the
+    # venv would hold no pulumi and no project.
+    program_dir = ROOT / PROJECT_FILE["main"]
+    lines = [line.strip() for line in (program_dir / "requirements.txt").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    assert lines == ["-e ..[controller]"]
+    assert (program_dir / ".." / "pyproject.toml").resolve() == ROOT / "pyproject.toml"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("pulumi>=") for req in extras["controller"])
+    assert any(req.startswith("pulumi-aws") for req in extras["controller"])
 
 
 def test_schema_declares_exactly_the_keys_of_the_table():

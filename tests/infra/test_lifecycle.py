@@ -44,7 +44,7 @@ def workers(monitor):
     return [n for n in nodes(monitor) if n.inputs["tags"][ROLE_KEY] != ROLE_MASTER]
 
 
-# ----------------------------------------------------------------- A1: base image and subnet kept
+# ----------------------------------------------------- base image and subnet chosen once and kept
 
 
 def test_master_keeps_the_looked_up_image_and_subnet_and_workers_follow_it(harness):
@@ -67,6 +67,16 @@ def test_given_image_and_subnet_are_not_ignored_so_setting_them_moves_the_cluste
     assert (first.inputs["ami"], first.inputs["subnetId"]) == ("ami-0newer", "subnet-0chosen")
 
 
+def test_the_base_image_lookup_asks_what_fab_preflight_asks(harness):
+    """`fab preflight` dry-runs a launch from the image the program would pick: same owner, same filters."""
+    from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
+
+    harness.run(minimal_config())
+    (args,) = [a for token, a in harness.fake.calls if token == "aws:ec2/getAmiIds:getAmiIds"]
+    assert args["owners"] == [CANONICAL_OWNER]
+    assert {f["name"]: f["values"] for f in args["filters"]} == {name: [value] for name, value in BASE_IMAGE_FILTERS}
+
+
 def test_only_the_looked_up_one_is_kept():
     from infra.master import kept_on_update
 
@@ -78,7 +88,7 @@ def test_only_the_looked_up_one_is_kept():
     assert kept_on_update(spec(subnetId="subnet-1")) == ["ami"]
 
 
-# --------------------------------------------- A3/A4: replacement deletes first; market and type
+# ---------------------------------- replacements delete first; market and instance type force one
 
 
 @pytest.mark.parametrize("config", [{}, {"bake": False}, {"masterSpot": False}], ids=["baked", "no bake", "on-demand"])
@@ -107,7 +117,7 @@ def test_market_and_instance_type_force_a_replacement():
     assert [n.replacement_trigger for n in nodes(spot)] == [n.replacement_trigger for n in nodes(again)]
 
 
-# ------------------------------------------------------------------- A5: setup step never blocks
+# ------------------------------------------------ the setup step never blocks deleting the master
 
 
 def test_setup_step_is_skipped_on_delete_when_the_master_goes_too(harness):
@@ -126,7 +136,7 @@ def test_setup_step_waits_longer_for_a_metal_master(harness, itype, seconds):
     assert METAL_SSH_TIMEOUT_SECONDS >= 2400  # "over 20 minutes" to start, per the comment's source
 
 
-# ------------------------------------------------------------------------------------ A6: image
+# -------------------------------------------------------------------------------------- the image
 
 
 def test_image_create_timeout_and_name_survive_a_retry(harness):
@@ -163,7 +173,7 @@ def test_no_image_no_snapshot_tags(harness):
     assert not harness.monitor.of_type(TAG) and not harness.monitor.of_type(AMI)
 
 
-# -------------------------------------------------------------- A7: capacity errors on launch
+# ---------------------------------------------------------------------- capacity errors on launch
 
 
 CAPACITY = ("creating EC2 Instance: operation error EC2: RunInstances, https response error StatusCode: 500, "

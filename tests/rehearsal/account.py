@@ -1,7 +1,7 @@
 """The rehearsal's AWS account: a moto server on 127.0.0.1 that the unmodified `fab` reaches through
 boto3's standard endpoint setting (`AWS_ENDPOINT_URL`), and the Pulumi mocks reach the same way.
 
-moto 5.2 lacks three APIs the toolkit calls. Each is answered by a named test double that sits in
+moto 5.2 lacks four APIs the toolkit calls. Each is answered by a named test double that sits in
 front of moto's server app (a WSGI middleware) and lets every other request through to moto:
 
 - `PlacementGroupsDouble`: EC2 CreatePlacementGroup / DescribePlacementGroups / DeletePlacementGroup
@@ -9,7 +9,10 @@ front of moto's server app (a WSGI middleware) and lets every other request thro
 - `InstanceProfileTagsDouble`: IAM ListInstanceProfileTags (moto stores the tags, but has no call
   to list them), answered from moto's own instance profile;
 - `Ec2QuotasDouble`: Service Quotas GetServiceQuota for the two EC2 vCPU quotas `fab preflight`
-  reads (moto knows quotas of the vpc service only).
+  reads (moto knows quotas of the vpc service only);
+- `PolicySimulatorDouble`: IAM SimulatePrincipalPolicy, which `fab preflight` asks whether the caller
+  may pass the node role (moto has no policy simulator); it allows every action, as moto's account
+  (which enforces no IAM policy) does.
 
 The account is seeded with what a real region has and moto does not ship: Canonical's Ubuntu
 24.04 amd64 image (the program's and preflight's lookup finds it), and the VPC and subnet of the
@@ -174,6 +177,31 @@ class Ec2QuotasDouble:
         return "200 OK", [("Content-Type", "application/x-amz-json-1.1")], json.dumps(body).encode()
 
 
+class PolicySimulatorDouble:
+    """Test double: IAM SimulatePrincipalPolicy (moto 5.2 lacks it). Every action on every resource
+    asked about is `allowed`: the rehearsal's moto account enforces no IAM policy either."""
+
+    ACTIONS = ("SimulatePrincipalPolicy",)
+
+    def handle(self, action: str, form: dict[str, str]) -> Response:
+        actions = [form[k] for k in sorted(form, key=_member_index) if k.startswith("ActionNames.member.")]
+        resources = [form[k] for k in sorted(form, key=_member_index) if k.startswith("ResourceArns.member.")]
+        results = "".join(
+            f"<member><EvalActionName>{escape(a)}</EvalActionName><EvalResourceName>{escape(r)}</EvalResourceName>"
+            "<EvalDecision>allowed</EvalDecision><MatchedStatements/><MissingContextValues/></member>"
+            for a in actions for r in (resources or ["*"]))
+        return _xml("200 OK", f'<SimulatePrincipalPolicyResponse xmlns="{IAM_XMLNS}"><SimulatePrincipalPolicyResult>'
+                    f"<IsTruncated>false</IsTruncated><EvaluationResults>{results}</EvaluationResults>"
+                    f"</SimulatePrincipalPolicyResult><ResponseMetadata><RequestId>{secrets.token_hex(8)}"
+                    "</RequestId></ResponseMetadata></SimulatePrincipalPolicyResponse>")
+
+
+def _member_index(key: str) -> tuple[str, int]:
+    """Sort `Name.member.10` after `Name.member.2`."""
+    name, _, index = key.rpartition(".")
+    return name, int(index) if index.isdigit() else 0
+
+
 class MissingApiDoubles:
     """WSGI middleware in front of moto's server app: the doubles above answer their calls, moto the rest."""
 
@@ -182,6 +210,7 @@ class MissingApiDoubles:
         self.placement_groups = PlacementGroupsDouble()
         self.profile_tags = InstanceProfileTagsDouble()
         self.quotas = Ec2QuotasDouble()
+        self.policy_simulator = PolicySimulatorDouble()
         self.answered: dict[str, int] = {}  # action -> how often a double answered it (for the report)
 
     def __call__(self, environ, start_response):
@@ -200,6 +229,8 @@ class MissingApiDoubles:
                 answer = self.placement_groups.handle(action, form)
             elif action in InstanceProfileTagsDouble.ACTIONS:
                 answer = self.profile_tags.handle(action, form)
+            elif action in PolicySimulatorDouble.ACTIONS:
+                answer = self.policy_simulator.handle(action, form)
         if answer is None:
             return self.app(environ, start_response)
         self.answered[action] = self.answered.get(action, 0) + 1
@@ -255,9 +286,11 @@ class Account:
 
     def fab_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a `fab` subprocess: boto3's standard settings pointing at this account (every
-        other `AWS_*` variable of the caller, e.g. a profile or a service's own endpoint, is dropped)."""
+        other `AWS_*` variable of the caller, e.g. a profile or a service's own endpoint, is dropped), and
+        boto3 never asks the host's instance metadata address (for credentials or a region)."""
         env = {k: v for k, v in (base or os.environ).items() if not k.startswith("AWS_")}
-        env.update(CREDENTIALS, AWS_ENDPOINT_URL=self.url, AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION)
+        env.update(CREDENTIALS, AWS_ENDPOINT_URL=self.url, AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION,
+                   AWS_EC2_METADATA_DISABLED="true")
         return env
 
     def _seed_ubuntu_image(self) -> None:
