@@ -15,8 +15,6 @@ Not part of the test suite.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.bench_training_speed import BENCH_MODEL, build_model, run, toolkit_env  # noqa: E402
+from bench.bench_training_speed import build_model, load_average, medians, run, table_title, toolkit_env  # noqa: E402
 from tests.training import ipex_env  # noqa: E402
 
 
@@ -55,18 +53,15 @@ def main(argv=None) -> int:
             for name, (python, extra) in variants.items():
                 results[name].append(run(paths, work / f"{name}-{repeat}", steps=options.steps, batch=options.batch,
                                          extra_env=env, bf16=precision, python=python, extra_args=extra))
-    print(f"\n{options.steps} steps x batch {options.batch} x 128 tokens, model {BENCH_MODEL}, "
-          f"median of {options.repeats} run(s) each\n")
+    print(table_title(options))
     print(f"{'run':6} {'torch':>14} {'ipex':>10} {'step p50 s':>11} {'samples/s':>10}")
     rates = {}
     for name, summaries in results.items():
         versions = summaries[0]["settings"]["versions"]
-        rates[name] = statistics.median(s["samples_per_second"] for s in summaries)
-        p50 = statistics.median(s["step_time_seconds"]["p50"] for s in summaries)
+        p50, _, rates[name] = medians(summaries)
         print(f"{name:6} {versions['torch']:>14} {str(summaries[0]['settings']['ipex']):>10} {p50:11.4f} "
               f"{rates[name]:10.2f}")
-    print(f"\nipex / stock samples per second: {rates['ipex'] / rates['stock']:.2f}x "
-          f"(load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs)")
+    print(f"\nipex / stock samples per second: {rates['ipex'] / rates['stock']:.2f}x (load average {load_average()})")
     return 0
 
 

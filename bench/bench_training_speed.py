@@ -85,6 +85,23 @@ def run(paths: dict, out: Path, *, steps: int, batch: int, extra_env: dict, bf16
     return json.loads((out / "summary.json").read_text())
 
 
+def medians(summaries: list[dict]) -> tuple[float, float, float]:
+    """(step time p50, step time mean, samples/s), each the median over one variant's runs."""
+    return (statistics.median(s["step_time_seconds"]["p50"] for s in summaries),
+            statistics.median(s["step_time_seconds"]["mean"] for s in summaries),
+            statistics.median(s["samples_per_second"] for s in summaries))
+
+
+def table_title(options: argparse.Namespace) -> str:
+    return (f"\n{options.steps} steps x batch {options.batch} x 128 tokens, model {BENCH_MODEL}, "
+            f"median of {options.repeats} run(s) each\n")
+
+
+def load_average() -> str:
+    """The load average (1, 5, 15 min) and the CPUs: other work on the machine inflates every run."""
+    return f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -115,22 +132,14 @@ def main(argv=None) -> int:
                 summary = run(paths, work / f"{name}-{repeat}", steps=options.steps, batch=options.batch,
                               extra_env=extra_env, bf16=bf16_flag)
                 results[name].append(summary)
-    rows = {}
-    for name, summaries in results.items():
-        p50 = statistics.median(s["step_time_seconds"]["p50"] for s in summaries)
-        mean = statistics.median(s["step_time_seconds"]["mean"] for s in summaries)
-        rate = statistics.median(s["samples_per_second"] for s in summaries)
-        settings = summaries[0]["settings"]
-        rows[name] = (p50, mean, rate, settings)
-    print(f"\n{options.steps} steps x batch {options.batch} x 128 tokens, model {BENCH_MODEL}, "
-          f"median of {options.repeats} run(s) each\n")
+    rows = {name: (*medians(summaries), summaries[0]["settings"]) for name, summaries in results.items()}
+    print(table_title(options))
     print(f"{'run':12} {'step p50 s':>11} {'step mean s':>12} {'samples/s':>10}  settings")
     for name, (p50, mean, rate, s) in rows.items():
         print(f"{name:12} {p50:11.4f} {mean:12.4f} {rate:10.2f}  bf16={s['bf16']} threads={s['threads']} "
               f"allocator={s['allocator']}")
     ratio = rows["toolkit"][2] / rows["plain"][2] if rows["plain"][2] else float("nan")
-    print(f"load average at the end (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"on {os.cpu_count()} CPUs (other work on the machine inflates both runs)")
+    print(f"load average at the end (1/5/15 min): {load_average()} (other work on the machine inflates both runs)")
     print(f"\ntoolkit / plain samples per second: {ratio:.2f}x "
           f"(step time p50 ratio plain/toolkit {rows['plain'][0] / rows['toolkit'][0]:.2f}x)")
     return 0

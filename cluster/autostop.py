@@ -130,9 +130,9 @@ def install_section(bin_dir: str = BIN_DIR) -> str:
 
 
 def install_script(bin_dir: str = BIN_DIR) -> str:
-    """install_section as a script of its own (`fab autostop` refreshes the nodes with it)."""
-    return "#!/bin/bash\nset -uo pipefail\nCHANGED=0\nxc() { echo \"::xc:: $*\"; }\nSUDO=\"\"\n" \
-           "if [ \"$(id -u)\" != 0 ]; then SUDO=\"sudo -n\"; fi\n" + install_section(bin_dir)
+    """install_section as a script of its own (`fab autostop` refreshes the nodes with it), after
+    install.sh's preamble, which defines what the section uses."""
+    return shell.preamble("install.sh") + install_section(bin_dir)
 
 
 def arm_command(idle_s: int, poll_s: int) -> str:

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from cluster import calibration as calib
 from cluster import timemodel as tm
 from cluster.inventory import Inventory
+from cluster.job_args import SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE
 from cluster.jobplan import LOCAL_OUTPUT_ROOT, DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id
 from cluster.launch import plan_launch
 from cluster.layout import plan_layout
 from cluster.profiles import get_profile, venv_dir
 
 SYNTHETIC_MODEL = "synthetic"  # training/bench.py's name for the offline demo's tiny model
-SYNTHETIC_SEQ_LEN = 64  # the demo's --max_seq_length (cluster/job_args.py SYNTHETIC_ARGS)
-DEFAULT_BATCH = 16  # the demo's batch per rank (cluster/job_args.py SYNTHETIC_BATCH_SIZE)
+_DEMO_ARGS = SYNTHETIC_ARGS["qa"]  # the demo's arguments for the job's default task
+SYNTHETIC_SEQ_LEN = int(_DEMO_ARGS[_DEMO_ARGS.index("--max_seq_length") + 1])  # the demo's --max_seq_length
+DEFAULT_BATCH = SYNTHETIC_BATCH_SIZE  # the demo's batch per rank
 DEFAULT_STEPS = 10
 DEFAULT_REPEATS = 5
 LIMITS = {"batch": (1, 4096), "seq-len": (8, 8192), "steps": (1, 1000), "repeats": (1, 100)}

@@ -8,10 +8,11 @@ Sources, per figure:
 - physical cores: "Default CPU cores" on the same pages (DefaultCores in the API).
 - sockets: not published by AWS; taken from the processor model and `lscpu` on the instance.
   r7iz.metal-16xl (2 x 16) and c6i.16xlarge (1 x 32, a half of a 2-socket c6i.32xlarge) were read
-  with `lscpu` for the seed recipe; the others are the processor's core count per socket
-  (Xeon 8375C Ice Lake: 32 cores; Xeon 8488C Sapphire Rapids: 48 cores; Xeon 6455B SPR: 32
-  cores) divided into the instance's cores. Rows marked `sockets_inferred=True` were not read
-  on a live instance: override with config `coresPerSocket`/`sockets` if `lscpu` disagrees.
+  with `lscpu` for the Hugging Face/Intel multi-CPU fine-tuning recipe this project started from;
+  the others are the processor's core count per socket (Xeon 8375C Ice Lake: 32 cores; Xeon 8488C
+  Sapphire Rapids: 48 cores; Xeon 6455B SPR: 32 cores) divided into the instance's cores. Rows
+  marked `sockets_inferred=True` were not read on a live instance: override with config
+  `coresPerSocket`/`sockets` if `lscpu` disagrees.
 - AMX and AVX512-BF16: Sapphire Rapids (R7iz, C7i, M7i) has both; Ice Lake (C6i, C6in) has
   neither (Intel ARK; `lscpu` flags amx_bf16, avx512_bf16).
 """

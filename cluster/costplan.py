@@ -11,6 +11,7 @@ looked up (node_setup/aws/pricing.py) or was given.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from cluster import catalog, models
@@ -57,6 +58,9 @@ class PlanOptions:
 
 
 
+Sources = list[tuple[str, str, str]]  # (input, value, where it came from)
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     instance_type: str
@@ -71,7 +75,7 @@ class PlanInputs:
     notes: list[str] = field(default_factory=list)
     rates: dict[int, float] = field(default_factory=dict)  # per node count, when measured per count
     networks: dict[int, tm.Network] = field(default_factory=dict)  # per node count, when measured
-    sources: list[tuple[str, str, str]] = field(default_factory=list)  # (input, value, where it came from)
+    sources: Sources = field(default_factory=list)
 
     def rate(self, nodes: int) -> float:
         return self.rates.get(nodes, self.samples_per_s)
@@ -88,23 +92,7 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     """
     o = options
     cal = calibration
-    if not o.epochs > 0:  # also refuses nan
-        raise ValueError(f"--epochs: {o.epochs!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
-    batch = o.batch if o.batch is not None else (cal.batch if cal else 32)
-    for name, value in (("batch", batch), ("flows-per-rank", o.flows_per_rank)):
-        if value < 1:
-            raise ValueError(f"--{name}: {value!r} is not allowed; give 1 or more")
-    for name, value in (("samples", o.samples), ("ranks-per-node", o.ranks_per_node)):
-        if value < 0:
-            raise ValueError(f"--{name}: {value!r} is not allowed; give a positive number (0: the default)")
-    if not isinstance(o.placement_group, bool):
-        raise ValueError(f"--placement-group: {o.placement_group!r} is not allowed; give --placement-group "
-                         "or --no-placement-group")
-    if o.grad_comm and o.grad_comm not in GRAD_COMM_CHOICES:
-        raise ValueError(f"--grad-comm: {o.grad_comm!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)}")
-    low, high = tm.BUCKET_MB_RANGE
-    if o.bucket_mb and not low <= o.bucket_mb <= high or o.bucket_mb < 0 or o.bucket_mb != o.bucket_mb:
-        raise ValueError(f"--ddp-bucket-mb: {o.bucket_mb!r} is not allowed; give {low} to {high} (0: DDP's 25)")
+    batch = _checked_batch(o, cal)
     itype = o.instance_type or (spec.instance_type if spec else DEFAULT_INSTANCE_TYPE)
     instance = spec.instance if spec and spec.instance_type == itype else catalog.lookup(itype)
     if instance is None:
@@ -112,75 +100,23 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     profile = o.profile or (spec.software_profile if spec else DEFAULT_PROFILE)
     if profile not in PROFILES:
         raise ValueError(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
-    sources: list[tuple[str, str, str]] = []
     # the wire: the job's --grad_comm; buckets are filled with the gradients as computed (intel's
     # ipex.optimize keeps bf16 weights, so bf16 gradients; stock computes fp32)
     grad_comm = o.grad_comm or DEFAULT_GRAD_COMM
     grad_bytes = tm.GRADIENT_BYTES[grad_comm]
-    bucket_grad_bytes = tm.GRADIENT_BYTES["bf16" if profile == "intel" else "fp32"]
-    sources.append(("gradient communication", f"{grad_comm} ({grad_bytes} bytes/param on the wire)",
-                    "given (--grad-comm)" if o.grad_comm else "the job's default (--grad_comm)"))
     bucket_mb = o.bucket_mb or tm.DDP_BUCKET_BYTES / 2**20
-    sources.append(("DDP bucket", f"{bucket_mb:g} MB", "given (--ddp-bucket-mb)" if o.bucket_mb else "DDP's default"))
-    model_arg = o.model or (cal.model if cal else DEFAULT_MODEL)
-    if o.params:
-        model_name, n_params = model_arg, models.parse_count(o.params, "--params")
-        sources.append(("parameters", f"{n_params / 1e6:.2f}M", "given (--params)"))
-    elif cal and model_arg == cal.model:
-        model_name, n_params = cal.model, cal.params
-        sources.append(("parameters", f"{n_params / 1e6:.2f}M", f"measured ({cal.model}, {cal.source})"))
-    else:
-        size = models.lookup_model(model_arg)
-        model_name, n_params = size.name, size.params
-        sources.append(("parameters", f"{n_params / 1e6:.2f}M", f"catalog ({size.source})"))
-    if o.samples:
-        data_name, n_samples = o.dataset, o.samples
-        sources.append(("samples per epoch", str(n_samples), "given (--samples)"))
-    else:
-        data = models.lookup_dataset(o.dataset)
-        data_name, n_samples = data.name, data.train_features
-        sources.append(("samples per epoch", str(n_samples), f"catalog ({data.name})"))
+    sources = [("gradient communication", f"{grad_comm} ({grad_bytes} bytes/param on the wire)",
+                "given (--grad-comm)" if o.grad_comm else "the job's default (--grad_comm)"),
+               ("DDP bucket", f"{bucket_mb:g} MB", "given (--ddp-bucket-mb)" if o.bucket_mb else "DDP's default")]
+    (model_name, n_params), (data_name, n_samples), size_sources = _sizes(o, cal)
     workload = tm.Workload(params=n_params, samples=n_samples, batch_per_rank=batch, gradient_bytes=grad_bytes,
-                           epochs=o.epochs, bucket_bytes=round(bucket_mb * 2**20), bucket_gradient_bytes=bucket_grad_bytes)
+                           epochs=o.epochs, bucket_bytes=round(bucket_mb * 2**20),
+                           bucket_gradient_bytes=tm.GRADIENT_BYTES["bf16" if profile == "intel" else "fp32"])
     node_counts = parse_node_counts(o.nodes)
-    rates: dict[int, float] = {}
-    if o.single_node_time:
-        seconds = tm.parse_duration(o.single_node_time)
-        rate = tm.throughput_from_single_node_time(seconds, n_samples)
-        rate_source = f"single-node time {tm.format_duration(seconds)} (given)"
-        sources.append(("compute", f"{rate:.1f} samples/s per node", rate_source))
-    elif cal and model_name == cal.model and batch == cal.batch:
-        rate, _ = cal.rate(1)
-        rate_source = f"measured by fab bench ({cal.source})"
-        for n in sorted(set(node_counts) | {1}):
-            rates[n], at = cal.rate(n)
-            sources.append((f"compute, {n} node(s)", f"{rates[n]:.1f} samples/s per node",
-                            f"measured with {at} node(s) busy at once"))
-    else:
-        default = tm.default_throughput(itype, model_name, data_name)
-        rate, rate_source = default.samples_per_s, default.source
-        why = ""
-        if cal:
-            why = (f"; the calibration measured {cal.model} at batch {cal.batch}, not {model_name} at batch {batch}")
-        sources.append(("compute", f"{rate:.1f} samples/s per node", f"catalog default ({rate_source}){why}"))
-    network = tm.Network(instance.network_gbps, placement_group=o.placement_group, flows_per_rank=o.flows_per_rank)
-    networks: dict[int, tm.Network] = {}
-    measured_link = cal.link_fit(2, grad_comm) if cal else None
-    if measured_link:
-        for n in node_counts:
-            if n < 2:
-                continue
-            fit, at = cal.link_fit(n, grad_comm)
-            networks[n] = tm.Network(instance.network_gbps, placement_group=o.placement_group,
-                                     flows_per_rank=o.flows_per_rank, latency_s=fit.latency_s, measured_gbps=fit.gbps)
-            sources.append((f"all-reduce, {n} node(s)", f"{fit.gbps:.3f} Gbit/s per node, {fit.latency_s * 1e6:.0f} us "
-                            "per ring step", f"measured in {grad_comm} across {at} node(s)"))
-    else:
-        ranks_guess = o.ranks_per_node or instance.sockets
-        why = f" (the calibration has no {grad_comm} all-reduce)" if cal else ""
-        sources.append(("all-reduce", f"{network.node_gbps(ranks_guess):g} Gbit/s per node, "
-                        f"{network.latency_s * 1e6:.0f} us per ring step",
-                        f"catalog default ({itype}, {'in' if o.placement_group else 'no'} placement group){why}"))
+    rate, rate_source, rates, rate_sources = _compute_rate(o, cal, itype, model_name, data_name, batch, n_samples,
+                                                           node_counts)
+    network, networks, network_sources = _network(o, cal, instance, itype, grad_comm, node_counts)
+    sources += size_sources + rate_sources + network_sources
     ranks = o.ranks_per_node or (cal.ranks_per_node if cal else instance.sockets)
     notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
     if spec and spec.placement_group != o.placement_group:
@@ -198,6 +134,110 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
                       node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
                       spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
                       rates=rates, networks=networks, sources=sources)
+
+
+def _checked_batch(o: PlanOptions, cal: Calibration | None) -> int:
+    """The batch per rank, once every number and choice of the options is usable (ValueError naming
+    the option otherwise: also for an infinite or not-a-number value)."""
+    if not (o.epochs > 0 and _finite(o.epochs)):
+        raise ValueError(f"--epochs: {o.epochs!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
+    batch = o.batch if o.batch is not None else (cal.batch if cal else 32)
+    for name, value in (("batch", batch), ("flows-per-rank", o.flows_per_rank)):
+        if not (value >= 1 and _finite(value)):
+            raise ValueError(f"--{name}: {value!r} is not allowed; give 1 or more")
+    for name, value in (("samples", o.samples), ("ranks-per-node", o.ranks_per_node)):
+        if not (value >= 0 and _finite(value)):
+            raise ValueError(f"--{name}: {value!r} is not allowed; give a positive number (0: the default)")
+    if not isinstance(o.placement_group, bool):
+        raise ValueError(f"--placement-group: {o.placement_group!r} is not allowed; give --placement-group "
+                         "or --no-placement-group")
+    if o.grad_comm and o.grad_comm not in GRAD_COMM_CHOICES:
+        raise ValueError(f"--grad-comm: {o.grad_comm!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)}")
+    low, high = tm.BUCKET_MB_RANGE
+    if o.bucket_mb and not low <= o.bucket_mb <= high or o.bucket_mb < 0 or o.bucket_mb != o.bucket_mb:
+        raise ValueError(f"--ddp-bucket-mb: {o.bucket_mb!r} is not allowed; give {low} to {high} (0: DDP's 25)")
+    return batch
+
+
+def _finite(value: float) -> bool:
+    """Not inf and not nan (a whole number always is)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _sizes(o: PlanOptions, cal: Calibration | None) -> tuple[tuple[str, int], tuple[str, int], Sources]:
+    """((model, parameters), (data set, samples per epoch), their sources): given, measured or the catalog's."""
+    model_arg = o.model or (cal.model if cal else DEFAULT_MODEL)
+    if o.params:
+        model_name, n_params = model_arg, models.parse_count(o.params, "--params")
+        sources = [("parameters", f"{n_params / 1e6:.2f}M", "given (--params)")]
+    elif cal and model_arg == cal.model:
+        model_name, n_params = cal.model, cal.params
+        sources = [("parameters", f"{n_params / 1e6:.2f}M", f"measured ({cal.model}, {cal.source})")]
+    else:
+        size = models.lookup_model(model_arg)
+        model_name, n_params = size.name, size.params
+        sources = [("parameters", f"{n_params / 1e6:.2f}M", f"catalog ({size.source})")]
+    if o.samples:
+        data_name, n_samples = o.dataset, o.samples
+        sources.append(("samples per epoch", str(n_samples), "given (--samples)"))
+    else:
+        data = models.lookup_dataset(o.dataset)
+        data_name, n_samples = data.name, data.train_features
+        sources.append(("samples per epoch", str(n_samples), f"catalog ({data.name})"))
+    return (model_name, n_params), (data_name, n_samples), sources
+
+
+def _compute_rate(o: PlanOptions, cal: Calibration | None, itype: str, model_name: str, data_name: str, batch: int,
+                  n_samples: int, node_counts: list[int]) -> tuple[float, str, dict[int, float], Sources]:
+    """(one node's samples/s, where it came from, the measured rate per node count, the sources):
+    from --single-node-time, the calibration when it measured this model and batch, else the catalog."""
+    rates: dict[int, float] = {}
+    if o.single_node_time:
+        seconds = tm.parse_duration(o.single_node_time)
+        rate = tm.throughput_from_single_node_time(seconds, n_samples)
+        rate_source = f"single-node time {tm.format_duration(seconds)} (given)"
+        return rate, rate_source, rates, [("compute", f"{rate:.1f} samples/s per node", rate_source)]
+    if cal and model_name == cal.model and batch == cal.batch:
+        rate, _ = cal.rate(1)
+        sources = []
+        for n in sorted(set(node_counts) | {1}):
+            rates[n], at = cal.rate(n)
+            sources.append((f"compute, {n} node(s)", f"{rates[n]:.1f} samples/s per node",
+                            f"measured with {at} node(s) busy at once"))
+        return rate, f"measured by fab bench ({cal.source})", rates, sources
+    default = tm.default_throughput(itype, model_name, data_name)
+    rate, rate_source = default.samples_per_s, default.source
+    why = ""
+    if cal:
+        why = (f"; the calibration measured {cal.model} at batch {cal.batch}, not {model_name} at batch {batch}")
+    return rate, rate_source, rates, [("compute", f"{rate:.1f} samples/s per node",
+                                       f"catalog default ({rate_source}){why}")]
+
+
+def _network(o: PlanOptions, cal: Calibration | None, instance: InstanceType, itype: str, grad_comm: str,
+             node_counts: list[int]) -> tuple[tm.Network, dict[int, tm.Network], Sources]:
+    """(the catalog's network, the measured one per node count, the sources): the calibration's
+    all-reduce in this gradient format where it has one, else the instance type's link."""
+    network = tm.Network(instance.network_gbps, placement_group=o.placement_group, flows_per_rank=o.flows_per_rank)
+    networks: dict[int, tm.Network] = {}
+    sources: Sources = []
+    measured_link = cal.link_fit(2, grad_comm) if cal else None
+    if measured_link:
+        for n in node_counts:
+            if n < 2:
+                continue
+            fit, at = cal.link_fit(n, grad_comm)
+            networks[n] = tm.Network(instance.network_gbps, placement_group=o.placement_group,
+                                     flows_per_rank=o.flows_per_rank, latency_s=fit.latency_s, measured_gbps=fit.gbps)
+            sources.append((f"all-reduce, {n} node(s)", f"{fit.gbps:.3f} Gbit/s per node, {fit.latency_s * 1e6:.0f} us "
+                            "per ring step", f"measured in {grad_comm} across {at} node(s)"))
+    else:
+        ranks_guess = o.ranks_per_node or instance.sockets
+        why = f" (the calibration has no {grad_comm} all-reduce)" if cal else ""
+        sources.append(("all-reduce", f"{network.node_gbps(ranks_guess):g} Gbit/s per node, "
+                        f"{network.latency_s * 1e6:.0f} us per ring step",
+                        f"catalog default ({itype}, {'in' if o.placement_group else 'no'} placement group){why}"))
+    return network, networks, sources
 
 
 def render_sources(inputs: PlanInputs) -> str:

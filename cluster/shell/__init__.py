@@ -5,7 +5,8 @@ first line (the shebang). Every value goes through `shlex.quote`, so whatever co
 reaches the shell as one literal word and is never evaluated there: no `$(...)`, backtick or
 `$VAR` inside a value runs or expands. A sequence becomes a bash array (`NAME=('a' 'b')`) in a
 bash script, or the positional parameters (`set -- 'a' 'b'`) in a POSIX sh script, which can
-hold one. Names listed in `exported` are assigned with `export`.
+hold one. Names listed in `exported` are assigned with `export`. `preamble(name)` is a script's
+shebang and first commands (install.sh's, for an install section run as a script of its own).
 
 Each file says at its top which variables its header sets; the files are package data
 (pyproject.toml), so they travel in the project's wheel. tests/unit/test_shell_scripts.py runs
@@ -74,6 +75,16 @@ def header(values: Values, *, bash: bool, exported: Collection[str] = ()) -> lis
     if len(positional) > 1:
         raise ValueError(f"{', '.join(positional)}: a POSIX sh script holds one sequence (its positional parameters)")
     return lines
+
+
+def preamble(name: str) -> str:
+    """A script's start: its shebang and its first commands, up to the first blank line (the comment
+    under the shebang left out). install.sh's defines what its sections use (strict mode, `xc`,
+    CHANGED, SUDO), so a section run as a script of its own starts with it."""
+    shebang, *lines = source(name).splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    end = lines.index("\n", start)
+    return "".join([shebang, *lines[start:end]])
 
 
 def render(name: str, values: Values | None = None, *, exported: Collection[str] = ()) -> str:

@@ -4,6 +4,8 @@
 # Header: APT_LOCK_TIMEOUT APT_ATTEMPTS APT_RETRY_DELAY VENV_LOCK_TIMEOUT NODE_ROOT VENV OS_PYTHON
 # PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION, and the arrays
 # APT_PACKAGES TCMALLOC_PACKAGES PIP_SOURCE (pip's index options) PINS.
+# The commands down to the first blank line are its preamble (cluster.shell.preamble), which
+# autostop's own install script (cluster/autostop.py install_script) starts with too.
 set -uo pipefail
 CHANGED=0
 xc() { echo "::xc:: $*"; }

@@ -17,6 +17,11 @@ The loop (the decisions are cluster/recovery.py's, the node work node_setup/ssh/
 
 At most --max-recoveries recoveries per `fab train --managed`; `fab train --managed --resume`
 continues a run and keeps its earlier recoveries (recoveries.json in the output directory).
+
+Why this module is longer than about 400 lines (about 450): the loop above is one task's, and its
+steps share the run's state (the records, the first summary, the wanted nodes), so they stay together
+as one helper each; every decision is already cluster/recovery.py's and every node's work
+node_setup/ssh/recovery.py's, and what is left here is their order and what fab says at each.
 """
 
 from __future__ import annotations
@@ -275,10 +280,9 @@ def _supervise(opts: rc.ManagedOptions, *, cluster: str, region: str, inventory:
     if records:
         say(f"continuing the run in {shown(plan.output_dir)}: {len(records)} earlier recovery(ies) kept")
     first_summary: dict | None = None
-    base_args = list(inputs.args)
     wanted = [n.name for n in plan.inventory.nodes]  # the job's nodes at the start: what recoveries restore
     done = 0
-    attached = _running_job(inventory, plan, conns, layout) if "--resume" in base_args else None
+    attached = _running_job(inventory, plan, conns, layout) if "--resume" in inputs.args else None
     if attached:
         say(f"job {attached.job_id} still runs in {shown(plan.output_dir)}: following it instead of launching another")
         plan = attached
@@ -293,10 +297,7 @@ def _supervise(opts: rc.ManagedOptions, *, cluster: str, region: str, inventory:
         summary = _summary(plan.inventory, plan) if code == INTERRUPTED_BY_RECLAIM else None
         if summary and first_summary is None:
             first_summary = summary
-        notices = nodes.notices(plan.inventory)
-        answering = set(notices)
-        lost = [n.name for n in plan.inventory.nodes if n.name not in answering or notices.get(n.name)]
-        noticed = [name for name, body in notices.items() if body]
+        notices, lost, noticed = _losses(plan.inventory)
         if not lost and code != INTERRUPTED_BY_RECLAIM:
             say(f"the job failed (exit code {code}) and every node answers: not an interruption, no recovery")
             return _finish(plan, records, code)
@@ -311,67 +312,18 @@ def _supervise(opts: rc.ManagedOptions, *, cluster: str, region: str, inventory:
                 f"`fab train --managed --resume` continues the run")
             return _finish(plan, records, code)
         step, saved_at = _on_master(plan.inventory, lambda m: nodes.newest_checkpoint(m, plan.output_dir))
-
-        full = _discover(plan.inventory, cluster, region) or plan.inventory
-        if opts.wait_seconds and lost:
-            if noticed:
-                due = max((rc.notice_due(notices[n]) or time.time()) for n in noticed)
-                still = nodes.wait_until_gone(plan.inventory, noticed, due + GONE_GRACE_SECONDS, say)
-                if still:
-                    say(f"{', '.join(still)} still answer(s) after the notice's time; treating as lost")
-            _forget(plan.inventory, lost)
-            _ask_for_replacements(full, len(full.nodes), opts.wait_seconds)
-            current, up = _wait_for_capacity(full, wanted, opts, cluster, region)
-        else:
-            if lost:
-                say("--wait-for-capacity 0: not asking for replacements")
-                _forget(plan.inventory, lost)
-            current = full
-            up = [n for n in nodes.alive(replace(full, nodes=tuple(x for x in full.nodes if x.name in wanted)))
-                  if n not in lost]
+        current, up = _capacity(plan.inventory, lost, notices, noticed, wanted, opts, cluster, region)
         decision = rc.next_step(len(wanted), len(up), opts.min_nodes)
         if decision == rc.TOO_FEW or master not in up:
             say(f"only {len(up)} node(s) answer ({', '.join(up) or 'none'}); --min-nodes is {opts.min_nodes}: "
                 f"stopping. {replacement_command(plan.inventory, len(wanted))}, then `fab train --managed --resume`")
             return _finish(plan, records, code)
-        chosen = [n for n in current.nodes if n.name in up][:len(wanted)]
-        new = [n.name for n in chosen if n.name in lost]
-        if new:
-            for name, fingerprint in nodes.host_key_fingerprints(current, new).items():
-                say(f"{name}: new machine, host key pinned: {fingerprint}")
-            problems = nodes.check_software(current, new, lambda node, msg: print(f"  {node}: {msg}", flush=True))
-            bad = [name for name, why in problems.items() if why]
-            for name in bad:
-                say(f"{name}: not ready ({problems[name]}); leaving it out")
-            chosen = [n for n in chosen if n.name not in bad]
-            if bad and len(chosen) < opts.min_nodes:
-                say(f"{len(chosen)} node(s) ready; --min-nodes is {opts.min_nodes}: stopping")
-                return _finish(plan, records, code)
-            if not bad:
-                say(f"{', '.join(new)}: software checked (profile {current.profile})")
+        chosen = _ready([n for n in current.nodes if n.name in up][:len(wanted)], current, lost, opts)
+        if chosen is None:
+            return _finish(plan, records, code)
         survivors = replace(current, nodes=tuple(replace(n, rank=i) for i, n in enumerate(chosen)))
-        args = base_args + ([] if "--resume" in base_args else ["--resume"])
-        new_plan = plan_job(survivors, nodes=len(chosen), training_args=args, job_id=new_job_id(),
-                            output_dir=plan.output_dir, prepare=inputs.prepare, **layout)
-        batch_line = None
-        reference = first_summary or summary
-        if reference is None and len(chosen) != len(plan.inventory.nodes):
-            batch_line = ("global batch unknown (no summary.json from the interrupted run): per-rank batch and "
-                          "accumulation kept, so the global batch follows the number of ranks")
-        elif reference and new_plan.launch.world_size != reference.get("world_size"):
-            batch = rc.batch_for(per_rank=int(reference["per_rank_batch_size"]),
-                                 accumulation=int(reference["gradient_accumulation_steps"]),
-                                 ranks_before=int(reference["world_size"]), ranks=new_plan.launch.world_size)
-            batch_line = batch.describe(int(reference["per_rank_batch_size"]),
-                                        int(reference["gradient_accumulation_steps"]))
-            new_plan = plan_job(survivors, nodes=len(chosen), training_args=rc.with_batch(args, batch),
-                                job_id=new_plan.job_id, output_dir=plan.output_dir, prepare=inputs.prepare, **layout)
-        stopped = None
-        if summary:
-            stopped = (summary.get("interruption") or {}).get("step") or summary.get("steps")
-        lost_seconds = rc.work_lost_seconds(stopped, step, (summary or {}).get("step_time_seconds", {}).get("mean"))
-        if lost_seconds is None:
-            lost_seconds = round(max(0.0, ended - (saved_at or started)), 1)
+        new_plan, batch_line = _resume_plan(survivors, plan, inputs, layout, first_summary or summary)
+        lost_seconds = _seconds_lost(summary, step, saved_at or started, ended)
         done += 1
         waited = time.time() - ended  # from the job's end: finding the lost nodes, replacements, checks
         record = rc.recovery_record(number=len(records) + 1, at=ended, cause=cause, step=step, exit_code=code,
@@ -386,6 +338,99 @@ def _supervise(opts: rc.ManagedOptions, *, cluster: str, region: str, inventory:
         if batch_line:
             say(batch_line)
         plan, inventory = new_plan, survivors
+
+
+# ---------------------------------------------------------------- one recovery's steps
+
+
+def _losses(inventory: Inventory) -> tuple[dict[str, str | None], list[str], list[str]]:
+    """After the job's end: (the answering nodes' spot notices, the lost nodes: noticed or not answering,
+    the noticed nodes)."""
+    notices = nodes.notices(inventory)
+    answering = set(notices)
+    lost = [n.name for n in inventory.nodes if n.name not in answering or notices.get(n.name)]
+    noticed = [name for name, body in notices.items() if body]
+    return notices, lost, noticed
+
+
+def _capacity(inventory: Inventory, lost: list[str], notices: dict[str, str | None], noticed: list[str],
+              wanted: list[str], opts: rc.ManagedOptions, cluster: str, region: str) -> tuple[Inventory, list[str]]:
+    """The lost nodes' old host keys forgotten and replacements asked for and waited for (none with
+    --wait-for-capacity 0): (the cluster as discovery sees it, the wanted nodes that answer)."""
+    full = _discover(inventory, cluster, region) or inventory
+    if opts.wait_seconds and lost:
+        if noticed:
+            due = max((rc.notice_due(notices[n]) or time.time()) for n in noticed)
+            still = nodes.wait_until_gone(inventory, noticed, due + GONE_GRACE_SECONDS, say)
+            if still:
+                say(f"{', '.join(still)} still answer(s) after the notice's time; treating as lost")
+        _forget(inventory, lost)
+        _ask_for_replacements(full, len(full.nodes), opts.wait_seconds)
+        return _wait_for_capacity(full, wanted, opts, cluster, region)
+    if lost:
+        say("--wait-for-capacity 0: not asking for replacements")
+        _forget(inventory, lost)
+    up = [n for n in nodes.alive(replace(full, nodes=tuple(x for x in full.nodes if x.name in wanted)))
+          if n not in lost]
+    return full, up
+
+
+def _ready(chosen: list, current: Inventory, lost: list[str], opts: rc.ManagedOptions) -> list | None:
+    """The chosen nodes less the new machines (host key pinned and shown) whose software is not ready;
+    None when that leaves fewer than --min-nodes."""
+    new = [n.name for n in chosen if n.name in lost]
+    if not new:
+        return chosen
+    for name, fingerprint in nodes.host_key_fingerprints(current, new).items():
+        say(f"{name}: new machine, host key pinned: {fingerprint}")
+    problems = nodes.check_software(current, new, lambda node, msg: print(f"  {node}: {msg}", flush=True))
+    bad = [name for name, why in problems.items() if why]
+    for name in bad:
+        say(f"{name}: not ready ({problems[name]}); leaving it out")
+    chosen = [n for n in chosen if n.name not in bad]
+    if bad and len(chosen) < opts.min_nodes:
+        say(f"{len(chosen)} node(s) ready; --min-nodes is {opts.min_nodes}: stopping")
+        return None
+    if not bad:
+        say(f"{', '.join(new)}: software checked (profile {current.profile})")
+    return chosen
+
+
+def _resume_plan(survivors: Inventory, plan: JobPlan, inputs, layout: dict,
+                 reference: dict | None) -> tuple[JobPlan, str | None]:
+    """The relaunch on the survivors with --resume in the same output directory; where the number of
+    ranks changed, the global batch of `reference` (the first summary.json) kept by gradient
+    accumulation: (the plan, the line that says what became of the batch, or None)."""
+    base_args = list(inputs.args)
+    args = base_args + ([] if "--resume" in base_args else ["--resume"])
+    count = len(survivors.nodes)
+    new_plan = plan_job(survivors, nodes=count, training_args=args, job_id=new_job_id(),
+                        output_dir=plan.output_dir, prepare=inputs.prepare, **layout)
+    batch_line = None
+    if reference is None and count != len(plan.inventory.nodes):
+        batch_line = ("global batch unknown (no summary.json from the interrupted run): per-rank batch and "
+                      "accumulation kept, so the global batch follows the number of ranks")
+    elif reference and new_plan.launch.world_size != reference.get("world_size"):
+        batch = rc.batch_for(per_rank=int(reference["per_rank_batch_size"]),
+                             accumulation=int(reference["gradient_accumulation_steps"]),
+                             ranks_before=int(reference["world_size"]), ranks=new_plan.launch.world_size)
+        batch_line = batch.describe(int(reference["per_rank_batch_size"]),
+                                    int(reference["gradient_accumulation_steps"]))
+        new_plan = plan_job(survivors, nodes=count, training_args=rc.with_batch(args, batch),
+                            job_id=new_plan.job_id, output_dir=plan.output_dir, prepare=inputs.prepare, **layout)
+    return new_plan, batch_line
+
+
+def _seconds_lost(summary: dict | None, step, since: float, ended: float) -> float:
+    """The work the interruption cost: from the step it stopped at back to checkpoint `step` (by the
+    mean step time), else the time from `since` (the checkpoint's save, or the launch) to the end."""
+    stopped = None
+    if summary:
+        stopped = (summary.get("interruption") or {}).get("step") or summary.get("steps")
+    lost_seconds = rc.work_lost_seconds(stopped, step, (summary or {}).get("step_time_seconds", {}).get("mean"))
+    if lost_seconds is None:
+        lost_seconds = round(max(0.0, ended - since), 1)
+    return lost_seconds
 
 
 def _forget(inventory: Inventory, lost: list[str]) -> None:

@@ -16,8 +16,8 @@ reached or prepared, 130 after Ctrl-C.
 `--launcher torchrun` starts one torchrun per node instead of mpirun (cluster/torchrun.py), elastic
 with `--min-nodes`; `--grad-comm` and `--ddp-bucket-mb` pass through to the job (cluster/job_args.py).
 
-Why this module is longer than the others (about 480 lines): it is the one task that meets two
-kinds of program and two launchers, and its options and their help are most of it; every decision
+Why this module is longer than the others (about 520 lines): it is the one task that meets two
+kinds of program and two launchers, and its options and their help take some 60 lines; every decision
 is already in cluster/ (jobplan, job_args, userjob, torchrun, jobreport), and what is left here is
 the order of the steps above, one section each.
 """
@@ -28,6 +28,7 @@ import json
 import os
 import shlex
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from invoke import Exit
@@ -144,6 +145,16 @@ def _user_inputs(inventory: Inventory, *, script: str, module: str, args: str, w
             raise UserJobError(f"--requirements: {requirements!r} is not a file on this machine")
         install = parse_requirements(req_path.read_text(errors="replace"), requirements, get_profile(inventory.profile))
     return UserInputs(UserProgram(rel, module or None, tuple(words), sig), copy, install)
+
+
+# ----------------------------------------------------------------------------- 2. plan
+
+
+def _layout(*, ranks_per_node: int, threads: int, ccl_workers: str, pin: str, env: str, launch_options: dict) -> dict:
+    """plan_job's layout and launcher options from fab train's (LaunchError, or exit 2, naming the option)."""
+    return dict(ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
+                ccl_workers=whole_number("ccl-workers", ccl_workers, minimum=0), pin=PIN_CHOICES[pin.lower()],
+                extra_env=env_pairs(env), **launch_options)
 
 
 # ----------------------------------------------------------------------------- 3. launch
@@ -408,38 +419,21 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                                           min_nodes=min_nodes, wait=wait_for_capacity)
         launch_options["min_nodes"] = None  # --min-nodes is the supervisor's, not torchrun's
     job_id = new_job_id()
+    layout_of = partial(_layout, ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, pin=pin,
+                        env=env, launch_options=launch_options)
     if script or module:
         builtin = dict(zip(BUILTIN_ONLY, (task, model, dataset, dataset_config, train_file, validation_file, epochs,
                                           batch_size, max_steps, bf16 != "auto", checkpoint_minutes, checkpoint_uri,
                                           resume, synthetic_examples)))
-        for name, value in (("grad-comm", grad_comm), ("ddp-bucket-mb", ddp_bucket_mb)):
-            if value:
-                raise fail(f"--{name}: an option of the built-in job, not allowed with --script/--module; pass your "
-                           "program's own arguments with --args (or after `--`)")
-        try:
-            user = _user_inputs(inventory, script=script, module=module, args=f"{args} {extra}".strip(),
-                                workdir=workdir, requirements=requirements, signal=notice_signal,
-                                limit_mb=int(workdir_limit_mb), builtin=builtin)
-            plan = plan_job(inventory, nodes=nodes or len(inventory.nodes), training_args=(), job_id=job_id,
-                            output_dir=output_dir or None, prepare=[], user=user.program, copy=user.copy,
-                            install=user.install, ranks_per_node=ranks_per_node or None,
-                            threads_per_rank=threads or None, ccl_workers=whole_number("ccl-workers", ccl_workers,
-                                                                                       minimum=0),
-                            pin=PIN_CHOICES[pin.lower()], extra_env=env_pairs(env), **launch_options)
-        except (InventoryError, LayoutError, LaunchError, ValueError) as exc:
-            raise fail(str(exc)) from None
-        plan = replace(plan, prepare=(f"mkdir -p {shlex.quote(plan.output_dir)}",))
-        if dry_run:
-            print(plan.describe())
-            print("\ndry run: nothing was started")
-            return
-        raise Exit(code=_launch(inventory, plan, user_job=True))
+        _own_program(inventory, job_id, layout_of, nodes=nodes, output_dir=output_dir, dry_run=dry_run,
+                     builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb},
+                     script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir,
+                     requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb)
+        return
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
     try:
-        layout = dict(ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
-                      ccl_workers=whole_number("ccl-workers", ccl_workers, minimum=0), pin=PIN_CHOICES[pin.lower()],
-                      extra_env=env_pairs(env), **launch_options)
+        layout = layout_of()
         inputs = _data_inputs(inventory, job_id, options, synthetic_examples=synthetic_examples, epochs=epochs,
                               batch_size=batch_size, bf16=bf16, checkpoint_minutes=checkpoint_minutes,
                               checkpoint_uri=checkpoint_uri, max_steps=max_steps, resume=resume, extra=extra,
@@ -500,6 +494,29 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
     code = _follow_to_end(master, conns, plan)
     cost.at_end(master, plan, code)  # prints the actual ones, records both in summary.json
     return code
+
+
+def _own_program(inventory: Inventory, job_id: str, layout_of, *, nodes: int, output_dir: str, dry_run: bool,
+                 builtin: dict, builtin_comm: dict, limit_mb, **program) -> None:
+    """--script/--module: the user's own program checked and planned (printed by --dry-run), then launched
+    (Exit with the job's code); `program` is _user_inputs' script, module, args, workdir, requirements, signal."""
+    for name, value in builtin_comm.items():
+        if value:
+            raise fail(f"--{name}: an option of the built-in job, not allowed with --script/--module; pass your "
+                       "program's own arguments with --args (or after `--`)")
+    try:
+        user = _user_inputs(inventory, **program, limit_mb=int(limit_mb), builtin=builtin)
+        plan = plan_job(inventory, nodes=nodes or len(inventory.nodes), training_args=(), job_id=job_id,
+                        output_dir=output_dir or None, prepare=[], user=user.program, copy=user.copy,
+                        install=user.install, **layout_of())
+    except (InventoryError, LayoutError, LaunchError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    plan = replace(plan, prepare=(f"mkdir -p {shlex.quote(plan.output_dir)}",))
+    if dry_run:
+        print(plan.describe())
+        print("\ndry run: nothing was started")
+        return
+    raise Exit(code=_launch(inventory, plan, user_job=True))
 
 
 TASKS = [train]

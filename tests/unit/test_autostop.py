@@ -142,6 +142,9 @@ def test_setup_installs_the_service_and_the_bake_removes_the_arming():
 
 def test_install_section_installs_and_is_idempotent(tmp_path):
     section = autostop.install_script(str(tmp_path / "bin"))
+    preamble = shell.preamble("install.sh")  # what install.sh defines for its sections, written once there
+    assert section.startswith(preamble) and preamble.startswith("#!/bin/bash\n")
+    assert all(word in preamble for word in ("set -uo pipefail", "CHANGED=0", "xc() {", 'SUDO=""'))
     assert autostop.SYSTEMD_UNIT not in section  # only the standard place gets a unit
     first = subprocess.run(["bash", "-c", section], capture_output=True, text=True)
     second = subprocess.run(["bash", "-c", section], capture_output=True, text=True)

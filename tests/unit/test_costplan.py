@@ -92,8 +92,12 @@ def test_fab_plan_task_refuses_an_invalid_stack_file_instead_of_ignoring_it(tmp_
     (dict(profile="intl"), "--profile: 'intl' is unknown; allowed: intel, stock"),
     (dict(epochs=float("nan")), "--epochs: nan is not allowed"),
     (dict(epochs=0.0), "--epochs: 0.0 is not allowed"),
+    (dict(epochs=float("inf")), "--epochs: inf is not allowed"),
     (dict(batch=0), "--batch: 0 is not allowed"),
+    (dict(flows_per_rank=float("nan")), "--flows-per-rank: nan is not allowed"),
     (dict(samples=-5), "--samples: -5 is not allowed"),
+    (dict(samples=float("inf")), "--samples: inf is not allowed"),
+    (dict(ranks_per_node=float("nan")), "--ranks-per-node: nan is not allowed"),
     (dict(instance_type="m5.large"), "--instance-type: 'm5.large' is not in the catalog"),
 ])
 def test_plan_options_that_cannot_be_planned_are_named(over, message):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import cluster
 
@@ -24,3 +27,75 @@ def test_importing_every_cluster_module_loads_nothing_that_acts():
                                            check=True).stdout))
     assert "cluster" in loaded
     assert not loaded & set(FORBIDDEN), f"cluster/ imports {sorted(loaded & set(FORBIDDEN))}"
+
+
+# docs/design.md's layer table for node_setup's rooms, as data: the project modules each room may import
+# besides its own, and the packages it must never import. The table there names each of them too.
+ROOMS = {
+    "node_setup/tasks": (("cluster", "node_setup", "training.exit_codes"), ()),
+    "node_setup/aws": (("cluster", "node_setup.discovery"), ("fabric", "paramiko")),
+    "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.stack_config", "node_setup.local.state"),
+                       ("boto3",)),
+    "node_setup/local": (("cluster", "node_setup.controller", "training.imds"), ("boto3",)),
+}
+NEVER_IN_NODE_SETUP = ("pulumi", "pulumi_aws", "torch", "transformers")
+PROJECT_PACKAGES = ("cluster", "node_setup", "training", "infra", "xeon_cluster", "bench", "scripts", "tests")
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module (or module.name) the file imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's own package
+                package = path.relative_to(ROOT).parent.parts
+                base = ".".join(package[:len(package) - node.level + 1] + ((base,) if base else ()))
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _design_row(room: str) -> str:
+    """The 'may import' cell of docs/design.md's layer table for `room`."""
+    for line in (ROOT / "docs" / "design.md").read_text().splitlines():
+        if line.startswith(f"| `{room}/` |"):
+            return line.rsplit("|", 2)[-2].lower()
+    raise AssertionError(f"docs/design.md's layer table has no row for {room}/")
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_each_node_setup_room_imports_only_what_the_layer_table_allows(room):
+    allowed, never = ROOMS[room]
+    own = room.replace("/", ".")
+    files = sorted((ROOT / room).glob("*.py"))
+    assert len(files) >= 4  # the glob found the room's modules
+    wrong = []
+    for path in files:
+        for name in sorted(_imports(path)):
+            project = name.split(".")[0] in PROJECT_PACKAGES
+            if (project and not any(_within(name, p) for p in (own, *allowed))
+                    or any(_within(name, p) for p in never)):
+                wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not wrong, f"not allowed for {room}/ by docs/design.md's layer table: {wrong}"
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_the_layer_table_names_what_each_node_setup_room_may_and_may_not_import(room):
+    allowed, never = ROOMS[room]
+    row = _design_row(room)
+    forms = {m: (m, m.replace(".", "/") + ".py", m.replace(".", "/") + "/") for m in allowed}
+    missing = [m for m, names in forms.items() if not any(n.lower() in row for n in names)]
+    missing += [f"never {p}" for p in never if p not in row.partition("never")[2]]
+    assert not missing, f"docs/design.md's row for {room}/ does not name {missing}"
+
+
+def test_nothing_in_node_setup_imports_pulumi_torch_or_transformers():
+    wrong = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((ROOT / "node_setup").rglob("*.py"))
+             for name in _imports(path) if any(_within(name, p) for p in NEVER_IN_NODE_SETUP)]
+    assert not wrong

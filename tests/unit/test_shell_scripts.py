@@ -14,7 +14,7 @@ from importlib import resources
 
 import pytest
 
-from cluster import catalog, shell
+from cluster import autostop, catalog, shell
 from cluster.launch import FLAVOURS, RANK_WRAPPER, plan_launch
 from cluster.layout import plan_layout
 from cluster.profiles import PROFILES
@@ -61,6 +61,10 @@ def _rendered():
     yield "prebake", prebake_script()
     yield "prebake (no restore)", prebake_script(root="/tmp/img", restore_host_keys_after_s=None)
     yield "rank wrapper", RANK_WRAPPER
+    yield "autostop service", autostop.service_script()
+    yield "autostop power-off", autostop.poweroff_script()
+    yield "autostop install", autostop.install_script()
+    yield "autostop install (elsewhere, no unit)", autostop.install_script("/tmp/x c/bin")
     for name in ("RANKS_SH", "STOP_NODE_SH", "STOP_MASTER_SH", "STATE_SH"):
         yield f"node_setup.ssh.job.{name}", getattr(job, name)
     yield from _job_scripts()
