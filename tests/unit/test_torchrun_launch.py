@@ -117,8 +117,10 @@ def test_the_wrapper_names_a_failed_rank_and_exits_with_its_code(tmp_path):
 
 
 def test_under_torchrun_the_wrapper_labels_lines_and_forwards_signals_to_the_program(tmp_path):
-    program = ["python3", "-c", "import signal, sys, time\n"
-               "signal.signal(signal.SIGUSR1, lambda *a: print('got USR1', flush=True))\n"
+    # The handler writes with os.write: the signal may arrive while print('ready') is still inside
+    # stdout's buffered writer, and a print from the handler would then fail as a reentrant call.
+    program = ["python3", "-c", "import os, signal, sys, time\n"
+               "signal.signal(signal.SIGUSR1, lambda *a: os.write(1, b'got USR1\\n'))\n"
                "print('ready', flush=True)\n"
                "time.sleep(60)"]
     proc = wrapper(tmp_path, program, RANK="4", WORLD_SIZE="6", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
