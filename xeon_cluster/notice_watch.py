@@ -7,7 +7,7 @@ off the import path. Polls the metadata service with the built-in job's client
 (training/imds.py: IMDSv2, stale notices left from before the start ignored, broken replies
 survived); on an interruption notice it writes JOB_DIR/notice (JSON: the notice's `action` and
 `time`, and `noticed_at`) and sends SIGNAL to every rank of the job recorded on this node. It
-exits once every rank of this node has ended. Off the metadata service's reach (not EC2, no
+keeps no descriptor of the launch open, and exits once every rank recorded on this node has ended. Off the metadata service's reach (not EC2, no
 XEON_IMDS_ENDPOINT) it only waits for the ranks, so no other machine ever calls 169.254.169.254.
 """
 
@@ -31,18 +31,22 @@ def _job_of(job_dir: Path) -> str:
     return job_dir.name
 
 
-def rank_pids(job_dir: Path) -> list[int]:
-    """The pids of this node's ranks of the job that still run (checked by the job marker)."""
+def rank_pids(job_dir: Path) -> tuple[bool, list[int]]:
+    """Whether any rank of the job has been recorded on this node, and the pids of those that still
+    run (checked by the job marker)."""
     host, marker = socket.gethostname(), f"XEON_CLUSTER_JOB={_job_of(job_dir)}".encode()
-    pids = []
+    recorded, pids = False, []
     for record in (job_dir / "ranks").glob("rank-*"):
         try:
             pid, _, where = record.read_text().split()[:3]
-            if where == host and marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if where != host:
+                continue
+            recorded = True
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                 pids.append(int(pid))
         except (OSError, ValueError):
             continue
-    return pids
+    return recorded, pids
 
 
 def write_notice(job_dir: Path, body: str) -> dict:
@@ -60,6 +64,10 @@ def write_notice(job_dir: Path, body: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    # Let go of every descriptor inherited from the rank's launch (MPI's PMI socket, the launcher's
+    # output pipes): while this process held them, Intel MPI's proxy took the rank for still running
+    # and a failed job's other ranks were not ended until this watcher exited.
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     import logging
 
     from training import hardware, imds
@@ -73,8 +81,8 @@ def main(argv: list[str]) -> int:
         watcher = imds.InterruptionWatcher(imds.ImdsClient(imds.endpoint()), poll)
     start, next_poll, seen_rank, acted = time.monotonic(), 0.0, False, False
     while True:
-        pids = rank_pids(job_dir)
-        seen_rank = seen_rank or bool(pids)
+        recorded, pids = rank_pids(job_dir)
+        seen_rank = seen_rank or recorded
         if (seen_rank and not pids) or (not seen_rank and time.monotonic() - start > RANK_WAIT_SECONDS):
             return 0
         if watcher is not None and not acted and time.monotonic() >= next_poll:
