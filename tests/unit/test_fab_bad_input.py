@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -145,16 +146,31 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("argv, message", CASES.values(), ids=CASES.keys())
-def test_bad_input_is_one_line_and_exit_2(argv, message, inventory, tmp_path):
-    (tmp_path / "w").mkdir()
-    (tmp_path / "other").mkdir()
-    (tmp_path / "w" / "train.py").write_text("print(1)\n")
-    (tmp_path / "w" / "weights.bin").write_bytes(b"0" * 2 * 1024 * 1024)
-    (tmp_path / "bad.txt").write_text("peft >=>= 1\n")
-    (tmp_path / "pin.txt").write_text("torch==2.1.0\n")
-    message = message.replace("{tmp}", str(tmp_path))
-    result = fab(*[a.replace("{inv}", inventory).replace("{tmp}", str(tmp_path)) for a in argv])
+@pytest.fixture(scope="module")
+def case_results(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """Every row of CASES run once, a few `fab` processes at a time (each is a Python start-up, and
+    the rows only read the files made here); each row's test then checks its own result."""
+    tmp = tmp_path_factory.mktemp("bad-input")
+    (tmp / "w").mkdir()
+    (tmp / "other").mkdir()
+    (tmp / "w" / "train.py").write_text("print(1)\n")
+    (tmp / "w" / "weights.bin").write_bytes(b"0" * 2 * 1024 * 1024)
+    (tmp / "bad.txt").write_text("peft >=>= 1\n")
+    (tmp / "pin.txt").write_text("torch==2.1.0\n")
+    (tmp / "lab.yaml").write_text(INVENTORY)
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        return fab(*[a.replace("{inv}", str(tmp / "lab.yaml")).replace("{tmp}", str(tmp)) for a in argv])
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(run, argv) for name, (argv, _) in CASES.items()}
+        return tmp, {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_one_line_and_exit_2(name, case_results):
+    tmp, results = case_results
+    message, result = CASES[name][1].replace("{tmp}", str(tmp)), results[name]
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
