@@ -6,7 +6,7 @@ Checks, in order, each ending in a `Finding` that says what to change:
   offering     the instance type is offered in the region and in the zone the cluster will use
                (the subnetId's zone, else the first default subnet in an offering zone, as infra does)
   quota        Service Quotas' standard spot / on-demand vCPU quotas cover nodes x vCPUs on top of
-               what already runs in the account
+               what already runs in the account (node_setup/aws/quotas.py)
   dry-run      `run_instances(DryRun=True)` with the stack's image (the same lookup as infra/lookups.py,
                filters from cluster/images.py), type, zone, market, shutdown behaviour `terminate`,
                IMDSv2, encrypted root volume, the master's tags (so ec2:CreateTags, which tagging on
@@ -18,6 +18,7 @@ Checks, in order, each ending in a `Finding` that says what to change:
   pass-role    the caller may pass the node role to EC2 (iam:PassRole, which launching with the
                instance profile needs): IAM's policy simulator (SimulatePrincipalPolicy) for the
                caller's user or role, on a role named like the one `pulumi up` makes
+               (node_setup/aws/pass_role.py)
   admin-cidr   the caller's public address is inside adminCidrs (else SSH to the master is refused)
 
 `fab preflight --pick-zone` ranks the region's zones that offer the instance type (`rank_zones`):
@@ -35,7 +36,6 @@ when any check found that the launch would fail.
 from __future__ import annotations
 
 import ipaddress
-import re
 import urllib.request
 from typing import Callable
 
@@ -44,33 +44,18 @@ from botocore.exceptions import ClientError
 from cluster import catalog
 from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
 from cluster.spec import ClusterSpec
-from cluster.tags import CLUSTER_KEY, ROLE_MASTER, cluster_tags, node_tags
+from cluster.tags import ROLE_MASTER, cluster_tags, node_tags
 from node_setup.aws import errors
 from node_setup.aws.zones import next_best_zone_fix, offered
 from node_setup.aws.findings import (FAIL, OK, SKIPPED, WARN, AwsClients, Report, check_credentials, check_region,
                                      denied, run_checks)
-
-# Service Quotas, service code ec2.
-SPOT_QUOTA_CODE = "L-34B43A08"  # All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests
-ON_DEMAND_QUOTA_CODE = "L-1216C47A"  # Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances
-STANDARD = "Standard"
-# The vCPU quota group of an instance family, by the letters before its generation digit ("r7iz"
-# -> "r", "inf2" -> "inf", "u7i-12tb" -> "u"): not by the first letter alone, or inf, trn, dl, hpc,
-# im/is and u- types would all pass for (or fall out of) the Standard group.
-QUOTA_GROUPS = {
-    **{prefix: STANDARD for prefix in ("a", "c", "d", "h", "i", "im", "is", "m", "r", "t", "z")},
-    "f": "F", "g": "G and VT", "gr": "G and VT", "vt": "G and VT", "p": "P", "x": "X", "inf": "Inf",
-    "trn": "Trn", "dl": "DL", "hpc": "HPC", "u": "High Memory", "mac": "Mac",
-}
+from node_setup.aws.pass_role import check_pass_role
+from node_setup.aws.quotas import check_quotas
 
 PUBLIC_IP_URL = "https://checkip.amazonaws.com"
 
 # What a node does when it shuts itself down (infra/node.py SHUTDOWN_BEHAVIOR), spot or on-demand.
 SHUTDOWN_BEHAVIOR = "terminate"
-# The service the node role is passed to (infra/node_role.py EC2_SERVICE), and the role's name as
-# `pulumi up` makes it: Pulumi names the role `<cluster>-node-` plus 7 random hex characters.
-EC2_SERVICE = "ec2.amazonaws.com"
-NODE_ROLE_NAME_SUFFIX = "-node-0000000"
 
 
 def lookup_public_ip(timeout: float = 3.0) -> str | None:
@@ -148,108 +133,6 @@ def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> st
                f"{usable[0]} (subnet {defaults[usable[0]]})")
     return usable[0]
 
-
-def quota_group(instance_type: str) -> str | None:
-    """The Service Quotas vCPU group the type counts against ("Standard", "Inf", ...), None if unknown."""
-    prefix = re.match(r"[a-z]*", instance_type.split(".")[0].lower()).group(0)
-    return QUOTA_GROUPS.get(prefix)
-
-
-def _quota_value(quotas, code: str) -> float:
-    try:
-        return float(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
-    except ClientError as exc:
-        if errors.code(exc) != "NoSuchResourceException":
-            raise
-    # Never-adjusted quotas may only be listed as AWS defaults.
-    return float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
-
-
-def _vcpus(ec2, types: set[str]) -> dict[str, int]:
-    known = {t: catalog.lookup(t).vcpus for t in types if catalog.lookup(t)}
-    unknown = sorted(types - set(known))
-    if unknown:
-        for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=unknown):
-            for info in page.get("InstanceTypes", []):
-                known[info["InstanceType"]] = info["VCpuInfo"]["DefaultVCpus"]
-    return known
-
-
-def _in_use(ec2, cluster_name: str) -> dict[str, int]:
-    """vCPUs of running/pending standard-family instances by market, not counting this cluster's own."""
-    counts: dict[str, list[str]] = {"spot": [], "on-demand": []}
-    for page in ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]):
-        for reservation in page.get("Reservations", []):
-            for inst in reservation.get("Instances", []):
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                if tags.get(CLUSTER_KEY) == cluster_name:
-                    continue  # re-running preflight on an up cluster: its nodes are not extra
-                if quota_group(inst["InstanceType"]) != STANDARD:
-                    continue
-                market = "spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"
-                counts[market].append(inst["InstanceType"])
-    sizes = _vcpus(ec2, {t for types in counts.values() for t in types})
-    return {market: sum(sizes.get(t, 0) for t in types) for market, types in counts.items()}
-
-
-def check_quotas(report: Report, clients: AwsClients, spec: ClusterSpec) -> None:
-    itype = spec.instance_type
-    group = quota_group(itype)
-    if group != STANDARD:
-        report.add("quota", SKIPPED, f"{itype} counts against {f'the {group}' if group else 'its own'} vCPU quota, "
-                   "not the Standard (A, C, D, H, I, M, R, T, Z) one this check reads; check it in the "
-                   "Service Quotas console")
-        return
-    try:
-        vcpus = _vcpus(clients.ec2, {itype})[itype]
-    except (ClientError, KeyError) as exc:
-        report.add("quota", WARN, f"could not learn the vCPUs of {itype} ({exc})")
-        return
-    spot_nodes = int(spec.master_spot) + (spec.worker_count if spec.worker_spot else 0)
-    needs = {"spot": (spot_nodes, SPOT_QUOTA_CODE, "All Standard Spot Instance Requests"),
-             "on-demand": (spec.node_count - spot_nodes, ON_DEMAND_QUOTA_CODE,
-                           "Running On-Demand Standard instances")}
-    try:
-        in_use = _in_use(clients.ec2, spec.cluster_name)
-    except ClientError as exc:
-        if not errors.is_denied(exc):
-            raise
-        denied(report, "quota", "ec2:DescribeInstances (vCPUs already running are not counted)", exc)
-        in_use = {"spot": 0, "on-demand": 0}
-    for market, (nodes, code, title) in needs.items():
-        if nodes == 0:
-            continue
-        needed = nodes * vcpus
-        try:
-            quota = _quota_value(clients.quotas, code)
-        except ClientError as exc:
-            if errors.is_denied(exc):
-                denied(report, "quota", f"servicequotas:GetServiceQuota ({market} quota {code}, "
-                        f"{needed} vCPUs needed)", exc)
-            else:
-                report.add("quota", WARN, f"could not read the {market} quota {code} ({errors.describe(exc)}); "
-                           f"the cluster needs {needed} {market} vCPUs")
-            continue
-        available = quota - in_use[market]
-        busy = f", {in_use[market]} already in use" if in_use[market] else ""
-        what = f"{market} vCPU quota {code} ({title}) is {quota:g}{busy}; {nodes} x {itype} need {needed}"
-        if needed <= available:
-            report.add("quota", OK, what)
-            continue
-        fits = int(available // vcpus) if available > 0 else 0
-        fix = (f"request at least {int(in_use[market] + needed)} vCPUs: `aws service-quotas "
-               f"request-service-quota-increase --service-code ec2 --quota-code {code} --desired-value "
-               f"{int(in_use[market] + needed)} --region {spec.region}`")
-        if fits:
-            fix += f"; or run {fits} node(s) (workerCount {max(0, fits - 1)})"
-        smaller = sorted((t.vcpus, t.name) for t in catalog.CATALOG.values()
-                         if t.vcpus * nodes <= available and t.name != itype)
-        if smaller:
-            fix += f"; or a smaller type that fits: {', '.join(n for _, n in smaller[-3:])}"
-        if market == "spot":
-            fix += "; or on-demand nodes (masterSpot/workerSpot false) if that quota has room"
-        report.add("quota", FAIL, what, fix)
 
 
 def _base_image(ec2, spec: ClusterSpec) -> dict | None:
@@ -378,86 +261,6 @@ def _dry_run_fix(code: str, spec: ClusterSpec) -> str:
 
 # What EC2 answers when a zone has no room (or no such type) for the launch.
 CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported")
-
-
-def _arn_parts(arn: str) -> tuple[str, str, str, str] | None:
-    """(partition, service, account, resource) of an ARN, None if it is not one."""
-    parts = arn.split(":", 5)
-    if len(parts) != 6 or parts[0] != "arn":
-        return None
-    return parts[1], parts[2], parts[4], parts[5]
-
-
-def role_arn_of_session(caller_arn: str) -> str | None:
-    """The IAM role ARN behind an assumed-role session ARN, without the role's path (the session ARN
-    does not carry it): arn:aws:sts::<account>:assumed-role/<role>/<session> ->
-    arn:aws:iam::<account>:role/<role>. None for any other ARN."""
-    parts = _arn_parts(caller_arn)
-    if not parts or parts[1] != "sts" or not parts[3].startswith("assumed-role/"):
-        return None
-    partition, _, account, resource = parts
-    return f"arn:{partition}:iam::{account}:role/{resource.split('/')[1]}"
-
-
-def policy_source_arn(iam, caller_arn: str) -> str | None:
-    """The ARN SimulatePrincipalPolicy takes for the caller: an IAM user's ARN as it is, the role of an
-    assumed-role session (with its path, from iam:GetRole when allowed: IAM Identity Center roles live
-    under /aws-reserved/...), None for the root user and federated users (not simulated)."""
-    parts = _arn_parts(caller_arn)
-    if not parts:
-        return None
-    partition, _, account, resource = parts
-    if resource.startswith("user/"):
-        return f"arn:{partition}:iam::{account}:{resource}"
-    role = role_arn_of_session(caller_arn)
-    if role is None:
-        return None
-    try:
-        return iam.get_role(RoleName=role.rsplit("/", 1)[1])["Role"]["Arn"]
-    except ClientError:
-        return role  # right for a role without a path; otherwise the simulation says NoSuchEntity
-
-
-def node_role_arn(spec: ClusterSpec, source_arn: str) -> str:
-    """An ARN like the node role's that `pulumi up` makes (infra/node_role.py), in the caller's account."""
-    partition, _, account, _ = _arn_parts(source_arn)
-    return f"arn:{partition}:iam::{account}:role/{spec.cluster_name}{NODE_ROLE_NAME_SUFFIX}"
-
-
-def check_pass_role(report: Report, clients: AwsClients, spec: ClusterSpec) -> None:
-    """Would launching with the node role's instance profile pass iam:PassRole? Asked of IAM's policy
-    simulator for the caller's identity policies (with SCPs and permission boundaries, not an
-    assumed role's session policy), since the role itself does not exist before `pulumi up`."""
-    if clients.iam is None:
-        report.add("pass-role", SKIPPED, "iam:PassRole of the node role is not checked (no IAM client)")
-        return
-    caller = clients.sts.get_caller_identity()["Arn"]
-    source = policy_source_arn(clients.iam, caller)
-    if source is None:
-        report.add("pass-role", SKIPPED, f"{caller} is not an IAM user or role session, which IAM's policy "
-                   "simulator needs; make sure it may pass the node role to EC2 (iam:PassRole)")
-        return
-    role = node_role_arn(spec, source)
-    try:
-        answer = clients.iam.simulate_principal_policy(
-            PolicySourceArn=source, ActionNames=["iam:PassRole"], ResourceArns=[role],
-            ContextEntries=[{"ContextKeyName": "iam:PassedToService", "ContextKeyValues": [EC2_SERVICE],
-                             "ContextKeyType": "string"}])
-    except ClientError as exc:
-        why = "access denied to iam:SimulatePrincipalPolicy" if errors.is_denied(exc) else errors.describe(exc)
-        report.add("pass-role", WARN, f"could not check that {source} may pass the node role to EC2 "
-                   f"(iam:PassRole): {why}",
-                   f"allow iam:SimulatePrincipalPolicy on {source} for your IAM identity, or make sure it may "
-                   f"pass roles named {spec.cluster_name}-node-* to {EC2_SERVICE}")
-        return
-    decision = answer["EvaluationResults"][0]["EvalDecision"]
-    if decision == "allowed":
-        report.add("pass-role", OK, f"{source} may pass the node role ({role}) to {EC2_SERVICE}")
-        return
-    report.add("pass-role", FAIL, f"{source} may not pass the node role to EC2: iam:PassRole on {role} is "
-               f"{decision}; launching the nodes with its instance profile would fail",
-               f"allow iam:PassRole on arn:...:role/{spec.cluster_name}-node-* (condition iam:PassedToService "
-               f"{EC2_SERVICE}) for your IAM identity, or lift the SCP/permission boundary that denies it")
 
 
 def check_admin_cidr(report: Report, spec: ClusterSpec,

@@ -15,6 +15,7 @@ moto = pytest.importorskip("moto")
 
 from node_setup.aws import preflight as pf  # noqa: E402
 from node_setup.aws import zones  # noqa: E402
+from node_setup.aws.quotas import SPOT_QUOTA_CODE  # noqa: E402
 from node_setup.stack_edit import set_stack_value  # noqa: E402
 from tests.aws.test_preflight import (  # noqa: E402
     MY_ADDRESS,
@@ -78,7 +79,7 @@ def test_zones_rank_by_placement_score_then_price(mocked_aws):
 
 
 def test_capacity_refusal_names_the_next_best_zone(mocked_aws):
-    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
     ec2 = ScoresAndPricesEc2(boto3.client("ec2", region_name="us-east-1"), SCORES, PRICES, capacity_refused=True)
     aws = clients(quotas=quotas)
     aws.ec2 = ec2
@@ -91,7 +92,7 @@ def test_capacity_refusal_names_the_next_best_zone(mocked_aws):
 
 
 def test_the_stack_zone_is_the_one_preflight_checks(mocked_aws):
-    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
     report = pf.run_preflight(spec_for(baseAmi=canonical_image(), availabilityZone="us-east-1c"),
                               clients=clients(quotas=quotas), public_ip=lambda: MY_ADDRESS)
     assert "the cluster will use us-east-1c" in next(f for f in report.findings if f.check == "offering").message

@@ -6,7 +6,13 @@ run_instances, and IAM policy enforcement (`set_initial_no_auth_action_count`), 
 only for the vpc service and no IAM policy simulator. EC2 quotas therefore come from
 `stubbed_service_quotas` and the iam:PassRole simulation from `stubbed_iam`, test doubles built on
 botocore's Stubber over real clients (they check our requests and their answers against the API's
-shapes).
+shapes). The pass-role check's own tests are in test_pass_role.py.
+
+Why this module is longer than about 400 lines (about 540): `fab preflight`'s checks and, at the
+end, `fab train`'s (node_setup/aws/train_checks.py) run against the same moto account through the
+same helpers: `spec_for`, `clients`, `canonical_image`, the IAM user with a denied API that moto
+enforces (`_restricted_session`), `stubbed_service_quotas` and `stubbed_iam`, which
+test_pick_zone.py and test_pass_role.py import from here too.
 """
 
 import base64
@@ -22,8 +28,10 @@ from moto.core import set_initial_no_auth_action_count  # noqa: E402
 
 from cluster.spec import ClusterSpec  # noqa: E402
 from node_setup.aws import preflight as pf  # noqa: E402
+from node_setup.aws import quotas as vcpu_quotas  # noqa: E402
 from node_setup.aws import train_checks  # noqa: E402
 from node_setup.aws.preflight import AwsClients, run_preflight  # noqa: E402
+from node_setup.aws.quotas import ON_DEMAND_QUOTA_CODE, SPOT_QUOTA_CODE  # noqa: E402
 
 PUBLIC_KEY = "ssh-ed25519 " + base64.b64encode(
     b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(range(32))).decode() + " test"
@@ -104,7 +112,7 @@ def stubbed_iam(*answers):
 
 
 def test_a_good_account_passes_every_check(mocked_aws):
-    quotas, stub = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    quotas, stub = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
     iam, iam_stub = stubbed_iam(("simulate", MOTO_CALLER, "allowed"))
     report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas, iam=iam),
                            public_ip=lambda: MY_ADDRESS)
@@ -128,12 +136,12 @@ def test_a_good_account_passes_every_check(mocked_aws):
     ("q9.large", None),
 ])
 def test_quota_group_by_family_not_by_first_letter(itype, group):
-    assert pf.quota_group(itype) == group
+    assert vcpu_quotas.quota_group(itype) == group
 
 
 def test_non_standard_types_are_not_checked_against_the_standard_quota(mocked_aws):
     report = pf.Report(region="us-east-1")
-    pf.check_quotas(report, clients(quotas=None), spec_for(instanceType="inf2.48xlarge", sockets=2,
+    vcpu_quotas.check_quotas(report, clients(quotas=None), spec_for(instanceType="inf2.48xlarge", sockets=2,
                                                            physicalCores=96))
     (finding,) = report.findings
     assert finding.status == pf.SKIPPED and "the Inf vCPU quota" in finding.message
@@ -144,7 +152,7 @@ def test_non_standard_instances_already_running_do_not_count_against_the_standar
     for itype in ("inf2.xlarge", "trn1.2xlarge", "c6i.16xlarge"):
         ec2.run_instances(ImageId=canonical_image(), InstanceType=itype, MinCount=1, MaxCount=1,
                           InstanceMarketOptions={"MarketType": "spot"})
-    assert pf._in_use(ec2, "xeon-dev") == {"spot": 64, "on-demand": 0}  # only the c6i
+    assert vcpu_quotas._in_use(ec2, "xeon-dev") == {"spot": 64, "on-demand": 0}  # only the c6i
 
 
 def _sent_launches(ec2):
@@ -218,100 +226,10 @@ def test_the_base_image_lookup_sends_the_shared_filters(mocked_aws):
     assert filters["virtualization-type"] == ["hvm"] and filters["architecture"] == ["x86_64"]
 
 
-# --- iam:PassRole of the node role, through IAM's policy simulator ----------------------------------
-
-
-@pytest.mark.parametrize("caller, role", [
-    ("arn:aws:sts::123456789012:assumed-role/deployer/alice", "arn:aws:iam::123456789012:role/deployer"),
-    ("arn:aws-us-gov:sts::123456789012:assumed-role/AWSReservedSSO_Admin_0123456789abcdef/bob@example.com",
-     "arn:aws-us-gov:iam::123456789012:role/AWSReservedSSO_Admin_0123456789abcdef"),
-    ("arn:aws:iam::123456789012:user/deployer", None),
-    ("arn:aws:iam::123456789012:root", None),
-    ("arn:aws:sts::123456789012:federated-user/carol", None),
-    ("not-an-arn", None),
-])
-def test_an_assumed_role_session_is_simulated_as_its_role_not_as_the_session(caller, role):
-    assert pf.role_arn_of_session(caller) == role
-
-
-def test_pass_role_allowed_for_an_iam_user(mocked_aws):
-    iam, stub = stubbed_iam(("simulate", MOTO_CALLER, "allowed"))
-    report = pf.Report(region="us-east-1")
-    pf.check_pass_role(report, clients(iam=iam), spec_for())
-    stub.assert_no_pending_responses()
-    (finding,) = report.findings
-    assert finding.status == pf.OK and NODE_ROLE in finding.message and "ec2.amazonaws.com" in finding.message
-
-
-def test_pass_role_of_an_assumed_role_asks_about_the_role_with_its_path(mocked_aws):
-    """An IAM Identity Center session: the simulation needs the role's ARN, which has a path."""
-    sso_role = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_Admin_0123456789abcdef"
-    creds = boto3.client("sts", region_name="us-east-1").assume_role(RoleArn=sso_role, RoleSessionName="alice")
-    session = boto3.Session(aws_access_key_id=creds["Credentials"]["AccessKeyId"],
-                            aws_secret_access_key=creds["Credentials"]["SecretAccessKey"],
-                            aws_session_token=creds["Credentials"]["SessionToken"], region_name="us-east-1")
-    iam, stub = stubbed_iam(("role", "AWSReservedSSO_Admin_0123456789abcdef", sso_role),
-                            ("simulate", sso_role, "allowed"))
-    report = pf.Report(region="us-east-1")
-    pf.check_pass_role(report, clients(session=session, iam=iam), spec_for())
-    stub.assert_no_pending_responses()  # get_role, then the simulation with the role's full ARN
-    assert report.findings[0].status == pf.OK and sso_role in report.findings[0].message
-
-
-def test_pass_role_of_an_assumed_role_without_get_role_uses_the_role_arn_without_a_path(mocked_aws):
-    creds = boto3.client("sts", region_name="us-east-1").assume_role(
-        RoleArn="arn:aws:iam::123456789012:role/deployer", RoleSessionName="ci")["Credentials"]
-    session = boto3.Session(aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
-                            aws_session_token=creds["SessionToken"], region_name="us-east-1")
-    iam, stub = stubbed_iam(("role-error", "deployer", "AccessDenied"),
-                            ("simulate", "arn:aws:iam::123456789012:role/deployer", "allowed"))
-    report = pf.Report(region="us-east-1")
-    pf.check_pass_role(report, clients(session=session, iam=iam), spec_for())
-    stub.assert_no_pending_responses()
-    assert report.findings[0].status == pf.OK
-
-
-@pytest.mark.parametrize("decision", ["implicitDeny", "explicitDeny"])
-def test_pass_role_denied_fails_with_what_to_allow(mocked_aws, decision):
-    iam, _ = stubbed_iam(("simulate", MOTO_CALLER, decision))
-    report = pf.Report(region="us-east-1")
-    pf.check_pass_role(report, clients(iam=iam), spec_for())
-    (bad,) = report.failures
-    assert bad.check == "pass-role" and decision in bad.message and NODE_ROLE in bad.message
-    assert "iam:PassRole" in bad.fix and "xeon-dev-node-*" in bad.fix and "ec2.amazonaws.com" in bad.fix
-
-
-def test_a_denied_policy_simulation_is_a_warning_that_the_check_was_not_made(mocked_aws):
-    iam, stub = stubbed_iam(("simulate-error", MOTO_CALLER, "AccessDenied"))
-    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
-    report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas, iam=iam),
-                           public_ip=lambda: MY_ADDRESS)
-    stub.assert_no_pending_responses()
-    finding = next(f for f in report.findings if f.check == "pass-role")
-    assert finding.status == pf.WARN and "could not check" in finding.message
-    assert "iam:PassRole" in finding.message and "access denied to iam:SimulatePrincipalPolicy" in finding.message
-    assert "iam:SimulatePrincipalPolicy" in finding.fix
-    assert report.exit_code == 0 and report.status_of("admin-cidr") == pf.OK  # a warning, and the rest ran
-
-
-def test_the_root_user_is_not_simulated(mocked_aws):
-    sts = boto3.client("sts", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    sts_stub = Stubber(sts)
-    sts_stub.add_response("get_caller_identity", {"UserId": "123456789012", "Account": "123456789012",
-                                                  "Arn": "arn:aws:iam::123456789012:root"})
-    sts_stub.activate()
-    iam, iam_stub = stubbed_iam()  # no IAM call expected: the stub refuses any
-    report = pf.Report(region="us-east-1")
-    pf.check_pass_role(report, AwsClients(sts=sts, ec2=None, quotas=None, iam=iam), spec_for())
-    iam_stub.assert_no_pending_responses()
-    (finding,) = report.findings
-    assert finding.status == pf.SKIPPED and "iam:PassRole" in finding.message
-
-
 def test_type_not_offered_in_the_subnets_zone_fails_and_names_the_good_zones(mocked_aws):
     ec2 = boto3.client("ec2", region_name="us-east-1")
     subnet_e = ec2.describe_subnets(Filters=[{"Name": "availability-zone", "Values": ["us-east-1e"]}])["Subnets"][0]
-    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
     report = run_preflight(spec_for(baseAmi=canonical_image(), subnetId=subnet_e["SubnetId"]),
                            clients=clients(quotas=quotas), public_ip=lambda: MY_ADDRESS)
     assert report.exit_code == 1
@@ -323,7 +241,7 @@ def test_type_not_offered_in_the_subnets_zone_fails_and_names_the_good_zones(moc
 
 def test_type_not_offered_in_the_region_suggests_catalog_types_offered_there(mocked_aws):
     region = "us-west-1"
-    quotas, _ = stubbed_service_quotas(region, **{pf.SPOT_QUOTA_CODE: 512})
+    quotas, _ = stubbed_service_quotas(region, **{SPOT_QUOTA_CODE: 512})
     report = run_preflight(spec_for(region, baseAmi=canonical_image(region)), clients=clients(region, quotas=quotas),
                            public_ip=lambda: MY_ADDRESS)
     bad = [f for f in report.failures if f.check == "offering"][0]
@@ -341,7 +259,7 @@ def test_quota_too_small_fails_with_the_number_to_request(mocked_aws):
                       InstanceMarketOptions={"MarketType": "spot"},
                       TagSpecifications=[{"ResourceType": "instance", "Tags": [
                           {"Key": "xeon-cluster:cluster", "Value": "xeon-dev"}]}])
-    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 192, pf.ON_DEMAND_QUOTA_CODE: 1024})
+    quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 192, ON_DEMAND_QUOTA_CODE: 1024})
     report = run_preflight(spec_for(baseAmi=image, masterSpot=False), clients=clients(quotas=quotas),
                            public_ip=lambda: MY_ADDRESS)
     assert report.exit_code == 1
@@ -380,7 +298,7 @@ def _preflight_as_restricted_user(deny, quota_values, **cfg):
 
 def test_dry_run_refused_fails_and_other_checks_still_run(mocked_aws):
     assert canonical_image() == "ami-1e749f67"
-    report = _preflight_as_restricted_user(["ec2:RunInstances"], {pf.SPOT_QUOTA_CODE: 512})
+    report = _preflight_as_restricted_user(["ec2:RunInstances"], {SPOT_QUOTA_CODE: 512})
     assert report.exit_code == 1
     assert report.status_of("dry-run") == pf.FAIL
     dry = next(f for f in report.findings if f.check == "dry-run")
@@ -397,7 +315,7 @@ def test_access_denied_on_service_quotas_is_reported_and_the_rest_runs(mocked_aw
 
 
 def test_admin_cidr_without_the_callers_address_fails(mocked_aws):
-    quotas, _ = stubbed_service_quotas(**{pf.SPOT_QUOTA_CODE: 512})
+    quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
     report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas),
                            public_ip=lambda: "198.51.100.9")
     assert report.exit_code == 1

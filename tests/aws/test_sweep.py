@@ -9,6 +9,11 @@ other IAM call (roles, role tags, policies, profiles, their deletion checks) goe
 `fab sweep` itself (the task function) runs end to end with its boto3 clients replaced by the same
 moto clients and doubles. Refused listings come from moto's IAM enforcement: an IAM user whose
 policy denies one API.
+
+Why this module is longer than about 400 lines (about 530): every test, from the listing to the
+refused APIs and the `fab sweep` task end to end, runs on the one `account` fixture (the alive,
+gone and other-region clusters, a stray and bystanders, made by `make_cluster` over the two
+doubles) and checks its resources by the ids that fixture returns.
 """
 
 import json

@@ -1,4 +1,10 @@
-"""The real infra/__main__.py under Pulumi mocks: what it registers for several stack configs."""
+"""The real infra/__main__.py under Pulumi mocks: what it registers for several stack configs.
+
+Why this module is longer than about 400 lines (about 490): its tests read one program's
+registrations through the same helpers (`instances`, `master_of`, `groups`, `node_role`, ...), most
+of them for every stack config in `STACK_CONFIGS`; the options the engine acts on after a change
+are in test_lifecycle.py, the zone lookup in test_zone.py, bad configs in test_bad_config.py.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ runs) directly. The real installer would run apt and pip, so the node_setup.ssh.
 replaced by test doubles (`install_double`, `bake_double`) that run real commands over the same
 Fabric connection. An sshd started by the test on 127.0.0.1 (own host key, own authorized_keys,
 a free port) is the "master"; it is stopped by its PID at the end.
+
+Why this module is longer than about 400 lines (about 460): all of it is the one provider in
+infra/setup_step.py. The tests over SSH share the `sshd` and `config_home` fixtures and
+`RecordingInstaller`; the tests with a scripted connection and the diff tests build the same
+properties with `make_props`; the last four check how Pulumi stores and loads that provider.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.server import ThreadedMotoServer
 
 from cluster.images import CANONICAL_OWNER
-from node_setup.aws.preflight import ON_DEMAND_QUOTA_CODE, SPOT_QUOTA_CODE
+from node_setup.aws.quotas import ON_DEMAND_QUOTA_CODE, SPOT_QUOTA_CODE
 
 ACCOUNT = DEFAULT_ACCOUNT_ID  # the account moto answers for
 REGION = "us-east-1"

@@ -25,6 +25,10 @@ resources marked `retain_on_delete` (the bucket and its settings, unless `destro
 in the account and dropped from the stack; a resource `deleted_with` another one that is deleted
 too (the setup step with the master, the snapshot tags with the image) is not called; the image's
 delete deregisters it and deletes the snapshots it made (`manage_ebs_snapshots`).
+
+Why this module is longer than about 400 lines (about 450): `MotoBackedAws` is one Mocks object,
+and each row of the table above is a maker in it and, mostly, a branch of its `delete` over the same moto
+clients; split apart, each resource type's create and delete would sit in different files.
 """
 
 from __future__ import annotations
