@@ -4,6 +4,8 @@ train without a checkpoint URI."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from cluster.inventory import Inventory
 
 SUMMARY_KEYS = ("status", "world_size", "nodes", "global_batch_size", "steps", "epoch", "train_loss",
@@ -55,6 +57,20 @@ def reclaim_report(summary: dict | None, master: str, *, managed: bool = False) 
                 f"{on_s3}; {resume}"]
     return [f"spot capacity was reclaimed: checkpoint-{step} is saved only on {master}'s local disk "
             f"({record['path']}), not uploaded (no --checkpoint-uri): it is lost if {master} was reclaimed; {resume}"]
+
+
+def software_warning(installed: Mapping[str, str], expected: str) -> str | None:
+    """One line at launch when a node's installed xeon-cluster is not this checkout's, or None.
+
+    `installed`: node -> the version in its venv's project marker ("" when there is none). The job
+    runs the nodes' copy of the toolkit, so a change made here since `fab setup` would not be in it.
+    """
+    other = {node: version for node, version in installed.items() if version != expected}
+    if not other:
+        return None
+    shown = ", ".join(f"{node} {version or 'none'}" for node, version in other.items())
+    return (f"warning: the nodes' xeon-cluster is not this checkout's ({expected}): {shown}; the job runs the "
+            "nodes' copy; `fab setup` with the same --cluster installs this one")
 
 
 def spot_warning(inventory: Inventory, args: list[str]) -> str | None:

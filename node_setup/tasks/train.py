@@ -47,7 +47,9 @@ from cluster.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDI
                              NOTICE_SIGNALS, RequirementsPlan, UserJobError, UserProgram, check_module,
                              conflicting_builtin_options, notice_signal, parse_requirements, script_in_workdir,
                              split_args)
+from node_setup.controller import project_version
 from node_setup.ssh import job as jobs
+from node_setup.ssh.install import installed_versions
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks import managed as managed_run
@@ -483,6 +485,10 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
         conns = common.connect(plan.inventory)
     master = conns[plan.inventory.master.name]
     _prepare(conns, plan, inputs or JobInputs([]))
+    warning = jobreport.software_warning(installed_versions(conns, get_profile(plan.inventory.profile)),
+                                         project_version())
+    if warning:
+        print(warning, flush=True)
     if user_job:
         _prepare_user_job(conns, plan, plan.inventory)
     _distribute(plan.inventory, conns)

@@ -242,6 +242,24 @@ def test_a_script_failing_on_one_rank_fails_the_job_and_leaves_no_rank(cluster, 
     assert "no rank of the job is left on any node" in out, out
 
 
+def test_nodes_running_an_older_toolkit_are_named_and_the_job_still_runs(cluster, tmp_path):
+    from cluster.setup_script import PROJECT_MARKER  # the venv is shared by the local nodes
+
+    marker = Path(VENV) / PROJECT_MARKER
+    work = write(tmp_path / "work", {"hi.py": "print('hi', flush=True)\n"})
+    current = marker.read_text()
+    try:
+        marker.write_text("0.0.1+src.older\n")
+        older = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "hi.py"))
+    finally:
+        marker.write_text(current)
+    assert older.returncode == 0, older.stdout + older.stderr
+    assert re.search(r"^warning: the nodes' xeon-cluster is not this checkout's \(\S+\): node0 0\.0\.1\+src\.older, "
+                     r"node1 0\.0\.1\+src\.older, node2 0\.0\.1\+src\.older;", older.stdout, re.M), older.stdout
+    same = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "hi.py"))
+    assert same.returncode == 0 and "xeon-cluster is not this checkout's" not in same.stdout, same.stdout
+
+
 def test_exec_runs_everywhere_and_reports_the_failing_node(cluster):
     result = fab(cluster, "exec", 'echo "on $(hostname)"; case $(hostname) in *1) exit 4;; esac', timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr

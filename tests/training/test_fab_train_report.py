@@ -94,6 +94,15 @@ def test_a_spot_cluster_without_a_checkpoint_uri_is_warned_at_launch():
     assert jobreport.spot_warning(inventory("local", None), []) is None
 
 
+def test_nodes_with_another_xeon_cluster_than_this_checkout_are_named_at_launch():
+    now = "0.1.0+src.aaaaaaaaaaaa"
+    assert jobreport.software_warning({"node0": now, "node1": now}, now) is None
+    line = jobreport.software_warning({"node0": now, "node1": "0.1.0+src.bbbbbbbbbbbb", "node2": ""}, now)
+    assert line.startswith(f"warning: the nodes' xeon-cluster is not this checkout's ({now}): ") and "\n" not in line
+    assert "node1 0.1.0+src.bbbbbbbbbbbb, node2 none;" in line and "node0" not in line
+    assert "`fab setup` with the same --cluster" in line
+
+
 def test_the_pre_launch_check_says_since_when_a_notice_is_pending():
     from datetime import datetime, timedelta, timezone
 
