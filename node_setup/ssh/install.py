@@ -19,7 +19,6 @@ reinstalls it on the next setup, and nothing else.
 from __future__ import annotations
 
 import io
-import shlex
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ from invoke.exceptions import CommandTimedOut, UnexpectedExit
 
 from cluster.catalog import InstanceType
 from cluster.inventory import Inventory
-from cluster.profiles import Profile, get_profile, venv_dir
-from cluster.setup_script import (DEFAULT_MIN_FREE_GIB, PROJECT_MARKER, CheckReport, Event, InstallPlan, changed,
-                                  check_script, evaluate_check, install_script, parse_events, prebake_script)
+from cluster.profiles import Profile, get_profile
+from cluster.setup_script import (DEFAULT_MIN_FREE_GIB, CheckReport, Event, InstallPlan, changed, check_script,
+                                  evaluate_check, install_script, parse_events, prebake_script)
 from node_setup.ssh import connections
-from node_setup.ssh.fanout import each_node, on_nodes
+from node_setup.ssh.fanout import each_node
 from node_setup.ssh.wheels import (OUTPUT_TAIL_LINES, ProjectWheel, build_project_wheel,
                                    fill_wheelhouse, given_wheel, sync_wheelhouse)
 
@@ -261,12 +260,3 @@ def print_progress(node: str, message: str) -> None:
     """Per-node progress line, safe from several threads."""
     with _print_lock:
         print(f"  {node}: {message}", flush=True)
-
-
-def installed_versions(conns: dict, profile: Profile) -> dict[str, str]:
-    """node -> the xeon-cluster version in the profile's venv ("" when none is installed or the node
-    does not answer); one short command on every node at once."""
-    marker = shlex.quote(f"{venv_dir(profile)}/{PROJECT_MARKER}")
-    outcomes = on_nodes(conns, f'echo "installed: $(cat {marker} 2>/dev/null)"')
-    return {o.node: o.detail.partition("installed:")[2].strip() if o.ok else "" for o in outcomes}
-

@@ -28,11 +28,14 @@ from cluster import shell
 from cluster.jobplan import JOB_ID_RE, JobPlan, check_job_id
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
+from cluster.profiles import get_profile, venv_dir
+from cluster.setup_script import PROJECT_MARKER
 from cluster.torchrun import AGENT_FILE
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
 CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
+_INSTALLED = "xeon-cluster installed: "  # the line prepare_nodes starts each node's output with
 STOP_GRACE_SECONDS = 10
 POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
 
@@ -59,10 +62,23 @@ def _sh(script: str, *args: object) -> str:
 
 
 def prepare_nodes(conns: Mapping[str, object], plan: JobPlan) -> list[NodeOutcome]:
-    """Make the job directory on every node (also proves each node is reachable), run `prepare`."""
+    """Make the job directory on every node (also proves each node is reachable), run `prepare`.
+
+    In the same command each node says which xeon-cluster its venv holds (`installed_version`).
+    """
     d = job_dir(plan.job_id)
-    steps = [f"mkdir -p {shlex.quote(d)}/ranks"] + list(plan.prepare)
+    marker = f"{venv_dir(get_profile(plan.inventory.profile))}/{PROJECT_MARKER}"
+    steps = [f'echo "{_INSTALLED}$(cat {shlex.quote(marker)} 2>/dev/null)"',
+             f"mkdir -p {shlex.quote(d)}/ranks", *plan.prepare]
     return on_nodes(conns, " && ".join(f"( {s} )" for s in steps))
+
+
+def installed_version(outcome: NodeOutcome) -> str:
+    """The xeon-cluster version a prepared node's venv holds ("" for none) from its `prepare_nodes` outcome."""
+    for line in outcome.detail.splitlines():
+        if line.startswith(_INSTALLED):
+            return line[len(_INSTALLED):].strip()
+    return ""
 
 
 def start(master, plan: JobPlan) -> int:

@@ -28,7 +28,6 @@ import json
 import os
 import shlex
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 from invoke import Exit
@@ -49,7 +48,6 @@ from cluster.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDI
                              split_args)
 from node_setup.controller import project_version
 from node_setup.ssh import job as jobs
-from node_setup.ssh.install import installed_versions
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks import managed as managed_run
@@ -201,10 +199,15 @@ def _upload(conns, uploads: dict[str, str]) -> list[NodeOutcome]:
 
 
 def _prepare(conns, plan: JobPlan, inputs: JobInputs) -> None:
-    """Job directory (also proves every node answers), synthetic data and uploads on every node."""
+    """Job directory (also proves every node answers; a node with another xeon-cluster than this
+    checkout is named), synthetic data and uploads on every node."""
     print(f"preparing {len(conns)} node(s): job directory"
           + (", synthetic model and data" if inputs.synthetic else "") + " ...", flush=True)
     outcomes = jobs.prepare_nodes(conns, plan)
+    warning = jobreport.software_warning({o.node: jobs.installed_version(o) for o in outcomes if o.ok},
+                                         project_version())
+    if warning:
+        print(warning, flush=True)
     if all(o.ok for o in outcomes) and inputs.uploads:
         outcomes = _upload(conns, inputs.uploads)
     failed = [o.node for o in outcomes if not o.ok]
@@ -421,13 +424,16 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                                           min_nodes=min_nodes, wait=wait_for_capacity)
         launch_options["min_nodes"] = None  # --min-nodes is the supervisor's, not torchrun's
     job_id = new_job_id()
-    layout_of = partial(_layout, ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, pin=pin,
-                        env=env, launch_options=launch_options)
+    try:
+        layout = _layout(ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, pin=pin, env=env,
+                         launch_options=launch_options)
+    except (LaunchError, ValueError) as exc:
+        raise fail(str(exc)) from None
     if script or module:
         builtin = dict(zip(BUILTIN_ONLY, (task, model, dataset, dataset_config, train_file, validation_file, epochs,
                                           batch_size, max_steps, bf16 != "auto", checkpoint_minutes, checkpoint_uri,
                                           resume, synthetic_examples)))
-        _own_program(inventory, job_id, layout_of, nodes=nodes, output_dir=output_dir, dry_run=dry_run,
+        _own_program(inventory, job_id, layout, nodes=nodes, output_dir=output_dir, dry_run=dry_run,
                      builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb},
                      script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir,
                      requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb)
@@ -435,7 +441,6 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
     try:
-        layout = layout_of()
         inputs = _data_inputs(inventory, job_id, options, synthetic_examples=synthetic_examples, epochs=epochs,
                               batch_size=batch_size, bf16=bf16, checkpoint_minutes=checkpoint_minutes,
                               checkpoint_uri=checkpoint_uri, max_steps=max_steps, resume=resume, extra=extra,
@@ -485,10 +490,6 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
         conns = common.connect(plan.inventory)
     master = conns[plan.inventory.master.name]
     _prepare(conns, plan, inputs or JobInputs([]))
-    warning = jobreport.software_warning(installed_versions(conns, get_profile(plan.inventory.profile)),
-                                         project_version())
-    if warning:
-        print(warning, flush=True)
     if user_job:
         _prepare_user_job(conns, plan, plan.inventory)
     _distribute(plan.inventory, conns)
@@ -502,7 +503,7 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
     return code
 
 
-def _own_program(inventory: Inventory, job_id: str, layout_of, *, nodes: int, output_dir: str, dry_run: bool,
+def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int, output_dir: str, dry_run: bool,
                  builtin: dict, builtin_comm: dict, limit_mb, **program) -> None:
     """--script/--module: the user's own program checked and planned (printed by --dry-run), then launched
     (Exit with the job's code); `program` is _user_inputs' script, module, args, workdir, requirements, signal."""
@@ -514,7 +515,7 @@ def _own_program(inventory: Inventory, job_id: str, layout_of, *, nodes: int, ou
         user = _user_inputs(inventory, **program, limit_mb=int(limit_mb), builtin=builtin)
         plan = plan_job(inventory, nodes=nodes or len(inventory.nodes), training_args=(), job_id=job_id,
                         output_dir=output_dir or None, prepare=[], user=user.program, copy=user.copy,
-                        install=user.install, **layout_of())
+                        install=user.install, **layout)
     except (InventoryError, LayoutError, LaunchError, ValueError) as exc:
         raise fail(str(exc)) from None
     plan = replace(plan, prepare=(f"mkdir -p {shlex.quote(plan.output_dir)}",))

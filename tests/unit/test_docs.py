@@ -165,7 +165,7 @@ def test_issue_numbers_are_this_projects_not_another_projects(text, cited):
 
 
 SOURCE_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml"}
-MD_NAME = re.compile(r"(?<![\w/.-])([\w-]+(?:/[\w.-]+)*\.md)\b")
+MD_NAME = re.compile(r"(?<![\w/.-])((?:\.\./)*[\w-]+(?:/[\w.-]+)*\.md)\b")
 
 
 def _project_files() -> list[Path]:
@@ -174,12 +174,35 @@ def _project_files() -> list[Path]:
             and "egg-info" not in str(p)]
 
 
+def _in_the_repository(named: str, where: Path, ours: set[str]) -> bool:
+    """A bare name of one of the repository's Markdown files, or a path to one from the naming
+    file's folder or from the repository root (never one that leaves the repository)."""
+    if "/" not in named:
+        return named in ours
+    for base in (where.parent, ROOT):
+        target = (base / named).resolve()
+        if target.is_relative_to(ROOT) and target.is_file():
+            return True
+    return False
+
+
+# The names are put together here, so that this file itself names no Markdown file it does not have.
+@pytest.mark.parametrize("stem, expected", [("docs/design", True), ("design", True), ("DESIGN", False),
+                                            ("../shared/DESIGN", False), ("../docs/design", False),
+                                            ("shared/design", False)])
+def test_a_named_markdown_file_counts_only_inside_the_repository(stem, expected):
+    named = stem + ".md"
+    ours = {p.name for p in _project_files() if p.suffix == ".md"}
+    assert MD_NAME.search(f"see {named} for").group(1) == named
+    assert _in_the_repository(named, ROOT / "README.md", ours) is expected
+
+
 def test_every_markdown_file_named_in_code_tests_or_docs_is_in_the_repository():
     # a design doc, a note or a guide the project does not carry must not be cited; docs/design.md is the project's
     ours = {p.name for p in _project_files() if p.suffix == ".md"}
     assert "design.md" in ours
     outside = [f"{p.relative_to(ROOT)}: {m.group(1)}" for p in _project_files()
-               for m in MD_NAME.finditer(p.read_text(errors="replace")) if Path(m.group(1)).name not in ours]
+               for m in MD_NAME.finditer(p.read_text(errors="replace")) if not _in_the_repository(m.group(1), p, ours)]
     assert not outside, "names a Markdown file the repository does not have:\n  " + "\n  ".join(outside)
 
 
