@@ -2,12 +2,12 @@
 
 For each link speed (not limited: compute-bound; --slow-mbit: communication-bound) it brings up a
 local cluster of --nodes nodes with that link (`fab local-up --link-mbit`), runs `fab setup`,
-`fab bench` (the calibration), then for 2..N nodes and each gradient communication (fp32, bf16)
-`fab plan --cluster ... --json` (calibrated) and a short run of the offline job
-(`fab train --synthetic-examples E --max-steps K`), and prints predicted vs measured step time,
-the error, and each run's final loss. The measured step is the job's mean step after its first
-(summary.json `step_time_seconds.mean`): the planner's step is a steady one, and its start-up term
-covers the rest (the first step's warm-up, shown as `first s`, and the launch before it).
+`fab bench --steps K` (the calibration, over as many steps as the runs), then for 2..N nodes and each
+gradient communication (fp32, bf16) `fab plan --cluster ... --json` (calibrated) and a short run of
+the offline job (`fab train --synthetic-examples E --max-steps K`), and prints predicted vs measured
+step time, the error, and each run's final loss. The measured step is the job's mean step after its
+first (summary.json `step_time_seconds.mean`): the planner's step is a steady one, and its start-up
+term covers the rest (the first step's warm-up, shown as `first s`, and the launch before it).
 
     python bench/bench_calibration.py [--nodes 3] [--slow-mbit 20] [--steps 40] [--examples 800]
                                       [--grad-comm fp32,bf16] [--name xcb-cal]
@@ -68,7 +68,9 @@ def main() -> int:
             up = ["local-up", "--nodes", str(o.nodes), "--name", o.name, "--replace"]
             fab(*(up + (["--link-mbit", f"{link:g}"] if link else [])), timeout=120)
             fab("setup", "--cluster", cluster)
-            bench_out = fab("bench", "--cluster", cluster, "--nodes", str(o.nodes))
+            # the calibration's compute over as many steps as the runs it predicts: at the demo's ~30 ms
+            # a step, fab bench's default 10 steps are a 0.3 s window that one stall of a shared machine moves
+            bench_out = fab("bench", "--cluster", cluster, "--nodes", str(o.nodes), "--steps", str(o.steps))
             print(bench_out[bench_out.index("cluster "):].rstrip(), flush=True)
             for nodes in range(2, o.nodes + 1):
                 for comm in comms:

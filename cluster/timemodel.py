@@ -23,7 +23,8 @@ The model, step by step (every constant is named below with where it comes from)
 3. Overlap. DDP starts all-reducing a bucket as soon as backward has produced it, so part of
    the communication hides under backward. On a CPU the communication threads share cores and
    memory bandwidth with compute, and the last bucket (the first layers) cannot overlap at all,
-   so by default half of it is taken as hidden, never more than the backward time itself.
+   so by default half of it is taken as hidden, never more than the backward time itself nor
+   more than the buckets before the last (nothing, for a gradient that fits in one bucket).
    Predictions with no overlap and with full overlap bound the answer (`Prediction` keeps the
    exposed and total communication apart so a reader can see how much this assumption moves).
 4. Fixed start-up: launching the ranks (mpirun over ssh), importing torch and transformers,
@@ -276,7 +277,9 @@ def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s
     gbps = network.node_gbps(ranks_per_node)
     step_comm = allreduce_seconds(workload.params * workload.gradient_bytes, nodes, gbps, network.latency_s,
                                   wire_efficiency=network.wire_efficiency, buckets=workload.buckets)
-    hidden = min(overlap * step_comm, BACKWARD_FRACTION * step_compute)
+    # the last bucket (the first layers' gradients) is ready only when backward ends
+    before_last = step_comm * (workload.buckets - 1) / workload.buckets
+    hidden = min(overlap * step_comm, before_last, BACKWARD_FRACTION * step_compute)
     step_exposed = step_comm - hidden
     epoch = steps * (step_compute + step_exposed)
     single = (math.ceil(workload.samples / workload.batch_per_rank) * workload.batch_per_rank

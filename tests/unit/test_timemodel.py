@@ -67,6 +67,17 @@ def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_gradient():
     assert t4 / t2 == pytest.approx(1.5)  # 2(3)/4
 
 
+@pytest.mark.parametrize("params,buckets,hidden_share", [
+    (135_618, 1, 0.0),  # the offline demo's 0.5 MB gradient: one bucket, ready only when backward ends
+    (DISTIL, 11, tm.DEFAULT_OVERLAP),  # 265 MB in 25 MB buckets: the default share hides
+])
+def test_only_the_buckets_before_the_last_hide_under_backward(params, buckets, hidden_share):
+    work = tm.Workload(params=params, samples=SQUAD, batch_per_rank=16)
+    pred = tm.predict(work, tm.Network(25), 2, 1e-3)  # backward far longer than the all-reduce: no cap from it
+    assert pred.buckets == buckets
+    assert 1 - pred.exposed_comm_s / pred.comm_s == pytest.approx(hidden_share)
+
+
 @pytest.mark.parametrize("overlap,pg", [(0.0, False), (tm.DEFAULT_OVERLAP, False), (1.0, False),
                                         (tm.DEFAULT_OVERLAP, True)])
 def test_recipe_four_node_figure_within_15_percent(overlap, pg):
