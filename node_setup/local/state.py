@@ -50,8 +50,11 @@ LOCAL_ZONE = "local-1a"
 DEFAULT_NOTICE_SECONDS = 120
 NOTICE_SECONDS_MAX = 3600
 IMDS_DIR = "imds"  # in the node's directory: the service's control files (notices) and its log
-# tbf's bucket must hold a whole GSO segment of the veth (up to 64 KiB) and a few ms of traffic at the rate.
-LINK_MIN_BURST_BYTES = 64 * 1024
+# A shaped node's veth sends one frame per packet (no 64 KiB GSO segments), so tbf's bucket can be
+# small: a few frames, or a few ms of traffic at the rate. A bucket as big as a GSO segment would let
+# every all-reduce after a compute pause go out at full speed for its first 64 KiB (26 ms at 20 Mbit/s).
+LINK_SEGMENT_BYTES = 1500  # the veth's MTU
+LINK_MIN_BURST_BYTES = 4 * (LINK_SEGMENT_BYTES + 14)  # four Ethernet frames
 LINK_BURST_SECONDS = 0.004
 LINK_QUEUE_LATENCY_MS = 200  # how long a packet may wait in the bucket before tbf drops it
 LINK_NETEM_LIMIT = 100_000  # packets netem may hold while they wait out the delay
@@ -166,7 +169,8 @@ def validate_link(mbit: float, delay_ms: float) -> tuple[float | None, float | N
 
 
 def link_shaping_commands(namespace: str, mbit: float, delay_ms: float | None) -> list[list[str]]:
-    """The `tc` commands that limit what a node sends to `mbit` (tbf) after `delay_ms` (netem under it).
+    """The commands that limit what a node sends to `mbit` (tbf) after `delay_ms` (netem under it),
+    with packets of one frame each so that the bucket can stay small.
 
     They act on the node's own end of its veth, inside its namespace, so nothing on the host changes;
     every node sends at most `mbit`, so every node also receives at most what its peers send.
@@ -174,7 +178,8 @@ def link_shaping_commands(namespace: str, mbit: float, delay_ms: float | None) -
     rate_bytes = mbit * 1e6 / 8
     burst = max(LINK_MIN_BURST_BYTES, int(rate_bytes * LINK_BURST_SECONDS))
     tc = ["ip", "netns", "exec", namespace, "tc", "qdisc"]
-    commands = [[*tc, "replace", "dev", NODE_INTERFACE, "root", "handle", "1:", "tbf", "rate", f"{mbit:g}mbit",
+    commands = [["ip", "-n", namespace, "link", "set", "dev", NODE_INTERFACE, "gso_max_size", str(LINK_SEGMENT_BYTES)],
+                [*tc, "replace", "dev", NODE_INTERFACE, "root", "handle", "1:", "tbf", "rate", f"{mbit:g}mbit",
                  "burst", str(burst), "latency", f"{LINK_QUEUE_LATENCY_MS}ms"]]
     if delay_ms:
         commands.append([*tc, "replace", "dev", NODE_INTERFACE, "parent", "1:1", "handle", "10:", "netem",

@@ -74,6 +74,8 @@ def test_link_limit_shapes_transfers_and_local_down_removes_it(cluster_paths):
     recorded = local_state.load_state(cluster_paths)
     assert (recorded.link_mbit, recorded.link_delay_ms) == (LIMIT_MBIT, None)
     assert "tbf" in _qdiscs(state.nodes[1].namespace)
+    shown = local_system.run(["ip", "-n", state.nodes[1].namespace, "-d", "link", "show", "dev", "eth0"]).stdout
+    assert "gso_max_size 1500 " in shown  # one frame per packet: the small bucket never holds back a segment
     shaped = _transfer_mbit(state)
     # a loose band: TCP start-up and the bucket's first burst move it by a few percent
     assert 0.6 * LIMIT_MBIT <= shaped <= 1.25 * LIMIT_MBIT, (shaped, unlimited)
@@ -109,10 +111,13 @@ def test_link_options_are_validated_before_anything_is_made(cluster_paths):
 
 
 def test_shaping_commands_act_inside_the_node_namespace_only():
-    commands = local_state.link_shaping_commands("xc-a-n0", 1000, None)
-    assert len(commands) == 1 and commands[0][:4] == ["ip", "netns", "exec", "xc-a-n0"]
-    assert "rate" in commands[0] and commands[0][commands[0].index("rate") + 1] == "1000mbit"
-    # at 1000 Mbit/s the bucket holds 4 ms of traffic, more than a 64 KiB GSO segment
-    assert int(commands[0][commands[0].index("burst") + 1]) == 500_000
+    segments, tbf = local_state.link_shaping_commands("xc-a-n0", 1000, None)
+    assert segments[:3] == ["ip", "-n", "xc-a-n0"] and segments[-2:] == ["gso_max_size", "1500"]
+    assert tbf[:4] == ["ip", "netns", "exec", "xc-a-n0"]
+    assert "rate" in tbf and tbf[tbf.index("rate") + 1] == "1000mbit"
+    # the bucket holds 4 ms of traffic at the rate, never less than four frames
+    assert int(tbf[tbf.index("burst") + 1]) == 500_000
+    slow = local_state.link_shaping_commands("xc-a-n0", 2, None)[1]
+    assert int(slow[slow.index("burst") + 1]) == 4 * 1514
     with_delay = local_state.link_shaping_commands("xc-a-n0", 10, 5)
-    assert with_delay[1][with_delay[1].index("delay") + 1] == "5ms" and "parent" in with_delay[1]
+    assert with_delay[2][with_delay[2].index("delay") + 1] == "5ms" and "parent" in with_delay[2]
