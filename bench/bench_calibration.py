@@ -68,8 +68,8 @@ def main() -> int:
             up = ["local-up", "--nodes", str(o.nodes), "--name", o.name, "--replace"]
             fab(*(up + (["--link-mbit", f"{link:g}"] if link else [])), timeout=120)
             fab("setup", "--cluster", cluster)
-            # the calibration's compute over as many steps as the runs it predicts: at the demo's ~30 ms
-            # a step, fab bench's default 10 steps are a 0.3 s window that one stall of a shared machine moves
+            # the calibration's compute over as many steps as the runs it predicts (the same warm-up and
+            # epoch boundaries per step; on a shared 2-core machine it did not make two runs agree better)
             bench_out = fab("bench", "--cluster", cluster, "--nodes", str(o.nodes), "--steps", str(o.steps))
             print(bench_out[bench_out.index("cluster "):].rstrip(), flush=True)
             for nodes in range(2, o.nodes + 1):
