@@ -3,8 +3,9 @@
 
 The environment is about 7 GB: deselect with `-m "not ipex"` (and skip building it with
 XEON_CLUSTER_SKIP_IPEX=1 scripts/setup-dev.sh) where that is too much. CI builds and runs it.
-This machine's CPU has AVX2 only, so IPEX runs in fp32 here; bf16 with IPEX is refused with one
-line (the instance types in the catalog all have the AVX-512 it needs).
+On a CPU without the AVX-512 BW/VL/DQ (or AVX-NE-CONVERT) that IPEX needs for bf16 (some of this
+project's test machines have AVX2 only), bf16 with IPEX is refused with one line; where the CPU has
+it (every catalog instance type does, and so do other test machines) that refusal is skipped.
 """
 
 from __future__ import annotations
