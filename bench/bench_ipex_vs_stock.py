@@ -37,8 +37,7 @@ def main(argv=None) -> int:
 
     from training import hardware
 
-    flags = hardware.cpu_flags()
-    bf16 = "avx_ne_convert" in flags or {"avx512bw", "avx512vl", "avx512dq"} <= flags
+    bf16 = hardware.ipex_bf16_support(hardware.cpu_flags())
     precision = "true" if bf16 else "false"
     env, _ = toolkit_env()
     print(f"CPU: {hardware.cpu_model()}, {hardware.physical_cores()} physical cores; "

@@ -47,6 +47,12 @@ def bf16_support(flags: frozenset[str]) -> tuple[bool, str]:
     return False, "CPU has neither AMX-BF16 nor AVX512-BF16"
 
 
+def ipex_bf16_support(flags: frozenset[str]) -> bool:
+    """Whether IPEX's oneDNN kernels run bf16 on this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT); where
+    they do not, ipex.optimize(dtype=bfloat16) refuses (training/accelerators.py)."""
+    return "avx_ne_convert" in flags or {"avx512bw", "avx512vl", "avx512dq"} <= flags
+
+
 def physical_cores(cpuinfo: str | None = None) -> int:
     """Distinct (physical id, core id) pairs; os.cpu_count() when the file does not say."""
     text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo

@@ -33,6 +33,13 @@ def test_bf16_needs_amx_or_avx512_bf16():
     assert not supported and "neither" in reason
 
 
+def test_ipex_bf16_needs_avx512_bw_vl_dq_or_avx_ne_convert():
+    assert hardware.ipex_bf16_support(frozenset({"avx2", "avx512bw", "avx512vl", "avx512dq"}))
+    assert hardware.ipex_bf16_support(frozenset({"avx2", "avx_ne_convert"}))
+    assert not hardware.ipex_bf16_support(frozenset({"avx2", "avx512bw", "avx512vl"}))  # no DQ
+    assert not hardware.ipex_bf16_support(frozenset({"avx2", "fma"}))
+
+
 def test_physical_cores_count_distinct_socket_core_pairs():
     assert hardware.physical_cores(SPR_CPUINFO) == 3  # hyperthread sibling of core 0 not counted
     assert hardware.cpu_model(SPR_CPUINFO) == "Intel(R) Xeon(R) Gold 6455B"
