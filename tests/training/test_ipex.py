@@ -36,11 +36,8 @@ def explain(result) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n{result.stderr[-4000:]}"
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_ipex_optimize_path_trains_on_the_intel_stack(ipex_python, qa_demo, tmp_path, ranks):
-    out = tmp_path / "out"
-    args = args_for(qa_demo, out)
-    result = run_mpi([args] * ranks, mpi_env(), python=ipex_python, timeout=400)
+def trained_on_the_intel_stack(result, out, ranks: int) -> dict:
+    """The run's summary, once it shows `ranks` ranks trained with IPEX 2.8.0 and transformers 4.56.2."""
     assert result.returncode == 0, explain(result)
     summary = read_summary(out)
     assert summary["status"] == "completed" and summary["world_size"] == ranks
@@ -49,6 +46,14 @@ def test_ipex_optimize_path_trains_on_the_intel_stack(ipex_python, qa_demo, tmp_
     assert summary["settings"]["backend"] == ("gloo" if ranks > 1 else None)
     assert summary["last_logged_loss"] < summary["first_logged_loss"]
     assert len(set(summary["weights_sha256_per_rank"])) == 1
+    return summary
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ipex_optimize_path_trains_on_the_intel_stack(ipex_python, qa_demo, tmp_path, ranks):
+    out = tmp_path / "out"
+    result = run_mpi([args_for(qa_demo, out)] * ranks, mpi_env(), python=ipex_python, timeout=400)
+    trained_on_the_intel_stack(result, out, ranks)
 
 
 def test_bf16_with_ipex_trains_or_is_refused_in_one_line_by_the_cpu(ipex_python, qa_demo, tmp_path):
@@ -57,11 +62,7 @@ def test_bf16_with_ipex_trains_or_is_refused_in_one_line_by_the_cpu(ipex_python,
     out = tmp_path / "out"
     result = run_mpi([args_for(qa_demo, out, "--bf16", "true")], mpi_env(), python=ipex_python, timeout=400)
     if ipex_bf16_support(cpu_flags()):
-        assert result.returncode == 0, explain(result)
-        summary = read_summary(out)
-        assert summary["status"] == "completed" and summary["settings"]["bf16"] is True
-        assert summary["settings"]["ipex"].startswith("2.8.0")
-        assert summary["last_logged_loss"] < summary["first_logged_loss"]
+        assert trained_on_the_intel_stack(result, out, 1)["settings"]["bf16"] is True
         return
     errors = [line for line in result.stderr.splitlines() + result.stdout.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2, explain(result)
