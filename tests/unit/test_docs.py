@@ -21,10 +21,11 @@ DOCS = ROOT / "docs"
 
 README_MAX_LINES = 260
 SETUP_COMMANDS = (
-    "XEON_CLUSTER_SKIP_IPEX=1 bash scripts/setup-dev.sh && fab local-up --nodes 4 && fab setup --cluster local && "
-    "fab train --nodes 4 --cluster local; fab local-down",
-    "bash scripts/setup-dev.sh && python -m pytest",
+    "XEON_CLUSTER_SKIP_IPEX=1 bash scripts/setup-dev.sh && . .venv/bin/activate && fab local-up --nodes 4 && "
+    "fab setup --cluster local && fab train --nodes 4 --cluster local; fab local-down",
+    "bash scripts/setup-dev.sh && .venv/bin/python -m pytest",
 )
+CI_RUN = ROOT / ".ci" / "run"
 
 
 def pages() -> list[Path]:
@@ -94,6 +95,19 @@ def test_readme_is_short_and_opens_with_the_setup_commands():
     first = [line.strip() for line in lines[:12]]
     for command in SETUP_COMMANDS:
         assert command in first, f"README.md's first 12 lines lack the set-up command: {command}"
+
+
+def test_ci_runs_readmes_set_up_and_test_command_and_nothing_needs_a_system_python():
+    setup, test = SETUP_COMMANDS[1].split(" && ")
+    steps = [line.strip() for line in CI_RUN.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert steps[-2:] == [setup, test], f".ci/run must end with README's two steps, got {steps[-2:]}"
+    commands = [line.strip() for line in (ROOT / "scripts" / "setup-dev.sh").read_text().splitlines()
+                if not line.lstrip().startswith(("#", "echo "))]
+    # A stock Debian/Ubuntu has no `python` and refuses system-wide pip (PEP 668): a command word
+    # python, pip or pip3, or a system python3 running pip, is a call the stock machine fails.
+    system = re.compile(r"(^|[;&|(]\s*|\b(then|do)\s+)(\$SUDO\s+|sudo\s+)?(python|pip3?)\s|python3 -m pip\b")
+    calls = [line for line in commands if system.search(line)]
+    assert not calls, f"scripts/setup-dev.sh calls a system python or pip: {calls}"
 
 
 def test_there_are_docs_pages_and_the_readme_links_them():
