@@ -47,6 +47,7 @@ bind() {  # bind SRC [ro]: SRC at the same path inside the chroot
 }
 
 started=$(date +%s)
+mkdir -p "$(dirname "$ROOT")"
 echo "== debootstrap $SUITE (minbase) into $ROOT"
 command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap >/dev/null; }
 debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$ROOT.debootstrap.log" 2>&1 \
