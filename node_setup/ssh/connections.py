@@ -142,6 +142,28 @@ def _connect_kwargs(inventory: Inventory) -> dict:
     return {}
 
 
+class NodeConnection(Connection):
+    """A Connection whose failure to open names it: the exception carries the connection (`opening`),
+    so a task that did not expect it can still say which host failed (`explain_opening`)."""
+
+    def open(self):
+        try:
+            return super().open()
+        except Exception as exc:
+            if not hasattr(exc, OPENING):  # a gateway's own failure keeps naming the gateway
+                setattr(exc, OPENING, self)
+            raise
+
+
+OPENING = "xc_opening"
+
+
+def explain_opening(exc: BaseException) -> str | None:
+    """One line for a failure to open a node's connection (`explain`), or None for any other error."""
+    conn = getattr(exc, OPENING, None)
+    return explain(exc, conn) if conn is not None else None
+
+
 def _connection(host: str, inventory: Inventory, store: PinnedHostKeys, config: Config, timeout: float,
                 gateway: Connection | None = None) -> Connection:
     user, port = inventory.user, 22
@@ -150,7 +172,7 @@ def _connection(host: str, inventory: Inventory, store: PinnedHostKeys, config: 
     if host.count(":") == 1:  # host:port (IPv6 addresses have more colons and no port here)
         host, port_text = host.split(":")
         port = int(port_text)
-    conn = Connection(host, user=user, port=port, config=config, connect_timeout=int(timeout),
+    conn = NodeConnection(host, user=user, port=port, config=config, connect_timeout=int(timeout),
                       connect_kwargs=_connect_kwargs(inventory), gateway=gateway)
     store.attach(conn.client)
     return conn
