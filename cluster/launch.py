@@ -33,9 +33,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from cluster import shell
+from cluster import names, shell
 from cluster.layout import Layout
 from xeon_cluster import NOTICE_FILE_VARIABLE, NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE
+from xeon_cluster.run import ACCELERATE_CPU_VARIABLE, RANK_DIR_VARIABLE
 
 FLAVOURS = ("intel-mpi", "intel-mpi-oneccl", "openmpi")
 # What starts the ranks (`fab train --launcher`): the profile's MPI (above), or one torchrun per node
@@ -60,7 +61,13 @@ PYTHON_VARIABLE = "XEON_CLUSTER_PYTHON"
 NOTICE_FILE = "notice"  # in the job directory on every node
 # Set by the launch itself: `--env` may not set them.
 RESERVED_VARIABLES = (*TORCH_LAUNCH_VARIABLES, JOB_MARKER, OUTPUT_DIR_VARIABLE, NOTICE_FILE_VARIABLE,
-                      WORKDIR_VARIABLE, PYTHON_VARIABLE, NOTICE_SIGNAL_VARIABLE)
+                      WORKDIR_VARIABLE, PYTHON_VARIABLE, NOTICE_SIGNAL_VARIABLE, RANK_DIR_VARIABLE)
+# Every rank, under every launcher, runs on CPUs: accelerate (and Trainer, which uses it) forms its
+# multi-CPU world from RANK/WORLD_SIZE (or MPI's variables) only when told it runs on CPU; without
+# this, on a machine with no GPU, `Accelerator()` gives DistributedType.NO and each rank trains
+# alone. It is what `accelerate launch --cpu` sets; the rank runner (xeon_cluster/run.py) makes a bare
+# PartialState() read it too. `--env ACCELERATE_USE_CPU=false` still overrides it.
+CPU_WORLD_ENV = {ACCELERATE_CPU_VARIABLE: "true"}
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
 
@@ -85,6 +92,11 @@ INTEL_MPI_PREFIX = "I_MPI_"
 CCL_TRANSPORT_ENV = {"CCL_ATL_TRANSPORT": "ofi"}
 # Small nodes' MPI ranks sleep instead of busy-polling (cluster/layout.py SMALL_NODE_CORES).
 SMALL_NODE_MPI_ENV = {"I_MPI_WAIT_MODE": "1"}
+
+
+def base_rank_env(layout: Layout) -> dict[str, str]:
+    """What every rank gets before the launcher's own choices: the layout's variables and CPU_WORLD_ENV."""
+    return {**layout.rank_env(), **CPU_WORLD_ENV}
 
 
 def is_variable_name(key: str) -> bool:
@@ -136,6 +148,11 @@ def rank_hosts(hosts: Sequence[str], ranks_per_node: int) -> tuple[str, ...]:
 
 def hostfile_text(hosts: Sequence[str], flavour: str, ranks_per_node: int) -> str:
     """The job's hostfile: one node per line, master first (Open MPI also wants the slots)."""
+    for host in hosts:  # checked where the nodes were made; a line break here would add a host
+        try:
+            names.alias(host, "hostfile host")
+        except names.UnsafeValue as exc:
+            raise LaunchError(str(exc)) from None
     if flavour == "openmpi":
         return "".join(f"{h} slots={ranks_per_node}\n" for h in hosts)
     return "".join(f"{h}\n" for h in hosts)
@@ -254,7 +271,7 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
     exports: dict[str, str] = {JOB_MARKER: job_id, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
     prepends = {"PATH": f"{venv}/bin"}
     setup: list[str] = []
-    rank_env = dict(layout.rank_env())
+    rank_env = base_rank_env(layout)
     if flavour == "intel-mpi":
         exports.update({"I_MPI_ROOT": venv, "FI_PROVIDER_PATH": f"{venv}/lib"})
         prepends.update({"PATH": f"{venv}/bin:{venv}/bin/libfabric", "LD_LIBRARY_PATH": f"{venv}/lib"})

@@ -8,7 +8,8 @@ torchrun's elastic agent restarts the ranks (up to `--max-restarts` times) when 
 changes.
 
 The environment every rank gets is the layout's (cluster/layout.py: threads, allocator, oneCCL
-workers), without what only an MPI launcher can do:
+workers) and accelerate's CPU world (cluster/launch.py base_rank_env), without what only an MPI
+launcher can do:
 
 - Intel MPI's variables (`I_MPI_*`: pinning domains, wait mode) are left out: no MPI runs.
 - torchrun gives a rank no CPU domain, so core ids cannot be handed out: `CCL_WORKER_AFFINITY`
@@ -36,8 +37,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from cluster.launch import (CCL_TRANSPORT_ENV, INTEL_MPI_PREFIX, JOB_MARKER, RANK_WRAPPER,
-                            RESERVED_VARIABLES, TORCHRUN_FLAVOUR, LaunchError, LaunchPlan, is_variable_name, job_dir,
-                            master_port_for)
+                            RESERVED_VARIABLES, TORCHRUN_FLAVOUR, LaunchError, LaunchPlan, base_rank_env,
+                            is_variable_name, job_dir, master_port_for)
 from cluster.layout import KMP_AFFINITY, KMP_BLOCKTIME, Layout
 
 # Under `fab train --launcher torchrun`: the node's inventory name (the rank wrapper labels lines
@@ -89,7 +90,7 @@ def torchrun_env(layout: Layout, extra_env: Mapping[str, str] | None = None, *,
     `bound`: each rank runs inside its own cores (the rank wrapper's taskset), so packing its
     threads from the first of them (KMP_AFFINITY) is right however many ranks a node has.
     """
-    env = {key: value for key, value in layout.rank_env().items()
+    env = {key: value for key, value in base_rank_env(layout).items()
            if not key.startswith(INTEL_MPI_PREFIX) and key not in ("CCL_WORKER_AFFINITY", "KMP_AFFINITY")}
     env["KMP_BLOCKTIME"] = KMP_BLOCKTIME
     if layout.ranks_per_node == 1 or bound:

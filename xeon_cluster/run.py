@@ -20,6 +20,19 @@ run after that. With torch 2.13 and gloo, one of those destructors can deadlock:
 reducer, freed at exit, destroys the gloo process group it still holds (even after
 destroy_process_group) while its peers are gone, and the rank never ends.
 
+Two things every rank's program gets from the runner, without a line of it changed:
+
+- The multi-CPU world of accelerate. The launch sets ACCELERATE_USE_CPU=true in every rank's
+  environment (CPU_WORLD_ENV, cluster/launch.py), which `Accelerator()` and `Trainer` read; a bare
+  `PartialState()` does not read it (accelerate only honours it in AcceleratorState), so when the
+  variable is true the runner makes PartialState's `cpu` default to it, as `Accelerator()` does.
+  Without it, on a machine with no GPU, each rank would train alone with DistributedType.NO.
+- A record of the world it joined. init_process_group is observed (torch is never imported for
+  it: the hook runs when the program imports torch.distributed); when a group of WORLD_SIZE ranks
+  was formed at any point, or at the program's end, the rank writes a JSON record (WORLD_RECORD_KEYS)
+  into the folder named by XEON_CLUSTER_RANK_DIR, which `fab train` reads when the job ends: a
+  multi-rank job whose ranks never joined one group is reported as ranks that trained alone.
+
 Self-contained like the rest of the package: nothing of the toolkit's `cluster` or `training` is
 imported, so the user's own modules of those names are never shadowed.
 """
@@ -27,7 +40,10 @@ imported, so the user's own modules of those names are never shadowed.
 from __future__ import annotations
 
 import atexit
+import functools
+import importlib.abc
 import io
+import json
 import os
 import runpy
 import signal
@@ -42,6 +58,15 @@ USAGE = (f"python -m {__spec__.name if __spec__ else __name__} "
 BAD_USAGE_CODE = 2  # as `python missing.py` exits
 STDOUT_FLUSH_FAILED_CODE = 120  # what Python exits with when it cannot flush stdout at exit
 _FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)  # what may hold unwritten bytes
+# accelerate's own variable (what `accelerate launch --cpu` sets): true makes Accelerator(), Trainer
+# and, through the runner, PartialState() form a multi-CPU world from RANK/WORLD_SIZE or MPI's variables.
+ACCELERATE_CPU_VARIABLE = "ACCELERATE_USE_CPU"
+# Where a rank writes its world record (the rank wrapper sets it: the job's ranks folder on the node).
+RANK_DIR_VARIABLE = "XEON_CLUSTER_RANK_DIR"
+WORLD_RECORD_PREFIX = "world-"  # WORLD_RECORD_PREFIX + RANK + ".json" in RANK_DIR_VARIABLE's folder
+# rank, WORLD_SIZE it was started with, whether it joined a group of that size, the largest group it saw
+WORLD_RECORD_KEYS = ("rank", "expected", "joined", "largest")
+_TRUE = ("y", "yes", "t", "true", "on", "1")  # accelerate's truthy values (str_to_bool)
 
 
 class UsageError(ValueError):
@@ -126,6 +151,148 @@ def _is_zip(path: str) -> bool:
     return zipfile.is_zipfile(path)
 
 
+# ----------------------------------------------------------------------------- observing the program
+
+
+class World:
+    """What this rank saw of torch.distributed: the largest process group it joined."""
+
+    def __init__(self, environ=os.environ):
+        self.rank = _int(environ.get("RANK"), 0)
+        self.expected = _int(environ.get("WORLD_SIZE"), 1)
+        self.folder = environ.get(RANK_DIR_VARIABLE) or ""
+        self.largest = 0
+        self.written = False
+
+    @property
+    def joined(self) -> bool:
+        return self.largest >= self.expected
+
+    def saw(self, size: int) -> None:
+        """A process group of `size` ranks was formed; the record is written when it is the expected one."""
+        first = not self.joined
+        self.largest = max(self.largest, size)
+        if first and self.joined:
+            self.write()
+
+    def record(self) -> dict:
+        return dict(zip(WORLD_RECORD_KEYS, (self.rank, self.expected, self.joined, self.largest)))
+
+    def write(self) -> None:
+        if not self.folder:
+            return
+        path = os.path.join(self.folder, f"{WORLD_RECORD_PREFIX}{self.rank}.json")
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(self.record(), f)
+            os.replace(path + ".tmp", path)
+            self.written = True
+        except OSError as exc:
+            print(f"[xeon-cluster] cannot write the world record {path}: {exc}", file=sys.stderr)
+
+
+def _int(text, default: int) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return default
+
+
+def observe_init(module, world: World) -> None:
+    """torch.distributed (and its distributed_c10d) with init_process_group telling `world` the group's size."""
+    c10d = getattr(module, "distributed_c10d", None)
+    original = getattr(module, "init_process_group", None)
+    if original is None or getattr(original, "_xeon_cluster_observed", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            world.saw(module.get_world_size())
+        except Exception:  # noqa: BLE001 - observing must never break the program
+            pass
+        return result
+
+    init_process_group._xeon_cluster_observed = True
+    module.init_process_group = init_process_group
+    if c10d is not None and getattr(c10d, "init_process_group", None) is original:
+        c10d.init_process_group = init_process_group
+
+
+def cpu_by_default(module, environ=os.environ) -> None:
+    """accelerate.state with PartialState's `cpu` true by default when ACCELERATE_USE_CPU is (as
+    AcceleratorState already reads it)."""
+    cls = getattr(module, "PartialState", None)
+    if cls is None or getattr(cls.__init__, "_xeon_cluster_observed", False):
+        return
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, cpu: bool = False, **kwargs):
+        if not cpu and (environ.get(ACCELERATE_CPU_VARIABLE) or "").strip().lower() in _TRUE:
+            cpu = True
+        original(self, cpu, **kwargs)
+
+    __init__._xeon_cluster_observed = True
+    cls.__init__ = __init__
+
+
+class _Loader(importlib.abc.Loader):
+    """A module's own loader, then `hook(module)` once the module has run."""
+
+    def __init__(self, loader, hook):
+        self._loader, self._hook = loader, hook
+
+    def __getattr__(self, name):  # get_source, get_resource_reader, ... as the real loader answers them
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._hook(module)
+        except Exception as exc:  # noqa: BLE001 - observing must never break the program
+            print(f"[xeon-cluster] could not observe {module.__name__}: {exc!r}", file=sys.stderr)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Runs hooks[name](module) right after the program first imports module `name`."""
+
+    def __init__(self, hooks: dict):
+        self.hooks = hooks
+
+    def find_spec(self, name, path=None, target=None):
+        hook = self.hooks.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, hook)
+                return spec
+        return None
+
+
+def observe(world: World) -> AfterImport:
+    """The hooks on torch.distributed and accelerate.state, installed (modules already imported: hooked now)."""
+    hooks = {"torch.distributed": lambda m: observe_init(m, world), "accelerate.state": cpu_by_default}
+    for name, hook in hooks.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+    finder = AfterImport(hooks)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+# ----------------------------------------------------------------------------- the end
+
+
 def _join_threads() -> None:
     """Wait for the program's non-daemon threads, with what the interpreter itself calls at exit:
     threading's exit hooks first (they let the workers of a ThreadPoolExecutor left open go), then
@@ -160,13 +327,16 @@ def _flush_open_files() -> None:
                 pass
 
 
-def end(code: int) -> int:
-    """What interpreter exit does first, for a program that ended with `code`; the code to exit with."""
+def end(code: int, world: World | None = None) -> int:
+    """What interpreter exit does first, for a program that ended with `code`; the code to exit with.
+    `world`: its record is written (unless it was, when the rank joined its group)."""
     _join_threads()
     try:
         atexit._run_exitfuncs()  # prints a failing handler's traceback itself
     except BaseException:  # noqa: BLE001 - older Pythons re-raise the last handler's error
         pass
+    if world is not None and not world.written:
+        world.write()
     _destroy_process_group()
     _flush_open_files()
     for stream in (sys.stderr, sys.__stderr__):
@@ -192,6 +362,8 @@ def main(argv: list[str]) -> None:
         print(exc, file=sys.stderr)
         sys.exit(BAD_USAGE_CODE)
     interrupted = False
+    world = World()
+    observe(world)
     try:
         run(kind, target, args)
         code = 0
@@ -210,7 +382,7 @@ def main(argv: list[str]) -> None:
 
             traceback.print_exception(type(exc), exc, tb)
         code = 1
-    code = end(code)
+    code = end(code, world)
     if interrupted:  # Python ends by SIGINT after an uncaught KeyboardInterrupt
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)

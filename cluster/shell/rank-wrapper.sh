@@ -2,7 +2,8 @@
 # The rank wrapper (cluster/launch.py RANK_WRAPPER), run as: sh -c WRAPPER xeon-rank PROGRAM ARGS
 # It travels in mpirun's command line, so it stays short. It exports what PyTorch's own launcher sets
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK = GROUP_RANK; from MPI's variables, or
-# kept as torchrun set them) and XEON_CLUSTER_NOTICE_FILE; sets GLOO_SOCKET_IFNAME towards
+# kept as torchrun set them), XEON_CLUSTER_NOTICE_FILE and XEON_CLUSTER_RANK_DIR (the ranks folder,
+# where the runner writes the world record each rank joined); sets GLOO_SOCKET_IFNAME towards
 # MASTER_ADDR unless given; for a user's program (XEON_CLUSTER_WORKDIR set) makes
 # XEON_CLUSTER_OUTPUT_DIR absolute, enters the job's workdir and, on local rank 0, starts the node's
 # spot-notice watcher. Then it runs the program as its child (a user's program runs through
@@ -24,8 +25,8 @@ LOCAL_RANK="${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${LOCAL_RANK:-0}}}"
 LOCAL_WORLD_SIZE="${MPI_LOCALNRANKS:-${OMPI_COMM_WORLD_LOCAL_SIZE:-${LOCAL_WORLD_SIZE:-1}}}"
 if [ -n "${TORCHELASTIC_RUN_ID:-}" ] && [ -n "${GROUP_RANK:-}" ]; then NODE_RANK=$GROUP_RANK
 else NODE_RANK=$((RANK / LOCAL_WORLD_SIZE)); GROUP_RANK=$NODE_RANK; fi
-XEON_CLUSTER_NOTICE_FILE="$j/notice"
-export RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK XEON_CLUSTER_NOTICE_FILE
+XEON_CLUSTER_NOTICE_FILE="$j/notice"; XEON_CLUSTER_RANK_DIR="$d"
+export RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK XEON_CLUSTER_NOTICE_FILE XEON_CLUSTER_RANK_DIR
 mkdir -p "$d" || exit 1
 if [ -z "${GLOO_SOCKET_IFNAME:-}" ] && command -v ip >/dev/null 2>&1; then
   GLOO_SOCKET_IFNAME=$(ip -o -4 addr show | awk -v a="$MASTER_ADDR" '{split($4, p, "/"); if (p[1] == a) {print $2; exit}}')
