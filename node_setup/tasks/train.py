@@ -11,7 +11,9 @@ until the job ends, then report). Its exit code is the job's own (training/exit_
 1 failed, 2 bad input, 75 interrupted by a spot reclaim; when a rank's program failed, that
 program's code as its rank wrapper reported it, where the launcher returned another: Intel MPI's
 255, torchrun's 1), or node_setup/tasks/common.py's: 2 bad option or cluster, 3 a node cannot be
-reached or prepared, 130 after Ctrl-C.
+reached or prepared, 130 after Ctrl-C; or cluster/worldcheck.py's TRAINED_ALONE (4) when the ranks of
+a user's multi-rank program all ended 0 without ever joining one process group (`--independent-ranks`
+says that was meant).
 
 `--launcher torchrun` starts one torchrun per node instead of mpirun (cluster/torchrun.py), elastic
 with `--min-nodes`; `--grad-comm` and `--ddp-bucket-mb` pass through to the job (cluster/job_args.py).
@@ -33,7 +35,9 @@ from pathlib import Path
 from invoke import Exit
 
 from cluster import jobreport
+from cluster import worldcheck
 from cluster.inventory import Inventory, InventoryError
+from cluster.worldcheck import INDEPENDENT_OPTION
 from cluster.job_args import (GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError,
                               synthetic_data, training_arguments)
 from cluster.torchrun import DEFAULT_MAX_RESTARTS
@@ -393,6 +397,9 @@ def _on_interrupt(conns, job_id: str) -> int:
     "grad-comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's --grad_comm; bf16 compresses "
                  "DDP's buckets)",
     "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default 25)",
+    "independent-ranks": "with --script/--module: the ranks are meant to run alone (no process group); without it a "
+                         f"multi-rank job whose ranks never joined one exits {worldcheck.TRAINED_ALONE} (each rank "
+                         "trained alone)",
     "notice-signal": f"signal every rank gets on a spot interruption notice: {', '.join(NOTICE_SIGNALS)} or "
                      f"{NO_SIGNAL} (default {DEFAULT_NOTICE_SIGNAL})",
     **managed_run.MANAGED_HELP,
@@ -403,7 +410,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
           ccl_workers="", pin="", env="", synthetic_examples="", dry_run=False, script="", module="", args="",
           workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
           launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", managed=False,
-          max_recoveries="", wait_for_capacity=""):
+          max_recoveries="", wait_for_capacity="", independent_ranks=False):
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
         raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
@@ -413,7 +420,8 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                           max_restarts=whole_number("max-restarts", max_restarts, minimum=0))
     user_options = dict(script=script, module=module, workdir=workdir, requirements=requirements)
     if not (script or module):
-        given = [f"--{k}" for k, v in user_options.items() if v] + (["--args"] if args else [])
+        given = ([f"--{k}" for k, v in user_options.items() if v] + (["--args"] if args else [])
+                 + ([INDEPENDENT_OPTION] if independent_ranks else []))
         if given:
             raise fail(f"{given[0]}: only with --script or --module (your own program)")
     inventory = common.inventory(cluster, region)
@@ -436,7 +444,8 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         _own_program(inventory, job_id, layout, nodes=nodes, output_dir=output_dir, dry_run=dry_run,
                      builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb},
                      script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir,
-                     requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb)
+                     requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb,
+                     independent_ranks=independent_ranks)
         return
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
@@ -482,7 +491,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
 
 
 def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = None, conns: dict | None = None,
-            user_job: bool = False) -> int:
+            user_job: bool = False, independent_ranks: bool = False) -> int:
     """Prepare the nodes, distribute SSH, start the job detached on the master and follow it."""
     if conns is None:
         if inventory.kind == "aws":
@@ -499,12 +508,24 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
           f"on {', '.join(plan.launch.hosts)}; output {shown(plan.output_dir)}", flush=True)
     cost = RunCostClock.at_launch(plan)  # prints the planned time and cost
     code = _follow_to_end(master, conns, plan)
+    if user_job and code == 0:
+        code = _world_check(conns, plan, independent_ranks)
     cost.at_end(master, plan, code)  # prints the actual ones, records both in summary.json
     return code
 
 
+def _world_check(conns, plan: JobPlan, independent: bool) -> int:
+    """After a user's program ended 0 on every rank: did its ranks form one world (cluster/worldcheck.py)?"""
+    from node_setup.ssh.world import read_records
+
+    texts, unread = read_records(conns, plan.job_id)
+    found = worldcheck.verdict(worldcheck.parse_records(texts), plan.launch.world_size, independent=independent)
+    print("\n".join([*(f"world: cannot read the records on {why}" for why in unread), *found.lines]))
+    return found.code
+
+
 def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int, output_dir: str, dry_run: bool,
-                 builtin: dict, builtin_comm: dict, limit_mb, **program) -> None:
+                 builtin: dict, builtin_comm: dict, limit_mb, independent_ranks: bool = False, **program) -> None:
     """--script/--module: the user's own program checked and planned (printed by --dry-run), then launched
     (Exit with the job's code); `program` is _user_inputs' script, module, args, workdir, requirements, signal."""
     for name, value in builtin_comm.items():
@@ -523,7 +544,7 @@ def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int,
         print(plan.describe())
         print("\ndry run: nothing was started")
         return
-    raise Exit(code=_launch(inventory, plan, user_job=True))
+    raise Exit(code=_launch(inventory, plan, user_job=True, independent_ranks=independent_ranks))
 
 
 TASKS = [train]
