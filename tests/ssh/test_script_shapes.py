@@ -1,0 +1,221 @@
+"""The scripts people bring, unchanged, on the local cluster: an accelerate `*_no_trainer.py` script
+with a plain `Accelerator()`, a `Trainer` script shaped like Hugging Face's `run_glue.py` resumed
+after a spot notice, a plain DDP script written for torchrun under both launchers; each prints the
+world it saw and whether its ranks' parameters agree after training. And a script that never forms
+a world: `fab train` says each rank trained alone and exits TRAINED_ALONE, unless --independent-ranks.
+
+Budget: about 4 minutes on a 2-core machine (the session's 3-node cluster, seven short jobs).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.worldcheck import INDEPENDENT_OPTION, TRAINED_ALONE
+from tests.ssh.test_user_script import FAB, FAKE_IMDS, ONE_THREAD, REPO_ROOT, fab, write
+
+pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
+
+# Every script ends by printing "world W rank R agree True|False": the sum of its parameters
+# all-reduced (MAX and MIN) across the ranks; equal only when every rank applied the same gradients.
+NO_TRAINER = '''
+import argparse, os
+import torch
+from accelerate import Accelerator
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--output_dir", required=True)
+parser.add_argument("--resume_from_checkpoint", default=None)
+parser.add_argument("--steps", type=int, default=3)
+args = parser.parse_args()
+
+accelerator = Accelerator()
+torch.manual_seed(accelerator.process_index)  # different starting weights: only DDP's broadcast makes them agree
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(0)), torch.randn(64, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+if args.resume_from_checkpoint:
+    accelerator.load_state(args.resume_from_checkpoint)
+    accelerator.print(f"resumed from {args.resume_from_checkpoint}")
+for step, (x, y) in zip(range(args.steps), loader):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    losses = accelerator.gather(loss.detach().reshape(1))
+    accelerator.print(f"step {step} losses of {losses.numel()} ranks: {losses.tolist()}")
+accelerator.save_state(os.path.join(args.output_dir, "state"))
+total = sum(p.detach().sum() for p in model.parameters()).reshape(1)
+agree = bool(torch.allclose(accelerator.reduce(total.clone(), "max"), accelerator.reduce(total.clone(), "min")))
+print(f"world {accelerator.num_processes} rank {accelerator.process_index} agree {agree}", flush=True)
+'''
+
+RUN_GLUE = '''
+import os, time
+from dataclasses import dataclass, field
+import torch
+import torch.distributed as dist
+from transformers import (BertConfig, BertForSequenceClassification, HfArgumentParser, Trainer, TrainerCallback,
+                          TrainingArguments)
+from xeon_cluster.callbacks import SpotNoticeCallback
+
+@dataclass
+class ModelArguments:
+    hidden_size: int = field(default=16)
+
+class Slow(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        time.sleep(0.3)
+        if state.is_world_process_zero:
+            print(f"training step {state.global_step}", flush=True)
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 4000
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": i % 2}
+
+model_args, training_args = HfArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses()
+config = BertConfig(vocab_size=64, hidden_size=model_args.hidden_size, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32)
+spot = SpotNoticeCallback()
+trainer = Trainer(model=BertForSequenceClassification(config), args=training_args, train_dataset=Data(),
+                  callbacks=[Slow(), spot])
+trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+total = sum(p.detach().sum() for p in trainer.model.parameters()).reshape(1)
+high, low = total.clone(), total.clone()
+dist.all_reduce(high, dist.ReduceOp.MAX); dist.all_reduce(low, dist.ReduceOp.MIN)
+print(f"world {training_args.world_size} rank {training_args.process_index} agree {bool(torch.allclose(high, low))} "
+      f"stopped at step {trainer.state.global_step}, notice saved at {spot.saved_at}", flush=True)
+'''
+
+DDP = '''
+import os
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group()  # as a script written for torchrun does: env://, the default backend
+local_rank = int(os.environ["LOCAL_RANK"])
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(rank)  # different starting weights and data per rank
+model = DDP(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+total = sum(p.detach().sum() for p in model.parameters()).reshape(1)
+high, low = total.clone(), total.clone()
+dist.all_reduce(high, dist.ReduceOp.MAX); dist.all_reduce(low, dist.ReduceOp.MIN)
+print(f"world {world} rank {rank} local_rank {local_rank} agree {bool(torch.allclose(high, low))}", flush=True)
+dist.destroy_process_group()
+'''
+
+ALONE = '''
+import os
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+model(torch.randn(4, 8)).sum().backward()
+print(f"rank {os.environ['RANK']} trained by itself", flush=True)
+'''
+
+
+def worlds(out: str, size: int) -> list[int]:
+    """The ranks that printed `world SIZE rank R ... agree True` (ranks' lines may be glued together)."""
+    return sorted(int(r) for r in re.findall(rf"world {size} rank (\d+)(?: local_rank \d+)? agree True", out))
+
+
+@pytest.fixture(scope="module")
+def cluster(installed_cluster):
+    return installed_cluster
+
+
+def test_accelerate_no_trainer_script_with_a_plain_accelerator_trains_as_one_world_and_resumes(cluster, tmp_path):
+    work = write(tmp_path / "work", {"train_no_trainer.py": NO_TRAINER})
+    out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/no-trainer"
+    first = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train_no_trainer.py"),
+                "--output-dir", out_dir, "--", "--output_dir", out_dir)
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out
+    assert worlds(out, 3) == [0, 1, 2], out
+    assert "losses of 3 ranks" in out and "world: all 3 ranks joined one process group of 3" in out, out
+    assert (Path(out_dir) / "state").is_dir(), out
+    again = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train_no_trainer.py"),
+                "--output-dir", out_dir, "--", "--output_dir", out_dir, "--resume_from_checkpoint", f"{out_dir}/state")
+    out = again.stdout + again.stderr
+    assert again.returncode == 0 and f"resumed from {out_dir}/state" in out and worlds(out, 3) == [0, 1, 2], out
+
+
+def test_run_glue_shaped_trainer_script_resumes_after_a_spot_notice(cluster, tmp_path):
+    work = write(tmp_path / "work", {"run_glue.py": RUN_GLUE})
+    fake, flag = tmp_path / "fake_imds.py", tmp_path / "announce"
+    fake.write_text(FAKE_IMDS)
+    out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/run-glue"
+    args = ["--output_dir", out_dir, "--max_steps", "30", "--per_device_train_batch_size", "4", "--save_strategy",
+            "no", "--report_to", "none", "--logging_steps", "1000"]
+    server = subprocess.Popen(["ip", "netns", "exec", cluster.state.nodes[0].namespace, sys.executable, str(fake),
+                               "8112", str(flag)])
+    try:
+        run = subprocess.Popen([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "run_glue.py"),
+                                "--output-dir", out_dir, "--env", "XEON_IMDS_ENDPOINT=http://127.0.0.1:8112 "
+                                "XEON_CLUSTER_NOTICE_POLL_SECONDS=0.5", "--cluster", cluster.cluster_arg, "--", *args],
+                               cwd=REPO_ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        lines: list[str] = []
+
+        def read():
+            for line in run.stdout:
+                lines.append(line)
+                if "training step 3" in line:
+                    flag.touch()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        code = run.wait(timeout=300)
+        reader.join(10)
+    finally:
+        server.kill()
+        server.wait()
+    out = "".join(lines)
+    assert code == 0, out
+    saved = [int(n) for n in re.findall(r"notice saved at (\d+)", out)]
+    assert len(saved) == 3 and len(set(saved)) == 1 and 3 <= saved[0] < 30, out
+    assert worlds(out, 3) == [0, 1, 2], out
+    checkpoint = f"{out_dir}/checkpoint-{saved[0]}"
+    resumed = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "run_glue.py"),
+                  "--output-dir", out_dir, "--", *args, "--resume_from_checkpoint", checkpoint)
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out
+    steps = [int(n) for n in re.findall(r"training step (\d+)", out)]
+    assert steps and min(steps) == saved[0] + 1 and "stopped at step 30" in out and worlds(out, 3) == [0, 1, 2], out
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_a_plain_ddp_script_written_for_torchrun_runs_under_either_launcher(cluster, tmp_path, launcher):
+    work = write(tmp_path / "work", {"ddp.py": DDP})
+    result = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--launcher", launcher, "--script",
+                 str(work / "ddp.py"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert worlds(out, 3) == [0, 1, 2] and "world: all 3 ranks joined one process group of 3" in out, out
+
+
+def test_ranks_that_never_form_a_world_fail_the_job_unless_independent_ranks_are_asked_for(cluster, tmp_path):
+    work = write(tmp_path / "work", {"alone.py": ALONE})
+    alone = fab(cluster, "train", "--nodes", "2", *ONE_THREAD, "--script", str(work / "alone.py"))
+    out = alone.stdout + alone.stderr
+    assert alone.returncode == TRAINED_ALONE, out
+    assert "each rank trained alone: 2 times the work, no speed-up" in out and "rank 1 trained by itself" in out, out
+    meant = fab(cluster, "train", "--nodes", "2", *ONE_THREAD, "--script", str(work / "alone.py"), INDEPENDENT_OPTION)
+    out = meant.stdout + meant.stderr
+    assert meant.returncode == 0 and "each rank trained alone" in out, out
