@@ -1,9 +1,10 @@
 """What the training image installs, from the profile's own facts (cluster/profiles.py), for
-docker/Dockerfile: `python3 -m cluster.container {apt|requirements|venv|tcmalloc} [PROFILE]`.
+docker/Dockerfile: `python3 -m cluster.container {apt|index-requirements|requirements|venv|tcmalloc} [PROFILE]`.
 
 The image has what a node has after `fab setup`, minus what only mpirun over SSH needs (no
 OpenSSH; the profile's MPI package stays, unused): the profile's OS packages, the first tcmalloc
-package the base image's apt knows, the pinned Python packages (with their indexes) in a venv at
+package the base image's apt knows, the pinned Python packages (the index-only ones each from its
+own index alone, then the rest from PyPI alone) in a venv at
 the nodes' path, so the manifest's `<venv>/bin/torchrun` (cluster/k8s.py) is the same path on a
 node and in a pod.
 """
@@ -20,11 +21,16 @@ def apt_packages(profile_name: str) -> list[str]:
     return list(get_profile(profile_name).apt_packages)
 
 
+def index_requirements(profile_name: str) -> str:
+    """The index-only packages (cluster/profiles.py), one a line: `INDEX_URL REQUIREMENT [--hash=...]`;
+    the Dockerfile installs each from its index alone (`--index-url`, `--no-deps`), first."""
+    return "".join(f"{p.index_url} {p.requirement()}\n" for p in get_profile(profile_name).index_pins)
+
+
 def requirements(profile_name: str) -> str:
-    """A pip requirements file: the profile's indexes, then its pins."""
-    profile = get_profile(profile_name)
-    lines = [f"--extra-index-url {url}" for url in profile.extra_index_urls] + list(profile.pip_pins)
-    return "".join(f"{line}\n" for line in lines)
+    """A pip requirements file of the profile's pins, for PyPI alone (no index options: the
+    index-only packages are installed by then, and pip keeps them)."""
+    return "".join(f"{pin}\n" for pin in get_profile(profile_name).pip_pins)
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +39,7 @@ def main(argv: list[str]) -> int:
         "apt": lambda: "\n".join(apt_packages(profile)) + "\n",
         "tcmalloc-packages": lambda: "\n".join(TCMALLOC_PACKAGES) + "\n",
         "tcmalloc": lambda: TCMALLOC_PATH + "\n",
+        "index-requirements": lambda: index_requirements(profile),
         "requirements": lambda: requirements(profile),
         "venv": lambda: venv_dir(get_profile(profile)) + "\n",
     }

@@ -13,6 +13,12 @@ keeps the sockets' halves equal). Memory: the instance's memory minus
 MEMORY_RESERVE_PERCENT percent (kube-reserved, system-reserved, the eviction threshold). The
 pod's /dev/shm is a memory emptyDir of SHM_PERCENT percent of that, counted inside the limit.
 
+Security: the containers run as the image's own non-root user (RUN_AS_USER, docker/Dockerfile),
+with no privilege escalation, no capabilities and a read-only root filesystem; what the job writes
+goes to volumes: the work volume, the scratch volume, /tmp (an emptyDir; also the user's home),
+and an emptyDir of its own for an --output_dir outside them. Values given with --env sit in the
+manifest in clear text: `secret_looking` names those that look like secrets (the task warns).
+
 The pod's cores are not known in advance (the kubelet's CPU manager picks them), so the layout is
 planned on a machine of the pod's size, unpinned (cluster/torchrun.py says what that leaves out).
 """
@@ -52,7 +58,14 @@ SCRATCH_MOUNT = "/scratch"  # the pod's own emptyDir: the offline demo's model a
 SHM_MOUNT = "/dev/shm"
 RUNS_DIR = "runs"  # the job's output under WORK_MOUNT: runs/<job name>
 HF_HOME = f"{WORK_MOUNT}/cache/huggingface"  # hub and datasets caches on the volume
-VOLUME_WORK, VOLUME_SCRATCH, VOLUME_SHM = "work", "scratch", "dshm"
+TMP_MOUNT = "/tmp"  # an emptyDir: the root filesystem is read-only
+VOLUME_WORK, VOLUME_SCRATCH, VOLUME_SHM, VOLUME_TMP, VOLUME_OUTPUT = "work", "scratch", "dshm", "tmp", "output"
+RUN_AS_USER = 10001  # the image's user (docker/Dockerfile's USER), also its group and the pod's fsGroup
+
+# What --env may carry that belongs in a Kubernetes Secret: a name with one of these words, or a
+# value with an AWS access key id in it.
+SECRET_NAME_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL")
+_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)[A-Z0-9]{16}(?![A-Z0-9])")
 
 # DNS-1035 label (a job's pods are <name>-worker-<i>, each also a Service of that name).
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -107,6 +120,41 @@ def instance_type(name: str) -> InstanceType:
     if machine is None:
         raise K8sJobError(f"--instance-type: {name!r} is unknown; allowed: {', '.join(catalog.known_types())}")
     return machine
+
+
+def secret_looking(env: dict[str, str]) -> list[str]:
+    """The names in `env` whose name or value looks like a secret (SECRET_NAME_WORDS, an AWS key id)."""
+    return [name for name, value in env.items()
+            if any(word in name.upper() for word in SECRET_NAME_WORDS) or _AWS_KEY_ID.search(value)]
+
+
+def secret_warning(names: list[str]) -> str:
+    """The one line `fab k8s-job` prints when --env carries what looks like a secret (never its value)."""
+    return (f"warning: --env {', '.join(names)}: looks like a secret, and the manifest holds it in clear text "
+            "(anyone who can read the PyTorchJob or its pods reads it); use a Kubernetes Secret instead "
+            "(env valueFrom.secretKeyRef) and leave it out of --env")
+
+
+_MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*){2,}\Z")
+
+
+def check_output_dir(path: str, venv: str) -> str:
+    """An --output_dir outside the volumes becomes a mountPath: a plain path two or more levels deep
+    that hides nothing of the image's venv."""
+    parts = path.split("/")
+    if not _MOUNT_PATH.match(path) or ".." in parts or venv == path or venv.startswith(path + "/"):
+        raise K8sJobError(f"--output_dir: {path!r} is not allowed; allowed: a path relative to the working directory, "
+                          f"one under {WORK_MOUNT}, or an absolute path of two or more plain folders (letters, "
+                          f"digits, '.', '_', '-') that does not hold {venv} (it gets an emptyDir of its own)")
+    return path
+
+
+def needs_own_volume(path: str) -> bool:
+    """Whether the job's output directory `path` lies outside every volume (then it gets an emptyDir):
+    a relative path is under the working directory, which is a volume."""
+    if not path.startswith("/"):
+        return False
+    return not any(path == mount or path.startswith(mount + "/") for mount in (WORK_MOUNT, SCRATCH_MOUNT, TMP_MOUNT))
 
 
 @dataclass(frozen=True)
@@ -171,6 +219,11 @@ class K8sJobPlan:
     init_command: tuple[str, ...] = ()  # run before torchrun in every pod (the offline demo's data)
 
     @property
+    def output_volume(self) -> bool:
+        """Whether the output directory needs an emptyDir of its own (it lies outside every volume)."""
+        return needs_own_volume(self.output_dir)
+
+    @property
     def command(self) -> tuple[str, ...]:
         return self.torchrun.argv
 
@@ -229,6 +282,8 @@ def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str], name: s
     if output_dir is None:
         output_dir = f"{WORK_MOUNT}/{RUNS_DIR}/{name}"
         args += ["--output_dir", output_dir]
+    if needs_own_volume(output_dir):
+        check_output_dir(output_dir, venv_dir(prof))
     if "--resume" not in args:
         args.append("--resume")
     run = plan_torchrun(layout=layout, nodes=nodes, program=("-m", "training", *args), rdzv_host=pod_name(name, 0),

@@ -6,7 +6,8 @@ Three scripts, all deterministic for their inputs; their text is in cluster/shel
 - `install_script(plan)`: tcmalloc and the profile's apt packages (only what is missing; apt waits
   for the dpkg lock with `-o DPkg::Lock::Timeout=` and retries a bounded number of times while
   unattended-upgrades holds it), a venv at `venv_dir(profile)` made from the OS Python, the
-  profile's pip pins, then this project's wheel. Idempotent: the venv holds two markers, the
+  profile's index-only packages each from its own index alone, then its pip pins from PyPI alone
+  (cluster/profiles.py says why), then this project's wheel. Idempotent: the venv holds two markers, the
   profile's fingerprint digest and the project version; matching markers mean "nothing to do".
   The venv step runs under `flock`, because the nodes of a local cluster share `/opt`: the first
   node installs, the others wait and then find it done. A rerun after a failure picks up where
@@ -26,14 +27,15 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from pathlib import PurePosixPath
+from typing import Iterable, Mapping
 
 from cluster import autostop, shell
 from cluster.catalog import InstanceType
 from cluster.job_args import SYNTHETIC_ROOT
 from cluster.jobplan import DEFAULT_OUTPUT_ROOT
 from cluster.launch import JOBS_DIR
-from cluster.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, Profile, venv_dir
+from cluster.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, IndexPin, Profile, venv_dir
 from cluster.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
 
 EVENT_PREFIX = "::xc::"
@@ -93,10 +95,13 @@ class InstallPlan:
 def install_script(plan: InstallPlan) -> str:
     """The install script for one node (bash; run as the SSH user, sudo -n where root is needed)."""
     profile = plan.profile
+    # Online, the index-only packages come first, each from its own index alone (no PyPI, no
+    # dependencies); then every pin from PyPI alone, which finds those already installed.
+    # Offline, everything comes from the wheelhouse the controller filled the same way.
     if plan.wheelhouse:
-        pip_source = ["--no-index", "--find-links", plan.wheelhouse]
+        pip_source, index_pins = ["--no-index", "--find-links", plan.wheelhouse], ()
     else:
-        pip_source = [arg for url in profile.extra_index_urls for arg in ("--extra-index-url", url)]
+        pip_source, index_pins = [], profile.index_pins
     text = shell.render("install.sh", {
         "APT_LOCK_TIMEOUT": str(plan.apt_lock_timeout_s),
         "APT_ATTEMPTS": str(max(plan.apt_attempts, 1)),
@@ -114,6 +119,8 @@ def install_script(plan: InstallPlan) -> str:
         "APT_PACKAGES": profile.apt_packages,
         "TCMALLOC_PACKAGES": TCMALLOC_PACKAGES,
         "PIP_SOURCE": pip_source,
+        "INDEX_URLS": [p.index_url for p in index_pins],
+        "INDEX_REQUIREMENTS": [p.requirement() for p in index_pins],
         "PINS": profile.pip_pins,
     })
     # 4. the idle auto-stop service (and its power-off command), so that it is in the baked image
@@ -300,12 +307,27 @@ def evaluate_check(profile: Profile, events: Iterable[Event], *, project_version
     return CheckReport(tuple(items))
 
 
-def pip_download_args(profile: Profile, dest: str, index_urls: Iterable[str] = ()) -> list[str]:
-    """`pip download` arguments that fill a wheelhouse with the profile's pins (controller side)."""
-    args = ["download", "--disable-pip-version-check", "--no-input", "-q", "-d", dest]
-    for url in index_urls:
-        args += ["--extra-index-url", url]
-    return args + list(profile.pip_pins)
+def index_download_args(pin: IndexPin, dest: str, requirement_file: str, *, index_reachable: bool = True) -> list[str]:
+    """`pip download` arguments for one index-only package (controller side): from its own index
+    alone, or, where the controller cannot reach that index, from the controller's own find-links
+    alone (`--no-index`); never from PyPI, never its dependencies. `requirement_file` holds
+    `pin.requirement()` (a requirements file is where pip takes hashes)."""
+    source = ["--index-url", pin.index_url] if index_reachable else ["--no-index"]
+    return ["download", "--disable-pip-version-check", "--no-input", "-q", "-d", dest, *source, "--no-deps",
+            "-r", requirement_file]
+
+
+def pip_download_args(profile: Profile, dest: str, index_files: Mapping[str, str]) -> list[str]:
+    """`pip download` arguments for the rest of the profile and every dependency, from PyPI alone
+    (controller side). Each index-only pin is given as the file already taken from its index
+    (`name @ file:///...`, `index_files` maps its name to that path), so PyPI cannot supply it."""
+    missing = [p.pin for p in profile.index_pins if p.name not in index_files]
+    if missing:
+        raise ValueError(f"pip_download_args: no downloaded file for {', '.join(missing)}")
+    files = {p.pin: index_files[p.name] for p in profile.index_pins}
+    pins = [f"{pin_name(pin)} @ {PurePosixPath(files[pin]).as_uri()}" if pin in files else pin
+            for pin in profile.pip_pins]
+    return ["download", "--disable-pip-version-check", "--no-input", "-q", "-d", dest, *pins]
 
 
 def wheelhouse_marker_name(profile: Profile) -> str:

@@ -32,12 +32,17 @@ def pytorchjob(plan: K8sJobPlan):
     res = plan.resources
     quantities = {"cpu": res.cpu, "memory": res.memory}
     resources = k.V1ResourceRequirements(requests=dict(quantities), limits=dict(quantities))
+    tmp = k.V1VolumeMount(name=k8s.VOLUME_TMP, mount_path=k8s.TMP_MOUNT)
     mounts = [k.V1VolumeMount(name=k8s.VOLUME_WORK, mount_path=k8s.WORK_MOUNT),
-              k.V1VolumeMount(name=k8s.VOLUME_SHM, mount_path=k8s.SHM_MOUNT)]
+              k.V1VolumeMount(name=k8s.VOLUME_SHM, mount_path=k8s.SHM_MOUNT), tmp]
     work = (k.V1Volume(name=k8s.VOLUME_WORK, persistent_volume_claim=k.V1PersistentVolumeClaimVolumeSource(
         claim_name=plan.pvc)) if plan.pvc else k.V1Volume(name=k8s.VOLUME_WORK, empty_dir=k.V1EmptyDirVolumeSource()))
     volumes = [work, k.V1Volume(name=k8s.VOLUME_SHM, empty_dir=k.V1EmptyDirVolumeSource(medium="Memory",
-                                                                                         size_limit=res.shm))]
+                                                                                         size_limit=res.shm)),
+               k.V1Volume(name=k8s.VOLUME_TMP, empty_dir=k.V1EmptyDirVolumeSource())]
+    if plan.output_volume:
+        mounts.append(k.V1VolumeMount(name=k8s.VOLUME_OUTPUT, mount_path=plan.output_dir))
+        volumes.append(k.V1Volume(name=k8s.VOLUME_OUTPUT, empty_dir=k.V1EmptyDirVolumeSource()))
     init_containers = None
     if plan.init_command:
         scratch = k.V1VolumeMount(name=k8s.VOLUME_SCRATCH, mount_path=k8s.SCRATCH_MOUNT)
@@ -45,16 +50,19 @@ def pytorchjob(plan: K8sJobPlan):
         volumes.append(k.V1Volume(name=k8s.VOLUME_SCRATCH, empty_dir=k.V1EmptyDirVolumeSource()))
         init_containers = [k.V1Container(name="demo-data", image=plan.image, image_pull_policy="IfNotPresent",
                                          command=list(plan.init_command), working_dir=k8s.SCRATCH_MOUNT,
-                                         volume_mounts=[scratch], resources=resources)]
+                                         volume_mounts=[scratch, tmp], resources=resources,
+                                         security_context=security_context())]
     container = k.V1Container(
         name=k8s.CONTAINER_NAME, image=plan.image, image_pull_policy="IfNotPresent", command=list(plan.command),
         working_dir=plan.working_dir, env=[k.V1EnvVar(name=key, value=value) for key, value in plan.env.items()],
         ports=[k.V1ContainerPort(name=k8s.PORT_NAME, container_port=plan.rdzv_port, protocol="TCP")],
-        resources=resources, volume_mounts=mounts)
+        resources=resources, volume_mounts=mounts, security_context=security_context())
     template = k.V1PodTemplateSpec(
         metadata=k.V1ObjectMeta(labels={"app.kubernetes.io/name": "xeon-cluster", "xeon-cluster/job": plan.name}),
         spec=k.V1PodSpec(containers=[container], init_containers=init_containers, volumes=volumes,
-                         node_selector={k8s.INSTANCE_TYPE_LABEL: res.machine.name}))
+                         node_selector={k8s.INSTANCE_TYPE_LABEL: res.machine.name},
+                         # the claim's files belong to the job's group, so the non-root user can write there
+                         security_context=k.V1PodSecurityContext(fs_group=k8s.RUN_AS_USER)))
     elastic = None
     if plan.min_nodes is not None:
         elastic = m.KubeflowOrgV1ElasticPolicy(
@@ -67,6 +75,17 @@ def pytorchjob(plan: K8sJobPlan):
             replicas=plan.nodes, restart_policy=k8s.RESTART_POLICY, template=template)})
     return m.KubeflowOrgV1PyTorchJob(api_version=k8s.API_VERSION, kind=k8s.KIND, spec=spec,
                                      metadata=k.V1ObjectMeta(name=plan.name, namespace=plan.namespace))
+
+
+def security_context():
+    """Every container's: the image's non-root user, no privilege escalation, no capabilities, a
+    read-only root filesystem (the job writes to its volumes only), the runtime's seccomp profile."""
+    from kubernetes import client as k
+
+    return k.V1SecurityContext(
+        run_as_non_root=True, run_as_user=k8s.RUN_AS_USER, run_as_group=k8s.RUN_AS_USER,
+        allow_privilege_escalation=False, capabilities=k.V1Capabilities(drop=["ALL"]),
+        read_only_root_filesystem=True, seccomp_profile=k.V1SeccompProfile(type="RuntimeDefault"))
 
 
 def to_dict(job) -> dict[str, Any]:

@@ -4,8 +4,8 @@
 # local cluster share the venv (the first node installs for all, the others find the marker).
 # The profile's exact pins go in as constraints, so no requirement can move them.
 # Header: VENV, LOCK (the setup lock file), LOCK_TIMEOUT, MARKER_DIR (inside the venv), DIGEST,
-# REQUIREMENTS and CONSTRAINTS (arrays), PIP_SOURCE (array: --no-index --find-links DIR, or
-# --extra-index-url URL ...). Prints "::xc:: requirements unchanged|installed|failed DETAIL".
+# REQUIREMENTS and CONSTRAINTS (arrays), PIP_SOURCE (array: --no-index --find-links DIR, or empty:
+# PyPI alone). Prints "::xc:: requirements unchanged|installed|failed DETAIL".
 set -uo pipefail
 marker="$VENV/$MARKER_DIR/$DIGEST"
 exec 9>"$LOCK"

@@ -3,7 +3,9 @@
 # shared venv, this project's wheel. Reports through `::xc::` lines (parse_events).
 # Header: APT_LOCK_TIMEOUT APT_ATTEMPTS APT_RETRY_DELAY VENV_LOCK_TIMEOUT NODE_ROOT VENV OS_PYTHON
 # PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION, and the arrays
-# APT_PACKAGES TCMALLOC_PACKAGES PIP_SOURCE (pip's index options) PINS.
+# APT_PACKAGES TCMALLOC_PACKAGES PIP_SOURCE (pip's options for the pins: none, PyPI alone; or the
+# wheelhouse) INDEX_URLS INDEX_REQUIREMENTS (the index-only packages: each requirement line, with
+# its hashes, installed from its index alone, first) PINS.
 # The commands down to the first blank line are its preamble (cluster.shell.preamble), which
 # autostop's own install script (cluster/autostop.py install_script) starts with too.
 set -uo pipefail
@@ -80,6 +82,14 @@ else
   fi
   rm -f "$VENV/$PROFILE_MARKER" "$VENV/$PROJECT_MARKER"
   xc progress venv "pip install (profile $PROFILE): ${PINS[*]}"
+  for i in "${!INDEX_REQUIREMENTS[@]}"; do
+    # hashes go in a requirements file; --index-url alone and --no-deps: never PyPI for this name
+    printf '%s\n' "${INDEX_REQUIREMENTS[$i]}" > "$VENV/.index-requirement.txt"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps \
+      --index-url "${INDEX_URLS[$i]}" -r "$VENV/.index-requirement.txt" \
+      || { xc step venv failed "pip install of ${INDEX_REQUIREMENTS[$i]%% *} from ${INDEX_URLS[$i]} failed"; exit 25; }
+  done
+  rm -f "$VENV/.index-requirement.txt"
   "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_SOURCE[@]}" "${PINS[@]}" \
     || { xc step venv failed "pip install of the profile's pins failed"; exit 25; }
   echo "$DIGEST" > "$VENV/$PROFILE_MARKER.tmp" && mv "$VENV/$PROFILE_MARKER.tmp" "$VENV/$PROFILE_MARKER"

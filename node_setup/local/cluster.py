@@ -29,6 +29,7 @@ import yaml
 
 from node_setup.local import system
 from node_setup.local.imds_server import INSTANCE_ACTION_FILE, REBALANCE_FILE
+from node_setup.local.runs import ensure_run_folder
 from node_setup.local.state import (
     DEFAULT_NAME,
     DEFAULT_NOTICE_SECONDS,
@@ -94,6 +95,7 @@ def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None =
     system.check_host()
     if mbit:
         system.check_tc()
+    ensure_run_folder(paths.name)  # where its jobs write: root's own, or a refusal before anything is made
     existing = load_state(paths)
     if existing is not None and not replace and _bridge_up(existing) and not _all_up(existing, nodes):
         return _bring_back(existing, nodes, paths, wheelhouse, progress, timeout)

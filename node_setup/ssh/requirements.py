@@ -7,7 +7,8 @@ It installs the way `fab setup` does (node_setup/ssh/install.py, wheels.py): nod
 wheelhouse (the local cluster) install from it with no index, after the controller has put the
 requirements into it (`pip download`, with the controller's own pip configuration, constrained by
 the profile's pins) and, for a wheelhouse on other machines, copied it (wheels.sync_wheelhouse);
-other nodes install from PyPI and the profile's indexes. The node side is
+other nodes install from PyPI alone (never from the profile's own indexes: a requirement that
+names a package of one of them would let PyPI's package of that name win). The node side is
 cluster/shell/install-requirements.sh: under setup's lock, skipped when the digest's marker is there.
 """
 
@@ -53,10 +54,9 @@ def fill_wheelhouse(plan: RequirementsPlan, wheelhouse: str | Path) -> bool:
 
 def node_script(inventory: Inventory, plan: RequirementsPlan) -> str:
     profile = get_profile(inventory.profile)
-    if inventory.wheelhouse:
-        source = ["--no-index", "--find-links", inventory.wheelhouse]
-    else:
-        source = [arg for url in profile.extra_index_urls for arg in ("--extra-index-url", url)]
+    # PyPI alone, never the profile's own indexes (cluster/profiles.py says why); the profile's
+    # pins are installed already and held by the constraints.
+    source = ["--no-index", "--find-links", inventory.wheelhouse] if inventory.wheelhouse else []
     return shell.render("install-requirements.sh", {
         "VENV": venv_dir(profile), "LOCK": f"{NODE_ROOT}/.setup-{profile.name}.lock",
         "LOCK_TIMEOUT": str(InstallPlan(profile).venv_lock_timeout_s), "MARKER_DIR": REQUIREMENTS_MARKER_DIR,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cluster.profiles import Profile
-from cluster.setup_script import pip_download_args, wheelhouse_marker_name
+from cluster.profiles import IndexPin, Profile
+from cluster.setup_script import index_download_args, pip_download_args, wheelhouse_marker_name
 from node_setup.controller import PROJECT_PACKAGES, PROJECT_ROOT, cache_root, project_version
 
 INDEX_PROBE_TIMEOUT_S = 5
@@ -101,11 +101,15 @@ def given_wheel(path: str | Path) -> ProjectWheel:
 def reachable_indexes(urls: Iterable[str], timeout: float = INDEX_PROBE_TIMEOUT_S) -> tuple[list[str], list[str]]:
     """Split index URLs into (reachable, unreachable with reason) from the controller.
 
-    pip retries an unreachable index five times per package (minutes per fill), so the fill uses
-    only the indexes that answer; PyPI and the controller's own pip configuration always apply.
+    pip retries an unreachable index five times per package (minutes per fill), so the fill does
+    not ask one that does not answer: that index's packages then come from the controller's own
+    find-links (`--no-index`), never from PyPI.
     """
     good, bad = [], []
     for url in urls:
+        if url.startswith("file://"):  # a local index (a mirror, or a test's)
+            (good if Path(urllib.request.url2pathname(url[len("file://"):])).is_dir() else bad).append(url)
+            continue
         try:
             with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
                 good.append(url)
@@ -138,12 +142,15 @@ def fill_wheelhouse(profile: Profile, wheelhouse: str | Path, progress: Progress
 
 
 def _fill(profile: Profile, wheelhouse: Path, marker: Path, progress: Progress) -> bool:
-    indexes, unreachable = reachable_indexes(profile.extra_index_urls)
+    reachable, unreachable = reachable_indexes(sorted({p.index_url for p in profile.index_pins}))
     for entry in unreachable:
-        progress(f"wheelhouse: index {entry} is unreachable from here; using the others")
+        progress(f"wheelhouse: index {entry} is unreachable from here; its packages come from this controller's "
+                 "own find-links or not at all (never from PyPI)")
     progress(f"wheelhouse {wheelhouse}: pip download of profile {profile.name} ({len(profile.pip_pins)} pins)")
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "pip", *pip_download_args(profile, str(wheelhouse), indexes)]
+    files = {pin.name: str(_download_index_pin(pin, wheelhouse, pin.index_url in reachable))
+             for pin in profile.index_pins}
+    cmd = [sys.executable, "-m", "pip", *pip_download_args(profile, str(wheelhouse), files)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise InstallError(f"filling the wheelhouse {wheelhouse} failed (exit {result.returncode}):\n"
@@ -152,6 +159,26 @@ def _fill(profile: Profile, wheelhouse: Path, marker: Path, progress: Progress) 
     marker.write_text(f"{profile.fingerprint()}\n")
     progress(f"wheelhouse {wheelhouse}: filled in {time.monotonic() - start:.0f} s")
     return True
+
+
+def _download_index_pin(pin: IndexPin, wheelhouse: Path, index_reachable: bool) -> Path:
+    """One index-only package into the wheelhouse, from its own index alone (cluster/profiles.py)."""
+    with tempfile.TemporaryDirectory(prefix="xc-index-pin-") as tmp:
+        requirement = Path(tmp) / "requirement.txt"
+        requirement.write_text(pin.requirement() + "\n")
+        got = Path(tmp) / "got"
+        cmd = [sys.executable, "-m", "pip",
+               *index_download_args(pin, str(got), str(requirement), index_reachable=index_reachable)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(got.iterdir()) if got.is_dir() else []
+        if result.returncode != 0 or len(found) != 1:
+            where = pin.index_url if index_reachable else f"this controller's find-links ({pin.index_url} is unreachable)"
+            raise InstallError(f"filling the wheelhouse {wheelhouse}: {pin.pin} from {where} failed "
+                               f"(exit {result.returncode}):\n" + tail(result.stdout + result.stderr) +
+                               f"\n{pin.name} is taken from its own index only, never from PyPI")
+        target = wheelhouse / found[0].name
+        shutil.copy2(found[0], target)
+    return target
 
 
 def sync_wheelhouse(conn, wheelhouse: str | Path) -> int:

@@ -8,6 +8,7 @@ writes the YAML to `-o FILE` or stdout. Connects to nothing. Exit codes: 0 writt
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from cluster import k8s
@@ -55,7 +56,8 @@ from node_setup.tasks.common import fail, task, whole_number
     "ranks-per-node": "override ranks per pod (default one per socket)",
     "threads": "override OpenMP threads per rank (default the rank's share of the pod's cores minus CCL workers)",
     "ccl-workers": "override oneCCL workers per rank (intel profile only)",
-    "env": "extra environment for every rank, e.g. --env 'CCL_LOG_LEVEL=info'",
+    "env": "extra environment for every rank, e.g. --env 'CCL_LOG_LEVEL=info' (in clear text in the manifest: "
+           "never a secret; a name with KEY, SECRET, TOKEN or PASSWORD, or an AWS key id, gets a warning)",
     "synthetic-examples": "train the offline demo (a tiny model and data every pod makes first) with N examples",
 })
 def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores=0, profile="stock",
@@ -93,6 +95,9 @@ def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores
             extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"))
     except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, ValueError) as exc:
         raise fail(str(exc)) from None
+    secrets = k8s.secret_looking(env_pairs(env))
+    if secrets:
+        print(k8s.secret_warning(secrets), file=sys.stderr)
     text = kubeflow.to_yaml(kubeflow.pytorchjob(plan))
     if not output:
         print(text, end="")

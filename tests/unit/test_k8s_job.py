@@ -182,4 +182,77 @@ def test_every_question_the_dockerfile_asks_the_profile_has_an_answer():
         assert result.returncode == 0 and result.stdout.strip(), (what, result.stderr)
     requirements = subprocess.run([sys.executable, "-m", "cluster.container", "requirements", "stock"], cwd=ROOT,
                                   capture_output=True, text=True, timeout=30).stdout
-    assert "torch==" in requirements and "--extra-index-url https://download.pytorch.org/whl/cpu" in requirements
+    assert "torch==2.13.0\n" in requirements and "index-url" not in requirements  # PyPI alone
+    index_only = subprocess.run([sys.executable, "-m", "cluster.container", "index-requirements", "intel"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=30).stdout
+    assert index_only.splitlines() == ["https://download.pytorch.org/whl/cpu torch==2.8.0",
+                                       "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/ oneccl_bind_pt==2.8.0"]
+
+
+def dockerfile_code() -> str:
+    return "\n".join(line for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+
+
+def test_the_dockerfile_adds_no_index_next_to_pypi_and_installs_index_only_packages_without_dependencies():
+    text = dockerfile_code()
+    assert "extra-index-url" not in text
+    assert re.search(r'install --no-cache-dir --no-deps --index-url "\$index" -r /tmp/requirement\.txt', text)
+
+
+def test_the_dockerfile_base_image_is_pinned_by_digest_and_it_runs_as_the_manifests_user():
+    text = dockerfile_code()
+    froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert froms and all(re.fullmatch(r"[a-z0-9./_-]+(:[\w.-]+)?@sha256:[0-9a-f]{64}", f) for f in froms), froms
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users[-1] == f"{k8s.RUN_AS_USER}:{k8s.RUN_AS_USER}"
+    assert f"--uid {k8s.RUN_AS_USER}" in text and "--home-dir /tmp" in text  # its home is the pod's /tmp emptyDir
+
+
+def test_every_container_runs_non_root_read_only_with_no_capabilities_and_writes_only_to_volumes():
+    manifest = yaml.safe_load(fab_k8s_job("--image", IMAGE, "--synthetic-examples", "300"))
+    spec = worker(manifest)["template"]["spec"]
+    assert spec["securityContext"] == {"fsGroup": k8s.RUN_AS_USER}
+    for each in spec["containers"] + spec["initContainers"]:
+        assert each["securityContext"] == {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+            "runAsGroup": k8s.RUN_AS_USER, "runAsNonRoot": True, "runAsUser": k8s.RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"}}, each["name"]
+        assert {"mountPath": "/tmp", "name": "tmp"} in each["volumeMounts"]
+        mounted = [m["mountPath"] for m in each["volumeMounts"]]
+        assert each["workingDir"] in mounted
+    assert {"emptyDir": {}, "name": "tmp"} in spec["volumes"]
+    command = container(manifest)["command"]
+    mounted = [m["mountPath"] for m in container(manifest)["volumeMounts"]]
+    assert any(option(command, "--output_dir").startswith(m + "/") for m in mounted)
+
+
+def test_an_output_dir_outside_the_volumes_gets_an_emptydir_and_a_bad_one_is_refused():
+    manifest = yaml.safe_load(fab_k8s_job("--image", IMAGE, "--", "--output_dir", "/out/run"))
+    spec = worker(manifest)["template"]["spec"]
+    assert {"mountPath": "/out/run", "name": "output"} in container(manifest)["volumeMounts"]
+    assert {"emptyDir": {}, "name": "output"} in spec["volumes"]
+    for bad in ("/opt", "/out/../etc", "/"):
+        result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", "--image", IMAGE, "--", "--output_dir", bad],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and not result.stdout, (bad, result.stdout)
+        assert result.stderr.startswith(f"error: --output_dir: {bad!r} is not allowed") and \
+            len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("env, flagged", [
+    ("HF_TOKEN=hf_abc123 CCL_LOG_LEVEL=info", "HF_TOKEN"),
+    ("WANDB_API_KEY=x db_password=y", "WANDB_API_KEY, db_password"),
+    ("MY_ID=AKIAIOSFODNN7EXAMPLE", "MY_ID"),
+    ("CCL_LOG_LEVEL=info OMP_PROC_BIND=close", None),
+])
+def test_a_secret_looking_env_gets_one_warning_line_that_names_it_and_says_to_use_a_secret(env, flagged):
+    result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", "--image", IMAGE, "--env", env], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and yaml.safe_load(result.stdout)["kind"] == "PyTorchJob"
+    if flagged is None:
+        assert "warning" not in result.stderr
+        return
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"warning: --env {flagged}: looks like a secret") and "Kubernetes Secret" in line
+    assert "hf_abc123" not in line and "AKIAIOSFODNN7EXAMPLE" not in line  # never the value itself

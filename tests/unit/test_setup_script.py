@@ -25,7 +25,7 @@ from cluster.setup_script import (InstallPlan, changed, check_script, evaluate_c
 OS_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/bin/python3.11") if os.access(p, os.X_OK)), None)
 needs_os_python = pytest.mark.skipif(OS_PYTHON is None, reason="no OS python3 under /usr/bin (apt install python3-venv)")
 
-TEST_PROFILE = Profile(name="unittest", description="tiny", pip_pins=("xc-dummy==1.0",), extra_index_urls=(),
+TEST_PROFILE = Profile(name="unittest", description="tiny", pip_pins=("xc-dummy==1.0",), index_pins=(),
                        backend="gloo", launcher="intel-mpi", apt_packages=("xc-fake-a",))
 
 
@@ -113,12 +113,14 @@ def test_scripts_are_deterministic_and_parse_as_bash():
             assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
-def test_install_source_is_the_wheelhouse_when_given_else_the_profile_indexes():
+def test_install_source_is_the_wheelhouse_when_given_else_each_index_alone_then_pypi_alone():
     stock = PROFILES["stock"]
     online = install_script(InstallPlan(stock))
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in online and "--no-index" not in online
+    assert "INDEX_URLS=(https://download.pytorch.org/whl/cpu)" in online and "INDEX_REQUIREMENTS=(torch==2.13.0)" in online
+    assert "PIP_SOURCE=()" in online and "--extra-index-url" not in online and "--no-index" not in online
     offline = install_script(InstallPlan(stock, wheelhouse="/var/cache/w h"))
     assert "--no-index --find-links '/var/cache/w h'" in offline and "--extra-index-url" not in offline
+    assert "INDEX_URLS=()" in offline  # the controller took them from their indexes when it filled the wheelhouse
     assert "torch==2.13.0" in offline and "'boto3>=1.35'" in offline  # pins quoted for the shell
     assert "DPkg::Lock::Timeout" in offline and "/opt/xeon-cluster/venv-stock" in offline
 
