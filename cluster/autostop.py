@@ -9,30 +9,47 @@ Activity, on the master (the only node the service acts on):
   script (the rule of job-state.sh), and every file the job writes there (log, exit code) moves
   its last activity;
 - a `fab exec` on the master runs wrapped by `recorded_command`: `~/<ACTIVITY_DIR>/exec-<pid>`
-  exists while it runs and `~/<ACTIVITY_DIR>/last-exec` is touched when it ends.
+  exists while it runs and `~/<ACTIVITY_DIR>/last-exec` is touched when it ends. The record holds
+  the pid and that process's start time (field 22 of /proc/<pid>/stat); it counts as running only
+  while a process of that pid with that start time exists, so the leftover record of a command
+  that died (its pid since reused by another process) is removed, never waited on forever.
 
 The idle rule (autostop.sh `status`, the only implementation): nothing running, and the clock
 started at the later of arming and the last activity has reached the idle time:
 
     deadline = max(armed at, last activity) + idle; power off when now >= deadline and none running
 
-Arming (`fab autostop --idle 30m`, or on an AWS cluster the first job of `fab train`, with the
-stack's `autoStopIdle`, unless cancelled) writes `~/<STATE_DIR>/armed`; `--cancel` removes it. The power-off mode is decided when arming, on the
-master: `system` (`shutdown -h now` through sudo) on a machine of its own, `local` on a local
-cluster's node, which shares the host's kernel and must never run a real power-off: there the
-node's own metadata service takes it down (node_setup/local/imds_server.py).
+Arming (`fab autostop --idle 30m`; `fab setup` on an AWS cluster with the stack's `autoStopIdle`,
+or on any cluster with `fab setup --auto-stop 30m`; the first job of `fab train` on an AWS
+cluster, unless armed or cancelled) writes `~/<STATE_DIR>/armed`; `--cancel` removes it. The
+power-off mode is decided when arming, on the master: `system` (`shutdown -h now` through sudo) on
+a machine of its own, `local` on a local cluster's node, which shares the host's kernel and must
+never run a real power-off: there the node's own metadata service takes it down
+(node_setup/local/imds_server.py). `system` is allowed only where the power-off command provably
+runs in the machine's own PID namespace (the kernel's fixed number for it, INIT_PID_NAMESPACE) and
+in the network namespace of the machine's PID 1, and in no named one.
+
+Which nodes it powers off: every node of the cluster's full node list (`node_list_files`: the
+nodes, an ssh config and their host keys under STATE_DIR), written by `fab setup`, `fab distribute`
+and `fab autostop` for the whole cluster, and never by `fab train --nodes N`, which narrows
+`~/hosts` to its job's nodes (the names in `~/hosts` are powered off too). A worker counts as
+stopped only when its power-off command answered POWEROFF_ACK; if any worker was not stopped (or
+no full list was recorded), the master stays up, `~/<STATE_DIR>/unstopped` names them, `fab status`
+shows it, and the service tries those workers again at every poll.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
 
 from cluster import shell
 from cluster.launch import JOBS_DIR
 from cluster.profiles import NODE_ROOT
-from cluster.render import HOSTFILE_NAME
+from cluster.inventory import Node
+from cluster.render import HOSTFILE_NAME, MasterPaths, hostfile_text, known_hosts_text, ssh_config_block
 from cluster.timemodel import format_duration, parse_duration
 
 DEFAULT_IDLE = "30m"  # `fab autostop --idle` and the stack's autoStopIdle
@@ -49,11 +66,24 @@ SERVICE_PATH = f"{BIN_DIR}/xeon-cluster-autostop"
 POWEROFF_PATH = f"{BIN_DIR}/xeon-cluster-poweroff"
 SYSTEMD_UNIT = "xeon-cluster-autostop.service"
 MODES = ("system", "local")
+# the machine's own PID namespace, as readlink /proc/self/ns/pid names it: the kernel gives the
+# initial PID namespace this fixed number (PROC_PID_INIT_INO); any other is a container's or a node's
+INIT_PID_NAMESPACE = "pid:[4026531836]"
+POWEROFF_ACK = "xeon-cluster-poweroff: accepted"  # the power-off command's answer before it acts
+
+# The full node list on the master (in STATE_DIR), written for the whole cluster (node_list_files)
+NODES_FILE = "nodes"  # every node's alias, master first
+SSH_CONFIG_FILE = "ssh_config"  # how the master reaches each of them (the cluster key)
+KNOWN_HOSTS_FILE = "known_hosts"  # their host keys, as the controller verified them
+UNSTOPPED_FILE = "unstopped"  # at=<time>, then one `<node> <reason>` line per worker not stopped
+STOPPED_FILE = "stopped"  # workers already stopped in this power-off
+UNLISTED = "(unlisted)"  # in UNSTOPPED_FILE: no full node list was recorded, other workers may run
 
 # What no image may carry (relative to the home; the pre-bake removes them): the master's arming and
 # its activity records. An instance made from the image is not the master they were written for.
 BAKE_LEFTOVERS = (ACTIVITY_DIR, f"{STATE_DIR}/armed", f"{STATE_DIR}/cancelled", f"{STATE_DIR}/powered-off",
-                  f"{STATE_DIR}/log")
+                  f"{STATE_DIR}/log", *(f"{STATE_DIR}/{name}" for name in (
+                      NODES_FILE, SSH_CONFIG_FILE, KNOWN_HOSTS_FILE, UNSTOPPED_FILE, STOPPED_FILE)))
 
 # The local metadata service's power-off request (a PUT with a token, from inside the node only).
 LOCAL_POWEROFF_PATH = "/xeon-cluster/power-off"
@@ -88,6 +118,20 @@ def stack_idle_seconds(value: object, setting: str = "autoStopIdle") -> int | No
         raise AutostopError(f"{exc} (or {OFF})") from None
 
 
+def setup_idle(kind: str, option: object, stack_idle) -> int | None:
+    """What `fab setup` arms: `--auto-stop` when given (a duration or `off`); otherwise, on an AWS
+    cluster, the stack's autoStopIdle (`stack_idle()`: seconds or None for off, the default when no
+    stack names the cluster); on a local cluster or machines of your own, nothing unless asked."""
+    if option not in (None, ""):
+        return stack_idle_seconds(option, "--auto-stop")
+    return stack_idle() if kind == "aws" else None
+
+
+def poll_for(idle_s: int) -> int:
+    """The poll `fab setup` arms with: DEFAULT_POLL_S, or a quarter of a shorter idle time (1 s at least)."""
+    return max(1, min(DEFAULT_POLL_S, int(idle_s) // 4))
+
+
 def poll_seconds(value: object, setting: str = "--poll") -> int:
     try:
         seconds = int(str(value).strip())
@@ -105,13 +149,38 @@ def service_script() -> str:
     """The service (arm, cancel, status, run), as installed at SERVICE_PATH."""
     return shell.render("autostop.sh", {
         "STATE_DIR": STATE_DIR, "JOBS_DIR": JOBS_DIR, "ACTIVITY_DIR": ACTIVITY_DIR, "HOSTS_FILE": HOSTFILE_NAME,
-        "DEFAULT_POLL": str(DEFAULT_POLL_S), "POWEROFF": POWEROFF_PATH,
+        "DEFAULT_POLL": str(DEFAULT_POLL_S), "POWEROFF": POWEROFF_PATH, "ACK": POWEROFF_ACK,
+        "NODES_FILE": NODES_FILE, "SSH_CONFIG_FILE": SSH_CONFIG_FILE, "UNSTOPPED_FILE": UNSTOPPED_FILE,
+        "STOPPED_FILE": STOPPED_FILE, "UNLISTED": UNLISTED,
     })
 
 
 def poweroff_script() -> str:
     """The power-off command every node runs, as installed at POWEROFF_PATH."""
-    return shell.render("autostop-poweroff.sh", {"LOCAL_POWEROFF_PATH": LOCAL_POWEROFF_PATH})
+    return shell.render("autostop-poweroff.sh", {"LOCAL_POWEROFF_PATH": LOCAL_POWEROFF_PATH, "ACK": POWEROFF_ACK,
+                                                 "INIT_PID_NS": INIT_PID_NAMESPACE})
+
+
+@dataclass(frozen=True)
+class _ListPaths(MasterPaths):
+    """Where the service's ssh config finds the key (distribution's) and the host keys (its own)."""
+
+    @property
+    def known_hosts(self) -> str:
+        return f"~/{STATE_DIR}/{KNOWN_HOSTS_FILE}"
+
+
+def node_list_files(cluster: str, nodes: Iterable[Node], user: str, host_keys: Mapping[str, str]) -> dict[str, str]:
+    """The full node list the service powers off: path relative to the master's home -> text.
+
+    Every node (master first) by alias, an ssh config reaching each with the cluster key
+    (distribution puts it on the master) and the host keys the controller verified.
+    """
+    nodes = list(nodes)
+    paths = _ListPaths(cluster)
+    return {f"{STATE_DIR}/{NODES_FILE}": hostfile_text(nodes),
+            f"{STATE_DIR}/{SSH_CONFIG_FILE}": ssh_config_block(cluster, nodes, user, paths),
+            f"{STATE_DIR}/{KNOWN_HOSTS_FILE}": known_hosts_text(nodes, host_keys)}
 
 
 def install_section(bin_dir: str = BIN_DIR) -> str:
@@ -155,7 +224,8 @@ def status_command() -> str:
 def recorded_command(command: str) -> str:
     """`fab exec`'s command on the master, recorded as activity while it runs and when it ends."""
     d = f'"$HOME"/{ACTIVITY_DIR}'
-    return (f"mkdir -p {d} 2>/dev/null && echo $$ > {d}/exec-$$ 2>/dev/null\n"
+    started = "$(sed 's/.*) //' /proc/$$/stat 2>/dev/null | cut -d' ' -f20)"  # field 22: after `pid (comm) `
+    return (f"mkdir -p {d} 2>/dev/null && echo \"$$ {started}\" > {d}/exec-$$ 2>/dev/null\n"
             f"(\n{command}\n)\nxc_rc=$?\ntouch {d}/last-exec 2>/dev/null; rm -f {d}/exec-$$\nexit $xc_rc")
 
 
@@ -174,6 +244,8 @@ class Status:
     deadline: float | None = None
     powered_off: float | None = None
     installed: bool = True
+    unstopped: tuple[str, ...] = field(default_factory=tuple)  # workers the last power-off could not stop
+    unstopped_at: float | None = None
 
     @property
     def idle_since(self) -> float | None:
@@ -203,7 +275,8 @@ def parse_status(text: str) -> Status:
     return Status(armed=facts.get("armed") == "yes", idle_s=int(idle) if idle is not None else None,
                   mode=facts.get("mode", ""), since=_number(facts.get("since")), last=_number(facts.get("last")),
                   running=int(_number(facts.get("running")) or 0), now=_number(facts.get("now")),
-                  deadline=_number(facts.get("deadline")), powered_off=_number(facts.get("powered_off")))
+                  deadline=_number(facts.get("deadline")), powered_off=_number(facts.get("powered_off")),
+                  unstopped=tuple(facts.get("unstopped", "").split()), unstopped_at=_number(facts.get("unstopped_at")))
 
 
 def short_duration(seconds: float) -> str:
@@ -225,6 +298,8 @@ def status_line(status: Status) -> str:
         return "auto-stop: not installed on the master (run `fab setup`)"
     if status.powered_off is not None:
         return f"auto-stop: powered the cluster off at {_clock(status.powered_off)}"
+    if status.unstopped:
+        return problem(status) or ""
     if not status.armed:
         return "auto-stop: off"
     head = f"auto-stop: armed, {short_duration(status.idle_s or 0)} idle"
@@ -238,3 +313,18 @@ def status_line(status: Status) -> str:
     if left <= 0:
         return f"{head}; powering off now{tail}"
     return f"{head}; powers off in {format_duration(left)}{tail}"
+
+
+def problem(status: Status) -> str | None:
+    """One line when the last power-off left workers running (the master stays up), else None."""
+    if not status.unstopped:
+        return None
+    at = f" at {_clock(status.unstopped_at)}" if status.unstopped_at is not None else ""
+    workers = [name for name in status.unstopped if name != UNLISTED]
+    if UNLISTED in status.unstopped:
+        return (f"auto-stop: no full node list on the master{at}, so it powered off only the nodes in "
+                f"~/{HOSTFILE_NAME}{' (not ' + ', '.join(workers) + ')' if workers else ''} and stays up; "
+                "`fab distribute` records the cluster's nodes")
+    return (f"auto-stop: could not power off {', '.join(workers)}{at}, so the master stays up "
+            f"and tries again every poll; see ~/{STATE_DIR}/log on the master (a replaced node: "
+            "`fab distribute` records the cluster's nodes again)")

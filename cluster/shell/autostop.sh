@@ -5,13 +5,20 @@
 #   arm IDLE POLL   arm it (seconds), start the loop unless it runs; then `status`
 #   arm-default IDLE POLL   the same, unless it is armed or was cancelled on this master
 #   cancel          disarm it; then `status`
-#   status          key=value lines: armed idle poll mode since deadline running last now powered_off loop
+#   status          key=value lines: armed idle poll mode since deadline running last now powered_off
+#                   loop unstopped unstopped_at
 #   run             the loop: every POLL seconds, power the cluster off once it is due
 # Idle rule (the only implementation): deadline = max(armed at, last activity) + IDLE; due when
 # nothing runs and now >= deadline. Activity: the job directories (a job runs while its recorded
-# pid runs the job script; its files' times are its activity) and the `fab exec` records.
+# pid runs the job script; its files' times are its activity) and the `fab exec` records (one runs
+# while a process with the recorded pid AND start time exists; a stale record is removed).
+# Power-off: every worker of the full node list (NODES_FILE, reached through SSH_CONFIG_FILE) and
+# of ~/HOSTS_FILE; each counts as stopped once its power-off command answered ACK. The master goes
+# last and only when every worker stopped and a full list exists; else UNSTOPPED_FILE names the
+# rest (UNLISTED for a missing list), the master stays up, and the next poll tries them again.
 # Header: STATE_DIR, JOBS_DIR, ACTIVITY_DIR (relative to $HOME), HOSTS_FILE (in $HOME on the
-# master: one alias per line, master first), DEFAULT_POLL, POWEROFF (the power-off command).
+# master: one alias per line, master first), DEFAULT_POLL, POWEROFF (the power-off command), ACK,
+# NODES_FILE SSH_CONFIG_FILE UNSTOPPED_FILE STOPPED_FILE (in STATE_DIR), UNLISTED.
 set -uo pipefail
 S="$HOME/$STATE_DIR"; J="$HOME/$JOBS_DIR"; A="$HOME/$ACTIVITY_DIR"
 mkdir -p "$S" || exit 1
@@ -23,7 +30,7 @@ armed_here() { [ -f "$S/armed" ] && [ "$(field host)" = "$(hostname)" ]; }
 arm() {  # IDLE POLL
   printf 'idle=%s\npoll=%s\nsince=%s\nhost=%s\nmode=%s\n' "$1" "$2" "$(date +%s)" "$(hostname)" "$("$POWEROFF" mode)" \
     > "$S/armed.tmp" && mv "$S/armed.tmp" "$S/armed" || return 1
-  rm -f "$S/cancelled" "$S/powered-off"
+  rm -f "$S/cancelled" "$S/powered-off" "$S/$UNSTOPPED_FILE" "$S/$STOPPED_FILE"
   log "armed: idle ${1}s, poll ${2}s, mode $(field mode)"
 }
 
@@ -31,6 +38,19 @@ loop_pid() {
   local pid
   pid=$(cat "$S/pid" 2>/dev/null)
   if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "autostop run"; then echo "$pid"; fi
+}
+
+started_at() {  # PID: its start time (field 22 of /proc/PID/stat, after `pid (comm) `), empty if none
+  sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
+}
+
+exec_running() {  # RECORD: its command runs (the recorded pid, started when recorded); a stale one is removed
+  local pid recorded now_start
+  read -r pid recorded < "$1" 2>/dev/null
+  now_start=$(started_at "${1##*/exec-}")
+  if [ -n "$recorded" ] && [ "$pid" = "${1##*/exec-}" ] && [ "$now_start" = "$recorded" ]; then return 0; fi
+  rm -f "$1" && log "removed the stale record ${1##*/} (that command is gone)"
+  return 1
 }
 
 facts() {  # sets NOW RUNNING LAST ARMED IDLE POLL SINCE MODE DEADLINE
@@ -43,7 +63,7 @@ facts() {  # sets NOW RUNNING LAST ARMED IDLE POLL SINCE MODE DEADLINE
   done
   for f in "$A"/exec-*; do
     [ -f "$f" ] || continue
-    if [ -d "/proc/${f##*/exec-}" ]; then RUNNING=$((RUNNING + 1)); fi
+    if exec_running "$f"; then RUNNING=$((RUNNING + 1)); fi
   done
   LAST=$(find "$J" "$A" -mindepth 1 -maxdepth 2 -printf '%T@\n' 2>/dev/null | sort -n | tail -n 1)
   LAST=${LAST%.*}
@@ -61,25 +81,62 @@ status() {
   printf 'armed=%s\nidle=%s\npoll=%s\nmode=%s\nsince=%s\ndeadline=%s\nrunning=%s\nlast=%s\nnow=%s\n' \
     "$ARMED" "$IDLE" "$POLL" "$MODE" "$SINCE" "$DEADLINE" "$RUNNING" "$LAST" "$NOW"
   printf 'powered_off=%s\nloop=%s\n' "$(cat "$S/powered-off" 2>/dev/null)" "$(loop_pid)"
+  printf 'unstopped=%s\nunstopped_at=%s\n' "$(sed -n 's/^node=\([^ ]*\).*/\1/p' "$S/$UNSTOPPED_FILE" 2>/dev/null | tr '\n' ' ')" \
+    "$(sed -n 's/^at=//p' "$S/$UNSTOPPED_FILE" 2>/dev/null)"
+}
+
+workers() {  # every worker to stop: the full list's (tagged L) and ~/HOSTS_FILE's (tagged H), once each
+  local h
+  if [ -f "$S/$NODES_FILE" ]; then tail -n +2 "$S/$NODES_FILE" | while read -r h; do [ -n "$h" ] && echo "L $h"; done; fi
+  if [ -f "$HOME/$HOSTS_FILE" ]; then
+    tail -n +2 "$HOME/$HOSTS_FILE" | while read -r h; do
+      h=${h%%:*}
+      [ -n "$h" ] || continue
+      grep -qxF "$h" "$S/$NODES_FILE" 2>/dev/null || echo "H $h"
+    done
+  fi
+}
+
+stop_worker() {  # TAG NAME: run the power-off command on it; 0 once it answered ACK
+  local out
+  if [ "$1" = L ]; then
+    out=$(timeout 60 ssh -F "$S/$SSH_CONFIG_FILE" -n -o BatchMode=yes -o ConnectTimeout=10 "$2" "$POWEROFF $MODE" 2>&1)
+  else
+    out=$(timeout 60 ssh -n -o BatchMode=yes -o ConnectTimeout=10 "$2" "$POWEROFF $MODE" 2>&1)
+  fi
+  printf '%s\n' "$out" | sed "s/^/  $2: /" >> "$S/log"
+  printf '%s\n' "$out" | grep -q "^$ACK" && return 0
+  printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | tr -d '\n' | cut -c1-200 > "$S/why.$2"
+  return 1
 }
 
 power_off() {
-  local mode=$MODE h
-  case "$mode" in system|local) ;; *) log "unknown mode '$mode': disarmed"; rm -f "$S/armed"; return 1 ;; esac
-  date +%s > "$S/powered-off"
-  log "idle for ${IDLE}s since $((DEADLINE - IDLE)): powering off the cluster (mode $mode)"
-  if [ -f "$HOME/$HOSTS_FILE" ]; then
-    tail -n +2 "$HOME/$HOSTS_FILE" | {
-      while read -r h; do
-        [ -n "$h" ] || continue
-        log "powering off $h"
-        timeout 60 ssh -n -o BatchMode=yes -o ConnectTimeout=10 "$h" "$POWEROFF $mode" >> "$S/log" 2>&1 &
-      done
-      wait
-    }
+  local tag h left="" at
+  case "$MODE" in system|local) ;; *) log "unknown mode '$MODE': disarmed"; rm -f "$S/armed"; return 1 ;; esac
+  log "idle for ${IDLE}s since $((DEADLINE - IDLE)): powering off the cluster (mode $MODE)"
+  touch "$S/$STOPPED_FILE"
+  while read -r tag h; do
+    grep -qxF "$h" "$S/$STOPPED_FILE" && continue
+    log "powering off $h"
+    { if stop_worker "$tag" "$h"; then echo "$h" >> "$S/$STOPPED_FILE"; fi; } &
+  done < <(workers)
+  wait
+  while read -r tag h; do
+    grep -qxF "$h" "$S/$STOPPED_FILE" && continue
+    left="${left}node=$h $(cat "$S/why.$h" 2>/dev/null)"$'\n'
+  done < <(workers)
+  rm -f "$S"/why.*
+  [ -f "$S/$NODES_FILE" ] || left="${left}node=$UNLISTED no full node list on this master"$'\n'
+  if [ -n "$left" ]; then
+    at=$(date +%s)
+    printf 'at=%s\n%s' "$at" "$left" > "$S/$UNSTOPPED_FILE.tmp" && mv -f "$S/$UNSTOPPED_FILE.tmp" "$S/$UNSTOPPED_FILE"
+    log "not stopped: $(sed -n 's/^node=//p' "$S/$UNSTOPPED_FILE" | tr '\n' ';'): this node stays up, next try in ${POLL:-$DEFAULT_POLL}s"
+    return 1
   fi
-  log "powering off this node"
-  if ! "$POWEROFF" "$mode" >> "$S/log" 2>&1; then
+  rm -f "$S/$UNSTOPPED_FILE"
+  date +%s > "$S/powered-off"
+  log "every worker stopped; powering off this node"
+  if ! "$POWEROFF" "$MODE" >> "$S/log" 2>&1; then
     log "power-off failed (above): disarmed"
     rm -f "$S/armed" "$S/powered-off"
     return 1

@@ -6,6 +6,7 @@ cluster/autostop.py; this module only runs them over SSH.
 
 from __future__ import annotations
 
+import io
 import shlex
 import sys
 from typing import Mapping
@@ -33,6 +34,37 @@ def _run(master, command: str) -> autostop.Status:
         raise RuntimeError(f"{command.split()[-1]} failed on the master (exit {result.exited}): "
                            f"{(result.stdout + result.stderr).strip()}")
     return autostop.parse_status(result.stdout)
+
+
+def record_nodes(master, inventory, host_keys: Mapping[str, str]) -> None:
+    """Write the cluster's full node list on the master (what the service powers off): called with the
+    whole cluster by `fab setup`, `fab distribute` and `fab autostop`, never by `fab train --nodes N`.
+    `host_keys`: alias -> the host key the controller verified (distribution's result)."""
+    files = autostop.node_list_files(inventory.name, inventory.nodes, inventory.user, host_keys)
+    master.run(f"mkdir -p {shlex.quote(autostop.STATE_DIR)} && chmod 700 {shlex.quote(autostop.STATE_DIR)}",
+               hide=True, in_stream=False)
+    for path, text in files.items():
+        master.put(io.StringIO(text), remote=f"{path}.xc-new")
+        master.run(f"chmod 600 {shlex.quote(path)}.xc-new && mv -f {shlex.quote(path)}.xc-new {shlex.quote(path)}",
+                   hide=True, in_stream=False)
+
+
+def record_distribution(inventory, conns: Mapping[str, object], result) -> None:
+    """record_nodes from a whole-cluster DistributionResult (its nodes' verified host keys)."""
+    record_nodes(conns[inventory.master.name], inventory, {n.node: n.host_key for n in result.nodes})
+
+
+def arm_at_setup(inventory, conns: Mapping[str, object], idle_s: int, *, force: bool) -> autostop.Status:
+    """`fab setup`'s arming: the cluster key and the full node list (a whole-cluster distribution),
+    then arm: `force` (an explicit --auto-stop) re-arms, else the stack's default arms unless it is
+    armed or was cancelled on this master. Raises DistributionError or RuntimeError."""
+    from node_setup.ssh.distribute import distribute
+
+    result = distribute(inventory, conns=dict(conns))
+    record_distribution(inventory, conns, result)
+    master = conns[inventory.master.name]
+    command = (autostop.arm_command if force else autostop.arm_default_command)(idle_s, autostop.poll_for(idle_s))
+    return _run(master, command)
 
 
 def arm(master, idle_s: int, poll_s: int) -> autostop.Status:
@@ -64,7 +96,13 @@ def status(master) -> autostop.Status:
 
 def status_line(master) -> str:
     """`fab status`'s auto-stop line; never raises (an unreachable master is said so)."""
+    return status_report(master)[0]
+
+
+def status_report(master) -> tuple[str, str | None]:
+    """(`fab status`'s auto-stop line, the problem to list when workers were left running, else None)."""
     try:
-        return autostop.status_line(status(master))
+        state = status(master)
     except Exception as exc:  # noqa: BLE001 - a status line, not a failure
-        return f"auto-stop: unknown ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return f"auto-stop: unknown ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", None
+    return autostop.status_line(state), autostop.problem(state)

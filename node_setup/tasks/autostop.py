@@ -3,7 +3,9 @@
     fab autostop [--idle 30m] [--poll 30] [--cancel] [--cluster ...]
 
 Arming refreshes the service on every node (what `fab setup` installs), distributes the cluster's
-SSH key (the master powers the workers off over SSH, as `fab train` reaches them), then arms the
+SSH key (the master powers the workers off over SSH, as `fab train` reaches them), records the
+cluster's full node list on the master (what it powers off; `fab train --nodes N` never narrows
+it), then arms the
 service on the master and prints its status line; `--cancel` disarms it. The rule and the
 power-off are in cluster/autostop.py.
 """
@@ -50,10 +52,13 @@ def autostop_(c, idle=autostop.DEFAULT_IDLE, poll=str(autostop.DEFAULT_POLL_S), 
                    UNREACHABLE if any(o.detail.startswith(("unreachable", "no result")) for o in installed)
                    else FAILED)
     try:
-        distribute(inventory, conns=conns)
+        remote.record_distribution(inventory, conns, distribute(inventory, conns=conns))
     except DistributionError as exc:
         raise fail(f"the master cannot reach every worker, so it could not power them off: {exc}; "
                    "nothing was armed", UNREACHABLE) from None
+    except Exception as exc:  # noqa: BLE001 - one line, the reason
+        raise fail(f"could not record the cluster's nodes on {inventory.master.name}: {exc}; nothing was armed",
+                   UNREACHABLE) from None
     try:
         state = remote.arm(master, idle_s, poll_s)
     except Exception as exc:  # noqa: BLE001 - one line, the reason

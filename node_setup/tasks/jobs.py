@@ -13,7 +13,7 @@ from cluster.jobplan import shown
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER
 from node_setup.ssh import job as jobs
-from node_setup.ssh.autostop import status_line as autostop_status_line
+from node_setup.ssh.autostop import status_report as autostop_report
 from node_setup.ssh.fanout import on_nodes, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks import spend as node_spend
@@ -79,7 +79,10 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     print(f"  {spent.total_line()}")
     for line in spent.source_lines():
         print(f"  {line}")
-    print(autostop_status_line(master))
+    autostop_line, autostop_problem = autostop_report(master)
+    print(autostop_line)
+    if autostop_problem:  # workers left running by the idle auto-stop: --json lists it too
+        facts["problems"].append(autostop_problem)
     if not job_id:
         print("no job started yet (fab train starts one)")
         return

@@ -42,17 +42,47 @@ def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
 
 
 
+def _setup_idle(inventory: Inventory, option: str) -> int | None:
+    """The idle time `fab setup` arms (cluster/autostop.py setup_idle); bad input exits 2 first."""
+    from cluster import autostop
+    from node_setup.stack_config import stack_auto_stop_idle
+
+    try:
+        return autostop.setup_idle(inventory.kind, option, lambda: stack_auto_stop_idle(inventory.name))
+    except autostop.AutostopError as exc:
+        raise fail(str(exc)) from None
+
+
+def _arm_autostop(inventory: Inventory, idle_s: int, forced: bool) -> None:
+    """Arm the master's idle auto-stop after a setup of every node; a problem is one warning line."""
+    from cluster import autostop
+    from node_setup.ssh import autostop as remote
+
+    conns = common.connect(inventory)
+    try:
+        print(autostop.status_line(remote.arm_at_setup(inventory, conns, idle_s, force=forced)), flush=True)
+    except Exception as exc:  # noqa: BLE001 - the software is installed; say why nothing was armed
+        print(f"warning: idle auto-stop not armed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} "
+              "(`fab autostop` arms it)", flush=True)
+    finally:
+        connections.close_all(conns)
+
+
 @task(help={
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
     "profile": "software profile to install instead of the cluster's (stock or intel)",
     "connect-timeout": TIMEOUT_HELP,
+    "auto-stop": "arm the idle auto-stop for this long without a job or fab exec (30m, 2h, 90s) or `off`; "
+                 "default: on an AWS cluster the stack's autoStopIdle (30m), elsewhere off",
 })
-def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONNECT_TIMEOUT):
-    """Install the software profile and this project on every node, in parallel (idempotent)."""
+def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONNECT_TIMEOUT, auto_stop=""):
+    """Install the software profile and this project on every node, in parallel (idempotent); then arm
+    the idle auto-stop (on AWS by default), so a cluster that never runs a job still powers off."""
     from node_setup.ssh import install, wheels
 
     inventory = _inventory(cluster, region, profile)
+    idle_s = _setup_idle(inventory, auto_stop)
     prof = get_profile(inventory.profile)
     start = time.monotonic()
     try:
@@ -78,6 +108,8 @@ def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONN
     code = _exit_code([r.ok for r in results], [r.unreachable for r in results])
     if code:
         raise Exit(code=code)
+    if idle_s is not None:
+        _arm_autostop(inventory, idle_s, forced=bool(auto_stop))
 
 
 @task(help={
@@ -126,9 +158,19 @@ def distribute(c, cluster="", region="", connect_timeout=connections.CONNECT_TIM
     from node_setup.ssh import install
     from node_setup.ssh.distribute import distribute as run_distribution
 
+    from node_setup.ssh import autostop as remote_autostop
+
     inventory = _inventory(cluster, region)
-    result = run_distribution(inventory, connect_timeout=float(connect_timeout), progress=install.print_progress,
-                              raise_on_failure=False)
+    conns = connections.connections_for(inventory, connect_timeout=float(connect_timeout))
+    try:
+        result = run_distribution(inventory, conns=conns, progress=install.print_progress, raise_on_failure=False)
+        if result.ok:  # the whole cluster: the idle auto-stop's node list follows it (a replaced node, too)
+            try:
+                remote_autostop.record_distribution(inventory, conns, result)
+            except Exception as exc:  # noqa: BLE001 - one warning line; the distribution itself is done
+                print(f"warning: the idle auto-stop's node list was not written on {inventory.master.name}: {exc}")
+    finally:
+        connections.close_all(conns)
     print("\n" + result.table(), end="")
     if result.ok:
         print(f"distribute: {len(result.nodes)} node(s) in {result.seconds:.1f} s; hostfile on "

@@ -103,7 +103,8 @@ def test_a_running_job_or_exec_is_never_idle_and_another_masters_arming_is_ignor
         sleeper.kill()
         sleeper.wait()
     (home / autostop.ACTIVITY_DIR).mkdir(parents=True)
-    (home / autostop.ACTIVITY_DIR / f"exec-{os.getpid()}").write_text(f"{os.getpid()}\n")  # a live exec
+    started = open(f"/proc/{os.getpid()}/stat").read().rsplit(") ", 1)[1].split()[19]
+    (home / autostop.ACTIVITY_DIR / f"exec-{os.getpid()}").write_text(f"{os.getpid()} {started}\n")  # a live exec
     assert _status(home).running == 1
     (home / autostop.ACTIVITY_DIR / f"exec-{os.getpid()}").unlink()
     _arm(home, 1, time.time() - 1000, host="ip-10-0-0-1")  # the image's copy, on another instance
@@ -204,3 +205,134 @@ def test_preflight_and_plan_refuse_a_bad_auto_stop_idle_with_the_other_settings(
     with pytest.raises(ConfigError) as err:
         load_stack_spec(root=tmp_path)
     assert any(p.startswith("Pulumi.dev.yaml: autoStopIdle: 'soon'") for p in err.value.problems), err.value.problems
+
+
+# ------------------------------------------------------------------ hardening: namespaces, stale records, full list
+
+
+def _can_unshare_net_and_pid() -> bool:
+    try:
+        return subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "true"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not _can_unshare_net_and_pid(), reason="needs root and unshare (network and PID namespaces)")
+def test_a_network_plus_pid_namespace_is_a_local_node_never_the_machine(tmp_path):
+    """In its own network and PID namespaces PID 1 is the namespace's own process, whose network
+    namespace is the shell's: that must not pass for the machine. `shutdown` here is a stand-in that
+    only records that it was called (the real one must never run in a test)."""
+    script = tmp_path / "poweroff"
+    script.write_text(autostop.poweroff_script())
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "shutdown").write_text(f"#!/bin/sh\necho called > {tmp_path}/shutdown-called\n")
+    (fake / "shutdown").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    inside = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", str(script)]
+    mode = subprocess.run([*inside, "mode"], capture_output=True, text=True, timeout=30, env=env)
+    assert (mode.returncode, mode.stdout.strip()) == (0, "local"), mode.stdout + mode.stderr
+    system = subprocess.run([*inside, "system"], capture_output=True, text=True, timeout=30, env=env)
+    assert system.returncode == 2 and "refused" in system.stderr, system.stdout + system.stderr
+    assert autostop.POWEROFF_ACK not in system.stdout
+    assert not (tmp_path / "shutdown-called").exists()
+
+
+def test_the_machines_own_pid_namespace_is_the_kernels_fixed_number():
+    # the test runs outside any PID namespace of ours: either the machine's own (the fixed number)
+    # or a container's, which must then count as a node too
+    own = os.readlink("/proc/self/ns/pid")
+    assert autostop.INIT_PID_NAMESPACE == "pid:[4026531836]"
+    assert autostop.INIT_PID_NAMESPACE in autostop.poweroff_script()
+    assert own.startswith("pid:[")
+
+
+def test_the_exec_record_holds_the_pid_and_its_start_time(tmp_path):
+    home = _home(tmp_path)
+    wrapped = autostop.recorded_command(f"cat {autostop.ACTIVITY_DIR}/exec-* > {tmp_path}/record")
+    result = subprocess.run(["sh", "-c", f"cd {home} && {wrapped}"], env={**os.environ, "HOME": str(home)},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    pid, started = (tmp_path / "record").read_text().split()
+    assert pid.isdigit() and started.isdigit() and int(started) > 0
+
+
+def test_a_stale_exec_record_whose_pid_was_reused_does_not_count_and_is_removed(tmp_path):
+    home = _home(tmp_path)
+    _arm(home, 1, time.time() - 1000)
+    activity = home / autostop.ACTIVITY_DIR
+    activity.mkdir(parents=True)
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        stat = open(f"/proc/{live.pid}/stat").read()
+        started = stat.rsplit(") ", 1)[1].split()[19]
+        record = activity / f"exec-{live.pid}"
+        record.write_text(f"{live.pid} {started}\n")  # the command itself, still running
+        assert _status(home).running == 1 and record.exists()
+        record.write_text(f"{live.pid} {int(started) - 1}\n")  # another command's, dead; its pid reused
+        s = _status(home)
+        assert s.running == 0 and s.left_s == 0 and not record.exists()
+        record.write_text(f"{live.pid}\n")  # a record without a start time cannot prove it runs
+        assert _status(home).running == 0 and not record.exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_setup_arms_on_aws_by_default_elsewhere_only_when_asked():
+    asked = []
+
+    def stack():
+        asked.append(1)
+        return 3600
+
+    assert autostop.setup_idle("aws", "", stack) == 3600 and asked == [1]
+    assert autostop.setup_idle("local", "", stack) is None and autostop.setup_idle("inventory", None, stack) is None
+    assert autostop.setup_idle("local", "6s", stack) == 6 and autostop.setup_idle("aws", "off", stack) is None
+    assert asked == [1]  # an explicit --auto-stop never reads the stack
+    with pytest.raises(autostop.AutostopError, match=r"^--auto-stop: 'soon' .* \(or off\)$"):
+        autostop.setup_idle("aws", "soon", stack)
+
+
+def test_the_full_node_list_names_every_node_with_its_own_host_keys():
+    from cluster.inventory import Node
+
+    nodes = [Node(f"node{i}", f"10.0.0.{i + 1}", f"10.0.0.{i + 1}", i, role="master" if i == 0 else "worker")
+             for i in range(3)]
+    keys = {n.name: f"ssh-ed25519 AAAAkey{i}" for i, n in enumerate(nodes)}
+    files = autostop.node_list_files("demo", reversed(nodes), "ubuntu", keys)
+    state = autostop.STATE_DIR
+    assert files[f"{state}/{autostop.NODES_FILE}"] == "node0\nnode1\nnode2\n"
+    config = files[f"{state}/{autostop.SSH_CONFIG_FILE}"]
+    assert "Host node2 10.0.0.3" in config and "IdentityFile ~/.ssh/demo_ed25519" in config
+    assert f"UserKnownHostsFile ~/{state}/{autostop.KNOWN_HOSTS_FILE}" in config
+    assert "StrictHostKeyChecking yes" in config
+    assert files[f"{state}/{autostop.KNOWN_HOSTS_FILE}"].splitlines()[2] == "node2,10.0.0.3 ssh-ed25519 AAAAkey2"
+    assert all(f"{state}/{name}" in autostop.BAKE_LEFTOVERS for name in (autostop.NODES_FILE, autostop.UNSTOPPED_FILE))
+
+
+def test_workers_left_running_keep_the_master_up_and_are_a_problem_to_show():
+    parsed = autostop.parse_status("armed=yes\nidle=6\nunstopped=node2 node3 \nunstopped_at=1800000000\n")
+    assert parsed.unstopped == ("node2", "node3")
+    line = autostop.status_line(parsed)
+    assert line == autostop.problem(parsed)
+    assert line.startswith("auto-stop: could not power off node2, node3 at 2027-01-15 08:00:00Z, so the master stays up")
+    assert autostop.problem(autostop.parse_status("armed=yes\nunstopped=\n")) is None
+    unlisted = autostop.problem(autostop.parse_status(f"armed=yes\nunstopped={autostop.UNLISTED}\n"))
+    assert "no full node list" in unlisted and "fab distribute" in unlisted
+
+
+def test_fab_setup_refuses_a_bad_auto_stop_before_touching_a_node(tmp_path):
+    import sys
+    from pathlib import Path
+
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text("name: lab\nhosts:\n  - address: 192.0.2.1\n")  # TEST-NET: nothing is ever sent there
+    result = subprocess.run([sys.executable, "-m", "fabric", "setup", "--auto-stop", "soon", "--cluster", str(inventory)],
+                            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--auto-stop: 'soon'" in lines[0] and "allowed" in lines[0], result.stderr
+    assert "setup: cluster" not in result.stdout  # nothing started
