@@ -7,29 +7,26 @@
     fab get [--job ID] [--path P] [--to DIR]
                                           the job's output folder (or P under it) from the master,
                                           resumable (a partial file continues where it stopped),
-                                          with progress for large files; default job: the newest
+                                          with progress for large files; default job: the newest.
+                                          Walked over SFTP (node_setup/ssh/fetch.py): names that could
+                                          leave --to refused (cluster/fetch_paths.py), links never
+                                          followed on either side; exit 1 if an entry was refused
+                                          or could not be read
 """
 
 from __future__ import annotations
 
-import os
-import posixpath
-import shlex
-import stat as stat_mode
-import time
 from pathlib import Path
 
 from invoke import Exit
 
-from cluster import autostop
+from cluster import autostop, fetch_paths
 from cluster.jobplan import shown
 from cluster.userjob import human_bytes
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks.common import CLUSTER_HELP, FAILED, JOB_HELP, REGION_HELP, UNREACHABLE, fail, task
 
-PROGRESS_FROM_BYTES = 8 * 1024 * 1024  # files at least this large report progress
-CHUNK = 1024 * 1024
 DEFAULT_GET_ROOT = "xeon-cluster-runs"  # `fab get` default: ./xeon-cluster-runs/<job id>
 
 
@@ -82,35 +79,12 @@ def exec_(c, command, nodes=0, cluster="", region=""):
 
 
 def check_remote_path(path: str) -> str:
-    """`--path`: a relative path under the output folder, without `..`."""
-    norm = posixpath.normpath(path or ".")
-    if path.startswith("/") or norm == ".." or norm.startswith("../") or "\0" in path:
-        raise fail(f"--path: {path!r} is not allowed; give a path relative to the job's output folder, without `..`")
-    return norm
-
-
-def _copy(sftp, remote: str, local: Path, size: int) -> str:
-    """One file, resumed when `local` is a shorter copy; returns what happened."""
-    have = local.stat().st_size if local.exists() else 0
-    if have == size:
-        return "unchanged"
-    if have > size:
-        have = 0
-    local.parent.mkdir(parents=True, exist_ok=True)
-    shown_at, start = -1, time.monotonic()
-    with sftp.open(remote, "rb") as src, open(local, "ab" if have else "wb") as dst:
-        src.seek(have)
-        done = have
-        while done < size:
-            block = src.read(min(CHUNK, size - done))
-            if not block:
-                break
-            dst.write(block)
-            done += len(block)
-            if size >= PROGRESS_FROM_BYTES and done * 10 // size != shown_at:
-                shown_at = done * 10 // size
-                print(f"  {local.name}: {human_bytes(done)} of {human_bytes(size)} ({100 * done // size}%)", flush=True)
-    return (f"resumed at {human_bytes(have)}" if have else "copied") + f" in {time.monotonic() - start:.1f} s"
+    """`--path`: a relative path under the output folder (cluster/fetch_paths.py's rule)."""
+    try:
+        return fetch_paths.check_subpath(path)
+    except ValueError as exc:
+        raise fail(f"--path: {path!r} is not allowed ({exc}); give a path relative to the job's output folder, "
+                   "without `..` or control characters") from None
 
 
 @task(help={
@@ -122,9 +96,13 @@ def _copy(sftp, remote: str, local: Path, size: int) -> str:
 })
 def get(c, job="", path="", to="", cluster="", region=""):
     """Copy a job's output folder (or a path under it) from the master to this machine, resumably."""
+    from node_setup.ssh import fetch
     from node_setup.ssh import job as jobs
 
     rel = check_remote_path(path)
+    dest = Path(to).expanduser() if to else None
+    if dest is not None and dest.is_symlink():
+        raise fail(f"--to: {to!r} is a symbolic link; allowed: a real folder (fab get never writes through a link)")
     inventory = common.inventory(cluster, region)
     master = common.connect(inventory)[inventory.master.name]
     try:
@@ -132,30 +110,49 @@ def get(c, job="", path="", to="", cluster="", region=""):
         output_dir = jobs.read_metadata(master, job_id).get("output_dir")
     except jobs.JobError as exc:
         raise fail(str(exc)) from None
-    if not output_dir:
+    if not isinstance(output_dir, str) or not output_dir:
         raise fail(f"--job: job {job_id} records no output folder on {inventory.master.name}", FAILED)
-    root = output_dir if rel == "." else f"{output_dir}/{rel}"
-    listing = master.run(f"cd && if [ -f {shlex.quote(root)} ]; then stat -c '\t%s' {shlex.quote(root)}; "
-                         f"else find {shlex.quote(root)} -type f -printf '%P\\t%s\\n'; fi",
-                         hide=True, warn=True, in_stream=False)
-    if not listing.ok:
-        raise fail(f"--path: {shown(root)} is not on {inventory.master.name} "
-                   f"({(listing.stderr or '').strip() or 'not found'})", FAILED)
-    files = [line.rsplit("\t", 1) for line in listing.stdout.splitlines() if "\t" in line]
-    dest = Path(to or os.path.join(DEFAULT_GET_ROOT, job_id)).expanduser()
-    single = len(files) == 1 and files[0][0] == ""
-    print(f"job {job_id}: {len(files)} file(s), {human_bytes(sum(int(s) for _, s in files))} in "
-          f"{shown(root)} on {inventory.master.name} -> {dest}", flush=True)
+    root = output_dir if rel == "." else f"{output_dir.rstrip('/')}/{rel}"
     sftp = master.sftp()
+    try:
+        sftp.lstat(root)
+        link = fetch.first_link(sftp, output_dir, rel)
+    except OSError as exc:
+        raise fail(f"--path: {shown(root)!r} is not on {inventory.master.name} ({exc.strerror or exc})", FAILED) from None
+    if link:
+        raise fail(f"--path: {shown(link)!r} on {inventory.master.name} is a symbolic link; fab get never follows one",
+                   FAILED)
+    left_out: list[str] = []
+
+    def say(line: str) -> None:
+        left_out.append(line.split(" ", 1)[0])
+        print(line, flush=True)
+
+    files = list(fetch.walk(sftp, root, say))
+    dest = dest or Path(DEFAULT_GET_ROOT, job_id)
+    print(f"job {job_id}: {len(files)} file(s), {human_bytes(sum(f.size for f in files))} in "
+          f"{shown(root)!r} on {inventory.master.name} -> {dest}", flush=True)
+    try:
+        tree = fetch.LocalTree(dest)
+    except fetch.UnsafeLocalPath as exc:
+        raise fail(f"--to: {exc}", FAILED) from None
     counts: dict[str, int] = {}
-    for name, size in files:
-        remote = root if single else f"{root}/{name}"
-        local = dest / (posixpath.basename(root) if single else name)
-        if not sftp.stat(remote).st_mode or stat_mode.S_ISDIR(sftp.stat(remote).st_mode):
-            continue
-        what = _copy(sftp, remote, local, int(size))
-        counts[what.split(" ")[0]] = counts.get(what.split(" ")[0], 0) + 1
+    with tree:
+        for file in files:
+            try:
+                what = fetch.copy(sftp, file.remote, tree, file.parts, file.size)
+            except (fetch.UnsafeLocalPath, ValueError) as exc:  # ValueError: the name rule, checked again here
+                what = "refused"
+                print(f"refused {'/'.join(file.parts)!r} in {dest}: {exc}; not written", flush=True)
+            except OSError as exc:  # unreadable on the master, or not writable here
+                what = "failed"
+                print(f"failed {'/'.join(file.parts)!r}: {exc}", flush=True)
+            counts[what.split(" ")[0]] = counts.get(what.split(" ")[0], 0) + 1
+    for what in left_out:
+        counts[what] = counts.get(what, 0) + 1
     print("done: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to copy") + f"; in {dest}")
+    if counts.get("refused") or counts.get("failed"):
+        raise Exit(code=FAILED)
 
 
 TASKS = [exec_, get]

@@ -1,22 +1,56 @@
-"""`fab get`'s copy of one file (node_setup/tasks/remote.py _copy), against a fake SFTP session: a partial
-local file continues where it stopped, large files show their progress, and the copy is the file."""
+"""`fab get`'s walk and copy (node_setup/ssh/fetch.py), against a fake SFTP session: a partial local file
+continues where it stopped, large files show their progress, the copy is the file; names the master lists
+that could leave the destination are refused, remote links skipped, local links never written through."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
+import stat
+from types import SimpleNamespace
 
-from node_setup.tasks.remote import CHUNK, PROGRESS_FROM_BYTES, _copy
+import pytest
+
+from node_setup.ssh.fetch import CHUNK, PROGRESS_FROM_BYTES, LocalTree, UnsafeLocalPath, copy, first_link, walk
+
+LINK = object()  # FakeSftp: an entry that is a symbolic link
+FIFO = object()  # FakeSftp: an entry that is neither a file nor a folder
 
 
 class FakeSftp:
-    """Test double of paramiko's SFTPClient: `open(path, "rb")` on files held in memory, recording
-    where each read started."""
+    """Test double of paramiko's SFTPClient over an in-memory tree: `open(path, "rb")` on files (recording
+    where each read started), `lstat` and `listdir_attr` (entries as the server names them, unchecked,
+    the way a compromised master could send them). A dict is a folder, bytes a file, LINK a link."""
 
-    def __init__(self, files: dict[str, bytes]):
+    def __init__(self, files: dict[str, object]):
         self.files = files
         self.read_from: list[int] = []
+
+    def _find(self, path: str):
+        if path in self.files:
+            return self.files[path]
+        head, _, name = path.rpartition("/")
+        folder = self._find(head) if head else None
+        if not isinstance(folder, dict) or name not in folder:
+            raise FileNotFoundError(2, "No such file", path)
+        return folder[name]
+
+    @staticmethod
+    def _attr(name: str, node) -> SimpleNamespace:
+        if isinstance(node, dict):
+            return SimpleNamespace(filename=name, st_mode=stat.S_IFDIR | 0o755, st_size=4096)
+        if node is LINK:
+            return SimpleNamespace(filename=name, st_mode=stat.S_IFLNK | 0o777, st_size=9)
+        if node is FIFO:
+            return SimpleNamespace(filename=name, st_mode=stat.S_IFIFO | 0o644, st_size=0)
+        return SimpleNamespace(filename=name, st_mode=stat.S_IFREG | 0o644, st_size=len(node))
+
+    def lstat(self, path: str):
+        return self._attr(path.rsplit("/", 1)[-1], self._find(path))
+
+    def listdir_attr(self, path: str):
+        return [self._attr(name, node) for name, node in self._find(path).items()]
 
     def open(self, path: str, mode: str = "r"):
         assert mode == "rb", mode
@@ -27,7 +61,7 @@ class FakeSftp:
                 sftp.read_from.append(self.tell())
                 return super().read(size)
 
-        return Remote(self.files[path])
+        return Remote(self._find(path))
 
 
 REMOTE = "/home/ubuntu/xeon-cluster-runs/job/model.safetensors"
@@ -40,7 +74,8 @@ def test_a_partial_file_is_resumed_with_progress_and_ends_equal(tmp_path, capsys
     local.write_bytes(data[:have])  # what an interrupted `fab get` left
     sftp = FakeSftp({REMOTE: data})
 
-    what = _copy(sftp, REMOTE, local, len(data))
+    with LocalTree(tmp_path) as tree:
+        what = copy(sftp, REMOTE, tree, ("model.safetensors",), len(data))
 
     assert what.startswith("resumed at 2.0 MB in "), what
     assert sftp.read_from[0] == have  # nothing already here was read again
@@ -56,16 +91,101 @@ def test_a_whole_file_is_left_alone_and_a_longer_one_copied_again(tmp_path, caps
     local = tmp_path / "summary.json"
     local.write_bytes(data)
     sftp = FakeSftp({REMOTE: data})
-    assert _copy(sftp, REMOTE, local, len(data)) == "unchanged" and sftp.read_from == []
+    with LocalTree(tmp_path) as tree:
+        assert copy(sftp, REMOTE, tree, ("summary.json",), len(data)) == "unchanged" and sftp.read_from == []
 
-    local.write_bytes(data + b"stale tail")
-    assert _copy(sftp, REMOTE, local, len(data)).startswith("copied in ")
+        local.write_bytes(data + b"stale tail")
+        assert copy(sftp, REMOTE, tree, ("summary.json",), len(data)).startswith("copied in ")
     assert local.read_bytes() == data
     assert capsys.readouterr().out == ""  # under PROGRESS_FROM_BYTES: no progress lines
 
 
 def test_a_missing_file_is_copied_into_new_folders(tmp_path):
     data = os.urandom(CHUNK + 1)
-    local = tmp_path / "deep" / "er" / "rng_state_1.pth"
-    assert _copy(FakeSftp({REMOTE: data}), REMOTE, local, len(data)).startswith("copied in ")
-    assert local.read_bytes() == data
+    with LocalTree(tmp_path / "new") as tree:
+        assert copy(FakeSftp({REMOTE: data}), REMOTE, tree, ("deep", "er", "rng_state_1.pth"), len(data)).startswith(
+            "copied in ")
+    assert (tmp_path / "new" / "deep" / "er" / "rng_state_1.pth").read_bytes() == data
+
+
+# ------------------------------------------------------------------ the walk: what the master lists
+
+ROOT = "/runs/job"
+
+
+def test_the_walk_gives_plain_files_and_reports_every_entry_left_out():
+    hostile = {  # what a job, or a compromised master, could put in (or claim is in) its output folder
+        "result.json": b"{}",
+        "ckpt": {"weights.bin": b"w" * 10, "nested": {"opt.pt": b"o"}, "p\n": {"home": {"x": b"bashrc"}}},
+        "q\n..": {"esc": b"e"},
+        "..": {"x": b"up"}, "../../etc": b"x", "/root/.aws/config": b"creds", "tab\tname": b"t",
+        "link": LINK, "ckpt-link": LINK, "fifo": FIFO,
+    }
+    said: list[str] = []
+
+    files = list(walk(FakeSftp({ROOT: hostile}), ROOT, said.append))
+
+    assert [(f.remote, f.parts, f.size) for f in files] == [  # a folder's files, then its folders, by name
+        (f"{ROOT}/result.json", ("result.json",), 2),
+        (f"{ROOT}/ckpt/weights.bin", ("ckpt", "weights.bin"), 10),
+        (f"{ROOT}/ckpt/nested/opt.pt", ("ckpt", "nested", "opt.pt"), 1)]
+    refused = [line for line in said if line.startswith("refused ")]
+    skipped = [line for line in said if line.startswith("skipped ")]
+    assert len(refused) == 6 and len(skipped) == 3 and len(said) == 9, said
+    assert any("'p\\n'" in line and "control characters (\\n)" in line for line in refused), refused
+    assert any("'/root/.aws/config'" in line and "`/`" in line for line in refused), refused
+    assert any("'..'" in line and "not a file name" in line for line in refused), refused
+    assert sum("a symbolic link (fab get never follows one)" in line for line in skipped) == 2, skipped
+    assert all("\n" not in line and "\t" not in line for line in said)  # names shown escaped, one line each
+
+
+def test_a_single_file_is_named_after_itself_and_a_linked_root_is_skipped():
+    sftp = FakeSftp({ROOT: {"summary.json": b"{}", "out": LINK}})
+    assert [(f.remote, f.parts) for f in walk(sftp, f"{ROOT}/summary.json")] == [(f"{ROOT}/summary.json",
+                                                                                  ("summary.json",))]
+    said: list[str] = []
+    assert list(walk(sftp, f"{ROOT}/out", said.append)) == []
+    assert said == [f"skipped '{ROOT}/out': a symbolic link (fab get never follows one)"]
+
+
+def test_a_path_through_a_linked_folder_on_the_master_is_found():
+    sftp = FakeSftp({ROOT: {"ckpt": {"inner": {"w.bin": b"w"}}, "etc": LINK}})
+    assert first_link(sftp, ROOT, "ckpt/inner/w.bin") is None
+    assert first_link(sftp, ROOT, "etc/passwd") == f"{ROOT}/etc"
+    assert first_link(sftp, ROOT, ".") is None
+
+
+# ------------------------------------------------------------------ here: never through a link
+
+def test_a_destination_that_is_a_link_is_refused(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "dest").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeLocalPath, match="symbolic link"):
+        LocalTree(tmp_path / "dest")
+
+
+@pytest.mark.parametrize("parts", [("sub", "file"), ("sub", "deeper", "file"), ("flink",)])
+def test_a_link_under_the_destination_is_never_written_through(tmp_path, parts):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_bytes(b"precious")
+    (outside / "target").write_bytes(b"precious")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "sub").symlink_to(outside)  # a folder link
+    (dest / "flink").symlink_to(outside / "target")  # a file link
+    sftp = FakeSftp({REMOTE: b"attacker"})
+
+    with LocalTree(dest) as tree, pytest.raises(UnsafeLocalPath, match="symbolic link"):
+        copy(sftp, REMOTE, tree, parts, len(b"attacker"))
+
+    assert sorted(p.name for p in outside.iterdir()) == ["file", "target"]
+    assert (outside / "file").read_bytes() == (outside / "target").read_bytes() == b"precious"
+    assert sftp.read_from == []  # refused before anything was read
+
+
+@pytest.mark.parametrize("parts", [("..", "x"), ("/abs",), ("a\nb",), ()])
+def test_names_that_would_escape_are_refused_here_too(tmp_path, parts):
+    with LocalTree(tmp_path / "dest") as tree, pytest.raises(ValueError):
+        copy(FakeSftp({REMOTE: b"x"}), REMOTE, tree, parts, 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["dest"] and not any((tmp_path / "dest").iterdir())

@@ -1,0 +1,210 @@
+"""`fab get`'s copy: walk a folder on the master over SFTP and copy its files here, resumably.
+
+No text is parsed: the walk reads SFTP folder listings (`listdir_attr`, which stats an entry itself,
+never what a link points to). Each listed name passes cluster/fetch_paths.py's rule before it is
+used on either side; a refused name is reported and left out. Remote symbolic links are skipped
+with a line saying so (so is anything that is neither a file nor a folder). Here, every folder and
+file is opened relative to the destination folder's own descriptor with O_NOFOLLOW, so a symbolic
+link at or under the destination is never written through, whatever it points to.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import stat as stat_mode
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from cluster.fetch_paths import local_parts, refused_name
+from cluster.jobplan import shown
+from cluster.userjob import human_bytes
+
+PROGRESS_FROM_BYTES = 8 * 1024 * 1024  # files at least this large report progress
+CHUNK = 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO put where a file goes fails instead of blocking (no effect on a regular file)
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class UnsafeLocalPath(OSError):
+    """A local path `fab get` will not write: a symbolic link, or not a folder where one is needed."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    remote: str  # its path on the master
+    parts: tuple[str, ...]  # its local path under the destination, every name checked
+    size: int
+
+
+def walk(sftp, root: str, say: Callable[[str], None] = print) -> Iterator[RemoteFile]:
+    """The regular files at or under `root` on the master; `say` gets one line per entry left out,
+    starting with what happened to it: `refused` (its name), `skipped` (a link, or neither file nor
+    folder) or `failed` (a folder that could not be listed).
+
+    A file `root` gives one file named after it; a folder gives its files, named relative to it: each
+    folder's files by name, then its folders by name, depth first.
+    """
+    top = sftp.lstat(root)
+    if stat_mode.S_ISLNK(top.st_mode or 0):
+        say(f"skipped {shown(root)!r}: a symbolic link (fab get never follows one)")
+        return
+    if not stat_mode.S_ISDIR(top.st_mode or 0):
+        name = posixpath.basename(root)
+        reason = refused_name(name)
+        if reason:
+            say(f"refused {shown(root)!r}: {reason}")
+        elif stat_mode.S_ISREG(top.st_mode or 0):
+            yield RemoteFile(root, (name,), top.st_size or 0)
+        else:
+            say(f"skipped {shown(root)!r}: neither a file nor a folder")
+        return
+    folders: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    while folders:
+        folder, parts = folders.pop()
+        try:
+            entries = sorted(sftp.listdir_attr(folder), key=lambda a: a.filename)
+        except UnicodeDecodeError:
+            say(f"refused {shown(folder)!r}: a name in it is not UTF-8")
+            continue
+        except OSError as exc:
+            say(f"failed {shown(folder)!r}: cannot list it ({exc.strerror or exc})")
+            continue
+        subfolders = []
+        for attr in entries:
+            name = attr.filename
+            reason = refused_name(name)
+            if reason:
+                say(f"refused {shown(folder)!r} entry {name!r}: {reason}")
+                continue
+            remote, mode = f"{folder}/{name}", attr.st_mode or 0
+            if stat_mode.S_ISLNK(mode):
+                say(f"skipped {shown(remote)!r}: a symbolic link (fab get never follows one)")
+            elif stat_mode.S_ISDIR(mode):
+                subfolders.append((remote, (*parts, name)))
+            elif stat_mode.S_ISREG(mode):
+                yield RemoteFile(remote, (*parts, name), attr.st_size or 0)
+            else:
+                say(f"skipped {shown(remote)!r}: neither a file nor a folder")
+        folders.extend(reversed(subfolders))
+
+
+def first_link(sftp, base: str, rel: str) -> str | None:
+    """The first folder of `rel` (a path under `base` on the master) that is a symbolic link, or None."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    for i in range(1, len(parts)):
+        path = "/".join([base.rstrip("/"), *parts[:i]])
+        if stat_mode.S_ISLNK(sftp.lstat(path).st_mode or 0):
+            return path
+    return None
+
+
+class LocalTree:
+    """The destination folder, written only through folders opened without following links."""
+
+    def __init__(self, dest: Path):
+        """Make `dest` (its parents as the user has them); UnsafeLocalPath when `dest` itself is a symbolic link."""
+        self.dest = Path(dest)
+        if self.dest.is_symlink():
+            raise UnsafeLocalPath(f"{str(self.dest)!r} is a symbolic link; give a real folder")
+        self.dest.mkdir(parents=True, exist_ok=True)
+        try:
+            self._fd = os.open(self.dest, _DIR_FLAGS)
+        except OSError as exc:  # replaced by a link or a file since the check above
+            raise UnsafeLocalPath(f"{str(self.dest)!r} is not a folder to write into ({exc.strerror})") from None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> "LocalTree":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _folder(self, parts: tuple[str, ...], make: bool) -> int | None:
+        """A descriptor of the folder `parts` under the destination (made when `make`), None when missing."""
+        fd = os.dup(self._fd)
+        try:
+            for name in parts:
+                if make:
+                    try:
+                        os.mkdir(name, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    inner = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if make:
+                        raise
+                    os.close(fd)
+                    return None
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                        raise UnsafeLocalPath(f"{name!r} here is a symbolic link or not a folder") from None
+                    raise
+                os.close(fd)
+                fd = inner
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def size(self, parts: tuple[str, ...]) -> int:
+        """Bytes already here at `parts` (0 when nothing is); UnsafeLocalPath for a link or a non-file."""
+        parts = local_parts(parts, str(self.dest))
+        fd = self._folder(parts[:-1], make=False)
+        if fd is None:
+            return 0
+        try:
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0
+        finally:
+            os.close(fd)
+        if not stat_mode.S_ISREG(st.st_mode):
+            raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link or not a file")
+        return st.st_size
+
+    def open(self, parts: tuple[str, ...], append: bool):
+        """`parts` for writing (appended to, or emptied first), never through a link."""
+        parts = local_parts(parts, str(self.dest))
+        fd = self._folder(parts[:-1], make=True)
+        try:
+            flags = _FILE_FLAGS | (os.O_APPEND if append else os.O_TRUNC)
+            try:
+                out = os.open(parts[-1], flags, 0o644, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EISDIR, errno.EMLINK):
+                    raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link or not a file") from None
+                raise
+        finally:
+            os.close(fd)
+        return os.fdopen(out, "ab" if append else "wb")
+
+
+def copy(sftp, remote: str, tree: LocalTree, parts: tuple[str, ...], size: int) -> str:
+    """One file, resumed when the local copy is shorter; returns what happened."""
+    have = tree.size(parts)
+    if have == size:
+        return "unchanged"
+    if have > size:
+        have = 0
+    shown_at, start = -1, time.monotonic()
+    with sftp.open(remote, "rb") as src, tree.open(parts, append=bool(have)) as dst:
+        src.seek(have)
+        done = have
+        while done < size:
+            block = src.read(min(CHUNK, size - done))
+            if not block:
+                break
+            dst.write(block)
+            done += len(block)
+            if size >= PROGRESS_FROM_BYTES and done * 10 // size != shown_at:
+                shown_at = done * 10 // size
+                print(f"  {parts[-1]}: {human_bytes(done)} of {human_bytes(size)} ({100 * done // size}%)", flush=True)
+    return (f"resumed at {human_bytes(have)}" if have else "copied") + f" in {time.monotonic() - start:.1f} s"

@@ -1,0 +1,125 @@
+"""`fab get` writes only under `--to`, whatever the job's output folder on the master holds.
+
+A one-node local cluster (real sshd, real SFTP): its master records a job whose output folder holds
+names built to escape a copy that parses a text listing (a folder `p\\n` whose inside reads as an
+absolute path on its own line, a folder `q\\n..` that reads as `../`), a file name with a newline,
+symbolic links pointing outside it, and plain files. On this side the destination already holds a
+link pointing outside it. The job's files are written by the test over SSH, as a job (or whoever
+controls the master) could write them; `fab get` reads only the job's record and that folder.
+
+Budget: a few seconds on a 2-core machine (one node, two `fab get`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.launch import job_dir
+from tests.ssh.conftest import run_fab
+
+pytestmark = [pytest.mark.ssh]
+
+JOB = "20250101-000000-0bad"
+
+# Run on the master as `python3 -c MAKE OUT JOB_JSON JOB_RECORD BASHRC`: the hostile output folder.
+MAKE = r'''
+import json, os, sys
+out, record, job_json, bashrc = sys.argv[1:]
+
+def put(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(data)
+
+put(f"{out}/result.json", '{"loss": 0.5}')
+put(f"{out}/logs/rank0.txt", "rank 0 done\n")
+# `find -printf '%P\t%s\n'` prints "p" then "<bashrc>\t7": a line naming the controller's file, and
+# "<out>/<bashrc>" exists on the master, so a copy reading that line writes <bashrc> itself
+put(f"{out}/p\n{bashrc}", "pwned!\n")
+put(f"{out}{bashrc}", "pwned!\n")
+# "q" then "../esc\t8": one level above the destination
+put(f"{out}/q\n../esc", "escaped\n")
+put(f"{out}/../esc", "escaped\n")
+# a file whose name holds a newline ("notes" then "more.txt\t3"), and the file that second line names
+put(f"{out}/notes\nmore.txt", "abc")
+put(f"{out}/more.txt", "abc")
+put(f"{out}/ckpt/weights.bin", "weights")  # the destination's "ckpt" is a link pointing outside it
+os.symlink("/etc", f"{out}/etc-link")
+os.symlink("/etc/hostname", f"{out}/hostname-link")
+put(record, json.dumps(json.loads(job_json), indent=2) + "\n")
+'''
+
+
+def snapshot(top: Path, leave_out: Path) -> dict[str, object]:
+    """Every entry under `top` but `leave_out`: a file's bytes, a link's target, a folder as None."""
+    seen: dict[str, object] = {}
+    for folder, dirs, files in os.walk(top):  # never into linked folders
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if here / d != leave_out]
+        for name in dirs + files:
+            path = here / name
+            rel = str(path.relative_to(top))
+            seen[rel] = (os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else None)
+    return seen
+
+
+def test_fab_get_writes_only_under_to_refuses_escaping_names_and_follows_no_link(local_cluster_factory, tmp_path):
+    cluster = local_cluster_factory(1)
+    runs = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}"
+    out = f"{runs}/{JOB}"
+    bashrc = tmp_path / "home" / ".bashrc"  # stands for the controller's ~/.bashrc (or ~/.aws/config)
+    bashrc.parent.mkdir()
+    bashrc.write_text("# the user's own\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    to = tmp_path / "runs" / "got"
+    to.mkdir(parents=True)
+    (to / "ckpt").symlink_to(outside)
+    record = {"job_id": JOB, "output_dir": out}
+    try:
+        made = cluster.ssh(0, "python3 -c " + " ".join(shlex.quote(a) for a in (
+            MAKE, out, f"{job_dir(JOB)}/job.json", json.dumps(record), str(bashrc))))
+        assert made.returncode == 0, made.stderr
+        before = snapshot(tmp_path, to)
+
+        got = run_fab(cluster, "get", "--job", JOB, "--to", str(to), timeout=120)
+
+        text = got.stdout + got.stderr
+        assert bashrc.read_text() == "# the user's own\n", text
+        assert snapshot(tmp_path, to) == before, text  # nothing outside --to was written, made or removed
+        assert not any(outside.iterdir()), text  # the destination's link was not written through
+        assert got.returncode == 1, text  # refused entries: the copy is not whole
+        assert "Traceback" not in text, text
+        lines = got.stdout.splitlines()
+        assert f"refused '{out}' entry 'p\\n': it holds control characters (\\n)" in lines, text
+        assert f"refused '{out}' entry 'q\\n..': it holds control characters (\\n)" in lines, text
+        assert f"refused '{out}' entry 'notes\\nmore.txt': it holds control characters (\\n)" in lines, text
+        assert f"skipped '{out}/etc-link': a symbolic link (fab get never follows one)" in lines, text
+        assert f"skipped '{out}/hostname-link': a symbolic link (fab get never follows one)" in lines, text
+        assert any(line.startswith("refused 'ckpt/weights.bin' in ") and "symbolic link" in line
+                   for line in lines), text
+        # the plain files arrived, at their own names under --to
+        assert (to / "result.json").read_text() == '{"loss": 0.5}'
+        assert (to / "logs" / "rank0.txt").read_text() == "rank 0 done\n"
+        assert (to / "more.txt").read_text() == "abc"
+        assert (to / str(bashrc).lstrip("/")).read_text() == "pwned!\n"  # a plain path under --to: harmless
+        assert lines[-1] == f"done: 4 copied, 4 refused, 2 skipped; in {to}", text
+
+        # --to itself a link: refused before anything is read or written
+        linked = tmp_path / "linked-to"
+        linked.symlink_to(outside)
+        refused = run_fab(cluster, "get", "--job", JOB, "--to", str(linked), timeout=60)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.strip().splitlines() == [
+            f"error: --to: {str(linked)!r} is a symbolic link; allowed: a real folder "
+            "(fab get never writes through a link)"], refused.stderr
+        assert not any(outside.iterdir())
+    finally:
+        cluster.ssh(0, f"rm -rf {shlex.quote(runs)} {shlex.quote(job_dir(JOB))}")
+        cluster.destroy()

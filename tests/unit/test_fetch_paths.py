@@ -1,0 +1,55 @@
+"""The pure rule of which names from the master `fab get` may write here (cluster/fetch_paths.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.fetch_paths import check_subpath, local_parts, refused_name, stays_under
+
+
+@pytest.mark.parametrize("name", ["result.json", "checkpoint-40", ".hidden", "...", "a b", "é😀", "a\\b", "-rf"])
+def test_plain_names_are_allowed(name):
+    assert refused_name(name) is None
+
+
+@pytest.mark.parametrize("name, says", [
+    ("", "not a file name"), (".", "not a file name"), ("..", "not a file name"),
+    ("/home/user/.bashrc", "`/`"), ("../../x", "`/`"), ("a/b", "`/`"),
+    ("p\n", "\\n"), ("x\n..\t5", "\\n"), ("tab\there", "\\t"), ("esc\x1b[2J", "\\x1b"),
+    ("del\x7f", "\\x7f"), ("c1\x9b", "\\x9b"), ("nul\x00", "\\x00"), ("cr\r", "\\r"),
+])
+def test_names_that_could_leave_the_destination_or_fool_the_terminal_are_refused(name, says):
+    reason = refused_name(name)
+    assert reason is not None and says in reason, reason
+
+
+@pytest.mark.parametrize("dest, parts, under", [
+    ("/d", ("a", "b"), True), ("/d", (), True), ("runs/j", ("x",), True), ("/", ("etc",), True),
+    ("/d", ("..", "x"), False), ("/d", ("/etc", "passwd"), False), ("/d", ("a", "..", ".."), False),
+    ("/d", ("..d",), True), ("/d", ("../d2",), False), ("runs/j", ("../../x",), False),
+])
+def test_stays_under_is_lexical_containment(dest, parts, under):
+    assert stays_under(dest, parts) is under
+
+
+def test_local_parts_names_the_first_refused_name_or_the_escape():
+    assert local_parts(("ckpt", "weights.bin"), "/d") == ("ckpt", "weights.bin")
+    with pytest.raises(ValueError, match=r"'\.\.'"):
+        local_parts(("ok", "..", "x"), "/d")
+    with pytest.raises(ValueError, match=r"control characters \(\\n\)"):
+        local_parts(("a\nb",), "/d")
+    with pytest.raises(ValueError):
+        local_parts((), "/d")
+
+
+@pytest.mark.parametrize("path, expected", [("", "."), (".", "."), ("ckpt/", "ckpt"), ("a/./b", "a/b"),
+                                            ("result.json", "result.json")])
+def test_get_path_normalised(path, expected):
+    assert check_subpath(path) == expected
+
+
+@pytest.mark.parametrize("path, says", [("/etc", "absolute"), ("..", "`..`"), ("a/../../b", "`..`"),
+                                        ("a/..", "`..`"), ("a\nb", "control"), ("nul\x00", "control")])
+def test_get_path_refused(path, says):
+    with pytest.raises(ValueError, match=says):
+        check_subpath(path)
