@@ -37,6 +37,7 @@ from cluster.jobplan import DEFAULT_OUTPUT_ROOT
 from cluster.launch import JOBS_DIR
 from cluster.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, IndexPin, Profile, venv_dir
 from cluster.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
+from cluster.userjob import FILE_STORE
 
 EVENT_PREFIX = "::xc::"
 OS_PYTHON = "/usr/bin/python3"
@@ -45,11 +46,12 @@ PROJECT_MARKER = ".xeon-cluster-project"
 PROJECT_DISTRIBUTION = "xeon-cluster"
 PREBAKE_KEY_STASH = "/run/xeon-cluster/hostkeys-before-bake"
 # What no home directory may carry into an image (relative to each home; globs allowed): credentials
-# and tokens a user or a job may have left on the master, and everything a job left there.
+# and tokens a user or a job may have left on the master, and everything a job left there (its job
+# folders, and the store of the user's workdir files, which may hold what a user's job shipped).
 PREBAKE_SECRETS = (".aws", ".netrc", ".git-credentials", ".pypirc", ".docker/config.json", ".config/gh",
                    ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token")
-PREBAKE_ARTEFACTS = (JOBS_DIR, DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME, ".cache/xeon-cluster",
-                     ".ssh/xeon-cluster-*.known_hosts", *autostop.BAKE_LEFTOVERS)
+PREBAKE_ARTEFACTS = (JOBS_DIR, FILE_STORE, DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME,
+                     ".cache/xeon-cluster", ".ssh/xeon-cluster-*.known_hosts", *autostop.BAKE_LEFTOVERS)
 # install.sh's last line; the auto-stop section (cluster/autostop.py) goes right before it
 INSTALL_DONE_LINE = 'xc "done" "$CHANGED"\n'
 DEFAULT_MIN_FREE_GIB = 10.0

@@ -7,6 +7,9 @@ ROLE_KEY = "xeon-cluster:role"
 STACK_KEY = "xeon-cluster:stack"
 RANK_KEY = "xeon-cluster:rank"
 KEEP_KEY = "xeon-cluster:keep"
+# On the cluster security group only (value: the stack): the stack exists. `pulumi up` writes it,
+# `pulumi destroy` removes it with the group; `fab sweep` never deletes a cluster that has it.
+STACK_MARKER_KEY = "xeon-cluster:stack-marker"
 # Optional node tags discovery reads (defaults when absent: user "ubuntu", profile "stock").
 SSH_USER_KEY = "xeon-cluster:ssh-user"
 PROFILE_KEY = "xeon-cluster:profile"

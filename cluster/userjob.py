@@ -6,8 +6,13 @@ Pure: this module turns the options into checked values and plans, and touches n
   node venv's Python, from the job's copy of the workdir, through the runner xeon_cluster/run.py
   that ends each rank cleanly), and the signal a spot notice sends.
 - `CopyPlan`: the workdir's files (path, size, SHA-256) after the skip rules, checked against the
-  size limit. Each node keeps a content-addressed store (FILE_STORE: one file per content) and
-  the job's workdir is made of hard links into it, so an unchanged file is never sent twice.
+  size limit, and what it withholds: dot-files and dot-folders (.aws, .ssh, .env, .config ...),
+  files named like credentials (CREDENTIAL_NAMES), links that lead out of the workdir; the
+  workdir's allow file (INCLUDE_FILE) lets the user ship a withheld path on purpose, never a link
+  out. The home folder itself (or a folder above it) is refused as a workdir (`check_workdir`).
+  Each node keeps a content-addressed store (FILE_STORE: one file per content, checked against its
+  name before use) and the job's workdir is a copy out of it (copy-on-write where the filesystem
+  can), so an unchanged file is never sent twice and what one job writes reaches no other job.
 - `RequirementsPlan`: the packages of `--requirements`, parsed, refused when one would change a
   pinned package of the profile; installed once per content digest (REQUIREMENTS_MARKER_DIR).
 
@@ -17,6 +22,7 @@ The edges act on these: node_setup/ssh/workdir.py (scan and copy), node_setup/ss
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import posixpath
 import re
@@ -37,6 +43,15 @@ ALWAYS_SKIPPED = (".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytes
 VENV_MARKER = "pyvenv.cfg"
 DEFAULT_WORKDIR_LIMIT_MB = 200
 LARGEST_SHOWN = 5
+# Withheld unless the workdir's allow file lists them: every dot-file and dot-folder (the name starts
+# with ".": .aws, .ssh, .env, .config, .kaggle, .netrc ...) and files named like credentials.
+CREDENTIAL_NAMES = ("id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12", "*.pfx",
+                    "*.jks", "*.keystore", "*.kdbx", "credentials", "credentials.json", "kaggle.json",
+                    "client_secret*.json", "*service-account*.json", "*service_account*.json", "netrc", "_netrc")
+INCLUDE_FILE = ".xeon-cluster-include"  # in the workdir: paths (one a line) to ship although withheld
+WITHHELD_DOT, WITHHELD_CREDENTIAL, WITHHELD_LINK = "dot-files and dot-folders", "named like credentials", \
+    "links that lead out of the workdir"
+WITHHELD_SHOWN = 20  # per kind in the launch's summary (the dry run lists all)
 # On every node, relative to the SSH user's home: one file per content, named by its SHA-256
 # (".x" appended for an executable file).
 FILE_STORE = ".xeon-cluster/files"
@@ -154,6 +169,62 @@ def check_entry_path(path: str) -> str:
     return path
 
 
+def check_workdir(workdir: str, home: str) -> str:
+    """The workdir (absolute, resolved), refused when it is the home folder or a folder above it:
+    it would ship keys, credentials and caches to every node."""
+    if workdir == home or workdir == "/" or home.startswith(workdir.rstrip("/") + "/"):
+        raise UserJobError(f"--workdir: {workdir} is your home folder or holds it, and would copy all of it to "
+                           "every node; allowed: a folder of the project, e.g. move the script into a folder of "
+                           "its own or pass --workdir PROJECT_FOLDER")
+    return workdir
+
+
+def parse_includes(text: str) -> tuple[str, ...]:
+    """The workdir's allow file (INCLUDE_FILE): one path a line, relative to the workdir ("#" starts a
+    comment line); a folder ships whole. UserJobError naming the line of a path that is absolute or climbs out."""
+    paths = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        path = line.rstrip("/")
+        if line.startswith("/") or not path or ".." in path.split("/") or any(c in path for c in "*?[\t"):
+            raise UserJobError(f"--workdir: {INCLUDE_FILE} line {number}: {line!r} is not allowed; list "
+                               "paths relative to the workdir, without `..` or wildcards, e.g. .config/app.yaml")
+        paths.append(posixpath.normpath(path))
+    return tuple(paths)
+
+
+def is_included(path: str, includes: tuple[str, ...]) -> bool:
+    """Whether the allow file lists `path` or a folder above it."""
+    return any(path == p or path.startswith(p + "/") for p in includes)
+
+
+def leads_to_include(folder: str, includes: tuple[str, ...]) -> bool:
+    """Whether a listed path lies inside `folder` (so the scan must look inside a withheld folder)."""
+    return any(p.startswith(folder + "/") for p in includes)
+
+
+def withheld_reason(path: str, includes: tuple[str, ...] = ()) -> str | None:
+    """Why a workdir path ("/"-separated, relative) is withheld by default (WITHHELD_DOT or
+    WITHHELD_CREDENTIAL), or None when it ships (or the allow file lists it)."""
+    if is_included(path, includes):
+        return None
+    parts = path.split("/")
+    if any(part.startswith(".") and part not in (".", "..") for part in parts):
+        return WITHHELD_DOT
+    if any(fnmatch.fnmatchcase(parts[-1], pattern) for pattern in CREDENTIAL_NAMES):
+        return WITHHELD_CREDENTIAL
+    return None
+
+
+def link_inside(workdir: str, target: str) -> str | None:
+    """A link's resolved target relative to the workdir (both absolute, resolved), or None when the
+    link leads out of the workdir."""
+    rel = posixpath.relpath(target, workdir)
+    return None if rel == ".." or rel.startswith("../") or posixpath.isabs(rel) else rel
+
+
 def human_bytes(n: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
@@ -168,6 +239,7 @@ class CopyPlan:
     files: tuple[FileEntry, ...]
     skipped: tuple[str, ...] = ()  # what the skip rules left out (folders end with "/")
     limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024 * 1024
+    withheld: tuple[tuple[str, str], ...] = ()  # (path, WITHHELD_*): what may hold credentials, left here
 
     @property
     def total_bytes(self) -> int:
@@ -197,10 +269,23 @@ class CopyPlan:
 
     def describe(self) -> list[str]:
         lines = [f"copy plan: {len(self.files)} file(s), {human_bytes(self.total_bytes)} from {self.workdir} "
-                 f"(limit {human_bytes(self.limit_bytes)}); files a node already has are linked, not sent"]
+                 f"(limit {human_bytes(self.limit_bytes)}); files a node already has are not sent again"]
         lines += [f"  {f.path}  {human_bytes(f.size)}" for f in sorted(self.files, key=lambda f: f.path)]
         if self.skipped:
             lines.append(f"  skipped: {', '.join(self.skipped)}")
+        return lines + self.withheld_lines()
+
+    def withheld_lines(self, shown: int | None = None) -> list[str]:
+        """What was withheld, by kind (at most `shown` paths each), and how to ship one on purpose."""
+        lines = []
+        for kind in (WITHHELD_DOT, WITHHELD_CREDENTIAL, WITHHELD_LINK):
+            paths = sorted(p for p, k in self.withheld if k == kind)
+            if paths:
+                more = f" and {len(paths) - shown} more (--dry-run lists all)" if shown and len(paths) > shown else ""
+                lines.append(f"  not copied, {kind}: {', '.join(paths[:shown] if shown else paths)}{more}")
+        if lines:
+            lines.append(f"  to copy a path that is not copied on purpose, list it (one a line) in {INCLUDE_FILE} "
+                         "in the workdir; a link out of the workdir is never copied")
         return lines
 
 

@@ -6,6 +6,17 @@
   through the master (Fabric's gateway), so they take no inbound traffic from outside the group.
 Rules are separate `aws.vpc.SecurityGroup*Rule` resources, never inline, so they can change one at
 a time and never fight with inline rules.
+
+The stack marker (`xeon-cluster:stack-marker=<stack>`, cluster/tags.py) is a tag of the cluster
+group: `fab sweep` never deletes a cluster that has it, whatever became of its nodes. It is on this
+group because the group lives exactly as long as the stack: created before any node (every node
+carries it) and deleted by `pulumi destroy` only after every node and the image, while an idle
+auto-stop or a spot reclaim, which terminate instances, leave it. It is part of the group's own
+`tags`, not a separate tag resource (which would fight the group's tags on every update), and the
+nodes' role has no EC2 permission, so no node can remove it. The sweep reads it with the
+`ec2:DescribeSecurityGroups` call it already makes. An object in the checkpoint bucket would need
+another permission (`s3:GetObject`) and could be deleted by any node, which may delete every object
+there.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import pulumi
 import pulumi_aws as aws
 
 from cluster.spec import ClusterSpec
+from cluster.tags import STACK_MARKER_KEY
 
 
 class ClusterNetwork(pulumi.ComponentResource):
@@ -24,12 +36,13 @@ class ClusterNetwork(pulumi.ComponentResource):
         super().__init__("xeon-cluster:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        def group(suffix: str, purpose: str) -> aws.ec2.SecurityGroup:
+        def group(suffix: str, purpose: str, marker: dict[str, str] | None = None) -> aws.ec2.SecurityGroup:
             return aws.ec2.SecurityGroup(f"{name}-{suffix}", vpc_id=vpc_id,
                                          description=f"xeon-cluster {spec.cluster_name}: {purpose}",
-                                         tags={**tags, "Name": f"{name}-{suffix}"}, opts=child)
+                                         tags={**tags, "Name": f"{name}-{suffix}", **(marker or {})}, opts=child)
 
-        self.cluster_group = group("cluster", "all traffic between cluster members")
+        self.cluster_group = group("cluster", "all traffic between cluster members",
+                                   marker={STACK_MARKER_KEY: spec.stack})
         self.self_rule = aws.vpc.SecurityGroupIngressRule(
             f"{name}-cluster-self",
             security_group_id=self.cluster_group.id,

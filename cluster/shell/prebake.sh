@@ -5,7 +5,8 @@
 # Header: ROOT (prefixes every path; empty on a real node), STASH_DIR, RESTORE_AFTER,
 # KEY_COMMENT_PREFIX (the comment that marks the cluster key's authorized_keys lines),
 # HOME_LEFTOVERS (an array of paths relative to a home directory, glob patterns allowed: the
-# credentials, tokens and job artefacts removed from root's and every /home/* directory).
+# credentials, tokens and job artefacts - job folders, the workdir file store - removed from
+# root's and every /home/* directory).
 set -uo pipefail
 R="$ROOT"
 STASH="$R$STASH_DIR"

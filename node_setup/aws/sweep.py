@@ -8,20 +8,26 @@ IAM client also the nodes' IAM roles and instance profiles (infra/node_role.py).
 
 A cluster is *up* while its master instance exists and is not terminated (pending, running,
 stopping or stopped: a stopped master can be started again); everything of an up cluster is left
-alone. Everything of any other cluster (or with no cluster tag) is *leaked*, except the
-checkpoint buckets, which are *kept* on purpose and deleted only with `delete_buckets=True`.
+alone. A cluster whose master is gone but whose cluster security group still carries the stack
+marker (`xeon-cluster:stack-marker`, written by the Pulumi program, infra/network.py) is *stopped,
+stack exists*: an idle auto-stop or a spot reclaim took its nodes, its stack still owns the rest,
+and everything of it is left alone too (status *stack*, buckets included). Everything of any other
+cluster (or with no cluster tag) is *leaked*, except the checkpoint buckets, which are *kept* on
+purpose and deleted only with `delete_buckets=True`. The statuses are decided in cluster/leftovers.py.
 
 IAM is global and the role's tags do not say in which region its cluster runs. Roles and instance
 profiles are listed whatever their region; one whose cluster is not up in the swept region is
 *leaked* only when no instance of that cluster (in any state but terminated) exists in any other
-enabled region either (one `DescribeInstances` per region, made only when such a role or profile
-exists). A cluster with instances in another region marks its role and profile *in-use*; when
-another region cannot be checked they are *unknown* and left alone.
+enabled region either, and no stack marker there (one `DescribeInstances` and one
+`DescribeSecurityGroups` per region, made only when such a role or profile exists). A cluster with
+instances or its stack in another region marks its role and profile *in-use*; when another region
+cannot be checked they are *unknown* and left alone.
 
 Each kind of resource is listed by its own API call, independently: one the caller may not use
 (AccessDenied, UnauthorizedOperation, ...) is recorded in `Listing.errors` and the others are still
-listed. Without the instance listing no cluster can be told up or down, so then every resource is
-*unknown* and none is deleted.
+listed. Without the instance listing no cluster can be told up or down, and without the
+security-group listing no stack marker can be seen, so then every resource is *unknown* and none
+is deleted.
 
 Deletion: node_setup/aws/sweep_delete.py.
 """
@@ -35,19 +41,18 @@ from dataclasses import dataclass, field
 import botocore.session
 from botocore.exceptions import ClientError
 
-from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY
+from cluster import leftovers
+from cluster.leftovers import IAM_KINDS, IN_USE, KEPT, LEAKED, STACK, UNKNOWN, UP  # noqa: F401 (re-exported)
+from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
+                          STACK_MARKER_KEY)
 from node_setup.aws import errors
 
 NO_CLUSTER = "(no cluster tag)"
 LIVE_INSTANCE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
-# A master in one of these states means its cluster exists (a stopped one can be started again).
-ALIVE_MASTER_STATES = ["pending", "running", "stopping", "stopped"]
+ALIVE_MASTER_STATES = list(leftovers.ALIVE_MASTER_STATES)  # as an EC2 filter's values
 OPEN_SPOT_STATES = ("open", "active", "disabled")
 DELETE_ORDER = ("instance", "spot-request", "image", "snapshot", "volume", "placement-group", "key-pair",
                 "security-group", "instance-profile", "iam-role", "bucket")
-IAM_KINDS = ("instance-profile", "iam-role")
-UP, LEAKED, KEPT, UNKNOWN = "up", "leaked", "kept", "unknown"
-IN_USE = "in-use"  # an IAM role or profile of a cluster with instances in another region
 # Kind -> the permission its listing needs (named in the error when it is refused).
 LIST_PERMISSIONS = {"instance": "ec2:DescribeInstances", "spot-request": "ec2:DescribeSpotInstanceRequests",
                     "image": "ec2:DescribeImages", "snapshot": "ec2:DescribeSnapshots",
@@ -77,31 +82,26 @@ class Listing:
     resources: list[Resource] = field(default_factory=list)
     up_clusters: set[str] = field(default_factory=set)
     master_states: dict[str, str] = field(default_factory=dict)  # cluster -> its master's state
+    stack_markers: dict[str, str] = field(default_factory=dict)  # cluster -> the group with its stack marker
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be listed
     iam_listed: bool = False
     # IAM is global: cluster -> other regions where it still has instances (its role is in use there)
     elsewhere: dict[str, set[str]] = field(default_factory=dict)
+    stacks_elsewhere: dict[str, set[str]] = field(default_factory=dict)  # ... where its stack marker is
     other_regions_checked: int = 0
     elsewhere_error: str = ""  # why other regions could not be checked: no role or profile is leaked
 
     @property
     def clusters_known(self) -> bool:
-        """Whether up and down can be told apart (the instance listing worked)."""
-        return "instance" not in self.errors
+        """Whether up, stopped and down can be told apart (the instance and security-group listings worked)."""
+        return not {"instance", "security-group"} & set(self.errors)
 
     def status(self, resource: Resource) -> str:
-        if not self.clusters_known:
-            return UNKNOWN
-        if resource.cluster in self.up_clusters:
-            return UP
-        if resource.kind in IAM_KINDS:
-            if self.elsewhere_error:
-                return UNKNOWN
-            if resource.cluster in self.elsewhere:
-                return IN_USE
-        if resource.kind == "bucket":
-            return KEPT
-        return LEAKED
+        cluster = resource.cluster
+        return leftovers.resource_status(
+            resource.kind, clusters_known=self.clusters_known, up=cluster in self.up_clusters,
+            stack_exists=cluster in self.stack_markers, iam_unknown=bool(self.elsewhere_error),
+            elsewhere=cluster in self.elsewhere or cluster in self.stacks_elsewhere)
 
     def by_cluster(self) -> dict[str, list[Resource]]:
         grouped: dict[str, list[Resource]] = defaultdict(list)
@@ -117,13 +117,12 @@ class Listing:
     def render(self) -> str:
         lines = [] if self.resources or self.errors else [f"no xeon-cluster resources in {self.region}"]
         for name, items in self.by_cluster().items():
-            master = self.master_states.get(name, "")
-            state = ("unknown (instances could not be listed)" if not self.clusters_known
-                     else f"up (master {master})" if master in ("pending", "running")
-                     else f"up but {master} (master {master}: start it again, or `pulumi destroy` removes it)"
-                     if name in self.up_clusters else "down")
+            state = self._cluster_state(name)
             if name in self.elsewhere and name not in self.up_clusters:
                 state += f"; has instances in {', '.join(sorted(self.elsewhere[name]))} (its IAM role is in use there)"
+            if name in self.stacks_elsewhere and name not in self.up_clusters:
+                state += (f"; its stack exists in {', '.join(sorted(self.stacks_elsewhere[name]))} "
+                          "(its IAM role is in use there)")
             lines.append(f"cluster {name}: {state}")
             for res in items:
                 extra = " ".join(x for x in (res.state, res.detail) if x)
@@ -133,21 +132,42 @@ class Listing:
             for res in self.resources:
                 counts[self.status(res)] += 1
             unknown = f", {counts[UNKNOWN]} unknown (not deleted)" if counts[UNKNOWN] else ""
+            stopped = (f", {counts[STACK]} of stopped clusters whose stack exists (not deleted)"
+                       if counts[STACK] else "")
             lines.append(f"{self.region}: {counts[UP] + counts[IN_USE]} in use, {counts[LEAKED]} leaked, "
                          f"{counts[KEPT]} kept "
-                         f"(checkpoint buckets; delete with --delete-buckets){unknown}")
+                         f"(checkpoint buckets; delete with --delete-buckets){stopped}{unknown}")
         for kind, why in sorted(self.errors.items(), key=lambda item: DELETE_ORDER.index(item[0])):
             lines.append(f"could not list {kind}s: {why}")
         if self.iam_listed:
             lines.append(self._iam_note())
         return "\n".join(lines)
 
+    def _cluster_state(self, name: str) -> str:
+        """The cluster's header line: up (and how), stopped with its stack, down, or unknown."""
+        if not self.clusters_known:
+            missing = " and ".join(what for kind, what in (("instance", "instances"),
+                                                           ("security-group", "security groups"))
+                                   if kind in self.errors)
+            return f"unknown ({missing} could not be listed)"
+        master = self.master_states.get(name, "")
+        if master in ("pending", "running"):
+            return f"up (master {master})"
+        if name in self.up_clusters:
+            return f"up but {master} (master {master}: start it again, or `pulumi destroy` removes it)"
+        if name in self.stack_markers:
+            return (f"stopped, stack exists (no master; security group {self.stack_markers[name]} carries its "
+                    "stack marker: `pulumi up` brings the nodes back, `pulumi destroy` removes it all; "
+                    "if the stack itself is gone, delete that group and sweep again)")
+        return "down"
+
     def _iam_note(self) -> str:
         note = "IAM is global: roles and instance profiles are listed whatever region their cluster is in"
         if self.elsewhere_error:
             return f"{note}; {self.elsewhere_error}, so none of them counts as leaked"
         checked = f" ({self.other_regions_checked} other regions checked)" if self.other_regions_checked else ""
-        return f"{note}; one counts as leaked only when its cluster has no instance in any region{checked}"
+        return (f"{note}; one counts as leaked only when its cluster has no instance in any region "
+                f"and no stack marker in any{checked}")
 
 
 def _tags(item: dict) -> dict[str, str]:
@@ -275,9 +295,14 @@ def _list_volumes(ec2, listing: Listing, found: _Found) -> None:
 
 
 def _list_security_groups(ec2, listing: Listing, found: _Found) -> None:
+    """The groups, and the stack markers among them (a marker without a cluster tag marks nothing)."""
     for group in pages(ec2, "describe_security_groups", "SecurityGroups", Filters=OURS):
-        listing.resources.append(_resource("security-group", group["GroupId"], _tags(group), "",
-                                           group.get("GroupName", "")))
+        tags = _tags(group)
+        marked = leftovers.marks_stack(tags) and CLUSTER_KEY in tags
+        if marked:
+            listing.stack_markers.setdefault(_cluster(tags), group["GroupId"])
+        detail = group.get("GroupName", "") + ("; carries the stack marker" if marked else "")
+        listing.resources.append(_resource("security-group", group["GroupId"], tags, "", detail))
 
 
 def _list_key_pairs(ec2, listing: Listing, found: _Found) -> None:
@@ -348,9 +373,11 @@ def _list_instance_profiles(iam, listing: Listing, found: _Found) -> None:
 
 
 def _find_clusters_elsewhere(ec2, listing: Listing, regional_ec2) -> None:
-    """IAM is global: record the other regions where a cluster with a role or profile here has instances."""
+    """IAM is global: record the other regions where a cluster with a role or profile here has
+    instances, or its stack marker (a stopped cluster there still needs its role)."""
     clusters = sorted({r.cluster for r in listing.resources if r.kind in IAM_KINDS
-                       and r.cluster not in listing.up_clusters and r.cluster != NO_CLUSTER})
+                       and r.cluster not in listing.up_clusters and r.cluster not in listing.stack_markers
+                       and r.cluster != NO_CLUSTER})
     if not clusters:
         return
     if regional_ec2 is None:
@@ -367,19 +394,24 @@ def _find_clusters_elsewhere(ec2, listing: Listing, regional_ec2) -> None:
     for region in regions:
         if region == listing.region or _partition(region) != partition:
             continue  # a role serves instances of its own partition only (aws, aws-cn, aws-us-gov)
+        ours = OURS + [{"Name": f"tag:{CLUSTER_KEY}", "Values": clusters}]
         try:
-            for res in pages(regional_ec2(region), "describe_instances", "Reservations", Filters=OURS + [
-                    {"Name": f"tag:{CLUSTER_KEY}", "Values": clusters},
+            client = regional_ec2(region)
+            for res in pages(client, "describe_instances", "Reservations", Filters=ours + [
                     {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]):
                 for inst in res["Instances"]:
                     listing.elsewhere.setdefault(_cluster(_tags(inst)), set()).add(region)
+            for group in pages(client, "describe_security_groups", "SecurityGroups", Filters=ours + [
+                    {"Name": "tag-key", "Values": [STACK_MARKER_KEY]}]):
+                if leftovers.marks_stack(_tags(group)):
+                    listing.stacks_elsewhere.setdefault(_cluster(_tags(group)), set()).add(region)
         except ClientError as exc:
             failed.append(f"{region} ({errors.code(exc)})")
             continue
         listing.other_regions_checked += 1
     if failed:
-        listing.elsewhere_error = (f"instances could not be listed in {', '.join(failed)} "
-                                   "(allow ec2:DescribeInstances there)")
+        listing.elsewhere_error = (f"instances or security groups could not be listed in {', '.join(failed)} "
+                                   "(allow ec2:DescribeInstances and ec2:DescribeSecurityGroups there)")
 
 
 @functools.lru_cache(maxsize=None)

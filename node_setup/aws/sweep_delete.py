@@ -1,7 +1,8 @@
 """Remove what the sweep listed as leaked (node_setup/aws/sweep.py), in dependency order.
 
-Deletion re-reads the cluster's master right before each resource and keeps everything of a
-cluster that has come back up since the listing (a master started while the user read the list).
+Deletion re-reads the cluster's master and its stack marker right before each resource and keeps
+everything of a cluster that has come back up since the listing (a master started, or a stack
+brought up again, while the user read the list).
 It runs in dependency order, one deleter per kind (`_deleters`, walked in DELETE_ORDER): instances
 (terminated as one batch, then waited for), spot requests, AMIs, then their snapshots, detached volumes, placement groups, key pairs, security groups (rules that
 reference another group first), instance profiles (their roles removed first), IAM roles (removed
@@ -16,7 +17,8 @@ from typing import Callable
 
 from botocore.exceptions import ClientError, WaiterError
 
-from cluster.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER
+from cluster import leftovers
+from cluster.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER, STACK_MARKER_KEY
 from node_setup.aws import errors
 from node_setup.aws.sweep import ALIVE_MASTER_STATES, DELETE_ORDER, NO_CLUSTER, OURS, Listing, Resource, pages
 
@@ -64,14 +66,21 @@ def _deleters(ec2, s3, iam) -> dict[str, Callable[[Resource], None]]:
     }
 
 
-def cluster_alive(ec2, cluster: str) -> bool:
-    """Whether the cluster's master exists now (pending, running, stopping or stopped)."""
+def why_alive(ec2, cluster: str) -> str:
+    """Why the cluster exists now ("" when it does not): its master exists (pending, running,
+    stopping or stopped), or its stack marker does."""
     if cluster == NO_CLUSTER:
-        return False
-    filters = OURS + [{"Name": f"tag:{CLUSTER_KEY}", "Values": [cluster]},
-                      {"Name": f"tag:{ROLE_KEY}", "Values": [ROLE_MASTER]},
+        return ""
+    ours = OURS + [{"Name": f"tag:{CLUSTER_KEY}", "Values": [cluster]}]
+    filters = ours + [{"Name": f"tag:{ROLE_KEY}", "Values": [ROLE_MASTER]},
                       {"Name": "instance-state-name", "Values": ALIVE_MASTER_STATES}]
-    return any(res["Instances"] for res in pages(ec2, "describe_instances", "Reservations", Filters=filters))
+    if any(res["Instances"] for res in pages(ec2, "describe_instances", "Reservations", Filters=filters)):
+        return "is up again"
+    marked = pages(ec2, "describe_security_groups", "SecurityGroups",
+                   Filters=ours + [{"Name": "tag-key", "Values": [STACK_MARKER_KEY]}])
+    if any(leftovers.marks_stack({t["Key"]: t["Value"] for t in g.get("Tags", [])}) for g in marked):
+        return "has its stack again"
+    return ""
 
 
 def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False,
@@ -79,18 +88,20 @@ def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False
     """Remove the leaked resources in dependency order; returns (resource, outcome) per resource.
 
     Right before each deletion the resource's cluster is looked up again: a cluster whose master
-    exists again (started since the listing) keeps everything, and the outcome says so.
+    exists again (started since the listing), or whose stack marker does (`pulumi up` since the
+    listing), keeps everything, and the outcome says so.
     """
     by_kind: dict[str, list[Resource]] = defaultdict(list)
     for res in listing.leaked(include_buckets=include_buckets):
         by_kind[res.kind].append(res)
     outcomes: list[Outcome] = []
-    revived: set[str] = set()
+    revived: dict[str, str] = {}  # cluster -> why it is kept
 
     def still_leaked(res: Resource) -> bool:
-        if res.cluster in revived or cluster_alive(ec2, res.cluster):
-            revived.add(res.cluster)
-            outcomes.append((res, f"kept: cluster {res.cluster} is up again since the listing"))
+        why = revived.get(res.cluster) or why_alive(ec2, res.cluster)
+        if why:
+            revived[res.cluster] = why
+            outcomes.append((res, f"kept: cluster {res.cluster} {why} since the listing"))
             return False
         return True
 

@@ -2,14 +2,19 @@
 
     scan(workdir, limit_bytes) -> CopyPlan         on the controller: the files to copy (skip rules:
                                                    cluster/userjob.py ALWAYS_SKIPPED, virtual
-                                                   environments, the workdir's .gitignore), hashed
+                                                   environments, the workdir's .gitignore), hashed;
+                                                   withheld: dot-names, credential names, links out
+                                                   of the workdir (unless the allow file lists them)
     push(conns, plan, job_id) -> [NodeOutcome]     every node in parallel (fanout.each_node): the
-                                                   link manifest, the contents its store lacks,
-                                                   then hard links into the job's workdir
+                                                   link manifest, the contents its store lacks (or
+                                                   holds changed), then a copy into the job's workdir
 
 Each node keeps one file per content under ~/.xeon-cluster/files (cluster/userjob.py FILE_STORE),
-read-only, so a file that did not change since any earlier job is linked, not sent. The shell
-side is cluster/shell/workdir.sh.
+read-only, so a file that did not change since any earlier job is copied there, not sent. The job's
+workdir is a copy (`cp --reflink=auto`: copy-on-write where the filesystem can), never a hard link:
+a hard link shares the file itself, so what one job wrote (root ignores the read-only mode) would
+be in every later job's workdir, and all empty files share one digest. The shell side is
+cluster/shell/workdir.sh.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from pathlib import Path
 
 from cluster import shell
 from cluster.launch import job_dir
-from cluster.userjob import (ALWAYS_SKIPPED, DEFAULT_WORKDIR_LIMIT_MB, FILE_STORE, VENV_MARKER, CopyPlan,
-                             FileEntry, UserJobError, check_entry_path, human_bytes, workdir_on_node)
+from cluster.userjob import (ALWAYS_SKIPPED, DEFAULT_WORKDIR_LIMIT_MB, FILE_STORE, INCLUDE_FILE, VENV_MARKER,
+                             WITHHELD_LINK, WITHHELD_SHOWN, CopyPlan, FileEntry, UserJobError, check_entry_path,
+                             check_workdir, human_bytes, leads_to_include, link_inside, parse_includes,
+                             withheld_reason, workdir_on_node)
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import NodeOutcome, each_node
 
@@ -50,32 +57,56 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _includes(root: Path) -> tuple[str, ...]:
+    """The workdir's allow file (cluster/userjob.py INCLUDE_FILE), parsed, or ()."""
+    path = root / INCLUDE_FILE
+    return parse_includes(path.read_text(errors="replace")) if path.is_file() and not path.is_symlink() else ()
+
+
 def scan(workdir: str | Path, limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024 * 1024) -> CopyPlan:
-    """The workdir's files after the skip rules, hashed; UserJobError when over the limit."""
-    root = Path(workdir).resolve()
+    """The workdir's files after the skip rules, hashed; UserJobError when it is the home folder (before
+    anything is read) or over the limit. Dot-names, credential names and links out of the workdir are
+    withheld (CopyPlan.withheld) unless the allow file lists them (never a link out)."""
+    root = Path(check_workdir(str(Path(workdir).resolve()), str(Path.home().resolve())))
     spec = _ignore_spec(root)
-    files, skipped = [], []
+    includes = _includes(root)
+    files, skipped, withheld = [], [], []
     for here, dirs, names in os.walk(root, followlinks=False):
         rel_here = Path(here).relative_to(root).as_posix()
         rel = (lambda n: n) if rel_here == "." else (lambda n: f"{rel_here}/{n}")
         keep = []
         for d in sorted(dirs):
-            full = Path(here) / d
-            if (d in ALWAYS_SKIPPED or (full / VENV_MARKER).is_file() or full.is_symlink()
-                    or (spec is not None and spec.match_file(rel(d) + "/"))):
-                skipped.append(rel(d) + "/")
+            full, path = Path(here) / d, rel(d)
+            if full.is_symlink() and link_inside(str(root), os.path.realpath(full)) is None:
+                withheld.append((path + "/", WITHHELD_LINK))
+            elif (d in ALWAYS_SKIPPED or (full / VENV_MARKER).is_file() or full.is_symlink()
+                    or (spec is not None and spec.match_file(path + "/"))):
+                skipped.append(path + "/")
+            elif withheld_reason(path, includes) and not leads_to_include(path, includes):
+                withheld.append((path + "/", withheld_reason(path, includes)))
             else:
                 keep.append(d)
         dirs[:] = keep
         for name in sorted(names):
             full, path = Path(here) / name, rel(name)
-            if (spec is not None and spec.match_file(path)) or not full.is_file():
+            if spec is not None and spec.match_file(path):
                 skipped.append(path)
+                continue
+            target = link_inside(str(root), os.path.realpath(full)) if full.is_symlink() else path
+            if target is None:
+                withheld.append((path, WITHHELD_LINK))
+                continue
+            if not full.is_file():
+                skipped.append(path)
+                continue
+            reason = withheld_reason(path, includes) or withheld_reason(target, includes)
+            if reason:
+                withheld.append((path, reason))
                 continue
             stat = full.stat()
             files.append(FileEntry(check_entry_path(path), stat.st_size, _digest(full),
                                    executable=bool(stat.st_mode & 0o111)))
-    return CopyPlan(str(root), tuple(files), tuple(skipped), limit_bytes).check()
+    return CopyPlan(str(root), tuple(files), tuple(skipped), limit_bytes, tuple(withheld)).check()
 
 
 def _sh(*args: str) -> str:
@@ -102,6 +133,9 @@ def push_one(conn, plan: CopyPlan, job_id: str) -> tuple[int, int, str]:
 
 def push(conns: dict, plan: CopyPlan, job_id: str) -> list[NodeOutcome]:
     """The workdir on every node at once; a node's failure is its outcome, the others go on."""
+    for line in plan.withheld_lines(WITHHELD_SHOWN):
+        print(line, flush=True)
+
     def one(name: str, conn) -> NodeOutcome:
         try:
             sent, size, linked = push_one(conn, plan, job_id)

@@ -393,17 +393,17 @@ def _as_restricted_user(account, deny, action):
 
 
 def test_a_refused_listing_is_reported_and_the_other_kinds_are_still_listed(account):
-    listing = _as_restricted_user(account, ["ec2:DescribeSecurityGroups"],
+    listing = _as_restricted_user(account, ["ec2:DescribeVolumes"],
                                   lambda ec2, s3, *_: sweep.collect(ec2, s3, account["region"]))
-    assert set(listing.errors) == {"security-group"}
-    assert "ec2:DescribeSecurityGroups" in listing.errors["security-group"]
-    assert "not authorized" in listing.errors["security-group"]  # AWS's own message is kept
+    assert set(listing.errors) == {"volume"}
+    assert "ec2:DescribeVolumes" in listing.errors["volume"]
+    assert "not authorized" in listing.errors["volume"]  # AWS's own message is kept
     status = _status(listing)
-    assert not any(kind == "security-group" for _, kind, _ in status)
+    assert not any(kind == "volume" for _, kind, _ in status)
     assert {k[1] for k, v in status.items() if v == sweep.LEAKED} == {
-        "image", "snapshot", "volume", "key-pair", "placement-group", "spot-request"}
+        "image", "snapshot", "security-group", "key-pair", "placement-group", "spot-request"}
     assert listing.up_clusters == {"alive"}
-    assert "could not list security-groups: " in listing.render()
+    assert "could not list volumes: " in listing.render()
 
 
 def test_without_the_instance_listing_nothing_counts_as_leaked(account):

@@ -3,6 +3,7 @@ command every rank runs, and the shell that carries them out (rendered, shellche
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 
@@ -12,7 +13,7 @@ from cluster.inventory import Inventory
 from cluster.jobplan import plan_job
 from cluster.launch import RANK_WRAPPER, RESERVED_VARIABLES, LaunchError
 from cluster.profiles import PROFILES
-from cluster.userjob import (FILE_STORE, UserJobError, UserProgram, notice_signal, parse_requirements,
+from cluster.userjob import (FILE_STORE, WITHHELD_DOT, UserJobError, UserProgram, notice_signal, parse_requirements,
                              script_in_workdir, split_args)
 from node_setup.ssh import requirements as reqs
 from node_setup.ssh.workdir import WORKDIR_SH, scan
@@ -34,8 +35,9 @@ def test_the_scan_skips_git_caches_venvs_and_gitignored_files_and_hashes_the_res
         (tmp_path / rel).write_text(text)
     os.chmod(tmp_path / "train.py", 0o755)
     plan = scan(tmp_path)
-    assert sorted(f.path for f in plan.files) == [".gitignore", "lib/util.py", "train.py"]
+    assert sorted(f.path for f in plan.files) == ["lib/util.py", "train.py"]
     assert set(plan.skipped) == {".git/", "env/", "data/", "notes.log", "lib/__pycache__/"}
+    assert plan.withheld == ((".gitignore", WITHHELD_DOT),)  # a dot-file: withheld, and said so
     train = next(f for f in plan.files if f.path == "train.py")
     assert train.executable and train.stored_as.endswith(".x") and train.size == 9
     assert "train.py" in plan.manifest() and "\t" in plan.manifest()
@@ -119,20 +121,50 @@ def test_the_rank_wrapper_exports_what_torchrun_sets(tmp_path):
     assert user.stdout.split() == [f"{tmp_path}/runs/x", f"{tmp_path}/wd"]
 
 
-def test_the_workdir_script_stores_each_content_once_and_links_it(tmp_path):
-    (tmp_path / "job").mkdir()
-    (tmp_path / "job" / "workdir.manifest").write_text(f"{'a' * 64}\tsub/x.py\n{'a' * 64}\ty.py\n{'b' * 64}.x\trun\n")
-    run = lambda mode: subprocess.run(["sh", "-c", WORKDIR_SH, "xeon-cluster", mode, "job", "job/workdir"],  # noqa: E731
-                                      env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]},
-                                      capture_output=True, text=True, check=True).stdout
-    assert run("missing").split() == ["a" * 64, "b" * 64 + ".x"]
+def _workdir_sh(home, mode: str, job: str = "job") -> str:
+    return subprocess.run(["sh", "-c", WORKDIR_SH, "xeon-cluster", mode, job, f"{job}/workdir"],
+                          env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                          capture_output=True, text=True, check=True).stdout
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_the_workdir_script_stores_each_content_once_and_copies_it_into_the_job(tmp_path):
+    code, tool, empty = _sha("print(1)\n"), _sha("#!/bin/sh\n"), _sha("")
+    for job in ("job", "job2"):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "workdir.manifest").write_text(f"{code}\tsub/x.py\n{code}\ty.py\n{tool}.x\trun\n"
+                                                         f"{empty}\tlog.txt\n{empty}\tother.txt\n")
+    assert _workdir_sh(tmp_path, "missing").split() == sorted([code, tool + ".x", empty])
     store = tmp_path / FILE_STORE
-    (store / ("a" * 64 + ".part")).write_text("print(1)\n")
-    (store / ("b" * 64 + ".x.part")).write_text("#!/bin/sh\n")
-    assert "linked 3 file(s)" in run("link")
+    (store / (code + ".part")).write_text("print(1)\n")
+    (store / (tool + ".x.part")).write_text("#!/bin/sh\n")
+    (store / (empty + ".part")).write_text("")
+    assert "copied 5 file(s)" in _workdir_sh(tmp_path, "link")
     work = tmp_path / "job" / "workdir"
-    assert (work / "sub" / "x.py").stat().st_ino == (work / "y.py").stat().st_ino == (store / ("a" * 64)).stat().st_ino
-    assert os.access(work / "run", os.X_OK) and run("missing") == ""
+    assert os.access(work / "run", os.X_OK) and _workdir_sh(tmp_path, "missing") == ""
+    # the job writes into its files (as root would, whatever the mode): not into the store, not into
+    # another file of the same content, not into the next job's copy
+    assert len({(work / p).stat().st_ino for p in ("sub/x.py", "y.py", "log.txt", "other.txt")}) == 4
+    (work / "y.py").write_text("changed by the job\n")
+    with open(work / "log.txt", "a") as f:
+        f.write("a job's log line\n")
+    assert (work / "sub" / "x.py").read_text() == "print(1)\n" and (work / "other.txt").read_text() == ""
+    _workdir_sh(tmp_path, "link", "job2")
+    assert (tmp_path / "job2" / "workdir" / "y.py").read_text() == "print(1)\n"
+    assert (tmp_path / "job2" / "workdir" / "log.txt").read_text() == ""
+
+
+def test_a_stored_file_whose_content_changed_is_sent_again(tmp_path):
+    code = _sha("print(1)\n")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "workdir.manifest").write_text(f"{code}\tx.py\n")
+    store = tmp_path / FILE_STORE
+    store.mkdir(parents=True)
+    (store / code).write_text("tampered\n")  # e.g. written through a hard link by an earlier version
+    assert _workdir_sh(tmp_path, "missing").split() == [code] and not (store / code).exists()
 
 
 @pytest.mark.parametrize("kind", ["local", "file"])

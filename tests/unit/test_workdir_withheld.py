@@ -1,0 +1,195 @@
+"""What `fab train --script/--module` does not copy to the nodes: dot-files and dot-folders, files
+named like credentials, links that lead out of the workdir (cluster/userjob.py decides,
+node_setup/ssh/workdir.py scans), the home folder refused as a workdir, the allow file that ships a
+withheld path on purpose, and the pre-bake scrub that removes the nodes' file store and job folders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.setup_script import parse_events, prebake_script
+from cluster.userjob import (FILE_STORE, INCLUDE_FILE, WITHHELD_CREDENTIAL, WITHHELD_DOT, WITHHELD_LINK, CopyPlan,
+                             UserJobError, check_workdir, link_inside, parse_includes, withheld_reason)
+from node_setup.ssh.workdir import scan
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
+# A home-like folder: what a script saved in it would have shipped (fake values, no real secret)
+HOME_LIKE = {
+    "train.py": "print(1)\n", "lib/util.py": "x = 1\n", "data/train.csv": "a,b\n",
+    ".aws/credentials": "[default]\naws_secret_access_key = fake\n", ".ssh/id_ed25519": "fake key\n",
+    ".ssh/config": "Host *\n", ".env": "TOKEN=fake\n", ".config/gcloud/credentials.db": "fake",
+    ".kaggle/kaggle.json": "{}", ".bash_history": "export TOKEN=fake\n",
+    "keys/id_rsa": "fake key\n", "keys/server.pem": "fake\n", "conf/kaggle.json": "{}",
+}
+
+
+def make(folder: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    return folder
+
+
+# ----------------------------------------------------------------------------- pure decisions
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("train.py", None), ("lib/util.py", None), ("configs/app.yaml", None), ("id_rsa_notes.txt", "credential"),
+    (".aws", "dot"), (".aws/credentials", "dot"), (".ssh/id_ed25519", "dot"), (".env", "dot"), (".env.local", "dot"),
+    (".config/gcloud", "dot"), (".kaggle", "dot"), ("sub/.netrc", "dot"), ("a/.git-credentials", "dot"),
+    ("keys/id_ed25519", "credential"), ("id_rsa", "credential"), ("tls/server.pem", "credential"),
+    ("conf/kaggle.json", "credential"), ("credentials", "credential"), ("gcp/my-service-account-1.json", "credential"),
+])
+def test_dot_names_and_credential_names_are_withheld(path, reason):
+    expected = {None: None, "dot": WITHHELD_DOT, "credential": WITHHELD_CREDENTIAL}[reason]
+    assert withheld_reason(path) == expected
+
+
+def test_the_allow_file_ships_a_listed_path_and_what_is_under_a_listed_folder():
+    includes = parse_includes("# shipped on purpose\n.config/app.yaml\n.hydra/\n\nkeys/ca.pem\n")
+    assert includes == (".config/app.yaml", ".hydra", "keys/ca.pem")
+    assert withheld_reason(".config/app.yaml", includes) is None
+    assert withheld_reason(".hydra/config.yaml", includes) is None
+    assert withheld_reason("keys/ca.pem", includes) is None
+    assert withheld_reason(".config/other.yaml", includes) == WITHHELD_DOT  # only what is listed
+    assert withheld_reason("keys/server.pem", includes) == WITHHELD_CREDENTIAL
+
+
+@pytest.mark.parametrize("line", ["/etc/passwd", "../outside", "a/../../b", "*.pem", ".ssh/id_*"])
+def test_the_allow_file_refuses_absolute_climbing_and_wildcard_paths(line):
+    with pytest.raises(UserJobError, match=rf"^--workdir: {INCLUDE_FILE} line 2: .* is not allowed; list paths "):
+        parse_includes(f"ok.txt\n{line}\n")
+
+
+@pytest.mark.parametrize("target, inside", [
+    ("/home/u/proj/data/x.csv", "data/x.csv"), ("/home/u/proj", "."), ("/home/u/.aws/credentials", None),
+    ("/home/u/project-other/x", None), ("/etc/passwd", None), ("/home/u", None),
+])
+def test_a_link_is_inside_the_workdir_only_when_its_target_is(target, inside):
+    assert link_inside("/home/u/proj", target) == inside
+
+
+@pytest.mark.parametrize("workdir, refused", [
+    ("/home/u", True), ("/home", True), ("/", True), ("/home/u/proj", False), ("/home/u2", False),
+    ("/srv/work", False),
+])
+def test_the_home_folder_or_a_folder_above_it_is_refused_as_a_workdir(workdir, refused):
+    if refused:
+        with pytest.raises(UserJobError, match=rf"^--workdir: {workdir} is your home folder or holds it"):
+            check_workdir(workdir, "/home/u")
+    else:
+        assert check_workdir(workdir, "/home/u") == workdir
+
+
+def test_the_plan_lists_what_it_withheld_by_kind_and_how_to_ship_one():
+    plan = CopyPlan("/w", (), withheld=tuple((f".d{i}/", WITHHELD_DOT) for i in range(25))
+                    + (("link.txt", WITHHELD_LINK), ("k/id_rsa", WITHHELD_CREDENTIAL)))
+    full, short = plan.describe(), plan.withheld_lines(20)
+    assert any(line.startswith(f"  not copied, {WITHHELD_DOT}: .d0/, .d1/") and ".d9/" in line for line in full)
+    assert f"  not copied, {WITHHELD_LINK}: link.txt" in full
+    assert f"  not copied, {WITHHELD_CREDENTIAL}: k/id_rsa" in full
+    assert any(INCLUDE_FILE in line and "never copied" in line for line in full)
+    assert "and 5 more (--dry-run lists all)" in short[0] and ".d9/" not in short[0]  # sorted: .d10 ... .d19 ...
+
+
+# ----------------------------------------------------------------------------- the scan (real files)
+
+
+def test_a_home_like_workdir_ships_no_credential_and_follows_no_link_out(tmp_path):
+    work = make(tmp_path / "work", HOME_LIKE)
+    outside = make(tmp_path / "outside", {"secret.txt": "fake secret\n", "dir/x.txt": "x"})
+    (work / "leak.txt").symlink_to(outside / "secret.txt")
+    (work / "leakdir").symlink_to(outside / "dir")
+    (work / "lib" / "creds").symlink_to(work / ".aws" / "credentials")  # inside, but to a withheld file
+    (work / "lib" / "same.py").symlink_to(work / "lib" / "util.py")  # inside, to a shipped file: shipped
+    plan = scan(work)
+    assert sorted(f.path for f in plan.files) == ["data/train.csv", "lib/same.py", "lib/util.py", "train.py"]
+    assert dict(plan.withheld) == {
+        ".aws/": WITHHELD_DOT, ".ssh/": WITHHELD_DOT, ".env": WITHHELD_DOT, ".config/": WITHHELD_DOT,
+        ".kaggle/": WITHHELD_DOT, ".bash_history": WITHHELD_DOT, "keys/id_rsa": WITHHELD_CREDENTIAL,
+        "keys/server.pem": WITHHELD_CREDENTIAL, "conf/kaggle.json": WITHHELD_CREDENTIAL,
+        "leak.txt": WITHHELD_LINK, "leakdir/": WITHHELD_LINK, "lib/creds": WITHHELD_DOT}
+    assert "fake" not in plan.manifest()
+
+
+def test_the_allow_file_ships_what_it_lists_and_never_a_link_out(tmp_path):
+    work = make(tmp_path / "work", {"train.py": "", ".config/app.yaml": "a: 1\n", ".config/other": "",
+                                    ".hydra/config.yaml": "", "keys/ca.pem": "",
+                                    INCLUDE_FILE: ".config/app.yaml\n.hydra/\nkeys/ca.pem\nleak.txt\n"})
+    (tmp_path / "secret.txt").write_text("fake")
+    (work / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    plan = scan(work)
+    assert sorted(f.path for f in plan.files) == [".config/app.yaml", ".hydra/config.yaml", "keys/ca.pem", "train.py"]
+    assert dict(plan.withheld) == {".config/other": WITHHELD_DOT, INCLUDE_FILE: WITHHELD_DOT,
+                                   "leak.txt": WITHHELD_LINK}
+
+
+def test_the_scan_refuses_the_home_folder_before_reading_it(tmp_path, monkeypatch):
+    make(tmp_path, {"train.py": "", ".aws/credentials": "fake"})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(UserJobError, match="is your home folder or holds it"):
+        scan(tmp_path)
+    with pytest.raises(UserJobError, match="is your home folder or holds it"):
+        scan(tmp_path.parent)
+
+
+# ----------------------------------------------------------------------------- fab train (dry run, no node)
+
+
+def fab(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    return subprocess.run([sys.executable, "-m", "fabric", "train", *argv, "--dry-run",
+                           "-c", str(tmp_path / "lab.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HOME": str(tmp_path / "home")})
+
+
+def test_fab_train_refuses_a_script_in_the_home_folder_in_one_line_with_exit_2(tmp_path):
+    home = make(tmp_path / "home", {"train.py": "print(1)\n", ".aws/credentials": "fake"})
+    result = fab(tmp_path, "--script", str(home / "train.py"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: --workdir: {home.resolve()} is your home folder or holds it, and would copy all of it to every "
+        "node; allowed: a folder of the project, e.g. move the script into a folder of its own or pass "
+        "--workdir PROJECT_FOLDER"]
+
+
+def test_fab_train_dry_run_lists_what_would_be_copied_and_what_would_not(tmp_path):
+    work = make(tmp_path / "home" / "proj", HOME_LIKE)
+    (work / "leak.txt").symlink_to(tmp_path / "lab.yaml")
+    result = fab(tmp_path, "--script", str(work / "train.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "copy plan: 3 file(s)" in out and "  train.py  " in out and "  data/train.csv  " in out, out
+    assert (f"  not copied, {WITHHELD_DOT}: .aws/, .bash_history, .config/, .env, .kaggle/, .ssh/\n"
+            f"  not copied, {WITHHELD_CREDENTIAL}: conf/kaggle.json, keys/id_rsa, keys/server.pem\n"
+            f"  not copied, {WITHHELD_LINK}: leak.txt\n"
+            f"  to copy a path that is not copied on purpose, list it (one a line) in {INCLUDE_FILE}") in out, out
+
+
+# ----------------------------------------------------------------------------- the pre-bake scrub
+
+
+def test_the_prebake_scrub_removes_the_nodes_file_store_and_job_folders(tmp_path):
+    root = tmp_path / "img"
+    stored = "0" * 64
+    make(root, {f"home/ubuntu/{FILE_STORE}/{stored}": "[default]\naws_secret_access_key = fake\n",
+                f"root/{FILE_STORE}/{stored}.x": "#!/bin/sh\n",
+                "home/ubuntu/.xeon-cluster/jobs/20261123-101500-ab12/workdir/train.py": "print(1)\n",
+                "home/ubuntu/.xeon-cluster/jobs/20261123-101500-ab12/workdir.manifest": f"{stored}\ttrain.py\n",
+                "home/ubuntu/project/train.py": "the user's own folder stays\n"})
+    bin_dir = make(tmp_path / "bin", {"sudo": 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"\n'})
+    (bin_dir / "sudo").chmod(0o755)  # a test double for sudo, used when the test runs as a plain user
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=None)],
+                            capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} == {"home/ubuntu/project/train.py"}
+    listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
+    for gone in (f"/home/ubuntu/{FILE_STORE}", f"/root/{FILE_STORE}", "/home/ubuntu/.xeon-cluster/jobs"):
+        assert gone in listed, listed
