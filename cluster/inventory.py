@@ -101,6 +101,7 @@ class Inventory:
 
     def __post_init__(self) -> None:
         try:
+            names.cluster(self.name, "name")
             names.user(self.user, f"cluster {self.name!r} user")
             if self.gateway:
                 names.endpoint(self.gateway, f"cluster {self.name!r} gateway")
@@ -146,9 +147,17 @@ class Inventory:
         if not hosts or not isinstance(hosts, list):
             raise InventoryError(f"{where}: 'hosts' must be a non-empty list, master first")
         profile = data.get("profile", DEFAULT_PROFILE)
-        if profile not in PROFILES:
+        if not isinstance(profile, str) or profile not in PROFILES:
             raise InventoryError(f"inventory {default_name!r}: profile {profile!r} is unknown; "
                                  f"allowed: {', '.join(sorted(PROFILES))}")
+        if data.get("instance_type") is not None:
+            try:
+                names.alias(data["instance_type"], f"{where} instance_type")
+            except names.UnsafeValue as exc:
+                raise InventoryError(str(exc)) from None
+        if data.get("key") is not None and not isinstance(data["key"], str):
+            raise InventoryError(f"{where} key: {data['key']!r} is not allowed; allowed: the path of a private key "
+                                 "on this machine")
         nodes = []
         for rank, host in enumerate(hosts):
             if isinstance(host, str):
@@ -166,16 +175,21 @@ class Inventory:
                 ))
             except InventoryError as exc:
                 raise InventoryError(f"{where}: {exc}") from None
-        names = [n.name for n in nodes]
-        if len(set(names)) != len(names):
-            raise InventoryError(f"inventory {default_name!r}: host names repeat: {names}")
-        return cls(
-            name=str(data.get("name") or default_name), kind=kind, user=str(data.get("user") or "root"),
-            nodes=tuple(nodes), key_path=data.get("key"), gateway=data.get("gateway"), profile=profile,
-            instance_type=data.get("instance_type"), sockets=_count(data.get("sockets"), f"{where} sockets"),
-            physical_cores=_count(data.get("physical_cores"), f"{where} physical_cores"),
-            wheelhouse=data.get("wheelhouse"),
-        )
+        aliases = [n.name for n in nodes]
+        if len(set(aliases)) != len(aliases):
+            raise InventoryError(f"inventory {default_name!r}: host names repeat: {aliases}")
+        sockets = _count(data.get("sockets"), f"{where} sockets")
+        physical_cores = _count(data.get("physical_cores"), f"{where} physical_cores")
+        try:
+            inventory = cls(
+                name=str(data.get("name") or default_name), kind=kind, user=str(data.get("user") or "root"),
+                nodes=tuple(nodes), key_path=data.get("key"), gateway=data.get("gateway"), profile=profile,
+                instance_type=data.get("instance_type"), sockets=sockets,
+                physical_cores=physical_cores, wheelhouse=data.get("wheelhouse"),
+            )
+        except InventoryError as exc:
+            raise InventoryError(f"{where}: {exc}") from None
+        return inventory
 
     def to_mapping(self) -> dict[str, Any]:
         """The inventory as the YAML file format (round-trips through from_mapping)."""

@@ -20,6 +20,11 @@ ALIAS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 _LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
 # An absolute path on a node, in characters no shell treats specially.
 PATH_RE = re.compile(r"/[A-Za-z0-9._/+-]*\Z")
+# A cluster's name: it names files on the master (~/.ssh/<cluster>_ed25519) and the controller's key
+# directory, and the managed block of ~/.ssh/config; '..' is refused on top (no climbing out of ~/.ssh).
+CLUSTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+# A TCP port as written in `host:port` (ASCII digits only: str.isdigit also takes '²' and '２').
+_PORT_RE = re.compile(r"[0-9]{1,5}\Z")
 
 
 class UnsafeValue(ValueError):
@@ -42,12 +47,24 @@ def alias(value: object, setting: str = "name") -> str:
     return value
 
 
+def cluster(value: object, setting: str = "cluster name") -> str:
+    if not isinstance(value, str) or not CLUSTER_RE.fullmatch(value) or ".." in value:
+        raise _refuse(setting, value, "letters, digits, '.', '_' and '-' (up to 64, no '..'), "
+                                      "starting with a letter or digit")
+    return value
+
+
 def is_ip(value: str) -> bool:
+    """Whether `value` is an IPv4 or IPv6 address without a zone id.
+
+    `ipaddress` takes `fe80::1%<anything>` (newlines and quotes included) as an address with a
+    scope id; a zone names one machine's interface, no use to other nodes, and is refused.
+    """
     try:
         ipaddress.ip_address(value)
     except ValueError:
         return False
-    return True
+    return "%" not in value
 
 
 def host(value: object, setting: str = "address") -> str:
@@ -55,7 +72,7 @@ def host(value: object, setting: str = "address") -> str:
     if isinstance(value, str) and (is_ip(value) or (
             len(value) <= 253 and all(_LABEL_RE.fullmatch(label) for label in value.rstrip(".").split(".")))):
         return value
-    raise _refuse(setting, value, "an IP address or a host name (letters, digits, '-' and '.')")
+    raise _refuse(setting, value, "an IP address (no %zone) or a host name (letters, digits, '-' and '.')")
 
 
 def endpoint(value: object, setting: str = "address") -> str:
@@ -68,7 +85,7 @@ def endpoint(value: object, setting: str = "address") -> str:
         user(login, f"{setting} (user)")
     if rest.count(":") == 1:  # host:port (IPv6 addresses have more colons and no port here)
         rest, port = rest.split(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
+        if not _PORT_RE.fullmatch(port) or not 0 < int(port) < 65536:
             raise _refuse(f"{setting} (port)", port, "a TCP port, 1 to 65535")
     host(rest, setting)
     return value

@@ -13,6 +13,10 @@ Names used on the master (``~`` is the SSH user's home there):
 Host keys are looked up under the node's alias (`HostKeyAlias`), and the known_hosts lines carry
 both the alias and the private address, so `ssh node2` and `ssh 10.0.0.12` are both verified
 strictly; `StrictHostKeyChecking yes` is written explicitly, never `no`.
+
+Every value written into these files is checked again here, whole-value (cluster/names.py), however
+the nodes were made: a line break, space or quote in a name, an address, the user or a key would
+add a line or an option to a file that sshd or ssh reads (a `ProxyCommand`, a `command=`).
 """
 
 from __future__ import annotations
@@ -28,11 +32,21 @@ HOSTFILE_NAME = "hosts"
 KEY_COMMENT_PREFIX = "xeon-cluster:"
 _BLOCK_BEGIN = "# BEGIN xeon-cluster {cluster}"
 _BLOCK_END = "# END xeon-cluster {cluster}"
-_KEY_LINE = re.compile(r"^[A-Za-z0-9@._+-]+ [A-Za-z0-9+/=]+$")
+_KEY_LINE = re.compile(r"[A-Za-z0-9@._+-]+ [A-Za-z0-9+/=]+\Z")
+# The cluster key's public half: `type base64 xeon-cluster:<cluster>` (keys.py writes it).
+_PUBLIC_KEY = re.compile(r"[A-Za-z0-9@._+-]+ [A-Za-z0-9+/=]+ [A-Za-z0-9@._:+-]+\Z")
 
 
 class RenderError(ValueError):
     """The nodes or keys cannot be rendered; the message says which and why."""
+
+
+def _checked(check, value: object, setting: str) -> str:
+    """`value` if `check` (one of cluster/names.py's) passes it, else RenderError with its message."""
+    try:
+        return check(value, setting)
+    except names.UnsafeValue as exc:
+        raise RenderError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,9 @@ class MasterPaths:
     """Where distribution puts things on the master, relative to the SSH user's home (`~`)."""
 
     cluster: str
+
+    def __post_init__(self) -> None:
+        _checked(names.cluster, self.cluster, "cluster name")
 
     @property
     def private_key(self) -> str:
@@ -67,13 +84,16 @@ def ordered(nodes: Iterable[Node]) -> list[Node]:
         values = [getattr(n, attr) for n in nodes]
         if len(set(values)) != len(values):
             raise RenderError(f"nodes: {attr}s repeat ({values}); every node needs its own {attr}")
-    return nodes  # names and addresses were checked when the nodes were made (cluster/names.py)
+    for node in nodes:  # checked when the nodes were made too; these end up in files on the master
+        _checked(names.alias, node.name, f"node {node.rank} name")
+        _checked(names.host, node.private_address, f"node {node.rank} private_address")
+    return nodes
 
 
 def hostfile_text(nodes: Iterable[Node], slots: int | None = None) -> str:
     """The MPI hostfile: one alias per line, master first; `slots` adds `:N` (ranks per node)."""
-    if slots is not None and slots < 1:
-        raise RenderError(f"slots: {slots!r} must be at least 1 rank per node")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise RenderError(f"slots: {slots!r} is not allowed; allowed: a whole number of ranks per node, 1 or more")
     suffix = f":{slots}" if slots else ""
     return "".join(f"{n.name}{suffix}\n" for n in ordered(nodes))
 
@@ -81,6 +101,8 @@ def hostfile_text(nodes: Iterable[Node], slots: int | None = None) -> str:
 def ssh_config_block(cluster: str, nodes: Iterable[Node], user: str, paths: MasterPaths | None = None) -> str:
     """The managed `~/.ssh/config` block: every node by alias and by private address."""
     paths = paths or MasterPaths(cluster)
+    _checked(names.cluster, cluster, "cluster name")
+    _checked(names.user, user, "user")
     lines = [_BLOCK_BEGIN.format(cluster=cluster) + " (written by `fab distribute`; edits inside are replaced)"]
     for node in ordered(nodes):
         patterns = node.name if node.private_address == node.name else f"{node.name} {node.private_address}"
@@ -106,6 +128,7 @@ def replace_managed_block(existing: str, block: str, cluster: str) -> str:
     Prepended, because ssh takes the first value it finds for each option: a user's later
     `Host *` section must not override the cluster's settings. Text outside the block is kept.
     """
+    _checked(names.cluster, cluster, "cluster name")
     begin, end = _BLOCK_BEGIN.format(cluster=cluster), _BLOCK_END.format(cluster=cluster)
     lines = existing.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.startswith(begin)), None)
@@ -131,14 +154,14 @@ def known_hosts_text(nodes: Iterable[Node], host_keys: Mapping[str, str]) -> str
         key = " ".join(key.split()[:2])
         if not _KEY_LINE.match(key):
             raise RenderError(f"node {node.name}: host key {key[:40]!r} is not 'type base64'")
-        names = node.name if node.private_address == node.name else f"{node.name},{node.private_address}"
-        out.append(f"{names} {key}\n")
+        hosts = node.name if node.private_address == node.name else f"{node.name},{node.private_address}"
+        out.append(f"{hosts} {key}\n")
     return "".join(out)
 
 
 def key_comment(cluster: str) -> str:
     """The comment of the cluster key's public half: how authorized_keys lines are recognised."""
-    return f"{KEY_COMMENT_PREFIX}{cluster}"
+    return f"{KEY_COMMENT_PREFIX}{_checked(names.cluster, cluster, 'cluster name')}"
 
 
 # What the cluster key may not do on a node: it only starts commands (mpirun's proxies, the job).
@@ -153,6 +176,9 @@ def authorized_key_line(public_key: str, nodes: Iterable[Node]) -> str:
     `from=`); forwarding is refused either way.
     """
     addresses = [n.private_address for n in ordered(nodes)]
+    if not _PUBLIC_KEY.match(public_key.strip()):
+        raise RenderError(f"cluster key: {public_key.strip()[:60]!r} is not allowed; allowed: one line "
+                          f"'type base64 {KEY_COMMENT_PREFIX}<cluster>'")
     source = f'from="{",".join(addresses)}",' if all(names.is_ip(a) for a in addresses) else ""
     return f"{source}{KEY_RESTRICTIONS} {public_key.strip()}"
 

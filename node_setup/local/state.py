@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from cluster import names
 from cluster.inventory import Inventory, Node
 from cluster.tags import ROLE_MASTER, ROLE_WORKER
 from node_setup.controller import config_root
@@ -260,6 +261,8 @@ def sshd_config_text(node_dir: Path) -> str:
 
 def hosts_text(hostname: str, address: str) -> str:
     """The node's /etc/hosts: like a cloud VM, a node resolves its own name, not the others'."""
+    names.alias(hostname, "local node name")  # whole values: a space or line break would add a name or a line
+    names.host(address, "local node address")
     return (f"127.0.0.1\tlocalhost\n{address}\t{hostname}\n"
             "::1\tlocalhost ip6-localhost ip6-loopback\n")
 

@@ -15,15 +15,13 @@ comment is `xeon-cluster:<cluster>`.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster import names
 from cluster.render import key_comment
 from node_setup.controller import PROJECT_ROOT, config_root
-
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 class KeyStoreError(RuntimeError):
@@ -32,9 +30,10 @@ class KeyStoreError(RuntimeError):
 
 def cluster_dir(cluster: str, *, create: bool = True) -> Path:
     """The cluster's directory under the config root (made 0700 when `create`)."""
-    if not isinstance(cluster, str) or not NAME_RE.fullmatch(cluster) or ".." in cluster:
-        raise KeyStoreError(f"cluster name {cluster!r} cannot name a key directory; allowed: letters, digits, "
-                            "'.', '_', '-' (up to 64), starting with a letter or digit")
+    try:
+        names.cluster(cluster)
+    except names.UnsafeValue as exc:
+        raise KeyStoreError(str(exc)) from None
     path = config_root() / "keys" / cluster
     resolved = path.resolve()
     if resolved == PROJECT_ROOT or PROJECT_ROOT in resolved.parents:

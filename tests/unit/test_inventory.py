@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from cluster.inventory import Inventory, InventoryError
@@ -47,6 +52,31 @@ def test_first_cuts_and_names_the_allowed_range():
     ({"hosts": ["node-1.example.org\n"]}, r"address: 'node-1.example.org\\n' is not allowed"),
     ({"hosts": [{"name": "n0\n", "address": "10.0.0.1"}]}, r"name: 'n0\\n' is not allowed"),
     ({"hosts": ["a"], "wheelhouse": "/srv/w\n"}, r"wheelhouse: '/srv/w\\n' is not allowed"),
+    # IPv6 zone ids: `ipaddress` takes anything after '%'; it would reach ssh config and known_hosts
+    ({"hosts": ["fe80::1%eth0\n  ProxyCommand sh -c id"]}, r"address: 'fe80::1%eth0\\n  ProxyCommand .* allowed: "
+                                                          r"an IP address \(no %zone\)"),
+    ({"hosts": [{"address": "10.0.0.1", "private_address": 'fe80::1%x"'}]}, "private_address: .* is not allowed"),
+    ({"hosts": [{"address": "10.0.0.1", "private_address": "fe80::1%a b"}]}, "private_address: .* is not allowed"),
+    ({"hosts": [{"address": "10.0.0.1", "private_address": "fe80::1%eth0"}]}, "private_address: .* is not allowed"),
+    ({"hosts": ["a"], "gateway": "fe80::1%eth0\nHost *"}, "gateway: .* is not allowed"),
+    # names, users and ports with a quote, a space or a line break
+    ({"hosts": [{"name": 'n0"', "address": "10.0.0.1"}]}, "name: .* is not allowed"),
+    ({"hosts": [{"name": "n0 n1", "address": "10.0.0.1"}]}, "name: 'n0 n1' is not allowed"),
+    ({"hosts": ["a"], "user": 'ubuntu"'}, "user: .* is not allowed; allowed: a login name"),
+    ({"hosts": ["a"], "user": "ubuntu root"}, "user: 'ubuntu root' is not allowed"),
+    ({"hosts": ["a:22\n"]}, r"address \(port\): '22\\n' is not allowed; allowed: a TCP port"),
+    ({"hosts": ["a:2 2"]}, r"address \(port\): '2 2' is not allowed"),
+    ({"hosts": ["a:\u00b2"]}, r"address \(port\): '\u00b2' is not allowed; allowed: a TCP port"),
+    ({"hosts": ["a"], "gateway": "b:\uff12\uff12"}, r"gateway \(port\): .* is not allowed"),
+    # the cluster's name names files on the master (~/.ssh/<name>_ed25519) and the ssh config block
+    ({"hosts": ["a"], "name": "../../x"}, r"inventory 'lab': name: '../../x' is not allowed; allowed: letters"),
+    ({"hosts": ["a"], "name": "lab\nHost *"}, r"name: 'lab\\nHost \*' is not allowed"),
+    ({"hosts": ["a"], "name": "a b"}, "name: 'a b' is not allowed"),
+    # types the file may hold that are not the setting's
+    ({"hosts": ["a"], "profile": ["stock"]}, r"profile \['stock'\] is unknown; allowed: intel, stock"),
+    ({"hosts": ["a"], "instance_type": ["c6i.16xlarge"]}, r"instance_type: \['c6i.16xlarge'\] is not allowed"),
+    ({"hosts": ["a"], "instance_type": "c6i.16xlarge\n"}, r"instance_type: 'c6i.16xlarge\\n' is not allowed"),
+    ({"hosts": ["a"], "key": {"path": "x"}}, r"key: \{'path': 'x'\} is not allowed; allowed: the path"),
 ])
 def test_bad_inventories_say_what_is_wrong(data, message):
     with pytest.raises(InventoryError, match=message):
@@ -76,3 +106,24 @@ def test_nodes_from_any_source_are_checked(monkeypatch):
         Node(name="node0", address="10.0.0.1", private_address="10.0.0.1 *", rank=0)
     with pytest.raises(InventoryError, match="user"):
         Inventory(name="c", kind="aws", user="Ubuntu$(id)", nodes=())
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('name: "../../x"', "inventory 'lab': name: '../../x' is not allowed; allowed: letters, digits"),
+    ('hosts: ["fe80::1%eth0\\nProxyCommand id"]', r"address: 'fe80::1%eth0\nProxyCommand id' is not allowed"),
+])
+def test_a_bad_inventory_value_is_one_line_and_exit_2_through_fab(tmp_path, line, message):
+    """The real `fab` (python -m fabric) with --cluster naming the file: one line, exit 2, before connecting."""
+    path = tmp_path / "lab.yaml"
+    path.write_text(f"user: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10]\n{line}\n")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = subprocess.run([sys.executable, "-m", "fabric", "train", "--dry-run", "--cluster", str(path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "config").exists()  # nothing was made for the cluster on this machine either
