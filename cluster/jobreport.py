@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cluster.inventory import Inventory
-
-SUMMARY_KEYS = ("status", "world_size", "nodes", "global_batch_size", "steps", "epoch", "train_loss",
-                "samples_per_second", "wall_seconds", "final_model")
+from cluster.jobsummary import PRINTED as SUMMARY_KEYS
 
 
 def interruption_record(summary: dict) -> tuple[int | None, dict | None, str | None]:
@@ -21,7 +19,8 @@ def interruption_record(summary: dict) -> tuple[int | None, dict | None, str | N
 
 
 def summary_lines(summary: dict, path: str, master: str) -> list[str]:
-    """The run's figures (SUMMARY_KEYS, then its metrics) and its failed checkpoint uploads."""
+    """The run's figures (SUMMARY_KEYS, then its metrics) and its failed checkpoint uploads.
+    `summary` as cluster/jobsummary.py's `parse` gives it (so are the reports below)."""
     lines = [f"summary ({path} on {master}):"]
     lines += [f"  {key}: {summary[key]}" for key in SUMMARY_KEYS if key in summary]
     lines += [f"  {key}: {value}" for key, value in sorted((summary.get("metrics") or {}).items())

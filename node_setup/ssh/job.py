@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Mapping, Sequence, TextIO
 
-from cluster import shell
+from cluster import jobsummary, shell
 from cluster.jobplan import JOB_ID_RE, JobPlan, check_job_id
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
@@ -181,14 +181,13 @@ def read_remote_file(conn, path: str) -> str | None:
     return out.getvalue().decode(errors="replace")
 
 
-def read_remote_json_object(conn, path: str) -> dict | None:
-    """The JSON object in `path` on the node, or None (missing, unreadable or not an object)."""
-    text = read_remote_file(conn, path)
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+def read_remote_summary(conn, path: str, say=print) -> dict | None:
+    """The job's summary.json at `path` on the node, checked (cluster/jobsummary.py): None when it is
+    missing, not JSON or not an object; each malformed field left out is one warning line to `say`."""
+    summary, warnings = jobsummary.parse(read_remote_file(conn, path), path)
+    for line in warnings:
+        say(line)
+    return summary
 
 
 def write_remote_json(conn, path: str, data) -> None:

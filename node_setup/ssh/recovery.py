@@ -162,10 +162,10 @@ def write_records(master, output_dir: str, records: list[dict]) -> None:
 def merge_into_summary(master, output_dir: str, records: list[dict]) -> bool:
     """Put the run's recoveries into summary.json on the master (the resumed job wrote it without
     them); False when there is no readable summary."""
-    from node_setup.ssh.job import read_remote_json_object, write_remote_json
+    from node_setup.ssh.job import read_remote_summary, write_remote_json
 
     path = _path(output_dir, "summary.json")
-    summary = read_remote_json_object(master, path)
+    summary = read_remote_summary(master, path)
     if summary is None:
         return False
     write_remote_json(master, path, merge_recoveries(summary, records))

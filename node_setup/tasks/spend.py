@@ -177,7 +177,7 @@ def record_cost(master, path: str, cost: spend.RunCost) -> bool:
     from node_setup.ssh import job as jobs
 
     try:
-        summary = jobs.read_remote_json_object(master, path)
+        summary = jobs.read_remote_summary(master, path)
         if summary is None:
             return False
         summary[spend.COST_KEY] = cost.record()

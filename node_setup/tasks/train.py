@@ -26,7 +26,6 @@ the order of the steps above, one section each.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass, field, replace
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from invoke import Exit
 
-from cluster import jobreport
+from cluster import jobreport, jobsummary
 from cluster import worldcheck
 from cluster.inventory import Inventory, InventoryError
 from cluster.worldcheck import INDEPENDENT_OPTION
@@ -261,16 +260,16 @@ def _distribute(inventory: Inventory, conns) -> None:
 
 
 def _read_summary(master, plan: JobPlan) -> tuple[dict | None, str | None]:
-    """(summary.json of the job on the master, None), or (None, why there is none to read)."""
+    """(summary.json of the job on the master, checked: cluster/jobsummary.py, None), or (None, why there is
+    none to read)."""
     path = f"{plan.output_dir}/summary.json"
     text = jobs.read_remote_file(master, path)
     if text is None:
         return None, f"(no {path} on the master)"
-    try:
-        summary = json.loads(text)
-    except ValueError:
-        summary = None
-    return (summary, None) if isinstance(summary, dict) else (None, f"summary ({path}): unreadable")
+    summary, warnings = jobsummary.parse(text, path)
+    for line in warnings:
+        print(line)
+    return (summary, None) if summary is not None else (None, f"summary ({path}): unreadable")
 
 
 def _print_summary(master, plan: JobPlan) -> None:
@@ -313,9 +312,12 @@ def _follow_to_end(master, conns, plan: JobPlan, *, managed: bool = False) -> in
         print(f"  exit code {first.code}: rank {first.rank}'s program's own (the launcher returned {code})")
         code = first.code
     if code == INTERRUPTED_BY_RECLAIM and not plan.user:
-        summary = _read_summary(master, plan)[0]
-        for line in jobreport.reclaim_report(summary, plan.inventory.master.name, managed=managed):
-            print(f"  {line}")
+        try:  # whatever the master's summary holds, the cleanup below still runs
+            summary = _read_summary(master, plan)[0]
+            for line in jobreport.reclaim_report(summary, plan.inventory.master.name, managed=managed):
+                print(f"  {line}")
+        except Exception as exc:  # noqa: BLE001 - e.g. the master went with the reclaim
+            print(f"  what was saved cannot be read from {plan.inventory.master.name} ({type(exc).__name__}: {exc})")
     cleanup = jobs.stop(master, conns, job_id, grace=5)
     if any(not o.ok for o in cleanup):
         print("could not clean up every node:")
