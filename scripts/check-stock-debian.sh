@@ -57,6 +57,8 @@ for tool in python python3 pip pip3 git; do
 done
 
 echo "== mounts, DNS and this machine's registry settings"
+# The chroot's / is a mount point of its own, as a real root is (`ip netns exec` re-mounts / as a slave).
+mount --bind "$ROOT" "$ROOT"; MOUNTS+=("$ROOT")
 mount -t proc proc "$ROOT/proc"; MOUNTS+=("$ROOT/proc")
 mount -t sysfs sysfs "$ROOT/sys"; MOUNTS+=("$ROOT/sys")
 bind /dev; bind /dev/pts
