@@ -7,8 +7,9 @@
 # Everything it writes (the stack file, the local cluster's key and state) goes to a temporary
 # directory, removed at the end; nothing is written to the checkout.
 #
-# Needs root (network namespaces), as the local cluster does; no AWS account, no Pulumi CLI, no network.
+# Needs root (network namespaces), as the local cluster does, and the venv of scripts/setup-dev.sh;
+# no AWS account, no Pulumi CLI, no network.
 #   bash scripts/rehearse-aws.sh [--verbose] [--keep-workdir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python -m tests.rehearsal.sitting "$@"
+exec "${XEON_CLUSTER_VENV:-.venv}/bin/python" -m tests.rehearsal.sitting "$@"
