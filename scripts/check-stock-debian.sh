@@ -64,6 +64,8 @@ mount -t sysfs sysfs "$ROOT/sys"; MOUNTS+=("$ROOT/sys")
 bind /dev; bind /dev/pts
 mount -t tmpfs tmpfs "$ROOT/run"; MOUNTS+=("$ROOT/run")
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# What the Debian installer writes and debootstrap does not: the machine's /etc/hosts.
+[ -e "$ROOT/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOT/etc/hosts"
 # As in any chroot or container build: packages' install scripts must not start daemons (sshd) here.
 printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"; chmod +x "$ROOT/usr/sbin/policy-rc.d"
 [ -d /usr/local/share/ca-certificates ] && cp -r /usr/local/share/ca-certificates/. "$ROOT/usr/local/share/ca-certificates/"

@@ -4,13 +4,21 @@ Every test, and every process a test starts with this environment, has boto3's i
 lookups (credentials, region) turned off: nothing may be sent to 169.254.169.254 from the host's
 own namespace, where a real metadata service may answer. (The local nodes' fake metadata services
 live inside their namespaces and are asked by the job's spot watcher, not by boto3.)
+
+The test command is the set-up's venv python (`.venv/bin/python -m pytest`, no activation): the
+tools that venv installs (hadolint, mpirun, fab) come first on PATH, as `. .venv/bin/activate` does.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+_VENV_BIN = str(Path(sys.executable).parent)
+if _VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join([_VENV_BIN, os.environ.get("PATH", "")])
 
 AWS_TEST_REGION = "us-east-1"
 
