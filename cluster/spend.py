@@ -26,6 +26,10 @@ LOCAL = "local"  # the local cluster's market: nothing is paid
 LOCAL_NO_PRICE = "local cluster: no price"
 NO_PRICE_FOR_FILE = "no price: machines of an inventory file"
 COST_KEY = "cost"  # summary.json's cost record
+# A user's program writes what it likes to its own output folder; the toolkit's record of such a
+# run (the built-in job's summary fields fab reads: cost, wall time, nodes, recoveries) lives in
+# the job's own directory on the master instead, under this name.
+RUN_RECORD_NAME = "summary.json"
 UNKNOWN = "-"
 
 
@@ -195,6 +199,13 @@ class RunCost:
                 "actual_seconds": _rounded(self.actual_s, 1), "actual_usd": _rounded(self.actual_usd, 4),
                 "hourly_usd": _rounded(self.usd_per_hour, 4), "nodes": self.nodes, "price_source": self.price_source,
                 **({"not_planned": self.why_not_planned} if self.planned_s is None else {})}
+
+
+def run_record(job_id: str, exit_code: int, hosts: list[str], world_size: int, cost: RunCost) -> dict[str, Any]:
+    """The toolkit's summary of a user program's run: what the built-in job's summary.json holds
+    for fab (cost, wall time, nodes, recoveries: a user's program is never recovered)."""
+    return {"job_id": job_id, "exit_code": exit_code, "nodes": list(hosts), "world_size": world_size,
+            "wall_seconds": _rounded(cost.actual_s, 1), "recoveries": [], COST_KEY: cost.record()}
 
 
 def run_price(spend: ClusterSpend) -> tuple[float | None, str]:

@@ -169,7 +169,26 @@ class RunCostClock:
         print(self.cost.actual_line())
         if not plan.user:  # the built-in job writes summary.json; a user's program has its own outputs
             record_cost(master, f"{plan.output_dir}/summary.json", self.cost)
+        else:
+            record_run(master, plan, code, self.cost)
         return self.cost
+
+
+def record_run(master, plan: JobPlan, code: int, cost: spend.RunCost) -> str | None:
+    """Write the toolkit's summary of a user program's run into the job's directory on the master
+    (cluster/spend.py run_record); its path, or None (said in one line) when it could not be written."""
+    from cluster.launch import job_dir
+    from node_setup.ssh import job as jobs
+
+    path = f"{job_dir(plan.job_id)}/{spend.RUN_RECORD_NAME}"
+    record = spend.run_record(plan.job_id, code, list(plan.launch.hosts), plan.launch.world_size, cost)
+    try:
+        jobs.write_remote_json(master, path, record)
+    except Exception as exc:  # noqa: BLE001 - the run is over; say the record is missing, do not fail it
+        print(f"summary: not recorded in ~/{path} ({type(exc).__name__}: {exc})")
+        return None
+    print(f"summary: ~/{path} on {plan.inventory.master.name}")
+    return path
 
 
 def record_cost(master, path: str, cost: spend.RunCost) -> bool:

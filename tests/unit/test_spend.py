@@ -251,3 +251,27 @@ def test_a_local_node_s_start_is_its_sshd_s_else_local_up_s(tmp_path):
     assert [n.launched_at for n in inventory.nodes] == [own, NOW - HOUR, None]
     (tmp_path / "state.json").unlink()  # no state file: start times not known
     assert [n.launched_at for n in resolve_cluster(str(tmp_path / "inventory.yaml")).nodes] == [None] * 3
+
+
+def test_a_user_program_s_run_gets_the_toolkit_s_summary_in_its_job_directory(monkeypatch, capsys):
+    """The built-in job's summary fields fab reads (cost, wall time, nodes, recoveries) for `--script`
+    runs too, in the job's directory: the program's own output folder is left as the program wrote it."""
+    import dataclasses
+    import json
+
+    from cluster.userjob import UserProgram
+    from node_setup.ssh import job as ssh_job
+    from node_setup.tasks.spend import RunCostClock
+
+    monkeypatch.setattr(ssh_job, "job_state", lambda master, job_id: ("exited", "0"))
+    times = iter([100.0, 145.5])
+    plan = dataclasses.replace(local_plan(), user=UserProgram(script="train.py", module=None, args=()))
+    clock = RunCostClock.at_launch(plan, clock=lambda: next(times))
+    master = MasterDouble({"/out/job-9/summary.json": json.dumps({"the program's": "own"})})
+    cost = clock.at_end(master, plan, 0)
+    record_path = f".xeon-cluster/jobs/job-9/{spend.RUN_RECORD_NAME}"
+    assert capsys.readouterr().out.splitlines()[-1] == f"summary: ~/{record_path} on node0"
+    record = json.loads(master.files[record_path])
+    assert record == {"job_id": "job-9", "exit_code": 0, "nodes": ["node0", "node1"], "world_size": 2,
+                      "wall_seconds": 45.5, "recoveries": [], spend.COST_KEY: cost.record()}
+    assert json.loads(master.files["/out/job-9/summary.json"]) == {"the program's": "own"}
