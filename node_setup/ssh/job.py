@@ -55,22 +55,56 @@ STOP_NODE_SH = shell.render("job-stop-node.sh", {"JOBS_DIR": JOBS_DIR, "AGENT_FI
 STOP_MASTER_SH = shell.render("job-stop-master.sh", {"JOBS_DIR": JOBS_DIR})
 # On the master: what a job is doing (one line read by job_state()).
 STATE_SH = shell.render("job-state.sh", {"JOBS_DIR": JOBS_DIR})
+# On every node before a launch: the other jobs still running there (read by busy_jobs()).
+BUSY_SH = shell.render("job-busy.sh", {"JOBS_DIR": JOBS_DIR})
+_BUSY = "xeon-cluster busy: "  # the lines BUSY_SH prints, one per running job script or rank
+# On the master: every job's records in one answer (cluster/joblist.py reads it).
+LIST_SH = shell.render("job-list.sh", {"JOBS_DIR": JOBS_DIR})
 
 
 def _sh(script: str, *args: object) -> str:
     return "sh -c " + shlex.quote(script) + " xeon-cluster " + " ".join(shlex.quote(str(a)) for a in args)
 
 
-def prepare_nodes(conns: Mapping[str, object], plan: JobPlan) -> list[NodeOutcome]:
+def prepare_nodes(conns: Mapping[str, object], plan: JobPlan, *, refuse_busy: bool = False) -> list[NodeOutcome]:
     """Make the job directory on every node (also proves each node is reachable), run `prepare`.
 
-    In the same command each node says which xeon-cluster its venv holds (`installed_version`).
+    In the same command each node says which xeon-cluster its venv holds (`installed_version`)
+    and, with `refuse_busy`, which other jobs still run there (`busy_jobs`): a node that runs one
+    stops before its job directory is made (its outcome fails, with the busy lines).
     """
     d = job_dir(plan.job_id)
     marker = f"{venv_dir(get_profile(plan.inventory.profile))}/{PROJECT_MARKER}"
     steps = [f'echo "{_INSTALLED}$(cat {shlex.quote(marker)} 2>/dev/null)"',
+             *([_sh(BUSY_SH, plan.job_id)] if refuse_busy else []),
              f"mkdir -p {shlex.quote(d)}/ranks", *plan.prepare]
     return on_nodes(conns, " && ".join(f"( {s} )" for s in steps))
+
+
+def busy_jobs(outcomes: Sequence[NodeOutcome]) -> dict[str, list[str]]:
+    """{other job id: ["node0 (job script)", "node1 (rank 1)", ...]} from `prepare_nodes(refuse_busy=True)`."""
+    found: dict[str, list[str]] = {}
+    for outcome in outcomes:
+        for line in outcome.detail.splitlines():
+            if _BUSY not in line:
+                continue
+            job_id, _, what = line.split(_BUSY, 1)[1].strip().partition(" ")
+            if JOB_ID_RE.match(job_id):
+                found.setdefault(job_id, []).append(f"{outcome.node} ({'job script' if what == 'script' else what})")
+    return found
+
+
+def remove_job_dir(conns: Mapping[str, object], job_id: str) -> list[NodeOutcome]:
+    """Remove a job's directory on every node (a launch refused after prepare_nodes made it on some)."""
+    return on_nodes(conns, f"rm -rf {shlex.quote(job_dir(check_job_id(job_id)))}", timeout=30)
+
+
+def list_jobs(master) -> str:
+    """Every job's records on the master in one round (cluster/shell/job-list.sh; cluster/joblist.py parses)."""
+    result = master.run(_sh(LIST_SH), hide=True, warn=True, in_stream=False)
+    if not result.ok:
+        raise JobError(f"cannot list the jobs on the master: {(result.stdout + result.stderr).strip() or 'no answer'}")
+    return result.stdout
 
 
 def installed_version(outcome: NodeOutcome) -> str:

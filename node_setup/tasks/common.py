@@ -1,7 +1,7 @@
 """What every `fab` task shares: one way to define a task, exit codes, help texts, option parsing.
 
     @task(help={...})      invoke's task with explicit flags only: `-c` for --cluster, `-n` for
-                           --nodes and `-o` for --output on every task that has them; a whole-number or decimal option
+                           --nodes, `-o` for --output and `-f` for --file on every task that has them; a whole-number or decimal option
                            given a value it cannot be ("--nodes four") stops with one line naming
                            the option and exit code 2, before the task body runs
     inventory(cluster, region)   the nodes `--cluster` names, or exit 2 with the reason
@@ -38,7 +38,7 @@ CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `f
 REGION_HELP = "AWS region to look for the cluster in (default: AWS_REGION / your AWS config)"
 JOB_HELP = "job id (default: the newest job)"
 
-SHORT_FLAGS = {"cluster": "c", "nodes": "n", "output": "o"}
+SHORT_FLAGS = {"cluster": "c", "nodes": "n", "output": "o", "file": "f"}
 _NUMBER_WORDS = {int: "a whole number", float: "a number"}
 
 

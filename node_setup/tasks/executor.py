@@ -8,18 +8,64 @@ any other task stops with one line and exit code 2. Only with -H does Fabric's o
 A node that cannot be reached while a task runs (no answer, refused, authentication, a changed
 host key) ends the task with one line naming the host and what to check, and exit code 3, never
 paramiko's traceback: every task that connects gets this from here.
+
+A task with a `file` option (`fab train -f job.yaml`) takes its options from that YAML mapping
+(cluster/jobfile.py decides, by the kinds invoke reports for the task's options): what was given
+on the command line wins, what the file sets replaces the defaults, before the remainder after
+`--` is added to `--extra`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fabric.executor import Executor as FabricExecutor
+from invoke.parser import ParserContext
 
 from node_setup.tasks.common import UNREACHABLE, fail
 
 EXTRA_OPTION = "extra"
+FILE_OPTION = "file"  # a task's option naming its job file (fab train -f job.yaml)
+
+
+def job_file_kwargs(context: ParserContext, task) -> dict:
+    """The options the task's job file sets (none given on the command line), or exit 2 with one line."""
+    import yaml
+
+    from cluster import jobfile
+
+    arguments = {a.name: a for a in set(context.args.values())}
+    given = {name for name, a in arguments.items() if a.got_value}
+    path = arguments[FILE_OPTION].value
+    if not path:
+        return {}
+    file = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise fail(f"--{FILE_OPTION}: {path!r} cannot be read ({exc.strerror or exc}); allowed: a YAML job file") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise fail(f"--{FILE_OPTION}: {path!r} is not YAML{at}; allowed: a mapping such as `nodes: 4`") from None
+    options = {name: jobfile.Option(a.kind, a.default) for name, a in arguments.items()}
+    try:
+        return jobfile.resolve(options, data, given=given, folder=str(file.resolve().parent), where=path,
+                               paths=getattr(task, "job_file_paths", ()),
+                               maybe_paths=getattr(task, "job_file_maybe_paths", ()),
+                               exists=lambda p: Path(p).expanduser().is_file(), refused=(FILE_OPTION,))
+    except jobfile.JobFileError as exc:
+        raise fail(str(exc)) from None
 
 
 class Executor(FabricExecutor):
+    def normalize(self, tasks):
+        calls = super().normalize(tasks)
+        for context, call in zip(tasks, calls):
+            if isinstance(context, ParserContext) and FILE_OPTION in call.kwargs:
+                call.kwargs.update(job_file_kwargs(context, call.task))
+        return calls
+
     def expand_calls(self, calls, apply_hosts=True):
         words = self.core.remainder
         if words and apply_hosts and not self.core[0].args.hosts.value:

@@ -1,4 +1,4 @@
-"""`fab status`, `fab logs`, `fab stop`: a job that `fab train` started, found on the master."""
+"""`fab jobs`, `fab status`, `fab logs`, `fab stop`: the jobs that `fab train` started, found on the master."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 from invoke import Exit
 
-from cluster import spend
+from cluster import joblist, spend
 from cluster.jobplan import shown
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER
@@ -153,4 +153,19 @@ def stop(c, cluster="", region="", job="", grace=jobs.STOP_GRACE_SECONDS):
                    "`fab stop` once they are reachable", UNREACHABLE)
 
 
-TASKS = [status, logs, stop]
+@task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP,
+            "json": "print the jobs as one JSON object, nothing else"})
+def list_jobs(c, cluster="", region="", json=False):
+    """List the cluster's jobs, newest first: id, state, start, duration, nodes, ranks, exit code and
+    output folder on the master (read from the master's job records in one SSH round)."""
+    inventory = common.inventory(cluster, region)
+    master = common.connect(inventory)[inventory.master.name]
+    try:
+        rows = joblist.parse(jobs.list_jobs(master))
+    except jobs.JobError as exc:
+        raise fail(str(exc)) from None
+    print(joblist.as_json(rows, inventory.name) if json else joblist.table(rows, inventory.name))
+
+
+TASKS = [list_jobs, status, logs, stop]
+TASK_NAMES = {"list_jobs": "jobs"}

@@ -201,12 +201,28 @@ def _upload(conns, uploads: dict[str, str]) -> list[NodeOutcome]:
     return each_node(conns, one)
 
 
-def _prepare(conns, plan: JobPlan, inputs: JobInputs) -> None:
+def _refuse_busy(conns, plan: JobPlan, outcomes: list[NodeOutcome]) -> None:
+    """Stop before the launch when a chosen node still runs another job (prepare_nodes found it)."""
+    busy = jobs.busy_jobs(outcomes)
+    if not busy:
+        return
+    jobs.remove_job_dir(conns, plan.job_id)  # the nodes that were not busy made this job's directory
+    other = max(busy)  # the newest running job (ids begin with their start time)
+    more = f" (and {len(busy) - 1} other job(s))" if len(busy) > 1 else ""
+    # FAILED, not BAD_INPUT: the options were fine, it is the cluster's state that stops the launch.
+    raise fail(f"cannot launch: job {other} still runs on {', '.join(busy[other])}{more}; follow it with "
+               f"`fab logs --follow --job {other}`, end it with `fab stop --job {other}`, or pass --allow-busy "
+               "to start this job beside it", FAILED)
+
+
+def _prepare(conns, plan: JobPlan, inputs: JobInputs, *, allow_busy: bool = True) -> None:
     """Job directory (also proves every node answers; a node with another xeon-cluster than this
-    checkout is named), synthetic data and uploads on every node."""
+    checkout is named; unless `allow_busy`, a node that still runs another job stops the launch),
+    synthetic data and uploads on every node."""
     print(f"preparing {len(conns)} node(s): job directory"
           + (", synthetic model and data" if inputs.synthetic else "") + " ...", flush=True)
-    outcomes = jobs.prepare_nodes(conns, plan)
+    outcomes = jobs.prepare_nodes(conns, plan, refuse_busy=not allow_busy)
+    _refuse_busy(conns, plan, outcomes)
     warning = jobreport.software_warning({o.node: jobs.installed_version(o) for o in outcomes if o.ok},
                                          project_version())
     if warning:
@@ -404,6 +420,10 @@ def _on_interrupt(conns, job_id: str) -> int:
                          "trained alone)",
     "notice-signal": f"signal every rank gets on a spot interruption notice: {', '.join(NOTICE_SIGNALS)} or "
                      f"{NO_SIGNAL} (default {DEFAULT_NOTICE_SIGNAL})",
+    "allow-busy": "launch even when a chosen node still runs a rank of another job (or the master its job "
+                  "script); without it such a launch stops before anything starts, naming the running job",
+    "file": "a YAML job file holding any of these options (`nodes: 4`, `batch-size: 16`, `script: train.py`); "
+            "options on the command line win; paths in it are relative to its folder",
     **managed_run.MANAGED_HELP,
 })
 def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", dataset_config="",
@@ -412,7 +432,8 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
           ccl_workers="", pin="", env="", synthetic_examples="", dry_run=False, script="", module="", args="",
           workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
           launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", managed=False,
-          max_recoveries="", wait_for_capacity="", independent_ranks=False):
+          max_recoveries="", wait_for_capacity="", independent_ranks=False, allow_busy=False,
+          file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
         raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
@@ -447,7 +468,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                      builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb},
                      script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir,
                      requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb,
-                     independent_ranks=independent_ranks)
+                     independent_ranks=independent_ranks, allow_busy=allow_busy)
         return
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
@@ -489,18 +510,19 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
     if supervision:
         raise Exit(code=managed_run.supervise(supervision, cluster=cluster, region=region, inventory=inventory,
                                               plan=plan, inputs=inputs, conns=conns, layout=layout))
-    raise Exit(code=_launch(inventory, plan, inputs=inputs, conns=conns))
+    raise Exit(code=_launch(inventory, plan, inputs=inputs, conns=conns, allow_busy=allow_busy))
 
 
 def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = None, conns: dict | None = None,
-            user_job: bool = False, independent_ranks: bool = False) -> int:
-    """Prepare the nodes, distribute SSH, start the job detached on the master and follow it."""
+            user_job: bool = False, independent_ranks: bool = False, allow_busy: bool = True) -> int:
+    """Prepare the nodes, distribute SSH, start the job detached on the master and follow it
+    (`fab train` passes allow_busy=False unless --allow-busy: a node running another job stops it)."""
     if conns is None:
         if inventory.kind == "aws":
             _aws_preflight(plan.inventory)
         conns = common.connect(plan.inventory)
     master = conns[plan.inventory.master.name]
-    _prepare(conns, plan, inputs or JobInputs([]))
+    _prepare(conns, plan, inputs or JobInputs([]), allow_busy=allow_busy)
     if user_job:
         _prepare_user_job(conns, plan, plan.inventory)
     _distribute(plan.inventory, conns)
@@ -527,7 +549,8 @@ def _world_check(conns, plan: JobPlan, independent: bool) -> int:
 
 
 def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int, output_dir: str, dry_run: bool,
-                 builtin: dict, builtin_comm: dict, limit_mb, independent_ranks: bool = False, **program) -> None:
+                 builtin: dict, builtin_comm: dict, limit_mb, independent_ranks: bool = False, allow_busy: bool = False,
+                 **program) -> None:
     """--script/--module: the user's own program checked and planned (printed by --dry-run), then launched
     (Exit with the job's code); `program` is _user_inputs' script, module, args, workdir, requirements, signal."""
     for name, value in builtin_comm.items():
@@ -546,7 +569,12 @@ def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int,
         print(plan.describe())
         print("\ndry run: nothing was started")
         return
-    raise Exit(code=_launch(inventory, plan, user_job=True, independent_ranks=independent_ranks))
+    raise Exit(code=_launch(inventory, plan, user_job=True, independent_ranks=independent_ranks, allow_busy=allow_busy))
 
+
+# The job file's paths (node_setup/tasks/executor.py, cluster/jobfile.py): files of this machine, read
+# relative to the job file's folder; the data files and --cluster only when such a file exists there.
+train.job_file_paths = ("script", "workdir", "requirements")
+train.job_file_maybe_paths = ("train_file", "validation_file", "cluster")
 
 TASKS = [train]
