@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from node_setup.local.console import WRITE_CONSOLE, console_path
 from node_setup.local.state import LocalClusterError, NodeState, Progress
 
 SSHD = "/usr/sbin/sshd"
@@ -190,8 +191,10 @@ def namespace_pids(namespace: str) -> list[int]:
 
 # The node's init: own hostname, own /root and /etc/hosts (mount namespace), then sshd in the
 # foreground. Every step execs, so the PID that the launcher prints is sshd's.
+# Before sshd, the node writes its host keys into its console file as cloud-init does on EC2
+# (node_setup/local/console.py): the controller verifies a new node's host key from it.
 _NODE_SCRIPT = ('set -e; hostname "$XC_HOSTNAME"; mount --bind "$XC_HOME" /root; '
-                'mount --bind "$XC_HOSTS" /etc/hosts; exec "$XC_SSHD" -D -e -f "$XC_CONFIG"')
+                'mount --bind "$XC_HOSTS" /etc/hosts; ' + WRITE_CONSOLE + '; exec "$XC_SSHD" -D -e -f "$XC_CONFIG"')
 # Started in a new session, the launcher puts the node in the background and exits, so the node's
 # sshd is re-parented away from fab and survives it (no SIGHUP: the session has no terminal).
 _LAUNCHER = ('ip netns exec "$XC_NS" unshare --uts --mount --propagation private /bin/sh -c "$XC_NODE_SCRIPT" '
@@ -216,7 +219,7 @@ def start_sshd(node: NodeState) -> int:
     return _launch_in_namespace(node, _LAUNCHER, "sshd", {
         "XC_NODE_SCRIPT": _NODE_SCRIPT, "XC_LOG": str(node_dir / "sshd.log"), "XC_HOSTNAME": node.name,
         "XC_HOME": str(node_dir / "root"), "XC_HOSTS": str(node_dir / "etc" / "hosts"), "XC_SSHD": SSHD,
-        "XC_CONFIG": node.sshd_config})
+        "XC_CONFIG": node.sshd_config, "XC_ETC": str(node_dir / "etc"), "XC_CONSOLE": str(console_path(node))})
 
 
 def port_open(address: str, port: int = 22) -> bool:

@@ -12,25 +12,34 @@
   (`keys.known_hosts_path(cluster)`), never the user's own file and never "accept anything":
     * a host already recorded must present a recorded key, else the connection is refused with
       what to do (paramiko's BadHostKeyException, or ours when the key type differs);
-    * a host never seen is trusted on first use and recorded there (TOFU, like ssh's
-      `StrictHostKeyChecking accept-new`); the recording is locked, so parallel first
-      connections do not lose entries;
-    * a local cluster (`fab local-up`) generated its nodes' host keys itself and recorded them in
-      its state file: those are pinned before connecting, so nothing is taken on trust there.
-  Distribution then copies exactly these verified keys to the master's known_hosts.
+    * a host never seen, on an AWS or a local cluster, is verified from its console before it is
+      recorded: the SSH host key fingerprints the node printed there at boot (cloud-init's
+      blocks, cluster/console.py), read from outside the node: EC2 GetConsoleOutput
+      (node_setup/aws/console.py) or a local node's console file (node_setup/local/console.py).
+      Before connecting, the console is read until it shows fingerprints (bounded wait, then
+      refused with a line); the presented key must be one of them, else refused with a line. The
+      record carries the instance id, so a record of an instance that is gone (a new machine at
+      the same address, e.g. a node `fab local-up` brought back) is dropped and the new one verified;
+    * only an inventory file's machines have no console to read: a host never seen there is
+      trusted on first use and recorded (like ssh's `StrictHostKeyChecking accept-new`).
+  The recording is locked, so parallel first connections do not lose entries. Distribution
+  then copies exactly these verified keys to the master's known_hosts.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 import paramiko
 from fabric import Config, Connection
 
+from cluster.console import ConsoleHostKeys, ConsoleUnreadable, parse_console
+from cluster.console import describe as describe_console
 from cluster.inventory import Inventory, Node
 from node_setup.ssh import keys
 
@@ -56,12 +65,60 @@ class HostKeyMismatch(paramiko.SSHException):
     """A recorded host presented a key of another type than the ones recorded for it."""
 
 
-class PinnedHostKeys:
-    """One cluster's known_hosts file, shared by every connection to its nodes."""
+class HostKeyRefused(HostKeyMismatch):
+    """A never-seen host's key is not one its console shows: refused, never recorded."""
 
-    def __init__(self, path: Path, cluster: str = ""):
+
+class HostKeyUnverified(HostKeyMismatch):
+    """A never-seen host's key cannot be verified (no fingerprints on its console in time, no console)."""
+
+
+class ConsoleSource(Protocol):
+    """Where a cluster kind's nodes show their host keys (node_setup/aws/console.py, node_setup/local/console.py)."""
+
+    kind: str
+    wait_s: float  # how long to wait for the fingerprints to appear
+    poll_s: float
+
+    def instance(self, address: str) -> str | None: ...  # the machine at `address` now (None: no such node)
+
+    def read(self, address: str) -> str: ...  # its console's text so far; ConsoleUnreadable when it cannot be read
+
+    def where(self, address: str) -> str: ...
+
+    def advice(self, address: str) -> str: ...
+
+
+def console_source_for(inventory: Inventory) -> ConsoleSource | None:
+    """The console host keys source of the inventory's kind; None for an inventory file (no console)."""
+    if inventory.kind == "local":
+        from node_setup.local.console import LocalConsole
+
+        return LocalConsole(inventory)
+    if inventory.kind == "aws":
+        from node_setup.aws.console import AwsConsole  # boto3: only for an AWS cluster
+
+        return AwsConsole(inventory)
+    return None
+
+
+def _address(name: str) -> str:
+    """The address in a known_hosts name (`host` or `[host]:port`)."""
+    return name[1:].split("]:", 1)[0] if name.startswith("[") else name
+
+
+class PinnedHostKeys:
+    """One cluster's known_hosts file, shared by every connection to its nodes; with a console
+    source, never-seen hosts are verified from their consoles (else trusted on first use)."""
+
+    def __init__(self, path: Path, cluster: str = "", console: ConsoleSource | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.path = Path(path)
         self.cluster = cluster or self.path.parent.name
+        self.console = console
+        self._clock, self._sleep = clock, sleep
+        self._consoles: dict[str, ConsoleHostKeys] = {}
+        self._console_lock = threading.Lock()
 
     def _load(self) -> paramiko.HostKeys:
         host_keys = paramiko.HostKeys()
@@ -84,55 +141,114 @@ class PinnedHostKeys:
                 self.path.write_text("".join(f"{line}\n" for line in kept + [wanted]))
                 self.path.chmod(0o600)
 
+    def record(self, name: str, key: paramiko.PKey, instance: str | None = None) -> None:
+        """Append `name`'s key (with the instance id it was verified for, when there is one)."""
+        with open(self.path, "a") as out:
+            out.write(f"{name} {key.get_name()} {key.get_base64()}" + (f" {instance}" if instance else "") + "\n")
+        self.path.chmod(0o600)
+
+    def forget_replaced(self) -> int:
+        """Drop the records made for an instance that no longer holds that address (the console
+        source names another one there): that machine is gone, the new one is verified afresh."""
+        if self.console is None or not self.path.exists():
+            return 0
+        with _FILE_LOCK:
+            lines = self.path.read_text().splitlines()
+            kept = []
+            for line in lines:
+                fields = line.split()
+                now = self.console.instance(_address(fields[0])) if len(fields) > 3 else None
+                if not (now and fields[3] != now):
+                    kept.append(line)
+            if kept != lines:
+                self.path.write_text("".join(f"{line}\n" for line in kept))
+            return len(lines) - len(kept)
+
+    def prepare(self, name: str) -> None:
+        """Before connecting to `name`: when it is not recorded and there is a console source, read
+        its console until it shows host key fingerprints (bounded), so the handshake need not wait."""
+        if self.console is not None and not self.lookup(name):
+            self.console_keys(name)
+
+    def console_keys(self, name: str) -> ConsoleHostKeys:
+        """The host keys `name`'s console shows, read until it shows fingerprints; HostKeyUnverified
+        when it shows none within the source's wait (or cannot be read, or knows no such node)."""
+        address = _address(name)
+        with self._console_lock:
+            if address in self._consoles:
+                return self._consoles[address]
+        source = self.console
+        instance = source.instance(address) if source is not None else None
+        if source is None or not instance:
+            raise HostKeyUnverified(
+                f"host key of {name} not verified: cluster {self.cluster!r} has no node at that address whose "
+                "console could show its host key; refused (rerun after the cluster's nodes are listed again)")
+        label = f"{name} (instance {instance})"
+        deadline = self._clock() + source.wait_s
+        while True:
+            try:
+                shown = parse_console(source.read(address))
+            except ConsoleUnreadable as exc:
+                raise HostKeyUnverified(f"host key of {label} not verified: {exc}; refused") from None
+            if shown.fingerprints:
+                with self._console_lock:
+                    self._consoles[address] = shown
+                return shown
+            if self._clock() >= deadline:
+                raise HostKeyUnverified(
+                    f"host key of {label} not verified: its {source.where(address)} shows no SSH host key "
+                    f"fingerprints after {source.wait_s:g} s; refused (a new {source.kind} node is never trusted "
+                    "on first use). If it is still booting (cloud-init prints them at the end of boot), wait and "
+                    f"rerun; {source.advice(address)}")
+            self._sleep(source.poll_s)
+
     def attach(self, client: paramiko.SSHClient) -> None:
-        """Make `client` verify against this file and record first-seen hosts in it."""
+        """Make `client` verify against this file and record verified first-seen hosts in it."""
         if self.path.exists():
             client.get_host_keys().load(str(self.path))
-        client.set_missing_host_key_policy(_TrustOnFirstUse(self))
+        client.set_missing_host_key_policy(_FirstConnection(self))
 
 
-class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
-    """Record a never-seen host's key; refuse a recorded host showing an unrecorded key type."""
+class _FirstConnection(paramiko.MissingHostKeyPolicy):
+    """A never-seen host: verified from its console when the store has a console source (else
+    trusted on first use) and recorded; a recorded host showing an unrecorded key type is refused."""
 
     def __init__(self, store: PinnedHostKeys):
         self.store = store
 
     def missing_host_key(self, client, hostname, key):
+        store = self.store
+        shown = store.console_keys(hostname) if store.console is not None else None  # may wait: outside the lock
         with _FILE_LOCK:
-            recorded = self.store.lookup(hostname)  # re-read: another thread may have recorded it
+            recorded = store.lookup(hostname)  # re-read: another thread may have recorded it
             if recorded:
                 if recorded.get(key.get_name()) == key:
                     return
                 raise HostKeyMismatch(
                     f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not the one recorded in "
-                    f"{self.store.path} ({', '.join(sorted(recorded))}); "
-                    + keys.forget_hint(self.store.cluster, hostname))
-            with open(self.store.path, "a") as out:
-                out.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-            self.store.path.chmod(0o600)
+                    f"{store.path} ({', '.join(sorted(recorded))}); "
+                    + keys.forget_hint(store.cluster, hostname))
+            instance = None
+            if shown is not None:
+                source, address = store.console, _address(hostname)
+                if shown.match(key.get_name(), key.get_base64()) is None:
+                    raise HostKeyRefused(
+                        f"host key of {hostname} (instance {source.instance(address)}) refused: it presents "
+                        f"{key.get_name()} {key.fingerprint}, but its {source.where(address)} shows "
+                        f"{describe_console(shown)}; someone may be between you and the node, or its address now "
+                        f"belongs to another machine: do not connect. {source.advice(address)}; rerun when "
+                        "they agree")
+                instance = source.instance(address)
+            store.record(hostname, key, instance)
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
 def host_keys_for(inventory: Inventory) -> PinnedHostKeys:
-    """The cluster's host key store, with a local cluster's recorded host keys pinned first."""
-    store = PinnedHostKeys(keys.known_hosts_path(inventory.name), inventory.name)
-    if inventory.kind == "local":
-        for address, key_line in _local_cluster_host_keys(inventory).items():
-            store.pin(host_key_name(address), key_line)
+    """The cluster's host key store: never-seen hosts verified from the console of the inventory's
+    kind (trusted on first use for an inventory file); records of replaced instances dropped."""
+    store = PinnedHostKeys(keys.known_hosts_path(inventory.name), inventory.name, console_source_for(inventory))
+    store.forget_replaced()
     return store
-
-
-def _local_cluster_host_keys(inventory: Inventory) -> dict[str, str]:
-    """address -> "type base64" from the state file `fab local-up` wrote next to the cluster key."""
-    from node_setup.local.state import ClusterState
-
-    if not inventory.key_path:
-        return {}
-    state_path = Path(inventory.key_path).expanduser().parent / "state.json"
-    if not state_path.exists():
-        return {}
-    state = ClusterState.from_json(state_path.read_text())
-    return {n.address: n.host_key for n in state.nodes if getattr(n, "host_key", None)}
 
 
 def _connect_kwargs(inventory: Inventory) -> dict:
@@ -146,8 +262,12 @@ class NodeConnection(Connection):
     """A Connection whose failure to open names it: the exception carries the connection (`opening`),
     so a task that did not expect it can still say which host failed (`explain_opening`)."""
 
+    store: "PinnedHostKeys | None" = None  # set by _connection: a never-seen host's console is read first
+
     def open(self):
         try:
+            if self.store is not None and not self.is_connected:
+                self.store.prepare(host_key_name(self.host, self.port))
             return super().open()
         except Exception as exc:
             if not hasattr(exc, OPENING):  # a gateway's own failure keeps naming the gateway
@@ -175,6 +295,7 @@ def _connection(host: str, inventory: Inventory, store: PinnedHostKeys, config: 
     conn = NodeConnection(host, user=user, port=port, config=config, connect_timeout=int(timeout),
                       connect_kwargs=_connect_kwargs(inventory), gateway=gateway)
     store.attach(conn.client)
+    conn.store = store
     return conn
 
 

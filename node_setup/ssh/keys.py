@@ -3,7 +3,7 @@
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/<cluster>/       (0700)
         id_ed25519        private half of the cluster key (0600): goes to the master only
         id_ed25519.pub    public half: in every node's authorized_keys (from= the cluster's addresses)
-        known_hosts       every node's host key as the controller first saw it (see connections.py)
+        known_hosts       every node's host key as the controller verified it (see connections.py)
 
 The key pair is made once per cluster by the toolkit (ed25519, with `cryptography`, which
 paramiko already needs) and reused on later runs, so `fab distribute` stays idempotent. It never

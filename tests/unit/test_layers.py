@@ -34,8 +34,8 @@ def test_importing_every_cluster_module_loads_nothing_that_acts():
 ROOMS = {
     "node_setup/tasks": (("cluster", "node_setup", "training.exit_codes"), ()),
     "node_setup/aws": (("cluster", "node_setup.discovery"), ("fabric", "paramiko")),
-    "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.stack_config", "node_setup.local.state"),
-                       ("boto3",)),
+    "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.stack_config", "node_setup.local.state",
+                        "node_setup.local.console", "node_setup.aws.console"), ("boto3",)),
     "node_setup/local": (("cluster", "node_setup.controller", "training.imds"), ("boto3",)),
 }
 NEVER_IN_NODE_SETUP = ("pulumi", "pulumi_aws", "torch", "transformers")

@@ -1,0 +1,126 @@
+"""cluster/console.py: the host key blocks cloud-init prints on a node's console, and matching a presented key.
+
+The keys are made here (ed25519, ECDSA P-256, RSA 3072) and their fingerprints computed by
+`ssh-keygen -l` itself, so the parser is checked against the tool's own output, not against itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cluster.console import ConsoleHostKeys, describe, fingerprint, parse_console
+
+pytestmark = pytest.mark.skipif(not shutil.which("ssh-keygen"), reason="needs ssh-keygen (openssh-client)")
+
+
+@pytest.fixture(scope="module")
+def host_keys(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """label -> {"line": "type base64", "keygen": `ssh-keygen -l` line} for three real host keys."""
+    where = tmp_path_factory.mktemp("hostkeys")
+    made = {}
+    for kind, extra, label in (("ed25519", [], "ED25519"), ("ecdsa", ["-b", "256"], "ECDSA"),
+                               ("rsa", ["-b", "3072"], "RSA")):
+        path = where / f"ssh_host_{kind}_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, *extra, "-N", "", "-C", "root@ip-10-0-1-5", "-f", str(path)],
+                       check=True)
+        listed = subprocess.run(["ssh-keygen", "-l", "-f", f"{path}.pub"], check=True, capture_output=True,
+                                text=True).stdout.strip()
+        made[label] = {"line": " ".join(Path(f"{path}.pub").read_text().split()[:2]), "keygen": listed,
+                       "pub": Path(f"{path}.pub").read_text().strip()}
+    return made
+
+
+def cloud_init_console(keys: dict[str, dict[str, str]], *, prefix: str = "<14>Mar  4 10:00:01 ec2: ") -> str:
+    """An EC2 console as cloud-init leaves it: kernel lines, the fingerprints through logger (tagged
+    ec2:), a kernel line in between, the keys block bare, CRLF line ends as the serial console has."""
+    lines = ["[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-096) #23-Ubuntu SMP",
+             "[   12.402114] cloud-init[812]: Cloud-init v. 24.4 running 'modules:final'",
+             f"{prefix}", f"{prefix}#############################################################",
+             f"{prefix}-----BEGIN SSH HOST KEY FINGERPRINTS-----"]
+    lines += [f"{prefix}{keys[label]['keygen']}" for label in ("ECDSA", "ED25519")]
+    lines += ["[   13.100001] audit: type=1400 apparmor=\"STATUS\" operation=\"profile_load\""]
+    lines += [f"{prefix}{keys['RSA']['keygen']}", f"{prefix}-----END SSH HOST KEY FINGERPRINTS-----",
+              f"{prefix}#############################################################",
+              "-----BEGIN SSH HOST KEY KEYS-----"]
+    lines += [keys[label]["pub"] for label in ("ECDSA", "ED25519", "RSA")]
+    lines += ["-----END SSH HOST KEY KEYS-----",
+              "[   13.522221] cloud-init[812]: Cloud-init v. 24.4 finished at Tue, 04 Mar 2025 10:00:01 +0000."]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def test_fingerprint_is_ssh_keygens_for_every_key_type(host_keys):
+    for label, key in host_keys.items():
+        assert key["keygen"].split()[1] == fingerprint(key["line"].split()[1]), label
+
+
+def test_a_cloud_init_console_gives_every_fingerprint_and_key(host_keys):
+    shown = parse_console(cloud_init_console(host_keys))
+    assert [(f.label, f.bits, f.comment) for f in shown.fingerprints] == [
+        ("ECDSA", 256, "root@ip-10-0-1-5"), ("ED25519", 256, "root@ip-10-0-1-5"), ("RSA", 3072, "root@ip-10-0-1-5")]
+    assert [f.sha256 for f in shown.fingerprints] == [host_keys[k]["keygen"].split()[1] for k in ("ECDSA", "ED25519", "RSA")]
+    assert shown.keys == tuple(host_keys[k]["line"] for k in ("ECDSA", "ED25519", "RSA"))
+    assert shown.verified_keys() == shown.keys
+
+
+@pytest.mark.parametrize("label", ["ED25519", "ECDSA", "RSA"])
+def test_each_presented_key_type_matches_its_line(host_keys, label):
+    shown = parse_console(cloud_init_console(host_keys))
+    keytype, b64 = host_keys[label]["line"].split()
+    found = shown.match(keytype, b64)
+    assert found is not None and found.label == label
+
+
+def test_lines_without_the_logger_tag_count_too(host_keys):
+    """cloud-init versions (and our local nodes) differ in the prefix: bare `ec2: ` or none at all."""
+    for prefix in ("ec2: ", ""):
+        shown = parse_console(cloud_init_console(host_keys, prefix=prefix))
+        assert len(shown.fingerprints) == 3, prefix
+
+
+def test_another_key_is_not_matched(host_keys, tmp_path):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    keytype, b64 = (tmp_path / "other.pub").read_text().split()[:2]
+    shown = parse_console(cloud_init_console(host_keys))
+    assert shown.match(keytype, b64) is None
+    assert describe(shown).count("SHA256:") == 3 and "(ED25519)" in describe(shown)
+
+
+def test_no_fingerprints_yet(host_keys):
+    assert parse_console("") == ConsoleHostKeys()
+    assert parse_console("[    0.000000] Linux version 6.8.0\r\n[    1.0] booting\r\n").fingerprints == ()
+    text = cloud_init_console(host_keys)
+    unfinished = text[:text.index("-----END SSH HOST KEY FINGERPRINTS-----")]  # the block is still being printed
+    assert parse_console(unfinished).fingerprints == ()
+    assert describe(parse_console("")) == "no fingerprints"
+
+
+def test_the_last_boots_block_counts(host_keys, tmp_path):
+    """After a reboot with new host keys the console holds two blocks: only the later one counts."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "root@new", "-f", str(tmp_path / "new")],
+                   check=True)
+    listed = subprocess.run(["ssh-keygen", "-l", "-f", str(tmp_path / "new.pub")], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    later = f"-----BEGIN SSH HOST KEY FINGERPRINTS-----\n{listed}\n-----END SSH HOST KEY FINGERPRINTS-----\n"
+    shown = parse_console(cloud_init_console(host_keys) + later)
+    assert [f.sha256 for f in shown.fingerprints] == [listed.split()[1]]
+    keytype, b64 = host_keys["ED25519"]["line"].split()
+    assert shown.match(keytype, b64) is None
+
+
+def test_a_key_not_in_the_fingerprint_block_is_not_verified(host_keys):
+    text = cloud_init_console(host_keys)
+    ed_line = next(line for line in text.split("\r\n") if host_keys["ED25519"]["keygen"] in line)
+    shown = parse_console(text.replace(ed_line + "\r\n", ""))
+    assert host_keys["ED25519"]["line"] in shown.keys and host_keys["ED25519"]["line"] not in shown.verified_keys()
+    assert shown.match(*host_keys["ED25519"]["line"].split()) is None
+
+
+def test_junk_is_not_a_fingerprint():
+    junk = ("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 SHA256:short root@x (ED25519)\n"
+            "256 MD5:aa:bb root@x (ED25519)\nnot a line\n-----END SSH HOST KEY FINGERPRINTS-----\n")
+    assert parse_console(junk).fingerprints == ()
+    assert fingerprint("not base64!") == ""
