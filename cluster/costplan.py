@@ -1,20 +1,26 @@
 """The `fab plan` table: predicted time and cost per node count (pure; the stack and price come in).
 
     plan_inputs(spec, options) -> PlanInputs     what to predict: instance, workload, network, throughput
-    plan_rows(inputs, price)   -> [PlanRow]      the prediction and cost per node count
+    plan_rows(inputs, price)   -> [PlanRow]      the prediction and the whole cost per node count
     render_table / render_json                   what `fab plan` prints
 
+The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the
+master throughout, each worker its boot; cluster/lifecycle.py's documented figures), the run
+(start-up plus every epoch, cluster/timemodel.py) and the idle tail (after the run, until the idle
+auto-stop powers the nodes off: the stack's autoStopIdle, default cluster/autostop.py's).
+
 `spec` is the stack's ClusterSpec (or None: the defaults below); `price` is a Price the caller
-looked up (node_setup/aws/pricing.py) or was given.
+looked up (node_setup/aws/pricing.py) or was given; without spot price history a spot price is
+`spot_estimate`'s, named as an estimate.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from cluster import catalog, models
+from cluster import autostop, catalog, lifecycle, models
 from cluster import timemodel as tm
 from cluster.calibration import Calibration
 from cluster.catalog import InstanceType
@@ -33,6 +39,24 @@ class Price:
     market: str  # "spot" or "on-demand"
     source: str
     zone: str | None = None
+    estimate: bool = False  # not a price AWS quoted: `spot_estimate`'s
+
+
+# A spot price when AWS's spot price history cannot be read (no credentials, no permission, no
+# history): this fraction of the on-demand price, named as an estimate wherever it is shown. It is
+# an assumption of this project, not AWS's figure: AWS advertises spot capacity at "up to 90%" off
+# on-demand, and the real discount moves with the type, the zone and the time; half is a round,
+# cautious value. With credentials `fab plan` reads the real price; `--hourly-usd` gives one.
+SPOT_ESTIMATE_FRACTION = 0.5
+SPOT_ESTIMATE_SOURCE = ("an assumed discount of this project, not a quote (AWS advertises spot at up to 90% off "
+                        "on-demand)")
+
+
+def spot_estimate(on_demand: Price) -> Price:
+    """The stated spot estimate from an on-demand price."""
+    return Price(on_demand.usd_per_hour * SPOT_ESTIMATE_FRACTION, "spot",
+                 f"spot estimate: {SPOT_ESTIMATE_FRACTION:g} x the on-demand ${on_demand.usd_per_hour:.4f} "
+                 f"({on_demand.source}); {SPOT_ESTIMATE_SOURCE}", on_demand.zone, estimate=True)
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,8 @@ class PlanOptions:
     on_demand: bool = False
     grad_comm: str = ""  # fp32 or bf16 on the wire; "": the job's default (DEFAULT_GRAD_COMM)
     bucket_mb: float = 0  # DDP's bucket size in MB; 0: DDP's default
+    auto_stop_idle: str = ""  # the idle tail: a duration or "off"; "": the stack's autoStopIdle, else the default
+    provisioning: bool = True  # count the first `pulumi up` (False: the cluster is already up)
 
 
 
@@ -76,6 +102,8 @@ class PlanInputs:
     rates: dict[int, float] = field(default_factory=dict)  # per node count, when measured per count
     networks: dict[int, tm.Network] = field(default_factory=dict)  # per node count, when measured
     sources: Sources = field(default_factory=list)
+    first_up: lifecycle.FirstUp | None = None  # None: not counted (the cluster is up)
+    idle_tail_s: float | None = None  # None: auto-stop off, the nodes bill until `pulumi destroy`
 
     def rate(self, nodes: int) -> float:
         return self.rates.get(nodes, self.samples_per_s)
@@ -84,15 +112,18 @@ class PlanInputs:
         return self.networks.get(nodes, self.network)
 
 
-def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Calibration | None = None) -> PlanInputs:
+def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Calibration | None = None, *,
+                stack_auto_stop_idle: str | None = None) -> PlanInputs:
     """Everything the prediction needs; ValueError naming the option for anything unusable.
 
     With a `calibration` (`fab bench`), the compute rate per node count and the all-reduce bandwidth
     and latency are the measured ones, and the model and batch default to those measured.
+    `stack_auto_stop_idle` is the stack file's autoStopIdle (None: not set there).
     """
     o = options
     cal = calibration
     batch = _checked_batch(o, cal)
+    idle_tail_s, idle_source = _idle_tail(o, stack_auto_stop_idle)
     itype = o.instance_type or (spec.instance_type if spec else DEFAULT_INSTANCE_TYPE)
     instance = spec.instance if spec and spec.instance_type == itype else catalog.lookup(itype)
     if instance is None:
@@ -118,6 +149,13 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     network, networks, network_sources = _network(o, cal, instance, itype, grad_comm, node_counts)
     sources += size_sources + rate_sources + network_sources
     ranks = o.ranks_per_node or (cal.ranks_per_node if cal else instance.sockets)
+    up = lifecycle.first_up(instance) if o.provisioning else None
+    sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up`, each worker "
+                 f"{tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
+                 up.source if up else "given (--no-provisioning: the cluster is up)"),
+                ("idle tail", "auto-stop off: not counted, the nodes bill until `pulumi destroy`"
+                 if idle_tail_s is None else f"{tm.format_duration(idle_tail_s)} until the idle auto-stop",
+                 idle_source)]
     notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
     if spec and spec.placement_group != o.placement_group:
         notes.append(f"the stack sets placementGroup {str(spec.placement_group).lower()} but this plan is "
@@ -133,7 +171,22 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     return PlanInputs(instance_type=itype, instance=instance, workload=workload, network=network,
                       node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
                       spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
-                      rates=rates, networks=networks, sources=sources)
+                      rates=rates, networks=networks, sources=sources, first_up=up, idle_tail_s=idle_tail_s)
+
+
+def _idle_tail(o: PlanOptions, stack_value: str | None) -> tuple[float | None, str]:
+    """(seconds the nodes idle after the run before the auto-stop powers them off, or None for off; source)."""
+    if o.auto_stop_idle:
+        value, setting, source = o.auto_stop_idle, "--auto-stop-idle", "given (--auto-stop-idle)"
+    elif stack_value not in (None, ""):
+        value, setting, source = stack_value, "autoStopIdle", "the stack's autoStopIdle"
+    else:
+        value, setting, source = None, "autoStopIdle", f"autoStopIdle's default ({autostop.DEFAULT_IDLE})"
+    try:
+        seconds = autostop.stack_idle_seconds(value, setting)
+    except autostop.AutostopError as exc:
+        raise ValueError(str(exc)) from None
+    return (None if seconds is None else float(seconds)), source
 
 
 def _checked_batch(o: PlanOptions, cal: Calibration | None) -> int:
@@ -247,16 +300,27 @@ def render_sources(inputs: PlanInputs) -> str:
 
 
 def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
+    """One row per node count: the prediction, and the cost of provisioning, the run and the idle tail."""
     if not inputs.rates and not inputs.networks:
-        return plan(inputs.workload, inputs.network, inputs.node_counts, inputs.samples_per_s, price.usd_per_hour,
+        rows = plan(inputs.workload, inputs.network, inputs.node_counts, inputs.samples_per_s, price.usd_per_hour,
                     ranks_per_node=inputs.ranks_per_node)
-    rows = []
-    for nodes in inputs.node_counts:
-        pred = tm.predict(inputs.workload, inputs.network_for(nodes), nodes, inputs.rate(nodes),
-                          ranks_per_node=inputs.ranks_per_node, single_node_samples_per_s=inputs.rate(1))
-        hourly = nodes * price.usd_per_hour
-        rows.append(PlanRow(nodes, pred, hourly, hourly * pred.run_seconds / 3600))
-    return rows
+    else:
+        rows = []
+        for nodes in inputs.node_counts:
+            pred = tm.predict(inputs.workload, inputs.network_for(nodes), nodes, inputs.rate(nodes),
+                              ranks_per_node=inputs.ranks_per_node, single_node_samples_per_s=inputs.rate(1))
+            hourly = nodes * price.usd_per_hour
+            rows.append(PlanRow(nodes, pred, hourly, hourly * pred.run_seconds / 3600))
+    return [with_lifecycle(row, inputs, price) for row in rows]
+
+
+def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
+    """The row with its provisioning and idle-tail terms, and what it was priced at."""
+    up, idle = inputs.first_up, inputs.idle_tail_s
+    return replace(row, instance_type=inputs.instance_type, market=price.market, price_source=price_source(price),
+                   provisioning_seconds=up.seconds if up else 0.0,
+                   provisioning_usd=up.instance_seconds(row.nodes) * price.usd_per_hour / 3600 if up else 0.0,
+                   idle_tail_seconds=idle, idle_tail_usd=row.hourly_usd * idle / 3600 if idle else 0.0)
 
 
 def price_source(price: Price) -> str:
@@ -268,14 +332,37 @@ class PlanRow:
     nodes: int
     prediction: tm.Prediction
     hourly_usd: float  # the whole cluster
-    total_usd: float  # the whole run: start-up plus every epoch
+    run_usd: float  # the run: start-up plus every epoch
+    provisioning_seconds: float = 0.0  # the first `pulumi up` (wall time; 0: not counted)
+    provisioning_usd: float = 0.0  # the master through all of it, each worker its boot
+    idle_tail_seconds: float | None = 0.0  # after the run until the idle auto-stop (None: auto-stop off)
+    idle_tail_usd: float = 0.0
+    instance_type: str = ""
+    market: str = ""
+    price_source: str = ""
+
+    @property
+    def total_usd(self) -> float:
+        """The whole cost: provisioning, the run and the idle tail."""
+        return self.provisioning_usd + self.run_usd + self.idle_tail_usd
+
+    @property
+    def total_seconds(self) -> float:
+        """Wall time from `pulumi up` to the auto-stop (without an idle tail when auto-stop is off)."""
+        return self.provisioning_seconds + self.prediction.run_seconds + (self.idle_tail_seconds or 0.0)
 
     def as_json(self) -> dict:
-        return {"nodes": self.nodes, "epoch_seconds": round(self.prediction.epoch_seconds, 1),
+        idle = self.idle_tail_seconds
+        return {"nodes": self.nodes, "instance_type": self.instance_type, "market": self.market,
+                "price_source": self.price_source, "epoch_seconds": round(self.prediction.epoch_seconds, 1),
                 "step_seconds": round(self.prediction.step_seconds, 4),
                 "comm_seconds_per_step": round(self.prediction.comm_s / self.prediction.steps, 4),
                 "efficiency": round(self.prediction.efficiency, 4), "hourly_usd": round(self.hourly_usd, 4),
-                "total_usd": round(self.total_usd, 4)}
+                "provisioning_seconds": round(self.provisioning_seconds, 1),
+                "provisioning_usd": round(self.provisioning_usd, 4),
+                "run_seconds": round(self.prediction.run_seconds, 1), "run_usd": round(self.run_usd, 4),
+                "idle_tail_seconds": None if idle is None else round(idle, 1),
+                "idle_tail_usd": round(self.idle_tail_usd, 4), "total_usd": round(self.total_usd, 4)}
 
 
 def parse_node_counts(text: str | int) -> list[int]:
@@ -311,13 +398,17 @@ def fastest(rows: list[PlanRow]) -> PlanRow:
 
 def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "", notes: list[str] = ()) -> str:
     lines = [header] if header else []
-    lines.append(f"{'nodes':>5}  {'epoch time':>11}  {'run time':>11}  {'efficiency':>10}  {'$/hour':>8}  {'total $':>8}"
-                 f"  {'step s':>7}  {'comm s':>7}")
+    lines.append(f"{'nodes':>5}  {'epoch time':>11}  {'run time':>11}  {'efficiency':>10}  {'$/hour':>8}  "
+                 f"{'provision $':>11}  {'run $':>8}  {'idle $':>8}  {'total $':>8}  {'step s':>7}  {'comm s':>7}")
     for row in rows:
         p = row.prediction
+        idle = "-" if row.idle_tail_seconds is None else f"{row.idle_tail_usd:.2f}"
         lines.append(f"{row.nodes:>5}  {tm.format_duration(p.epoch_seconds):>11}  {tm.format_duration(p.run_seconds):>11}  "
-                     f"{p.efficiency:>10.0%}  {row.hourly_usd:>8.2f}  {row.total_usd:>8.2f}"
+                     f"{p.efficiency:>10.0%}  {row.hourly_usd:>8.2f}  {row.provisioning_usd:>11.2f}  "
+                     f"{row.run_usd:>8.2f}  {idle:>8}  {row.total_usd:>8.2f}"
                      f"  {p.step_seconds:>7.3f}  {p.comm_s / p.steps:>7.3f}")
+    if rows:
+        lines.append(lifecycle_line(rows[0]))
     if price_source:
         lines.append(f"price: {price_source}")
     lines.extend(notes)
@@ -325,6 +416,16 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
     lines.append(f"cheapest: {cheap.nodes} node(s), ${cheap.total_usd:.2f} in {tm.format_duration(cheap.prediction.run_seconds)}")
     lines.append(f"fastest:  {fast.nodes} node(s), {tm.format_duration(fast.prediction.run_seconds)} for ${fast.total_usd:.2f}")
     return "\n".join(lines)
+
+
+def lifecycle_line(row: PlanRow) -> str:
+    """What the provisioning and idle-tail columns count, in words."""
+    up = (f"provision $: the first `pulumi up`, {tm.format_duration(row.provisioning_seconds)} (the master "
+          "throughout, each worker its boot)" if row.provisioning_seconds else "provision $: not counted")
+    idle = ("idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)"
+            if row.idle_tail_seconds is None else
+            f"idle $: {tm.format_duration(row.idle_tail_seconds)} idle after the run until the auto-stop")
+    return f"{up}; run $: start-up and every epoch; {idle}"
 
 
 def render_json(rows: list[PlanRow]) -> str:

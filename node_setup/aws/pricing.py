@@ -1,7 +1,8 @@
 """Hourly price of an instance type: spot price history, else the Pricing API, else a static table.
 
 Every answer says where it came from (`Price.source`), and `fab plan` prints it: a spot price is
-what the last hours cost in one availability zone, not a promise.
+what the last hours cost in one availability zone, not a promise. Without spot price history
+`fab plan` prices a spot plan at a stated estimate (`plan_price`); `fab status` at on-demand.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cluster.costplan import Price
+from cluster.costplan import Price, spot_estimate
 from node_setup.aws import clients as aws
 from node_setup.aws import errors
 
@@ -117,6 +118,15 @@ def hourly_price(instance_type: str, region: str, *, spot: bool = True, zones: l
     raise LookupError(f"no price for instance type {instance_type!r} in {region}: "
                       + "; ".join(notes) + f"; the static table knows {', '.join(sorted(STATIC_ON_DEMAND_USD))}. "
                       "Pass --hourly-usd to give the price yourself")
+
+
+def plan_price(instance_type: str, region: str, *, spot: bool = True, ec2=None, pricing=None,
+               notes: list[str] | None = None) -> Price:
+    """`fab plan`'s price: as `hourly_price`, except that a spot plan without spot price history is
+    priced at the stated spot estimate (cluster/costplan.py `spot_estimate`) of the on-demand price,
+    not at the on-demand price itself (which `fab status` keeps as its upper bound)."""
+    found = hourly_price(instance_type, region, spot=spot, ec2=ec2, pricing=pricing, notes=notes)
+    return spot_estimate(found) if spot and found.market != "spot" else found
 
 
 class PriceBook:

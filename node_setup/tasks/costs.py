@@ -11,11 +11,12 @@ from invoke import Exit
 from cluster import calibration as calib
 from cluster import costplan, models
 from cluster.costplan import PlanOptions, Price
+from cluster.config_keys import AUTO_STOP_IDLE
 from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
 from cluster.spec import ClusterSpec, ConfigError
 from node_setup.aws import clients as aws
 from node_setup.controller import config_root
-from node_setup.stack_config import StackConfigError, load_stack_spec, stack_files
+from node_setup.stack_config import StackConfigError, choose_stack, load_stack_spec, read_stack_values, stack_files
 from node_setup.tasks.common import FAILED, fail, task
 
 
@@ -42,17 +43,23 @@ def preflight(c, stack="", ip_check=True, pick_zone=False, write=False):
 
     Exit code 0 when the launch should succeed, 1 when it would fail, 2 when the stack config is bad.
     """
-    from node_setup.aws.preflight import lookup_public_ip, run_preflight
-
     if write and not pick_zone:
         raise fail("--write: only with --pick-zone (it writes the zone --pick-zone chose)")
     spec = _stack_spec(stack, required=True)
     if pick_zone:
         return _pick_zone(spec, stack, write)
+    code = run_stack_preflight(spec, ip_check=ip_check)
+    if code:
+        raise Exit(code=code)
+
+
+def run_stack_preflight(spec: ClusterSpec, *, ip_check: bool = True) -> int:
+    """`fab preflight`'s checks for the stack, printed; their exit code (0: the launch should succeed)."""
+    from node_setup.aws.preflight import lookup_public_ip, run_preflight
+
     report = run_preflight(spec, public_ip=lookup_public_ip if ip_check else None)
     print(report.render())
-    if report.exit_code:
-        raise Exit(code=report.exit_code)
+    return report.exit_code
 
 
 def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
@@ -104,7 +111,7 @@ def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: fl
         where = "us-east-1"
         inputs.notes.append("no region set: prices for us-east-1")
     skipped: list[str] = []
-    price = pricing.hourly_price(inputs.instance_type, where, spot=inputs.spot, notes=skipped)
+    price = pricing.plan_price(inputs.instance_type, where, spot=inputs.spot, notes=skipped)
     inputs.notes.extend(f"price note: {n}" for n in skipped)
     return price
 
@@ -125,6 +132,15 @@ def load_calibration(calibration_file: str, cluster: str) -> tuple[calib.Calibra
     return calib.parse(path.read_text(), str(path)), ""
 
 
+def _stack_auto_stop_idle(spec: ClusterSpec | None) -> str | None:
+    """The stack file's autoStopIdle as written (None: no stack, or not set there)."""
+    if spec is None:
+        return None
+    _, path = choose_stack(spec.stack)
+    value = read_stack_values(path)[0].get(AUTO_STOP_IDLE)
+    return None if value is None else str(value)
+
+
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
                calibration: calib.Calibration | None = None):
     """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem."""
@@ -132,7 +148,7 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
     check_epochs(options.epochs)
     spec = _stack_spec(stack, required=False)
-    inputs = costplan.plan_inputs(spec, options, calibration)
+    inputs = costplan.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec))
     price = _price(inputs, spec, hourly_usd, region)
     return costplan.plan_rows(inputs, price), inputs.header, costplan.price_source(price), inputs.notes, inputs
 
@@ -158,7 +174,11 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     "hourly_usd": "price per instance-hour to use instead of looking it up",
     "region": "region for prices (default: the stack's, else AWS_REGION)",
     "stack": "Pulumi stack to take defaults from (default: the only Pulumi.<stack>.yaml here, if any)",
-    "json": "print one JSON object per node count (nodes, epoch_seconds, efficiency, hourly_usd, total_usd)",
+    "json": "print one JSON object per node count (instance type, market, price source, and the seconds and "
+            "dollars of provisioning, the run and the idle tail, with their total)",
+    "auto_stop_idle": "idle time after the run before the auto-stop powers the nodes off, e.g. 30m, or off "
+                      "(default: the stack's autoStopIdle, else 30m)",
+    "provisioning": "count the first `pulumi up` (on by default; --no-provisioning when the cluster is up)",
     "plot": "also draw run time and cost against node count into this PNG file",
     "grad_comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (default {DEFAULT_GRAD_COMM}, as the "
                  "job's --grad_comm)",
@@ -169,13 +189,13 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
 def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAULT_DATASET,
          epochs=1.0, single_node_time="", params="", samples=0, batch=0, profile="", ranks_per_node=0,
          flows_per_rank=1, placement_group=True, on_demand=False, hourly_usd=0.0, region="", stack="", json=False,
-         plot="", grad_comm="", ddp_bucket_mb=0.0, calibration="", cluster=""):
-    """Predict epoch time, scaling efficiency and cost for several node counts."""
+         plot="", grad_comm="", ddp_bucket_mb=0.0, calibration="", cluster="", auto_stop_idle="", provisioning=True):
+    """Predict epoch time, scaling efficiency and the whole cost (provisioning, run, idle tail) per node count."""
     options = PlanOptions(nodes=nodes, instance_type=instance_type, model=model, dataset=dataset, epochs=epochs,
                           single_node_time=single_node_time, params=params, samples=samples, batch=batch or None,
                           profile=profile, ranks_per_node=ranks_per_node, flows_per_rank=flows_per_rank,
                           placement_group=placement_group, on_demand=on_demand, grad_comm=grad_comm,
-                          bucket_mb=ddp_bucket_mb)
+                          bucket_mb=ddp_bucket_mb, auto_stop_idle=auto_stop_idle, provisioning=provisioning)
     try:
         cal, cal_note = load_calibration(calibration, cluster)
         rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd, region=region, stack=stack,
@@ -195,26 +215,14 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAUL
         print(f"plot: {plot_plan(rows, plot, header)}", file=sys.stderr if json else sys.stdout)
 
 
-@task(help={
-    "region": "region to sweep (default: the stack's, else AWS_REGION)",
-    "delete": "remove the leaked resources (asks first)",
-    "yes": "do not ask before deleting",
-    "delete_buckets": "also delete the kept checkpoint buckets of clusters that are down, with their objects",
-    "stack": "Pulumi stack to take the region from",
-})
-def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack=""):
-    """List every resource with this toolkit's tags, by cluster; with --delete remove the leaked ones.
+def sweep_listing(region: str):
+    """(listing, why it is incomplete or "", region, (ec2, s3, iam)) of `fab sweep`, the listing printed.
 
-    IAM roles and instance profiles are global: one counts as leaked only when its cluster has no
-    instance in any region. Exit code 1 when a kind of resource could not be listed (the permission
-    is named), other regions could not be checked for IAM, or something could not be removed.
+    Exit 2 (one line) when the region or the credentials are missing. Exit 1 is the caller's: a
+    listing an API refused is incomplete, and may have missed leaked resources.
     """
     from node_setup.aws import sweep as sweeping
-    from node_setup.aws import sweep_delete
 
-    if not region:
-        spec = _stack_spec(stack, required=False)
-        region = spec.region if spec else ""
     try:
         region = aws.resolve_region(region or None)
         ec2, s3, iam = aws.client("ec2", region), aws.client("s3", region), aws.client("iam", region)
@@ -229,10 +237,32 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
             raise fail(hint) from None
         raise
     print(listing.render())
-    # Exit 1 at the end when a listing was refused: the sweep may have missed leaked resources.
     missed = sorted(listing.errors) + (["other regions' instances (IAM)"] if listing.elsewhere_error else [])
     incomplete = (f"sweep: the listing is incomplete (could not list: {', '.join(missed)}); "
                   "fix the permissions named above and rerun") if missed else ""
+    return listing, incomplete, region, (ec2, s3, iam)
+
+
+@task(help={
+    "region": "region to sweep (default: the stack's, else AWS_REGION)",
+    "delete": "remove the leaked resources (asks first)",
+    "yes": "do not ask before deleting",
+    "delete_buckets": "also delete the kept checkpoint buckets of clusters that are down, with their objects",
+    "stack": "Pulumi stack to take the region from",
+})
+def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack=""):
+    """List every resource with this toolkit's tags, by cluster; with --delete remove the leaked ones.
+
+    IAM roles and instance profiles are global: one counts as leaked only when its cluster has no
+    instance in any region. Exit code 1 when a kind of resource could not be listed (the permission
+    is named), other regions could not be checked for IAM, or something could not be removed.
+    """
+    from node_setup.aws import sweep_delete
+
+    if not region:
+        spec = _stack_spec(stack, required=False)
+        region = spec.region if spec else ""
+    listing, incomplete, region, (ec2, s3, iam) = sweep_listing(region)
     todo = listing.leaked(include_buckets=delete_buckets)
     if not delete:
         if todo:

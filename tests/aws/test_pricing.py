@@ -113,3 +113,25 @@ def test_unreachable_pricing_api_falls_back_to_the_static_table_and_says_so():
 def test_no_source_at_all_says_what_to_do():
     with pytest.raises(LookupError, match="--hourly-usd"):
         pricing.hourly_price("x9z.tiny", "us-east-1", spot=False, pricing=stubbed_pricing(items=[]))
+
+
+def test_fab_plan_prices_spot_from_the_history_when_there_is_one():
+    price = pricing.plan_price("r7iz.metal-16xl", "us-east-1", ec2=stubbed_spot_history([("us-east-1b", "2.10", 1)]),
+                               pricing=stubbed_pricing(items=[_price_list_item("5.952")]))
+    assert (price.market, price.usd_per_hour, price.estimate) == ("spot", 2.10, False)
+
+
+def test_fab_plan_without_spot_history_states_a_spot_estimate_not_the_on_demand_price():
+    from cluster.costplan import SPOT_ESTIMATE_FRACTION
+
+    notes = []
+    price = pricing.plan_price("r7iz.metal-16xl", "us-east-1", ec2=stubbed_spot_history([]),
+                               pricing=stubbed_pricing(items=[_price_list_item("5.952")]), notes=notes)
+    assert price.market == "spot" and price.estimate
+    assert price.usd_per_hour == pytest.approx(5.952 * SPOT_ESTIMATE_FRACTION)
+    assert price.source.startswith(f"spot estimate: {SPOT_ESTIMATE_FRACTION:g} x the on-demand $5.9520 "
+                                   "(on-demand, AWS Pricing API (us-east-1))")
+    assert notes == ["no spot price history for r7iz.metal-16xl in us-east-1"]
+    on_demand = pricing.plan_price("r7iz.metal-16xl", "us-east-1", spot=False,
+                                   pricing=stubbed_pricing(items=[_price_list_item("5.952")]))
+    assert (on_demand.market, on_demand.usd_per_hour, on_demand.estimate) == ("on-demand", 5.952, False)

@@ -18,10 +18,10 @@ def _rows(price=6.0, gbps=25):
     return costplan.plan(WORK, tm.Network(gbps, placement_group=False), [1, 2, 4, 8], rate, price, ranks_per_node=2)
 
 
-def test_cost_is_nodes_times_price_times_run_time():
+def test_run_cost_is_nodes_times_price_times_run_time():
     for row in _rows():
         assert row.hourly_usd == pytest.approx(row.nodes * 6.0)
-        assert row.total_usd == pytest.approx(row.hourly_usd * row.prediction.run_seconds / 3600)
+        assert row.run_usd == pytest.approx(row.hourly_usd * row.prediction.run_seconds / 3600)
 
 
 def test_cheapest_and_fastest():
@@ -35,8 +35,10 @@ def test_cheapest_and_fastest():
 def test_json_has_one_object_per_node_count_with_the_documented_keys():
     data = json.loads(costplan.render_json(_rows()))
     assert [d["nodes"] for d in data] == [1, 2, 4, 8]
-    assert all(set(d) == {"nodes", "epoch_seconds", "step_seconds", "comm_seconds_per_step",
-                                 "efficiency", "hourly_usd", "total_usd"} for d in data)
+    assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
+                          "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
+                          "provisioning_usd", "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
+                          "total_usd"} for d in data)
     assert data[0]["efficiency"] == 1.0
 
 
@@ -164,3 +166,116 @@ def test_fab_plan_draws_a_png(tmp_path):
 
     path = plot_plan(_rows(), str(tmp_path / "plan.png"), "test")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the whole cost: provisioning, the run, the idle tail -----------------------------------------
+
+def test_provisioning_bills_the_master_through_the_first_up_and_each_worker_its_boot():
+    rows, _ = _plan(nodes="1,4")  # r7iz.metal-16xl: metal, 2 h; workers 20 min
+    one, four = rows
+    assert one.provisioning_seconds == four.provisioning_seconds == 2 * 3600
+    assert one.provisioning_usd == pytest.approx(5.0 * 2)
+    assert four.provisioning_usd == pytest.approx(5.0 * (2 + 3 * 20 / 60))
+    rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: 1 h, workers 5 min
+    assert rows[0].provisioning_seconds == 3600
+    assert rows[0].provisioning_usd == pytest.approx(5.0 * (1 + 3 * 5 / 60))
+    rows, inputs = _plan(nodes="4", provisioning=False)
+    assert rows[0].provisioning_usd == 0 and ("provisioning", "not counted",
+                                              "given (--no-provisioning: the cluster is up)") in inputs.sources
+
+
+@pytest.mark.parametrize("given, stack, seconds, source", [
+    ("", None, 30 * 60, "autoStopIdle's default (30m)"),
+    ("", "2h", 2 * 3600, "the stack's autoStopIdle"),
+    ("45m", "2h", 45 * 60, "given (--auto-stop-idle)"),
+])
+def test_the_idle_tail_is_the_auto_stop_idle_time_of_the_whole_cluster(given, stack, seconds, source):
+    options = dict(nodes="4", instance_type="r7iz.metal-16xl", auto_stop_idle=given)
+    inputs = costplan.plan_inputs(None, costplan.PlanOptions(**options), stack_auto_stop_idle=stack)
+    row = costplan.plan_rows(inputs, costplan.Price(5.0, "spot", "given"))[0]
+    assert row.idle_tail_seconds == seconds
+    assert row.idle_tail_usd == pytest.approx(4 * 5.0 * seconds / 3600)
+    assert any(name == "idle tail" and where == source for name, _, where in inputs.sources)
+
+
+def test_auto_stop_off_counts_no_idle_tail_and_says_the_nodes_bill_until_destroy():
+    rows, _ = _plan(nodes="4", auto_stop_idle="off")
+    row = rows[0]
+    assert row.idle_tail_seconds is None and row.idle_tail_usd == 0
+    assert json.loads(costplan.render_json(rows))[0]["idle_tail_seconds"] is None
+    text = costplan.render_table(rows)
+    assert "idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)" in text
+    assert text.splitlines()[1].split()[9] == "-"  # the idle $ column (durations are two words)
+
+
+def test_a_bad_auto_stop_idle_is_named():
+    with pytest.raises(ValueError, match=r"--auto-stop-idle: 'soon' is not a duration; allowed: "):
+        _plan(auto_stop_idle="soon")
+    with pytest.raises(ValueError, match=r"autoStopIdle: '0s' is not allowed"):
+        costplan.plan_inputs(None, costplan.PlanOptions(), stack_auto_stop_idle="0s")
+
+
+def test_the_total_is_provisioning_plus_run_plus_idle_tail_and_each_is_shown():
+    rows, _ = _plan(nodes="4")
+    row = rows[0]
+    assert row.total_usd == pytest.approx(row.provisioning_usd + row.run_usd + row.idle_tail_usd)
+    assert row.run_usd == pytest.approx(4 * 5.0 * row.prediction.run_seconds / 3600)
+    header, line = costplan.render_table(rows).splitlines()[:2]
+    assert header.split()[7:15] == ["provision", "$", "run", "$", "idle", "$", "total", "$"]
+    cells = line.split()  # nodes, epoch time and run time (two words each), efficiency, $/hour, then the costs
+    assert [float(c) for c in cells[7:11]] == pytest.approx(
+        [row.provisioning_usd, row.run_usd, row.idle_tail_usd, row.total_usd], abs=0.006)
+    data = json.loads(costplan.render_json(rows))[0]
+    assert (data["instance_type"], data["market"], data["price_source"]) == (
+        "r7iz.metal-16xl", "spot", "spot $5.0000/instance-hour, given with --hourly-usd")
+    assert (data["provisioning_seconds"], data["idle_tail_seconds"]) == (7200.0, 1800.0)
+
+
+def test_a_spot_estimate_is_a_stated_fraction_of_on_demand_and_says_so():
+    estimate = costplan.spot_estimate(costplan.Price(6.0, "on-demand", "on-demand, static table"))
+    assert estimate.market == "spot" and estimate.estimate
+    assert estimate.usd_per_hour == pytest.approx(6.0 * costplan.SPOT_ESTIMATE_FRACTION)
+    assert estimate.source.startswith("spot estimate: ") and "on-demand, static table" in estimate.source
+
+
+def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_tail(tmp_path):
+    """The real `fab plan --nodes 4` (no stack file, no AWS credentials: the static table's on-demand
+    price and the stated spot estimate from it; nothing is sent anywhere)."""
+    import subprocess
+    import sys
+
+    from tests.unit.test_fab_bad_input import ROOT
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+
+    def fab_plan(*argv):
+        result = subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), "plan", "--nodes", "4",
+                                 "--region", "us-east-1", *argv], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=120, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    table = fab_plan()
+    assert "provision $" in table and "run $" in table and "idle $" in table
+    assert "price: spot $2.9760/instance-hour, spot estimate: 0.5 x the on-demand $5.9520" in table
+    assert "provision $: the first `pulumi up`, 2h 00m 00s" in table and "idle $: 30m 00s idle" in table
+    row = json.loads(fab_plan("--json"))[0]
+    spot = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
+    assert (row["nodes"], row["instance_type"], row["market"]) == (4, "r7iz.metal-16xl", "spot")
+    assert "spot estimate" in row["price_source"]
+    assert row["provisioning_usd"] == pytest.approx(spot * (7200 + 3 * 1200) / 3600, abs=1e-3)
+    assert row["idle_tail_usd"] == pytest.approx(4 * spot * 0.5, abs=1e-3)
+    assert row["run_usd"] == pytest.approx(4 * spot * row["run_seconds"] / 3600, abs=1e-3)
+    assert row["total_usd"] == pytest.approx(row["provisioning_usd"] + row["run_usd"] + row["idle_tail_usd"],
+                                             abs=1e-3)
+
+
+def test_fab_plan_takes_the_idle_tail_from_the_stack_file(tmp_path, monkeypatch):
+    from node_setup.tasks.costs import build_plan
+    from tests.unit.test_fab_bad_input import STACK
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Pulumi.lab.yaml").write_text(STACK + "  xeon-cluster:autoStopIdle: 2h\n")
+    rows, *_ = build_plan(costplan.PlanOptions(nodes="4"), hourly_usd=5.0)
+    assert rows[0].idle_tail_seconds == 7200 and rows[0].idle_tail_usd == pytest.approx(4 * 5.0 * 2)
