@@ -16,8 +16,11 @@ Name and lifecycle:
 - The name carries the step's `bake_tag` and a timestamp of the run that created it, so a
   `pulumi up` retried after an interrupted create (the image may exist in AWS without being in the
   state) never fails with a duplicate name. `ignore_changes` keeps the name on later runs;
-  `replacement_trigger` (the bake tag) replaces the image when the step is replaced (new master,
-  profile or pin), which replaces the workers that boot from it.
+  `replacement_trigger` (the bake tag, a hash of the profile's fingerprint) replaces the image
+  when the software changes (profile or pin), which replaces the workers that boot from it.
+- Source: the setup step's `bake_source`, the master the image was made from. A new master (a lost
+  or auto-stopped one) is set up again by the step's update, which keeps `bake_source`: the image
+  and the workers stay. Only a software change (the step replaced) makes the new master the source.
 - `delete_before_replace`: the old image (and, first, the workers it would otherwise keep) goes
   before the new one is made.
 - Create timeout: the provider's 40-minute default can pass for the first, full snapshot of a
@@ -42,7 +45,7 @@ import pulumi_aws as aws
 from cluster.spec import ClusterSpec
 from cluster.tags import PROFILE_KEY
 from infra.master import MasterNode
-from infra.setup_step import ProfileSetup, ssh_timeout_for
+from infra.setup_step import ProfileSetup, bake_tag, ssh_timeout_for
 
 IMAGE_CREATE_MIN_MINUTES = 120
 IMAGE_CREATE_MINUTES_PER_GIB = 1
@@ -87,15 +90,15 @@ class BakedImage(pulumi.ComponentResource):
         image_tags = {**tags, "Name": name, PROFILE_KEY: spec.software_profile}
         self.image = aws.ec2.AmiFromInstance(
             name,
-            name=self.setup.bake_tag.apply(lambda tag: image_name(spec, tag)),
+            name=image_name(spec, bake_tag(spec.profile.fingerprint())),
             description=f"xeon-cluster {spec.cluster_name}: {spec.profile.description}",
-            source_instance_id=master.instance.id,
+            source_instance_id=self.setup.bake_source,
             snapshot_without_reboot=True,
             tags=image_tags,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.setup],
                 ignore_changes=["name"],
-                replacement_trigger=self.setup.bake_tag,
+                replacement_trigger=bake_tag(spec.profile.fingerprint()),
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create=image_create_timeout(spec.root_volume_gib))))
         self.snapshot_tags = [

@@ -13,7 +13,7 @@ from cluster.tags import cluster_tags
 from infra import lookups
 from infra.bucket import CheckpointBucket
 from infra.image import BakedImage
-from infra.master import MasterNode
+from infra.master import MasterNode, kept_on_update
 from infra.network import ClusterNetwork
 from infra.node import NodeNetwork, capacity_retry_hook, engine_supports
 from infra.node_role import NodeRole
@@ -30,6 +30,14 @@ def _engine_hooks() -> pulumi.ErrorHook | None:
                         "update the Pulumi CLI, or run `pulumi up` again")
         return None
     return capacity_retry_hook("xeon-cluster-capacity-retry")
+
+
+def workers_keep(spec: ClusterSpec) -> list[str]:
+    """The workers' inputs taken from the master that keep their first value: a replaced master (a lost or
+    auto-stopped one comes back with the lookups of today) must not replace the workers. The subnet when it
+    was looked up; the base image too without a bake (with one the workers boot the image, which stays)."""
+    kept = kept_on_update(spec)
+    return [prop for prop in kept if prop == "subnetId" or not spec.bake]
 
 
 def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
@@ -69,7 +77,8 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         worker_ami = kept_ami
     workers = WorkerNodes(f"{name}-worker", spec, ami=worker_ami,
                           network=node_network(kept_subnet, network.cluster_group),
-                          instance_profile=node_role.profile_name, tags=tags, on_error=on_error)
+                          instance_profile=node_role.profile_name, tags=tags, on_error=on_error,
+                          keep=workers_keep(spec))
 
     return {
         "clusterName": spec.cluster_name,

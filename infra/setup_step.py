@@ -2,9 +2,13 @@
 
 A `pulumi.dynamic` resource. Its inputs are the master's address and instance id, the SSH user,
 the PATH of the private key (never its contents: state must not hold secrets), the cluster's name
-and the profile's name, pins and fingerprint. A change of the instance, the profile or any pin
-replaces it, which re-runs setup, re-bakes the image (its replacement trigger is the bake tag) and
-so replaces the workers; a change of address, user, key path or cluster name only updates it.
+and the profile's name, pins and fingerprint. A change of the profile or any pin (the software)
+replaces it, which re-runs setup, re-bakes the image (its replacement trigger is the bake tag, a
+hash of the profile's fingerprint) and so replaces the workers. A new master (a reclaim, a lost or
+auto-stopped master) only updates it: the update sets the new master up again with the same
+profile and pins, and keeps `bake_source`, the instance the image was made from, so the image and
+the workers stay (a lost master costs its setup, not a re-bake and a new cluster). A change of
+address, user, key path or cluster name only records the new values.
 Its `create()` connects with Fabric, waits (bounded) for SSH and for cloud-init, then runs the
 same `node_setup.ssh.install` functions `fab setup` uses:
 `install_profile(conn, profile)` and `prepare_for_bake(conn)`, and syncs the disk so the
@@ -49,7 +53,9 @@ CONNECT_TIMEOUT_SECONDS = 10
 OUTPUT_TAIL_LINES = 30
 
 # Inputs whose change means "the image must be rebuilt"; the rest only update the record.
-REPLACE_ON = ("instance_id", "profile", "fingerprint", "pip_pins", "bake_tag")
+REPLACE_ON = ("profile", "fingerprint", "pip_pins", "bake_tag")
+# Outputs the step sets itself (not inputs): never a difference.
+OUTPUT_ONLY = ("bake_source",)
 
 
 def ssh_timeout_for(instance_type: str) -> int:
@@ -61,9 +67,10 @@ class SetupError(RuntimeError):
     """The setup step failed; the message says where, with the remote output."""
 
 
-def bake_tag(instance_id: str, fingerprint: str) -> str:
-    """A short stable id of one (master instance, profile fingerprint) pair: names the image."""
-    return hashlib.sha256(f"{instance_id}|{fingerprint}".encode()).hexdigest()[:12]
+def bake_tag(fingerprint: str) -> str:
+    """A short stable id of the software (the profile's fingerprint): names the image and replaces it when
+    the software changes, never when only the master instance does."""
+    return hashlib.sha256(f"bake|{fingerprint}".encode()).hexdigest()[:12]
 
 
 def _tail(text: str) -> str:
@@ -222,17 +229,22 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
 class ProfileSetupProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         outs = run_profile_setup(props)
+        outs["bake_source"] = props["instance_id"]  # the image is made from this master
         return CreateResult(f"setup-{props['instance_id']}-{props['bake_tag']}", outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        keys = {k for k in set(olds) | set(news) if not k.startswith("__")}
+        keys = {k for k in set(olds) | set(news) if not k.startswith("__") and k not in OUTPUT_ONLY}
         changed = sorted(k for k in keys if olds.get(k) != news.get(k))
         replaces = [k for k in changed if k in REPLACE_ON]
         # The record of an old master's setup goes before the new one is made (like the nodes).
         return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        return UpdateResult({k: v for k, v in news.items() if not k.startswith("__")})
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        """A new master with the same software: set it up again (same profile and pins); the image stays."""
+        outs = run_profile_setup(news) if olds.get("instance_id") != news.get("instance_id") else \
+            {k: v for k, v in news.items() if not k.startswith("__")}
+        outs["bake_source"] = olds.get("bake_source") or olds.get("instance_id") or news["instance_id"]
+        return UpdateResult(outs)
 
 
 class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="ProfileSetup"):
@@ -240,6 +252,7 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
 
     bake_tag: pulumi.Output[str]
     instance_id: pulumi.Output[str]
+    bake_source: pulumi.Output[str]  # the master instance the image is made from
 
     def __init__(self, name: str, *, host: pulumi.Input[str], user: str, private_key_path: str,
                  instance_id: pulumi.Input[str], profile: Profile, cluster: str, port: int = 22,
@@ -257,7 +270,8 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
             "profile": profile.name,
             "pip_pins": list(profile.pip_pins),
             "fingerprint": fingerprint,
-            "bake_tag": pulumi.Output.from_input(instance_id).apply(lambda i: bake_tag(i, fingerprint)),
+            "bake_tag": bake_tag(fingerprint),
+            "bake_source": None,  # set by create (this master) and kept by update (a new master)
             "ssh_timeout_seconds": ssh_timeout_seconds,
             "cloud_init_timeout_seconds": cloud_init_timeout_seconds,
         }

@@ -91,6 +91,8 @@ class FakeAws(mocks.Mocks):
         elif typ == "aws:ec2/amiFromInstance:AmiFromInstance":
             rid = f"ami-{name}"
             state["rootSnapshotId"] = f"snap-{name}"
+        elif typ == SETUP:
+            state["bake_source"] = args.inputs["instance_id"]  # what the step's create() returns
         elif typ == "aws:ec2/securityGroup:SecurityGroup":
             rid = f"sg-{name}"
         elif typ == "aws:ec2/keyPair:KeyPair":

@@ -20,8 +20,10 @@ from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY
 from infra import image as infra_image
 from infra import node as infra_node
 from infra import program as infra_program
-from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS
-from tests.infra.conftest import AMI, BASE_AMI, DEFAULT_SUBNETS, INSTANCE, SETUP, STACK, fresh_run, minimal_config
+from infra import setup_step
+from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS, ProfileSetupProvider
+from tests.infra.conftest import (AMI, BASE_AMI, DEFAULT_SUBNETS, INSTANCE, PROJECT, SETUP, STACK, FakeAws, Harness,
+                                  RecordingMonitor, fresh_run, minimal_config)
 
 TAG = "aws:ec2/tag:Tag"
 
@@ -53,7 +55,8 @@ def test_master_keeps_the_looked_up_image_and_subnet_and_workers_follow_it(harne
     first = master(monitor)
     assert sorted(first.ignore_changes) == ["ami", "subnetId"]
     for worker in workers(monitor):
-        assert worker.ignore_changes == []  # they follow the master's outputs instead
+        # They follow the master's outputs when made, and keep them: a new master does not replace them.
+        assert sorted(worker.ignore_changes) == ["ami", "subnetId"]
         assert worker.inputs["ami"] == first.state["ami"] == BASE_AMI
         assert worker.inputs["subnetId"] == first.state["subnetId"] == min(DEFAULT_SUBNETS)
     # The kept choices are stack outputs: what the cluster really runs on.
@@ -233,3 +236,68 @@ def test_an_older_cli_gets_warnings_and_no_hook(harness, monkeypatch, caplog):
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "ignores the replacementTrigger option" in messages and "no error hooks" in messages
     assert all(node.error_hooks == [] for node in nodes(harness.monitor))
+
+
+# ------------------------------------------------ a lost master costs its setup, not a re-bake
+
+
+class _LaterDay(FakeAws):
+    """Test double of the account on the day the master is replaced: a newer base image, another first
+    default subnet, and the new master's own instance id."""
+
+    def call(self, args):
+        found = super().call(args)
+        if args.token == "aws:ec2/getAmiIds:getAmiIds":
+            return {**found, "ids": ["ami-0newer", *found["ids"]]}
+        if args.token == "aws:ec2/getSubnets:getSubnets":
+            return {**found, "ids": ["subnet-0000", *found["ids"]]}
+        return found
+
+    def new_resource(self, args):
+        rid, state = super().new_resource(args)
+        return (f"{rid}-replaced", state) if args.typ == INSTANCE and args.name.endswith("-master") else (rid, state)
+
+
+def _later_run(config):
+    fake = _LaterDay()
+    monitor = RecordingMonitor(fake)
+    pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
+    Harness(fake, monitor).run(config)
+    return monitor
+
+
+def _kept(reg) -> dict:
+    """The inputs the engine compares (ignored ones take the state's value)."""
+    return {k: v for k, v in reg.inputs.items() if k not in reg.ignore_changes}
+
+
+def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_the_workers(monkeypatch):
+    before, _ = fresh_run(minimal_config())
+    after = _later_run(minimal_config())
+    assert master(after).id != master(before).id and master(after).inputs["ami"] == "ami-0newer"
+
+    # The setup step: updated (not replaced), which sets the new master up again with the same pins
+    # and keeps the image's source.
+    (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
+    olds = {**old_setup.inputs, **old_setup.state}
+    diff = ProfileSetupProvider().diff("id", olds, new_setup.inputs)
+    assert diff.changes and diff.replaces == []
+    ran = []
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: ran.append(props) or dict(props))
+    updated = ProfileSetupProvider().update("id", olds, new_setup.inputs).outs
+    assert [p["instance_id"] for p in ran] == [master(after).id] and ran[0]["pip_pins"] == olds["pip_pins"]
+    assert updated["bake_source"] == master(before).id
+
+    # The image: same trigger, and its only changed input is its source, which comes from the step's
+    # bake_source (kept by the update above); nothing else would replace it.
+    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
+    assert new_image.replacement_trigger == old_image.replacement_trigger
+    assert new_image.inputs["sourceInstanceId"] == new_setup.state["bake_source"]  # from the step, not the master
+    assert ({k: v for k, v in _kept(new_image).items() if k != "sourceInstanceId"}
+            == {k: v for k, v in _kept(old_image).items() if k != "sourceInstanceId"})
+    assert new_setup.urn in new_image.dependencies and master(after).urn not in new_image.dependencies
+
+    # The workers: what they compare is unchanged (the master's new subnet is ignored), same trigger.
+    for old, new in zip(workers(before), workers(after), strict=True):
+        assert _kept(new) == _kept(old) and new.replacement_trigger == old.replacement_trigger
+        assert "subnetId" in new.ignore_changes

@@ -115,7 +115,7 @@ def make_props(**overrides):
         "host": "127.0.0.1", "port": 22, "user": "ubuntu", "private_key_path": "~/.ssh/id_ed25519",
         "cluster": "xeon-test",
         "instance_id": "i-0master", "profile": profile.name, "pip_pins": list(profile.pip_pins),
-        "fingerprint": profile.fingerprint(), "bake_tag": bake_tag("i-0master", profile.fingerprint()),
+        "fingerprint": profile.fingerprint(), "bake_tag": bake_tag(profile.fingerprint()),
         "ssh_timeout_seconds": 10, "cloud_init_timeout_seconds": 30, "__provider": "serialized",
     }
     props.update(overrides)
@@ -372,13 +372,13 @@ def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
     props = make_props()
     result = ProfileSetupProvider().create(props)
     assert result.id == f"setup-i-0master-{props['bake_tag']}"
-    assert result.outs == {"bake_tag": props["bake_tag"]}
+    assert result.outs == {"bake_tag": props["bake_tag"], "bake_source": "i-0master"}  # the image's source
 
 
 @pytest.mark.parametrize("change, replaced", [
     ({"pip_pins": ["torch==2.14.0"]}, ["pip_pins"]),
     ({"profile": "intel"}, ["profile"]),
-    ({"instance_id": "i-0new"}, ["instance_id"]),
+    ({"instance_id": "i-0new"}, []),  # a new master: set up again by the update, the image stays
     ({"host": "198.51.100.10"}, []),
     ({"private_key_path": "~/.ssh/other"}, []),
     ({"user": "admin"}, []),
@@ -395,9 +395,28 @@ def test_diff_without_changes():
     assert diff.changes is False and diff.replaces == []
 
 
-def test_bake_tag_depends_on_instance_and_fingerprint():
-    assert bake_tag("i-1", "a") == bake_tag("i-1", "a")
-    assert len({bake_tag("i-1", "a"), bake_tag("i-2", "a"), bake_tag("i-1", "b")}) == 3
+def test_bake_tag_depends_on_the_software_only():
+    assert bake_tag("a") == bake_tag("a") != bake_tag("b")
+
+
+def test_a_new_master_is_set_up_again_and_keeps_the_image_source(monkeypatch):
+    ran = []
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: ran.append(props["instance_id"]) or
+                        {k: v for k, v in props.items() if not k.startswith("__")})
+    olds = {**make_props(), "bake_source": "i-0master"}
+    olds.pop("__provider")
+    news = make_props(instance_id="i-0new", host="198.51.100.10", bake_source=None)
+    diff = ProfileSetupProvider().diff("id", olds, news)
+    assert diff.changes is True and diff.replaces == []  # an update, not a replacement
+    result = ProfileSetupProvider().update("id", olds, news)
+    assert ran == ["i-0new"]  # the new master is set up with the same profile and pins
+    assert result.outs["bake_source"] == "i-0master" and result.outs["instance_id"] == "i-0new"
+    assert result.outs["pip_pins"] == olds["pip_pins"]
+    # Only an address change: recorded, nothing run.
+    ProfileSetupProvider().update("id", olds, make_props(host="198.51.100.10"))
+    assert ran == ["i-0new"]
+    # The output alone is never a difference.
+    assert ProfileSetupProvider().diff("id", olds, {**olds, "bake_source": None}).changes is False
 
 
 def _serialized_provider() -> str:
