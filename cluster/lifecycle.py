@@ -94,8 +94,8 @@ def missing_cli_message(steps: list[Step]) -> str:
 # and up to two for metal types"): the master runs (and bills) through all of it: launch, boot,
 # cloud-init, the profile's install and the image's first snapshot; the workers only through the
 # last step, their launch and boot from the image ("a few minutes"; metal types "can take over 20
-# minutes to start"). The same hour comes back after the idle auto-stop or a master reclaim: a new
-# master means setup, a new image and new workers.
+# minutes to start"). Coming back after the idle auto-stop costs less: a new master's launch, boot
+# and setup again, then the workers from the image, which stays (no new snapshot).
 FIRST_UP_S = {False: 3600.0, True: 2 * 3600.0}  # by bare metal
 WORKER_BOOT_S = {False: 5 * 60.0, True: 20 * 60.0}  # by bare metal
 FIRST_UP_SOURCE = "docs/aws-lifecycle.md: a first `pulumi up` takes about an hour, up to two on metal types"
