@@ -7,8 +7,10 @@ The loop (the decisions are cluster/recovery.py's, the node work node_setup/ssh/
    which nodes are lost (a spot notice on their metadata service, or no SSH answer); a lost
    master ends the loop with what can and cannot be done;
 3. wait for a noticed node to go, forget its host key, ask for a replacement (local cluster: what
-   `fab local-up` does; AWS: `pulumi up --refresh --yes` when the CLI and the stack are here,
-   otherwise the command to run) and poll discovery up to --wait-for-capacity;
+   `fab local-up` does; AWS, when the CLI and the stack are here: once EC2 reports the lost instances
+   terminated, Pulumi refreshes and replaces those instances only, and stops with the command for the
+   user when the stack has other pending changes (node_setup/pulumi_recovery.py; Pulumi is never
+   killed); otherwise the command to run) and poll discovery up to --wait-for-capacity;
 4. the replacement's host key pinned and shown, its software checked (`fab setup` where needed);
    without enough replacements, the survivors (at least --min-nodes) with the global batch kept by
    gradient accumulation;
@@ -26,8 +28,6 @@ node_setup/ssh/recovery.py's, and what is left here is their order and what fab 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -176,12 +176,13 @@ def replacement_command(inventory: Inventory, count: int) -> str:
     if inventory.kind == "local":
         return f"fab local-up --nodes {count}{_target(inventory)}"
     if inventory.kind == "aws":
-        return f"pulumi up --refresh --yes --stack {_stack(inventory) or '<stack>'}"
+        return f"pulumi up --refresh --stack {_stack(inventory) or '<stack>'}"
     return "bring the lost nodes back at their addresses (your own machines)"
 
 
-def _ask_for_replacements(inventory: Inventory, count: int, wait_seconds: float) -> None:
-    """Local cluster: bring the lost nodes back (what `fab local-up` does); AWS: `pulumi up --refresh`."""
+def _ask_for_replacements(inventory: Inventory, count: int, lost_ids: list[str]) -> None:
+    """Local cluster: bring the lost nodes back (what `fab local-up` does); AWS: Pulumi replaces only the
+    lost instances (node_setup/pulumi_recovery.py: never killed, nothing else applied)."""
     if inventory.kind == "local":
         from node_setup.local import cluster as local_cluster
         from node_setup.local import state as local_state
@@ -193,19 +194,16 @@ def _ask_for_replacements(inventory: Inventory, count: int, wait_seconds: float)
         except local_state.LocalClusterError as exc:
             say(f"the local cluster could not bring the nodes back: {exc}")
         return
+    from node_setup import pulumi_cli
     from node_setup.controller import PROJECT_ROOT
 
     command = replacement_command(inventory, count)
     stack = _stack(inventory) if inventory.kind == "aws" else None
-    if stack and shutil.which("pulumi"):
-        say(f"asking for replacements: {command}")
-        try:
-            done = subprocess.run(["pulumi", "up", "--refresh", "--yes", "--stack", stack], cwd=PROJECT_ROOT,
-                                  timeout=max(60.0, wait_seconds))
-            if done.returncode:
-                say(f"`{command}` ended with exit code {done.returncode}; still polling discovery")
-        except subprocess.TimeoutExpired:
-            say(f"`{command}` took longer than --wait-for-capacity; still polling discovery")
+    if stack and pulumi_cli.find_pulumi():
+        from node_setup import pulumi_recovery
+
+        say("asking for replacements of the lost node(s) only")
+        pulumi_recovery.replace_lost(stack, lost_ids, region=inventory.region, say=say, cwd=str(PROJECT_ROOT))
         return
     say(f"replace the lost node(s) yourself: {command}  (fab polls discovery meanwhile)")
 
@@ -365,7 +363,8 @@ def _capacity(inventory: Inventory, lost: list[str], notices: dict[str, str | No
             if still:
                 say(f"{', '.join(still)} still answer(s) after the notice's time; treating as lost")
         _forget(inventory, lost)
-        _ask_for_replacements(full, len(full.nodes), opts.wait_seconds)
+        lost_ids = [n.instance_id for n in inventory.nodes if n.name in lost and n.instance_id]
+        _ask_for_replacements(full, len(full.nodes), lost_ids)
         return _wait_for_capacity(full, wanted, opts, cluster, region)
     if lost:
         say("--wait-for-capacity 0: not asking for replacements")

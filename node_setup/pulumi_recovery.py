@@ -1,0 +1,108 @@
+"""Replace lost nodes with the Pulumi CLI, changing nothing else and never killing Pulumi.
+
+The steps and their reasons are cluster/stack_recovery.py's: wait for EC2 to report the lost
+instances `terminated` (bounded), refresh only their resources, preview the whole stack and stop
+with the command for the user when anything else would change, then `pulumi up` of the lost
+resources (and their dependents as the engine needs). Every Pulumi command runs through
+node_setup/pulumi_cli.py's runner: output streamed as it comes (the progress), no time limit, and a
+Ctrl-C passed to Pulumi once so it cancels cleanly (never SIGKILL). Afterwards fab says what the
+stack holds: its node instances and any operation an interrupted run could not record.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from cluster import stack_recovery as sr
+from cluster.lifecycle import PULUMI
+from node_setup import pulumi_cli
+
+# What replace_lost() returns.
+REPLACED = "replaced"  # pulumi up of the lost resources succeeded
+NOT_TERMINATED = "not-terminated"  # EC2 still had a lost instance after the bounded wait: nothing run
+OTHER_CHANGES = "other-changes"  # the stack has other pending changes: the command is for the user
+FAILED = "failed"  # a Pulumi command failed or was interrupted (the stack's content is reported)
+NOT_IN_STACK = "not-in-stack"  # the stack holds none of the lost instances (nothing to target)
+
+
+def _capture(argv: Sequence[str]) -> tuple[int, str]:
+    lines: list[str] = []
+    code = pulumi_cli.run_streaming(argv, write=lines.append, say=_say_plain)
+    return code, "".join(lines)
+
+
+def _say_plain(line: str) -> None:
+    print(line, flush=True)
+
+
+def _streamed(say: Callable[[str], None]) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        say(f"  pulumi | {text.rstrip()}")
+    return write
+
+
+def report_stack(stack: str, cwd: str | None, say: Callable[[str], None]) -> None:
+    """Say what the stack holds now (from `pulumi stack export`)."""
+    code, text = _capture(sr.export_argv(stack, cwd))
+    if code:
+        say(f"could not read the stack {stack} (pulumi stack export: exit code {code}); "
+            f"`pulumi stack --stack {stack}` shows it")
+        return
+    say(f"the stack {stack} holds now:")
+    for line in sr.stack_holds(sr.parse_json_output(text)):
+        say(f"  {line}")
+
+
+def replace_lost(stack: str, instance_ids: Sequence[str], *, region: str | None, say: Callable[[str], None],
+                 cwd: str | None = None, wait_terminated=None, timeout_s: float = sr.TERMINATED_WAIT_S) -> str:
+    """Replace the lost instances `instance_ids` of `stack`; one of REPLACED, NOT_TERMINATED, OTHER_CHANGES,
+    FAILED, NOT_IN_STACK. `wait_terminated(ids, region, timeout_s=...)` -> {id: state} left (a seam for tests;
+    default node_setup/aws/termination.py's)."""
+    if wait_terminated is None:
+        from node_setup.aws.termination import wait_terminated
+    ids = sorted(set(instance_ids))
+    manual = sr.manual_command(stack)
+    if ids:
+        say(f"waiting for EC2 to report {', '.join(ids)} terminated (at most {timeout_s / 60:g} min) before refreshing")
+        left = wait_terminated(ids, region, timeout_s=timeout_s)
+        if left:
+            states = ", ".join(f"{iid}: {state}" for iid, state in sorted(left.items()))
+            say(f"AWS has not terminated the lost instance(s) after {timeout_s / 60:g} min ({states}); a refresh "
+                f"now would change nothing. Not running Pulumi: once they are terminated, run `{manual}`")
+            return NOT_TERMINATED
+    code, text = _capture(sr.export_argv(stack, cwd))
+    if code:
+        say(f"could not read the stack {stack} (pulumi stack export: exit code {code}); run `{manual}` yourself")
+        return FAILED
+    state = sr.parse_json_output(text)
+    urns = sr.lost_urns(state, ids)
+    if not urns:
+        say(f"the stack {stack} holds none of {', '.join(ids) or 'the lost nodes'}: nothing for fab to replace "
+            f"(`{manual}` shows what the stack would do)")
+        return NOT_IN_STACK
+    targets = sorted(urns.values())
+    say(f"refreshing only the lost node(s): {', '.join(sr.urn_name(u) for u in targets)}")
+    code = pulumi_cli.run_streaming(sr.refresh_argv(stack, targets, cwd), write=_streamed(say), say=_say_plain)
+    if code:
+        say(f"`pulumi refresh` of the lost nodes ended with exit code {code}")
+        report_stack(stack, cwd, say)
+        return FAILED
+    code, text = _capture(sr.preview_argv(stack, cwd))
+    preview = sr.parse_json_output(text)
+    if code or not preview:
+        say(f"`pulumi preview` ended with exit code {code}{'' if preview else ' and no JSON'}: not applying "
+            f"anything; run `{manual}` yourself and review it")
+        return FAILED
+    others = sr.other_changes(preview, set(targets) | sr.dependents(state, targets))
+    if others:
+        say(f"the stack {stack} has {len(others)} pending change(s) besides the lost nodes "
+            f"({', '.join(f'{op} {sr.urn_name(urn)}' for op, urn in others[:5])}{', ...' if len(others) > 5 else ''}): "
+            f"fab applies only the lost nodes' replacement, so it stops here. Review and apply them yourself: {manual}")
+        return OTHER_CHANGES
+    say(f"replacing the lost node(s) (Pulumi runs until it is done: its output follows; Ctrl-C cancels it cleanly, "
+        f"it is never killed): {PULUMI} up --target ... --target-dependents")
+    code = pulumi_cli.run_streaming(sr.up_argv(stack, targets, cwd), write=_streamed(say), say=_say_plain)
+    if code:
+        say(f"`pulumi up` of the lost nodes ended with exit code {code}")
+    report_stack(stack, cwd, say)
+    return FAILED if code else REPLACED
