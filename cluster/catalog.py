@@ -15,6 +15,8 @@ Sources, per figure:
   `coresPerSocket`/`sockets` if `lscpu` disagrees.
 - AMX and AVX512-BF16: Sapphire Rapids (R7iz, C7i, M7i) has both; Ice Lake (C6i, C6in) has
   neither (Intel ARK; `lscpu` flags amx_bf16, avx512_bf16).
+- clock_ghz: the all-core turbo frequency the AWS instance type pages state (R7iz 3.9 GHz, C7i and
+  M7i 3.2 GHz, C6i and C6in 3.5 GHz); the peak FLOP/s of cluster/flops.py multiply it in.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class InstanceType:
     bare_metal: bool
     processor: str
     sockets_inferred: bool = False
+    clock_ghz: float = 0.0  # all-core turbo; 0: not known
 
     @property
     def cores_per_socket(self) -> int:
@@ -57,20 +60,21 @@ _ICX = "Intel Xeon Ice Lake (8375C)"
 CATALOG: dict[str, InstanceType] = {
     t.name: t
     for t in (
-        InstanceType("r7iz.metal-16xl", 2, 32, 64, 512, 25, False, True, True, True, _SPR + " (6455B)"),
+        InstanceType("r7iz.metal-16xl", 2, 32, 64, 512, 25, False, True, True, True, _SPR + " (6455B)",
+                     clock_ghz=3.9),
         InstanceType("r7iz.metal-32xl", 2, 64, 128, 1024, 50, True, True, True, True, _SPR + " (6455B)",
-                     sockets_inferred=True),
-        InstanceType("c6i.16xlarge", 1, 32, 64, 128, 25, False, False, False, False, _ICX),
+                     sockets_inferred=True, clock_ghz=3.9),
+        InstanceType("c6i.16xlarge", 1, 32, 64, 128, 25, False, False, False, False, _ICX, clock_ghz=3.5),
         InstanceType("c6i.32xlarge", 2, 64, 128, 256, 50, True, False, False, False, _ICX,
-                     sockets_inferred=True),
+                     sockets_inferred=True, clock_ghz=3.5),
         InstanceType("c6in.32xlarge", 2, 64, 128, 256, 200, True, False, False, False, _ICX,
-                     sockets_inferred=True),
+                     sockets_inferred=True, clock_ghz=3.5),
         InstanceType("c7i.metal-24xl", 1, 48, 96, 192, 37.5, False, True, True, True, _SPR + " (8488C)",
-                     sockets_inferred=True),
+                     sockets_inferred=True, clock_ghz=3.2),
         InstanceType("c7i.metal-48xl", 2, 96, 192, 384, 50, True, True, True, True, _SPR + " (8488C)",
-                     sockets_inferred=True),
+                     sockets_inferred=True, clock_ghz=3.2),
         InstanceType("m7i.48xlarge", 2, 96, 192, 768, 50, True, True, True, False, _SPR + " (8488C)",
-                     sockets_inferred=True),
+                     sockets_inferred=True, clock_ghz=3.2),
     )
 }
 

@@ -215,6 +215,8 @@ def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], 
                        prepare=tuple(prepare), notes=tuple(notes) + layout.notes, user=user, copy=copy,
                        install=install)
     args = list(training_args)
+    if catalog.lookup(inv.instance_type or "") and not any(a.split("=", 1)[0] == "--instance_type" for a in args):
+        args += ["--instance_type", inv.instance_type]  # the catalog's peak for the summary's MFU (cluster/flops.py)
     given = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
              for i, a in enumerate(args) if a == "--output_dir" or a.startswith("--output_dir=")]
     if given:  # the user's own (e.g. through --extra) wins

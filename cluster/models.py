@@ -4,6 +4,9 @@ Parameter counts are those of the Hugging Face checkpoints with their task heads
 few thousand parameters, well under 0.1 percent); they decide how many gradient bytes each step
 all-reduces. Pass `--params` for a model not listed here.
 
+hidden and matmul_params (the parameters minus the word, position and type embedding tables)
+come from the same configs; they give the model FLOPs per sample (cluster/flops.py).
+
 Data set sizes are the number of training *features* after tokenisation, which is what the
 Trainer steps over (one SQuAD example that overflows `max_seq_length` becomes several features).
 """
@@ -20,6 +23,8 @@ class ModelSize:
     params: int
     layers: int
     source: str
+    hidden: int = 0  # the width of a layer (attention's FLOPs, cluster/flops.py); 0: not known
+    matmul_params: int = 0  # the parameters outside the embedding tables (the model FLOPs); 0: not known
 
 
 @dataclass(frozen=True)
@@ -34,13 +39,18 @@ MODELS: dict[str, ModelSize] = {
     m.name: m
     for m in (
         ModelSize("distilbert-base-uncased", 66_362_880, 6,
-                  "DistilBertModel config: 6 layers, hidden 768, vocab 30522 (Sanh et al. 2019: 66M)"),
+                  "DistilBertModel config: 6 layers, hidden 768, vocab 30522 (Sanh et al. 2019: 66M)", hidden=768,
+                  matmul_params=42_528_768),
         ModelSize("bert-base-uncased", 109_482_240, 12,
-                  "BertModel config: 12 layers, hidden 768, vocab 30522 (Devlin et al. 2019: 110M)"),
+                  "BertModel config: 12 layers, hidden 768, vocab 30522 (Devlin et al. 2019: 110M)", hidden=768,
+                  matmul_params=85_646_592),
         ModelSize("bert-large-uncased", 335_141_888, 24,
-                  "BertModel config: 24 layers, hidden 1024 (Devlin et al. 2019: 340M)"),
-        ModelSize("roberta-base", 124_645_632, 12, "RobertaModel config: 12 layers, vocab 50265 (125M)"),
-        ModelSize("all-minilm-l6-v2", 22_713_216, 6, "MiniLM-L6-H384 BERT (sentence-transformers: 22.7M)"),
+                  "BertModel config: 24 layers, hidden 1024 (Devlin et al. 2019: 340M)", hidden=1024,
+                  matmul_params=303_361_024),
+        ModelSize("roberta-base", 124_645_632, 12, "RobertaModel config: 12 layers, vocab 50265 (125M)", hidden=768,
+                  matmul_params=85_646_592),
+        ModelSize("all-minilm-l6-v2", 22_713_216, 6, "MiniLM-L6-H384 BERT (sentence-transformers: 22.7M)", hidden=384,
+                  matmul_params=10_795_392),
     )
 }
 

@@ -104,6 +104,9 @@ class JobArguments:
     ddp_bucket_mb: float | None = field(default=None, metadata={
         "help": "DDP's gradient bucket size in MB (default: DDP's own, 25); sets TrainingArguments' "
                 "ddp_bucket_cap_mb."})
+    instance_type: str | None = field(default=None, metadata={
+        "help": "The nodes' EC2 instance type (fab train passes it): its catalogued cores and clock give the "
+                "peak FLOP/s the summary's MFU is measured against; default: what lscpu says on rank 0's node."})
 
 
 @dataclass
@@ -246,6 +249,10 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     _positive("spot_poll_seconds", job.spot_poll_seconds, "a positive number of seconds")
     if job.ddp_bucket_mb is not None:
         _positive("ddp_bucket_mb", job.ddp_bucket_mb, "a positive number of MB")
+    if job.instance_type is not None:
+        from cluster import catalog
+
+        _choice("instance_type", job.instance_type, catalog.known_types())
     if job.global_batch_size is not None and job.global_batch_size < 1:
         raise BadInput(f"--global_batch_size {job.global_batch_size} must be positive")
 

@@ -87,7 +87,7 @@ def software_versions() -> dict:
 def build_summary(*, parsed, prepared, world_size: int, hosts: list[str], state, timer, spot,
                   train_loss: float | None, eval_metrics: dict | None, resumed, final_model: str | None,
                   digests: list[str], settings: dict, versions: dict, started: float, now: float,
-                  run_id: str | None = None) -> dict:
+                  run_id: str | None = None, model_flops=None) -> dict:
     """The summary of one run.
 
     `parsed`: the job's arguments (training.args.ParsedArguments); `prepared`: its data
@@ -96,7 +96,8 @@ def build_summary(*, parsed, prepared, world_size: int, hosts: list[str], state,
     `resumed`: the checkpoint resumed from (step, location) or None; `digests`: every rank's
     weights digest; `settings`: the job's settings (backend, bf16, threads, ...); `versions`:
     software_versions(); `started`/`now`: process start and the time of writing (time.time());
-    `run_id`: the run this job belongs to (kept by --resume).
+    `run_id`: the run this job belongs to (kept by --resume); `model_flops`: training.mfu.ModelFlops
+    (the summary's `mfu`, model FLOP/s per node over the node's peak, and its inputs; None: left out).
     """
     training_args, job_args = parsed.training, parsed.job
     interrupted = spot.interrupted_at is not None
@@ -132,6 +133,7 @@ def build_summary(*, parsed, prepared, world_size: int, hosts: list[str], state,
         "step_time_seconds": step_time_stats(timer.step_seconds),
         "time_to_first_step_seconds": (round(timer.first_step_end - started, 3) if timer.first_step_end else None),
         "wall_seconds": round(now - started, 3),
+        **(model_flops.summary(step_time_stats(timer.step_seconds)["mean"]) if model_flops else {}),
         "train_loss": round(train_loss, 5) if steps_run else None,
         "first_logged_loss": losses[0] if losses else None,
         "last_logged_loss": losses[-1] if losses else None,

@@ -92,6 +92,7 @@ class Job:
         self.task = None  # the --task's object (training/tasks.py), chosen once the arguments are read
         self.settings: dict = {}
         self.store = None  # the run's checkpoints (training/resume.py), set once the arguments are read
+        self.flops = None  # the model FLOPs and the node's peak (training/mfu.py), set before training
 
     # ---- start-up ----
 
@@ -240,6 +241,7 @@ class Job:
         """Spot watcher, then Trainer.train (from the resume point, if any) until done or interrupted."""
         from training import hardware, imds
 
+        self.flops = self._model_flops(parsed, prepared)
         trainer, timer, spot = self._trainer(parsed, prepared, ipex)
         resume_path, resumed = (resume if resume else (None, None))
         if resume_path is None and parsed.training.resume_from_checkpoint:  # Trainer's own flag: a path
@@ -256,6 +258,23 @@ class Job:
         if self.watcher is not None:
             self.watcher.stop()
         return Trained(trainer, timer, spot, train_output.training_loss, resumed)
+
+    def _model_flops(self, parsed, prepared: tasks.Prepared):
+        """The model FLOPs per sample and, on rank 0, the node's peak (training/mfu.py)."""
+        from training import distributed, mfu
+
+        nodes = len(set(distributed.hosts())) if self.info.distributed else 1  # every rank takes part
+        training_args = parsed.training
+        global_batch = (training_args.per_device_train_batch_size * self.info.world_size
+                        * training_args.gradient_accumulation_steps)
+        peak = mfu.node_peak(bool(training_args.bf16), parsed.job.instance_type) if self.info.rank == 0 else None
+        figures = mfu.model_flops(prepared.model, task=parsed.data.task, max_seq_length=parsed.data.max_seq_length,
+                                  tokens_per_sample=prepared.tokens_per_sample, global_batch=global_batch,
+                                  nodes=nodes, peak=peak)
+        if self.info.rank == 0:
+            log.info("model FLOPs %.3g per sample (%d tokens); peak %s", figures.per_sample, figures.seq_len,
+                     peak.describe() if peak else "not known (no lscpu, no catalogued --instance_type)")
+        return figures
 
     def _finish(self, parsed, prepared: tasks.Prepared, trained: Trained) -> int:
         """Final model and evaluation (unless interrupted), weights digests, the summary on rank 0."""
@@ -276,7 +295,7 @@ class Job:
                 state=trained.trainer.state, timer=trained.timer, spot=trained.spot, train_loss=trained.train_loss,
                 eval_metrics=eval_metrics, resumed=trained.resumed, final_model=final_model, digests=digests,
                 settings=self.settings, versions=summary.software_versions(), started=self.started, now=time.time(),
-                run_id=self.store.run_id)
+                run_id=self.store.run_id, model_flops=self.flops)
             summary.write_summary(report, output_dir)
             print(json.dumps(report, indent=2), flush=True)
             for error in report["checkpoint_upload_errors"]:
@@ -294,6 +313,7 @@ class Job:
 
         from training import accelerators, checkpoints, grad_comm
         from training.callbacks import SpotCheckpointCallback, StepTimer
+        from training.mfu import FlopsLogger
 
         training_args = parsed.training
         bf16 = bool(training_args.bf16)
@@ -337,7 +357,7 @@ class Job:
                                       run_id=self.store.run_id, keep=self.store.keep)
         trainer = XeonTrainer(model=prepared.model, args=training_args, train_dataset=prepared.train_features,
                               processing_class=prepared.tokenizer, data_collator=self.task.collator(prepared.tokenizer),
-                              callbacks=[timer, spot])
+                              callbacks=[timer, spot] + ([FlopsLogger(timer, self.flops)] if self.flops else []))
         return trainer, timer, spot
 
     def close(self) -> None:

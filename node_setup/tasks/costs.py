@@ -11,6 +11,7 @@ from invoke import Exit
 from cluster import calibration as calib
 from cluster import costplan, models
 from cluster.costplan import PlanOptions, Price
+from cluster.plan_mfu import plan_flops
 from cluster.config_keys import AUTO_STOP_IDLE
 from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
 from cluster.spec import ClusterSpec, ConfigError
@@ -205,10 +206,13 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAUL
     if cal_note:
         notes.append(cal_note)
     if json:
-        print(costplan.render_json(rows))
+        print(plan_flops(options, inputs, cal).json(inputs, rows))  # costplan's rows with their predicted mfu
     else:
         print(costplan.render_table(rows, header=header, price_source=source, notes=notes))
+        predicted = plan_flops(options, inputs, cal)
+        print(predicted.line(inputs, rows))
         print(costplan.render_sources(inputs))
+        print(predicted.render_sources())
     if plot:
         from node_setup.plan_plot import plot_plan
 

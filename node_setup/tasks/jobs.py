@@ -8,7 +8,7 @@ import sys
 
 from invoke import Exit
 
-from cluster import joblist, spend
+from cluster import flops, joblist, spend
 from cluster.jobplan import shown
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER
@@ -18,6 +18,9 @@ from node_setup.ssh.fanout import on_nodes, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks import spend as node_spend
 from node_setup.tasks.common import CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP, UNREACHABLE, fail, task
+
+
+MFU_LOG_LINES = 200  # how far back `fab status` looks for the job's last MFU line (logged every logging_steps)
 
 
 def _job_on_master(cluster: str, region: str, job: str):
@@ -101,11 +104,16 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     if meta:
         print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
               f"output {shown(meta.get('output_dir') or '?')}")
-    tail = [line for line in jobs.log_tail(master, job_id).splitlines() if line.strip()]
+    log_tail = jobs.log_tail(master, job_id, lines=MFU_LOG_LINES)
+    tail = [line for line in log_tail.splitlines() if line.strip()]
     if tail:
         prefixer = RankPrefixer(meta.get("rank_hosts", []), sys.stdout, meta.get("launcher", DEFAULT_LAUNCHER))
         facts["job"]["last_log_line"] = prefixer.line(tail[-1])
         print(f"  last log line: {facts['job']['last_log_line']}")
+    progress = flops.last_progress(log_tail)  # the job's latest model FLOP/s per node and MFU
+    facts["job"]["mfu"] = progress["mfu"] if progress else None
+    if progress:
+        print(f"  MFU: {progress['line']}")
 
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,

@@ -155,3 +155,16 @@ def test_the_price_book_asks_aws_once_per_type_market_and_zone(mocked_aws):
     assert first.market == "spot" and first.zone == "us-east-1b"  # moto's history has every offering zone
     assert book.price("r7iz.metal-16xl", spot=True, zone="us-east-1b") is first
     assert book.price("r7iz.metal-16xl", spot=True, zone="us-east-1c").zone == "us-east-1c"
+
+
+def test_status_shows_a_running_job_s_latest_mfu(cluster, job_on_master, capsys, monkeypatch):
+    from cluster import flops
+
+    peak = flops.Peak(cores=32, ghz=3.5, flops_per_cycle=64, precision=flops.FP32_AVX512, source="catalog: c6i")
+    log = "\n".join(f"[0] rank 0 INFO training: {flops.progress_line(step, tflops * 1e12, peak)}"
+                    for step, tflops in ((20, 0.5), (40, 0.7168))) + "\n[0] step 41/80 loss 1.1\n"
+    monkeypatch.setattr(ssh_job, "log_tail", lambda master, job_id, lines=20: log)
+    out = status(capsys)
+    assert "  MFU: step 40: model FLOP/s per node 0.717 TFLOP/s, MFU 10.00% of 7.168 TFLOP/s" in out, out
+    data = json.loads(status(capsys, "json"))
+    assert data["job"]["mfu"] == pytest.approx(0.1) and "loss 1.1" in data["job"]["last_log_line"]

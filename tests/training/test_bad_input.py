@@ -55,6 +55,8 @@ CASES = {
                                r"number of minutes"),
     "spot_poll_seconds inf": (None, None, ["--spot_poll_seconds", "inf"],
                               r"^error: --spot_poll_seconds inf is not allowed; allowed: a positive number"),
+    "instance_type unknown": (None, None, ["--instance_type", "m9z.huge"],
+                              r"^error: --instance_type: 'm9z.huge' is not allowed; choose one of c6i.16xlarge, "),
     "learning_rate nan": (None, None, ["--learning_rate", "nan"],
                           r"^error: --learning_rate nan is not allowed; allowed: a number"),
 }

@@ -138,3 +138,15 @@ def test_reclaim_report_says_what_resumes_the_run():
     plain, managed = reclaim_report(summary, "node0"), reclaim_report(summary, "node0", managed=True)
     assert "checkpoint-58 is saved only on node0's local disk" in plain[0] and "fab train --resume" in plain[0]
     assert "fab train --managed` resumes it" in managed[0] and "fab train --resume" not in managed[0]
+
+
+def test_a_catalogued_instance_type_reaches_the_job_for_its_peak():
+    """The job measures MFU against the catalog's peak of the nodes' type (cluster/flops.py)."""
+    plan = jobs.plan_job(inventory(), nodes=2, training_args=["--max_steps", "3"])
+    args = list(plan.training_args)
+    assert args[args.index("--instance_type") + 1] == "r7iz.metal-16xl"
+    mine = jobs.plan_job(inventory(), nodes=2, training_args=["--instance_type=c6i.16xlarge"])
+    assert [a for a in mine.training_args if a.startswith("--instance_type")] == ["--instance_type=c6i.16xlarge"]
+    local = jobs.plan_job(inventory(kind="local", nodes=2, instance_type=None, sockets=1, physical_cores=2), nodes=2,
+                          training_args=[])
+    assert "--instance_type" not in local.training_args  # no catalogued type: the job reads lscpu

@@ -1,0 +1,36 @@
+"""The summary's MFU and its inputs, and the progress line `fab status` reads, from a real run."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cluster import flops
+from tests.training.conftest import REPO, mpi_env, read_summary
+
+
+def test_summary_has_mfu_and_its_inputs_against_the_catalog_peak(qa_demo, tmp_path):
+    env = {k: v for k, v in mpi_env().items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "training", *qa_demo["args"], "--output_dir", str(out),
+                             "--max_steps", "5", "--logging_steps", "2", "--per_device_train_batch_size", "8",
+                             "--bf16", "false", "--spot_watch", "off", "--max_eval_samples", "0",
+                             "--checkpoint_minutes", "0", "--save_strategy", "no",
+                             "--instance_type", "c6i.16xlarge"],
+                            env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = read_summary(out)
+    inputs = data["mfu_inputs"]
+    # the demo's DistilBERT: 2 layers of width 64 at 64 tokens (qa pads every feature to the full length)
+    assert (inputs["layers"], inputs["hidden"], inputs["seq_len"]) == (2, 64, 64)
+    assert inputs["model_flops_per_sample"] == round(flops.train_flops_per_sample(inputs["matmul_params"], 2, 64, 64))
+    assert inputs["steady_step_seconds"] == data["step_time_seconds"]["mean"]
+    assert inputs["achieved_flops_per_s_per_node"] == pytest.approx(
+        inputs["model_flops_per_sample"] * 8 / inputs["steady_step_seconds"], rel=1e-3)
+    peak = inputs["peak"]  # the catalog's, not this machine's: fp32 on Ice Lake's AVX-512
+    assert peak["precision"] == flops.FP32_AVX512 and peak["peak_flops_per_s"] == 32 * 3.5e9 * 64
+    assert peak["source"].startswith("catalog: c6i.16xlarge")
+    assert data["mfu"] == pytest.approx(inputs["achieved_flops_per_s_per_node"] / peak["peak_flops_per_s"], rel=1e-2)
+    found = flops.last_progress(result.stderr)
+    assert found is not None and found["line"].startswith("step 5: model FLOP/s per node")  # the last log: the end of training
+    assert found["peak_tflops"] == pytest.approx(7.168)
