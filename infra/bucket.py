@@ -92,7 +92,10 @@ class CheckpointBucket(pulumi.ComponentResource):
             rules=[aws.s3.BucketLifecycleConfigurationRuleArgs(
                 id="checkpoint-housekeeping",
                 status="Enabled",
-                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(),  # every object
+                # Every object: an empty prefix. An empty filter block (or none) is documented as "every
+                # object" too, but the provider warns that one of prefix, tag, size or and is required
+                # (hashicorp/terraform-provider-aws#42515) and says it will become an error.
+                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
                 noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
                     noncurrent_days=NONCURRENT_VERSION_DAYS),
                 expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True),
