@@ -1,7 +1,7 @@
 """The rehearsal's AWS account: a moto server on 127.0.0.1 that the unmodified `fab` reaches through
 boto3's standard endpoint setting (`AWS_ENDPOINT_URL`), and the Pulumi mocks reach the same way.
 
-moto 5.2 lacks four APIs the toolkit calls. Each is answered by a named test double that sits in
+moto 5.2 lacks five APIs the toolkit calls. Each is answered by a named test double that sits in
 front of moto's server app (a WSGI middleware) and lets every other request through to moto:
 
 - `PlacementGroupsDouble`: EC2 CreatePlacementGroup / DescribePlacementGroups / DeletePlacementGroup
@@ -13,6 +13,9 @@ front of moto's server app (a WSGI middleware) and lets every other request thro
 - `PolicySimulatorDouble`: IAM SimulatePrincipalPolicy, which `fab preflight` asks whether the caller
   may pass the node role (moto has no policy simulator); it allows every action, as moto's account
   (which enforces no IAM policy) does.
+- `ConsoleOutputDouble`: EC2 GetConsoleOutput (moto's is a canned kernel log without host keys),
+  answered with the console file of the local node at the instance's private address, where a new
+  node's host key is verified.
 
 The account is seeded with what a real region has and moto does not ship: Canonical's Ubuntu
 24.04 amd64 image (the program's and preflight's lookup finds it), and the VPC and subnet of the
@@ -21,6 +24,7 @@ rehearsal (made through the API, with the local cluster's network as the subnet'
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -28,6 +32,7 @@ import os
 import secrets
 import threading
 import urllib.request
+from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs
 from xml.sax.saxutils import escape
@@ -202,6 +207,37 @@ def _member_index(key: str) -> tuple[str, int]:
     return name, int(index) if index.isdigit() else 0
 
 
+class ConsoleOutputDouble:
+    """Test double: EC2 GetConsoleOutput, answered with the console file of the local node that stands in
+    for the instance (the node at the instance's private address), as EC2 answers with the instance's own
+    console; moto's own answer is a canned kernel log with no host keys, which `fab` would refuse."""
+
+    ACTIONS = ("GetConsoleOutput",)
+
+    def __init__(self):
+        self.consoles: dict[str, str] = {}  # private address -> the local node's console file
+
+    def handle(self, action: str, form: dict[str, str]) -> Response | None:
+        from moto.ec2.models import ec2_backends
+
+        instance_id = form.get("InstanceId", "")
+        try:
+            address = ec2_backends[ACCOUNT][REGION].get_instance(instance_id).private_ip_address
+        except Exception:  # noqa: BLE001 - moto answers its own error for an unknown instance
+            return None
+        if address not in self.consoles:
+            return None
+        try:
+            text = Path(self.consoles[address]).read_text()
+        except FileNotFoundError:
+            text = ""
+        output = base64.b64encode(text.encode()).decode()
+        return _xml("200 OK", f'<GetConsoleOutputResponse xmlns="{EC2_XMLNS}"><requestId>{secrets.token_hex(8)}'
+                    f"</requestId><instanceId>{escape(instance_id)}</instanceId>"
+                    "<timestamp>2025-03-04T10:00:01.000Z</timestamp>"
+                    f"<output>{output}</output></GetConsoleOutputResponse>")
+
+
 class MissingApiDoubles:
     """WSGI middleware in front of moto's server app: the doubles above answer their calls, moto the rest."""
 
@@ -211,6 +247,7 @@ class MissingApiDoubles:
         self.profile_tags = InstanceProfileTagsDouble()
         self.quotas = Ec2QuotasDouble()
         self.policy_simulator = PolicySimulatorDouble()
+        self.console = ConsoleOutputDouble()
         self.answered: dict[str, int] = {}  # action -> how often a double answered it (for the report)
 
     def __call__(self, environ, start_response):
@@ -231,6 +268,8 @@ class MissingApiDoubles:
                 answer = self.profile_tags.handle(action, form)
             elif action in PolicySimulatorDouble.ACTIONS:
                 answer = self.policy_simulator.handle(action, form)
+            elif action in ConsoleOutputDouble.ACTIONS:
+                answer = self.console.handle(action, form)
         if answer is None:
             return self.app(environ, start_response)
         self.answered[action] = self.answered.get(action, 0) + 1

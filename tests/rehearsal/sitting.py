@@ -60,6 +60,7 @@ from node_setup.aws.sweep import LIVE_INSTANCE_STATES
 from node_setup.controller import cache_root
 from node_setup.discovery import KEY_ENV
 from node_setup.local import state as local_state
+from node_setup.local.console import console_path
 from node_setup.ssh import keys as ssh_keys
 from tests.rehearsal.account import REGION, UBUNTU_IMAGE_ID, ZONE, Account
 from tests.rehearsal.engine import AMI, TAG, Stack
@@ -222,6 +223,8 @@ class Sitting:
             self.account.start()
             self.env.update(self.account.fab_env(self.env))
             self.vpc, self.subnet = self.account.make_network(self.state.subnet, self.cluster)
+            # GetConsoleOutput answers with each node's console file: `fab` verifies new nodes' host keys there
+            self.account.server.doubles.console.consoles = {n.address: str(console_path(n)) for n in self.state.nodes}
             result["summary"] = (f"{self.account.url}; {self.vpc}, {self.subnet} {self.state.subnet} in {ZONE} "
                                  "(no public addresses on launch); Ubuntu 24.04 image " + UBUNTU_IMAGE_ID)
 
@@ -374,7 +377,7 @@ class Sitting:
             loss = re.search(r"^\s*train_loss: (\S+)", out, re.M)
             result["summary"] = (f"exit 0, world_size 3, steps {steps.group(1) if steps else '?'}, train_loss "
                                  f"{loss.group(1) if loss else '?'}; workers reached through node0; host keys "
-                                 "trusted on first use = the local nodes' own")
+                                 "= the local nodes' own (the master's from the setup step, the workers' verified from their consoles)")
 
     def check_known_hosts(self) -> None:
         """The controller pinned (setup step, then fab) exactly the local nodes' host keys, by private address."""
