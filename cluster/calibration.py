@@ -8,6 +8,7 @@ The file (JSON, `<config dir>/calibration/<cluster>.json`, see `path_for`) holds
     compute:   {"<n>": samples/s per node while n nodes train at once, no all-reduce}
     allreduce: {"<n>": {"fp32"|"bf16": {"gbps": payload Gbit/s per node, "latency_s": per ring step,
                                           "seconds": one gradient's all-reduce}}}
+    compile:   {"eager_step_s", "compiled_step_s", "compile_s"}  torch.compile on one node (optional)
 
 `fab plan` takes from it the compute rate for each node count (the nearest measured one below,
 else above), and the all-reduce bandwidth and latency for the gradients' dtype
@@ -54,6 +55,13 @@ class Calibration:
     link: str = ""
     created: str = ""
     source: str = ""  # the file it was read from
+    compile: dict | None = None  # {"eager_step_s", "compiled_step_s", "compile_s"}; None: not measured
+
+    def compile_cost(self):
+        """The measured torch.compile figures as cluster.timemodel.CompileCost, or None."""
+        from cluster.timemodel import CompileCost
+
+        return CompileCost(**self.compile) if self.compile else None
 
     def rate(self, nodes: int) -> tuple[float, int]:
         """(samples/s per node, the node count it was measured at) for `nodes`."""
@@ -111,12 +119,21 @@ def from_mapping(data: dict, source: str = "") -> Calibration:
                            seq_len=int(data.get("seq_len") or 0), ranks_per_node=int(data.get("ranks_per_node") or 1),
                            kind=str(data.get("kind", "")), backend=str(data.get("backend", "")),
                            cpu=str(data.get("cpu", "")), link=str(data.get("link") or ""),
-                           created=str(data.get("created", "")), source=source)
+                           created=str(data.get("created", "")), source=source,
+                           compile=_compile(data.get("compile"), source))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, CalibrationError):
             raise
         raise CalibrationError(f"calibration {source}: unreadable ({type(exc).__name__}: {exc}); "
                                "rerun `fab bench`") from None
+
+
+def _compile(value, source: str) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise CalibrationError(f"calibration {source}: compile is {value!r}; expected an object (rerun `fab bench`)")
+    return {k: _positive(value.get(k), f"compile.{k}", source) for k in ("eager_step_s", "compiled_step_s", "compile_s")}
 
 
 def parse(text: str, source: str = "") -> Calibration:

@@ -24,6 +24,10 @@ GRAD_COMM_MEASURE_ONLY = "none"
 # bf16 by default: on the offline task its final loss is within 1.5 % of fp32's; it is 1.8-2.0x faster
 # on a communication-bound link and the same within noise on a compute-bound one (docs/benchmarks.md).
 DEFAULT_GRAD_COMM = "bf16"
+# torch.compile of the built-in job's model: auto compiles when the saving fab bench predicts over the
+# run's steps exceeds the compile time (cluster/timemodel.py: compile_pays)
+COMPILE_CHOICES = ("auto", "on", "off")
+DEFAULT_COMPILE = "auto"
 BF16_CHOICES = ("auto", "on", "off")
 
 # Where the synthetic demo lives on every node, relative to the SSH user's home.
@@ -72,6 +76,22 @@ def grad_comm_argument(value: str | None) -> list[str]:
         raise JobArgsError(f"--grad-comm: {value!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)} "
                            "(bf16: DDP compresses each gradient bucket to bf16 on the wire)")
     return ["--grad_comm", choice]
+
+
+def compile_arguments(value: str | None, estimate=None) -> list[str]:
+    """`fab train --compile auto|on|off` as the job's `--compile` (nothing when unset), with auto the
+    calibration's measured figures (`estimate`: cluster.timemodel.CompileCost) as `--compile_estimate`."""
+    if value in (None, ""):
+        return []
+    choice = str(value).strip().lower()
+    if choice not in COMPILE_CHOICES:
+        raise JobArgsError(f"--compile: {value!r} is not allowed; choose {', '.join(COMPILE_CHOICES)} (auto: compile "
+                           "when fab bench's measurement says the saving over the run exceeds the compile time)")
+    args = ["--compile", choice]
+    if choice == "auto" and estimate is not None:
+        args += ["--compile_estimate", f"{estimate.eager_step_s:.4f},{estimate.compiled_step_s:.4f},"
+                                       f"{estimate.compile_s:.1f}"]
+    return args
 
 
 def _number(value: str | float) -> float:

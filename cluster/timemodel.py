@@ -204,6 +204,7 @@ class Prediction:
     efficiency: float
     node_gbps: float
     buckets: int = 1  # gradient buckets all-reduced per step
+    compile_s: float = 0.0  # torch.compile's share of startup_s
 
     @property
     def step_seconds(self) -> float:
@@ -242,8 +243,35 @@ def ring_fit(nodes: int, payload_bytes: float, seconds: float, small_seconds: fl
     return gbps, latency
 
 
-def startup_seconds(nodes: int) -> float:
-    return STARTUP_BASE_S + STARTUP_PER_EXTRA_NODE_S * (nodes - 1)
+def startup_seconds(nodes: int, compile_s: float = 0.0) -> float:
+    """Launch, imports, model load and rendezvous; plus `compile_s`, torch.compile's first-step cost
+    (every rank compiles at once, so it is paid once per run whatever the node count)."""
+    return STARTUP_BASE_S + STARTUP_PER_EXTRA_NODE_S * (nodes - 1) + compile_s
+
+
+@dataclass(frozen=True)
+class CompileCost:
+    """What `fab bench` measured of torch.compile on one node: the steady step eager and compiled, and
+    the compile itself (the compiled run's first step less the eager run's)."""
+
+    eager_step_s: float
+    compiled_step_s: float
+    compile_s: float
+
+    @property
+    def step_factor(self) -> float:
+        """Compiled step over eager step (below 1: compiling pays per step)."""
+        return self.compiled_step_s / self.eager_step_s
+
+
+def compile_pays(steps: int, cost: CompileCost | None) -> tuple[bool, str]:
+    """(compile?, why) for `--compile auto`: when the saving over `steps` steps exceeds the compile time."""
+    if cost is None:
+        return False, "no compile measurement (fab bench measures one): eager"
+    saving = steps * (cost.eager_step_s - cost.compiled_step_s)
+    verdict = saving > cost.compile_s
+    return verdict, (f"{steps} steps x ({cost.eager_step_s:.3f} - {cost.compiled_step_s:.3f}) s = {saving:.0f} s saved "
+                     f"{'>' if verdict else '<='} {cost.compile_s:.0f} s to compile: {'compiled' if verdict else 'eager'}")
 
 
 def throughput_from_single_node_time(seconds: float, samples: int) -> float:
@@ -257,9 +285,11 @@ def throughput_from_single_node_time(seconds: float, samples: int) -> float:
 
 def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s: float, *,
             ranks_per_node: int = 1, overlap: float = DEFAULT_OVERLAP,
-            single_node_samples_per_s: float | None = None) -> Prediction:
+            single_node_samples_per_s: float | None = None, compiled: CompileCost | None = None) -> Prediction:
     """Predict one configuration. `node_samples_per_s` is one node's throughput in this configuration;
-    `single_node_samples_per_s` the single-node reference for the efficiency (default the same)."""
+    `single_node_samples_per_s` the single-node reference for the efficiency (default the same).
+    With `compiled`, the compute per step is scaled by its step factor and its compile time is
+    added to the start-up (Prediction.compile_s shows it)."""
     if nodes < 1:
         raise ValueError(f"nodes: {nodes!r} must be at least 1")
     if ranks_per_node < 1:
@@ -273,7 +303,7 @@ def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s
     global_batch = workload.batch_per_rank * ranks_per_node * nodes
     steps = math.ceil(workload.samples / global_batch)
     per_node_batch = workload.batch_per_rank * ranks_per_node
-    step_compute = per_node_batch / node_samples_per_s
+    step_compute = per_node_batch / node_samples_per_s * (compiled.step_factor if compiled else 1.0)
     gbps = network.node_gbps(ranks_per_node)
     step_comm = allreduce_seconds(workload.params * workload.gradient_bytes, nodes, gbps, network.latency_s,
                                   wire_efficiency=network.wire_efficiency, buckets=workload.buckets)
@@ -283,10 +313,11 @@ def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s
     step_exposed = step_comm - hidden
     epoch = steps * (step_compute + step_exposed)
     single = (math.ceil(workload.samples / workload.batch_per_rank) * workload.batch_per_rank
-              / (single_node_samples_per_s or node_samples_per_s))
+              / (single_node_samples_per_s or node_samples_per_s) * (compiled.step_factor if compiled else 1.0))
     efficiency = single / (nodes * epoch)
-    startup = startup_seconds(nodes)
-    return Prediction(nodes=nodes, ranks_per_node=ranks_per_node, steps=steps, compute_s=steps * step_compute,
+    compile_s = compiled.compile_s if compiled else 0.0
+    startup = startup_seconds(nodes, compile_s)
+    return Prediction(compile_s=compile_s, nodes=nodes, ranks_per_node=ranks_per_node, steps=steps, compute_s=steps * step_compute,
                       comm_s=steps * step_comm, exposed_comm_s=steps * step_exposed, startup_s=startup,
                       epoch_seconds=epoch, run_seconds=startup + workload.epochs * epoch,
                       efficiency=efficiency, node_gbps=gbps, buckets=workload.buckets if nodes > 1 else 0)

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, GRAD_COMM_MEASURE_ONLY, TASKS
+from cluster.job_args import (COMPILE_CHOICES, DEFAULT_COMPILE, DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES,
+                              GRAD_COMM_MEASURE_ONLY, TASKS)
 from training.checkpoint_s3 import parse_s3_uri
 from training.errors import BadInput
 
@@ -104,6 +105,12 @@ class JobArguments:
     ddp_bucket_mb: float | None = field(default=None, metadata={
         "help": "DDP's gradient bucket size in MB (default: DDP's own, 25); sets TrainingArguments' "
                 "ddp_bucket_cap_mb."})
+    compile: str = field(default=DEFAULT_COMPILE, metadata={
+        "help": "torch.compile the model (TrainingArguments' torch_compile): on, off, or auto: on when "
+                "--compile_estimate's saving over the run's steps exceeds its compile time (off without one)."})
+    compile_estimate: str | None = field(default=None, metadata={
+        "help": "EAGER_S,COMPILED_S,COMPILE_S: the steady step eager and compiled and the compile time fab bench "
+                "measured (fab train passes them from the cluster's calibration)."})
     instance_type: str | None = field(default=None, metadata={
         "help": "The nodes' EC2 instance type (fab train passes it): its catalogued cores and clock give the "
                 "peak FLOP/s the summary's MFU is measured against; default: what lscpu says on rank 0's node."})
@@ -249,12 +256,42 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     _positive("spot_poll_seconds", job.spot_poll_seconds, "a positive number of seconds")
     if job.ddp_bucket_mb is not None:
         _positive("ddp_bucket_mb", job.ddp_bucket_mb, "a positive number of MB")
+    _choice("compile", job.compile, COMPILE_CHOICES)
+    if job.compile_estimate is not None:
+        compile_estimate(job.compile_estimate)
     if job.instance_type is not None:
         from cluster import catalog
 
         _choice("instance_type", job.instance_type, catalog.known_types())
     if job.global_batch_size is not None and job.global_batch_size < 1:
         raise BadInput(f"--global_batch_size {job.global_batch_size} must be positive")
+
+
+def compile_estimate(text: str):
+    """`EAGER_S,COMPILED_S,COMPILE_S` -> cluster.timemodel.CompileCost, or one line naming the option."""
+    import re
+
+    from cluster.timemodel import CompileCost
+
+    number = r"[0-9]+(?:\.[0-9]+)?"
+    if not re.fullmatch(rf"{number},{number},{number}", text or "") or 0.0 in (values := [float(v) for v in text.split(",")])[:2]:
+        raise BadInput(f"--compile_estimate {text!r} is not allowed; allowed: EAGER_S,COMPILED_S,COMPILE_S, three "
+                       "seconds (steps above 0), e.g. 1.33,0.93,60")
+    return CompileCost(*values)
+
+
+def resolve_compile(job: JobArguments, training, steps: int) -> str:
+    """Set TrainingArguments' torch_compile from --compile; the reason, for the summary's settings."""
+    if job.compile != "auto":
+        training.torch_compile = job.compile == "on"
+        return f"set with --compile {job.compile}"
+    if training.torch_compile:
+        return "set with --torch_compile"
+    from cluster.timemodel import compile_pays
+
+    estimate = compile_estimate(job.compile_estimate) if job.compile_estimate else None
+    training.torch_compile, why = compile_pays(steps, estimate)
+    return f"auto: {why}"
 
 
 def apply_ddp_settings(job: JobArguments, training) -> None:

@@ -242,6 +242,7 @@ class Job:
         from training import hardware, imds
 
         self.flops = self._model_flops(parsed, prepared)
+        self._compile_setting(parsed, prepared)
         trainer, timer, spot = self._trainer(parsed, prepared, ipex)
         resume_path, resumed = (resume if resume else (None, None))
         if resume_path is None and parsed.training.resume_from_checkpoint:  # Trainer's own flag: a path
@@ -258,6 +259,21 @@ class Job:
         if self.watcher is not None:
             self.watcher.stop()
         return Trained(trainer, timer, spot, train_output.training_loss, resumed)
+
+    def _compile_setting(self, parsed, prepared: tasks.Prepared) -> None:
+        """--compile decided (auto: from the run's steps and fab bench's estimate) before the Trainer exists."""
+        import math
+
+        from training import args as job_arguments
+
+        t = parsed.training
+        per_step = t.per_device_train_batch_size * self.info.world_size * t.gradient_accumulation_steps
+        steps = t.max_steps if t.max_steps > 0 else math.ceil(
+            math.ceil(len(prepared.train_features) / per_step) * t.num_train_epochs)
+        reason = job_arguments.resolve_compile(parsed.job, t, steps)
+        self.settings.update(compile=bool(t.torch_compile), compile_reason=reason)
+        if self.info.rank == 0:
+            log.info("torch.compile %s (%s)", "on" if t.torch_compile else "off", reason)
 
     def _model_flops(self, parsed, prepared: tasks.Prepared):
         """The model FLOPs per sample and, on rank 0, the node's peak (training/mfu.py)."""
