@@ -37,6 +37,7 @@ ROOMS = {
     "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.stack_config", "node_setup.local.state",
                         "node_setup.local.console", "node_setup.aws.console"), ("boto3",)),
     "node_setup/local": (("cluster", "node_setup.controller", "training.imds"), ("boto3",)),
+    "node_setup/supervisor": (("cluster",), ("fabric", "paramiko", "invoke")),
 }
 NEVER_IN_NODE_SETUP = ("pulumi", "pulumi_aws", "torch", "transformers")
 PROJECT_PACKAGES = ("cluster", "node_setup", "training", "infra", "xeon_cluster", "bench", "scripts", "tests")

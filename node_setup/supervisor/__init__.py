@@ -1,0 +1,19 @@
+"""The run supervisor: `fab train --managed`'s run, watched and recovered from the master itself.
+
+Runs on the master in the node venv (`python -m node_setup.supervisor run <run dir>`), started by
+`fab train --managed` as a service: a transient systemd unit on AWS, a process inside the node's
+namespace on a local cluster. It needs neither Fabric nor paramiko (the node venv has neither): it
+reaches the workers with the `ssh` the cluster key's distribution set up on the master.
+
+- `loop`: the order of things (watch, lose, await, verify, admit, resume), every decision
+  cluster/supervision.py's and cluster/recovery.py's; tested in-process against a fake backend.
+- `groups`: what differs per kind of cluster, one backend each: the cluster's group of machines now,
+  an instance's state, its console (local: the group keeper's record and console files; AWS: the
+  Auto Scaling group, EC2 and GetConsoleOutput through the node role; an inventory file: nothing
+  comes back).
+- `onmaster`: the work on the master and, over ssh, on the workers: probes, host keys, the job's
+  launch and end, the run's files.
+
+May import `cluster/` and `training.exit_codes`; boto3 only inside the AWS backend; never Fabric,
+invoke or paramiko.
+"""

@@ -1,0 +1,338 @@
+"""The supervisor's loop: launch, watch, and on a lost worker await its replacement and resume.
+
+The order (every decision is cluster/supervision.py's or cluster/recovery.py's):
+
+1. launch the job on the run's nodes (`job.launch`), then watch it every `poll_s`: its end, a stop
+   request (`fab stop`), the master's own spot notice, each worker's notice and SSH answer; a
+   worker silent for SILENT_PROBES probes is lost once its instance's state says it is gone;
+2. a lost worker: the job is let end (a notice: it checkpoints and exits 75), else stopped; the
+   master's notice ends the run as MASTER_LOST (the controller continues it with
+   `fab train --managed --resume` once the master is back);
+3. replacements awaited up to --wait-for-capacity: a member of the group in the lost node's slot,
+   another instance, whose presented host key its console lists (a wait while the console lists
+   none yet, a refusal for none by the deadline or another key), then admitted (known_hosts, the
+   software check, the job's preparation);
+4. relaunched with --resume from the newest checkpoint every rank can read, on the full set, or on
+   at least --min-nodes survivors with the global batch kept; a replacement that arrives later
+   joins at the next checkpoint (the job is stopped after it and relaunched on the full set);
+5. every recovery recorded (summary.json's "recoveries" at the end): cause, step, seconds lost,
+   steps redone, seconds waiting, the host keys verified.
+
+The collaborators are passed in, so the tests drive this loop in-process with a fake backend
+(tests/unit/test_supervisor.py): `group` (members, instance state, console), `nodes` (probe, host
+key, admit), `job` (launch, outcome, stop, checkpoint, summary, finish) and `store` (the run's
+files: log lines, state, records, stop request).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cluster import recovery as rc
+from cluster import supervision as sv
+from cluster.supervision import Member
+
+INTERRUPTED = 75  # training/exit_codes.py's INTERRUPTED_BY_RECLAIM
+NOT_RECOVERED = (2, 130)  # bad input, Ctrl-C: the user's ends, not the cluster's
+JOB_END_GRACE_S = 180.0  # after a worker's notice: how long the job may take to checkpoint and end
+CONFIRM_S = 120.0  # after a job's end: how long a silent worker's loss may wait for its instance's state
+
+
+@dataclass
+class LoopSpec:
+    run_id: str
+    wanted: list[Member]  # the run's nodes at the start, master first: what recoveries restore
+    options: rc.ManagedOptions
+    poll_s: float = 5.0
+    resume: bool = False  # the first launch continues a run (`fab train --managed --resume`)
+
+
+@dataclass
+class _Lost:
+    name: str
+    instance_id: str
+    cause: str
+
+
+@dataclass
+class Supervisor:
+    spec: LoopSpec
+    group: object
+    nodes: object
+    job: object
+    store: object
+    clock: object = time.time
+    sleep: object = time.sleep
+    members: dict[str, Member] = field(default_factory=dict)
+    current: list[str] = field(default_factory=list)
+    pending: dict[str, str] = field(default_factory=dict)  # slot -> the lost instance id
+    refused: set[str] = field(default_factory=set)  # instance ids whose host key was refused
+    first_seen: dict[str, float] = field(default_factory=dict)  # instance id -> when first seen
+    verified: dict[str, str] = field(default_factory=dict)  # slot -> the verified key line, this recovery
+    admitted: dict[str, Member] = field(default_factory=dict)  # replacements ready to join
+    records: list[dict] = field(default_factory=list)
+    job_id: str | None = None
+    resumed_step: int | None = None
+
+    @property
+    def master(self) -> str:
+        return self.spec.wanted[0].name
+
+    def say(self, line: str) -> None:
+        self.store.say(line)
+
+    def _state(self, status: str, line: str = "") -> None:
+        self.store.state(status=status, job_id=self.job_id, nodes=list(self.current), recoveries=self.records,
+                         line=line, pending=sorted(self.pending))
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> str:
+        self.members = {m.name: m for m in self.spec.wanted}
+        self.current = [m.name for m in self.spec.wanted]
+        self.records = list(self.store.records())
+        self.say(self.spec.options.describe().replace("fab stays attached and recovers",
+                                                      "the master supervises the run and recovers"))
+        self._launch(resume=self.spec.resume, batch=None)
+        while True:
+            event = self._watch()
+            kind = event[0]
+            if kind == "stop":
+                return self._final(sv.STOPPED, f"job {self.job_id} was stopped (fab stop)")
+            if kind == "master":
+                return self._master_lost(event[1])
+            if kind == "grow":
+                self._grow()
+                continue
+            if kind == "ended":
+                code = event[1]
+                if code == 0:
+                    return self._final(sv.COMPLETED, f"job {self.job_id} finished: exit code 0")
+                if code in NOT_RECOVERED:
+                    return self._final(sv.FAILED, f"job {self.job_id} ended with exit code {code}: not recovered")
+                lost = self._losses_after_end()
+                if lost is None:
+                    return self._master_lost("the master's own notice")
+                if not lost and code != INTERRUPTED:
+                    return self._final(sv.FAILED, f"job {self.job_id} failed (exit code {code}) and every node "
+                                                  "answers: not an interruption, no recovery")
+            else:  # "lost" while the job runs
+                lost, code = event[1], self._end_job(event[1])
+            outcome = self._recover(lost, code)
+            if outcome:
+                return outcome
+
+    def _launch(self, *, resume: bool, batch) -> None:
+        chosen = [self.members[n] for n in self.current]
+        self.job_id = self.job.launch(chosen, resume=resume, batch=batch)
+        self.say(f"job {self.job_id} started on {len(chosen)} node(s): {', '.join(self.current)}")
+        self._state(sv.RUNNING)
+
+    # ------------------------------------------------------------ watching
+
+    def _watch(self):
+        silent: dict[str, int] = {}
+        notices: dict[str, str] = {}
+        while True:
+            if self.store.stop_requested():
+                self.job.stop(self.job_id)
+                return ("stop",)
+            outcome = self.job.outcome(self.job_id)
+            if outcome == "stopped":
+                return ("stop",)
+            if outcome is not None:
+                return ("ended", outcome)
+            answered, notice = self.nodes.probe(self.members[self.master])
+            if notice:
+                return ("master", notice)
+            lost = []
+            for name in self.current[1:]:
+                member = self.members[name]
+                answered, notice = self.nodes.probe(member)
+                silent[name] = 0 if answered else silent.get(name, 0) + 1
+                if notice:
+                    notices[name] = notice
+                state = self.group.instance_state(member) if silent[name] >= sv.SILENT_PROBES else None
+                cause = sv.loss_cause(notice=notices.get(name), silent_probes=silent[name], instance_state=state)
+                if cause:
+                    lost.append(_Lost(name, member.instance_id, cause))
+            if lost:
+                return ("lost", lost)
+            if self.pending and self._replacements_ready(block=False) and self._checkpoint_after_resume():
+                return ("grow",)
+            self.sleep(self.spec.poll_s)
+
+    def _losses_after_end(self) -> list[_Lost] | None:
+        """After the job's end: the lost workers (None: the master itself has a notice)."""
+        answered, notice = self.nodes.probe(self.members[self.master])
+        if notice:
+            return None
+        silent: dict[str, int] = {}
+        deadline = self.clock() + CONFIRM_S
+        while True:
+            lost, unsure = [], []
+            for name in self.current[1:]:
+                member = self.members[name]
+                answered, notice = self.nodes.probe(member)
+                silent[name] = 0 if answered else silent.get(name, 0) + 1
+                state = self.group.instance_state(member) if silent[name] >= sv.SILENT_PROBES else None
+                cause = sv.loss_cause(notice=notice, silent_probes=silent[name], instance_state=state)
+                if cause:
+                    lost.append(_Lost(name, member.instance_id, cause))
+                elif silent[name]:
+                    unsure.append(name)
+            if not unsure:
+                return lost
+            if self.clock() >= deadline:
+                self.say(f"{', '.join(unsure)}: no SSH answer for {CONFIRM_S:g} s while the instance still runs; "
+                         "taken as lost")
+                return lost + [_Lost(n, self.members[n].instance_id, sv.SILENT) for n in unsure]
+            self.sleep(self.spec.poll_s)
+
+    def _end_job(self, lost: list[_Lost]) -> int:
+        """A worker was lost while the job runs: let it end (a notice: it checkpoints first), else stop it."""
+        noticed = any(x.cause == sv.NOTICE for x in lost)
+        deadline = self.clock() + (JOB_END_GRACE_S if noticed else 0)
+        while True:
+            outcome = self.job.outcome(self.job_id)
+            if outcome is not None and outcome != "stopped":
+                return outcome
+            if self.clock() >= deadline:
+                self.job.stop(self.job_id)
+                return INTERRUPTED
+            self.sleep(self.spec.poll_s)
+
+    # ------------------------------------------------------------ recovering
+
+    def _recover(self, lost: list[_Lost], code: int) -> str | None:
+        ended = self.clock()
+        if len(self.records) >= self.spec.options.max_recoveries:
+            return self._final(sv.FAILED, f"--max-recoveries {self.spec.options.max_recoveries} reached: not "
+                                          "recovering again; `fab train --managed --resume` continues the run")
+        names = [x.name for x in lost]
+        cause = sv.NOTICE if any(x.cause == sv.NOTICE for x in lost) else (sv.SILENT if lost else "interrupted")
+        self.say(f"job {self.job_id} ended with exit code {code}; lost: "
+                 + (", ".join(f"{x.name} ({x.cause})" for x in lost) or "none"))
+        self._state(sv.RECOVERING, f"lost {', '.join(names) or 'none'}")
+        step, saved_at = self.job.newest_checkpoint()
+        summary = self.job.summary()
+        for x in lost:
+            self.pending[x.name] = x.instance_id
+            self.current.remove(x.name)
+        self.verified = {}
+        if self.spec.options.wait_seconds and self.pending:
+            self.say(f"awaiting replacement(s) for {', '.join(sorted(self.pending))} from the group (up to "
+                     f"{self.spec.options.wait_seconds:g} s)")
+            self._replacements_ready(block=True, deadline=ended + self.spec.options.wait_seconds)
+        joined = self._join_admitted()
+        decision = rc.next_step(len(self.spec.wanted), len(self.current), self.spec.options.min_nodes)
+        if decision == rc.TOO_FEW:
+            return self._final(sv.FAILED, f"only {len(self.current)} node(s) left ({', '.join(self.current)}); "
+                                          f"--min-nodes is {self.spec.options.min_nodes}: stopping")
+        batch = self.job.batch_for(len(self.current))
+        stopped = ((summary or {}).get("interruption") or {}).get("step") or (summary or {}).get("steps")
+        lost_s = rc.work_lost_seconds(stopped, step, ((summary or {}).get("step_time_seconds") or {}).get("mean"))
+        if lost_s is None:
+            lost_s = round(max(0.0, ended - (saved_at or ended)), 1)
+        waited = self.clock() - ended
+        record = rc.recovery_record(number=len(self.records) + 1, at=ended, cause=cause, step=step, exit_code=code,
+                                    nodes_lost=names, nodes_after=list(self.current), seconds_lost=lost_s,
+                                    seconds_waiting=waited, batch=batch.describe_line if batch else None)
+        record["steps_redone"] = sv.steps_redone(stopped, step)
+        record["host_keys"] = {n: self.verified[n] for n in joined if n in self.verified}
+        self.records.append(record)
+        self.store.save_records(self.records)
+        self.say(f"recovery {record['number']}: lost {', '.join(names) or 'none'} at step {step}; resuming on "
+                 f"{len(self.current)} node(s) ({', '.join(self.current)}) from checkpoint-{step}; {lost_s:g} s of "
+                 f"work lost, {waited:.1f} s waiting"
+                 + ("" if decision == rc.FULL else f"; survivors: {len(self.current)} of {len(self.spec.wanted)} "
+                    f"node(s), awaiting {', '.join(sorted(self.pending))}"))
+        if batch:
+            self.say(batch.describe_line)
+        self.resumed_step = step
+        self._launch(resume=True, batch=batch.plan if batch else None)
+        return None
+
+    def _replacements_ready(self, *, block: bool, deadline: float = 0.0) -> bool:
+        """Look for the pending slots' replacements, verify and admit them; True when every pending
+        slot has one admitted. `block`: keep looking until then or `deadline`."""
+        while True:
+            members = self.group.members() if self.pending else {}
+            for name, old in sorted(self.pending.items()):
+                if name in self.admitted:
+                    continue
+                found = sv.replacement(name, old, members)
+                if found is None or found.instance_id in self.refused:
+                    continue
+                first = self.first_seen.setdefault(found.instance_id, self.clock())
+                verdict = sv.host_key_verdict(found, self.nodes.host_key(found), self.group.console(found),
+                                              waited_s=self.clock() - first)
+                if verdict.outcome == "wait":
+                    continue
+                self.say(verdict.line)
+                if not verdict.verified:
+                    self.refused.add(found.instance_id)
+                    continue
+                problem = self.nodes.admit(found, verdict.key)
+                if problem:
+                    self.say(f"{name} ({found.instance_id}): not ready ({problem}); leaving it out")
+                    self.refused.add(found.instance_id)
+                    continue
+                self.verified[name] = f"{verdict.key.split()[0]} {sv.fingerprint(verdict.key.split()[1])}"
+                self.admitted[name] = found
+                self.say(f"{name} ({found.instance_id}): software checked, keys and hosts distributed")
+            done = all(n in self.admitted for n in self.pending)
+            if done or not block or self.clock() >= deadline:
+                return done
+            self.sleep(self.spec.poll_s)
+
+    def _join_admitted(self) -> list[str]:
+        joined = []
+        for name, member in sorted(self.admitted.items()):
+            self.members[name] = member
+            self.pending.pop(name, None)
+            joined.append(name)
+        self.admitted = {}
+        order = [m.name for m in self.spec.wanted]
+        self.current = [n for n in order if n in self.current or n in joined]
+        return joined
+
+    def _checkpoint_after_resume(self) -> bool:
+        step, _ = self.job.newest_checkpoint()
+        return step is not None and (self.resumed_step is None or step > self.resumed_step)
+
+    def _grow(self) -> None:
+        """A replacement arrived while the run goes on with the survivors: at this checkpoint, back to full."""
+        ended = self.clock()
+        self.job.stop(self.job_id)
+        step, _ = self.job.newest_checkpoint()
+        joined = self._join_admitted()
+        batch = self.job.batch_for(len(self.current))
+        record = rc.recovery_record(number=len(self.records) + 1, at=ended, cause="grown back", step=step,
+                                    exit_code=None, nodes_lost=[], nodes_after=list(self.current), seconds_lost=0.0,
+                                    seconds_waiting=self.clock() - ended, batch=batch.describe_line if batch else None)
+        record["steps_redone"] = 0
+        record["host_keys"] = {n: self.verified[n] for n in joined if n in self.verified}
+        self.records.append(record)
+        self.store.save_records(self.records)
+        self.say(f"{', '.join(joined)} joined at checkpoint-{step}: resuming on {len(self.current)} node(s)")
+        self.resumed_step = step
+        self._launch(resume=True, batch=batch.plan if batch else None)
+
+    # ------------------------------------------------------------ ends
+
+    def _master_lost(self, notice: str) -> str:
+        kept = self.job.keep_for_controller()
+        return self._final(sv.MASTER_LOST, f"the master {self.master} has a spot notice ({notice}); it runs the job and "
+                                           f"the supervisor, so the run ends here. {kept} Once the master is back, "
+                                           "`fab train --managed --resume` continues it")
+
+    def _final(self, status: str, line: str) -> str:
+        if self.records:
+            self.job.finish(self.records)
+        self.say(line)
+        if self.records:
+            self.say(f"{len(self.records)} recovery(ies) recorded in the run's summary.json")
+        self._state(status, line)
+        return status

@@ -1,0 +1,305 @@
+"""The run supervisor's decisions, in-process, against a fake backend (node_setup/supervisor/loop.py).
+
+`FakeCluster` is a test double of everything the loop reaches on a real cluster: the group of
+machines (members, instance states, consoles), the nodes (SSH answers, spot notices, presented host
+keys, admission), the job (launch, outcome, checkpoints) and the run's files. Time is its own clock:
+the loop's sleeps advance it and scripted events happen at their times, so every scenario runs in
+milliseconds and in the same order every time.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from cluster import recovery as rc
+from cluster import supervision as sv
+from cluster.console import fingerprint
+from cluster.supervision import Member
+from node_setup.supervisor.loop import LoopSpec, Supervisor
+
+
+def new_key() -> str:
+    blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + os.urandom(32)
+    return "ssh-ed25519 " + base64.b64encode(blob).decode()
+
+
+def console_of(key: str) -> str:
+    return ("ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
+            f"ec2: 256 {fingerprint(key.split()[1])} root@node (ED25519)\n"
+            "ec2: -----END SSH HOST KEY FINGERPRINTS-----\n"
+            f"-----BEGIN SSH HOST KEY KEYS-----\n{key} root@node\n-----END SSH HOST KEY KEYS-----\n")
+
+
+@dataclass
+class Batch:
+    plan: rc.BatchPlan
+    describe_line: str
+
+
+class FakeCluster:
+    """Test double: group, nodes, job and store of a 3-node cluster, on a scripted clock."""
+
+    def __init__(self, events=()):
+        self.now = 0.0
+        self.events = sorted(events, key=lambda e: e[0])
+        self.members = {n: Member(n, f"10.0.0.{i + 2}", f"i-{i:016x}") for i, n in enumerate(("node0", "node1", "node2"))}
+        self.states = {m.instance_id: "running" for m in self.members.values()}
+        self.silent: set[str] = set()
+        self.notices: dict[str, str] = {}
+        self.keys: dict[str, str] = {}
+        self.consoles: dict[str, str] = {}
+        self.launches: list[tuple[list[str], bool, object]] = []
+        self.ends: dict[str, float] = {}  # job -> when it ends
+        self.codes: dict[str, int] = {}
+        self.stopped: list[str] = []
+        self.checkpoint = 20
+        self.lines: list[str] = []
+        self.saved: list[dict] = []
+        self.finished: list[dict] = []
+        self.final_state: dict = {}
+        self.admitted: list[str] = []
+        self.next_job_ends = [(100.0, 0)]  # (seconds after launch, exit code) for each launch in turn
+
+    # the clock
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        while self.events and self.events[0][0] <= self.now:
+            self.events.pop(0)[1](self)
+        assert self.now < 5000, "the loop never ended: " + "\n".join(self.lines[-5:])
+
+    # group
+    def members_now(self):
+        return dict(self.members)
+
+    def instance_state(self, member):
+        return self.states.get(member.instance_id, "gone")
+
+    def console(self, member):
+        return self.consoles.get(member.instance_id, "")
+
+    # nodes
+    def probe(self, member):
+        if member.instance_id in self.silent or self.states.get(member.instance_id) != "running":
+            return False, None
+        return True, self.notices.get(member.instance_id)
+
+    def host_key(self, member):
+        return self.keys.get(member.instance_id)
+
+    def admit(self, member, key):
+        self.admitted.append(f"{member.name} {member.instance_id} {key}")
+        return None
+
+    # job
+    def launch(self, members, *, resume, batch):
+        job = f"job{len(self.launches) + 1}"
+        self.launches.append(([m.name for m in members], resume, batch))
+        after, code = self.next_job_ends.pop(0) if self.next_job_ends else (100.0, 0)
+        self.ends[job], self.codes[job] = self.now + after, code
+        return job
+
+    def outcome(self, job):
+        if job in self.stopped:
+            return 137
+        return self.codes[job] if self.now >= self.ends[job] else None
+
+    def stop(self, job):
+        self.stopped.append(job)
+
+    def newest_checkpoint(self):
+        return self.checkpoint, self.now - 1
+
+    def summary(self):
+        return {"world_size": 3, "per_rank_batch_size": 16, "gradient_accumulation_steps": 1, "steps": self.checkpoint}
+
+    def batch_for(self, count):
+        if count == 3:
+            return None
+        plan = rc.batch_for(per_rank=16, accumulation=1, ranks_before=3, ranks=count)
+        return Batch(plan, plan.describe(16, 1))
+
+    def finish(self, records):
+        self.finished = list(records)
+
+    def keep_for_controller(self):
+        return "The output directory is on the disk every node shares."
+
+    # store
+    def say(self, line):
+        self.lines.append(line)
+
+    def state(self, **record):
+        self.final_state = record
+
+    def stop_requested(self):
+        return False
+
+    def records(self):
+        return []
+
+    def save_records(self, records):
+        self.saved = list(records)
+
+
+class Group:  # the loop asks the group for `members()`; the fake keeps its own dict under that name
+    def __init__(self, fake):
+        self.fake = fake
+
+    def members(self):
+        return self.fake.members_now()
+
+    def __getattr__(self, name):
+        return getattr(self.fake, name)
+
+
+def supervise(fake: FakeCluster, *, wait=600.0, min_nodes=1, max_recoveries=3) -> str:
+    spec = LoopSpec("20261123-101500-ab12", list(fake.members.values()),
+                    rc.ManagedOptions(max_recoveries, min_nodes, wait, 3), poll_s=5.0)
+    loop = Supervisor(spec, Group(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep)
+    return loop.run()
+
+
+# scripted events
+def notice(name):
+    return lambda f: f.notices.__setitem__(f.members[name].instance_id, '{"action": "terminate", "time": "..."}')
+
+
+def gone(name):
+    def act(f):
+        f.states[f.members[name].instance_id] = "terminated"
+    return act
+
+
+def silent(name):
+    return lambda f: f.silent.add(f.members[name].instance_id)
+
+
+def replaced(name, *, console=True, presented=None):
+    def act(f):
+        old = f.members[name]
+        new = Member(name, old.address, f"i-{len(f.states) + 100:016x}")
+        key = new_key()
+        f.members[name] = new
+        f.states[new.instance_id] = "running"
+        f.keys[new.instance_id] = presented or key
+        if console:
+            f.consoles[new.instance_id] = console_of(key)
+    return act
+
+
+def test_notice_the_worker_is_replaced_and_the_run_completes_with_its_key_verified():
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")), (60, replaced("node2"))])
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    assert supervise(fake) == sv.COMPLETED
+    assert [nodes for nodes, _, _ in fake.launches] == [["node0", "node1", "node2"]] * 2
+    assert fake.launches[1][1] is True  # resumed
+    (record,) = fake.finished
+    assert record["cause"] == sv.NOTICE and record["nodes_lost"] == ["node2"] and record["step"] == 20
+    assert record["nodes_after"] == ["node0", "node1", "node2"]
+    assert record["host_keys"]["node2"].startswith("ssh-ed25519 SHA256:")
+    assert record["seconds_waiting"] >= 40  # the replacement came at t=60, the job ended at t=15
+    assert any("verified from its console" in line for line in fake.lines)
+    assert fake.final_state["status"] == sv.COMPLETED
+
+
+def test_silent_loss_confirmed_by_the_instance_state_stops_the_hung_job_and_recovers():
+    fake = FakeCluster([(10, silent("node1")), (12, gone("node1")), (80, replaced("node1"))])
+    fake.next_job_ends = [(10_000.0, 0), (100.0, 0)]  # the first job hangs (gloo would wait)
+    assert supervise(fake) == sv.COMPLETED
+    assert fake.stopped == ["job1"]
+    assert fake.finished[0]["cause"] == sv.SILENT and fake.finished[0]["nodes_lost"] == ["node1"]
+
+
+def test_silent_node_whose_instance_still_runs_is_not_taken_as_lost():
+    fake = FakeCluster([(10, silent("node1"))])
+    fake.next_job_ends = [(200.0, 0)]
+    assert supervise(fake) == sv.COMPLETED
+    assert fake.stopped == [] and fake.finished == [] and len(fake.launches) == 1
+
+
+def test_replacement_late_survivors_keep_the_global_batch_and_it_joins_at_the_next_checkpoint():
+    def later_checkpoint(f):
+        f.checkpoint = 40
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")), (200, replaced("node2")),
+                        (260, later_checkpoint)])
+    fake.next_job_ends = [(15.0, 75), (10_000.0, 0), (100.0, 0)]
+    assert supervise(fake, wait=60.0, min_nodes=2) == sv.COMPLETED
+    nodes = [n for n, _, _ in fake.launches]
+    assert nodes == [["node0", "node1", "node2"], ["node0", "node1"], ["node0", "node1", "node2"]]
+    survivors_batch = fake.launches[1][2]
+    assert survivors_batch.per_rank * survivors_batch.accumulation * 2 == 48  # the global batch kept
+    assert fake.launches[2][2] is None  # the original batch back
+    assert fake.stopped == ["job2"]  # stopped after checkpoint-40 to grow back
+    first, grown = fake.finished
+    assert first["nodes_after"] == ["node0", "node1"] and grown["cause"] == "grown back" and grown["step"] == 40
+
+
+def test_replacement_never_comes_the_survivors_finish_or_too_few_stop():
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2"))])
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    assert supervise(fake, wait=60.0, min_nodes=2) == sv.COMPLETED
+    assert fake.finished[0]["nodes_after"] == ["node0", "node1"]
+    assert fake.final_state["pending"] == ["node2"]
+
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2"))])
+    fake.next_job_ends = [(15.0, 75)]
+    assert supervise(fake, wait=60.0, min_nodes=3) == sv.FAILED
+    assert "--min-nodes is 3" in fake.final_state["line"]
+
+
+def test_master_notice_ends_the_run_in_a_state_the_controller_can_finish():
+    fake = FakeCluster([(10, notice("node0"))])
+    assert supervise(fake) == sv.MASTER_LOST
+    assert "fab train --managed --resume" in fake.final_state["line"]
+    assert "disk every node shares" in fake.final_state["line"]
+    assert len(fake.launches) == 1
+
+
+def test_console_without_fingerprints_is_waited_for_then_refused():
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")), (40, replaced("node2", console=False))])
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    assert supervise(fake, wait=900.0, min_nodes=2) == sv.COMPLETED
+    refusals = [line for line in fake.lines if "refused" in line]
+    assert len(refusals) == 1 and "listed no host key fingerprints" in refusals[0]
+    assert fake.admitted == []
+    assert fake.launches[1][0] == ["node0", "node1"]
+    assert fake.finished[0]["seconds_waiting"] >= 900 - 15  # the whole wait: nothing usable came
+
+
+def test_changed_key_is_refused_at_once():
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")), (40, replaced("node2", presented=new_key()))])
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    assert supervise(fake, wait=300.0, min_nodes=2) == sv.COMPLETED
+    refusals = [line for line in fake.lines if "refused" in line]
+    assert len(refusals) == 1 and "but its console lists SHA256:" in refusals[0]
+    assert fake.admitted == [] and fake.launches[1][0] == ["node0", "node1"]
+
+
+def test_max_recoveries_and_a_plain_failure_are_not_recovered():
+    fake = FakeCluster()
+    fake.next_job_ends = [(15.0, 1)]
+    assert supervise(fake) == sv.FAILED
+    assert "not an interruption" in fake.final_state["line"]
+
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2"))])
+    fake.next_job_ends = [(15.0, 75)]
+    assert supervise(fake, max_recoveries=0) == sv.FAILED
+    assert "--max-recoveries 0 reached" in fake.final_state["line"]
+
+
+@pytest.mark.parametrize("presented, console, outcome", [
+    (None, "", "wait"),
+    ("k", "", "wait"),
+])
+def test_key_verdict_waits_while_time_is_left(presented, console, outcome):
+    member = Member("node1", "10.0.0.3", "i-00000000000000aa")
+    key = new_key() if presented else None
+    assert sv.host_key_verdict(member, key, console, waited_s=1).outcome == outcome
+    assert sv.host_key_verdict(member, key, console, waited_s=sv.CONSOLE_WAIT_S).outcome == "refused"
