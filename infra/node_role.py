@@ -14,6 +14,12 @@ read, write, delete and multipart abort on the bucket's objects; no `*` resource
 multipart upload (create, part, complete) by `s3:PutObject`.
 The profile depends on the policy, and the instances take the profile's name as an input, so a
 node never boots with a role that lacks its permissions, and destroy removes the nodes first.
+
+One more inline policy, `group_capacity_policy`, lets the nodes change exactly one thing outside
+the bucket: `autoscaling:UpdateAutoScalingGroup` on the cluster's own worker group (its ARN, no
+wildcard), which the master's idle auto-stop uses to set the group's minimum and desired capacity
+to 0 before the workers power off, so that the group does not launch them again. It is made after
+the group (it names the group's ARN, and the group's template names the profile).
 """
 
 from __future__ import annotations
@@ -55,6 +61,18 @@ def checkpoint_policy(bucket_arn: str) -> str:
     })
 
 
+GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)
+
+
+def group_capacity_policy(group_arn: str) -> str:
+    """The auto-stop's one permission: change the size of the cluster's own worker group, nothing else."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Sid": "StopOwnWorkerGroup", "Effect": "Allow", "Action": list(GROUP_ACTIONS),
+                       "Resource": group_arn}],
+    })
+
+
 class NodeRole(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, *, bucket_arn: pulumi.Input[str], tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
@@ -79,4 +97,14 @@ class NodeRole(pulumi.ComponentResource):
             tags={**tags, "Name": name},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy]))
         self.profile_name = self.profile.name
+        self._name = name
         self.register_outputs({"roleArn": self.role.arn, "instanceProfileName": self.profile.name})
+
+    def allow_group_capacity(self, group_arn: pulumi.Input[str]) -> aws.iam.RolePolicy:
+        """The inline policy that lets the nodes resize their own worker group (the auto-stop), and no other."""
+        self.group_policy = aws.iam.RolePolicy(
+            f"{self._name}-worker-group",
+            role=self.role.id,
+            policy=pulumi.Output.from_input(group_arn).apply(group_capacity_policy),
+            opts=pulumi.ResourceOptions(parent=self))
+        return self.group_policy

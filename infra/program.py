@@ -17,7 +17,7 @@ from infra.master import MasterNode, kept_on_update
 from infra.network import ClusterNetwork
 from infra.node import NodeNetwork, capacity_retry_hook, engine_supports
 from infra.node_role import NodeRole
-from infra.workers import WorkerNodes
+from infra.workers import WorkerGroup
 
 
 def _engine_hooks() -> pulumi.ErrorHook | None:
@@ -75,10 +75,12 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         worker_ami: pulumi.Input[str] = image.image.id
     else:
         worker_ami = kept_ami
-    workers = WorkerNodes(f"{name}-worker", spec, ami=worker_ami,
+    workers = WorkerGroup(f"{name}-worker", spec, ami=worker_ami,
                           network=node_network(kept_subnet, network.cluster_group),
-                          instance_profile=node_role.profile_name, tags=tags, on_error=on_error,
+                          instance_profile=node_role.profile_name, tags=tags, hooks=on_error is not None,
                           keep=workers_keep(spec))
+    # The auto-stop's permission on this group alone (after it: the policy names the group's ARN).
+    node_role.allow_group_capacity(workers.group.arn)
 
     return {
         "clusterName": spec.cluster_name,
@@ -86,8 +88,10 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "softwareProfile": spec.software_profile,
         "sshUser": spec.ssh_user,
         "masterPublicAddress": master.instance.public_ip,
-        "nodePrivateAddresses": pulumi.Output.all(
-            master.instance.private_ip, *[w.private_ip for w in workers.instances]),
+        "masterPrivateAddress": master.instance.private_ip,
+        # The workers' addresses are the group's to choose (and change after a reclaim): fab finds them.
+        "workerGroupName": workers.group.name,
+        "workerCount": spec.worker_count,
         "amiId": worker_ami,
         "baseAmiId": kept_ami,
         "subnetId": kept_subnet,

@@ -1,34 +1,158 @@
-"""The workers (ranks 1..workerCount): same type, image, group and placement as the master.
+"""The workers: one Auto Scaling group of `workerCount` instances from one launch template.
 
-One `aws.ec2.Instance` per worker, launched in parallel by the engine once the image exists, not
-one EC2 Fleet request: see docs/aws-lifecycle.md ("Why workers launch one by one") for the
-trade-off. Each worker carries its rank in its tags and is replaced on its own after a reclaim
-(`pulumi up --refresh`); a launch that fails for capacity is retried by the error hook.
+The launch template holds what every worker shares with the master's hardening (infra/node.py):
+the image (the baked one, or the master's base image without a bake), the instance type, spot as a
+one-time request at the stack's max price (on-demand with `workerSpot: false`), the cluster
+placement group, IMDSv2 only with hop limit 1, an encrypted root volume of the stack's size and
+type, the node role's instance profile, shutdown behaviour `terminate`, and the cluster's tags on
+each instance and its volume. The group holds the count (min = max = desired = `workerCount`), the
+subnet, and the same tags again (`propagate_at_launch`). AWS, not `pulumi up --refresh`, replaces a
+reclaimed worker: the group launches a new one from the template while the others keep running.
 
-`keep` (infra/program.py's `workers_keep`): the master's looked-up values the workers follow keep their
-first value, so a new master (a lost one comes back with today's lookups) never replaces the workers.
+Workers carry no rank tag: every instance of a group gets the same tags. Discovery orders them by
+private address after the master (node_setup/aws/discovery.py), as the training job needs only a
+stable order.
+
+How a new image (a pin or profile change, a new instance type or market) reaches the workers: the
+group is **replaced, deleting first** (`delete_before_replace`, `replacement_trigger` on the image,
+the market, the instance type and the template's version). Deleting the group without
+`force_delete` first sets its capacity to 0 and waits until every old worker is terminated (the
+provider's drain), then the new group launches `workerCount` new ones and `pulumi up` waits for
+them (`wait_for_capacity_timeout`). So old and new workers never run side by side (never more than
+`workerCount` billing, nor more than the vCPU quota `fab preflight` checked or the placement
+group's room), and no old worker is left behind. The alternative, an instance refresh with minimum
+healthy 0 % and maximum healthy 100 %, was not chosen: the provider starts the refresh and returns
+without waiting for it, so `pulumi up` would end while old workers still run (or before a refresh
+that cannot launch the new image has failed), and a refresh started while the group is being
+filled is cancelled or refused. `capacity_rebalance` stays off for the same reason: it launches a
+replacement before the at-risk spot instance is gone.
+
+`keep` (infra/program.py's `workers_keep`): the master's looked-up values the workers follow keep
+their first value (`imageId` without a bake, `vpcZoneIdentifiers`), so a new master (a lost one comes
+back with today's lookups) neither changes the template nor replaces the group.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pulumi
+import pulumi_aws as aws
 
+from cluster import worker_group as rules
 from cluster.spec import ClusterSpec
-from cluster.tags import ROLE_WORKER
-from infra.node import NodeNetwork, node_instance
+from cluster.tags import PROFILE_KEY, ROLE_KEY, ROLE_WORKER, SSH_USER_KEY
+from infra.node import INSTANCE_TIMEOUTS, SHUTDOWN_BEHAVIOR, NodeNetwork, replacement_key
+
+# Canonical's Ubuntu images (and an image baked from one) boot from this device.
+ROOT_DEVICE = "/dev/sda1"
+# How long `pulumi up` waits for the group's instances to be in service: a metal type's launch and boot.
+CAPACITY_TIMEOUT = "40m"
+# The master's inputs the workers follow, by the name the template or the group gives them.
+KEPT_AS = {"ami": ("template", "imageId"), "subnetId": ("group", "vpcZoneIdentifiers")}
 
 
-class WorkerNodes(pulumi.ComponentResource):
+def worker_tags(base: dict[str, str], name: str, spec: ClusterSpec) -> dict[str, str]:
+    """Tags of every worker and its volume: the cluster's, the role, a Name, and what discovery reads."""
+    tags = {**base, ROLE_KEY: ROLE_WORKER, "Name": name}
+    tags.update({k: v for k, v in ((SSH_USER_KEY, spec.ssh_user), (PROFILE_KEY, spec.software_profile)) if v})
+    return tags
+
+
+def template_market(spot: bool, max_price: float | None) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs | None:
+    if not spot:
+        return None
+    return aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
+        market_type="spot",
+        spot_options=aws.ec2.LaunchTemplateInstanceMarketOptionsSpotOptionsArgs(
+            spot_instance_type="one-time",
+            instance_interruption_behavior="terminate",
+            max_price=f"{max_price:.4f}" if max_price else None,
+        ),
+    )
+
+
+def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
+    """An error hook for the group: a `pulumi up` whose group could not be filled ends with one line naming
+    AWS's reason (the failed scaling activity's message, which the provider's error carries) and what to
+    change; a plain timeout says that no activity had failed. Nothing is retried: the group itself keeps
+    trying to launch, and the next `pulumi up` waits for it again."""
+
+    async def on_error(args: pulumi.ErrorHookArgs) -> bool:
+        if args.failed_operation not in ("create", "update") or not args.errors:
+            return False
+        found = rules.activity_failure(args.errors[0])
+        if found:
+            pulumi.log.error(rules.failure_line(args.name, wanted, found[1]))
+        elif "timeout" in args.errors[0].lower():
+            pulumi.log.error(rules.timeout_line(args.name, wanted, CAPACITY_TIMEOUT))
+        return False
+
+    return pulumi.ErrorHook(f"{name}-capacity-reason", on_error)
+
+
+class WorkerGroup(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], network: NodeNetwork,
-                 instance_profile: pulumi.Input[str], tags: dict[str, str],
-                 on_error: pulumi.ErrorHook | None = None, keep: list[str] | None = None,
-                 opts: pulumi.ResourceOptions | None = None):
+                 instance_profile: pulumi.Input[str], tags: dict[str, str], keep: Sequence[str] = (),
+                 hooks: bool = True, opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:Workers", name, None, opts)
-        self.instances = [
-            node_instance(f"{name}-{rank}", spec, ami=ami, role=ROLE_WORKER, rank=rank,
-                          spot=spec.worker_spot, network=network, instance_profile=instance_profile,
-                          tags=tags, on_error=on_error, keep=keep or (),
-                          opts=pulumi.ResourceOptions(parent=self))
-            for rank in range(1, spec.worker_count + 1)
-        ]
-        self.register_outputs({"privateIps": [i.private_ip for i in self.instances]})
+        instance_tags = worker_tags(tags, name, spec)
+        kept = [KEPT_AS[k] for k in keep]
+        public = network.public_ip
+        self.template = aws.ec2.LaunchTemplate(
+            name,
+            description=f"xeon-cluster {spec.cluster_name}: its workers",
+            image_id=ami,
+            instance_type=spec.instance_type,
+            key_name=network.key_name,
+            # With a public address asked for (the default VPC), the groups go with the interface.
+            network_interfaces=[aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                device_index=0, associate_public_ip_address="true", delete_on_termination="true",
+                security_groups=list(network.security_group_ids))] if public else None,
+            vpc_security_group_ids=None if public else list(network.security_group_ids),
+            placement=(aws.ec2.LaunchTemplatePlacementArgs(group_name=network.placement_group)
+                       if network.placement_group else None),
+            instance_market_options=template_market(spec.worker_spot, spec.spot_max_price),
+            instance_initiated_shutdown_behavior=SHUTDOWN_BEHAVIOR,
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(name=instance_profile),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1),
+            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                device_name=ROOT_DEVICE,
+                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                    encrypted="true", volume_size=spec.root_volume_gib, volume_type=spec.root_volume_type,
+                    delete_on_termination="true"))],
+            tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=instance_tags)
+                                for kind in ("instance", "volume")],
+            tags={**tags, "Name": name},
+            update_default_version=True,
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=[p for w, p in kept if w == "template"] or None))
+
+        trigger = {**replacement_key(spec, spec.worker_spot), "image": self.template.image_id,
+                   "template": self.template.latest_version}
+        self.group = aws.autoscaling.Group(
+            name,
+            min_size=spec.worker_count,
+            max_size=spec.worker_count,
+            desired_capacity=spec.worker_count,
+            vpc_zone_identifiers=[network.subnet_id],
+            launch_template=aws.autoscaling.GroupLaunchTemplateArgs(
+                id=self.template.id, version=self.template.latest_version.apply(str)),
+            health_check_type="EC2",
+            capacity_rebalance=False,
+            # Delete drains: capacity 0, wait until every worker is terminated (see the module docstring).
+            force_delete=False,
+            wait_for_capacity_timeout=CAPACITY_TIMEOUT,
+            # The provider fails the wait on a failed scaling activity, with its message (the reason).
+            ignore_failed_scaling_activities=False,
+            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
+                  for k, v in sorted(instance_tags.items())],
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                delete_before_replace=True,
+                replacement_trigger=trigger,
+                ignore_changes=[p for w, p in kept if w == "group"] or None,
+                custom_timeouts=INSTANCE_TIMEOUTS,
+                hooks=(pulumi.ResourceHookBinding(on_error=[group_failure_hook(name, spec.worker_count)])
+                       if hooks else None)))
+        self.register_outputs({"groupName": self.group.name, "launchTemplateId": self.template.id})

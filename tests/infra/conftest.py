@@ -41,6 +41,8 @@ ACCOUNT = "123456789012"
 INSTANCE = "aws:ec2/instance:Instance"
 AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
 SETUP = "pulumi-python:dynamic/xeon-cluster:ProfileSetup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+GROUP = "aws:autoscaling/group:Group"
 
 
 def minimal_config(**overrides: Any) -> dict[str, Any]:
@@ -89,10 +91,18 @@ class FakeAws(mocks.Mocks):
             private, public = _address(name)
             state.update(privateIp=private, publicIp=public if args.inputs.get("associatePublicIpAddress") else "")
         elif typ == "aws:ec2/amiFromInstance:AmiFromInstance":
-            rid = f"ami-{name}"
+            # A new image per bake tag (the name without its per-attempt time), as a re-bake makes one.
+            rid = f"ami-{name}-{hashlib.sha256(args.inputs['name'].rsplit('-', 1)[0].encode()).hexdigest()[:8]}"
             state["rootSnapshotId"] = f"snap-{name}"
         elif typ == SETUP:
             state["bake_source"] = args.inputs["instance_id"]  # what the step's create() returns
+        elif typ == LAUNCH_TEMPLATE:
+            rid = f"lt-{name}"
+            state.update(latestVersion=1, defaultVersion=1, arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
+        elif typ == GROUP:
+            state["name"] = rid = f"{name}-5a6b7c"  # auto-named by the provider
+            state["arn"] = (f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:0f1e2d3c:"
+                            f"autoScalingGroupName/{rid}")
         elif typ == "aws:ec2/securityGroup:SecurityGroup":
             rid = f"sg-{name}"
         elif typ == "aws:ec2/keyPair:KeyPair":

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from cluster.spec import ConfigError
-from tests.infra.conftest import INSTANCE, minimal_config
+from tests.infra.conftest import INSTANCE, LAUNCH_TEMPLATE, minimal_config
 
 
 @pytest.mark.parametrize("config", [{}, {"masterSpot": False, "workerSpot": False}, {"autoStopIdle": "off"}],
                          ids=["spot", "on-demand", "auto-stop off"])
 def test_every_node_terminates_when_it_shuts_itself_down(harness, config):
     harness.run(minimal_config(workerCount=2, **config))
-    nodes = harness.monitor.of_type(INSTANCE)
-    assert len(nodes) == 3
+    nodes = harness.monitor.of_type(INSTANCE) + harness.monitor.of_type(LAUNCH_TEMPLATE)  # the master, the workers'
+    assert len(nodes) == 2
     assert {n.inputs.get("instanceInitiatedShutdownBehavior") for n in nodes} == {"terminate"}
 
 

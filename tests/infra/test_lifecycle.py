@@ -22,8 +22,8 @@ from infra import node as infra_node
 from infra import program as infra_program
 from infra import setup_step
 from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS, ProfileSetupProvider
-from tests.infra.conftest import (AMI, BASE_AMI, DEFAULT_SUBNETS, INSTANCE, PROJECT, SETUP, STACK, FakeAws, Harness,
-                                  RecordingMonitor, fresh_run, minimal_config)
+from tests.infra.conftest import (AMI, BASE_AMI, DEFAULT_SUBNETS, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT, SETUP,
+                                  STACK, FakeAws, Harness, RecordingMonitor, fresh_run, minimal_config)
 
 TAG = "aws:ec2/tag:Tag"
 
@@ -43,7 +43,10 @@ def master(monitor):
 
 
 def workers(monitor):
-    return [n for n in nodes(monitor) if n.inputs["tags"][ROLE_KEY] != ROLE_MASTER]
+    """The workers' launch template and group (there are no stand-alone worker instances)."""
+    assert all(n.inputs["tags"][ROLE_KEY] == ROLE_MASTER for n in nodes(monitor))
+    (template,), (group,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP)
+    return [template, group]
 
 
 # ----------------------------------------------------- base image and subnet chosen once and kept
@@ -54,11 +57,11 @@ def test_master_keeps_the_looked_up_image_and_subnet_and_workers_follow_it(harne
     monitor = harness.monitor
     first = master(monitor)
     assert sorted(first.ignore_changes) == ["ami", "subnetId"]
-    for worker in workers(monitor):
-        # They follow the master's outputs when made, and keep them: a new master does not replace them.
-        assert sorted(worker.ignore_changes) == ["ami", "subnetId"]
-        assert worker.inputs["ami"] == first.state["ami"] == BASE_AMI
-        assert worker.inputs["subnetId"] == first.state["subnetId"] == min(DEFAULT_SUBNETS)
+    template, group = workers(monitor)
+    # They follow the master's outputs when made, and keep them: a new master does not replace them.
+    assert template.ignore_changes == ["imageId"] and group.ignore_changes == ["vpcZoneIdentifiers"]
+    assert template.inputs["imageId"] == first.state["ami"] == BASE_AMI
+    assert group.inputs["vpcZoneIdentifiers"] == [first.state["subnetId"]] == [min(DEFAULT_SUBNETS)]
     # The kept choices are stack outputs: what the cluster really runs on.
     assert outputs["baseAmiId"] == BASE_AMI and outputs["subnetId"] == min(DEFAULT_SUBNETS)
 
@@ -297,7 +300,11 @@ def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_th
             == {k: v for k, v in _kept(old_image).items() if k != "sourceInstanceId"})
     assert new_setup.urn in new_image.dependencies and master(after).urn not in new_image.dependencies
 
-    # The workers: what they compare is unchanged (the master's new subnet is ignored), same trigger.
-    for old, new in zip(workers(before), workers(after), strict=True):
-        assert _kept(new) == _kept(old) and new.replacement_trigger == old.replacement_trigger
-        assert "subnetId" in new.ignore_changes
+    # The workers: neither the launch template (same image, no new version) nor the group (the master's
+    # new subnet is ignored, same trigger) changes, so the group keeps its instances.
+    (old_template, old_group), (new_template, new_group) = workers(before), workers(after)
+    assert _kept(new_template) == _kept(old_template) and new_template.inputs["imageId"] == old_image.id
+    assert _kept(new_group) == _kept(old_group)
+    assert new_group.replacement_trigger == old_group.replacement_trigger
+    assert new_group.ignore_changes == ["vpcZoneIdentifiers"]
+    assert new_group.inputs["vpcZoneIdentifiers"] != old_group.inputs["vpcZoneIdentifiers"]  # ignored, as it must be

@@ -22,8 +22,9 @@ from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, STACK_KEY)
 from infra.lookups import CANONICAL_OWNER, AccountLookupError
 from infra.setup_step import ProfileSetupProvider
-from tests.infra.conftest import (ADMIN_CIDR, AMI, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, INSTANCE, SETUP, STACK,
-                                  FakeAws, Harness, RecordingMonitor, fresh_run, minimal_config)
+from tests.infra.conftest import (ADMIN_CIDR, AMI, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, GROUP, INSTANCE,
+                                  LAUNCH_TEMPLATE, SETUP, STACK, FakeAws, Harness, RecordingMonitor, fresh_run,
+                                  minimal_config)
 
 SG = "aws:ec2/securityGroup:SecurityGroup"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -48,8 +49,24 @@ STACK_CONFIGS = {
 
 
 def instances(monitor: RecordingMonitor):
-    """Instances in rank order, by their rank tag."""
+    """The stand-alone instances: the master alone (the workers are the group's)."""
     return sorted(monitor.of_type(INSTANCE), key=lambda r: int(r.inputs["tags"][RANK_KEY]))
+
+
+def template_of(monitor):
+    (template,) = monitor.of_type(LAUNCH_TEMPLATE)
+    return template
+
+
+def group_of(monitor):
+    (group,) = monitor.of_type(GROUP)
+    return group
+
+
+def template_groups(template) -> list[str]:
+    """The security groups a worker launches with (on the interface when it asks for a public address)."""
+    interfaces = template.inputs.get("networkInterfaces") or []
+    return interfaces[0]["securityGroups"] if interfaces else template.inputs["vpcSecurityGroupIds"]
 
 
 def master_of(monitor):
@@ -58,6 +75,7 @@ def master_of(monitor):
 
 
 def workers_of(monitor):
+    """Stand-alone worker instances: none (workers are the group's)."""
     return [r for r in instances(monitor) if r.inputs["tags"][ROLE_KEY] == ROLE_WORKER]
 
 
@@ -119,8 +137,8 @@ def test_security_groups_admit_only_members_and_admin_ssh_to_master(harness, nam
 
     # Only the master carries the ssh group; workers take nothing from outside the cluster group.
     assert set(master_of(monitor).inputs["vpcSecurityGroupIds"]) == {cluster.id, ssh.id}
-    for worker in workers_of(monitor):
-        assert worker.inputs["vpcSecurityGroupIds"] == [cluster.id]
+    assert not workers_of(monitor)
+    assert template_groups(template_of(monitor)) == [cluster.id]
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))
@@ -129,9 +147,23 @@ def test_every_instance_is_hardened_and_placed_together(harness, name):
     run(harness, **config)
     monitor = harness.monitor
     nodes = instances(monitor)
-    assert len(nodes) == 1 + config.get("workerCount", 3)
+    assert len(nodes) == 1 and not workers_of(monitor)  # the workers are the group's
+    workers = config.get("workerCount", 3)
+    group = group_of(monitor)
+    assert group.inputs["minSize"] == group.inputs["maxSize"] == group.inputs["desiredCapacity"] == workers
     (placement,) = monitor.of_type(PLACEMENT)
     assert placement.inputs["strategy"] == "cluster"
+    template = template_of(monitor)
+    meta = template.inputs["metadataOptions"]
+    assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1
+    (root,) = template.inputs["blockDeviceMappings"]
+    assert root["ebs"]["encrypted"] == "true" and root["ebs"]["volumeSize"] == 100 and root["ebs"]["volumeType"] == "gp3"
+    assert root["deviceName"] == "/dev/sda1"
+    assert template.inputs["instanceType"] == config.get("instanceType", "r7iz.metal-16xl")
+    assert template.inputs["placement"]["groupName"] == placement.state["name"]
+    assert group.inputs["vpcZoneIdentifiers"] == [sorted(DEFAULT_SUBNETS)[0]]
+    assert template.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "true"
+    assert template.inputs["keyName"] == monitor.of_type("aws:ec2/keyPair:KeyPair")[0].state["keyName"]
     for node in nodes:
         meta = node.inputs["metadataOptions"]
         assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1, node.name
@@ -160,6 +192,13 @@ def test_spot_options_per_role(harness, name):
         assert options["spotInstanceType"] == "one-time"
         assert options["instanceInterruptionBehavior"] == "terminate"
         assert "maxPrice" not in options  # unset: at most the on-demand price
+    market = template_of(harness.monitor).inputs.get("instanceMarketOptions")
+    if not config.get("workerSpot", True):
+        assert not market
+    else:
+        assert market["marketType"] == "spot" and "maxPrice" not in market["spotOptions"]
+        assert (market["spotOptions"]["spotInstanceType"], market["spotOptions"]["instanceInterruptionBehavior"]) == (
+            "one-time", "terminate")
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))
@@ -171,6 +210,7 @@ def test_image_is_baked_from_master_after_setup_and_used_by_every_worker(harness
     if config.get("bake", True) is False:
         assert not monitor.of_type(SETUP) and not monitor.of_type(AMI)
         assert all(node.inputs["ami"] == BASE_AMI for node in instances(monitor))
+        assert template_of(monitor).inputs["imageId"] == BASE_AMI
         assert outputs["amiId"] == BASE_AMI
         return
     (setup,) = monitor.of_type(SETUP)
@@ -180,7 +220,8 @@ def test_image_is_baked_from_master_after_setup_and_used_by_every_worker(harness
     assert image.inputs["snapshotWithoutReboot"] is True
     assert setup.urn in image.dependencies and setup.index < image.index
     assert master.urn in setup.dependencies
-    assert all(w.inputs["ami"] == image.id for w in workers_of(monitor))
+    assert template_of(monitor).inputs["imageId"] == image.id
+    assert image.urn in template_of(monitor).dependencies
     assert outputs["amiId"] == image.id
     # The setup step knows where and how to connect, and what to install; never the key itself.
     assert setup.inputs["host"] == master.state["publicIp"]
@@ -202,10 +243,21 @@ def test_every_taggable_resource_is_tagged(harness, name):
             continue
         checked += 1
         tags = reg.inputs.get("tags") or {}
+        if reg.type == GROUP:  # a group's tags are a list of {key, value, propagateAtLaunch}
+            tags = {t["key"]: t["value"] for t in tags}
         assert tags.get(MANAGED_BY_KEY) == MANAGED_BY_VALUE, reg.name
         assert tags.get(CLUSTER_KEY) == "xeon-dev" and tags.get(STACK_KEY) == STACK, reg.name
         assert tags.get("team") == "ml", reg.name
-    assert checked >= 8
+    assert checked >= 10
+    template = template_of(harness.monitor)
+    specs = {t["resourceType"]: t["tags"] for t in template.inputs["tagSpecifications"]}
+    assert set(specs) == {"instance", "volume"} and specs["instance"] == specs["volume"]
+    group_tags = {t["key"]: t["value"] for t in group_of(harness.monitor).inputs["tags"]}
+    assert all(t["propagateAtLaunch"] is True for t in group_of(harness.monitor).inputs["tags"])
+    for tags in (specs["instance"], group_tags):
+        assert tags[MANAGED_BY_KEY] == MANAGED_BY_VALUE and tags[CLUSTER_KEY] == "xeon-dev" and tags["team"] == "ml"
+        assert tags[ROLE_KEY] == ROLE_WORKER and RANK_KEY not in tags  # one group: no per-instance rank
+        assert (tags[SSH_USER_KEY], tags[PROFILE_KEY]) == ("ubuntu", "stock")
     for rank, node in enumerate(instances(harness.monitor)):
         assert node.inputs["tags"][RANK_KEY] == str(rank)
         assert node.inputs["tags"][ROLE_KEY] == (ROLE_MASTER if rank == 0 else ROLE_WORKER)
@@ -216,8 +268,8 @@ def test_every_taggable_resource_is_tagged(harness, name):
 
 def node_role(monitor):
     """(role, inline policy, instance profile) registrations: exactly one of each."""
-    (role,), (policy,), (profile,) = (monitor.of_type(ROLE), monitor.of_type(ROLE_POLICY),
-                                      monitor.of_type(INSTANCE_PROFILE))
+    (role,), (profile,) = monitor.of_type(ROLE), monitor.of_type(INSTANCE_PROFILE)
+    (policy,) = [p for p in monitor.of_type(ROLE_POLICY) if p.name.endswith("-checkpoints")]
     return role, policy, profile
 
 
@@ -233,7 +285,9 @@ def test_every_instance_launches_with_the_instance_profile_created_before_it(har
     assert profile.inputs["role"] == role.id == role.state["name"]
     assert policy.inputs["role"] == role.id
     nodes = instances(monitor)
-    assert len(nodes) == 1 + STACK_CONFIGS[name].get("workerCount", 3)
+    template = template_of(monitor)
+    assert template.inputs["iamInstanceProfile"] == {"name": profile.state["name"]}
+    assert profile.urn in template.dependencies and profile.index < template.index
     for node in nodes:
         assert node.inputs.get("iamInstanceProfile") == profile.state["name"], node.name
         # Created (and so, on destroy, deleted) in dependency order: profile before every node.
@@ -291,11 +345,10 @@ def test_node_role_and_profile_are_tagged_and_deleted_on_destroy(harness, config
 def test_outputs_list_nodes_in_rank_order(harness, name):
     config = STACK_CONFIGS[name]
     outputs = run(harness, **config)
-    nodes = instances(harness.monitor)
-    by_address = {n.state["privateIp"]: n for n in nodes}
-    assert len(by_address) == len(nodes)
-    ranks = [int(by_address[a].inputs["tags"][RANK_KEY]) for a in outputs["nodePrivateAddresses"]]
-    assert ranks == list(range(1 + config.get("workerCount", 3)))
+    assert outputs["masterPrivateAddress"] == master_of(harness.monitor).state["privateIp"]
+    # The workers' addresses are the group's: fab finds them; the stack names the group and its size.
+    assert outputs["workerGroupName"] == group_of(harness.monitor).state["name"]
+    assert outputs["workerCount"] == config.get("workerCount", 3)
     assert outputs["masterPublicAddress"] == master_of(harness.monitor).state["publicIp"]
     assert outputs["clusterName"] == "xeon-dev"
     assert outputs["sshUser"] == "ubuntu"
@@ -319,26 +372,29 @@ def test_given_base_ami_skips_the_lookup(harness):
     run(harness, baseAmi="ami-0mine", bake=False)
     assert "aws:ec2/getAmiIds:getAmiIds" not in [token for token, _ in harness.fake.calls]
     assert {n.inputs["ami"] for n in instances(harness.monitor)} == {"ami-0mine"}
+    assert template_of(harness.monitor).inputs["imageId"] == "ami-0mine"
 
 
 def test_spot_max_price_reaches_every_spot_instance(harness):
     run(harness, spotMaxPrice="2.5", masterSpot=False)
     master = master_of(harness.monitor)
     assert not master.inputs.get("instanceMarketOptions")
-    for worker in workers_of(harness.monitor):
-        assert worker.inputs["instanceMarketOptions"]["spotOptions"]["maxPrice"] == "2.5000"
+    assert template_of(harness.monitor).inputs["instanceMarketOptions"]["spotOptions"]["maxPrice"] == "2.5000"
 
 
 def test_placement_group_off(harness):
     run(harness, placementGroup=False)
     assert not harness.monitor.of_type(PLACEMENT)
     assert all(not n.inputs.get("placementGroup") for n in instances(harness.monitor))
+    assert not template_of(harness.monitor).inputs.get("placement")
 
 
 def test_root_volume_size_and_type(harness):
     run(harness, rootVolumeGib=250, rootVolumeType="gp2")
     for node in instances(harness.monitor):
         assert (node.inputs["rootBlockDevice"]["volumeSize"], node.inputs["rootBlockDevice"]["volumeType"]) == (250, "gp2")
+    ebs = template_of(harness.monitor).inputs["blockDeviceMappings"][0]["ebs"]
+    assert (ebs["volumeSize"], ebs["volumeType"]) == (250, "gp2")
 
 
 def test_ipv6_admin_network_and_several_cidrs(harness):
@@ -357,9 +413,12 @@ def test_private_subnet_leaves_public_addresses_to_the_subnet(harness):
     for node in instances(harness.monitor):
         assert node.inputs["subnetId"] == "subnet-0private"
         assert "associatePublicIpAddress" not in node.inputs
+    template = template_of(harness.monitor)
+    assert not template.inputs.get("networkInterfaces") and template.inputs["vpcSecurityGroupIds"]
+    assert group_of(harness.monitor).inputs["vpcZoneIdentifiers"] == ["subnet-0private"]
     # With no public address the setup step connects to the private one (user supplies a route).
     (setup,) = harness.monitor.of_type(SETUP)
-    assert setup.inputs["host"] == outputs["nodePrivateAddresses"][0]
+    assert setup.inputs["host"] == outputs["masterPrivateAddress"]
 
 
 def test_bucket_kept_private_and_encrypted_by_default(harness):

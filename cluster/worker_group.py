@@ -1,0 +1,68 @@
+"""The workers' Auto Scaling group: why it has fewer instances than it wants, in one line (pure).
+
+Two readers share these rules: the Pulumi program's error hook on the group (a `pulumi up` whose
+group could not be filled) and `fab status` (node_setup/aws/worker_group.py, from
+DescribeScalingActivities). The AWS provider's wait for capacity already fails with the group's own
+reason: it reads the scaling activities and fails on the first one that ended `Failed`, its error
+reading `scaling activity (<id>): Failed: <status message>`; a plain timeout means no activity had
+failed yet. These rules find that message and add what to change for it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping
+
+# The provider's error for a failed scaling activity (terraform-provider-aws, the group's capacity wait).
+_ACTIVITY = re.compile(r"scaling activity \(([^)]*)\): Failed: (.+?)(?:\n|$)")
+
+# What each kind of launch failure asks of the user (the status message's wording, then the advice).
+_ADVICE = (
+    (("InsufficientInstanceCapacity", "insufficient capacity", "no Spot capacity", "capacity-not-available"),
+     "no capacity: run `pulumi up` again later, or change one of workerSpot: false (on-demand), subnetId "
+     "(another zone), placementGroup: false, instanceType"),
+    (("VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "quota", "limit"),
+     "a quota: lower workerCount, or ask AWS for a larger vCPU quota (`fab preflight` shows it)"),
+    (("placement group", "PlacementGroup", "InvalidPlacementGroup"),
+     "the placement group: placementGroup: false, or another subnetId/instanceType"),
+    (("price", "SpotMaxPriceTooLow", "bid"),
+     "the spot price cap: raise or unset spotMaxPrice, or workerSpot: false"),
+)
+
+
+def activity_failure(error: str) -> tuple[str, str] | None:
+    """(activity id, status message) of a failed scaling activity named in a provider error, or None."""
+    found = _ACTIVITY.search(error or "")
+    return (found.group(1), found.group(2).strip()) if found else None
+
+
+def advice(reason: str) -> str:
+    """What to change for a launch failure's status message ('' when the toolkit knows no advice)."""
+    lowered = reason.lower()
+    for markers, said in _ADVICE:
+        if any(m.lower() in lowered for m in markers):
+            return said
+    return ""
+
+
+def failure_line(group: str, wanted: int, reason: str) -> str:
+    """One line: the group could not launch its workers, AWS's reason, and what to change."""
+    hint = advice(reason)
+    return (f"{group}: AWS could not launch the {wanted} worker(s) of the group: {reason}"
+            + (f"; {hint}" if hint else "") + "; `fab preflight` checks new settings")
+
+
+def timeout_line(group: str, wanted: int, timeout: str) -> str:
+    """The group did not fill within the wait, with no failed activity to name (AWS is still trying)."""
+    return (f"{group}: the group's {wanted} worker(s) were not in service within {timeout}, and no scaling "
+            "activity had failed yet (AWS keeps trying); `fab status` shows the group's latest activity")
+
+
+def latest_failure(activities: Iterable[Mapping]) -> str | None:
+    """The status message of the newest scaling activity if it failed (DescribeScalingActivities lists newest
+    first), else None: an older failure that a later successful launch followed is history, not a reason."""
+    for activity in activities:
+        if activity.get("StatusCode") == "Failed":
+            return str(activity.get("StatusMessage") or activity.get("Description") or "failed, no message")
+        return None
+    return None

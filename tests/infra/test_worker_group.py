@@ -1,0 +1,156 @@
+"""The workers as one Auto Scaling group under the Pulumi mocks: the launch template and the group with
+every property the workers need, the node role's one permission on the group, a new image that never
+runs more than `workerCount` workers, and the one line a group that cannot be filled ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+
+import pulumi
+import pytest
+
+from cluster import profiles
+from cluster import worker_group as rules
+from infra import workers as infra_workers
+from tests.infra.conftest import AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, fresh_run, minimal_config
+
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+
+
+def template_and_group(monitor):
+    (template,), (group,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP)
+    return template, group
+
+
+@pytest.mark.parametrize("config", [{}, {"workerSpot": False, "workerCount": 5}, {"bake": False}],
+                         ids=["spot", "on-demand", "no bake"])
+def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_instances(harness, config):
+    harness.run(minimal_config(**config))
+    monitor = harness.monitor
+    template, group = template_and_group(monitor)
+    count = config.get("workerCount", 3)
+    assert [n.name for n in monitor.of_type(INSTANCE)] == ["xeon-dev-master"]  # no worker instance
+    assert group.inputs["minSize"] == group.inputs["maxSize"] == group.inputs["desiredCapacity"] == count
+    assert group.inputs["launchTemplate"] == {"id": template.id, "version": "1"}  # the template's latest version
+    assert template.urn in group.dependencies
+    assert template.inputs["instanceInitiatedShutdownBehavior"] == "terminate"
+    assert template.inputs["updateDefaultVersion"] is True
+    market = template.inputs.get("instanceMarketOptions")
+    assert bool(market) is config.get("workerSpot", True)
+    # `pulumi up` waits for the instances in service, and a failed launch fails the wait with its reason.
+    assert group.inputs["waitForCapacityTimeout"] == infra_workers.CAPACITY_TIMEOUT == "40m"
+    assert group.inputs["ignoreFailedScalingActivities"] is False
+    # Nothing launches a worker beyond the count: no capacity rebalance, no instance refresh, no warm pool.
+    assert group.inputs["capacityRebalance"] is False
+    assert not group.inputs.get("instanceRefresh") and not group.inputs.get("warmPool")
+    assert group.inputs["healthCheckType"] == "EC2"
+
+
+def test_the_node_role_may_resize_its_own_worker_group_and_nothing_else(harness):
+    harness.run(minimal_config())
+    _, group = template_and_group(harness.monitor)
+    (policy,) = [p for p in harness.monitor.of_type(ROLE_POLICY) if p.name.endswith("-worker-group")]
+    (statement,) = json.loads(policy.inputs["policy"])["Statement"]
+    assert statement == {"Sid": "StopOwnWorkerGroup", "Effect": "Allow",
+                         "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group.state["arn"]}
+    assert ":autoScalingGroupName/" + group.state["name"] in statement["Resource"] and "*" not in statement["Resource"]
+    assert group.urn in policy.dependencies
+
+
+def _bumped_pin(monkeypatch):
+    stock = profiles.PROFILES["stock"]
+    monkeypatch.setitem(profiles.PROFILES, "stock", dataclasses.replace(
+        stock, pip_pins=tuple(p.replace("transformers==5.23.0", "transformers==5.24.0") for p in stock.pip_pins)))
+
+
+def test_a_new_image_replaces_the_group_deleting_first_so_never_more_than_worker_count_run(monkeypatch):
+    before, _ = fresh_run(minimal_config(workerCount=4))
+    _bumped_pin(monkeypatch)
+    after, _ = fresh_run(minimal_config(workerCount=4))
+    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
+    assert new_image.id != old_image.id  # a re-bake
+    (old_template, old_group), (new_template, new_group) = template_and_group(before), template_and_group(after)
+    assert new_template.inputs["imageId"] == new_image.id
+    # The group is replaced (its trigger names the image), and the old one is deleted before the new one is
+    # made: deleting without force_delete drains it (capacity 0, every old worker terminated) first.
+    assert new_group.replacement_trigger != old_group.replacement_trigger
+    assert new_group.replacement_trigger["image"] == new_image.id
+    assert new_group.delete_before_replace and new_group.inputs["forceDelete"] is False
+    assert new_group.custom_timeouts["delete"] == "40m"
+    # Each group alone never holds more than workerCount: so at most 4 workers bill at any time.
+    assert new_group.inputs["maxSize"] == old_group.inputs["maxSize"] == 4
+    # The same settings make the same trigger: nothing else replaces the workers.
+    again, _ = fresh_run(minimal_config(workerCount=4))
+    assert template_and_group(again)[1].replacement_trigger == new_group.replacement_trigger
+
+
+@pytest.mark.parametrize("change", [{"workerSpot": False}, {"instanceType": "r7iz.metal-32xl"}], ids=["market", "type"])
+def test_market_and_instance_type_replace_the_group(change):
+    before, _ = fresh_run(minimal_config())
+    after, _ = fresh_run(minimal_config(**change))
+    old, new = template_and_group(before)[1], template_and_group(after)[1]
+    assert old.replacement_trigger != new.replacement_trigger and new.delete_before_replace
+
+
+def test_given_image_and_subnet_are_not_ignored(harness):
+    harness.run(minimal_config(baseAmi="ami-0mine", subnetId="subnet-0mine", bake=False))
+    template, group = template_and_group(harness.monitor)
+    assert template.ignore_changes == [] and group.ignore_changes == []
+    assert template.inputs["imageId"] == "ami-0mine" and group.inputs["vpcZoneIdentifiers"] == ["subnet-0mine"]
+
+
+# ----------------------------------------------------------- a group that cannot be filled
+
+
+# The provider's error when a scaling activity failed while it waited for capacity (its wording).
+PROVIDER_ERROR = ("creating Auto Scaling Group (xeon-dev-worker-5a6b7c): waiting for Auto Scaling Group "
+                  "(xeon-dev-worker-5a6b7c) capacity satisfied: scaling activity (0f1e-77aa): Failed: Could not "
+                  "launch Spot Instances. InsufficientInstanceCapacity - There is no Spot capacity available that "
+                  "matches your request. Launching EC2 instance failed.")
+TIMEOUT_ERROR = ("creating Auto Scaling Group (xeon-dev-worker-5a6b7c): waiting for Auto Scaling Group capacity "
+                 "satisfied: timeout while waiting for state to become 'ok' (last state: 'want exactly 3 healthy "
+                 "instance(s) in Auto Scaling Group, have 1', timeout: 40m0s)")
+
+
+def _args(errors, operation="create"):
+    return pulumi.ErrorHookArgs(urn="urn", id="", name="xeon-dev-worker", type=GROUP, failed_operation=operation,
+                                new_inputs={}, errors=errors)
+
+
+def test_a_group_that_cannot_be_filled_ends_with_its_reason_in_one_line(monkeypatch, caplog):
+    monkeypatch.setattr(pulumi, "ErrorHook", lambda name, func: func)
+    on_error = infra_workers.group_failure_hook("xeon-dev-worker", 3)
+    caplog.set_level(logging.INFO)
+    assert asyncio.run(on_error(_args([PROVIDER_ERROR]))) is False  # never retried: the group keeps trying
+    line = caplog.records[-1].getMessage()
+    assert "\n" not in line and line.startswith("xeon-dev-worker: AWS could not launch the 3 worker(s) of the group: ")
+    assert "InsufficientInstanceCapacity" in line and "workerSpot: false" in line and "placementGroup: false" in line
+    assert asyncio.run(on_error(_args([TIMEOUT_ERROR]))) is False
+    line = caplog.records[-1].getMessage()
+    assert "not in service within 40m" in line and "no scaling activity had failed" in line and "fab status" in line
+    count = len(caplog.records)
+    assert asyncio.run(on_error(_args([PROVIDER_ERROR], operation="delete"))) is False
+    assert len(caplog.records) == count
+
+
+@pytest.mark.parametrize("message, said", [
+    ("You have requested more vCPU capacity than your current vCPU limit of 64 allows. VcpuLimitExceeded",
+     "lower workerCount"),
+    ("The placement group 'xeon-dev-pg' is in use in another availability zone", "placementGroup: false"),
+    ("Your Spot request price of 0.1 is lower than the minimum required Spot request fulfillment price", "spotMaxPrice"),
+    ("The image id '[ami-0gone]' does not exist", ""),
+])
+def test_each_kind_of_launch_failure_gets_its_advice(message, said):
+    line = rules.failure_line("g", 2, message)
+    assert message in line and (said in line if said else "; `fab preflight`" in line)
+
+
+def test_only_the_newest_activity_is_the_reason():
+    failed = {"StatusCode": "Failed", "StatusMessage": "InsufficientInstanceCapacity"}
+    assert rules.latest_failure([failed, {"StatusCode": "Successful"}]) == "InsufficientInstanceCapacity"
+    assert rules.latest_failure([{"StatusCode": "Successful"}, failed]) is None
+    assert rules.latest_failure([]) is None
+    assert rules.activity_failure("no activity here") is None
