@@ -36,11 +36,19 @@ and `fab autostop` for the whole cluster, and never by `fab train --nodes N`, wh
 stopped only when its power-off command answered POWEROFF_ACK; if any worker was not stopped (or
 no full list was recorded), the master stays up, `~/<STATE_DIR>/unstopped` names them, `fab status`
 shows it, and the service tries those workers again at every poll.
+
+On AWS the workers are an Auto Scaling group, which would launch a powered-off worker again. So
+before any worker is powered off the service sets the group's minimum and desired capacity to 0
+(STOP_GROUP_PATH, `stop_group_script`: the AWS API with the node role's credentials, which may
+change exactly that group), from the group named in GROUP_FILE (`group_file_text`, written by fab
+with the node list); if AWS refuses, no worker is powered off, the master stays up and
+UNSTOPPED_FILE says why. `pulumi up --refresh` (`fab up`) sets the group back to `workerCount`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -64,6 +72,12 @@ ACTIVITY_DIR = ".xeon-cluster/activity"  # `fab exec` records, on the master
 BIN_DIR = f"{NODE_ROOT}/bin"
 SERVICE_PATH = f"{BIN_DIR}/xeon-cluster-autostop"
 POWEROFF_PATH = f"{BIN_DIR}/xeon-cluster-poweroff"
+STOP_GROUP_PATH = f"{BIN_DIR}/xeon-cluster-stop-group"
+GROUP_FILE = "worker-group"  # in STATE_DIR: name=<the cluster's worker group>, region=<its region>
+GROUP_UNSTOPPED = "(worker-group)"  # in UNSTOPPED_FILE: the group could not be set to 0
+# An Auto Scaling group's name as the program makes it, and an AWS region (whole value).
+GROUP_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}\Z")
+REGION_RE = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]\Z")
 SYSTEMD_UNIT = "xeon-cluster-autostop.service"
 MODES = ("system", "local")
 # the machine's own PID namespace, as readlink /proc/self/ns/pid names it: the kernel gives the
@@ -151,8 +165,24 @@ def service_script() -> str:
         "STATE_DIR": STATE_DIR, "JOBS_DIR": JOBS_DIR, "ACTIVITY_DIR": ACTIVITY_DIR, "HOSTS_FILE": HOSTFILE_NAME,
         "DEFAULT_POLL": str(DEFAULT_POLL_S), "POWEROFF": POWEROFF_PATH, "ACK": POWEROFF_ACK,
         "NODES_FILE": NODES_FILE, "SSH_CONFIG_FILE": SSH_CONFIG_FILE, "UNSTOPPED_FILE": UNSTOPPED_FILE,
-        "STOPPED_FILE": STOPPED_FILE, "UNLISTED": UNLISTED,
+        "STOPPED_FILE": STOPPED_FILE, "UNLISTED": UNLISTED, "STOP_GROUP": STOP_GROUP_PATH,
+        "GROUP_FILE": GROUP_FILE, "GROUP_UNSTOPPED": GROUP_UNSTOPPED,
     })
+
+
+def stop_group_script(node_root: str = NODE_ROOT) -> str:
+    """The command that sets the worker group to 0, as installed at STOP_GROUP_PATH."""
+    return shell.render("autostop-stop-group.sh", {"STATE_DIR": STATE_DIR, "GROUP_FILE": GROUP_FILE,
+                                                   "VENV_GLOB": f"{node_root}/venv-*/bin/python"})
+
+
+def group_file_text(name: str, region: str) -> str:
+    """GROUP_FILE's text; a name or region that is not whole-value valid is refused here, where it enters."""
+    if not GROUP_NAME_RE.match(name or ""):
+        raise AutostopError(f"worker group name {name!r} is not allowed; allowed: letters, digits, . _ - (1-255)")
+    if not REGION_RE.match(region or ""):
+        raise AutostopError(f"region {region!r} is not allowed; allowed: an AWS region such as us-east-1")
+    return f"name={name}\nregion={region}\n"
 
 
 def poweroff_script() -> str:
@@ -192,7 +222,8 @@ def install_section(bin_dir: str = BIN_DIR) -> str:
     text = shell.render("autostop-install.sh", {
         "BIN_DIR": bin_dir, "SERVICE_PATH": f"{bin_dir}/{SERVICE_PATH.rsplit('/', 1)[1]}",
         "POWEROFF_PATH": f"{bin_dir}/{POWEROFF_PATH.rsplit('/', 1)[1]}",
-        "SERVICE_TEXT": service_script(), "POWEROFF_TEXT": poweroff_script(),
+        "STOP_GROUP_PATH": f"{bin_dir}/{STOP_GROUP_PATH.rsplit('/', 1)[1]}",
+        "SERVICE_TEXT": service_script(), "POWEROFF_TEXT": poweroff_script(), "STOP_GROUP_TEXT": stop_group_script(),
         "UNIT": SYSTEMD_UNIT if bin_dir == BIN_DIR else "",
     })
     return text.partition("\n")[2]

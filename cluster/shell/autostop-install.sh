@@ -4,7 +4,8 @@
 # BIN_DIR and, where systemd runs the machine (never on a local cluster's node, whose systemd
 # would be the host's), enables UNIT so the service runs again after a reboot.
 # Reports as `progress` (the install's steps stay apt, venv, project), or a failed `step`.
-# Header: BIN_DIR SERVICE_PATH POWEROFF_PATH SERVICE_TEXT POWEROFF_TEXT UNIT (empty: no unit).
+# Header: BIN_DIR SERVICE_PATH POWEROFF_PATH STOP_GROUP_PATH SERVICE_TEXT POWEROFF_TEXT STOP_GROUP_TEXT
+# UNIT (empty: no unit).
 put_executable() {  # PATH TEXT: write it when it differs (returns 0), else 1
   if [ -f "$1" ] && [ "$(cat "$1")" = "$(printf '%s' "$2")" ]; then return 1; fi
   printf '%s' "$2" > "$1.tmp.$$" && chmod 755 "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"
@@ -17,6 +18,7 @@ fi
 as_changed=""
 put_executable "$SERVICE_PATH" "$SERVICE_TEXT" && as_changed="$SERVICE_PATH"
 put_executable "$POWEROFF_PATH" "$POWEROFF_TEXT" && as_changed="$as_changed $POWEROFF_PATH"
+put_executable "$STOP_GROUP_PATH" "$STOP_GROUP_TEXT" && as_changed="$as_changed $STOP_GROUP_PATH"
 if [ -n "$UNIT" ] && [ "$("$POWEROFF_PATH" mode)" = system ] && [ -d /run/systemd/system ] && command -v systemctl > /dev/null 2>&1; then
   unit_text="[Unit]
 Description=xeon-cluster idle auto-stop (acts only on the master it was armed on)

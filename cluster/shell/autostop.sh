@@ -18,7 +18,9 @@
 # rest (UNLISTED for a missing list), the master stays up, and the next poll tries them again.
 # Header: STATE_DIR, JOBS_DIR, ACTIVITY_DIR (relative to $HOME), HOSTS_FILE (in $HOME on the
 # master: one alias per line, master first), DEFAULT_POLL, POWEROFF (the power-off command), ACK,
-# NODES_FILE SSH_CONFIG_FILE UNSTOPPED_FILE STOPPED_FILE (in STATE_DIR), UNLISTED.
+# NODES_FILE SSH_CONFIG_FILE UNSTOPPED_FILE STOPPED_FILE (in STATE_DIR), UNLISTED, STOP_GROUP (sets
+# the worker group in GROUP_FILE to 0 before any worker goes: else the group relaunches them;
+# refused: GROUP_UNSTOPPED in UNSTOPPED_FILE and nothing powered off), GROUP_FILE, GROUP_UNSTOPPED.
 set -uo pipefail
 S="$HOME/$STATE_DIR"; J="$HOME/$JOBS_DIR"; A="$HOME/$ACTIVITY_DIR"
 mkdir -p "$S" || exit 1
@@ -115,6 +117,18 @@ power_off() {
   case "$MODE" in system|local) ;; *) log "unknown mode '$MODE': disarmed"; rm -f "$S/armed"; return 1 ;; esac
   log "idle for ${IDLE}s since $((DEADLINE - IDLE)): powering off the cluster (mode $MODE)"
   touch "$S/$STOPPED_FILE"
+  if [ -f "$S/$GROUP_FILE" ]; then
+    local said
+    said=$("$STOP_GROUP" 2>&1); local rc=$?
+    printf '%s\n' "$said" | sed 's/^/  group: /' >> "$S/log"
+    if [ $rc -ne 0 ]; then
+      at=$(date +%s)
+      printf 'at=%s\nnode=%s %s\n' "$at" "$GROUP_UNSTOPPED" "$(printf '%s' "$said" | tail -n 1 | cut -c1-200)" \
+        > "$S/$UNSTOPPED_FILE.tmp" && mv -f "$S/$UNSTOPPED_FILE.tmp" "$S/$UNSTOPPED_FILE"
+      log "worker group not set to 0: no worker powered off, this node stays up, next try in ${POLL:-$DEFAULT_POLL}s"
+      return 1
+    fi
+  fi
   while read -r tag h; do
     grep -qxF "$h" "$S/$STOPPED_FILE" && continue
     log "powering off $h"

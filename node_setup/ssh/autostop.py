@@ -41,6 +41,10 @@ def record_nodes(master, inventory, host_keys: Mapping[str, str]) -> None:
     whole cluster by `fab setup`, `fab distribute` and `fab autostop`, never by `fab train --nodes N`.
     `host_keys`: alias -> the host key the controller verified (distribution's result)."""
     files = autostop.node_list_files(inventory.name, inventory.nodes, inventory.user, host_keys)
+    if inventory.kind == "aws":  # the workers' group, which the service sets to 0 before it stops them
+        from node_setup.aws.worker_group import group_file
+
+        files.update(group_file(inventory.name, inventory.region))
     master.run(f"mkdir -p {shlex.quote(autostop.STATE_DIR)} && chmod 700 {shlex.quote(autostop.STATE_DIR)}",
                hide=True, in_stream=False)
     for path, text in files.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json as _json
 import io
 import sys
 
@@ -17,7 +18,8 @@ from node_setup.ssh.autostop import status_report as autostop_report
 from node_setup.ssh.fanout import on_nodes, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks import spend as node_spend
-from node_setup.tasks.common import CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP, UNREACHABLE, fail, task
+from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP, UNREACHABLE, Unset, duration_or_off,
+                                     fail, task)
 
 
 MFU_LOG_LINES = 200  # how far back `fab status` looks for the job's last MFU line (logged every logging_steps)
@@ -47,7 +49,8 @@ def status(c, cluster="", region="", job="", json=False):
         return
     with contextlib.redirect_stdout(io.StringIO()):  # the table's text: with --json stdout holds the JSON only
         _status(inventory, job, spent, facts)
-    print(node_spend.status_json(inventory, spent, facts["nodes"], facts["job"], facts["problems"]))
+    text = node_spend.status_json(inventory, spent, facts["nodes"], facts["job"], facts["problems"])
+    print(_json.dumps({**_json.loads(text), "supervised": facts.get("supervised")}, indent=2))
 
 
 def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None:
@@ -82,8 +85,16 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     print(f"  {spent.total_line()}")
     for line in spent.source_lines():
         print(f"  {line}")
+    if inventory.kind == "aws":  # the workers' group: stopped by the auto-stop, short of workers, and why
+        from node_setup.aws.worker_group import status_lines
+
+        group_line, group_problem = status_lines(inventory.name, inventory.region)
+        print(group_line)
+        if group_problem:
+            facts["problems"].append(group_problem)
     autostop_line, autostop_problem = autostop_report(master)
     print(autostop_line)
+    _supervised(master, facts)
     if autostop_problem:  # workers left running by the idle auto-stop: --json lists it too
         facts["problems"].append(autostop_problem)
     if not job_id:
@@ -116,19 +127,31 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         print(f"  MFU: {progress['line']}")
 
 
+def _supervised(master, facts: dict) -> None:
+    """The newest supervised run (`fab train --managed`): its state file on the master, one line."""
+    from cluster.supervision import status_line
+    from node_setup.ssh.recovery import supervised_state
+
+    try:
+        state = supervised_state(master)
+    except Exception:  # noqa: BLE001 - no run, or the master went: the rest of the status stands
+        state = None
+    facts["supervised"] = state
+    if state:
+        print(status_line(state))
+
+
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
             "follow": "keep streaming until the job ends",
             "lines": "show only the last N lines first (default: the whole log)"})
-def logs(c, cluster="", region="", job="", follow=False, lines=0):
+def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the whole log")):
     """Print a job's log with node/rank prefixes; --follow reattaches to a running job."""
     _, _, master, job_id = _job_on_master(cluster, region, job)
     try:
         meta = jobs.read_metadata(master, job_id)
     except jobs.JobError as exc:
         raise fail(str(exc)) from None
-    if lines < 0:
-        raise fail(f"--lines: {lines} is not allowed; give 1 or more (0: the whole log)")
-    last = lines or None
+    last = lines or None  # a count of 1 or more, or not given: the whole log
     if not follow:
         jobs.follow(master, job_id, meta.get("rank_hosts", []), last_lines=last, follow_=False,
                     launcher=meta.get("launcher", DEFAULT_LAUNCHER))
@@ -146,13 +169,18 @@ def logs(c, cluster="", region="", job="", follow=False, lines=0):
 
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
-            "grace": f"seconds ranks get to exit after TERM before KILL (default {jobs.STOP_GRACE_SECONDS})"})
-def stop(c, cluster="", region="", job="", grace=jobs.STOP_GRACE_SECONDS):
+            "grace": f"how long ranks get to exit after TERM before KILL, e.g. 30s (default "
+                     f"{jobs.STOP_GRACE_SECONDS}s; 0: KILL at once)"},
+      kinds={"grace": duration_or_off})
+def stop(c, cluster="", region="", job="", grace=float(jobs.STOP_GRACE_SECONDS)):
     """Stop a job on every node; checks that no rank is left anywhere."""
     _, conns, master, job_id = _job_on_master(cluster, region, job)
-    if grace < 0:
-        raise fail(f"--grace: {grace} is not allowed; give 0 or more seconds")
-    outcomes = jobs.stop(master, conns, job_id, grace=grace)
+    from node_setup.ssh.recovery import request_stop
+
+    run = request_stop(master)  # a supervised run's supervisor first, so that it does not relaunch
+    if run:
+        print(f"supervised run {run}: its supervisor was asked to stop")
+    outcomes = jobs.stop(master, conns, job_id, grace=round(grace))
     print(f"stop job {job_id}:")
     print(outcome_table(outcomes))
     failed = [o.node for o in outcomes if not o.ok]

@@ -1,0 +1,131 @@
+"""The cluster's worker group in AWS: `worker_group(cluster)` says its name, sizes, instances and why
+it has fewer than it wants (the newest scaling activity, when it failed).
+
+The Pulumi program makes one Auto Scaling group per cluster (infra/workers.py), tagged like every
+resource of the cluster (cluster/tags.py). AWS replaces a reclaimed or terminated worker by itself
+(the group launches a new one from its template); the idle auto-stop sets the group's minimum and
+desired capacity to 0 before the workers power off (cluster/autostop.py), and `pulumi up --refresh`
+sets them back to `workerCount`. Readers: `fab status` (`status_lines`), discovery's callers, and
+`fab train --managed` waiting for a lost worker's replacement (`wait_for_workers`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cluster import worker_group as rules
+from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
+from node_setup.aws import clients
+
+IN_SERVICE = "InService"
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    name: str
+    desired: int
+    min_size: int
+    max_size: int
+    instances: tuple[str, ...]  # instance ids in the group, any lifecycle state
+    in_service: tuple[str, ...] = ()
+    failure: str | None = None  # the newest scaling activity's message, when it failed
+    arn: str = ""
+    launch_template: str = ""
+    states: dict[str, str] = field(default_factory=dict)  # instance id -> lifecycle state
+
+    @property
+    def stopped(self) -> bool:
+        """Set to 0 on purpose (the idle auto-stop): it launches nothing until `pulumi up --refresh`."""
+        return self.desired == 0 and self.max_size > 0
+
+    def summary(self) -> str:
+        """One line for `fab status`."""
+        if self.stopped:
+            return (f"worker group {self.name}: stopped (desired 0 of {self.max_size}, set by the idle auto-stop); "
+                    "`fab up` (pulumi up --refresh) launches the workers again")
+        line = f"worker group {self.name}: {len(self.in_service)} of {self.desired} worker(s) in service"
+        if len(self.in_service) < self.desired:
+            pending = [f"{i} {s}" for i, s in sorted(self.states.items()) if s != IN_SERVICE]
+            line += (f" ({', '.join(pending)})" if pending else "") + "; AWS launches the missing ones"
+            if self.failure:
+                line += "; " + rules.failure_line(self.name, self.desired, self.failure)
+        return line
+
+
+def _tags(group: dict) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+
+
+def _groups_of(autoscaling, cluster: str) -> list[dict]:
+    found = []
+    for page in autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+            Filters=[{"Name": f"tag:{CLUSTER_KEY}", "Values": [cluster]},
+                     {"Name": f"tag:{MANAGED_BY_KEY}", "Values": [MANAGED_BY_VALUE]}]):
+        found.extend(page.get("AutoScalingGroups", []))
+    return [g for g in found if _tags(g).get(CLUSTER_KEY) == cluster]
+
+
+def from_record(group: dict, activities: list[dict] | None = None) -> WorkerGroup:
+    states = {i["InstanceId"]: i.get("LifecycleState", "") for i in group.get("Instances", [])}
+    template = group.get("LaunchTemplate") or {}
+    return WorkerGroup(
+        name=group["AutoScalingGroupName"], desired=int(group.get("DesiredCapacity", 0)),
+        min_size=int(group.get("MinSize", 0)), max_size=int(group.get("MaxSize", 0)),
+        instances=tuple(sorted(states)), in_service=tuple(sorted(i for i, s in states.items() if s == IN_SERVICE)),
+        failure=rules.latest_failure(activities or []), arn=group.get("AutoScalingGroupARN", ""),
+        launch_template=template.get("LaunchTemplateId", ""), states=states)
+
+
+def worker_group(cluster: str, region: str | None = None, autoscaling=None) -> WorkerGroup | None:
+    """The cluster's worker group (None when it has none: no stack, or one made before the group)."""
+    autoscaling = autoscaling or clients.client("autoscaling", clients.resolve_region(region))
+    groups = _groups_of(autoscaling, cluster)
+    if not groups:
+        return None
+    group = sorted(groups, key=lambda g: g.get("CreatedTime", ""))[-1]  # a replaced group's newest
+    activities = autoscaling.describe_scaling_activities(
+        AutoScalingGroupName=group["AutoScalingGroupName"], MaxRecords=5).get("Activities", [])
+    return from_record(group, activities)
+
+
+def wait_for_workers(cluster: str, *, region: str | None = None, timeout_s: float = 2400, poll_s: float = 15,
+                     autoscaling=None, sleep: Callable[[float], None] = time.sleep,
+                     clock: Callable[[], float] = time.monotonic) -> WorkerGroup | None:
+    """Wait until the group has its desired number of workers in service (a lost one replaced by AWS);
+    returns the group as last seen (check `len(in_service) < desired` for a timeout), None without one."""
+    deadline = clock() + timeout_s
+    while True:
+        group = worker_group(cluster, region, autoscaling)
+        if group is None or len(group.in_service) >= group.desired or clock() >= deadline:
+            return group
+        sleep(poll_s)
+
+
+def status_lines(cluster: str, region: str | None, autoscaling=None) -> tuple[str, str | None]:
+    """`fab status`'s line about the worker group, and a problem for `--json` when it lacks workers
+    (never raises: a group that cannot be read is said so, the rest of the status still shows)."""
+    from node_setup.aws import errors
+
+    try:
+        group = worker_group(cluster, region, autoscaling)
+    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        return f"worker group: could not read it ({exc}); allow autoscaling:DescribeAutoScalingGroups", None
+    if group is None:
+        return "worker group: none (this cluster's workers are not an Auto Scaling group)", None
+    line = group.summary()
+    short = not group.stopped and len(group.in_service) < group.desired
+    return line, (line if short else None)
+
+
+def group_file(cluster: str, region: str | None, autoscaling=None) -> dict[str, str]:
+    """The auto-stop's record of the worker group on the master ({path under home: text}; {} without a
+    group). An AWS error is not hidden: without the record the group would relaunch stopped workers."""
+    from cluster import autostop
+
+    region = clients.resolve_region(region)
+    group = worker_group(cluster, region, autoscaling)
+    if group is None:
+        return {}
+    return {f"{autostop.STATE_DIR}/{autostop.GROUP_FILE}": autostop.group_file_text(group.name, region)}
