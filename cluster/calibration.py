@@ -8,11 +8,17 @@ The file (JSON, `<config dir>/calibration/<cluster>.json`, see `path_for`) holds
     compute:   {"<n>": samples/s per node while n nodes train at once, no all-reduce}
     allreduce: {"<n>": {"fp32"|"bf16": {"gbps": payload Gbit/s per node, "latency_s": per ring step,
                                           "seconds": one gradient's all-reduce}}}
-    compile:   {"eager_step_s", "compiled_step_s", "compile_s"}  torch.compile on one node (optional)
+    compile:   {"eager_step_s", "compiled_step_s", "compile_s"}  torch.compile on one node (optional,
+                                                      `fab bench --compile`)
+    layout:    {"machine", "nodes", "batch", "created",     the ranks-per-node layouts timed with the real
+                "candidates": {"<ranks>": {"step_s", "samples_per_s"}},   job (optional, `fab bench
+                "ranks_per_node": the fastest}                           --layouts`)
 
 `fab plan` takes from it the compute rate for each node count (the nearest measured one below,
 else above), and the all-reduce bandwidth and latency for the gradients' dtype
-(cluster/timemodel.py, `Network.measured_gbps`).
+(cluster/timemodel.py, `Network.measured_gbps`). `fab train` and `fab plan` take the measured
+layout's ranks per node instead of the rule (one per socket) when the node is the one it was
+measured on (`layout_for`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,36 @@ class LinkFit:
 
 
 @dataclass(frozen=True)
+class LayoutChoice:
+    """`fab bench --layouts`: the real job's mean step per ranks-per-node layout, and the fastest."""
+
+    machine: str  # the node the layouts ran on (cluster/jobplan.py machine_for's name)
+    nodes: int  # nodes the job ran on
+    batch: int  # per rank
+    step_s: dict[int, float]  # ranks per node -> the job's mean step (its first left out)
+    created: str = ""
+
+    def samples_per_s(self, ranks: int) -> float:
+        """One node's samples/s with `ranks` ranks on it."""
+        return ranks * self.batch / self.step_s[ranks]
+
+    @property
+    def ranks_per_node(self) -> int:
+        """The fastest layout: the most samples/s per node (the fewer ranks on a tie)."""
+        return max(sorted(self.step_s), key=lambda r: (self.samples_per_s(r), -r))
+
+    def summary(self) -> str:
+        """`1: 41.2, 2: 55.0 samples/s per node`."""
+        return ", ".join(f"{r}: {self.samples_per_s(r):.1f}" for r in sorted(self.step_s)) + " samples/s per node"
+
+    def to_mapping(self) -> dict:
+        return {"machine": self.machine, "nodes": self.nodes, "batch": self.batch, "created": self.created,
+                "candidates": {str(r): {"step_s": s, "samples_per_s": self.samples_per_s(r)}
+                               for r, s in sorted(self.step_s.items())},
+                "ranks_per_node": self.ranks_per_node}
+
+
+@dataclass(frozen=True)
 class Calibration:
     cluster: str
     model: str
@@ -56,6 +92,7 @@ class Calibration:
     created: str = ""
     source: str = ""  # the file it was read from
     compile: dict | None = None  # {"eager_step_s", "compiled_step_s", "compile_s"}; None: not measured
+    layout: LayoutChoice | None = None  # None: not measured (`fab bench --layouts`)
 
     def compile_cost(self):
         """The measured torch.compile figures as cluster.timemodel.CompileCost, or None."""
@@ -81,6 +118,7 @@ class Calibration:
         data["version"] = VERSION
         data["compute"] = {str(n): v for n, v in self.compute.items()}
         data["allreduce"] = {str(n): {d: asdict(f) for d, f in fits.items()} for n, fits in self.allreduce.items()}
+        data["layout"] = self.layout.to_mapping() if self.layout else None
         return data
 
     def to_json(self) -> str:
@@ -120,7 +158,8 @@ def from_mapping(data: dict, source: str = "") -> Calibration:
                            kind=str(data.get("kind", "")), backend=str(data.get("backend", "")),
                            cpu=str(data.get("cpu", "")), link=str(data.get("link") or ""),
                            created=str(data.get("created", "")), source=source,
-                           compile=_compile(data.get("compile"), source))
+                           compile=_compile(data.get("compile"), source),
+                           layout=_layout(data.get("layout"), source))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, CalibrationError):
             raise
@@ -134,6 +173,36 @@ def _compile(value, source: str) -> dict | None:
     if not isinstance(value, dict):
         raise CalibrationError(f"calibration {source}: compile is {value!r}; expected an object (rerun `fab bench`)")
     return {k: _positive(value.get(k), f"compile.{k}", source) for k in ("eager_step_s", "compiled_step_s", "compile_s")}
+
+
+def _layout(value, source: str) -> LayoutChoice | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("candidates"), dict) or not value["candidates"]:
+        raise CalibrationError(f"calibration {source}: layout is {value!r}; expected an object with candidates "
+                               "(rerun `fab bench --layouts`)")
+    step_s = {int(r): _positive((c or {}).get("step_s"), f"layout.candidates[{r}].step_s", source)
+              for r, c in value["candidates"].items()}
+    if min(step_s) < 1:
+        raise CalibrationError(f"calibration {source}: layout candidate {min(step_s)} ranks per node; expected 1 "
+                               "or more (rerun `fab bench --layouts`)")
+    return LayoutChoice(machine=str(value.get("machine", "")), nodes=int(_positive(value.get("nodes"), "layout.nodes",
+                                                                                   source)),
+                        batch=int(_positive(value.get("batch"), "layout.batch", source)), step_s=step_s,
+                        created=str(value.get("created", "")))
+
+
+def layout_for(cal: Calibration | None, machine: str) -> tuple[int | None, str]:
+    """(ranks per node measured fastest on `machine`, or None: the rule; the line that says which and why)."""
+    if cal is None or cal.layout is None:
+        return None, ""
+    lay = cal.layout
+    when = lay.created[:10] or "an unknown date"
+    if lay.machine != machine:
+        return None, (f"layout: the rule (one rank per socket): fab bench --layouts measured {lay.machine!r} on "
+                      f"{when}, not this node ({machine!r})")
+    return lay.ranks_per_node, (f"layout: {lay.ranks_per_node} rank(s) per node, measured fastest by fab bench on "
+                                f"{when} ({lay.summary()}; {cal.source or 'the calibration'})")
 
 
 def parse(text: str, source: str = "") -> Calibration:

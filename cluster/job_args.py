@@ -94,6 +94,31 @@ def compile_arguments(value: str | None, estimate=None) -> list[str]:
     return args
 
 
+def compile_choice(value: str | None, estimate=None, steps: int | None = None) -> tuple[list[str], str]:
+    """(the job's arguments, the line `fab train` prints) for `--compile` (None or "": auto) with the cluster's
+    measured `estimate` (cluster.timemodel.CompileCost, or None) and the run's steps when known (--max-steps)."""
+    from cluster.timemodel import compile_pays
+
+    given = value not in (None, "")
+    args = compile_arguments(value if given else DEFAULT_COMPILE, estimate)
+    choice = args[1]
+    if not given and estimate is None:
+        args = []  # the job's own default (auto, which without an estimate trains eager)
+    if choice != "auto":
+        return args, f"compile: {choice} (given: --compile {choice})"
+    if estimate is None:
+        return args, "compile: auto -> eager: no compile measurement for this cluster (`fab bench --compile` measures one)"
+    if steps:
+        return args, f"compile: auto -> {compile_pays(steps, estimate)[1]} (fab bench's measurement)"
+    saving = estimate.eager_step_s - estimate.compiled_step_s
+    if saving <= 0:
+        return args, (f"compile: auto -> eager: fab bench measured the compiled step {estimate.compiled_step_s:.3f} s, "
+                      f"no faster than eager {estimate.eager_step_s:.3f} s")
+    return args, (f"compile: auto -> compiled if the run has more than {math.floor(estimate.compile_s / saving)} "
+                  f"steps ({saving:.3f} s saved per step, {estimate.compile_s:.0f} s to compile, fab bench's "
+                  "measurement); the job counts its steps and decides")
+
+
 def _number(value: str | float) -> float:
     """`value` as a float; nan when it is no number (callers refuse nan with their own message)."""
     try:

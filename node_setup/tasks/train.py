@@ -17,6 +17,9 @@ says that was meant).
 
 `--launcher torchrun` starts one torchrun per node instead of mpirun (cluster/torchrun.py), elastic
 with `--min-nodes`; `--grad-comm` and `--ddp-bucket-mb` pass through to the job (cluster/job_args.py).
+`--compile` passes with the compile figures of the cluster's calibration (`fab bench --compile`), and
+without `--ranks-per-node` a layout `fab bench --layouts` measured on this node replaces the rule
+(node_setup/calibrations.py reads it; cluster/calibration.py's layout_for decides).
 
 Why this module is longer than the others (about 520 lines): it is the one task that meets two
 kinds of program and two launchers, and its options and their help take some 60 lines; every decision
@@ -37,10 +40,11 @@ from cluster import jobreport, jobsummary
 from cluster import worldcheck
 from cluster.inventory import Inventory, InventoryError
 from cluster.worldcheck import INDEPENDENT_OPTION
-from cluster.job_args import (GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError,
-                              synthetic_data, training_arguments)
+from cluster.calibration import layout_for
+from cluster.job_args import (COMPILE_CHOICES, GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS,
+                              JobArgsError, compile_choice, synthetic_data, training_arguments)
 from cluster.torchrun import DEFAULT_MAX_RESTARTS
-from cluster.jobplan import JobPlan, new_job_id, plan_job, shown
+from cluster.jobplan import JobPlan, machine_for, new_job_id, plan_job, shown
 from cluster.joblog import failure_report, first_failure
 from cluster.launch import DEFAULT_LAUNCHER, LAUNCHERS, LaunchError, env_pairs, job_dir
 from cluster.layout import LayoutError
@@ -49,6 +53,7 @@ from cluster.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDI
                              NOTICE_SIGNALS, RequirementsPlan, UserJobError, UserProgram, check_module,
                              conflicting_builtin_options, notice_signal, parse_requirements, script_in_workdir,
                              split_args)
+from node_setup import calibrations
 from node_setup.controller import project_version
 from node_setup.ssh import job as jobs
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
@@ -415,6 +420,8 @@ def _on_interrupt(conns, job_id: str) -> int:
     "grad-comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's --grad_comm; bf16 compresses "
                  "DDP's buckets)",
     "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default 25)",
+    "compile": f"torch.compile the model: {', '.join(COMPILE_CHOICES)} (default auto: compiled when the saving "
+               "`fab bench --compile` measured, over the run's steps, exceeds the compile time; the job's --compile)",
     "independent-ranks": "with --script/--module: the ranks are meant to run alone (no process group); without it a "
                          f"multi-rank job whose ranks never joined one exits {worldcheck.TRAINED_ALONE} (each rank "
                          "trained alone)",
@@ -431,9 +438,9 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
           checkpoint_uri="", max_steps=0, output_dir="", extra="", resume=False, ranks_per_node=0, threads=0,
           ccl_workers="", pin="", env="", synthetic_examples="", dry_run=False, script="", module="", args="",
           workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
-          launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", managed=False,
+          launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", compile="", managed=False,
           max_recoveries="", wait_for_capacity="", independent_ranks=False, allow_busy=False,
-          file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py
+          file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
         raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
@@ -465,7 +472,8 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                                           batch_size, max_steps, bf16 != "auto", checkpoint_minutes, checkpoint_uri,
                                           resume, synthetic_examples)))
         _own_program(inventory, job_id, layout, nodes=nodes, output_dir=output_dir, dry_run=dry_run,
-                     builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb},
+                     builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb,
+                                                       "compile": compile},
                      script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir,
                      requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb,
                      independent_ranks=independent_ranks, allow_busy=allow_busy)
@@ -477,6 +485,14 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                               batch_size=batch_size, bf16=bf16, checkpoint_minutes=checkpoint_minutes,
                               checkpoint_uri=checkpoint_uri, max_steps=max_steps, resume=resume, extra=extra,
                               grad_comm=grad_comm, ddp_bucket_mb=ddp_bucket_mb)
+        cal, cal_note = calibrations.for_cluster(inventory.name)
+        compile_args, compile_line = compile_choice(compile, cal.compile_cost() if cal else None,
+                                                    max_steps or None)
+        inputs.args += compile_args
+        layout_line = ""
+        if not layout["ranks_per_node"]:  # no --ranks-per-node: a measured layout, else the rule
+            measured, layout_line = layout_for(cal, machine_for(inventory, nodes or len(inventory.nodes))[0].name)
+            layout["ranks_per_node"] = measured
 
         def make_plan(out_dir: str | None) -> JobPlan:
             return plan_job(inventory, nodes=nodes or len(inventory.nodes), training_args=inputs.args, job_id=job_id,
@@ -488,6 +504,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
     warning = jobreport.spot_warning(plan.inventory, inputs.args)
     if warning:
         print(warning)
+    print("\n".join(line for line in (cal_note, layout_line, compile_line) if line))
 
     if dry_run:
         print(plan.describe())
