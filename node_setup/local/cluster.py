@@ -272,11 +272,12 @@ def _clear_node(node: NodeState, names: set[str]) -> None:
 
 
 def reclaim(paths: ClusterPaths, name: str, *, notice_seconds: float = DEFAULT_NOTICE_SECONDS,
-            rebalance: bool = False, progress: Progress = quiet, sleep: Callable[[float], None] = time.sleep,
-            clock: Callable[[], float] = time.time) -> NodeState:
+            rebalance: bool = False, silent: bool = False, progress: Progress = quiet,
+            sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> NodeState:
     """What EC2 does to a spot instance it takes back, on local node `name`.
 
-    `rebalance`: only a rebalance recommendation appears on the node's metadata service. Otherwise
+    `rebalance`: only a rebalance recommendation appears on the node's metadata service. `silent`: no
+    notice at all, the node goes down at once (a machine that fails). Otherwise
     the interruption notice appears (and stays); after `notice_seconds` every process in the
     node's namespace is killed and its link goes down, so its address stops answering.
     """
@@ -298,9 +299,13 @@ def reclaim(paths: ClusterPaths, name: str, *, notice_seconds: float = DEFAULT_N
         system.write_atomically(control / REBALANCE_FILE, rebalance_text(now))
         progress(f"  {name}: rebalance recommendation posted on its metadata service ({rebalance_text(now)})")
         return node
-    body = instance_action_text(now + notice_seconds)
-    system.write_atomically(control / INSTANCE_ACTION_FILE, body)
-    progress(f"  {name}: spot interruption notice posted on its metadata service: {body}")
+    if silent:  # a machine that fails: no notice, down at once
+        notice_seconds = 0
+        progress(f"  {name}: lost without a notice")
+    else:
+        body = instance_action_text(now + notice_seconds)
+        system.write_atomically(control / INSTANCE_ACTION_FILE, body)
+        progress(f"  {name}: spot interruption notice posted on its metadata service: {body}")
     if notice_seconds:
         progress(f"  {name}: taking it down in {notice_seconds:g} s")
         sleep(notice_seconds)
@@ -344,6 +349,10 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
         progress(f"no local cluster {paths.name!r} (no state at {paths.state_path}); nothing to remove")
         return False
     system.check_host()
+    from node_setup.local import keeper
+
+    if keeper.stop(paths):
+        progress("  stopped the group keeper")
     problems: list[str] = []
     namespaces = system.namespaces()
     for node in state.nodes:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 from dataclasses import replace
 from typing import Callable
 
+from cluster import supervision as sv
 from cluster.inventory import Inventory
 from cluster.profiles import get_profile, venv_dir
 from cluster.recovery import RECOVERIES_FILE, merge_recoveries
@@ -184,3 +186,80 @@ def newest_checkpoint(master, output_dir: str) -> tuple[int | None, float | None
         if step_text.isdigit() and when.isdigit() and (best[0] is None or int(step_text) > best[0]):
             best = (int(step_text), float(when))
     return best
+
+
+# ---------------------------------------------------------------- the run supervisor on the master
+
+
+def _run_dir(run_id: str) -> str:
+    return f"{sv.RUN_ROOT}/{sv.check_run_id(run_id)}"
+
+
+def start_supervisor(master, spec: dict, *, systemd: bool) -> str:
+    """Put the run's spec on the master and start its supervisor there, detached from this SSH session:
+    a transient systemd unit (`systemd`: a machine of its own), else `setsid nohup` (a local cluster's
+    node: a process inside its namespace). Returns the run directory (relative to the home)."""
+    from node_setup.ssh.job import write_remote_json
+
+    d = _run_dir(spec["run_id"])
+    qd = shlex.quote(d)
+    master.run(f"cd && mkdir -p {qd} && chmod 700 {shlex.quote(sv.RUN_ROOT)} {qd} && rm -f {qd}/{sv.STOP_FILE}",
+               hide=True, in_stream=False)
+    write_remote_json(master, f"{d}/{sv.SPEC_FILE}", spec)
+    python = shlex.quote(f"{venv_dir(get_profile(spec['inventory'].get('profile') or 'stock'))}/bin/python")
+    command = f"{python} -m {sv.SUPERVISOR_MODULE} run \"$HOME\"/{qd}"
+    if systemd:
+        unit = shlex.quote(f"{sv.SYSTEMD_UNIT_PREFIX}{spec['run_id']}")
+        start = (f"sudo systemd-run --quiet --unit {unit} --uid \"$(id -u)\" --gid \"$(id -g)\" "
+                 f"--setenv HOME=\"$HOME\" --working-directory \"$HOME\" "
+                 f"/bin/sh -c {shlex.quote(f'exec {command} >> {d}/{sv.LOG_FILE} 2>&1')}")
+    else:
+        start = f"(setsid nohup {command} </dev/null >> {qd}/{sv.LOG_FILE} 2>&1 &)"
+    master.run(f"cd && ln -sfn {shlex.quote(spec['run_id'])} {shlex.quote(sv.CURRENT_LINK)} && {start}",
+               hide=True, in_stream=False)
+    return d
+
+
+def supervised_state(master, run_id: str | None = None) -> dict | None:
+    """The state file of the given (or newest) supervised run on the master; None when there is none."""
+    from node_setup.ssh.job import read_remote_file
+
+    d = _run_dir(run_id) if run_id else sv.CURRENT_LINK
+    text = read_remote_file(master, f"{d}/{sv.STATE_FILE}")
+    try:
+        state = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def supervisor_running(master, state: dict) -> bool:
+    pid = state.get("pid")
+    if not isinstance(pid, int):
+        return False
+    result = master.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null", hide=True, warn=True, in_stream=False)
+    return sv.SUPERVISOR_MODULE in result.stdout and str(state.get("run")) in result.stdout
+
+
+def follow_supervisor(master, run_id: str, pid: int, out=sys.stdout) -> None:
+    """Stream the supervisor's log until it ends (KeyboardInterrupt propagates: the caller detaches)."""
+    d = shlex.quote(f"{_run_dir(run_id)}/{sv.LOG_FILE}")
+    promise = master.run(f"cd && exec tail -c +1 -F --pid={int(pid)} {d} 2>/dev/null", out_stream=out,
+                         err_stream=out, hide=False, warn=True, pty=False, in_stream=False, asynchronous=True)
+    runner = promise.runner
+    try:
+        while not (runner.process_is_finished or runner.has_dead_threads):
+            time.sleep(0.2)
+        promise.join()
+    except KeyboardInterrupt:
+        master.close()
+        raise
+
+
+def request_stop(master) -> str | None:
+    """Ask the newest supervised run's supervisor to stop (before `fab stop` ends the job): its run id, or None."""
+    state = supervised_state(master)
+    if not state or state.get("status") in sv.FINAL:
+        return None
+    master.run(f"cd && touch {shlex.quote(sv.CURRENT_LINK)}/{sv.STOP_FILE}", hide=True, warn=True, in_stream=False)
+    return str(state.get("run"))

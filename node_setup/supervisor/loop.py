@@ -36,6 +36,7 @@ from cluster.supervision import Member
 INTERRUPTED = 75  # training/exit_codes.py's INTERRUPTED_BY_RECLAIM
 NOT_RECOVERED = (2, 130)  # bad input, Ctrl-C: the user's ends, not the cluster's
 JOB_END_GRACE_S = 180.0  # after a worker's notice: how long the job may take to checkpoint and end
+ENDED_BY_SUPERVISOR = 137  # the record's exit code when the supervisor stopped a job that hung (SIGKILL's)
 CONFIRM_S = 120.0  # after a job's end: how long a silent worker's loss may wait for its instance's state
 
 
@@ -200,7 +201,7 @@ class Supervisor:
                 return outcome
             if self.clock() >= deadline:
                 self.job.stop(self.job_id)
-                return INTERRUPTED
+                return ENDED_BY_SUPERVISOR
             self.sleep(self.spec.poll_s)
 
     # ------------------------------------------------------------ recovering
@@ -211,7 +212,12 @@ class Supervisor:
             return self._final(sv.FAILED, f"--max-recoveries {self.spec.options.max_recoveries} reached: not "
                                           "recovering again; `fab train --managed --resume` continues the run")
         names = [x.name for x in lost]
-        cause = sv.NOTICE if any(x.cause == sv.NOTICE for x in lost) else (sv.SILENT if lost else "interrupted")
+        # a job that ended 75 checkpointed at a notice: its lost nodes were reclaimed, even when they went
+        # before a probe read their notice
+        noticed = any(x.cause == sv.NOTICE for x in lost) or (code == INTERRUPTED and bool(lost))
+        for x in lost:
+            x.cause = sv.NOTICE if noticed else x.cause
+        cause = sv.NOTICE if noticed else (sv.SILENT if lost else "interrupted")
         self.say(f"job {self.job_id} ended with exit code {code}; lost: "
                  + (", ".join(f"{x.name} ({x.cause})" for x in lost) or "none"))
         self._state(sv.RECOVERING, f"lost {', '.join(names) or 'none'}")

@@ -30,19 +30,27 @@ def _name_flag(name: str) -> str:
                  f"{local_state.LINK_MBIT_RANGE[1]:g}; default 0: not limited), e.g. to make the cluster "
                  "communication-bound",
     "link_delay_ms": "with --link-mbit: also delay each node's packets by D ms (netem)",
+    "keeper_delay": "start the group keeper: a node that goes down comes back as a new machine after S seconds, "
+                    "as an Auto Scaling group replaces a worker (0, the default: no keeper)",
 })
 def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhouse=local_state.DEFAULT_WHEELHOUSE,
-             link_mbit=0.0, link_delay_ms=0.0):
+             link_mbit=0.0, link_delay_ms=0.0, keeper_delay=0.0):
     """Start N local nodes (own network namespace, hostname, /root, sshd and metadata service each); Linux, root.
 
     Run again on a cluster with nodes down (`fab local-reclaim`) or missing, it brings them back as
     new machines and leaves the running ones alone.
     """
+    from node_setup.local import keeper
+
     try:
+        delay = keeper.validate_delay(keeper_delay)
         state = local_cluster.create(nodes, name, replace=replace, wheelhouse=wheelhouse or None, progress=_progress,
                                      link_mbit=link_mbit, link_delay_ms=link_delay_ms)
     except local_state.LocalClusterError as exc:
         raise fail(str(exc)) from None
+    if delay:
+        pid = keeper.start(local_state.paths_for(name), delay)
+        _progress(f"group keeper (pid {pid}): a node that goes down comes back as a new machine after {delay:g} s")
     target = _target(name)
     print("\nnodes: " + ", ".join(f"{n.name} {n.address}" for n in state.nodes))
     print(f"controller key: {state.key_path}")
@@ -85,8 +93,10 @@ def _cluster_name(cluster: str) -> str:
               f"{local_state.NOTICE_SECONDS_MAX}; default {local_state.DEFAULT_NOTICE_SECONDS}, as on EC2)",
     "rebalance": "post only a rebalance recommendation; the node stays up",
     "cluster": "local (default) or local:NAME",
+    "silent": "no notice at all: the node goes down at once, as a machine that fails",
 })
-def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), rebalance=False, cluster="local"):
+def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), rebalance=False, cluster="local",
+                  silent=False):
     """Rehearse a spot reclaim: a notice on NODE's metadata service, then the node goes down as on EC2."""
     if node.startswith("-"):  # `fab local-reclaim --help` hands "--help" over as the node
         raise fail(f"node: {node!r} is an option, not a node; allowed: a node as local-up named it (node0 is the "
@@ -103,7 +113,8 @@ def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), reb
     except local_state.LocalClusterError as exc:
         raise fail(str(exc)) from None
     try:
-        local_cluster.reclaim(paths, node, notice_seconds=notice, rebalance=rebalance, progress=_progress)
+        local_cluster.reclaim(paths, node, notice_seconds=notice, rebalance=rebalance, silent=silent,
+                              progress=_progress)
     except local_state.LocalClusterError as exc:
         raise fail(str(exc), code=1) from None
     if not rebalance:

@@ -57,7 +57,10 @@ MANAGED_HELP = {
                  "checkpoint)",
     "wait-for-capacity": f"with --managed: how long to wait for replacement nodes, e.g. 90s, 10m, 1h (default "
                          f"{rc.DEFAULT_WAIT_FOR_CAPACITY}; 0: do not ask, resume on the survivors at once)",
+    "detach": "with --managed: return as soon as the run has started on the master (its supervisor goes on; "
+              "`fab status`, `fab logs --follow`, `fab stop` reach it from any controller)",
 }
+START_WAIT_S = 300.0  # how long fab waits for the supervisor to start the run's first job
 
 
 def say(line: str) -> None:
@@ -85,7 +88,79 @@ def options(*, managed: bool, inventory: Inventory, nodes: int, launcher: str, o
         raise fail(str(exc)) from None
 
 
-# ---------------------------------------------------------------- one run
+# ---------------------------------------------------------------- the run handed to the master
+
+
+def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, layout: dict) -> dict:
+    """What the supervisor on the master needs (node_setup/supervisor/onmaster.py reads and checks it)."""
+    from cluster import supervision as sv
+
+    spec = {
+        "run_id": sv.check_run_id(plan.job_id), "kind": inventory.kind, "region": inventory.region,
+        "inventory": plan.inventory.to_mapping(),
+        "instance_ids": {n.name: n.instance_id for n in plan.inventory.nodes if n.instance_id},
+        "training_args": list(inputs.args), "prepare": list(inputs.prepare), "layout": dict(layout),
+        "output_dir": plan.output_dir, "max_recoveries": opts.max_recoveries, "min_nodes": opts.min_nodes,
+        "wait_seconds": opts.wait_seconds, "poll_seconds": 5, "resume": "--resume" in inputs.args,
+    }
+    if inventory.kind == "local":
+        from node_setup.local.state import load_state, paths_for
+
+        state = load_state(paths_for(inventory.name))
+        spec["local_data_dir"] = state.data_dir if state else ""
+    return spec
+
+
+def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, conns, layout: dict,
+             detach: bool) -> int:
+    """`fab train --managed`: the nodes' SSH distributed, the run handed to its supervisor on the master,
+    then its log followed (Ctrl-C detaches) or, with `detach`, fab's return once the first job started."""
+    from cluster import supervision as sv
+    from node_setup.tasks import train
+
+    master = conns[plan.inventory.master.name]
+    train._distribute(plan.inventory, conns)  # the master reaches every node with the cluster key
+    if inputs.uploads:
+        train._upload(conns, inputs.uploads)
+    spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout)
+    nodes.start_supervisor(master, spec, systemd=inventory.kind == "aws")
+    say(f"run {plan.job_id} handed to its supervisor on the master {plan.inventory.master.name}: "
+        + opts.describe().replace("fab stays attached and recovers", "it recovers"))
+    if inventory.kind == "aws" and plan.inventory.master.spot:
+        say("the master is a spot instance: it is the run's single point of failure (a reclaimed master ends the "
+            "run; `fab train --managed --resume` continues it once it is back)")
+    deadline = time.time() + START_WAIT_S
+    state = None
+    while time.time() < deadline:
+        state = nodes.supervised_state(master, plan.job_id)
+        if state and (state.get("job") or state.get("status") in sv.FINAL):
+            break
+        time.sleep(0.5)
+    if not state:
+        raise fail(f"the supervisor did not start on {plan.inventory.master.name}; see "
+                   f"~/{sv.RUN_ROOT}/{plan.job_id}/{sv.LOG_FILE} there", UNREACHABLE)
+    say(sv.status_line(state))
+    if detach or state.get("status") in sv.FINAL:
+        say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
+        return 0 if state.get("status") not in (sv.FAILED,) else 1
+    return follow_run(master, plan.job_id, int(state.get("pid") or 0))
+
+
+def follow_run(master, run_id: str, pid: int) -> int:
+    """Follow the supervisor's log until the run ends: its final state as fab's exit code."""
+    from cluster import supervision as sv
+
+    try:
+        nodes.follow_supervisor(master, run_id, pid)
+    except KeyboardInterrupt:
+        print(f"\ndetached; run {run_id} goes on under its supervisor on the master: `fab logs --follow` "
+              "reattaches, `fab status` shows it, `fab stop` ends it", flush=True)
+        return CTRL_C
+    state = nodes.supervised_state(master, run_id) or {}
+    return {sv.COMPLETED: 0, sv.STOPPED: STOPPED, sv.MASTER_LOST: INTERRUPTED_BY_RECLAIM}.get(state.get("status"), 1)
+
+
+# ---------------------------------------------------------------- one run (the controller-side loop)
 
 
 def _run(inventory: Inventory, plan: JobPlan, inputs, conns) -> int:

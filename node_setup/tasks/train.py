@@ -440,7 +440,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
           workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
           launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", compile="", managed=False,
           max_recoveries="", wait_for_capacity="", independent_ranks=False, allow_busy=False,
-          file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
+          detach=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
         raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
@@ -525,8 +525,8 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
             plan = make_plan(previous)
             print(f"resuming in {previous} (the newest job's output directory)")
     if supervision:
-        raise Exit(code=managed_run.supervise(supervision, cluster=cluster, region=region, inventory=inventory,
-                                              plan=plan, inputs=inputs, conns=conns, layout=layout))
+        raise Exit(code=managed_run.hand_off(supervision, inventory=inventory, plan=plan, inputs=inputs, conns=conns,
+                                             layout=layout, detach=detach))
     raise Exit(code=_launch(inventory, plan, inputs=inputs, conns=conns, allow_busy=allow_busy))
 
 

@@ -303,3 +303,10 @@ def test_key_verdict_waits_while_time_is_left(presented, console, outcome):
     key = new_key() if presented else None
     assert sv.host_key_verdict(member, key, console, waited_s=1).outcome == outcome
     assert sv.host_key_verdict(member, key, console, waited_s=sv.CONSOLE_WAIT_S).outcome == "refused"
+
+
+def test_a_job_that_ended_75_lost_its_node_to_a_notice_even_when_no_probe_read_it():
+    fake = FakeCluster([(1, silent("node2")), (1, gone("node2")), (60, replaced("node2"))])
+    fake.next_job_ends = [(2.0, 75), (100.0, 0)]  # the node went before the first probe
+    assert supervise(fake) == sv.COMPLETED
+    assert fake.finished[0]["cause"] == sv.NOTICE

@@ -1,0 +1,157 @@
+"""The local cluster's group keeper: what an Auto Scaling group does for AWS workers, on the host.
+
+`fab local-up --keeper-delay S` starts it detached (`python -m node_setup.local.keeper NAME S`, its
+pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every POLL_S it
+
+- writes the group's record, GROUP_FILE in the cluster's data directory (which every node shares
+  with the host): each slot's machine (name, address, instance id) and its state, `running` or
+  `terminated` once the node is down (reclaimed with or without a notice). The supervisor on the
+  master reads it as it reads the AWS group and EC2's instance states (node_setup/supervisor/groups.py);
+- brings a node that has been down for S seconds back as a new machine, exactly as `fab local-up`
+  does (new host key, instance id and empty /root, the same software through the shared venv; its
+  console file shows the new key), and authorizes the cluster key there as the image's start-up would,
+  so the master can reach it once it has verified its host key from its console.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from cluster.inventory import Node
+from cluster.render import RenderError, authorized_key_line
+from node_setup.controller import config_root
+from node_setup.local import state as local_state
+
+GROUP_FILE = "group.json"  # node_setup/supervisor/groups.py reads it
+KEEPER_PID_FILE = "keeper.pid"  # in the cluster's config directory
+POLL_S = 1.0
+MAX_DELAY_S = 3600.0
+
+
+def validate_delay(value) -> float:
+    try:
+        delay = float(value)
+    except (TypeError, ValueError):
+        delay = -1.0
+    if not 0 <= delay <= MAX_DELAY_S:
+        raise local_state.LocalClusterError(f"--keeper-delay: {value!r} is not allowed; allowed: seconds from 0 "
+                                            f"to {MAX_DELAY_S:g} before a lost node comes back (0: no keeper)")
+    return delay
+
+
+def group_record(state: local_state.ClusterState, up: dict[str, bool]) -> dict:
+    return {"cluster": state.name, "desired": len(state.nodes), "members": [
+        {"name": n.name, "address": n.address, "instance_id": n.instance_id,
+         "state": "running" if up.get(n.name) else "terminated"} for n in state.nodes]}
+
+
+def write_group(state: local_state.ClusterState, up: dict[str, bool]) -> None:
+    path = Path(state.data_dir) / GROUP_FILE
+    partial = path.with_name(path.name + ".xc-new")
+    partial.write_text(json.dumps(group_record(state, up), indent=2) + "\n")
+    partial.chmod(0o644)
+    os.replace(partial, path)
+
+
+def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.NodeState) -> None:
+    """The cluster key's authorized_keys line on a new machine (what the image's start-up does on AWS)."""
+    public = config_root() / "keys" / state.name / "id_ed25519.pub"
+    if not public.exists():
+        return
+    nodes = [Node(n.name, n.address, n.address, i) for i, n in enumerate(state.nodes)]
+    try:
+        line = authorized_key_line(public.read_text().strip(), nodes)
+    except RenderError:
+        return
+    with open(Path(node.dir) / "root" / ".ssh" / "authorized_keys", "a") as keys:
+        keys.write(line + "\n")
+
+
+def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -> None:
+    """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone)."""
+    from node_setup.local import cluster as local_cluster
+
+    paths = local_state.paths_for(name)
+    down_since: dict[str, float] = {}
+    done = 0
+    while polls is None or done < polls:
+        done += 1
+        state = local_state.load_state(paths)
+        if state is None:
+            return
+        names = local_cluster.system.namespaces()
+        up = {n.name: local_cluster.node_up(n, names) for n in state.nodes}
+        write_group(state, up)
+        now = time.time()
+        for n in state.nodes:
+            if up[n.name]:
+                down_since.pop(n.name, None)
+            else:
+                down_since.setdefault(n.name, now)
+        due = [n for n, since in down_since.items() if now - since >= delay]
+        if due:
+            progress(f"keeper: {', '.join(due)} down for {delay:g} s; bringing back as new machine(s)")
+            try:
+                wheelhouse = (yaml.safe_load(paths.inventory_path.read_text()) or {}).get("wheelhouse")
+                after = local_cluster.create(len(state.nodes), name, wheelhouse=wheelhouse, progress=progress)
+            except local_state.LocalClusterError as exc:
+                progress(f"keeper: could not bring them back: {exc}")
+                after = None
+            if after is not None:
+                for node in after.nodes:
+                    if node.name in due:
+                        _authorize_cluster_key(after, node)
+                for n in due:
+                    down_since.pop(n, None)
+                write_group(after, {n.name: True for n in after.nodes})
+        time.sleep(POLL_S)
+
+
+def start(paths: local_state.ClusterPaths, delay: float) -> int:
+    """Start the keeper detached from this process (its own session; its log beside the state file)."""
+    import subprocess
+
+    from node_setup.controller import PROJECT_ROOT
+
+    stop(paths)
+    with open(paths.cluster_dir / "keeper.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "node_setup.local.keeper", paths.name, f"{delay:g}"],
+                                   cwd=str(PROJECT_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   start_new_session=True)
+    (paths.cluster_dir / KEEPER_PID_FILE).write_text(f"{process.pid}\n")
+    return process.pid
+
+
+def stop(paths: local_state.ClusterPaths) -> int | None:
+    """End the cluster's keeper by its recorded pid (only when that process is this cluster's keeper)."""
+    import signal
+
+    pid_file = paths.cluster_dir / KEEPER_PID_FILE
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        pid_file.unlink(missing_ok=True)
+        return None
+    pid_file.unlink(missing_ok=True)
+    if b"node_setup.local.keeper" in cmdline and paths.name.encode() in cmdline:
+        os.kill(pid, signal.SIGTERM)
+        return pid
+    return None
+
+
+def main(argv: list[str]) -> int:
+    name, delay = argv[0], validate_delay(argv[1])
+    local_state.validate_name(name)
+    keep(name, delay, progress=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
