@@ -195,7 +195,7 @@ def _checked_batch(o: PlanOptions, cal: Calibration | None) -> int:
     if not (o.epochs > 0 and _finite(o.epochs)):
         raise ValueError(f"--epochs: {o.epochs!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
     batch = o.batch if o.batch is not None else (cal.batch if cal else 32)
-    for name, value in (("batch", batch), ("flows-per-rank", o.flows_per_rank)):
+    for name, value in (("batch-size", batch), ("flows-per-rank", o.flows_per_rank)):
         if not (value >= 1 and _finite(value)):
             raise ValueError(f"--{name}: {value!r} is not allowed; give 1 or more")
     for name, value in (("samples", o.samples), ("ranks-per-node", o.ranks_per_node)):

@@ -61,6 +61,8 @@ def _value(key: str, value: Any, kind: type, where: str) -> Any:
         if isinstance(value, (int, float)):  # `epochs: 3` for a text option, as `--epochs 3` would be
             return str(value)
         raise wrong
+    if callable(kind) and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)  # a kind of the caller's own (a duration): it reads the text, as from the command line
     raise JobFileError(f"{where}: {key}: the option's kind {allowed} cannot be read from a job file")
 
 

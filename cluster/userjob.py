@@ -62,7 +62,7 @@ REQUIREMENTS_MARKER_DIR = ".xeon-cluster-requirements"  # inside the node's venv
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 # Options of the built-in job (python -m training) that mean nothing to the user's program.
 BUILTIN_ONLY = ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs",
-                "batch-size", "max-steps", "bf16", "checkpoint-minutes", "checkpoint-uri", "resume",
+                "batch-size", "max-steps", "bf16", "checkpoint-every", "checkpoint-uri", "resume",
                 "synthetic-examples")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _DIGEST = re.compile(r"[0-9a-f]{64}\Z")

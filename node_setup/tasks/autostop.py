@@ -15,25 +15,26 @@ from __future__ import annotations
 from cluster import autostop
 from node_setup.ssh.fanout import outcome_table
 from node_setup.tasks import common
-from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, fail, task
+from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, duration, fail, task
 
 
 @task(help={
     "idle": f"power off after this long without a job or fab exec: 30m, 2h, 90s, 1h30m (default "
             f"{autostop.DEFAULT_IDLE}, as the stack's autoStopIdle)",
-    "poll": f"seconds between the service's checks (default {autostop.DEFAULT_POLL_S})",
+    "poll": f"time between the service's checks, e.g. 30s (default {autostop.DEFAULT_POLL_S}s)",
     "cancel": "disarm it: the cluster stays up",
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
-})
-def autostop_(c, idle=autostop.DEFAULT_IDLE, poll=str(autostop.DEFAULT_POLL_S), cancel=False, cluster="", region=""):
+}, kinds={"idle": duration, "poll": duration})
+def autostop_(c, idle=autostop.idle_seconds(autostop.DEFAULT_IDLE), poll=float(autostop.DEFAULT_POLL_S), cancel=False,
+              cluster="", region=""):
     """Arm (or --cancel) the master's idle auto-stop: every node powers off after --idle without activity."""
     from node_setup.ssh import autostop as remote
     from node_setup.ssh.distribute import DistributionError, distribute
 
     try:
-        idle_s = autostop.idle_seconds(idle, "--idle")
-        poll_s = autostop.poll_seconds(poll, "--poll")
+        idle_s = autostop.idle_seconds(f"{idle:g}s", "--idle")
+        poll_s = autostop.poll_seconds(f"{poll:g}s", "--poll")
     except autostop.AutostopError as exc:
         raise fail(str(exc)) from None
     inventory = common.inventory(cluster, region)

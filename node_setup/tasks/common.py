@@ -39,6 +39,64 @@ REGION_HELP = "AWS region to look for the cluster in (default: AWS_REGION / your
 JOB_HELP = "job id (default: the newest job)"
 
 SHORT_FLAGS = {"cluster": "c", "nodes": "n", "output": "o", "file": "f"}
+# Counts are 1 or more; these also take 0, which means something (no CCL workers, no restarts, report and stop).
+ZERO_ALLOWED = frozenset({"ccl-workers", "max-restarts", "max-recoveries"})
+
+
+class Unset:
+    """The default of an option whose absence means something (`--nodes` left out: all nodes; `--epochs`
+    left out: the job's own default): falsy, never a valid value, and it carries the option's kind, so an
+    int option stays an int option (invoke takes a kind from its default and has none for None).
+    `given(value)` tells a value from it."""
+
+    def __init__(self, kind: Any, default: str = "") -> None:
+        self.kind = kind
+        self.default = default  # what leaving the option out means, for the refusal line of a 0
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+def given(value: Any) -> bool:
+    """Whether an option's value was given (on the command line or in a job file), not its Unset default."""
+    return not isinstance(value, Unset)
+
+
+class _DurationKind:
+    """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/timemodel.py's one
+    parser); a bare number is refused with a line that says to add a unit. `off`: also `off` or 0 -> 0.0."""
+
+    def __init__(self, name: str, off: bool) -> None:
+        self.__name__ = name
+        self.off = off
+
+    def __call__(self, text: Any, setting: str = "duration") -> float:
+        from cluster.timemodel import parse_duration
+
+        raw = str(text).strip().lower()
+        if self.off and raw in ("off", "0", "0s", "0m", "0h"):
+            return 0.0
+        try:
+            return parse_duration(raw, setting, bare_seconds=False)
+        except ValueError as exc:
+            raise ValueError(f"{exc}{' (or off)' if self.off else ''}") from None
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def __copy__(self) -> "_DurationKind":
+        return self  # one of two kinds, compared by identity (invoke deep-copies its parser contexts)
+
+    def __deepcopy__(self, memo: dict) -> "_DurationKind":
+        return self
+
+
+duration = _DurationKind("duration", off=False)
+duration_or_off = _DurationKind("duration_or_off", off=True)
+DURATION_KINDS = (duration, duration_or_off)
 _NUMBER_WORDS = {int: "a whole number", float: "a number"}
 
 
@@ -47,14 +105,28 @@ def fail(message: str, code: int = BAD_INPUT) -> Exit:
     return Exit(f"error: {message}", code=code)
 
 
-class _CheckedArgument(Argument):
-    """An int or float option whose bad value ends the run with one line and exit 2 (not a traceback)."""
+class CheckedArgument(Argument):
+    """An int, float or duration option whose bad value ends the run with one line and exit 2 (not a
+    traceback); a count (int) is 1 or more (0 too for ZERO_ALLOWED)."""
 
     def set_value(self, value: Any, cast: bool = True) -> None:
+        option = self.names[0]
+        if cast and self.kind in DURATION_KINDS:
+            try:
+                value = self.kind(value, f"--{option}")
+            except ValueError as exc:
+                raise fail(str(exc)) from None
+            cast = False
         try:
             super().set_value(value, cast)
         except (TypeError, ValueError):
-            raise fail(f"--{self.names[0]}: {value!r} is not {_NUMBER_WORDS[self.kind]}") from None
+            raise fail(f"--{option}: {value!r} is not {_NUMBER_WORDS[self.kind]}") from None
+        if self.kind is int and cast:
+            least = 0 if option in ZERO_ALLOWED else 1
+            if self.value < least:
+                unset = self.default.default if isinstance(self.default, Unset) and self.default.default else ""
+                tail = f" (leave --{option} out for the default: {unset})" if unset and self.value == 0 else ""
+                raise fail(f"--{option}: {self.value} is not allowed; give {least} or more{tail}")
 
 
 class XcTask(Task):
@@ -62,21 +134,38 @@ class XcTask(Task):
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         opts = super().arg_opts(name, default, taken_names)
+        if isinstance(default, Unset):
+            opts["kind"] = default.kind
+        elif name in getattr(self, "kinds", {}):
+            opts["kind"] = self.kinds[name]
         short = SHORT_FLAGS.get(name)
         if short and short not in taken_names:
             opts["names"] = [*opts["names"], short]
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
-        return [_CheckedArgument(names=a.names, kind=a.kind, default=a.default, help=a.help, positional=a.positional,
+        saved = dict(self.help)  # invoke pops each help text as it uses it: a second call would have none
+        try:
+            arguments = super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = saved
+        return [CheckedArgument(names=a.names, kind=a.kind, default=a.default, help=a.help, positional=a.positional,
                                  optional=a.optional, incrementable=a.incrementable, attr_name=a.attr_name)
-                if a.kind in _NUMBER_WORDS else a
-                for a in super().get_arguments(ignore_unknown_help)]
+                if a.kind in _NUMBER_WORDS or a.kind in DURATION_KINDS else a
+                for a in arguments]
 
 
-def task(*, help: dict[str, str]) -> Callable:  # noqa: A002 - invoke's own keyword
-    """Define a `fab` task: `@task(help={"option": "what it does", ...})`."""
-    return invoke_task(klass=XcTask, auto_shortflags=False, help=help)
+def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None) -> Callable:  # noqa: A002 - invoke's
+    """Define a `fab` task: `@task(help={"option": "what it does", ...})`; `kinds` names the options whose
+    kind is not their default's type (`kinds={"idle": duration}` with `idle=1800.0`: seconds)."""
+    make = invoke_task(klass=XcTask, auto_shortflags=False, help=help)
+
+    def define(body: Callable) -> XcTask:
+        made = make(body)
+        made.kinds = {name.replace("-", "_"): kind for name, kind in (kinds or {}).items()}
+        return made
+
+    return define
 
 
 def whole_number(option: str, value: Any, *, minimum: int | None = None, unset: Any = ("", None)) -> int | None:

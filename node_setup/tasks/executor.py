@@ -22,7 +22,7 @@ from pathlib import Path
 from fabric.executor import Executor as FabricExecutor
 from invoke.parser import ParserContext
 
-from node_setup.tasks.common import UNREACHABLE, fail
+from node_setup.tasks.common import UNREACHABLE, CheckedArgument, fail
 
 EXTRA_OPTION = "extra"
 FILE_OPTION = "file"  # a task's option naming its job file (fab train -f job.yaml)
@@ -50,12 +50,17 @@ def job_file_kwargs(context: ParserContext, task) -> dict:
         raise fail(f"--{FILE_OPTION}: {path!r} is not YAML{at}; allowed: a mapping such as `nodes: 4`") from None
     options = {name: jobfile.Option(a.kind, a.default) for name, a in arguments.items()}
     try:
-        return jobfile.resolve(options, data, given=given, folder=str(file.resolve().parent), where=path,
-                               paths=getattr(task, "job_file_paths", ()),
-                               maybe_paths=getattr(task, "job_file_maybe_paths", ()),
-                               exists=lambda p: Path(p).expanduser().is_file(), refused=(FILE_OPTION,))
+        resolved = jobfile.resolve(options, data, given=given, folder=str(file.resolve().parent), where=path,
+                                   paths=getattr(task, "job_file_paths", ()),
+                                   maybe_paths=getattr(task, "job_file_maybe_paths", ()),
+                                   exists=lambda p: Path(p).expanduser().is_file(), refused=(FILE_OPTION,))
     except jobfile.JobFileError as exc:
         raise fail(str(exc)) from None
+    for name, value in resolved.items():  # the command line's checks: a count's range, a duration's unit
+        if isinstance(arguments[name], CheckedArgument):
+            arguments[name].set_value(value)
+            resolved[name] = arguments[name].value
+    return resolved
 
 
 class Executor(FabricExecutor):

@@ -19,7 +19,7 @@ from cluster.launch import LaunchError, env_pairs
 from cluster.layout import LayoutError
 from cluster.profiles import PROFILES, get_profile, venv_dir
 from cluster.torchrun import DEFAULT_MAX_RESTARTS, TorchrunError
-from node_setup.tasks.common import fail, task, whole_number
+from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
 
 
 @task(help={
@@ -35,9 +35,9 @@ from node_setup.tasks.common import fail, task, whole_number
     "pvc": f"PersistentVolumeClaim mounted at {k8s.WORK_MOUNT} in every pod: data, caches, checkpoints "
            "(ReadWriteMany, so every pod sees rank 0's checkpoints); default an emptyDir, lost with the pod",
     "min-nodes": "elastic: train on as few as M pods (torchrun's M:N range, the operator's elasticPolicy)",
-    "max-restarts": f"elastic: torchrun's restarts of the ranks on membership changes (default {DEFAULT_MAX_RESTARTS})",
-    "restart-limit": f"container restarts in the whole job before it fails (runPolicy.backoffLimit; default "
-                     f"{k8s.DEFAULT_RESTART_LIMIT})",
+    "max-restarts": f"restarts before the job fails: the container restarts of the whole job (runPolicy.backoffLimit, "
+                    f"default {k8s.DEFAULT_RESTART_LIMIT}) and, elastic, torchrun's restarts of the ranks "
+                    f"(default {DEFAULT_MAX_RESTARTS})",
     "output": "write the manifest to this file (default: stdout)",
     "task": "training task: qa or classification (training default qa)",
     "model": "model id, or a directory relative to the volume (--model_name_or_path)",
@@ -45,10 +45,10 @@ from node_setup.tasks.common import fail, task, whole_number
     "dataset-config": "hub dataset configuration (e.g. mrpc)",
     "train-file": f"training data (.json/.jsonl), a path relative to {k8s.WORK_MOUNT}",
     "validation-file": "evaluation data, like --train-file",
-    "epochs": "number of training epochs (--num_train_epochs)",
+    "epochs": "number of training epochs, a whole number (--num_train_epochs; for part of one: --max-steps)",
     "batch-size": "batch size per rank (--per_device_train_batch_size)",
     "bf16": "auto (on when the CPU has AMX/AVX512-BF16), on or off",
-    "checkpoint-minutes": "save a checkpoint every N minutes (0: only at the end)",
+    "checkpoint-every": "save a checkpoint this often, e.g. 30m or 1h (off: only at the end)",
     "checkpoint-uri": "s3://bucket/prefix every checkpoint is uploaded to (and a restarted pod resumes from)",
     "max-steps": "stop after N optimizer steps",
     "extra": "more `python -m training` arguments, verbatim, e.g. --extra '--learning_rate 3e-5' "
@@ -60,11 +60,13 @@ from node_setup.tasks.common import fail, task, whole_number
            "never a secret; a name with KEY, SECRET, TOKEN or PASSWORD, or an AWS key id, gets a warning)",
     "synthetic-examples": "train the offline demo (a tiny model and data every pod makes first) with N examples",
 })
-def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores=0, profile="stock",
-            name=k8s.DEFAULT_NAME, namespace=k8s.DEFAULT_NAMESPACE, pvc="", min_nodes=0, max_restarts="",
-            restart_limit="", output="", task="", model="", dataset="", dataset_config="", train_file="",
-            validation_file="", epochs="", batch_size=0, bf16="auto", checkpoint_minutes="", checkpoint_uri="",
-            max_steps=0, extra="", ranks_per_node=0, threads=0, ccl_workers="", env="", synthetic_examples=""):
+def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores=Unset(int, "all but the kubelet's"),
+            profile="stock", name=k8s.DEFAULT_NAME, namespace=k8s.DEFAULT_NAMESPACE, pvc="", min_nodes=Unset(int),
+            max_restarts=Unset(int), output="", task="", model="", dataset="", dataset_config="", train_file="",
+            validation_file="", epochs=Unset(int, "the job's"), batch_size=Unset(int, "the job's"), bf16="auto",
+            checkpoint_every=Unset(duration_or_off), checkpoint_uri="", max_steps=Unset(int), extra="",
+            ranks_per_node=Unset(int, "one per socket"), threads=Unset(int, "the rank's cores"), ccl_workers=Unset(int),
+            env="", synthetic_examples=Unset(int)):
     """Write a Kubeflow PyTorchJob (torchrun in every pod) for the training job; connects to nothing."""
     from node_setup import kubeflow
 
@@ -72,7 +74,9 @@ def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores
         raise fail(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
-    examples = whole_number("synthetic-examples", synthetic_examples, minimum=1)
+    from node_setup.tasks.train import checkpoint_minutes
+
+    examples = synthetic_examples if given(synthetic_examples) else None
     try:
         demo = None
         if examples is not None:
@@ -83,15 +87,16 @@ def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores
             options.update(demo.options)
             epochs, batch_size = epochs or SYNTHETIC_EPOCHS, batch_size or SYNTHETIC_BATCH_SIZE
             extra = f"{demo.recommended} {extra}".strip()
-        args = training_arguments(**options, epochs=epochs, batch_size=batch_size or None, bf16=bf16,
-                                  checkpoint_minutes=checkpoint_minutes, checkpoint_uri=checkpoint_uri,
+        args = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None, bf16=bf16,
+                                  checkpoint_minutes=checkpoint_minutes(checkpoint_every), checkpoint_uri=checkpoint_uri,
                                   max_steps=max_steps or None, extra=extra)
         plan = k8s.plan_pytorchjob(
             image=image, nodes=nodes, training_args=args, name=name, namespace=namespace, instance=instance_type,
             profile=profile, synthetic=demo, cores=cores or None, ranks_per_node=ranks_per_node or None,
-            threads_per_rank=threads or None, ccl_workers=whole_number("ccl-workers", ccl_workers, minimum=0),
-            min_nodes=min_nodes or None, max_restarts=whole_number("max-restarts", max_restarts, minimum=0),
-            pvc=pvc or None, restart_limit=whole_number("restart-limit", restart_limit, minimum=0),
+            threads_per_rank=threads or None, ccl_workers=ccl_workers if given(ccl_workers) else None,
+            min_nodes=min_nodes or None,
+            max_restarts=max_restarts if given(max_restarts) and given(min_nodes) else None,
+            pvc=pvc or None, restart_limit=max_restarts if given(max_restarts) else None,
             extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"))
     except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, ValueError) as exc:
         raise fail(str(exc)) from None
@@ -111,5 +116,15 @@ def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores
           f"{plan.layout.threads_per_rank} threads per pod" + ("; note: no --pvc: checkpoints live in an emptyDir "
                                                                "and go with the pod" if not plan.pvc else ""))
 
+
+# `fab --help k8s-job` in these groups (node_setup/tasks/parsing.py), each sorted.
+k8s_job.option_groups = {
+    "cluster": ("nodes", "image", "instance-type", "cores", "profile", "name", "namespace", "pvc"),
+    "program": ("ranks-per-node", "threads", "ccl-workers", "env"),
+    "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
+                 "max-steps", "bf16", "synthetic-examples", "extra"),
+    "spot and recovery": ("min-nodes", "max-restarts"),
+    "output": ("output", "checkpoint-every", "checkpoint-uri"),
+}
 
 TASKS = [k8s_job]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.ssh import keys
-from node_setup.tasks.common import fail, task
+from node_setup.tasks.common import duration_or_off, fail, task
 
 
 def _progress(line: str) -> None:
@@ -89,12 +89,12 @@ def _cluster_name(cluster: str) -> str:
 
 @task(help={
     "node": "the node to reclaim, as local-up named it (node0 is the master)",
-    "notice": f"seconds between the interruption notice and the node going down (0 to "
-              f"{local_state.NOTICE_SECONDS_MAX}; default {local_state.DEFAULT_NOTICE_SECONDS}, as on EC2)",
+    "notice": f"time between the interruption notice and the node going down, e.g. 2m or 30s (0 to "
+              f"{local_state.NOTICE_SECONDS_MAX}s; default {local_state.DEFAULT_NOTICE_SECONDS}s, as on EC2)",
     "rebalance": "post only a rebalance recommendation; the node stays up",
     "cluster": "local (default) or local:NAME",
     "silent": "no notice at all: the node goes down at once, as a machine that fails",
-})
+}, kinds={"notice": duration_or_off})
 def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), rebalance=False, cluster="local",
                   silent=False):
     """Rehearse a spot reclaim: a notice on NODE's metadata service, then the node goes down as on EC2."""

@@ -6,22 +6,26 @@ given without its value, both with exit code 1. `install()` (called when the tas
 wraps the parser's one error path so that the same mistakes read::
 
     error: no task or option 'trian'; did you mean 'train'? (fab --list shows the tasks)
-    error: --epochs needs a value (a number)
+    error: --epochs needs a value (a whole number)
 
-and end with the project's bad-input code. `fab` itself is Fabric's program, so the wrap is on
+and end with the project's bad-input code. `fab --help TASK` prints the task's options in the groups
+its `option_groups` names (cluster, program, training, ...; sorted within each), every option with a
+value showing its kind (STRING, INT, FLOAT, DURATION). `fab` itself is Fabric's program, so the wrap is on
 invoke's parse machine, not on a Program subclass; the rest of the parser is untouched.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 
 from invoke.exceptions import ParseError
 from invoke.parser import parser as invoke_parser
+from invoke.parser.context import to_flag
 from invoke.program import Program
 
-from node_setup.tasks.common import fail
+from node_setup.tasks.common import DURATION_KINDS, fail
 
 _UNKNOWN = re.compile(r"No idea what '(?P<token>.*)' is!\Z", re.S)
 _KIND_WORDS = {int: "a whole number", float: "a number", str: "a value", list: "a value"}
@@ -51,7 +55,8 @@ def _error(machine: invoke_parser.ParseMachine, msg: str) -> None:
                                    context.name if context is not None else None))
     flag = machine.flag
     if flag is not None and "needed value" in msg:
-        raise fail(f"--{flag.name.replace('_', '-')} needs a value ({_KIND_WORDS.get(flag.kind, 'a value')})")
+        word = "a duration such as 30m" if flag.kind in DURATION_KINDS else _KIND_WORDS.get(flag.kind, "a value")
+        raise fail(f"--{flag.name.replace('_', '-')} needs a value ({word})")
     raise fail(msg)
 
 
@@ -69,7 +74,65 @@ def _cleanup(program: Program) -> None:
         raise fail(unknown_message(unknown.group("token"), sorted(program.parser.contexts), [], None)) from None
 
 
+_VALUE_WORDS = {str: "STRING", int: "INT", float: "FLOAT"}
+OTHER_GROUP = "other options"
+
+
+def value_word(kind) -> str:
+    """What `--help` shows an option takes: STRING, INT, FLOAT or DURATION ('' for a switch)."""
+    return "DURATION" if kind in DURATION_KINDS else _VALUE_WORDS.get(kind, "")
+
+
+def flag_spec(context, arg) -> str:
+    """`-n INT, --nodes=INT` for an option with a value (its kind named, a float's and a duration's too);
+    invoke's own spec for a switch (`--[no-]ip-check`)."""
+    word = value_word(arg.kind)
+    flag = to_flag(arg.name)
+    if not word:
+        return context.help_for(flag)[0]
+    names = sorted(context.names_for(flag), key=len)
+    return ", ".join(f"{n} {word}" if len(n.strip("-")) == 1 else f"{n}={word}" for n in names)
+
+
+def grouped_options(context, groups: dict[str, tuple[str, ...]] | None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(title, [(flag spec, help)]) per group of a task's `option_groups` (titles in their order, the options
+    sorted within each; options no group names come last), or one group of all options, sorted."""
+    arguments = {arg.name.replace("_", "-"): arg for arg in set(context.flags.values())}
+    placed: dict[str, str] = {}
+    for title, names in (groups or {}).items():
+        for name in names:
+            placed.setdefault(name, title)
+    titles = [*(groups or {}), OTHER_GROUP if groups else "options"]
+    out = []
+    for title in titles:
+        members = sorted(n for n in arguments if placed.get(n, titles[-1]) == title)
+        if members:
+            out.append((title, [(flag_spec(context, arguments[n]), arguments[n].help or "") for n in members]))
+    return out
+
+
+def _print_task_help(program: Program, name: str) -> None:
+    """`fab --help TASK`: invoke's usage line and docstring, then the options in the task's groups."""
+    context = program.parser.contexts[name]
+    task = program.collection[name]
+    print(f"Usage: {program.binary} [--core-opts] {name} {'[--options] ' if context.flags else ''}"
+          "[other tasks here ...]\n")
+    print("Docstring:")
+    for line in (inspect.getdoc(task) or "none").splitlines():
+        print(program.leading_indent + line if line.strip() else "")
+    print("")
+    groups = grouped_options(context, getattr(task, "option_groups", None))
+    if not groups:
+        print("Options:\n" + program.leading_indent + "none\n")
+    width = max((len(spec) for _, rows in groups for spec, _ in rows), default=0)
+    for title, rows in groups:
+        print(f"{title[0].upper()}{title[1:]}:")
+        program.print_columns([(spec.ljust(width), text) for spec, text in rows])  # one column across groups
+
+
 def install() -> None:
-    """Route every parse error through `_error`, and `--help <unknown task>` too (idempotent)."""
+    """Route every parse error through `_error`, and `--help <unknown task>` too, and print a task's help in
+    its option groups (idempotent)."""
     invoke_parser.ParseMachine.error = _error
     Program.parse_cleanup = _cleanup
+    Program.print_task_help = _print_task_help

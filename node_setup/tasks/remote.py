@@ -25,7 +25,7 @@ from cluster.jobplan import shown
 from cluster.userjob import human_bytes
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
-from node_setup.tasks.common import CLUSTER_HELP, FAILED, JOB_HELP, REGION_HELP, UNREACHABLE, fail, task
+from node_setup.tasks.common import CLUSTER_HELP, FAILED, JOB_HELP, REGION_HELP, UNREACHABLE, Unset, fail, task
 
 DEFAULT_GET_ROOT = "xeon-cluster-runs"  # `fab get` default: ./xeon-cluster-runs/<job id>
 
@@ -38,11 +38,11 @@ def _first_nodes(inventory, nodes: int):
 
 @task(help={
     "command": "the shell command every node runs (quote it: fab exec 'nproc && free -g')",
-    "nodes": "run on the first N nodes only, master first (default all)",
+    "nodes": "run on the first N nodes only, master first (left out: all)",
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
 })
-def exec_(c, command, nodes=0, cluster="", region=""):
+def exec_(c, command, nodes=Unset(int, "all nodes"), cluster="", region=""):
     """Run a shell command on every node in parallel; output labelled by node, a table of results."""
     from node_setup.ssh.connections import explain, is_unreachable
 

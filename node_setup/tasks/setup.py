@@ -20,9 +20,11 @@ from cluster.setup_script import DEFAULT_MIN_FREE_GIB, fingerprint_digest
 from node_setup.controller import PROJECT_ROOT, project_version
 from node_setup.ssh import connections
 from node_setup.tasks import common
-from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, fail, task
+from node_setup.tasks.common import (CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, Unset, duration, duration_or_off,
+                                     fail, given, task)
 
-TIMEOUT_HELP = f"SSH connect timeout per node, in seconds (default {connections.CONNECT_TIMEOUT})"
+TIMEOUT_HELP = f"SSH connect timeout per node, e.g. 30s (default {connections.CONNECT_TIMEOUT}s)"
+TIMEOUT_KIND = {"connect-timeout": duration}
 
 
 def _inventory(cluster: str | None, region: str | None, profile: str | None = None) -> Inventory:
@@ -75,14 +77,15 @@ def _arm_autostop(inventory: Inventory, idle_s: int, forced: bool) -> None:
     "connect-timeout": TIMEOUT_HELP,
     "auto-stop": "arm the idle auto-stop for this long without a job or fab exec (30m, 2h, 90s) or `off`; "
                  "default: on an AWS cluster the stack's autoStopIdle (30m), elsewhere off",
-})
-def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONNECT_TIMEOUT, auto_stop=""):
+}, kinds={**TIMEOUT_KIND, "auto-stop": duration_or_off})
+def setup(c, cluster="", region="", profile="", connect_timeout=float(connections.CONNECT_TIMEOUT),
+          auto_stop=Unset(duration_or_off)):
     """Install the software profile and this project on every node, in parallel (idempotent); then arm
     the idle auto-stop (on AWS by default), so a cluster that never runs a job still powers off."""
     from node_setup.ssh import install, wheels
 
     inventory = _inventory(cluster, region, profile)
-    idle_s = _setup_idle(inventory, auto_stop)
+    idle_s = _setup_idle(inventory, "" if not given(auto_stop) else f"{auto_stop:g}s" if auto_stop else "off")
     prof = get_profile(inventory.profile)
     start = time.monotonic()
     try:
@@ -109,7 +112,7 @@ def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONN
     if code:
         raise Exit(code=code)
     if idle_s is not None:
-        _arm_autostop(inventory, idle_s, forced=bool(auto_stop))
+        _arm_autostop(inventory, idle_s, forced=given(auto_stop))
 
 
 @task(help={
@@ -118,9 +121,9 @@ def setup(c, cluster="", region="", profile="", connect_timeout=connections.CONN
     "profile": "software profile to check against instead of the cluster's",
     "min-free-gib": f"least free disk (GiB) where the venv lives (default {DEFAULT_MIN_FREE_GIB:g})",
     "connect-timeout": TIMEOUT_HELP,
-})
+}, kinds=TIMEOUT_KIND)
 def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GIB,
-          connect_timeout=connections.CONNECT_TIMEOUT):
+          connect_timeout=float(connections.CONNECT_TIMEOUT)):
     """Verify every node: package versions match the profile, bf16 CPU flags, tcmalloc, free disk."""
     from node_setup.ssh import install
 
@@ -152,8 +155,8 @@ def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GI
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
     "connect-timeout": TIMEOUT_HELP,
-})
-def distribute(c, cluster="", region="", connect_timeout=connections.CONNECT_TIMEOUT):
+}, kinds=TIMEOUT_KIND)
+def distribute(c, cluster="", region="", connect_timeout=float(connections.CONNECT_TIMEOUT)):
     """Cluster SSH key to every node; ssh config, known_hosts and hostfile on the master."""
     from node_setup.ssh import install
     from node_setup.ssh.distribute import distribute as run_distribution

@@ -61,7 +61,7 @@ from node_setup.tasks import common
 from node_setup.tasks import managed as managed_run
 from node_setup.tasks.spend import RunCostClock
 from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, REGION_HELP,
-                                     STOPPED, UNREACHABLE, fail, task, whole_number)
+                                     STOPPED, UNREACHABLE, Unset, duration, duration_or_off, fail, given, task)
 
 PIN_CHOICES = {"": None, "on": True, "true": True, "off": False, "false": False}
 
@@ -79,9 +79,11 @@ class JobInputs:
     synthetic: bool = False
 
 
-def _data_inputs(inventory: Inventory, job_id: str, options: dict, *, synthetic_examples: str, epochs: str,
-                 batch_size: int, bf16: str, checkpoint_minutes: str, checkpoint_uri: str, max_steps: int,
-                 resume: bool, extra: str, grad_comm: str = "", ddp_bucket_mb: str = "") -> JobInputs:
+def _data_inputs(inventory: Inventory, job_id: str, options: dict, *, synthetic_examples: int | None,
+                 epochs: int | None, batch_size: int | None, bf16: str, checkpoint_every: float | None,
+                 checkpoint_uri: str, max_steps: int | None, resume: bool, extra: str, grad_comm: str = "",
+                 ddp_bucket_mb: float | None = None) -> JobInputs:
+    """(Options not given are None or falsy.)"""
     """The job's arguments from fab train's data options; a local data file is copied to every node,
     and a local cluster with no model or data gets the synthetic demo."""
     uploads: dict[str, str] = {}
@@ -92,23 +94,23 @@ def _data_inputs(inventory: Inventory, job_id: str, options: dict, *, synthetic_
             uploads[str(Path(path).expanduser())] = remote
             options[key] = remote
     given_data = options["model"] or options["dataset"] or options["train_file"]
-    synthetic = bool(synthetic_examples) or (inventory.kind == "local" and not given_data)
+    synthetic = given(synthetic_examples) or (inventory.kind == "local" and not given_data)
     if synthetic and given_data:
         raise JobArgsError("--synthetic-examples: the offline demo brings its own model and data; leave out "
                            "--model, --dataset and --train-file, or drop --synthetic-examples")
     prepare = []
     if synthetic:
-        demo = synthetic_data(options["task_name"], whole_number("synthetic-examples", synthetic_examples, minimum=1),
+        demo = synthetic_data(options["task_name"], synthetic_examples if given(synthetic_examples) else None,
                               f"{venv_dir(get_profile(inventory.profile))}/bin/python")
         options.update(demo.options)
         prepare.append(demo.prepare)
         epochs = epochs or SYNTHETIC_EPOCHS
         batch_size = batch_size or SYNTHETIC_BATCH_SIZE
         extra = f"{demo.recommended} {extra}".strip()
-    args = training_arguments(**options, epochs=epochs, batch_size=batch_size or None, bf16=bf16,
-                              checkpoint_minutes=checkpoint_minutes, checkpoint_uri=checkpoint_uri,
+    args = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None, bf16=bf16,
+                              checkpoint_minutes=checkpoint_minutes(checkpoint_every), checkpoint_uri=checkpoint_uri,
                               max_steps=max_steps or None, resume=resume, extra=extra, grad_comm=grad_comm,
-                              ddp_bucket_mb=ddp_bucket_mb)
+                              ddp_bucket_mb=ddp_bucket_mb if given(ddp_bucket_mb) else None)
     return JobInputs(args, uploads, prepare, synthetic)
 
 
@@ -158,10 +160,15 @@ def _user_inputs(inventory: Inventory, *, script: str, module: str, args: str, w
 # ----------------------------------------------------------------------------- 2. plan
 
 
-def _layout(*, ranks_per_node: int, threads: int, ccl_workers: str, pin: str, env: str, launch_options: dict) -> dict:
+def checkpoint_minutes(every: float | None) -> float | None:
+    """`--checkpoint-every` (seconds; 0: only at the end) as the job's --checkpoint_minutes (None: not given)."""
+    return None if every is None or not given(every) else round(every / 60, 4)
+
+
+def _layout(*, ranks_per_node: int, threads: int, ccl_workers: int, pin: str, env: str, launch_options: dict) -> dict:
     """plan_job's layout and launcher options from fab train's (LaunchError, or exit 2, naming the option)."""
     return dict(ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
-                ccl_workers=whole_number("ccl-workers", ccl_workers, minimum=0), pin=PIN_CHOICES[pin.lower()],
+                ccl_workers=ccl_workers if given(ccl_workers) else None, pin=PIN_CHOICES[pin.lower()],
                 extra_env=env_pairs(env), **launch_options)
 
 
@@ -372,7 +379,7 @@ def _on_interrupt(conns, job_id: str) -> int:
 
 
 @task(help={
-    "nodes": "how many nodes to use, master first (1 to the nodes available; default all)",
+    "nodes": "how many nodes to use, master first (1 to the nodes available; left out: all)",
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
     "task": "training task: qa or classification (training default qa)",
@@ -382,10 +389,10 @@ def _on_interrupt(conns, job_id: str) -> int:
     "train-file": "training data (.json/.jsonl): a file on this machine is copied to every node, "
                   "else the path on the nodes",
     "validation-file": "evaluation data, like --train-file",
-    "epochs": "number of training epochs (--num_train_epochs)",
+    "epochs": "number of training epochs, a whole number (--num_train_epochs; for part of one: --max-steps)",
     "batch-size": "batch size per rank (--per_device_train_batch_size)",
     "bf16": "auto (on when the CPU has AMX/AVX512-BF16), on or off",
-    "checkpoint-minutes": "save a checkpoint every N minutes (0: only at the end)",
+    "checkpoint-every": "save a checkpoint this often, e.g. 30m or 1h (off: only at the end)",
     "checkpoint-uri": "s3://bucket/prefix every checkpoint is uploaded to (and --resume reads)",
     "max-steps": "stop after N optimizer steps",
     "output-dir": "output directory on the nodes, relative to the home directory (default "
@@ -433,33 +440,38 @@ def _on_interrupt(conns, job_id: str) -> int:
             "options on the command line win; paths in it are relative to its folder",
     **managed_run.MANAGED_HELP,
 })
-def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", dataset_config="",
-          train_file="", validation_file="", epochs="", batch_size=0, bf16="auto", checkpoint_minutes="",
-          checkpoint_uri="", max_steps=0, output_dir="", extra="", resume=False, ranks_per_node=0, threads=0,
-          ccl_workers="", pin="", env="", synthetic_examples="", dry_run=False, script="", module="", args="",
-          workdir="", workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
-          launcher=DEFAULT_LAUNCHER, min_nodes="", max_restarts="", grad_comm="", ddp_bucket_mb="", compile="", managed=False,
-          max_recoveries="", wait_for_capacity="", independent_ranks=False, allow_busy=False,
+def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", model="", dataset="", dataset_config="",
+          train_file="", validation_file="", epochs=Unset(int, "the job's"), batch_size=Unset(int, "the job's"),
+          bf16="auto", checkpoint_every=Unset(duration_or_off), checkpoint_uri="", max_steps=Unset(int), output_dir="",
+          extra="", resume=False, ranks_per_node=Unset(int, "one per socket"),
+          threads=Unset(int, "the rank's cores"), ccl_workers=Unset(int), pin="", env="",
+          synthetic_examples=Unset(int), dry_run=False, script="", module="", args="", workdir="",
+          workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
+          launcher=DEFAULT_LAUNCHER, min_nodes=Unset(int), max_restarts=Unset(int), grad_comm="",
+          ddp_bucket_mb=Unset(float), compile="", managed=False, max_recoveries=Unset(int),
+          wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False,
           detach=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
         raise fail(f"--pin: {pin!r} is not allowed; choose on or off")
     if launcher not in LAUNCHERS:
         raise fail(f"--launcher: {launcher!r} is not allowed; choose {' or '.join(LAUNCHERS)}")
-    launch_options = dict(launcher=launcher, min_nodes=whole_number("min-nodes", min_nodes, minimum=1),
-                          max_restarts=whole_number("max-restarts", max_restarts, minimum=0))
+    launch_options = dict(launcher=launcher, min_nodes=min_nodes if given(min_nodes) else None,
+                          max_restarts=max_restarts if given(max_restarts) else None)
     user_options = dict(script=script, module=module, workdir=workdir, requirements=requirements)
     if not (script or module):
-        given = ([f"--{k}" for k, v in user_options.items() if v] + (["--args"] if args else [])
-                 + ([INDEPENDENT_OPTION] if independent_ranks else []))
-        if given:
-            raise fail(f"{given[0]}: only with --script or --module (your own program)")
+        used = ([f"--{k}" for k, v in user_options.items() if v] + (["--args"] if args else [])
+                + ([INDEPENDENT_OPTION] if independent_ranks else []))
+        if used:
+            raise fail(f"{used[0]}: only with --script or --module (your own program)")
     inventory = common.inventory(cluster, region)
     supervision = None
-    if managed or max_recoveries or wait_for_capacity:  # fab train --managed: node_setup/tasks/managed.py
+    if managed or given(max_recoveries) or given(wait_for_capacity):  # fab train --managed: tasks/managed.py
         supervision = managed_run.options(managed=managed, inventory=inventory, nodes=nodes, launcher=launcher,
-                                          own_program=bool(script or module), max_recoveries=max_recoveries,
-                                          min_nodes=min_nodes, wait=wait_for_capacity)
+                                          own_program=bool(script or module),
+                                          max_recoveries=max_recoveries if given(max_recoveries) else None,
+                                          min_nodes=min_nodes if given(min_nodes) else None,
+                                          wait=f"{wait_for_capacity:g}s" if given(wait_for_capacity) else None)
         launch_options["min_nodes"] = None  # --min-nodes is the supervisor's, not torchrun's
     job_id = new_job_id()
     try:
@@ -469,8 +481,8 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
         raise fail(str(exc)) from None
     if script or module:
         builtin = dict(zip(BUILTIN_ONLY, (task, model, dataset, dataset_config, train_file, validation_file, epochs,
-                                          batch_size, max_steps, bf16 != "auto", checkpoint_minutes, checkpoint_uri,
-                                          resume, synthetic_examples)))
+                                          batch_size, max_steps, bf16 != "auto", given(checkpoint_every),
+                                          checkpoint_uri, resume, given(synthetic_examples))))
         _own_program(inventory, job_id, layout, nodes=nodes, output_dir=output_dir, dry_run=dry_run,
                      builtin=builtin, builtin_comm={"grad-comm": grad_comm, "ddp-bucket-mb": ddp_bucket_mb,
                                                        "compile": compile},
@@ -482,7 +494,7 @@ def train(c, nodes=0, cluster="", region="", task="", model="", dataset="", data
                    train_file=train_file, validation_file=validation_file)
     try:
         inputs = _data_inputs(inventory, job_id, options, synthetic_examples=synthetic_examples, epochs=epochs,
-                              batch_size=batch_size, bf16=bf16, checkpoint_minutes=checkpoint_minutes,
+                              batch_size=batch_size, bf16=bf16, checkpoint_every=checkpoint_every,
                               checkpoint_uri=checkpoint_uri, max_steps=max_steps, resume=resume, extra=extra,
                               grad_comm=grad_comm, ddp_bucket_mb=ddp_bucket_mb)
         cal, cal_note = calibrations.for_cluster(inventory.name)
@@ -592,6 +604,17 @@ def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int,
 # The job file's paths (node_setup/tasks/executor.py, cluster/jobfile.py): files of this machine, read
 # relative to the job file's folder; the data files and --cluster only when such a file exists there.
 train.job_file_paths = ("script", "workdir", "requirements")
+# `fab --help train` in these groups (node_setup/tasks/parsing.py), each sorted.
+train.option_groups = {
+    "cluster": ("nodes", "cluster", "region", "file", "dry-run", "allow-busy"),
+    "program": ("script", "module", "args", "workdir", "workdir-limit-mb", "requirements", "independent-ranks",
+                "launcher", "ranks-per-node", "threads", "ccl-workers", "pin", "env"),
+    "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
+                 "max-steps", "bf16", "grad-comm", "ddp-bucket-mb", "compile", "synthetic-examples", "extra"),
+    "spot and recovery": ("managed", "detach", "max-recoveries", "wait-for-capacity", "min-nodes", "max-restarts",
+                          "notice-signal", "resume"),
+    "output": ("output-dir", "checkpoint-every", "checkpoint-uri"),
+}
 train.job_file_maybe_paths = ("train_file", "validation_file", "cluster")
 
 TASKS = [train]

@@ -29,7 +29,7 @@ def run(capsys, *argv: str) -> tuple[int, str]:
     (("trian",), "error: no task or option 'trian'; did you mean 'train'? (fab --list shows the tasks)"),
     (("train", "--node", "4"), "error: no option '--node' of `train`; did you mean '--nodes'? "
                                 "(fab --help train shows its options)"),
-    (("plan", "--epochs"), "error: --epochs needs a value (a number)"),
+    (("plan", "--epochs"), "error: --epochs needs a value (a whole number)"),
     (("status", "--jsn"), "error: no option '--jsn' of `status`; did you mean '--json'? "
                            "(fab --help status shows its options)"),
     (("--help", "trian"), "error: no task or option 'trian'; did you mean 'train'? (fab --list shows the tasks)"),

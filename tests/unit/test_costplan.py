@@ -95,7 +95,7 @@ def test_fab_plan_task_refuses_an_invalid_stack_file_instead_of_ignoring_it(tmp_
     (dict(epochs=float("nan")), "--epochs: nan is not allowed"),
     (dict(epochs=0.0), "--epochs: 0.0 is not allowed"),
     (dict(epochs=float("inf")), "--epochs: inf is not allowed"),
-    (dict(batch=0), "--batch: 0 is not allowed"),
+    (dict(batch=0), "--batch-size: 0 is not allowed"),
     (dict(flows_per_rank=float("nan")), "--flows-per-rank: nan is not allowed"),
     (dict(samples=-5), "--samples: -5 is not allowed"),
     (dict(samples=float("inf")), "--samples: inf is not allowed"),
