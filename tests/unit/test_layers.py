@@ -100,3 +100,17 @@ def test_nothing_in_node_setup_imports_pulumi_torch_or_transformers():
     wrong = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((ROOT / "node_setup").rglob("*.py"))
              for name in _imports(path) if any(_within(name, p) for p in NEVER_IN_NODE_SETUP)]
     assert not wrong
+
+
+# What `fab --list`, `fab --help TASK` and a bad option pay for at start-up: node_setup.tasks and what it
+# imports at module level. AWS, Kubernetes and the training stack load inside the tasks that use them.
+NOT_AT_FAB_START = ("boto3", "botocore", "pulumi", "pulumi_aws", "torch", "transformers", "kubernetes", "kubeflow")
+
+
+def test_importing_the_fab_tasks_loads_no_aws_kubernetes_or_training_stack():
+    probe = "import json, sys, node_setup.tasks; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                                           check=True).stdout))
+    assert "invoke" in loaded  # the probe imported the tasks
+    heavy = sorted(loaded & set(NOT_AT_FAB_START))
+    assert not heavy, f"importing node_setup.tasks loads {heavy}: import them inside the task that needs them"
