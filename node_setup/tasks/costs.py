@@ -15,7 +15,6 @@ from cluster.plan_mfu import plan_flops
 from cluster.config_keys import AUTO_STOP_IDLE
 from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
 from cluster.spec import ClusterSpec, ConfigError
-from node_setup.aws import clients as aws
 from node_setup.controller import config_root
 from node_setup.stack_config import StackConfigError, choose_stack, load_stack_spec, read_stack_values, stack_files
 from node_setup.tasks.common import FAILED, fail, task
@@ -67,6 +66,7 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
     """The zone table; with `write`, availabilityZone set to the best zone in the stack file."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from node_setup.aws import clients as aws
     from node_setup.aws import errors
     from node_setup.aws.zones import rank_zones, zone_table
     from node_setup.stack_config import choose_stack
@@ -103,6 +103,7 @@ def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: fl
     market = "spot" if inputs.spot else "on-demand"
     if hourly_usd:
         return Price(hourly_usd, market, "given with --hourly-usd")
+    from node_setup.aws import clients as aws
     from node_setup.aws import pricing
 
     where = region or (spec.region if spec else "")
@@ -225,6 +226,7 @@ def sweep_listing(region: str):
     Exit 2 (one line) when the region or the credentials are missing. Exit 1 is the caller's: a
     listing an API refused is incomplete, and may have missed leaked resources.
     """
+    from node_setup.aws import clients as aws
     from node_setup.aws import sweep as sweeping
 
     try:
