@@ -39,7 +39,8 @@ def fab(*args: str, timeout: float = 1200) -> str:
     result = subprocess.run([sys.executable, "-m", "fabric", *args], cwd=REPO, env=ENV, capture_output=True,
                             text=True, timeout=timeout)
     if result.returncode != 0:
-        sys.exit(f"fab {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}")
+        sys.exit(f"fab {' '.join(args)} failed "
+                 f"({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}")
     return result.stdout
 
 

@@ -136,7 +136,8 @@ class Inventory:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, default_name: str, kind: str = "file") -> "Inventory":
         if not isinstance(data, Mapping):
-            raise InventoryError(f"inventory {default_name!r}: expected a mapping with 'hosts', got {type(data).__name__}")
+            raise InventoryError(f"inventory {default_name!r}: expected a mapping with 'hosts', got "
+                                 f"{type(data).__name__}")
         where = f"inventory {default_name!r}"
         problems = _unknown_keys(data, FILE_KEYS, where)
         problems += [p for i, h in enumerate(data.get("hosts") or []) if isinstance(h, Mapping)

@@ -4,8 +4,8 @@
 layout (cluster/layout.py), the launch (cluster/launch.py), the arguments of the program every
 rank runs, and the output directory. The program is the built-in job (`python -m training`), or
 the user's own (`user=`, cluster/userjob.py: a script or module run from the job's copy of the
-workdir, with the copy plan and the install plan printed by the dry run). `fab train --dry-run` prints `JobPlan.describe()`;
-node_setup/ssh/job.py carries the plan out on the master.
+workdir, with the copy plan and the install plan printed by the dry run). `fab train --dry-run` prints
+`JobPlan.describe()`; node_setup/ssh/job.py carries the plan out on the master.
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ class JobPlan:
                     "   as its child, forwards signals to it and names the rank when it fails)"]
             if self.user:
                 out += ["  (for your program it also exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,",
-                        "   GROUP_RANK and XEON_CLUSTER_NOTICE_FILE, starts from the job's workdir and, on local rank 0,",
-                        "   runs the node's spot-notice watcher)"]
+                        "   GROUP_RANK and XEON_CLUSTER_NOTICE_FILE, starts from the job's workdir and, on local",
+                        "   rank 0, runs the node's spot-notice watcher)"]
         if self.user:
             out += ["", f"output directory ({OUTPUT_DIR_VARIABLE}): {shown(self.output_dir)}"]
         else:

@@ -110,7 +110,8 @@ def check_image(value: str) -> str:
         raise K8sJobError("--image: not given; allowed: the training image's reference, e.g. "
                           "registry.example.com/xeon-cluster:0.1.0 (build it from docker/Dockerfile)")
     if not _IMAGE.match(value):
-        raise K8sJobError(f"--image: {value!r} is not an image reference; allowed: [REGISTRY/]NAME[:TAG][@sha256:DIGEST], "
+        raise K8sJobError(f"--image: {value!r} is not an image reference; allowed: "
+                          f"[REGISTRY/]NAME[:TAG][@sha256:DIGEST], "
                           "e.g. registry.example.com/xeon-cluster:0.1.0")
     return value
 

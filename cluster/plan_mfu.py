@@ -47,7 +47,8 @@ def plan_flops(options: PlanOptions, inputs: PlanInputs, cal: Calibration | None
     """The model FLOPs and peak of the plan `inputs` came from (the same model and data set choice)."""
     peak = flops.peak_from_catalog(inputs.instance, bf16=inputs.instance.bf16)
     sources: Sources = [("peak", peak.describe() if peak else "not known",
-                         "the catalog's cores and clock" if peak else f"the catalog has no clock for {inputs.instance.name}")]
+                         "the catalog's cores and clock" if peak else f"the catalog has no clock for "
+                                                                      f"{inputs.instance.name}")]
     try:
         (model_name, _), (data_name, _), _ = costplan._sizes(options, cal)
         size = models.lookup_model(model_name)

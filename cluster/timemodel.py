@@ -12,8 +12,8 @@ The model, step by step (every constant is named below with where it comes from)
 2. Communication. Every step all-reduces the gradients: params x bytes per gradient (4 for
    fp32 gradients, as under bf16 autocast in the stock profile; 2 under
    `ipex.optimize(..., dtype=bfloat16)` in the intel profile, or with the job's `--grad_comm bf16`,
-   DDP's bf16 compression hook). DDP sends them in buckets (25 MB by default, `--ddp_bucket_mb`). Ranks on one node combine over
-   shared memory; between nodes a ring all-reduce sends 2 (N-1)/N of the gradient bytes out of
+   DDP's bf16 compression hook). DDP sends them in buckets (25 MB by default, `--ddp_bucket_mb`). Ranks on one node
+   combine over shared memory; between nodes a ring all-reduce sends 2 (N-1)/N of the gradient bytes out of
    every node. The bandwidth a node gets is min(instance bandwidth, per-flow cap x flows):
    AWS caps one TCP flow at 5 Gbps outside a cluster placement group and 10 Gbps inside one,
    and a node's traffic is spread over one flow per rank (gloo) or per CCL worker (ccl). Each
@@ -271,7 +271,8 @@ def compile_pays(steps: int, cost: CompileCost | None) -> tuple[bool, str]:
     saving = steps * (cost.eager_step_s - cost.compiled_step_s)
     verdict = saving > cost.compile_s
     return verdict, (f"{steps} steps x ({cost.eager_step_s:.3f} - {cost.compiled_step_s:.3f}) s = {saving:.0f} s saved "
-                     f"{'>' if verdict else '<='} {cost.compile_s:.0f} s to compile: {'compiled' if verdict else 'eager'}")
+                     f"{'>' if verdict else '<='} {cost.compile_s:.0f} s to compile: "
+                     f"{'compiled' if verdict else 'eager'}")
 
 
 def throughput_from_single_node_time(seconds: float, samples: int) -> float:

@@ -109,7 +109,8 @@ def local_inventory(name: str = local_state.DEFAULT_NAME) -> Inventory:
         raise ClusterSelectionError(f"no local cluster named {name!r} is up{found}: start it with "
                                     f"`fab local-up --nodes 4{flag}`")
     if not local_cluster.is_running(state):
-        raise ClusterSelectionError(f"local cluster {name!r} is not running (its sshd processes or namespaces are gone, "
+        raise ClusterSelectionError(f"local cluster {name!r} is not running (its sshd processes or namespaces are "
+                                    f"gone, "
                                     f"e.g. after a reboot): restart it with `fab local-up --replace --nodes "
                                     f"{len(state.nodes)}{flag}`")
     return load_inventory_file(paths.inventory_path)

@@ -64,7 +64,8 @@ class DataArguments:
     validation_split: str = field(default="validation", metadata={"help": "Hub split to evaluate on."})
     text_columns: str | None = field(default=None, metadata={
         "help": "classification: one or two comma-separated text columns (default: the first known pair "
-                "found: sentence1,sentence2 / question1,question2 / question,sentence / premise,hypothesis / sentence)."})
+                "found: sentence1,sentence2 / question1,question2 / question,sentence / premise,hypothesis / "
+                "sentence)."})
     label_column: str = field(default="label", metadata={"help": "classification: the label column."})
     max_seq_length: int | None = field(default=None, metadata={
         "help": "Tokens per feature (default 384 for qa, 128 for classification)."})
@@ -90,7 +91,8 @@ class JobArguments:
         "help": "Continue the run of the newest complete checkpoint every rank can read (in its output_dir "
                 "or under --checkpoint_uri)."})
     dist_backend: str = field(default="auto", metadata={
-        "help": "torch.distributed backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), gloo, ccl."})
+        "help": "torch.distributed backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), gloo, "
+                "ccl."})
     use_ipex: str = field(default="auto", metadata={
         "help": "Apply ipex.optimize: auto (when intel_extension_for_pytorch imports), on, off."})
     spot_watch: str = field(default="auto", metadata={
@@ -100,7 +102,8 @@ class JobArguments:
     spot_poll_seconds: float = field(default=5.0, metadata={"help": "Seconds between metadata polls."})
     grad_comm: str = field(default=DEFAULT_GRAD_COMM, metadata={
         "help": "How gradients cross the network: bf16 (DDP's bf16 compression hook: half the bytes; the "
-                "optimizer still steps in fp32) or fp32 (as computed); none is fab bench's measurement only (no gradient "
+                "optimizer still steps in fp32) or fp32 (as computed); none is fab bench's measurement only (no "
+                "gradient "
                 "is exchanged, the ranks' models drift apart)."})
     ddp_bucket_mb: float | None = field(default=None, metadata={
         "help": "DDP's gradient bucket size in MB (default: DDP's own, 25); sets TrainingArguments' "

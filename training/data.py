@@ -155,7 +155,8 @@ def check_qa_answers(answers_column: Iterable, source: str) -> None:
     """Every row's answers: {"text": [strings], "answer_start": [whole numbers]}, one start per text."""
     for row, answers in enumerate(answers_column, 1):
         if not (isinstance(answers, dict) and {"text", "answer_start"} <= set(answers)):
-            raise BadInput(f"{source}: row {row}: column 'answers' must be {{\"text\": [...], \"answer_start\": [...]}}, "
+            raise BadInput(f"{source}: row {row}: column 'answers' must be {{\"text\": [...], \"answer_start\": "
+                           f"[...]}}, "
                            f"found {json.dumps(answers)[:80]}")
         text, starts = answers["text"], answers["answer_start"]
         if not isinstance(text, list) or not all(isinstance(t, str) for t in text):
@@ -175,7 +176,8 @@ def check_text_columns(dataset, columns: Iterable[str], source: str, task: str) 
         feature = dataset.features.get(column)
         if getattr(feature, "dtype", None) not in ("string", "large_string"):
             example = dataset[0][column] if len(dataset) else None
-            raise BadInput(f"{source}: column {column!r} holds {_kind(example) or 'null'} values (e.g. {_shown(example)}); "
+            raise BadInput(f"{source}: column {column!r} holds {_kind(example) or 'null'} values (e.g. "
+                           f"{_shown(example)}); "
                            f"allowed for --task {task}: text (strings)")
 
 
@@ -234,7 +236,8 @@ def load_splits(data_args, cache_dir: str | None = None):
     try:
         splits = load_dataset(name, data_args.dataset_config_name, cache_dir=cache_dir)
     except Exception as exc:  # offline, unknown name, gated: datasets raises many kinds
-        raise BadInput(f"--dataset_name {name!r}{' ' + data_args.dataset_config_name if data_args.dataset_config_name else ''} "
+        raise BadInput(f"--dataset_name "
+                       f"{name!r}{' ' + data_args.dataset_config_name if data_args.dataset_config_name else ''} "
                        f"could not be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                        "check the name and network access, or pass --train_file/--validation_file") from None
     if data_args.train_split not in splits:

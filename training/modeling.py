@@ -13,7 +13,8 @@ def load_tokenizer(model_args, task: str):
         tokenizer = AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
     except (OSError, ValueError) as exc:
         raise BadInput(f"--model_name_or_path/--tokenizer_name {name!r}: no tokenizer could be loaded "
-                       f"({str(exc).splitlines()[0][:200]}); give a hub id or a directory with tokenizer files") from None
+                       f"({str(exc).splitlines()[0][:200]}); give a hub id or a directory with tokenizer "
+                       f"files") from None
     if not getattr(tokenizer, "is_fast", False):
         raise BadInput(
             f"tokenizer of {name!r} is {type(tokenizer).__name__}, which has no fast (Rust `tokenizers`) "

@@ -45,7 +45,8 @@ class RunCheckpoints:
         try:
             return checkpoint_s3.s3_checkpoints(self.s3(), uri)
         except Exception as exc:  # noqa: BLE001 - S3 errors come in many classes
-            raise BadInput(f"--checkpoint_uri {uri}: could not list its checkpoints ({type(exc).__name__}: {exc})") from None
+            raise BadInput(f"--checkpoint_uri {uri}: could not list its checkpoints ({type(exc).__name__}: "
+                           f"{exc})") from None
 
     def start(self, parsed):
         """Before the data: the --checkpoint_uri probe, this run's id, and with --resume the checkpoint

@@ -6,8 +6,8 @@ fast tokenizer), DIR/train.json and DIR/eval.json. The same seed gives byte-iden
 every node of a cluster can make its own copy.
 
 The QA task: a context of filler words holds one or two clauses "<cue> is <word> ." and the
-question asks "what is <cue> ?"; answers come from their own set of words. Picking a context word at random scores about 1/25 exact match;
-a model that learnt "the word after `is`" scores about 75 %, one that also matches the
+question asks "what is <cue> ?"; answers come from their own set of words. Picking a context word at random scores
+about 1/25 exact match; a model that learnt "the word after `is`" scores about 75 %, one that also matches the
 question's cue 100 %.
 Classification: sentence2 repeats sentence1's key word (label 1) or names another (label 0).
 """

@@ -211,7 +211,8 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
                    "set baseAmi to an x86_64 AMI id of this region")
         return
     if image.get("Architecture", "x86_64") != "x86_64":
-        report.add("dry-run", FAIL, f"image {image['ImageId']} is {image.get('Architecture')}, but {spec.instance_type} "
+        report.add("dry-run", FAIL, f"image {image['ImageId']} is {image.get('Architecture')}, but "
+                                    f"{spec.instance_type} "
                    "is x86_64", "set baseAmi to an x86_64 AMI")
         return
     try:
@@ -234,7 +235,8 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
                            "key pair)")
                 continue
             if errors.is_denied(exc):
-                report.add("dry-run", FAIL, f"launching {market} {spec.instance_type} is not allowed ({errors.describe(exc)})",
+                report.add("dry-run", FAIL, f"launching {market} {spec.instance_type} is not allowed "
+                                            f"({errors.describe(exc)})",
                            "grant ec2:RunInstances (and ec2:CreateTags) to your IAM identity, or lift the "
                            "SCP/permission boundary that denies it")
                 continue

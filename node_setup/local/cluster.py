@@ -155,7 +155,8 @@ def _make(state: ClusterState, count: int, paths: ClusterPaths, progress: Progre
         node = _new_node(paths, i, hosts)
         if node.namespace in taken_namespaces:
             raise LocalClusterError(f"network namespace {node.namespace} already exists and is not recorded for "
-                                    f"{paths.name!r}; choose another --name or remove it (`ip netns del {node.namespace}`)")
+                                    f"{paths.name!r}; choose another --name or remove it (`ip netns del "
+                                    f"{node.namespace}`)")
         state.nodes.append(node)
         _start_node(state, node, subnet.prefixlen, controller_key, paths, progress)
     system.wait_for_sshd(state.nodes, timeout, progress)
@@ -366,7 +367,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
         if state.link_mbit and node.namespace in namespaces:
             unshaped = system.run(link_unshaping_command(node.namespace), check=False)
             if unshaped.returncode == 0:
-                progress(f"  {node.name}: removed the link limit ({describe_link(state.link_mbit, state.link_delay_ms)})")
+                progress(f"  {node.name}: removed the link limit "
+                         f"({describe_link(state.link_mbit, state.link_delay_ms)})")
         if node.namespace in namespaces:
             _remove(["ip", "netns", "del", node.namespace], lambda ns=node.namespace: ns in system.namespaces(), problems)
         # deleting the namespace takes its veth pair along, asynchronously: delete only what is still there
@@ -378,7 +380,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
         progress(f"  removed bridge {state.bridge} ({state.subnet})")
     if problems:
         raise LocalClusterError(f"local-down {paths.name!r} left: {'; '.join(problems)}; "
-                                f"fix that and rerun `fab local-down --name {paths.name}` (state kept in {paths.state_path})")
+                                f"fix that and rerun `fab local-down --name {paths.name}` (state kept in "
+                                f"{paths.state_path})")
     for node in state.nodes:
         shutil.rmtree(node.dir, ignore_errors=True)
     _remove_empty_dir(Path(state.data_dir))

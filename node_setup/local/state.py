@@ -229,7 +229,8 @@ def pick_subnet(name: str, taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4
         candidate = ipaddress.IPv4Network(f"10.{first + slot // 256}.{slot % 256}.0/24")
         if not any(candidate.overlaps(net) for net in taken):
             return candidate
-    raise LocalClusterError(f"no free 10.{first}-{last - 1}.x.0/24 subnet on this machine for the local cluster bridge; "
+    raise LocalClusterError(f"no free 10.{first}-{last - 1}.x.0/24 subnet on this machine for the local cluster "
+                            f"bridge; "
                             "remove unused routes or local clusters (`fab local-down --name NAME`)")
 
 

@@ -78,7 +78,8 @@ def build_project_wheel(root: Path | None = None, cache_dir: Path | None = None)
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(built.glob("xeon_cluster-*.whl"))
         if result.returncode != 0 or not wheels:
-            raise InstallError(f"building the xeon-cluster wheel failed (`{' '.join(cmd)}`, exit {result.returncode}):\n"
+            raise InstallError(f"building the xeon-cluster wheel failed (`{' '.join(cmd)}`, exit "
+                               f"{result.returncode}):\n"
                                + tail(result.stdout + result.stderr) +
                                "\ninstall setuptools and wheel into the controller's Python (pip install -e .[dev])")
         out.mkdir(parents=True, exist_ok=True)

@@ -330,7 +330,8 @@ class Supervisor:
 
     def _master_lost(self, notice: str) -> str:
         kept = self.job.keep_for_controller()
-        return self._final(sv.MASTER_LOST, f"the master {self.master} has a spot notice ({notice}); it runs the job and "
+        return self._final(sv.MASTER_LOST, f"the master {self.master} has a spot notice ({notice}); it runs the job "
+                                           f"and "
                                            f"the supervisor, so the run ends here. {kept} Once the master is back, "
                                            "`fab train --managed --resume` continues it")
 

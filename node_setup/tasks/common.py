@@ -1,8 +1,8 @@
 """What every `fab` task shares: one way to define a task, exit codes, help texts, option parsing.
 
     @task(help={...})      invoke's task with explicit flags only: `-c` for --cluster, `-n` for
-                           --nodes, `-o` for --output and `-f` for --file on every task that has them; a whole-number or decimal option
-                           given a value it cannot be ("--nodes four") stops with one line naming
+                           --nodes, `-o` for --output and `-f` for --file on every task that has them; a whole-number
+                           or decimal option given a value it cannot be ("--nodes four") stops with one line naming
                            the option and exit code 2, before the task body runs
     inventory(cluster, region)   the nodes `--cluster` names, or exit 2 with the reason
     connect(inventory)           a Connection per node, host keys pinned (node_setup/ssh/connections.py)

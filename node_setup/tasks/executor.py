@@ -43,7 +43,8 @@ def job_file_kwargs(context: ParserContext, task) -> dict:
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise fail(f"--{FILE_OPTION}: {path!r} cannot be read ({exc.strerror or exc}); allowed: a YAML job file") from None
+        raise fail(f"--{FILE_OPTION}: {path!r} cannot be read ({exc.strerror or exc}); allowed: a YAML job "
+                   f"file") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

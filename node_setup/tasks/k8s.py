@@ -24,7 +24,8 @@ from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
 
 @task(help={
     "nodes": "worker pods, one per node (default 1)",
-    "image": "the training image (built from docker/Dockerfile and pushed), e.g. registry.example.com/xeon-cluster:0.1.0",
+    "image": "the training image (built from docker/Dockerfile and pushed), e.g. "
+             "registry.example.com/xeon-cluster:0.1.0",
     "instance-type": f"the nodes' EC2 instance type, matched by the node selector {k8s.INSTANCE_TYPE_LABEL} "
                      f"(default {k8s.DEFAULT_INSTANCE_TYPE})",
     "cores": f"physical cores per pod (default all but {k8s.KUBELET_RESERVE_CORES_PER_SOCKET} per socket, left to "

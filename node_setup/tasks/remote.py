@@ -32,7 +32,8 @@ DEFAULT_GET_ROOT = "xeon-cluster-runs"  # `fab get` default: ./xeon-cluster-runs
 
 def _first_nodes(inventory, nodes: int):
     if nodes and not 1 <= nodes <= len(inventory.nodes):
-        raise fail(f"--nodes: {nodes} is not possible on cluster {inventory.name!r}; allowed 1 to {len(inventory.nodes)}")
+        raise fail(f"--nodes: {nodes} is not possible on cluster {inventory.name!r}; allowed 1 to "
+                   f"{len(inventory.nodes)}")
     return inventory.first(nodes or len(inventory.nodes))
 
 

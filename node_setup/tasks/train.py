@@ -330,7 +330,8 @@ def _follow_to_end(master, conns, plan: JobPlan, *, managed: bool = False) -> in
         else:
             _print_summary(master, plan)
         return 0
-    print(f"\njob {job_id} " + (f"failed: exit code {code}" if code is not None else f"ended without an exit code ({state})"))
+    print(f"\njob {job_id} " + (f"failed: exit code {code}" if code is not None else f"ended without an exit code "
+                                                                                     f"({state})"))
     log = jobs.log_text(master, job_id)
     for line in failure_report(log, rank_hosts, code):
         print(f"  {line}")

@@ -140,7 +140,8 @@ def test_a_group_that_cannot_be_filled_ends_with_its_reason_in_one_line(monkeypa
     ("You have requested more vCPU capacity than your current vCPU limit of 64 allows. VcpuLimitExceeded",
      "lower workerCount"),
     ("The placement group 'xeon-dev-pg' is in use in another availability zone", "placementGroup: false"),
-    ("Your Spot request price of 0.1 is lower than the minimum required Spot request fulfillment price", "spotMaxPrice"),
+    ("Your Spot request price of 0.1 is lower than the minimum required Spot request fulfillment "
+     "price", "spotMaxPrice"),
     ("The image id '[ami-0gone]' does not exist", ""),
 ])
 def test_each_kind_of_launch_failure_gets_its_advice(message, said):

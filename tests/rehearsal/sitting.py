@@ -377,7 +377,8 @@ class Sitting:
             loss = re.search(r"^\s*train_loss: (\S+)", out, re.M)
             result["summary"] = (f"exit 0, world_size 3, steps {steps.group(1) if steps else '?'}, train_loss "
                                  f"{loss.group(1) if loss else '?'}; workers reached through node0; host keys "
-                                 "= the local nodes' own (the master's from the setup step, the workers' verified from their consoles)")
+                                 "= the local nodes' own (the master's from the setup step, the workers' verified from "
+                                 "their consoles)")
 
     def check_known_hosts(self) -> None:
         """The controller pinned (setup step, then fab) exactly the local nodes' host keys, by private address."""
@@ -405,6 +406,7 @@ class Sitting:
                        "fab status --json: nodes", json.dumps(shown, indent=1))
             last = [line.strip() for line in out.splitlines() if line.strip().startswith("job ")]
             result["summary"] = (f"{NODES} nodes running and reachable ({nodes[0]['type']}, {nodes[0]['market']}, "
+                                 f""
                                  f"{shown['total']['spent_usd']:.2f} USD so far); " + (last[-1] if last else "no job line"))
 
     def pulumi_destroy(self, stack: Stack) -> None:

@@ -170,7 +170,8 @@ def setup_runs(local_cluster) -> dict[str, subprocess.CompletedProcess]:
     """
     runs = {"setup": run_fab(local_cluster, "setup", timeout=1800)}
     if runs["setup"].returncode != 0:
-        pytest.fail(f"fab setup failed (exit {runs['setup'].returncode}):\n{runs['setup'].stdout}\n{runs['setup'].stderr}")
+        pytest.fail(f"fab setup failed (exit "
+                    f"{runs['setup'].returncode}):\n{runs['setup'].stdout}\n{runs['setup'].stderr}")
     runs["distribute"] = run_fab(local_cluster, "distribute", timeout=120)
     if runs["distribute"].returncode != 0:
         pytest.fail(f"fab distribute failed:\n{runs['distribute'].stdout}\n{runs['distribute'].stderr}")

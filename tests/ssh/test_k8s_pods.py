@@ -160,7 +160,8 @@ def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(po
         for pod in pods:
             if pod.poll() is None:
                 pod.kill()
-    logs = "\n".join(f"--- pod {i} (exit {p.returncode}) ---\n{o[-6000:]}" for i, (p, o) in enumerate(zip(pods, outputs)))
+    logs = "\n".join(f"--- pod {i} (exit {p.returncode}) "
+                     f"---\n{o[-6000:]}" for i, (p, o) in enumerate(zip(pods, outputs)))
     assert [p.returncode for p in pods] == [0] * PODS, logs
 
     output_dir = Path(on_volume(container.command[container.command.index("--output_dir") + 1], {k8s.WORK_MOUNT: pvc}))

@@ -32,5 +32,6 @@ def test_summary_has_mfu_and_its_inputs_against_the_catalog_peak(qa_demo, tmp_pa
     assert peak["source"].startswith("catalog: c6i.16xlarge")
     assert data["mfu"] == pytest.approx(inputs["achieved_flops_per_s_per_node"] / peak["peak_flops_per_s"], rel=1e-2)
     found = flops.last_progress(result.stderr)
-    assert found is not None and found["line"].startswith("step 5: model FLOP/s per node")  # the last log: the end of training
+    assert found is not None and found["line"].startswith("step 5: model FLOP/s per "
+                                                          "node")  # the last log: the end of training
     assert found["peak_tflops"] == pytest.approx(7.168)

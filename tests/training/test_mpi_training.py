@@ -137,7 +137,8 @@ def slow_tokenizer_model(tmp_path_factory, qa_demo):
 
 
 BAD_INPUTS = {
-    "unknown task": (["--task", "translation"], r"--task: 'translation' is not allowed; choose one of qa, classification"),
+    "unknown task": (["--task", "translation"], r"--task: 'translation' is not allowed; choose one of qa, "
+                                                r"classification"),
     "missing columns": (["--train_file", "{no_answers}"], r"missing column\(s\) answers needed by --task qa"),
     "slow tokenizer": (["--model_name_or_path", "{slow_model}"], r"ByT5Tokenizer, which has no fast"),
     "nan minutes": (["--checkpoint_minutes", "nan"],

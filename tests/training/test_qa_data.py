@@ -66,7 +66,8 @@ def test_nested_squad_is_flattened(tmp_path):
 
 def test_json_lines_and_broken_files(tmp_path):
     lines = tmp_path / "rows.jsonl"
-    lines.write_text('{"sentence1": "a", "sentence2": "b", "label": 1}\n\n{"sentence1": "c", "sentence2": "d", "label": 0}\n')
+    lines.write_text('{"sentence1": "a", "sentence2": "b", "label": 1}\n\n{"sentence1": "c", "sentence2": "d", '
+                     '"label": 0}\n')
     assert len(data.read_rows(str(lines))) == 2
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
@@ -75,7 +76,8 @@ def test_json_lines_and_broken_files(tmp_path):
 
 
 def test_missing_columns_are_named():
-    with pytest.raises(BadInput, match=r"train\.json: missing column\(s\) answers needed by --task qa \(found: id, question, context\)"):
+    with pytest.raises(BadInput, match=r"train\.json: missing column\(s\) answers needed by --task qa \(found: id, "
+                                       r"question, context\)"):
         data.check_qa_columns(["id", "question", "context"], "train.json", {"id": "1"})
     with pytest.raises(BadInput, match="column 'answers' must be"):
         data.check_qa_columns(["question", "context", "answers"], "train.json", {"answers": ["red"]})

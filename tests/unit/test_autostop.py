@@ -317,7 +317,8 @@ def test_workers_left_running_keep_the_master_up_and_are_a_problem_to_show():
     assert parsed.unstopped == ("node2", "node3")
     line = autostop.status_line(parsed)
     assert line == autostop.problem(parsed)
-    assert line.startswith("auto-stop: could not power off node2, node3 at 2027-01-15 08:00:00Z, so the master stays up")
+    assert line.startswith("auto-stop: could not power off node2, node3 at 2027-01-15 08:00:00Z, so the master stays "
+                           "up")
     assert autostop.problem(autostop.parse_status("armed=yes\nunstopped=\n")) is None
     unlisted = autostop.problem(autostop.parse_status(f"armed=yes\nunstopped={autostop.UNLISTED}\n"))
     assert "no full node list" in unlisted and "fab distribute" in unlisted

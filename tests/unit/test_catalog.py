@@ -47,7 +47,8 @@ def test_network_and_efa_match_the_recorded_facts(name):
 
 
 def test_layouts_read_on_live_instances():
-    # Read with lscpu on live instances (the layouts of the recipe this project started from), so not marked as inferred.
+    # Read with lscpu on live instances (the layouts of the recipe this project started from), so not marked as
+    # inferred.
     r7iz, c6i = catalog.lookup("r7iz.metal-16xl"), catalog.lookup("c6i.16xlarge")
     assert (r7iz.sockets, r7iz.cores_per_socket, r7iz.sockets_inferred) == (2, 16, False)
     assert (c6i.sockets, c6i.cores_per_socket, c6i.sockets_inferred) == (1, 32, False)

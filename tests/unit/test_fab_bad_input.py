@@ -37,7 +37,8 @@ CASES = {
                          "--nodes: 0 is not allowed; give 1 or more (leave --nodes out for the default: all nodes)"),
     "exec nodes zero": (["exec", "true", "--nodes", "0", "-c", "{inv}"], "--nodes: 0 is not allowed; give 1 or more"),
     "autostop poll without a unit": (["autostop", "--poll", "30"], "--poll: '30' has no unit; add a unit: 30s"),
-    "plan batch is batch-size": (["plan", "--batch", "8"], "no option '--batch' of `plan`; did you mean '--batch-size'?"),
+    "plan batch is "
+    "batch-size": (["plan", "--batch", "8"], "no option '--batch' of `plan`; did you mean '--batch-size'?"),
     "k8s-job one restart limit": (["k8s-job", "--image", "reg.example.com/xc:1", "--restart-limit", "2"],
                                   "no option '--restart-limit' of `k8s-job`; did you mean '--max-restarts'?"),
     "plan price": (["plan", "--hourly-usd", "abc"], "--hourly-usd: 'abc' is not a number"),
@@ -69,7 +70,8 @@ CASES = {
                                              "--cores: 40 is more than a pod can have on r7iz.metal-16xl"),
     "k8s-job missing image": (["k8s-job", "--nodes", "2"], "--image: not given; allowed: the training image's"),
     "k8s-job bad image": (["k8s-job", "--image", "Reg/X Y"], "--image: 'Reg/X Y' is not an image reference"),
-    "k8s-job bad claim": (["k8s-job", "--image", "reg.example.com/xc:1", "--pvc", "a;b"], "--pvc: 'a;b' is not allowed"),
+    "k8s-job bad "
+    "claim": (["k8s-job", "--image", "reg.example.com/xc:1", "--pvc", "a;b"], "--pvc: 'a;b' is not allowed"),
     "k8s-job min above nodes": (["k8s-job", "--image", "reg.example.com/xc:1", "--nodes", "2", "--min-nodes", "3"],
                                 "--min-nodes: 3 is not allowed; allowed 1 to 2"),
     "missing script": (["train", "--script", "{tmp}/nope.py", "--dry-run", "-c", "{inv}"],
@@ -123,7 +125,8 @@ CASES = {
                     "--env: 'NOEQUALS' is not KEY=VALUE"),
     "bench model from the hub": (["bench", "--model", "bert-base-uncased", "-c", "{inv}"],
                                  "--model: 'bert-base-uncased' is not allowed"),
-    "bench one node": (["bench", "--nodes", "1", "--dry-run", "-c", "{inv}"], "--nodes: 1 is not possible; allowed 2 to 2"),
+    "bench one node": (["bench", "--nodes", "1", "--dry-run", "-c", "{inv}"], "--nodes: 1 is not possible; allowed 2 "
+                                                                              "to 2"),
     "bench steps": (["bench", "--steps", "0", "-c", "{inv}"], "--steps: 0 is not allowed; give 1 or more"),
     "local-reclaim notice not a number": (["local-reclaim", "node1", "--notice", "soon"],
                                           "--notice: 'soon' is not a duration"),
@@ -136,7 +139,8 @@ CASES = {
     "preflight write without pick-zone": (["preflight", "--write"], "--write: only with --pick-zone"),
     "train epochs two": (["train", "--epochs", "two", "--dry-run", "-c", "{inv}"],
                          "--epochs: 'two' is not a whole number"),
-    "train epochs zero": (["train", "--epochs", "0", "--dry-run", "-c", "{inv}"], "--epochs: 0 is not allowed; give 1 or more"),
+    "train epochs zero": (["train", "--epochs", "0", "--dry-run", "-c", "{inv}"], "--epochs: 0 is not allowed; give 1 "
+                                                                                  "or more"),
     "train checkpoint every nan": (["train", "--checkpoint-every", "nan", "--dry-run", "-c", "{inv}"],
                                    "--checkpoint-every: 'nan' is not a duration"),
     "k8s-job epochs inf": (["k8s-job", "--image", "reg.example.com/xc:1", "--epochs", "inf"],

@@ -17,13 +17,15 @@ def test_usable_epochs_and_checkpoint_minutes_pass_as_given(epochs, checkpoint_m
 
 @pytest.mark.parametrize("value", ["two", "0", "-1", "nan", "inf", "1e400", float("nan")])
 def test_epochs_must_be_a_finite_number_above_0(value):
-    with pytest.raises(JobArgsError, match=rf"^--epochs: {re.escape(repr(value))} is not allowed; give a number above 0"):
+    with pytest.raises(JobArgsError, match=rf"^--epochs: {re.escape(repr(value))} is not allowed; give a number above "
+                                           rf"0"):
         training_arguments(epochs=value)
 
 
 @pytest.mark.parametrize("value", ["nan", "often", "-5", "inf", "-inf", float("inf")])
 def test_checkpoint_minutes_must_be_a_finite_number_of_0_or_more(value):
-    with pytest.raises(JobArgsError, match=rf"^--checkpoint-minutes: {re.escape(repr(value))} is not allowed; give 0 \(off\)"):
+    with pytest.raises(JobArgsError, match=rf"^--checkpoint-minutes: {re.escape(repr(value))} is not allowed; give 0 "
+                                           rf"\(off\)"):
         training_arguments(checkpoint_minutes=value)
 
 

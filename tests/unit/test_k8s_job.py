@@ -186,7 +186,8 @@ def test_every_question_the_dockerfile_asks_the_profile_has_an_answer():
     index_only = subprocess.run([sys.executable, "-m", "cluster.container", "index-requirements", "intel"], cwd=ROOT,
                                 capture_output=True, text=True, timeout=30).stdout
     assert index_only.splitlines() == ["https://download.pytorch.org/whl/cpu torch==2.8.0",
-                                       "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/ oneccl_bind_pt==2.8.0"]
+                                       "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/ "
+                                       "oneccl_bind_pt==2.8.0"]
 
 
 def dockerfile_code() -> str:

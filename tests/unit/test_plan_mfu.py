@@ -27,7 +27,8 @@ def test_recipe_plan_predicts_mfu_against_the_r7iz_amx_peak():
     assert one == pytest.approx(expected) and 0.04 < one < 0.06
     assert f.mfu(inputs, rows[1]) < one  # communication costs utilisation
     line = f.line(inputs, rows)
-    assert line.startswith("MFU (model FLOP/s per node over the peak, 127.80 TFLOP/s bf16 (AMX)") and "1 node(s) 4." in line
+    assert line.startswith("MFU (model FLOP/s per node over the peak, 127.80 TFLOP/s bf16 "
+                           "(AMX)") and "1 node(s) 4." in line
     assert [r["mfu"] for r in json.loads(f.json(inputs, rows))] == [round(f.mfu(inputs, r), 5) for r in rows]
     assert {name for name, _, _ in f.sources} == {"model FLOPs", "peak"}
 

@@ -23,7 +23,8 @@ from cluster.setup_script import (InstallPlan, changed, check_script, evaluate_c
                                   install_script, parse_events, pin_satisfied, prebake_script)
 
 OS_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/bin/python3.11") if os.access(p, os.X_OK)), None)
-needs_os_python = pytest.mark.skipif(OS_PYTHON is None, reason="no OS python3 under /usr/bin (apt install python3-venv)")
+needs_os_python = pytest.mark.skipif(OS_PYTHON is None, reason="no OS python3 under /usr/bin (apt install "
+                                                               "python3-venv)")
 
 TEST_PROFILE = Profile(name="unittest", description="tiny", pip_pins=("xc-dummy==1.0",), index_pins=(),
                        backend="gloo", launcher="intel-mpi", apt_packages=("xc-fake-a",))
@@ -57,7 +58,8 @@ FAKE_TOOLS = {
     "apt-get": 'echo "$*" >> "$FAKE_APT/calls"\n'
                'n=$(cat "$FAKE_APT/lock_failures" 2>/dev/null || echo 0)\n'
                'if [ "$n" -gt 0 ]; then echo $((n-1)) > "$FAKE_APT/lock_failures";\n'
-               '  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (unattended-upgr)"; exit 100; fi\n'
+               '  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 '
+               '(unattended-upgr)"; exit 100; fi\n'
                'case " $* " in *" install "*) for a in "$@"; do case "$a" in -*|install|*=*) ;; '
                '*) echo "$a" >> "$FAKE_APT/installed";; esac; done;; esac\n',
     # a node's passwordless sudo, for runs as a non-root user: drop sudo's options and run the command

@@ -149,7 +149,8 @@ def test_fab_train_plans_the_built_in_job_like_fab_plan():
 
 
 @pytest.mark.parametrize("args, itype, expected", [
-    (["--model_name_or_path", "my-own/model"], "r7iz.metal-16xl", "'my-own/model' has no known size (the planner knows all-minilm-l6-v2, bert-base-uncased"),
+    (["--model_name_or_path", "my-own/model"], "r7iz.metal-16xl", "'my-own/model' has no known size (the planner knows "
+                                                                  "all-minilm-l6-v2, bert-base-uncased"),
     (["--task", "qa"], "m5.large", "instance type 'm5.large' is not in the planner's catalog"),
     (["--train_file", "data.json"], "r7iz.metal-16xl", "size of your own --train-file"),
 ])
