@@ -3,8 +3,10 @@
 Every resource the Pulumi program makes carries `xeon-cluster:managed-by=xeon-cluster` and
 `xeon-cluster:cluster=<name>` (cluster/tags.py). The sweep lists, per cluster: instances in any
 state but terminated, spot requests (tagged, or behind a tagged instance), AMIs with their
-snapshots, volumes, security groups, key pairs, placement groups and checkpoint buckets; with an
-IAM client also the nodes' IAM roles and instance profiles (infra/node_role.py).
+snapshots, volumes, the workers' launch templates, security groups, key pairs, placement groups
+and checkpoint buckets; with an Auto Scaling client also the workers' groups (infra/workers.py: a
+leaked group keeps launching workers, so it is deleted first, with its instances); with an IAM
+client also the nodes' IAM roles and instance profiles (infra/node_role.py).
 
 A cluster is *up* while its master instance exists and is not terminated (pending, running,
 stopping or stopped: a stopped master can be started again); everything of an up cluster is left
@@ -51,13 +53,14 @@ NO_CLUSTER = "(no cluster tag)"
 LIVE_INSTANCE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 ALIVE_MASTER_STATES = list(leftovers.ALIVE_MASTER_STATES)  # as an EC2 filter's values
 OPEN_SPOT_STATES = ("open", "active", "disabled")
-DELETE_ORDER = ("instance", "spot-request", "image", "snapshot", "volume", "placement-group", "key-pair",
-                "security-group", "instance-profile", "iam-role", "bucket")
+DELETE_ORDER = ("auto-scaling-group", "instance", "spot-request", "image", "snapshot", "volume", "launch-template",
+                "placement-group", "key-pair", "security-group", "instance-profile", "iam-role", "bucket")
 # Kind -> the permission its listing needs (named in the error when it is refused).
 LIST_PERMISSIONS = {"instance": "ec2:DescribeInstances", "spot-request": "ec2:DescribeSpotInstanceRequests",
                     "image": "ec2:DescribeImages", "snapshot": "ec2:DescribeSnapshots",
                     "volume": "ec2:DescribeVolumes", "security-group": "ec2:DescribeSecurityGroups",
-                    "key-pair": "ec2:DescribeKeyPairs", "placement-group": "ec2:DescribePlacementGroups",
+                    "key-pair": "ec2:DescribeKeyPairs", "launch-template": "ec2:DescribeLaunchTemplates",
+                    "auto-scaling-group": "autoscaling:DescribeAutoScalingGroups", "placement-group": "ec2:DescribePlacementGroups",
                     "bucket": "s3:ListAllMyBuckets", "iam-role": "iam:ListRoles and iam:ListRoleTags",
                     "instance-profile": "iam:ListInstanceProfiles and iam:ListInstanceProfileTags"}
 
@@ -193,7 +196,7 @@ def pages(client, operation: str, key: str, **kwargs):
         yield from getattr(client, operation)(**kwargs).get(key, [])
 
 
-def collect(ec2, s3, region: str, iam=None, regional_ec2=None) -> Listing:
+def collect(ec2, s3, region: str, iam=None, regional_ec2=None, autoscaling=None) -> Listing:
     """Everything with this toolkit's tags in `region` (buckets: those located in `region`).
 
     With `iam`, also the IAM roles and instance profiles (global); `regional_ec2(region)` gives an
@@ -209,7 +212,9 @@ def collect(ec2, s3, region: str, iam=None, regional_ec2=None) -> Listing:
                ("image", _list_images, ec2), ("snapshot", _list_snapshots, ec2),
                ("volume", _list_volumes, ec2), ("security-group", _list_security_groups, ec2),
                ("key-pair", _list_key_pairs, ec2), ("placement-group", _list_placement_groups, ec2),
-               ("bucket", _list_buckets, s3)]
+               ("launch-template", _list_launch_templates, ec2), ("bucket", _list_buckets, s3)]
+    if autoscaling is not None:
+        listers.insert(0, ("auto-scaling-group", _list_worker_groups, autoscaling))
     if iam is not None:
         listing.iam_listed = True
         listers += [("iam-role", _list_roles, iam), ("instance-profile", _list_instance_profiles, iam)]
@@ -314,6 +319,19 @@ def _list_placement_groups(ec2, listing: Listing, found: _Found) -> None:
     for group in pages(ec2, "describe_placement_groups", "PlacementGroups", Filters=OURS):
         listing.resources.append(_resource("placement-group", group["GroupName"], _tags(group),
                                            group.get("State", ""), group.get("Strategy", "")))
+
+
+def _list_launch_templates(ec2, listing: Listing, found: _Found) -> None:
+    for template in pages(ec2, "describe_launch_templates", "LaunchTemplates", Filters=OURS):
+        listing.resources.append(_resource("launch-template", template["LaunchTemplateId"], _tags(template), "",
+                                           template.get("LaunchTemplateName", "")))
+
+
+def _list_worker_groups(autoscaling, listing: Listing, found: _Found) -> None:
+    for group in pages(autoscaling, "describe_auto_scaling_groups", "AutoScalingGroups", Filters=OURS):
+        listing.resources.append(_resource(
+            "auto-scaling-group", group["AutoScalingGroupName"], _tags(group), "",
+            f"desired {group.get('DesiredCapacity', '?')}, {len(group.get('Instances', []))} instance(s)"))
 
 
 def _list_buckets(s3, listing: Listing, found: _Found) -> None:

@@ -56,6 +56,7 @@ def _deleters(ec2, s3, iam) -> dict[str, Callable[[Resource], None]]:
         "image": lambda r: ec2.deregister_image(ImageId=r.id),
         "snapshot": lambda r: ec2.delete_snapshot(SnapshotId=r.id),
         "volume": lambda r: _delete_volume(ec2, r),
+        "launch-template": lambda r: ec2.delete_launch_template(LaunchTemplateId=r.id),
         "placement-group": lambda r: ec2.delete_placement_group(GroupName=r.id),
         "key-pair": lambda r: ec2.delete_key_pair(KeyName=r.id),
         "security-group": lambda r: ec2.delete_security_group(GroupId=r.id),
@@ -84,7 +85,7 @@ def why_alive(ec2, cluster: str) -> str:
 
 
 def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False,
-           waiter_delay: int = 15) -> list[Outcome]:
+           waiter_delay: int = 15, autoscaling=None) -> list[Outcome]:
     """Remove the leaked resources in dependency order; returns (resource, outcome) per resource.
 
     Right before each deletion the resource's cluster is looked up again: a cluster whose master
@@ -105,6 +106,19 @@ def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False
             return False
         return True
 
+    # A leaked worker group first: it would launch every worker terminated below again. ForceDelete
+    # terminates its instances too (the batch below waits for them with the others).
+    for res in by_kind.pop("auto-scaling-group", []):
+        if not still_leaked(res):
+            continue
+        try:
+            autoscaling.delete_auto_scaling_group(AutoScalingGroupName=res.id, ForceDelete=True)
+        except ClientError as exc:
+            outcomes.append((res, "already gone" if errors.is_gone(exc) else f"FAILED {errors.describe(exc)}"))
+            if not errors.is_gone(exc):
+                return outcomes  # its instances would come back: delete nothing else yet
+        else:
+            outcomes.append((res, "removed (its instances terminate)"))
     instances = [r for r in by_kind.pop("instance", []) if still_leaked(r)]
     if instances:
         terminated = _terminate_instances(ec2, instances, waiter_delay)

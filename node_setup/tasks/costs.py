@@ -17,7 +17,7 @@ from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
 from cluster.spec import ClusterSpec, ConfigError
 from node_setup.controller import config_root
 from node_setup.stack_config import StackConfigError, choose_stack, load_stack_spec, read_stack_values, stack_files
-from node_setup.tasks.common import FAILED, fail, task
+from node_setup.tasks.common import FAILED, Unset, duration, duration_or_off, fail, given, task
 
 
 def _stack_spec(stack: str, *, required: bool) -> ClusterSpec | None:
@@ -162,11 +162,11 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
              f"{costplan.DEFAULT_MODEL})",
     "dataset": f"data set for its size and default throughput (default {costplan.DEFAULT_DATASET}; "
                f"known: {', '.join(sorted(models.DATASETS))})",
-    "epochs": "epochs to train (cost and run time scale with it)",
+    "epochs": "whole epochs to train (cost and run time scale with it)",
     "single_node_time": "measured time of one epoch on one node (26m, 1h30m, 45s); replaces the default throughput",
     "params": "parameter count for a model not in the list (66M, 1.3B)",
     "samples": "training samples (features) per epoch for a data set not in the list",
-    "batch": "batch size per rank (default: the calibration's, else 32)",
+    "batch_size": "batch size per rank (default: the calibration's, else 32)",
     "profile": "software profile (intel: bf16 gradients, 2 bytes; stock: fp32 gradients, 4 bytes); default the stack's",
     "ranks_per_node": "training processes per node in multi-node runs (default: the type's sockets)",
     "flows_per_rank": "TCP flows per rank for the all-reduce (CCL workers under the intel profile)",
@@ -187,20 +187,27 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     "ddp_bucket_mb": "DDP's gradient bucket size in MB (default DDP's 25; the job's --ddp_bucket_mb)",
     "calibration": "a calibration file `fab bench` wrote (default: the --cluster's, if it has one)",
     "cluster": "use the calibration `fab bench` measured on this cluster (local, local:NAME or an AWS cluster name)",
+    "compile": "torch.compile: auto (compiled rows where the calibration's `fab bench --compile` figures say the "
+               "saving over the run's steps exceeds the compile time), on or off; compile time goes in the start-up",
 })
 def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAULT_DATASET,
-         epochs=1.0, single_node_time="", params="", samples=0, batch=0, profile="", ranks_per_node=0,
-         flows_per_rank=1, placement_group=True, on_demand=False, hourly_usd=0.0, region="", stack="", json=False,
-         plot="", grad_comm="", ddp_bucket_mb=0.0, calibration="", cluster="", auto_stop_idle="", provisioning=True):
+         epochs=1, single_node_time=Unset(duration), params="", samples=Unset(int, "the data set's"),
+         batch_size=Unset(int, "the calibration's, else 32"), profile="", ranks_per_node=Unset(int, "the type's sockets"),
+         flows_per_rank=1, placement_group=True, on_demand=False, hourly_usd=Unset(float), region="", stack="",
+         json=False, plot="", grad_comm="", ddp_bucket_mb=Unset(float), calibration="", cluster="",
+         auto_stop_idle=Unset(duration_or_off), provisioning=True, compile="auto"):  # noqa: A002
     """Predict epoch time, scaling efficiency and the whole cost (provisioning, run, idle tail) per node count."""
+    idle = "" if not given(auto_stop_idle) else f"{auto_stop_idle:g}s" if auto_stop_idle else "off"
     options = PlanOptions(nodes=nodes, instance_type=instance_type, model=model, dataset=dataset, epochs=epochs,
-                          single_node_time=single_node_time, params=params, samples=samples, batch=batch or None,
-                          profile=profile, ranks_per_node=ranks_per_node, flows_per_rank=flows_per_rank,
+                          single_node_time=f"{single_node_time:g}s" if given(single_node_time) else "", params=params,
+                          samples=samples or 0, batch=batch_size or None, profile=profile,
+                          ranks_per_node=ranks_per_node or 0, flows_per_rank=flows_per_rank,
                           placement_group=placement_group, on_demand=on_demand, grad_comm=grad_comm,
-                          bucket_mb=ddp_bucket_mb, auto_stop_idle=auto_stop_idle, provisioning=provisioning)
+                          bucket_mb=ddp_bucket_mb or 0.0, auto_stop_idle=idle, provisioning=provisioning,
+                          compile=str(compile).strip().lower())
     try:
         cal, cal_note = load_calibration(calibration, cluster)
-        rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd, region=region, stack=stack,
+        rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd or 0.0, region=region, stack=stack,
                                                          calibration=cal)
     except (ValueError, LookupError) as exc:
         raise fail(str(exc)) from None
@@ -232,7 +239,8 @@ def sweep_listing(region: str):
     try:
         region = aws.resolve_region(region or None)
         ec2, s3, iam = aws.client("ec2", region), aws.client("s3", region), aws.client("iam", region)
-        listing = sweeping.collect(ec2, s3, region, iam, regional_ec2=lambda other: aws.client("ec2", other))
+        listing = sweeping.collect(ec2, s3, region, iam, regional_ec2=lambda other: aws.client("ec2", other),
+                                   autoscaling=aws.client("autoscaling", region))
     except aws.AwsSetupError as exc:
         raise fail(str(exc)) from None
     except Exception as exc:  # credentials: say what to do
@@ -263,6 +271,7 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
     instance in any region. Exit code 1 when a kind of resource could not be listed (the permission
     is named), other regions could not be checked for IAM, or something could not be removed.
     """
+    from node_setup.aws import clients as aws
     from node_setup.aws import sweep_delete
 
     if not region:
@@ -287,7 +296,8 @@ def sweep(c, region="", delete=False, yes=False, delete_buckets=False, stack="")
                        f"{' and kept' if delete_buckets else ''} in {region}? type 'yes': ")
         if answer.strip().lower() != "yes":
             raise Exit("sweep: nothing deleted", code=FAILED)
-    outcomes = sweep_delete.delete(listing, ec2, s3, iam, include_buckets=delete_buckets)
+    outcomes = sweep_delete.delete(listing, ec2, s3, iam, include_buckets=delete_buckets,
+                                   autoscaling=aws.client("autoscaling", region))
     print(sweep_delete.render_outcomes(outcomes))
     if incomplete:
         raise Exit(incomplete, code=FAILED)

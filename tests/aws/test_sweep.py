@@ -439,6 +439,8 @@ def run_sweep_task(monkeypatch, ec2, s3, iam, session=boto3, **options):
     def client(service, region=None):
         if service == "ec2" and region != options["region"]:
             return session.client("ec2", region_name=region)
+        if service == "autoscaling":
+            return session.client("autoscaling", region_name=region)
         return {"ec2": ec2, "s3": s3, "iam": iam}[service]
 
     monkeypatch.setattr(aws, "client", client)

@@ -55,7 +55,9 @@ def _as_the_program_makes_it(count: int = 3) -> tuple[str, str]:
     ec2.run_instances(ImageId=image, InstanceType="c6i.large", MinCount=1, MaxCount=1, SubnetId=subnet,
                       TagSpecifications=[{"ResourceType": "instance", "Tags": [
                           {"Key": k, "Value": v} for k, v in {**base, ROLE_KEY: ROLE_MASTER}.items()]}])
-    template = ec2.create_launch_template(LaunchTemplateName=f"{CLUSTER}-worker", LaunchTemplateData={
+    template = ec2.create_launch_template(LaunchTemplateName=f"{CLUSTER}-worker", TagSpecifications=[
+        {"ResourceType": "launch-template", "Tags": [{"Key": k, "Value": v} for k, v in base.items()]}],
+        LaunchTemplateData={
         "ImageId": image, "InstanceType": "c6i.large", "InstanceInitiatedShutdownBehavior": "terminate",
         "TagSpecifications": [{"ResourceType": "instance", "Tags": worker}]})["LaunchTemplate"]["LaunchTemplateId"]
     name = f"{CLUSTER}-worker-5a6b7c"
@@ -144,3 +146,27 @@ def test_the_stop_group_command_refuses_a_bad_record_and_says_when_it_has_none(t
         autostop.group_file_text("g; reboot", REGION)
     with pytest.raises(autostop.AutostopError, match="region 'us-east-1\\\\n' is not allowed"):
         autostop.group_file_text("g", "us-east-1\n")
+
+
+def test_sweep_lists_a_leaked_group_and_template_and_deletes_the_group_before_its_workers(mocked_aws):
+    from node_setup.aws import sweep, sweep_delete
+    from tests.aws.test_sweep import FakePlacementGroups  # test double: moto has no placement groups
+
+    name, template = _as_the_program_makes_it()
+    s3, asg = boto3.client("s3", REGION), boto3.client("autoscaling", REGION)
+    ec2 = FakePlacementGroups(boto3.client("ec2", REGION))
+    # The master is gone (a destroy that forgot the group, or a reclaim with no stack): the group is leaked.
+    masters = ec2.describe_instances(Filters=[{"Name": f"tag:{ROLE_KEY}", "Values": [ROLE_MASTER]}])
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for r in masters["Reservations"] for i in r["Instances"]])
+    listing = sweep.collect(ec2, s3, REGION, autoscaling=asg)
+    leaked = {(r.kind, r.id) for r in listing.leaked()}
+    assert ("auto-scaling-group", name) in leaked and ("launch-template", template) in leaked
+    assert sum(kind == "instance" for kind, _ in leaked) == 3
+    outcomes = sweep_delete.delete(listing, ec2, s3, waiter_delay=1, autoscaling=asg)
+    assert outcomes[0][0].kind == "auto-scaling-group" and outcomes[0][1].startswith("removed")
+    assert all(outcome in ("removed", "terminated") or outcome.startswith("removed") for _, outcome in outcomes)
+    # Nothing comes back: no group, no template, no worker launched again.
+    assert asg.describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    assert ec2.describe_launch_templates()["LaunchTemplates"] == [] and _running_workers() == []
+    again = sweep.collect(ec2, s3, REGION, autoscaling=asg)
+    assert [r for r in again.leaked() if r.kind != "instance"] == []
