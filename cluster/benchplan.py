@@ -3,6 +3,11 @@
 
 The launch is `fab train`'s (cluster/jobplan.py: the node's layout and share of a local machine,
 cluster/launch.py: mpirun, the rank wrapper, the job's environment); only the program differs.
+
+With `--layouts`, the real job (`python -m training` on the offline demo, fab train's launch) runs once per
+candidate layout the node allows (`layout_candidates`: 1 rank per node, one per socket, 2 and 4 per
+socket) for a few steps; the calibration keeps each candidate's mean step and the fastest
+(cluster/calibration.py's layout block), which `fab train` and `fab plan` then use on that node.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from dataclasses import dataclass
 from cluster import calibration as calib
 from cluster import timemodel as tm
 from cluster.inventory import Inventory
-from cluster.job_args import SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE
-from cluster.jobplan import LOCAL_OUTPUT_ROOT, DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id
+from cluster.job_args import SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE, synthetic_data, training_arguments
+from cluster.jobplan import LOCAL_OUTPUT_ROOT, DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id, plan_job
 from cluster.launch import plan_launch
-from cluster.layout import plan_layout
+from cluster.layout import LayoutError, plan_layout
 from cluster.profiles import get_profile, venv_dir
 
 SYNTHETIC_MODEL = "synthetic"  # training/bench.py's name for the offline demo's tiny model
@@ -40,6 +45,8 @@ class BenchOptions:
     steps: int = DEFAULT_STEPS
     repeats: int = DEFAULT_REPEATS
     bucket_mb: float = tm.DDP_BUCKET_BYTES / 2**20
+    compile: bool = False  # also time the job compiled (rank 0 alone)
+    layouts: bool = False  # also time the real job in each candidate layout
 
 
 def check_options(o: BenchOptions) -> BenchOptions:
@@ -61,15 +68,17 @@ def check_options(o: BenchOptions) -> BenchOptions:
 
 def bench_args(o: BenchOptions, out: str) -> list[str]:
     return ["--out", out, "--model", o.model, "--batch", str(o.batch), "--seq_len", str(o.seq_len),
-            "--steps", str(o.steps), "--repeats", str(o.repeats), "--bucket_mb", f"{o.bucket_mb:g}"]
+            "--steps", str(o.steps), "--repeats", str(o.repeats), "--bucket_mb", f"{o.bucket_mb:g}",
+            *(["--compile"] if o.compile else [])]
 
 
 def plan_bench(inventory: Inventory, o: BenchOptions, *, job_id: str | None = None) -> JobPlan:
     """The launch of the bench on the first `o.nodes` nodes, one rank per node (ValueError if impossible)."""
     nodes = o.nodes or len(inventory.nodes)
-    if not 2 <= nodes <= len(inventory.nodes):
-        raise ValueError(f"--nodes: {nodes} is not possible; allowed 2 to {len(inventory.nodes)} (the cluster's "
-                         "nodes): an all-reduce needs two")
+    least = 1 if o.layouts else 2
+    if not least <= nodes <= len(inventory.nodes):
+        raise ValueError(f"--nodes: {nodes} is not possible; allowed {least} to {len(inventory.nodes)} (the cluster's "
+                         "nodes)" + ("" if o.layouts else ": an all-reduce needs two (with --layouts: 1 or more)"))
     inv = inventory.first(nodes)
     profile = get_profile(inv.profile)
     machine, pin, notes = machine_for(inventory, nodes)
@@ -85,6 +94,45 @@ def plan_bench(inventory: Inventory, o: BenchOptions, *, job_id: str | None = No
                          run_as_root=inv.user == "root")
     return JobPlan(inventory=inv, layout=layout, launch=launch, training_args=tuple(args), output_dir=output_dir,
                    notes=tuple(notes) + layout.notes)
+
+
+def layout_candidates(machine, backend: str) -> list[int]:
+    """Ranks per node worth timing on `machine`: 1, one per socket, 2 and 4 per socket, where the node has the
+    cores (cluster/layout.py's plan_layout accepts them)."""
+    found = []
+    for ranks in sorted({1, machine.sockets, 2 * machine.sockets, 4 * machine.sockets}):
+        try:
+            plan_layout(machine, backend=backend, ranks_per_node=ranks, pin=False)
+        except LayoutError:
+            continue
+        found.append(ranks)
+    return found
+
+
+def plan_layout_runs(inventory: Inventory, o: BenchOptions) -> tuple[str, list[JobPlan]]:
+    """(the node's machine name, one launch of the real job per candidate layout), each `o.steps` + 1 steps of
+    the offline demo (or `o.model` on its data) at `o.batch` per rank, eager, on the first `o.nodes` nodes."""
+    nodes = o.nodes or len(inventory.nodes)
+    machine = machine_for(inventory, nodes)[0]
+    profile = get_profile(inventory.profile)
+    demo = synthetic_data("qa", None, f"{venv_dir(profile)}/bin/python")
+    options = dict(demo.options)
+    if o.model != SYNTHETIC_MODEL:
+        options["model"] = o.model
+    options.pop("validation_file")  # no evaluation: only the steps are timed
+    args = training_arguments(**options, batch_size=o.batch, max_steps=o.steps + 1,
+                              extra=f"{demo.recommended} --max_seq_length {o.seq_len} "
+                                    f"--doc_stride {max(1, o.seq_len // 4)} --compile off")
+    plans = [plan_job(inventory, nodes=nodes, training_args=args, ranks_per_node=ranks, prepare=[demo.prepare])
+             for ranks in layout_candidates(machine, profile.backend)]
+    return machine.name, plans
+
+
+def layout_choice(machine: str, plans: list[JobPlan], step_s: list[float], batch: int, created: str
+                  ) -> calib.LayoutChoice:
+    """The calibration's layout block from each layout run's mean step (same order as `plans`)."""
+    return calib.LayoutChoice(machine=machine, nodes=len(plans[0].launch.hosts), batch=batch, created=created,
+                              step_s={p.layout.ranks_per_node: s for p, s in zip(plans, step_s)})
 
 
 def calibration_from(figures: dict, inventory: Inventory, *, link: str = "", created: float | None = None
@@ -117,4 +165,15 @@ def render_table(cal: calib.Calibration) -> str:
         rate = f"{cal.compute[n]:.1f}" if n in cal.compute else "-"
         lines.append(f"{n:>5}  {rate:>14}  {cell(fp32, 'ms'):>8}  {cell(fp32, 'g'):>11}  {cell(bf16, 'ms'):>8}  "
                      f"{cell(bf16, 'g'):>11}  {latency:>10}")
+    if cal.compile:
+        c = cal.compile
+        lines.append(f"compile (one node): step {c['eager_step_s'] * 1e3:.1f} ms eager, "
+                     f"{c['compiled_step_s'] * 1e3:.1f} ms compiled, {c['compile_s']:.1f} s to compile")
+    if cal.layout:
+        lay = cal.layout
+        lines.append(f"layouts (the job on {lay.nodes} node(s) of {lay.machine}, batch {lay.batch} per rank):")
+        lines.append(f"{'ranks/node':>10}  {'step ms':>8}  {'samples/s/node':>14}")
+        for r in sorted(lay.step_s):
+            mark = "  fastest" if r == lay.ranks_per_node else ""
+            lines.append(f"{r:>10}  {lay.step_s[r] * 1e3:>8.1f}  {lay.samples_per_s(r):>14.1f}{mark}")
     return "\n".join(lines)

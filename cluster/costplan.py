@@ -81,6 +81,7 @@ class PlanOptions:
     bucket_mb: float = 0  # DDP's bucket size in MB; 0: DDP's default
     auto_stop_idle: str = ""  # the idle tail: a duration or "off"; "": the stack's autoStopIdle, else the default
     provisioning: bool = True  # count the first `pulumi up` (False: the cluster is already up)
+    compile: str = "auto"  # torch.compile: on, off, or auto (when the calibration's measurement says it pays)
 
 
 
@@ -104,6 +105,8 @@ class PlanInputs:
     sources: Sources = field(default_factory=list)
     first_up: lifecycle.FirstUp | None = None  # None: not counted (the cluster is up)
     idle_tail_s: float | None = None  # None: auto-stop off, the nodes bill until `pulumi destroy`
+    compiled: tm.CompileCost | None = None  # the calibration's torch.compile figures, when they apply
+    compile: str = "auto"  # PlanOptions.compile
 
     def rate(self, nodes: int) -> float:
         return self.rates.get(nodes, self.samples_per_s)
@@ -148,7 +151,9 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
                                                            node_counts)
     network, networks, network_sources = _network(o, cal, instance, itype, grad_comm, node_counts)
     sources += size_sources + rate_sources + network_sources
-    ranks = o.ranks_per_node or (cal.ranks_per_node if cal else instance.sockets)
+    ranks, rate, rates, layout_sources = _ranks(o, cal, instance, rate, rates)
+    compiled, compile_sources = _compiled(o, cal, rates)
+    sources += layout_sources + compile_sources
     up = lifecycle.first_up(instance) if o.provisioning else None
     sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up`, each worker "
                  f"{tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
@@ -171,7 +176,50 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     return PlanInputs(instance_type=itype, instance=instance, workload=workload, network=network,
                       node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
                       spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
-                      rates=rates, networks=networks, sources=sources, first_up=up, idle_tail_s=idle_tail_s)
+                      rates=rates, networks=networks, sources=sources, first_up=up, idle_tail_s=idle_tail_s,
+                      compiled=compiled, compile=o.compile)
+
+
+def _ranks(o: PlanOptions, cal: Calibration | None, instance: InstanceType, rate: float, rates: dict[int, float]
+           ) -> tuple[int, float, dict[int, float], Sources]:
+    """(ranks per node, one node's rate, the rate per node count, sources): given, else the layout `fab bench
+    --layouts` measured fastest (the measured rates, taken with one rank per node, scaled by its speed-up over
+    one rank), else the calibration's, else one per socket."""
+    if o.ranks_per_node:
+        return o.ranks_per_node, rate, rates, [("ranks per node", str(o.ranks_per_node), "given (--ranks-per-node)")]
+    lay = cal.layout if cal else None
+    if lay is None:
+        ranks = cal.ranks_per_node if cal else instance.sockets
+        return ranks, rate, rates, [("ranks per node", str(ranks), "the calibration's" if cal else
+                                     f"the rule: one per socket ({instance.name})")]
+    best = lay.ranks_per_node
+    source = f"measured fastest by fab bench --layouts on {lay.created[:10] or 'an unknown date'} ({lay.summary()})"
+    if rates and 1 in lay.step_s and best != 1:
+        gain = lay.samples_per_s(best) / lay.samples_per_s(1)
+        rates = {n: r * gain for n, r in rates.items()}
+        rate *= gain
+        source += f"; the measured compute x {gain:.2f}, its speed-up over 1 rank per node"
+    return best, rate, rates, [("ranks per node", str(best), source)]
+
+
+def _compiled(o: PlanOptions, cal: Calibration | None, rates: dict[int, float]
+              ) -> tuple[tm.CompileCost | None, Sources]:
+    """The calibration's torch.compile figures when the plan uses its measured compute, and the source line."""
+    if o.compile not in ("auto", "on", "off"):
+        raise ValueError(f"--compile: {o.compile!r} is not allowed; choose auto, on or off")
+    cost = cal.compile_cost() if cal else None
+    if o.compile == "off":
+        return None, [("compile", "off", "given (--compile off)")]
+    if cost is None or not rates:
+        why = ("no compile measurement (`fab bench --compile` measures one)" if cost is None else
+               "measured for another model or batch than this plan's")
+        if o.compile == "on":
+            raise ValueError(f"--compile: on needs the calibration's compile figures; {why}")
+        return None, [("compile", "eager", why)]
+    return cost, [("compile", f"step {cost.eager_step_s:.3f} s eager, {cost.compiled_step_s:.3f} s compiled, "
+                   f"{cost.compile_s:.0f} s to compile", f"measured by fab bench --compile ({cal.source}); "
+                   + ("given (--compile on)" if o.compile == "on" else "auto: compiled where the saving over the "
+                      "run's steps exceeds the compile time"))]
 
 
 def _idle_tail(o: PlanOptions, stack_value: str | None) -> tuple[float | None, str]:
@@ -301,7 +349,7 @@ def render_sources(inputs: PlanInputs) -> str:
 
 def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
     """One row per node count: the prediction, and the cost of provisioning, the run and the idle tail."""
-    if not inputs.rates and not inputs.networks:
+    if not inputs.rates and not inputs.networks and not inputs.compiled:
         rows = plan(inputs.workload, inputs.network, inputs.node_counts, inputs.samples_per_s, price.usd_per_hour,
                     ranks_per_node=inputs.ranks_per_node)
     else:
@@ -309,6 +357,11 @@ def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
         for nodes in inputs.node_counts:
             pred = tm.predict(inputs.workload, inputs.network_for(nodes), nodes, inputs.rate(nodes),
                               ranks_per_node=inputs.ranks_per_node, single_node_samples_per_s=inputs.rate(1))
+            if inputs.compiled and (inputs.compile == "on" or tm.compile_pays(
+                    math.ceil(pred.steps * inputs.workload.epochs), inputs.compiled)[0]):
+                pred = tm.predict(inputs.workload, inputs.network_for(nodes), nodes, inputs.rate(nodes),
+                                  ranks_per_node=inputs.ranks_per_node, single_node_samples_per_s=inputs.rate(1),
+                                  compiled=inputs.compiled)
             hourly = nodes * price.usd_per_hour
             rows.append(PlanRow(nodes, pred, hourly, hourly * pred.run_seconds / 3600))
     return [with_lifecycle(row, inputs, price) for row in rows]
@@ -362,7 +415,8 @@ class PlanRow:
                 "provisioning_usd": round(self.provisioning_usd, 4),
                 "run_seconds": round(self.prediction.run_seconds, 1), "run_usd": round(self.run_usd, 4),
                 "idle_tail_seconds": None if idle is None else round(idle, 1),
-                "idle_tail_usd": round(self.idle_tail_usd, 4), "total_usd": round(self.total_usd, 4)}
+                "idle_tail_usd": round(self.idle_tail_usd, 4), "total_usd": round(self.total_usd, 4),
+                "compile_seconds": round(self.prediction.compile_s, 1)}
 
 
 def parse_node_counts(text: str | int) -> list[int]:
@@ -409,6 +463,8 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
                      f"  {p.step_seconds:>7.3f}  {p.comm_s / p.steps:>7.3f}")
     if rows:
         lines.append(lifecycle_line(rows[0]))
+    if any(row.prediction.compile_s for row in rows):
+        lines.append(compile_line(rows))
     if price_source:
         lines.append(f"price: {price_source}")
     lines.extend(notes)
@@ -426,6 +482,15 @@ def lifecycle_line(row: PlanRow) -> str:
             if row.idle_tail_seconds is None else
             f"idle $: {tm.format_duration(row.idle_tail_seconds)} idle after the run until the auto-stop")
     return f"{up}; run $: start-up and every epoch; {idle}"
+
+
+def compile_line(rows: list[PlanRow]) -> str:
+    """Which rows train compiled, and what that adds to their start-up."""
+    compiled = [row for row in rows if row.prediction.compile_s]
+    eager = [row.nodes for row in rows if not row.prediction.compile_s]
+    return (f"compiled: {', '.join(str(r.nodes) for r in compiled)} node(s): run time includes "
+            f"{compiled[0].prediction.compile_s:.0f} s of compile in the start-up, step s is the compiled step"
+            + (f"; eager: {', '.join(map(str, eager))} node(s) (too few steps for the compile to pay)" if eager else ""))
 
 
 def render_json(rows: list[PlanRow]) -> str:

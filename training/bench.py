@@ -15,6 +15,10 @@ those of the training job: training/ranks.py, training/distributed.py):
    tiny tensor; the median times give the payload bandwidth per node and the latency per ring step
    (cluster/timemodel.py: ring_fit).
 
+3. compile (with --compile, slow: a minute of compile on a small machine): rank 0 alone runs the job
+   eager and then with `--compile on`; the steady steps and the compile time (the compiled run's
+   time to its first step less the eager run's) go to the calibration's compile block.
+
 Rank 0 writes the figures as JSON to --out; `fab bench` turns them into a calibration
 (cluster/calibration.py). The default model is the offline demo's tiny DistilBERT
 (training/synthetic.py), built in memory: nothing is downloaded.
@@ -59,9 +63,10 @@ def _alone(env) -> dict[str, str]:
 
 
 def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bool, workdir: Path,
-                      peers: dict[str, str]) -> float:
-    """Mean steady step time of the training job for `steps` + 1 steps, with no gradient exchanged,
-    in the world `peers` describes (torchrun's variables; empty: a world of one).
+                      peers: dict[str, str], compiled: bool = False) -> tuple[float, float]:
+    """(mean steady step time, time to the first step) of the training job for `steps` + 1 steps, with
+    no gradient exchanged, in the world `peers` describes (torchrun's variables; empty: a world of one),
+    compiled or eager.
 
     The data is the offline demo's (training/synthetic.py); with a model directory, that model
     trains on it with its own tokenizer. Nothing is downloaded.
@@ -89,10 +94,18 @@ def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bo
     out = workdir / "job"
     env.update(peers)
     child("training", *args, "--per_device_train_batch_size", str(batch), "--max_steps", str(steps + 1),
-          "--output_dir", str(out), "--bf16", "true" if bf16 else "false", "--grad_comm", GRAD_COMM_MEASURE_ONLY)
+          "--output_dir", str(out), "--bf16", "true" if bf16 else "false", "--grad_comm", GRAD_COMM_MEASURE_ONLY,
+          "--compile", "on" if compiled else "off")
     if peers.get("RANK", "0") != "0":
-        return 0.0  # in lock-step every rank's step is the same; rank 0 of the child's world writes the summary
-    return json.loads((out / "summary.json").read_text())["step_time_seconds"]["mean"]
+        return 0.0, 0.0  # in lock-step every rank's step is the same; rank 0 of the child's world writes the summary
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["step_time_seconds"]["mean"], summary["time_to_first_step_seconds"]
+
+
+def compile_figures(eager: tuple[float, float], compiled: tuple[float, float]) -> dict[str, float]:
+    """The calibration's compile block from the (steady step, time to the first step) of an eager and a compiled
+    run: the compile is the compiled run's wait for its first step beyond the eager run's (at least 1 ms)."""
+    return {"eager_step_s": eager[0], "compiled_step_s": compiled[0], "compile_s": max(compiled[1] - eager[1], 0.001)}
 
 
 def _allreduce_times(group, params: int, bucket_bytes: int, dtype, repeats: int) -> float:
@@ -125,6 +138,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket_mb", type=float, default=25.0)
     parser.add_argument("--dist_backend", default="auto")
     parser.add_argument("--bf16", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--compile", action="store_true", help="also time the job compiled on rank 0 alone")
     o = parser.parse_args(argv)
 
     import torch
@@ -159,7 +173,7 @@ def main(argv=None) -> int:
                                            "MASTER_PORT": str(port + n)}  # the bench's own port + n
                 try:
                     seconds = _job_step_seconds(o.model, o.batch, o.seq_len, o.steps, bf16, Path(scratch) / str(n),
-                                                peers)
+                                                peers)[0]
                 except (RuntimeError, OSError, ValueError, KeyError) as exc:
                     problem = f"rank {rank}: {exc}"
             distributed.raise_first_error(problem)
@@ -168,6 +182,22 @@ def main(argv=None) -> int:
             compute[str(n)] = o.batch / slowest.item()
             say(f"bench: compute with {n} node(s) busy: {compute[str(n)]:.1f} samples/s per node "
                 f"(the job's step: {slowest.item() * 1e3:.1f} ms)")
+
+        compile_block = None
+        if o.compile:
+            problem = None
+            if rank == 0:
+                try:
+                    say("bench: the job alone, eager and then compiled (the compile takes a while) ...")
+                    runs = [_job_step_seconds(o.model, o.batch, o.seq_len, o.steps, bf16,
+                                              Path(scratch) / f"compile-{flag}", {}, compiled=flag)
+                            for flag in (False, True)]
+                    compile_block = compile_figures(*runs)
+                    say(f"bench: step eager {compile_block['eager_step_s'] * 1e3:.1f} ms, compiled "
+                        f"{compile_block['compiled_step_s'] * 1e3:.1f} ms, compile {compile_block['compile_s']:.1f} s")
+                except (RuntimeError, OSError, ValueError, KeyError, TypeError) as exc:
+                    problem = f"rank 0: {exc}"
+            distributed.raise_first_error(problem)
 
     from cluster.timemodel import ring_fit
 
@@ -193,6 +223,8 @@ def main(argv=None) -> int:
         result = {"model": o.model, "params": params, "batch": o.batch, "seq_len": o.seq_len, "steps": o.steps,
                   "bucket_mb": o.bucket_mb, "backend": backend, "bf16": bf16, "cpu": hardware.cpu_model(),
                   "world_size": world, "compute": compute, "allreduce": allreduce}
+        if compile_block:
+            result["compile"] = compile_block
         Path(o.out).parent.mkdir(parents=True, exist_ok=True)
         Path(o.out).write_text(json.dumps(result, indent=2) + "\n")
         say(f"bench: figures written to {o.out}")

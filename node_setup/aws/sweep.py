@@ -60,7 +60,8 @@ LIST_PERMISSIONS = {"instance": "ec2:DescribeInstances", "spot-request": "ec2:De
                     "image": "ec2:DescribeImages", "snapshot": "ec2:DescribeSnapshots",
                     "volume": "ec2:DescribeVolumes", "security-group": "ec2:DescribeSecurityGroups",
                     "key-pair": "ec2:DescribeKeyPairs", "launch-template": "ec2:DescribeLaunchTemplates",
-                    "auto-scaling-group": "autoscaling:DescribeAutoScalingGroups", "placement-group": "ec2:DescribePlacementGroups",
+                    "auto-scaling-group": "autoscaling:DescribeAutoScalingGroups",
+                    "placement-group": "ec2:DescribePlacementGroups",
                     "bucket": "s3:ListAllMyBuckets", "iam-role": "iam:ListRoles and iam:ListRoleTags",
                     "instance-profile": "iam:ListInstanceProfiles and iam:ListInstanceProfileTags"}
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from cluster import autostop
-from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, ROLE_WORKER,
+from cluster.tags import (ROLE_KEY, ROLE_MASTER, ROLE_WORKER,
                           cluster_tags)
 
 moto_server = pytest.importorskip("moto.server")

@@ -72,7 +72,7 @@ def test_a_new_image_replaces_the_group_deleting_first_so_never_more_than_worker
     after, _ = fresh_run(minimal_config(workerCount=4))
     (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
     assert new_image.id != old_image.id  # a re-bake
-    (old_template, old_group), (new_template, new_group) = template_and_group(before), template_and_group(after)
+    (_, old_group), (new_template, new_group) = template_and_group(before), template_and_group(after)
     assert new_template.inputs["imageId"] == new_image.id
     # The group is replaced (its trigger names the image), and the old one is deleted before the new one is
     # made: deleting without force_delete drains it (capacity 0, every old worker terminated) first.

@@ -38,7 +38,7 @@ def test_json_has_one_object_per_node_count_with_the_documented_keys():
     assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
                           "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
                           "provisioning_usd", "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
-                          "total_usd"} for d in data)
+                          "total_usd", "compile_seconds"} for d in data)
     assert data[0]["efficiency"] == 1.0
 
 

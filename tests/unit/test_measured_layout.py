@@ -132,3 +132,91 @@ def test_fab_train_refuses_a_bad_compile_choice_in_one_line(tmp_path):
     bad = _fab_train(tmp_path, "--compile", "fast")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --compile: 'fast' is not allowed; choose auto")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- fab plan and fab bench (pure)
+
+from cluster import benchplan, costplan  # noqa: E402
+from cluster.catalog import custom, lookup  # noqa: E402
+from cluster.inventory import Inventory  # noqa: E402
+
+PRICE = costplan.Price(1.0, "spot", "given")
+
+
+def _plan(cal_data: dict, **options):
+    cal = calib.from_mapping(cal_data, "cal.json")
+    o = costplan.PlanOptions(nodes="1,2", model="", batch=None, samples=1_600, instance_type=MACHINE, **options)
+    inputs = costplan.plan_inputs(None, o, cal)
+    return inputs, costplan.plan_rows(inputs, PRICE)
+
+
+def test_fab_plan_takes_the_measured_layout_and_scales_the_measured_compute_by_its_speed_up():
+    inputs, rows = _plan(calibration(layout=LAYOUT))
+    assert inputs.ranks_per_node == 2
+    assert inputs.rate(1) == pytest.approx(40.0 * 64.0 / 40.0) and inputs.rate(2) == pytest.approx(38.0 * 1.6)
+    line = dict((name, (value, source)) for name, value, source in inputs.sources)["ranks per node"]
+    assert line[0] == "2" and line[1].startswith("measured fastest by fab bench --layouts on 2026-11-26")
+    assert rows[1].prediction.ranks_per_node == 2  # (the model runs one node as one process)
+    given, _ = _plan(calibration(layout=LAYOUT), ranks_per_node=1)
+    assert given.ranks_per_node == 1 and given.rate(1) == pytest.approx(40.0)  # as measured, with 1 rank
+    rule, _ = _plan(calibration())
+    assert rule.ranks_per_node == 1  # the calibration's own (fab bench runs one rank per node)
+
+
+def test_fab_plan_adds_the_compile_to_the_start_up_where_it_pays():
+    cheap = {"eager_step_s": 0.5, "compiled_step_s": 0.25, "compile_s": 10.0}
+    # 1 node: 1600 / 16 = 100 steps x 0.25 s = 25 s saved > 10 s: compiled; 2 nodes: 50 x 0.25 = 12.5 s > 10 s too
+    inputs, rows = _plan(calibration(compile=cheap))
+    eager_inputs, eager_rows = _plan(calibration(compile=cheap), compile="off")
+    for row, eager in zip(rows, eager_rows):
+        assert row.prediction.compile_s == 10.0 and eager.prediction.compile_s == 0.0
+        assert row.prediction.startup_s == pytest.approx(eager.prediction.startup_s + 10.0)
+        assert row.prediction.compute_s == pytest.approx(eager.prediction.compute_s * 0.5)
+    text = costplan.render_table(rows)
+    assert "compiled: 1, 2 node(s): run time includes 10 s of compile in the start-up" in text
+    assert json.loads(costplan.render_json(rows))[0]["compile_seconds"] == 10.0
+    dear = {**cheap, "compile_s": 20.0}  # 2 nodes save 12.5 s < 20 s: eager there
+    _, rows = _plan(calibration(compile=dear))
+    assert [r.prediction.compile_s for r in rows] == [20.0, 0.0]
+    assert "eager: 2 node(s)" in costplan.render_table(rows)
+    _, forced = _plan(calibration(compile=dear), compile="on")
+    assert [r.prediction.compile_s for r in forced] == [20.0, 20.0]
+    with pytest.raises(ValueError, match="--compile: on needs the calibration's compile figures"):
+        _plan(calibration(), compile="on")
+    with pytest.raises(ValueError, match="--compile: 'yes' is not allowed"):
+        _plan(calibration(), compile="yes")
+
+
+def test_the_candidate_layouts_are_those_the_node_has_cores_for():
+    assert benchplan.layout_candidates(lookup(MACHINE), "gloo") == [1, 2, 4, 8]  # 2 sockets x 16 cores
+    assert benchplan.layout_candidates(custom("two", 1, 2), "gloo") == [1, 2]  # this 2-core machine, one node
+    assert benchplan.layout_candidates(custom("one", 1, 1), "gloo") == [1]
+
+
+def test_each_layout_run_is_the_real_job_in_that_layout():
+    inv = Inventory.from_mapping({"name": "lab", "instance_type": MACHINE, "hosts": ["192.0.2.10", "192.0.2.11"]},
+                                 default_name="lab")
+    o = benchplan.check_options(benchplan.BenchOptions(nodes=1, steps=3, layouts=True))
+    machine, plans = benchplan.plan_layout_runs(inv, o)
+    assert machine == MACHINE and [p.layout.ranks_per_node for p in plans] == [1, 2, 4, 8]
+    for p in plans:
+        assert len(p.launch.hosts) == 1 and p.launch.world_size == p.layout.ranks_per_node
+        args = list(p.training_args)
+        assert args[args.index("--max_steps") + 1] == "4" and args[args.index("--compile") + 1] == "off"
+    assert len({p.job_id for p in plans}) == 4
+    assert len(benchplan.plan_bench(inv, o).launch.hosts) == 1  # --layouts allows one node
+    with pytest.raises(ValueError, match="an all-reduce needs two"):
+        benchplan.plan_bench(inv, benchplan.BenchOptions(nodes=1))
+    choice = benchplan.layout_choice(machine, plans[:2], [0.4, 0.5], o.batch, "2026-11-26T03:10:00Z")
+    assert choice.step_s == {1: 0.4, 2: 0.5} and choice.nodes == 1 and choice.ranks_per_node == 2
+    cal = calib.from_mapping(calibration(layout=choice.to_mapping(), compile=COMPILE), "x")
+    table = benchplan.render_table(cal)
+    assert "compile (one node): step 1330.0 ms eager, 930.0 ms compiled, 60.0 s to compile" in table
+    assert "         2     500.0            64.0  fastest" in table
+
+
+def test_the_bench_figures_compile_block():
+    from training.bench import compile_figures
+
+    assert compile_figures((0.5, 3.0), (0.4, 65.0)) == {"eager_step_s": 0.5, "compiled_step_s": 0.4, "compile_s": 62.0}
+    assert compile_figures((0.5, 3.0), (0.4, 2.0))["compile_s"] == 0.001  # never 0: the calibration wants > 0
