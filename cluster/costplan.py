@@ -490,7 +490,8 @@ def compile_line(rows: list[PlanRow]) -> str:
     eager = [row.nodes for row in rows if not row.prediction.compile_s]
     return (f"compiled: {', '.join(str(r.nodes) for r in compiled)} node(s): run time includes "
             f"{compiled[0].prediction.compile_s:.0f} s of compile in the start-up, step s is the compiled step"
-            + (f"; eager: {', '.join(map(str, eager))} node(s) (too few steps for the compile to pay)" if eager else ""))
+            + (f"; eager: {', '.join(map(str, eager))} node(s) (too few steps for the compile to pay)"
+               if eager else ""))
 
 
 def render_json(rows: list[PlanRow]) -> str:
