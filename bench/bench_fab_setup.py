@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from node_setup.local import cluster as lc
-from node_setup.local import state as local_state
+from node_setup.local import cluster as lc  # noqa: E402  (after the sys.path line: run as a script)
+from node_setup.local import state as local_state  # noqa: E402
 
 FAB = [sys.executable, "-m", "fabric"]
 

@@ -172,7 +172,8 @@ def _compile(value, source: str) -> dict | None:
         return None
     if not isinstance(value, dict):
         raise CalibrationError(f"calibration {source}: compile is {value!r}; expected an object (rerun `fab bench`)")
-    return {k: _positive(value.get(k), f"compile.{k}", source) for k in ("eager_step_s", "compiled_step_s", "compile_s")}
+    return {k: _positive(value.get(k), f"compile.{k}", source)
+            for k in ("eager_step_s", "compiled_step_s", "compile_s")}
 
 
 def _layout(value, source: str) -> LayoutChoice | None:

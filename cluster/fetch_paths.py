@@ -56,7 +56,8 @@ def stays_under(dest: str, parts: Sequence[str]) -> bool:
 
 
 def local_parts(parts: Sequence[str], dest: str) -> tuple[str, ...]:
-    """`parts` (names from the master's listings) checked for a path under `dest`; ValueError naming the first refused."""
+    """`parts` (names from the master's listings) checked for a path under `dest`; ValueError naming the first
+    refused."""
     for name in parts:
         reason = refused_name(name)
         if reason:

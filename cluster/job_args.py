@@ -107,7 +107,8 @@ def compile_choice(value: str | None, estimate=None, steps: int | None = None) -
     if choice != "auto":
         return args, f"compile: {choice} (given: --compile {choice})"
     if estimate is None:
-        return args, "compile: auto -> eager: no compile measurement for this cluster (`fab bench --compile` measures one)"
+        return args, ("compile: auto -> eager: no compile measurement for this cluster "
+                      "(`fab bench --compile` measures one)")
     if steps:
         return args, f"compile: auto -> {compile_pays(steps, estimate)[1]} (fab bench's measurement)"
     saving = estimate.eager_step_s - estimate.compiled_step_s

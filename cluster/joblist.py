@@ -127,7 +127,8 @@ def _shown(value) -> str:
 def table(rows: list[JobRow], cluster: str) -> str:
     if not rows:
         return f"no job on cluster {cluster} yet (fab train starts one)"
-    header = f"  {'job':<20} {'state':<12} {'started (UTC)':<21} {'duration':<9} {'nodes':>5} {'ranks':>5} {'exit':>7}  output"
+    header = (f"  {'job':<20} {'state':<12} {'started (UTC)':<21} {'duration':<9} {'nodes':>5} {'ranks':>5} "
+              f"{'exit':>7}  output")
     lines = [f"jobs on cluster {cluster}, newest first:", header]
     for r in rows:
         lines.append(f"  {r.id:<20} {r.state:<12} {_shown(r.started):<21} {duration_text(r.duration_s):<9} "

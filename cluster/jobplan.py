@@ -78,7 +78,8 @@ class JobPlan:
             "world_size": self.launch.world_size, "ranks_per_node": self.layout.ranks_per_node,
             "threads_per_rank": self.layout.threads_per_rank, "output_dir": self.output_dir,
             "training_args": list(self.training_args), "master_port": self.launch.master_port,
-            "flavour": self.launch.flavour, "launcher": self.launch.launcher, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "flavour": self.launch.flavour, "launcher": self.launch.launcher,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **({"program": list(self.launch.program)} if self.user else {}),
         }
 
@@ -131,9 +132,9 @@ class JobPlan:
                     "   GLOO_SOCKET_IFNAME to the interface towards MASTER_ADDR unless given, then runs the program",
                     "   as its child, forwards signals to it and names the rank when it fails)"]
             if self.user:
-                out += ["  (for your program it also exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,",
-                        "   GROUP_RANK and XEON_CLUSTER_NOTICE_FILE, starts from the job's workdir and, on local",
-                        "   rank 0, runs the node's spot-notice watcher)"]
+                out += ["  (for your program it also exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,",
+                        "   NODE_RANK, GROUP_RANK and XEON_CLUSTER_NOTICE_FILE, starts from the job's workdir and,",
+                        "   on local rank 0, runs the node's spot-notice watcher)"]
         if self.user:
             out += ["", f"output directory ({OUTPUT_DIR_VARIABLE}): {shown(self.output_dir)}"]
         else:

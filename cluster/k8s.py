@@ -65,7 +65,8 @@ RUN_AS_USER = 10001  # the image's user (docker/Dockerfile's USER), also its gro
 # What --env may carry that belongs in a Kubernetes Secret: a name with one of these words, or a
 # value with an AWS access key id in it.
 SECRET_NAME_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL")
-_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)[A-Z0-9]{16}(?![A-Z0-9])")
+_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)"
+                         r"[A-Z0-9]{16}(?![A-Z0-9])")
 
 # DNS-1035 label (a job's pods are <name>-worker-<i>, each also a Service of that name).
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -130,7 +130,8 @@ PROFILES: dict[str, Profile] = {
             # IPEX is Intel's own on PyPI; the oneCCL bindings are only on Intel's index, so a package
             # of that name on PyPI would be someone else's. No hashes: neither index could be read
             # from where this was written.
-            index_pins=(IndexPin("torch==2.8.0", TORCH_CPU_INDEX), IndexPin("oneccl_bind_pt==2.8.0", INTEL_WHEEL_INDEX)),
+            index_pins=(IndexPin("torch==2.8.0", TORCH_CPU_INDEX),
+                        IndexPin("oneccl_bind_pt==2.8.0", INTEL_WHEEL_INDEX)),
             backend="ccl",
             launcher="intel-mpi-oneccl",
             min_root_volume_gib=60,

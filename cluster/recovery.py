@@ -139,7 +139,8 @@ def batch_for(*, per_rank: int, accumulation: int, ranks_before: int, ranks: int
     return BatchPlan(per_rank, steps, ranks, per_rank * ranks * steps, wanted)
 
 
-def work_lost_seconds(stopped_step: int | None, checkpoint_step: int | None, mean_step_seconds: float | None) -> float | None:
+def work_lost_seconds(stopped_step: int | None, checkpoint_step: int | None,
+                      mean_step_seconds: float | None) -> float | None:
     """Training time between the checkpoint resumed from and where the job stopped (None: unknown)."""
     if stopped_step is None or mean_step_seconds is None:
         return None

@@ -107,7 +107,8 @@ def _build_defaults() -> dict[tuple[str, str, str], Throughput]:
         elif itype == "c6i.16xlarge":
             source = _MEASURED_C6I
         else:
-            source = _SCALED.format(base=base, factor=ncores / 32, why=f"{ncores} vs 32 physical cores, same CPU family")
+            source = _SCALED.format(base=base, factor=ncores / 32,
+                                    why=f"{ncores} vs 32 physical cores, same CPU family")
         distil = Throughput(rate * ncores, source)
         table[(itype, "distilbert-base-uncased", "squad")] = distil
         # BERT-base has twice DistilBERT's transformer layers of the same width: half the rate.
@@ -318,7 +319,8 @@ def predict(workload: Workload, network: Network, nodes: int, node_samples_per_s
     efficiency = single / (nodes * epoch)
     compile_s = compiled.compile_s if compiled else 0.0
     startup = startup_seconds(nodes, compile_s)
-    return Prediction(compile_s=compile_s, nodes=nodes, ranks_per_node=ranks_per_node, steps=steps, compute_s=steps * step_compute,
+    return Prediction(compile_s=compile_s, nodes=nodes, ranks_per_node=ranks_per_node, steps=steps,
+                      compute_s=steps * step_compute,
                       comm_s=steps * step_comm, exposed_comm_s=steps * step_exposed, startup_s=startup,
                       epoch_seconds=epoch, run_seconds=startup + workload.epochs * epoch,
                       efficiency=efficiency, node_gbps=gbps, buckets=workload.buckets if nodes > 1 else 0)

@@ -277,7 +277,8 @@ def compile_estimate(text: str):
     from cluster.timemodel import CompileCost
 
     number = r"[0-9]+(?:\.[0-9]+)?"
-    if not re.fullmatch(rf"{number},{number},{number}", text or "") or 0.0 in (values := [float(v) for v in text.split(",")])[:2]:
+    if (not re.fullmatch(rf"{number},{number},{number}", text or "")
+            or 0.0 in (values := [float(v) for v in text.split(",")])[:2]):
         raise BadInput(f"--compile_estimate {text!r} is not allowed; allowed: EAGER_S,COMPILED_S,COMPILE_S, three "
                        "seconds (steps above 0), e.g. 1.33,0.93,60")
     return CompileCost(*values)

@@ -271,7 +271,8 @@ def describe_readable(local_by_rank: Sequence[Iterable[Found]], remote: Iterable
     return f"{'; '.join(parts)}; on S3: {', '.join(map(str, remote_steps)) or 'none'}"
 
 
-def fresh_start_conflict(output_dir: str, uri: str | None, local: Sequence[Found], remote: Sequence[Found]) -> str | None:
+def fresh_start_conflict(output_dir: str, uri: str | None, local: Sequence[Found],
+                         remote: Sequence[Found]) -> str | None:
     """The message that stops a fresh start into a folder or prefix holding another run's complete
     checkpoints (its pruning and a later --resume would mix the two runs), or None."""
     places = [(f"--checkpoint_uri {uri}", remote, "--checkpoint_uri prefix"), (f"--output_dir {output_dir}", local,

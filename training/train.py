@@ -149,7 +149,8 @@ class Job:
         train_name = data_args.train_file or f"dataset {data_args.dataset_name} split {data_args.train_split}"
         columns = data.check_columns(train_raw, data_args, train_name)
         if eval_raw is not None:
-            eval_name = data_args.validation_file or f"dataset {data_args.dataset_name} split {data_args.validation_split}"
+            eval_name = (data_args.validation_file
+                         or f"dataset {data_args.dataset_name} split {data_args.validation_split}")
             data.check_columns(eval_raw, data_args, eval_name)
         train_raw = data.limit(train_raw, data_args.max_train_samples)
         eval_raw = None if data_args.max_eval_samples == 0 else data.limit(eval_raw, data_args.max_eval_samples)

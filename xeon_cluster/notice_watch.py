@@ -8,7 +8,8 @@ off the import path. Polls the metadata service with the built-in job's client
 survived); on an interruption notice it writes JOB_DIR/notice (JSON: the notice's `action` and
 `time`, and `noticed_at`) and sends SIGNAL to every rank of the job recorded on this node. It
 keeps no descriptor of the launch open, and exits once every rank recorded on this node has ended. Off the metadata
-service's reach (not EC2, no XEON_IMDS_ENDPOINT) it only waits for the ranks, so no other machine ever calls 169.254.169.254.
+service's reach (not EC2, no XEON_IMDS_ENDPOINT) it only waits for the ranks, so no other machine ever calls
+169.254.169.254.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def is_running(state: ClusterState) -> bool:
     """Every recorded node's namespace exists and its sshd runs."""
     names = system.namespaces()
     return bool(state.nodes) and all(
-        n.namespace in names and n.sshd_pid is not None and system.process_alive(n.sshd_pid) and system.is_our_sshd(n.sshd_pid, n)
+        n.namespace in names and n.sshd_pid is not None and system.process_alive(n.sshd_pid)
+        and system.is_our_sshd(n.sshd_pid, n)
         for n in state.nodes)
 
 
@@ -370,7 +371,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
                 progress(f"  {node.name}: removed the link limit "
                          f"({describe_link(state.link_mbit, state.link_delay_ms)})")
         if node.namespace in namespaces:
-            _remove(["ip", "netns", "del", node.namespace], lambda ns=node.namespace: ns in system.namespaces(), problems)
+            _remove(["ip", "netns", "del", node.namespace], lambda ns=node.namespace: ns in system.namespaces(),
+                    problems)
         # deleting the namespace takes its veth pair along, asynchronously: delete only what is still there
         if system.link_exists(node.veth):
             _remove(["ip", "link", "del", node.veth], lambda veth=node.veth: system.link_exists(veth), problems)

@@ -110,7 +110,8 @@ def host_key_fingerprints(inventory: Inventory, names: list[str]) -> dict[str, s
         connections.close_all(conns)
 
 
-def check_software(inventory: Inventory, names: list[str], progress: Callable[[str, str], None]) -> dict[str, str | None]:
+def check_software(inventory: Inventory, names: list[str],
+                   progress: Callable[[str, str], None]) -> dict[str, str | None]:
     """`fab setup`'s check on the new nodes, then its install where the check fails (idempotent);
     name -> None when the node is ready, else why not."""
     from node_setup.controller import PROJECT_ROOT, project_version

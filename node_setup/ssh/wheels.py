@@ -173,7 +173,8 @@ def _download_index_pin(pin: IndexPin, wheelhouse: Path, index_reachable: bool) 
         result = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(got.iterdir()) if got.is_dir() else []
         if result.returncode != 0 or len(found) != 1:
-            where = pin.index_url if index_reachable else f"this controller's find-links ({pin.index_url} is unreachable)"
+            where = (pin.index_url if index_reachable
+                     else f"this controller's find-links ({pin.index_url} is unreachable)")
             raise InstallError(f"filling the wheelhouse {wheelhouse}: {pin.pin} from {where} failed "
                                f"(exit {result.returncode}):\n" + tail(result.stdout + result.stderr) +
                                f"\n{pin.name} is taken from its own index only, never from PyPI")

@@ -73,7 +73,7 @@ def scan(workdir: str | Path, limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024
     files, skipped, withheld = [], [], []
     for here, dirs, names in os.walk(root, followlinks=False):
         rel_here = Path(here).relative_to(root).as_posix()
-        rel = (lambda n: n) if rel_here == "." else (lambda n: f"{rel_here}/{n}")
+        rel = (lambda n: n) if rel_here == "." else (lambda n, rel_here=rel_here: f"{rel_here}/{n}")
         keep = []
         for d in sorted(dirs):
             full, path = Path(here) / d, rel(d)

@@ -89,8 +89,8 @@ def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores
             epochs, batch_size = epochs or SYNTHETIC_EPOCHS, batch_size or SYNTHETIC_BATCH_SIZE
             extra = f"{demo.recommended} {extra}".strip()
         args = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None, bf16=bf16,
-                                  checkpoint_minutes=checkpoint_minutes(checkpoint_every), checkpoint_uri=checkpoint_uri,
-                                  max_steps=max_steps or None, extra=extra)
+                                  checkpoint_minutes=checkpoint_minutes(checkpoint_every),
+                                  checkpoint_uri=checkpoint_uri, max_steps=max_steps or None, extra=extra)
         plan = k8s.plan_pytorchjob(
             image=image, nodes=nodes, training_args=args, name=name, namespace=namespace, instance=instance_type,
             profile=profile, synthetic=demo, cores=cores or None, ranks_per_node=ranks_per_node or None,

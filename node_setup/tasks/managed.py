@@ -384,7 +384,7 @@ def _supervise(opts: rc.ManagedOptions, *, cluster: str, region: str, inventory:
             say(f"--max-recoveries {opts.max_recoveries} reached: not recovering again; "
                 f"`fab train --managed --resume` continues the run")
             return _finish(plan, records, code)
-        step, saved_at = _on_master(plan.inventory, lambda m: nodes.newest_checkpoint(m, plan.output_dir))
+        step, saved_at = _on_master(plan.inventory, lambda m, out=plan.output_dir: nodes.newest_checkpoint(m, out))
         current, up = _capacity(plan.inventory, lost, notices, noticed, wanted, opts, cluster, region)
         decision = rc.next_step(len(wanted), len(up), opts.min_nodes)
         if decision == rc.TOO_FEW or master not in up:
@@ -403,7 +403,7 @@ def _supervise(opts: rc.ManagedOptions, *, cluster: str, region: str, inventory:
                                     nodes_lost=lost, nodes_after=[n.name for n in chosen], seconds_lost=lost_seconds,
                                     seconds_waiting=waited, batch=batch_line)
         records.append(record)
-        _on_master(survivors, lambda m: nodes.write_records(m, plan.output_dir, records))
+        _on_master(survivors, lambda m, out=plan.output_dir: nodes.write_records(m, out, records))
         say(f"recovery {record['number']}: lost {', '.join(lost) or 'none'} at step {step}; resuming on "
             f"{len(chosen)} node(s) ({', '.join(record['nodes_after'])}) from checkpoint-{step}; "
             f"{lost_seconds:g} s of work lost, {waited:.1f} s waiting"

@@ -119,7 +119,8 @@ def get(c, job="", path="", to="", cluster="", region=""):
         sftp.lstat(root)
         link = fetch.first_link(sftp, output_dir, rel)
     except OSError as exc:
-        raise fail(f"--path: {shown(root)!r} is not on {inventory.master.name} ({exc.strerror or exc})", FAILED) from None
+        raise fail(f"--path: {shown(root)!r} is not on {inventory.master.name} ({exc.strerror or exc})",
+                   FAILED) from None
     if link:
         raise fail(f"--path: {shown(link)!r} on {inventory.master.name} is a symbolic link; fab get never follows one",
                    FAILED)

@@ -61,7 +61,7 @@ from node_setup.tasks import common
 from node_setup.tasks import managed as managed_run
 from node_setup.tasks.spend import RunCostClock
 from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, REGION_HELP,
-                                     STOPPED, UNREACHABLE, Unset, duration, duration_or_off, fail, given, task)
+                                     STOPPED, UNREACHABLE, Unset, duration_or_off, fail, given, task)
 
 PIN_CHOICES = {"": None, "on": True, "true": True, "off": False, "false": False}
 
@@ -427,7 +427,8 @@ def _on_interrupt(conns, job_id: str) -> int:
                     f"{DEFAULT_MAX_RESTARTS})",
     "grad-comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's --grad_comm; bf16 compresses "
                  "DDP's buckets)",
-    "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default 25)",
+    "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; "
+                     "DDP's default 25)",
     "compile": f"torch.compile the model: {', '.join(COMPILE_CHOICES)} (default auto: compiled when the saving "
                "`fab bench --compile` measured, over the run's steps, exceeds the compile time; the job's --compile)",
     "independent-ranks": "with --script/--module: the ranks are meant to run alone (no process group); without it a "

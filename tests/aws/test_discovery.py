@@ -42,7 +42,8 @@ class Launcher:
         return self.ec2.run_instances(**kwargs)["Instances"][0]["InstanceId"]
 
     def public_ip(self, instance_id):
-        return self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["PublicIpAddress"]
+        [reservation] = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        return reservation["Instances"][0]["PublicIpAddress"]
 
 
 @pytest.fixture

@@ -413,7 +413,8 @@ def test_train_preflight_is_none_for_clusters_outside_aws():
 
     inventory = Inventory.from_mapping({"hosts": ["192.0.2.10", "192.0.2.11"]}, default_name="lab")
     assert train_checks.preflight_for_train(inventory, clients=AwsClients(None, None, None)) is None
-    assert train_checks.preflight_for_train(replace(inventory, kind="local"), clients=AwsClients(None, None, None)) is None
+    local = replace(inventory, kind="local")
+    assert train_checks.preflight_for_train(local, clients=AwsClients(None, None, None)) is None
 
 
 def test_train_preflight_fails_naming_a_terminated_worker(mocked_aws):
@@ -508,16 +509,16 @@ def test_train_preflight_fails_on_a_spot_interruption_notice(mocked_aws):
     notices = {n.instance_id: "fulfilled" for n in inventory.nodes}
     notices[inventory.nodes[1].instance_id] = "marked-for-termination"
     double = SpotNoticeEc2(ec2, notices)
-    report = train_checks.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
-                                                                  ec2=double, quotas=None))
+    report = train_checks.preflight_for_train(
+        inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"), ec2=double, quotas=None))
     assert report.status_of("nodes") == pf.OK
     [bad] = report.failures
     assert bad.check == "spot" and "node1" in bad.message and "marked-for-termination" in bad.message
     assert "--nodes 1" in bad.fix
 
     double.notices[inventory.nodes[1].instance_id] = "fulfilled"
-    report = train_checks.preflight_for_train(inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"),
-                                                                  ec2=double, quotas=None))
+    report = train_checks.preflight_for_train(
+        inventory, clients=AwsClients(sts=boto3.client("sts", region_name="us-east-1"), ec2=double, quotas=None))
     assert report.ok and report.status_of("spot") == pf.OK
 
 

@@ -157,7 +157,8 @@ def test_every_instance_is_hardened_and_placed_together(harness, name):
     meta = template.inputs["metadataOptions"]
     assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1
     (root,) = template.inputs["blockDeviceMappings"]
-    assert root["ebs"]["encrypted"] == "true" and root["ebs"]["volumeSize"] == 100 and root["ebs"]["volumeType"] == "gp3"
+    ebs = root["ebs"]
+    assert ebs["encrypted"] == "true" and ebs["volumeSize"] == 100 and ebs["volumeType"] == "gp3"
     assert root["deviceName"] == "/dev/sda1"
     assert template.inputs["instanceType"] == config.get("instanceType", "r7iz.metal-16xl")
     assert template.inputs["placement"]["groupName"] == placement.state["name"]
@@ -392,7 +393,8 @@ def test_placement_group_off(harness):
 def test_root_volume_size_and_type(harness):
     run(harness, rootVolumeGib=250, rootVolumeType="gp2")
     for node in instances(harness.monitor):
-        assert (node.inputs["rootBlockDevice"]["volumeSize"], node.inputs["rootBlockDevice"]["volumeType"]) == (250, "gp2")
+        root = node.inputs["rootBlockDevice"]
+        assert (root["volumeSize"], root["volumeType"]) == (250, "gp2")
     ebs = template_of(harness.monitor).inputs["blockDeviceMappings"][0]["ebs"]
     assert (ebs["volumeSize"], ebs["volumeType"]) == (250, "gp2")
 

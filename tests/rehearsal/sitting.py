@@ -407,7 +407,8 @@ class Sitting:
             last = [line.strip() for line in out.splitlines() if line.strip().startswith("job ")]
             result["summary"] = (f"{NODES} nodes running and reachable ({nodes[0]['type']}, {nodes[0]['market']}, "
                                  f""
-                                 f"{shown['total']['spent_usd']:.2f} USD so far); " + (last[-1] if last else "no job line"))
+                                 f"{shown['total']['spent_usd']:.2f} USD so far); "
+                                 + (last[-1] if last else "no job line"))
 
     def pulumi_destroy(self, stack: Stack) -> None:
         with self.step("pulumi destroy (reverse order; the bucket is kept)") as result:

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cluster import autostop
 from node_setup.local import imds_server
@@ -68,7 +67,8 @@ def test_nodes_power_off_after_the_idle_time_and_an_exec_resets_it(local_cluster
         time.sleep(0.2)
     assert sorted(down_at) == [0, 1], f"the nodes did not go down; the service's log:\n{_log(cluster)}"
     for i, at in down_at.items():
-        assert at - exec_end >= IDLE_S - 3, f"node{i} went down {at - exec_end:.1f} s after the exec, before the idle time"
+        assert at - exec_end >= IDLE_S - 3, (f"node{i} went down {at - exec_end:.1f} s after the exec, "
+                                             "before the idle time")
         record = Path(cluster.state.nodes[i].imds_dir) / imds_server.POWERED_OFF_FILE
         assert record.exists(), f"node{i} was not taken down by its metadata service"
     assert down_at[1] <= down_at[0] + 0.5  # the worker first, then the master
@@ -79,7 +79,8 @@ def test_cancel_keeps_the_nodes_up(local_cluster_factory):
     _arm(cluster, f"{CANCEL_IDLE_S}s")
     armed_at = time.monotonic()
     cancelled = run_fab(cluster, "autostop", "--cancel", timeout=60)
-    assert cancelled.returncode == 0 and cancelled.stdout.strip() == "auto-stop: off", cancelled.stdout + cancelled.stderr
+    assert cancelled.returncode == 0 and cancelled.stdout.strip() == "auto-stop: off", (cancelled.stdout
+                                                                                        + cancelled.stderr)
     # what `fab train` runs on an AWS master: the stack's default does not undo a cancel
     again = cluster.ssh(0, autostop.arm_default_command(2, 1))
     assert again.returncode == 0 and "armed=no" in again.stdout, again.stdout + again.stderr

@@ -160,7 +160,8 @@ def test_fab_local_up_and_down_cli(tmp_path):
         assert up.returncode == 0, up.stderr
         assert "node1: sshd up" in up.stdout
         # fab has exited; the nodes' sshd keep running without it
-        state = local_state.load_state(local_state.paths_for(name, config=tmp_path / "cfg" / "xeon-cluster", data=tmp_path / "data"))
+        paths = local_state.paths_for(name, config=tmp_path / "cfg" / "xeon-cluster", data=tmp_path / "data")
+        state = local_state.load_state(paths)
         assert lc.is_running(state)
         assert all(local_system.port_open(n.address) for n in state.nodes)
         inventory = yaml.safe_load((tmp_path / "cfg" / "xeon-cluster" / "local" / name / "inventory.yaml").read_text())
@@ -229,10 +230,11 @@ def test_check_host_refuses_non_root(monkeypatch):
 
 
 def test_known_hosts_text_lists_address_and_alias():
+    node = local_state.NodeState(name="node0", namespace="xc-x-n0", veth="v0", address="10.200.0.2",
+                                 dir="/d/node0", sshd_config="/d/node0/etc/sshd_config",
+                                 host_key="ssh-ed25519 AAAAkey0")
     state = local_state.ClusterState(name="x", bridge="b", subnet="10.200.0.0/24", bridge_address="10.200.0.1",
-                            data_dir="/d", cluster_dir="/c", key_path="/c/k", inventory_path="/c/i",
-                            nodes=[local_state.NodeState(name="node0", namespace="xc-x-n0", veth="v0", address="10.200.0.2",
-                                                dir="/d/node0", sshd_config="/d/node0/etc/sshd_config",
-                                                host_key="ssh-ed25519 AAAAkey0")])
+                                     data_dir="/d", cluster_dir="/c", key_path="/c/k", inventory_path="/c/i",
+                                     nodes=[node])
     assert state.known_hosts_text() == "10.200.0.2,node0 ssh-ed25519 AAAAkey0\n"
     assert local_state.ClusterState.from_json(state.to_json()) == state

@@ -75,7 +75,8 @@ def test_resume_takes_the_newest_checkpoint_every_node_can_read(installed_cluste
         run_id = json.loads((master_dir / "summary.json").read_text())["run_id"]
         manifests = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["Contents"]
                            if o["Key"].endswith("xeon-checkpoint.json"))
-        assert manifests == [f"{PREFIX}/checkpoint-3/xeon-checkpoint.json", f"{PREFIX}/checkpoint-6/xeon-checkpoint.json"]
+        assert manifests == [f"{PREFIX}/checkpoint-3/xeon-checkpoint.json",
+                             f"{PREFIX}/checkpoint-6/xeon-checkpoint.json"]
         # checkpoint-6's upload "failed": S3 has its files but no manifest; the master still has it whole
         s3.delete_object(Bucket=BUCKET, Key=f"{PREFIX}/checkpoint-6/xeon-checkpoint.json")
         assert (master_dir / "checkpoint-6" / "xeon-checkpoint.json").exists()

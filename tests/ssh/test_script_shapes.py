@@ -40,7 +40,8 @@ accelerator = Accelerator()
 torch.manual_seed(accelerator.process_index)  # different starting weights: only DDP's broadcast makes them agree
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(0)), torch.randn(64, 1))
+data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(0)),
+                                      torch.randn(64, 1))
 loader = torch.utils.data.DataLoader(data, batch_size=4)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 if args.resume_from_checkpoint:

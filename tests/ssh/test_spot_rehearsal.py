@@ -33,7 +33,8 @@ import json, sys, urllib.request, urllib.error
 base = "http://169.254.169.254"
 def call(method, path, headers):
     try:
-        with urllib.request.urlopen(urllib.request.Request(base + path, method=method, headers=headers), timeout=3) as r:
+        request = urllib.request.Request(base + path, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=3) as r:
             return [r.status, r.read().decode()]
     except urllib.error.HTTPError as e:
         return [e.code, ""]
@@ -102,7 +103,8 @@ def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
 def train_with(cluster, action: list[str], output_dir: str) -> tuple[subprocess.CompletedProcess, int, str]:
     """`fab train` on 3 nodes; once the spot watcher polls, `fab <action>` runs. (action run, train rc, log)."""
     argv = ["train", "--nodes", "3", "--cluster", f"local:{cluster.name}",
-            "--synthetic-examples", "1500", "--epochs", "15", "--output-dir", output_dir, "--extra", "--spot_poll_seconds 1"]
+            "--synthetic-examples", "1500", "--epochs", "15", "--output-dir", output_dir,
+            "--extra", "--spot_poll_seconds 1"]
     return act_while_training(cluster, argv, action, ("spot watcher polling", "'loss'"))
 
 

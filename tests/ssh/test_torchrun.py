@@ -101,7 +101,8 @@ def test_user_script_under_torchrun_runs_fails_with_its_code_and_stops(cluster, 
     for rank in range(3):
         assert f"rank {rank} of 3 on node{rank}: sum 6, args ['--x', 'a b']" in out, out[-4000:]
 
-    failed = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"), "--args", "--fail --wait")
+    failed = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"),
+                 "--args", "--fail --wait")
     out = failed.stdout + failed.stderr
     # torchrun's own code is 1; fab names the rank and its node and passes the program's 7 on
     assert re.search(r"^  rank 1 on node node1 \(pid \d+\): exit code 7$", out, re.M), out[-4000:]

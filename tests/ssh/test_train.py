@@ -193,7 +193,7 @@ def test_ctrl_c_keeps_job_then_fab_stop_ends_every_rank(train_cluster):
         job_id = wait_for(lambda: newest_job(train_cluster, 0) != before and newest_job(train_cluster, 0),
                           60, "the job directory")
         for i in range(3):
-            wait_for(lambda: rank_file(train_cluster, i, job_id, i).exists(), 90, f"rank {i}")
+            wait_for(lambda i=i: rank_file(train_cluster, i, job_id, i).exists(), 90, f"rank {i}")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate("n\n", timeout=60)
     finally:

@@ -74,7 +74,8 @@ config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_atte
 spot = SpotNoticeCallback()
 args = TrainingArguments(output_dir=os.environ["XEON_CLUSTER_OUTPUT_DIR"], max_steps=40, per_device_train_batch_size=4,
                          save_strategy="no", report_to=[], logging_steps=1000, use_cpu=True)
-trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Data(), callbacks=[Slow(), spot])
+trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Data(),
+                  callbacks=[Slow(), spot])
 start = trainer.state.global_step
 trainer.train(resume_from_checkpoint="--resume" in sys.argv[1:] or None)
 print(f"rank {os.environ['RANK']}: stopped at step {trainer.state.global_step}, notice saved at {spot.saved_at}, "
@@ -139,7 +140,8 @@ def tiny_wheel(tmp_path_factory) -> tuple[Path, str]:
     version = f"1.0.{int(time.time())}"
     write(src, {"pyproject.toml": f'[project]\nname = "xc-test-tinypkg"\nversion = "{version}"\n'
                                   '[tool.setuptools]\npy-modules = ["tinypkg"]\n'
-                                  '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n',
+                                  '[build-system]\nrequires = ["setuptools"]\n'
+                                  'build-backend = "setuptools.build_meta"\n',
                 "tinypkg.py": f'VERSION = "{version}"\n'})
     dist = tmp_path_factory.mktemp("wheels")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),

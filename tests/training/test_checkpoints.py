@@ -79,7 +79,8 @@ def test_upload_verify_and_choose_newest_complete(mocked_s3, tmp_path):
     make_checkpoint(local_root, 150)
 
     def choose():
-        return checkpoints.choose_resume([checkpoints.local_checkpoints(local_root)], checkpoint_s3.s3_checkpoints(s3, uri))
+        return checkpoints.choose_resume([checkpoints.local_checkpoints(local_root)],
+                                         checkpoint_s3.s3_checkpoints(s3, uri))
 
     assert choose().location == f"{uri}/checkpoint-200"
     make_checkpoint(local_root, 250)

@@ -50,7 +50,8 @@ def _home(tmp_path):
 
 def _status(home) -> autostop.Status:
     script = autostop.service_script()
-    result = subprocess.run(["bash", "-c", script, "xeon-cluster-autostop", "status"], env={**os.environ, "HOME": str(home)},
+    result = subprocess.run(["bash", "-c", script, "xeon-cluster-autostop", "status"],
+                            env={**os.environ, "HOME": str(home)},
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     return autostop.parse_status(result.stdout)
@@ -125,7 +126,8 @@ def test_status_lines():
 def test_exec_record_keeps_the_commands_exit_code_and_leaves_a_timestamp(tmp_path):
     home = _home(tmp_path)
     wrapped = autostop.recorded_command("echo hi; exit 3")
-    result = subprocess.run(["sh", "-c", wrapped], env={**os.environ, "HOME": str(home)}, capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", wrapped], env={**os.environ, "HOME": str(home)},
+                            capture_output=True, text=True)
     assert (result.returncode, result.stdout) == (3, "hi\n")
     records = sorted(p.name for p in (home / autostop.ACTIVITY_DIR).iterdir())
     assert records == ["last-exec"]  # the running record is gone, the end is recorded

@@ -61,7 +61,8 @@ def test_a_cloud_init_console_gives_every_fingerprint_and_key(host_keys):
     shown = parse_console(cloud_init_console(host_keys))
     assert [(f.label, f.bits, f.comment) for f in shown.fingerprints] == [
         ("ECDSA", 256, "root@ip-10-0-1-5"), ("ED25519", 256, "root@ip-10-0-1-5"), ("RSA", 3072, "root@ip-10-0-1-5")]
-    assert [f.sha256 for f in shown.fingerprints] == [host_keys[k]["keygen"].split()[1] for k in ("ECDSA", "ED25519", "RSA")]
+    expected = [host_keys[k]["keygen"].split()[1] for k in ("ECDSA", "ED25519", "RSA")]
+    assert [f.sha256 for f in shown.fingerprints] == expected
     assert shown.keys == tuple(host_keys[k]["line"] for k in ("ECDSA", "ED25519", "RSA"))
     assert shown.verified_keys() == shown.keys
 

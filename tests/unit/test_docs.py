@@ -133,7 +133,8 @@ def test_relative_links_point_to_existing_files_and_headings(page):
     assert not problems, f"{page_id(page)}:\n  " + "\n  ".join(problems)
 
 
-OUTSIDE = re.compile(r"(?:\.\./)+[\w.-]+(?:/[\w.-]+)*")  # a relative path upwards: fine while it stays in the repository
+# a relative path upwards: fine while it stays in the repository
+OUTSIDE = re.compile(r"(?:\.\./)+[\w.-]+(?:/[\w.-]+)*")
 # "issue N", "issue #N", "PR N", "pull request #N", "(#N)": this project's tracker, which the
 # repository does not carry. Another project's, named by its owner/repo just before
 # (hashicorp/terraform-provider-aws#N, boto/boto3#N), is a citation and fine.

@@ -94,7 +94,8 @@ def test_the_command_is_torchrun_with_the_layout_and_the_operators_elastic_setti
     for index in (0, 3):  # what torchrun reads from the operator equals what the command says
         injected = operator_env(job, index)
         assert injected["PET_NNODES"] == option(command, "--nnodes") == "2:4"
-        assert injected["PET_RDZV_ENDPOINT"] == option(command, "--rdzv-endpoint") == f"{k8s.DEFAULT_NAME}-worker-0:29400"
+        assert (injected["PET_RDZV_ENDPOINT"] == option(command, "--rdzv-endpoint")
+                == f"{k8s.DEFAULT_NAME}-worker-0:29400")
         assert injected["PET_RDZV_ID"] == option(command, "--rdzv-id")
         assert injected["PET_MAX_RESTARTS"] == option(command, "--max-restarts")
         assert injected["PET_RDZV_BACKEND"] == option(command, "--rdzv-backend")
@@ -167,7 +168,8 @@ def test_the_dockerfile_copies_every_package_the_project_installs():
     packages = {p.removesuffix("*") for p in patterns}
     assert "xeon_cluster" in packages and "training" in packages
     copied = set(re.findall(r"^COPY\s+(\S+?)/?\s+\S+$", (ROOT / "docker" / "Dockerfile").read_text(), re.M))
-    assert packages <= copied, f"docker/Dockerfile copies no {sorted(packages - copied)}: `pip install /src` leaves it out"
+    assert packages <= copied, (f"docker/Dockerfile copies no {sorted(packages - copied)}: "
+                                "`pip install /src` leaves it out")
 
 
 def test_every_question_the_dockerfile_asks_the_profile_has_an_answer():

@@ -35,7 +35,8 @@ ROOMS = {
     "node_setup/tasks": (("cluster", "node_setup", "training.exit_codes"), ()),
     "node_setup/aws": (("cluster", "node_setup.discovery"), ("fabric", "paramiko")),
     "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.stack_config", "node_setup.local.state",
-                        "node_setup.local.console", "node_setup.aws.console", "node_setup.aws.worker_group"), ("boto3",)),
+                        "node_setup.local.console", "node_setup.aws.console", "node_setup.aws.worker_group"),
+                       ("boto3",)),
     "node_setup/local": (("cluster", "node_setup.controller", "training.imds"), ("boto3",)),
     "node_setup/supervisor": (("cluster",), ("fabric", "paramiko", "invoke")),
 }

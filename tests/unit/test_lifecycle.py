@@ -59,7 +59,8 @@ def test_the_missing_cli_message_is_one_line_per_command_in_order():
 
 
 def test_a_first_up_takes_twice_as_long_on_metal_and_bills_the_master_throughout():
-    metal, other = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl")), lifecycle.first_up(catalog.lookup("c6i.16xlarge"))
+    metal = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"))
+    other = lifecycle.first_up(catalog.lookup("c6i.16xlarge"))
     assert (metal.seconds, other.seconds) == (7200, 3600)
     assert metal.instance_seconds(4) == 7200 + 3 * 20 * 60
     assert other.instance_seconds(1) == 3600

@@ -118,7 +118,8 @@ def test_scripts_are_deterministic_and_parse_as_bash():
 def test_install_source_is_the_wheelhouse_when_given_else_each_index_alone_then_pypi_alone():
     stock = PROFILES["stock"]
     online = install_script(InstallPlan(stock))
-    assert "INDEX_URLS=(https://download.pytorch.org/whl/cpu)" in online and "INDEX_REQUIREMENTS=(torch==2.13.0)" in online
+    assert "INDEX_URLS=(https://download.pytorch.org/whl/cpu)" in online
+    assert "INDEX_REQUIREMENTS=(torch==2.13.0)" in online
     assert "PIP_SOURCE=()" in online and "--extra-index-url" not in online and "--no-index" not in online
     offline = install_script(InstallPlan(stock, wheelhouse="/var/cache/w h"))
     assert "--no-index --find-links '/var/cache/w h'" in offline and "--extra-index-url" not in offline
@@ -145,7 +146,8 @@ def _check_events(**overrides):
     stock = PROFILES["stock"]
     facts = {"python": "/opt/xeon-cluster/venv-stock/bin/python 3.12.3",
              "profile_marker": fingerprint_digest(stock), "project_marker": "0.1.0+aa",
-             "cpu_flags": "amx_bf16 amx_tile avx512_bf16 avx512f", "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+             "cpu_flags": "amx_bf16 amx_tile avx512_bf16 avx512f",
+             "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
              "disk_free_kib": f"{50 * 2**20} /opt/xeon-cluster/venv-stock"}
     facts.update(overrides.pop("facts", {}))
     pkgs = {"torch": "2.13.0+cpu", "transformers": "5.23.0", "accelerate": "1.15.0", "datasets": "5.2.0",

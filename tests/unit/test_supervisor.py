@@ -46,7 +46,8 @@ class FakeCluster:
     def __init__(self, events=()):
         self.now = 0.0
         self.events = sorted(events, key=lambda e: e[0])
-        self.members = {n: Member(n, f"10.0.0.{i + 2}", f"i-{i:016x}") for i, n in enumerate(("node0", "node1", "node2"))}
+        self.members = {n: Member(n, f"10.0.0.{i + 2}", f"i-{i:016x}")
+                        for i, n in enumerate(("node0", "node1", "node2"))}
         self.states = {m.instance_id: "running" for m in self.members.values()}
         self.silent: set[str] = set()
         self.notices: dict[str, str] = {}
