@@ -56,7 +56,8 @@ def _local_link(inventory) -> str:
     "compile": "also time the job eager and compiled on one node, and the compile (about a minute on a small "
                "machine); `fab train --compile auto` and `fab plan` use the figures",
     "layouts": "also run the job for a few steps in each layout the node allows (1 rank per node, one per socket, "
-               "2 and 4 per socket) and keep the fastest, which `fab train` and `fab plan` then use (--nodes 1 allowed)",
+               "2 and 4 per socket) and keep the fastest, which `fab train` and `fab plan` then use "
+               "(--nodes 1 allowed)",
 })
 def bench(c, nodes=0, cluster="", region="", model=benchplan.SYNTHETIC_MODEL, batch=benchplan.DEFAULT_BATCH,
           seq_len=benchplan.SYNTHETIC_SEQ_LEN, steps=benchplan.DEFAULT_STEPS, repeats=benchplan.DEFAULT_REPEATS,
