@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from cluster import calibration as calib
 from cluster import timemodel as tm
@@ -116,7 +117,7 @@ def plan_layout_runs(inventory: Inventory, o: BenchOptions) -> tuple[str, list[J
     machine = machine_for(inventory, nodes)[0]
     profile = get_profile(inventory.profile)
     demo = synthetic_data("qa", None, f"{venv_dir(profile)}/bin/python")
-    options = dict(demo.options)
+    options: dict[str, Any] = dict(demo.options)
     if o.model != SYNTHETIC_MODEL:
         options["model"] = o.model
     options.pop("validation_file")  # no evaluation: only the steps are timed

@@ -27,6 +27,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 VERSION = 1
 DTYPES = ("fp32", "bf16")
@@ -125,7 +126,7 @@ class Calibration:
         return json.dumps(self.to_mapping(), indent=2) + "\n"
 
 
-def _nearest(table: dict[int, object], nodes: int) -> int:
+def _nearest(table: Mapping[int, object], nodes: int) -> int:
     below = [n for n in table if n <= nodes]
     return max(below) if below else min(table)
 

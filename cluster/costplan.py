@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from cluster import autostop, catalog, lifecycle, models
 from cluster import timemodel as tm
@@ -216,6 +217,7 @@ def _compiled(o: PlanOptions, cal: Calibration | None, rates: dict[int, float]
         if o.compile == "on":
             raise ValueError(f"--compile: on needs the calibration's compile figures; {why}")
         return None, [("compile", "eager", why)]
+    assert cal is not None  # the cost came from it
     return cost, [("compile", f"step {cost.eager_step_s:.3f} s eager, {cost.compiled_step_s:.3f} s compiled, "
                    f"{cost.compile_s:.0f} s to compile", f"measured by fab bench --compile ({cal.source}); "
                    + ("given (--compile on)" if o.compile == "on" else "auto: compiled where the saving over the "
@@ -327,7 +329,9 @@ def _network(o: PlanOptions, cal: Calibration | None, instance: InstanceType, it
         for n in node_counts:
             if n < 2:
                 continue
-            fit, at = cal.link_fit(n, grad_comm)
+            found = cal.link_fit(n, grad_comm) if cal else None
+            assert found is not None  # measured_link: the calibration has this dtype at some count
+            fit, at = found
             networks[n] = tm.Network(instance.network_gbps, placement_group=o.placement_group,
                                      flows_per_rank=o.flows_per_rank, latency_s=fit.latency_s, measured_gbps=fit.gbps)
             sources.append((f"all-reduce, {n} node(s)", f"{fit.gbps:.3f} Gbit/s per node, {fit.latency_s * 1e6:.0f} us "
@@ -344,7 +348,8 @@ def _network(o: PlanOptions, cal: Calibration | None, instance: InstanceType, it
 def render_sources(inputs: PlanInputs) -> str:
     """Where each input came from: measured, given, catalog default."""
     width = max(len(name) for name, _, _ in inputs.sources)
-    return "\n".join(["inputs:"] + [f"  {name:<{width}}  {value}  [{source}]" for name, value, source in inputs.sources])
+    return "\n".join(["inputs:"] + [f"  {name:<{width}}  {value}  [{source}]"
+                                    for name, value, source in inputs.sources])
 
 
 def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
@@ -450,14 +455,15 @@ def fastest(rows: list[PlanRow]) -> PlanRow:
     return min(rows, key=lambda r: (r.prediction.run_seconds, r.total_usd))
 
 
-def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "", notes: list[str] = ()) -> str:
+def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "", notes: Sequence[str] = ()) -> str:
     lines = [header] if header else []
     lines.append(f"{'nodes':>5}  {'epoch time':>11}  {'run time':>11}  {'efficiency':>10}  {'$/hour':>8}  "
                  f"{'provision $':>11}  {'run $':>8}  {'idle $':>8}  {'total $':>8}  {'step s':>7}  {'comm s':>7}")
     for row in rows:
         p = row.prediction
         idle = "-" if row.idle_tail_seconds is None else f"{row.idle_tail_usd:.2f}"
-        lines.append(f"{row.nodes:>5}  {tm.format_duration(p.epoch_seconds):>11}  {tm.format_duration(p.run_seconds):>11}  "
+        lines.append(f"{row.nodes:>5}  {tm.format_duration(p.epoch_seconds):>11}  "
+                     f"{tm.format_duration(p.run_seconds):>11}  "
                      f"{p.efficiency:>10.0%}  {row.hourly_usd:>8.2f}  {row.provisioning_usd:>11.2f}  "
                      f"{row.run_usd:>8.2f}  {idle:>8}  {row.total_usd:>8.2f}"
                      f"  {p.step_seconds:>7.3f}  {p.comm_s / p.steps:>7.3f}")
@@ -469,8 +475,10 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
         lines.append(f"price: {price_source}")
     lines.extend(notes)
     cheap, fast = cheapest(rows), fastest(rows)
-    lines.append(f"cheapest: {cheap.nodes} node(s), ${cheap.total_usd:.2f} in {tm.format_duration(cheap.prediction.run_seconds)}")
-    lines.append(f"fastest:  {fast.nodes} node(s), {tm.format_duration(fast.prediction.run_seconds)} for ${fast.total_usd:.2f}")
+    lines.append(f"cheapest: {cheap.nodes} node(s), ${cheap.total_usd:.2f} in "
+                 f"{tm.format_duration(cheap.prediction.run_seconds)}")
+    lines.append(f"fastest:  {fast.nodes} node(s), {tm.format_duration(fast.prediction.run_seconds)} "
+                 f"for ${fast.total_usd:.2f}")
     return "\n".join(lines)
 
 

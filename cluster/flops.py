@@ -105,7 +105,7 @@ def peak_from_catalog(instance: InstanceType, bf16: bool) -> Peak | None:
 
 def parse_lscpu(text: str) -> dict[str, str]:
     """`lscpu`'s `Name: value` lines as a mapping (LC_ALL=C output)."""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep:
@@ -152,7 +152,7 @@ def mfu(achieved_flops_per_s: float, peak: Peak | None) -> float | None:
 def progress_line(step: int, flops_per_s_per_node: float, peak: Peak | None) -> str | None:
     """The line the job logs while it trains, None without a peak."""
     ratio = mfu(flops_per_s_per_node, peak)
-    if ratio is None:
+    if ratio is None or peak is None:
         return None
     return (f"step {step}: {PROGRESS_MARKER} {flops_per_s_per_node / 1e12:.3f} TFLOP/s, MFU {ratio * 100:.2f}% "
             f"of {peak.flops_per_s / 1e12:.3f} TFLOP/s ({peak.precision}; {peak.source})")

@@ -87,8 +87,12 @@ def parse(text: str) -> list[JobRow]:
 
     A directory whose name is no job id (cluster/jobplan.py JOB_ID_RE) is left out: no `fab train` made it.
     """
-    now, rows = None, []
-    job_id, lines, meta, in_json = None, [], [], False
+    now: int | None = None
+    rows: list[JobRow] = []
+    job_id: str | None = None
+    lines: list[str] = []
+    meta: list[str] = []
+    in_json = False
 
     def flush():
         if job_id is not None and JOB_ID_RE.match(job_id):

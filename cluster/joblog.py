@@ -127,7 +127,7 @@ def first_failure(log: str, rank_hosts: Sequence[str]) -> RankFailure | None:
     ended by a signal (the launcher ends the others with one after the first fails)."""
     failures = rank_failures(log, rank_hosts)
     exited = [f for f in failures if f.exit_code is not None]
-    return (exited or failures or [None])[0]
+    return (exited or failures)[0] if failures else None
 
 
 def failure_report(log: str, rank_hosts: Sequence[str], exit_code: int | None) -> list[str]:
@@ -143,8 +143,7 @@ def failure_report(log: str, rank_hosts: Sequence[str], exit_code: int | None) -
             continue
         node = rank_hosts[rank] if rank < len(rank_hosts) else "?"
         found.append(f"rank {rank} on node {node} (host {host}, pid {pid}): {how.strip().lower()}")
-    seen = set()
-    unique = [f for f in found if not (f in seen or seen.add(f))]
+    unique = list(dict.fromkeys(found))  # first occurrence of each, in order
     if unique or exit_code in (None, 0):
         return unique
     # no hydra report: name the ranks that printed a traceback or an error line last

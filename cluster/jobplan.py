@@ -85,6 +85,7 @@ class JobPlan:
 
     def _describe_torchrun(self) -> list[str]:
         launch, run = self.launch, self.launch.torchrun
+        assert run is not None  # the torchrun flavour carries its plan
         out = [f"torchrun on every node, started over SSH from the master: --nnodes {run.nnodes}, "
                f"--nproc-per-node {run.nproc_per_node}, c10d rendezvous at {run.rdzv_endpoint} (id {run.rdzv_id})"]
         if run.min_nodes is not None:
@@ -216,8 +217,9 @@ def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], 
                        prepare=tuple(prepare), notes=tuple(notes) + layout.notes, user=user, copy=copy,
                        install=install)
     args = list(training_args)
-    if catalog.lookup(inv.instance_type or "") and not any(a.split("=", 1)[0] == "--instance_type" for a in args):
-        args += ["--instance_type", inv.instance_type]  # the catalog's peak for the summary's MFU (cluster/flops.py)
+    instance_type = inv.instance_type or ""
+    if catalog.lookup(instance_type) and not any(a.split("=", 1)[0] == "--instance_type" for a in args):
+        args += ["--instance_type", instance_type]  # the catalog's peak for the summary's MFU (cluster/flops.py)
     given = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
              for i, a in enumerate(args) if a == "--output_dir" or a.startswith("--output_dir=")]
     if given:  # the user's own (e.g. through --extra) wins

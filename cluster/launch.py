@@ -31,12 +31,15 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cluster import names, shell
 from cluster.layout import Layout
 from xeon_cluster import NOTICE_FILE_VARIABLE, NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE
 from xeon_cluster.run import ACCELERATE_CPU_VARIABLE, RANK_DIR_VARIABLE
+
+if TYPE_CHECKING:  # cluster/torchrun.py imports this module
+    from cluster.torchrun import TorchrunPlan
 
 FLAVOURS = ("intel-mpi", "intel-mpi-oneccl", "openmpi")
 # What starts the ranks (`fab train --launcher`): the profile's MPI (above), or one torchrun per node
@@ -178,7 +181,7 @@ class LaunchPlan:
     # and the cluster.torchrun.TorchrunPlan they come from
     node_commands: dict[str, str] = field(default_factory=dict)
     stop_command: str = ""  # what ends one node's torchrun
-    torchrun: object | None = None
+    torchrun: TorchrunPlan | None = None
 
     @property
     def launcher(self) -> str:
@@ -231,6 +234,7 @@ class LaunchPlan:
     def _torchrun_script(self) -> str:
         """cluster/shell/job-torchrun.sh: every node's torchrun started from the master (see there)."""
         plan = self.torchrun
+        assert plan is not None  # the torchrun flavour carries its plan
         values: dict[str, str | Sequence[str]] = {
             "JOB_DIR": self.job_dir, "WORLD_SIZE": str(self.world_size),
             "RANKS_PER_NODE": str(self.layout.ranks_per_node), "NNODES": plan.nnodes,

@@ -27,7 +27,7 @@ class PlanFlops:
 
     def line(self, inputs: PlanInputs, rows: list[PlanRow]) -> str:
         shown = [(row.nodes, self.mfu(inputs, row)) for row in rows]
-        if any(m is None for _, m in shown):
+        if self.peak is None or any(m is None for _, m in shown):
             return "MFU: not predicted (" + "; ".join(f"{n}: {v} [{s}]" for n, v, s in self.sources) + ")"
         return (f"MFU (model FLOP/s per node over the peak, {self.peak.describe()}): "
                 + ", ".join(f"{n} node(s) {m:.1%}" for n, m in shown))

@@ -100,6 +100,7 @@ def install_script(plan: InstallPlan) -> str:
     # Online, the index-only packages come first, each from its own index alone (no PyPI, no
     # dependencies); then every pin from PyPI alone, which finds those already installed.
     # Offline, everything comes from the wheelhouse the controller filled the same way.
+    index_pins: tuple[IndexPin, ...]
     if plan.wheelhouse:
         pip_source, index_pins = ["--no-index", "--find-links", plan.wheelhouse], ()
     else:

@@ -37,7 +37,7 @@ def market(kind: str, spot: bool | None) -> str | None:
     """spot, on-demand, local, or None when not known (an inventory file's machines)."""
     if kind == LOCAL:
         return LOCAL
-    return {True: SPOT, False: ON_DEMAND}.get(spot) if kind == "aws" else None
+    return {True: SPOT, False: ON_DEMAND}.get(spot) if kind == "aws" and spot is not None else None
 
 
 def uptime_seconds(launched_at: float | None, now: float) -> float | None:

@@ -55,7 +55,7 @@ def dependents(state: Mapping, urns: Iterable[str]) -> set[str]:
         grew = False
         for r in resources:
             urn = r.get("urn")
-            if urn in found:
+            if urn is None or urn in found:
                 continue
             needs = set(r.get("dependencies") or [])
             for deps in (r.get("propertyDependencies") or {}).values():

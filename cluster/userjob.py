@@ -225,7 +225,7 @@ def link_inside(workdir: str, target: str) -> str | None:
     return None if rel == ".." or rel.startswith("../") or posixpath.isabs(rel) else rel
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

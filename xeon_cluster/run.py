@@ -214,7 +214,7 @@ def observe_init(module, world: World) -> None:
             pass
         return result
 
-    init_process_group._xeon_cluster_observed = True
+    setattr(init_process_group, "_xeon_cluster_observed", True)  # noqa: B010  (a mark on a wrapper: typed code)
     module.init_process_group = init_process_group
     if c10d is not None and getattr(c10d, "init_process_group", None) is original:
         c10d.init_process_group = init_process_group
@@ -234,7 +234,7 @@ def cpu_by_default(module, environ=os.environ) -> None:
             cpu = True
         original(self, cpu, **kwargs)
 
-    __init__._xeon_cluster_observed = True
+    setattr(__init__, "_xeon_cluster_observed", True)  # noqa: B010
     cls.__init__ = __init__
 
 
@@ -297,7 +297,7 @@ def _join_threads() -> None:
     """Wait for the program's non-daemon threads, with what the interpreter itself calls at exit:
     threading's exit hooks first (they let the workers of a ThreadPoolExecutor left open go), then
     the join."""
-    threading._shutdown()
+    threading._shutdown()  # type: ignore[attr-defined]  # private, what the interpreter calls at exit
 
 
 def _destroy_process_group() -> None:
