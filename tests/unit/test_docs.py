@@ -100,7 +100,10 @@ def test_readme_is_short_and_opens_with_the_setup_commands():
 def test_ci_runs_readmes_set_up_and_test_command_and_nothing_needs_a_system_python():
     setup, test = SETUP_COMMANDS[1].split(" && ")
     steps = [line.strip() for line in CI_RUN.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    assert steps[-2:] == [setup, test], f".ci/run must end with README's two steps, got {steps[-2:]}"
+    # README's set-up first, its tests last; between them only checks from the venv it made (lint, types)
+    assert setup in steps and steps[-1] == test, f".ci/run must run README's set-up, then end with its tests: {steps}"
+    between = steps[steps.index(setup) + 1:-1]
+    assert all(step.startswith(".venv/bin/") for step in between), f".ci/run runs other steps first: {between}"
     commands = [line.strip() for line in (ROOT / "scripts" / "setup-dev.sh").read_text().splitlines()
                 if not line.lstrip().startswith(("#", "echo "))]
     # A stock Debian/Ubuntu has no `python` and refuses system-wide pip (PEP 668): a command word
