@@ -1,25 +1,63 @@
 """Bad input to a `fab` task: one line naming the option, the value and what is allowed, exit code 2,
-before any node or resource is touched. Each row runs the real `fab` (python -m fabric) from the
-repository root against an inventory file of documentation addresses (192.0.2.0/24, never reached:
-every case stops before connecting)."""
+before any node or resource is touched. Each row runs the tasks in this process through the
+`xeon-cluster` program (node_setup/tasks/program.py: the same tasks and parser wrap as `fab`) against
+an inventory file of documentation addresses (192.0.2.0/24, never reached: every case stops before
+connecting); a few rows run the real console commands (`python -m fabric`, `xeon-cluster`) as processes."""
 
 from __future__ import annotations
 
 import base64
+import io
+import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from node_setup.tasks.program import program
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
 
 
-def fab(*argv: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fabric", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env=env)
+@dataclass
+class Ran:
+    """What one `fab` run left: its exit code and what it printed (a subprocess.CompletedProcess's fields)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def fab(*argv: str, cwd: Path = ROOT, env: dict | None = None) -> Ran:
+    """`fab ARGV` run in this process, from `cwd`, with exactly `env` as the environment when given;
+    the working directory, the environment and sys.stdout/stderr are put back afterwards. A leading
+    `-r ROOT` (where fab finds fabfile.py) is dropped: the program holds the tasks itself."""
+    if argv[:1] == ("-r",):
+        argv = argv[2:]
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(out), redirect_stderr(err):
+        patch.chdir(cwd)
+        if env is not None:
+            for name in list(os.environ):
+                patch.delenv(name)
+            for name, value in env.items():
+                patch.setenv(name, value)
+        try:
+            program.run(["xeon-cluster", *argv])
+            code = 0
+        except SystemExit as ended:  # what the interpreter would print and return for it
+            code = ended.code if isinstance(ended.code, int) else 0 if ended.code is None else 1
+            if isinstance(ended.code, str):
+                print(ended.code, file=sys.stderr)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def fab_process(command: list[str], *argv: str) -> subprocess.CompletedProcess:
+    """A console command (`python -m fabric` or `xeon-cluster`) run as its own process from the root."""
+    return subprocess.run([*command, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -158,9 +196,9 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def case_results(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
-    """Every row of CASES run once, a few `fab` processes at a time (each is a Python start-up, and
-    the rows only read the files made here); each row's test then checks its own result."""
+def case_results(tmp_path_factory) -> tuple[Path, dict[str, Ran]]:
+    """Every row of CASES run once, in this process (the rows only read the files made here); each
+    row's test then checks its own result."""
     tmp = tmp_path_factory.mktemp("bad-input")
     (tmp / "w").mkdir()
     (tmp / "other").mkdir()
@@ -170,12 +208,10 @@ def case_results(tmp_path_factory) -> tuple[Path, dict[str, subprocess.Completed
     (tmp / "pin.txt").write_text("torch==2.1.0\n")
     (tmp / "lab.yaml").write_text(INVENTORY)
 
-    def run(argv: list[str]) -> subprocess.CompletedProcess:
+    def run(argv: list[str]) -> Ran:
         return fab(*[a.replace("{inv}", str(tmp / "lab.yaml")).replace("{tmp}", str(tmp)) for a in argv])
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(run, argv) for name, (argv, _) in CASES.items()}
-        return tmp, {name: future.result() for name, future in futures.items()}
+    return tmp, {name: run(argv) for name, (argv, _) in CASES.items()}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -186,6 +222,29 @@ def test_bad_input_is_one_line_and_exit_2(name, case_results):
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# The console commands themselves, as processes: the rows above run the same tasks and parser wrap in-process.
+CONSOLE = {"fab": [sys.executable, "-m", "fabric"],
+           "xeon-cluster": [str(Path(sys.executable).with_name("xeon-cluster"))]}
+
+
+@pytest.mark.parametrize("command", CONSOLE)
+@pytest.mark.parametrize("name", ["nodes not a number", "exec nodes zero"])
+def test_the_console_commands_refuse_in_one_line_and_exit_2(command, name, inventory):
+    argv, message = CASES[name]
+    result = fab_process(CONSOLE[command], *[a.replace("{inv}", inventory) for a in argv])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_fab_finds_the_tasks_with_a_search_root_from_another_directory(tmp_path):
+    (tmp_path / "Pulumi.lab.yaml").write_text(STACK.replace("workerCount", "workerCont"))
+    result = subprocess.run([*CONSOLE["fab"], "-r", str(ROOT), "plan", "--stack", "lab", "--hourly-usd", "5"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "xeon-cluster:workerCont: not a setting of this project" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("key, value, message", [
