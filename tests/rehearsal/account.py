@@ -17,6 +17,10 @@ front of moto's server app (a WSGI middleware) and lets every other request thro
   answered with the console file of the local node at the instance's private address, where a new
   node's host key is verified.
 
+One more double sits behind moto's API, on its EC2 backend: `GroupLaunchDouble`
+(tests/rehearsal/group_launches.py) gives the instances the workers' Auto Scaling group launches
+the addresses of local nodes and the launch template's settings that moto's group leaves out.
+
 The account is seeded with what a real region has and moto does not ship: Canonical's Ubuntu
 24.04 amd64 image (the program's and preflight's lookup finds it), and the VPC and subnet of the
 rehearsal (made through the API, with the local cluster's network as the subnet's CIDR).
@@ -43,6 +47,7 @@ from moto.server import ThreadedMotoServer
 
 from cluster.images import CANONICAL_OWNER
 from node_setup.aws.quotas import ON_DEMAND_QUOTA_CODE, SPOT_QUOTA_CODE
+from tests.rehearsal.group_launches import GroupLaunchDouble
 
 ACCOUNT = DEFAULT_ACCOUNT_ID  # the account moto answers for
 REGION = "us-east-1"
@@ -301,6 +306,7 @@ class Account:
     def __init__(self):
         self.server = RehearsalMotoServer()
         self.url = ""
+        self.group_launches: GroupLaunchDouble | None = None
 
     def start(self) -> "Account":
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
@@ -309,6 +315,9 @@ class Account:
         self.url = f"http://{host}:{port}"
         self._reset()  # moto's backends live in this process: start from an empty account
         self._seed_ubuntu_image()
+        from moto.ec2.models import ec2_backends
+
+        self.group_launches = GroupLaunchDouble.install(ec2_backends[ACCOUNT][REGION])  # after the reset
         return self
 
     def stop(self) -> None:

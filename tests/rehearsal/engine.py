@@ -16,6 +16,8 @@ not know stops the run with its name, so a new resource in the program cannot sl
 | `aws:s3/bucket` and its six settings | CreateBucket + PutBucketTagging; PutPublicAccessBlock, PutBucketOwnershipControls, PutBucketEncryption, PutBucketPolicy, PutBucketVersioning, PutBucketLifecycleConfiguration |
 | `aws:iam/role`, `rolePolicy`, `instanceProfile` | CreateRole, PutRolePolicy, CreateInstanceProfile + AddRoleToInstanceProfile |
 | `aws:ec2/instance` | RunInstances with every input (image, type, subnet, groups, key, placement group, market, IMDS, root volume, profile, instance and volume tags) and the private address of the local node of its rank tag; waits until running |
+| `aws:ec2/launchTemplate` | CreateLaunchTemplate with every input as the template's data (image, type, key, groups or interface, placement group, market, IMDS, root volume, profile, shutdown, instance and volume tags) and its own tags |
+| `aws:autoscaling/group` | CreateAutoScalingGroup (sizes, subnet, template and version, health check, tags with propagate-at-launch); moto launches the instances within the call, on the local nodes after the master's (GroupLaunchDouble, tests/rehearsal/group_launches.py); checks the group is full and its instances running, as the provider's wait for capacity does |
 | the setup step (`ProfileSetup`) | none: its pickled provider's `create()` runs for real, over SSH to the master's address |
 | `aws:ec2/amiFromInstance` | CreateImage (NoReboot, image tags); `rootSnapshotId` from the image's root device |
 | `aws:ec2/tag` | CreateTags (the image's root snapshot) |
@@ -24,9 +26,11 @@ not know stops the run with its name, so a new resource in the program cannot sl
 resources marked `retain_on_delete` (the bucket and its settings, unless `destroyBucket`) are left
 in the account and dropped from the stack; a resource `deleted_with` another one that is deleted
 too (the setup step with the master, the snapshot tags with the image) is not called; the image's
-delete deregisters it and deletes the snapshots it made (`manage_ebs_snapshots`).
+delete deregisters it and deletes the snapshots it made (`manage_ebs_snapshots`); the group's delete
+drains it as the provider's does without `force_delete` (min and desired 0, every instance
+terminated), then deletes it, before the template (registered first, so deleted after).
 
-Why this module is longer than about 400 lines (about 450): `MotoBackedAws` is one Mocks object,
+Why this module is longer than about 400 lines (about 540): `MotoBackedAws` is one Mocks object,
 and each row of the table above is a maker in it and, mostly, a branch of its `delete` over the same moto
 clients; split apart, each resource type's create and delete would sit in different files.
 """
@@ -43,7 +47,8 @@ import pulumi
 from pulumi.runtime import mocks
 
 from cluster.tags import RANK_KEY
-from tests.infra.conftest import AMI, INSTANCE, PROJECT, SETUP, Harness, Registration, RecordingMonitor
+from tests.infra.conftest import (AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT, SETUP, Harness, Registration,
+                                  RecordingMonitor)
 from tests.rehearsal.account import ACCOUNT, REGION, Account
 
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
@@ -74,6 +79,11 @@ def tag_spec(kind: str, tags: dict[str, str] | None) -> list[dict]:
     return [{"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
 
 
+def provider_bool(value) -> bool | None:
+    """The provider's string booleans of a launch template ("true", "false", unset)."""
+    return None if value in (None, "") else str(value).lower() == "true"
+
+
 def aws_filters(items) -> list[dict]:
     return [{"Name": f["name"], "Values": list(f["values"])} for f in items or []]
 
@@ -91,6 +101,8 @@ class MotoBackedAws(mocks.Mocks):
     def __init__(self, account: Account, node_addresses: list[str],
                  setup: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]):
         self.ec2, self.s3, self.iam = account.client("ec2"), account.client("s3"), account.client("iam")
+        self.autoscaling = account.client("autoscaling")
+        self.group_launches = account.group_launches
         self.node_addresses = node_addresses  # by rank: the local node each instance stands for
         self.setup = setup
         self.created: list[Created] = []
@@ -150,7 +162,8 @@ class MotoBackedAws(mocks.Mocks):
                 PLACEMENT_GROUP: self._placement_group, KEY_PAIR: self._key_pair, BUCKET: self._bucket,
                 **{t: self._bucket_setting for t in BUCKET_SETTINGS},
                 ROLE: self._role, ROLE_POLICY: self._role_policy, INSTANCE_PROFILE: self._instance_profile,
-                INSTANCE: self._instance, SETUP: self._setup_step, AMI: self._image, TAG: self._tag}
+                INSTANCE: self._instance, SETUP: self._setup_step, AMI: self._image, TAG: self._tag,
+                LAUNCH_TEMPLATE: self._launch_template, GROUP: self._group}
 
     def _security_group(self, name: str, i: dict) -> tuple[str, dict]:
         group_name = i.get("name") or autoname(name)
@@ -292,6 +305,73 @@ class MotoBackedAws(mocks.Mocks):
                      "availabilityZone": inst["Placement"]["AvailabilityZone"], "instanceState": inst["State"]["Name"],
                      "instanceLifecycle": inst.get("InstanceLifecycle", "")}
 
+    def _launch_template(self, name: str, i: dict) -> tuple[str, dict]:
+        template_name = i.get("name") or autoname(name)
+        data: dict[str, Any] = {"ImageId": i["imageId"], "InstanceType": i["instanceType"], "KeyName": i["keyName"]}
+        if i.get("vpcSecurityGroupIds"):
+            data["SecurityGroupIds"] = list(i["vpcSecurityGroupIds"])
+        if i.get("networkInterfaces"):
+            data["NetworkInterfaces"] = [{k: v for k, v in {
+                "DeviceIndex": int(n.get("deviceIndex") or 0), "Groups": list(n.get("securityGroups") or []),
+                "AssociatePublicIpAddress": provider_bool(n.get("associatePublicIpAddress")),
+                "DeleteOnTermination": provider_bool(n.get("deleteOnTermination"))}.items() if v is not None}
+                for n in i["networkInterfaces"]]
+        if (i.get("placement") or {}).get("groupName"):
+            data["Placement"] = {"GroupName": i["placement"]["groupName"]}
+        market = i.get("instanceMarketOptions")
+        if market:
+            spot = market.get("spotOptions") or {}
+            options = {"SpotInstanceType": spot["spotInstanceType"],
+                       "InstanceInterruptionBehavior": spot["instanceInterruptionBehavior"]}
+            if spot.get("maxPrice"):
+                options["MaxPrice"] = spot["maxPrice"]
+            data["InstanceMarketOptions"] = {"MarketType": market["marketType"], "SpotOptions": options}
+        if i.get("instanceInitiatedShutdownBehavior"):
+            data["InstanceInitiatedShutdownBehavior"] = i["instanceInitiatedShutdownBehavior"]
+        if (i.get("iamInstanceProfile") or {}).get("name"):
+            data["IamInstanceProfile"] = {"Name": i["iamInstanceProfile"]["name"]}
+        if i.get("metadataOptions"):
+            m = i["metadataOptions"]
+            data["MetadataOptions"] = {"HttpEndpoint": m["httpEndpoint"], "HttpTokens": m["httpTokens"],
+                                       "HttpPutResponseHopLimit": int(m["httpPutResponseHopLimit"])}
+        data["BlockDeviceMappings"] = [{"DeviceName": d["deviceName"], "Ebs": {k: v for k, v in {
+            "VolumeSize": int(d["ebs"]["volumeSize"]), "VolumeType": d["ebs"]["volumeType"],
+            "Encrypted": provider_bool(d["ebs"].get("encrypted")),
+            "DeleteOnTermination": provider_bool(d["ebs"].get("deleteOnTermination"))}.items() if v is not None}}
+            for d in i.get("blockDeviceMappings") or []]
+        data["TagSpecifications"] = [spec for t in i.get("tagSpecifications") or []
+                                     for spec in tag_spec(t["resourceType"], t.get("tags"))]
+        made = self.ec2.create_launch_template(
+            LaunchTemplateName=template_name, LaunchTemplateData=data,
+            TagSpecifications=tag_spec("launch-template", i.get("tags")))["LaunchTemplate"]
+        tid = made["LaunchTemplateId"]
+        return tid, {"name": template_name, "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{tid}",
+                     "latestVersion": made["LatestVersionNumber"], "defaultVersion": made["DefaultVersionNumber"]}
+
+    def _group(self, name: str, i: dict) -> tuple[str, dict]:
+        group_name = i.get("name") or autoname(name)
+        subnets = list(i["vpcZoneIdentifiers"])
+        desired = int(i["desiredCapacity"])
+        # The group's instances stand for the local nodes after the master's (by rank, as the instances').
+        self.group_launches.addresses[subnets[0]] = list(self.node_addresses[1:])
+        template = i["launchTemplate"]
+        self.autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=group_name, MinSize=int(i["minSize"]), MaxSize=int(i["maxSize"]),
+            DesiredCapacity=desired, VPCZoneIdentifier=",".join(subnets),
+            LaunchTemplate={"LaunchTemplateId": template["id"], "Version": str(template["version"])},
+            HealthCheckType=i.get("healthCheckType") or "EC2", CapacityRebalance=bool(i.get("capacityRebalance")),
+            Tags=[{"Key": t["key"], "Value": t["value"], "PropagateAtLaunch": bool(t.get("propagateAtLaunch")),
+                   "ResourceId": group_name, "ResourceType": "auto-scaling-group"} for t in i.get("tags") or []])
+        # The provider's wait for capacity: moto fills the group within the call, so it is full or it failed.
+        group = self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group_name])["AutoScalingGroups"][0]
+        ids = [x["InstanceId"] for x in group["Instances"] if x["LifecycleState"] == "InService"]
+        if len(ids) != desired:
+            raise RuntimeError(f"{name}: {len(ids)} of {desired} instance(s) in service after CreateAutoScalingGroup")
+        if ids:
+            self.ec2.get_waiter("instance_running").wait(InstanceIds=ids, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+        return group_name, {"name": group_name, "arn": group["AutoScalingGroupARN"],
+                            "availabilityZones": group["AvailabilityZones"]}
+
     def _setup_step(self, name: str, i: dict) -> tuple[str, dict]:
         props = {k: v for k, v in i.items() if k != "__provider"}
         with self._lock:
@@ -329,6 +409,23 @@ class MotoBackedAws(mocks.Mocks):
             self.ec2.get_waiter("instance_terminated").wait(InstanceIds=[rid],
                                                             WaiterConfig={"Delay": 1, "MaxAttempts": 30})
             return "terminated"
+        if reg.type == GROUP:
+            # The provider's delete without force_delete: min and desired 0, wait until every instance is
+            # terminated (the drain), then delete the group.
+            group = self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[rid])["AutoScalingGroups"][0]
+            ids = [x["InstanceId"] for x in group["Instances"]]
+            self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=rid, MinSize=0, DesiredCapacity=0)
+            if ids:
+                self.ec2.get_waiter("instance_terminated").wait(InstanceIds=ids,
+                                                                WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+            left = self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[rid])["AutoScalingGroups"]
+            if left and left[0]["Instances"]:
+                raise RuntimeError(f"{reg.name}: the drained group still has {left[0]['Instances']}")
+            self.autoscaling.delete_auto_scaling_group(AutoScalingGroupName=rid)
+            return f"drained ({len(ids)} terminated), deleted"
+        if reg.type == LAUNCH_TEMPLATE:
+            self.ec2.delete_launch_template(LaunchTemplateId=rid)
+            return "deleted"
         if reg.type == AMI:
             self.ec2.deregister_image(ImageId=rid)
             for device in reg.state.get("ebsBlockDevices") or []:

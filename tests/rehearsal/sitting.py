@@ -1,6 +1,7 @@
 """A user's whole sitting with the AWS path, rehearsed with only the EC2 API and the Pulumi engine
 replaced: local-up, `fab preflight`, `pulumi up`, the stack's security groups applied to the
-nodes' SSH, `fab train`, `fab status`, `pulumi destroy`,
+nodes' SSH, `fab train`, `fab status`, a worker terminated and replaced by the workers' Auto
+Scaling group (`fab status` shows the replacement), `pulumi destroy`,
 `fab sweep`, then a second stack whose destroy leaves its image behind, caught and removed by
 `fab sweep --delete --yes`.
 
@@ -14,7 +15,9 @@ nodes' SSH, `fab train`, `fab status`, `pulumi destroy`,
 - `pulumi up` / `pulumi destroy` run the real infra/__main__.py under Pulumi's mocks backed by that
   server (tests/rehearsal/engine.py); the setup step runs for real over SSH against the master.
 - The instances are the nodes of a local cluster: the stack's subnet has the local bridge's
-  network, each instance is created with its node's address and none gets a public address, so
+  network, each instance is created with its node's address (the master by the engine, the
+  group's workers by GroupLaunchDouble, tests/rehearsal/group_launches.py, on the nodes after the
+  master's; a replacement on the node of the worker it replaces) and none gets a public address, so
   `fab` reaches the nodes by private address as a controller inside the VPC would: the master
   directly and the workers through it, because the stack's security groups, enforced at the
   nodes' sshd (tests/rehearsal/security_groups.py), admit SSH from outside the cluster on the
@@ -26,7 +29,7 @@ Run it with `bash scripts/rehearse-aws.sh` (or `python -m tests.rehearsal.sittin
 through pytest (tests/rehearsal/test_sitting.py). Each step prints one line with its result; a
 step that fails raises `RehearsalFailed` with the command's output, after cleaning up.
 
-Why this module is longer than about 400 lines (about 510): the sitting is one object, `Sitting`,
+Why this module is longer than about 400 lines (about 590): the sitting is one object, `Sitting`,
 whose steps run in order on the same state (the local cluster, the moto account, the stack file,
 the controller's config directory) and each reads what the one before left; the account, the
 engine, the master's sandbox and the security groups are already modules of their own.
@@ -35,6 +38,7 @@ engine, the master's sandbox and the security groups are already modules of thei
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import re
@@ -55,7 +59,7 @@ import yaml
 
 from cluster.profiles import get_profile, venv_dir
 from cluster.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
-from cluster.tags import CLUSTER_KEY, RANK_KEY
+from cluster.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER
 from node_setup.aws.sweep import LIVE_INSTANCE_STATES
 from node_setup.controller import cache_root
 from node_setup.discovery import KEY_ENV
@@ -64,6 +68,7 @@ from node_setup.local.console import console_path
 from node_setup.ssh import keys as ssh_keys
 from tests.rehearsal.account import REGION, UBUNTU_IMAGE_ID, ZONE, Account
 from tests.rehearsal.engine import AMI, TAG, Stack
+from tests.rehearsal.group_launches import GROUP_NAME_TAG
 from tests.rehearsal.master_node import MasterNodeSandbox
 from tests.rehearsal.security_groups import SshIngressDouble
 from tests.ssh.conftest import FAB, REPO_ROOT, local_cluster_unavailable
@@ -179,6 +184,7 @@ class Sitting:
             self.security_groups()
             self.train()
             self.status()
+            self.worker_replaced()
             self.pulumi_destroy(stack)
             self.sweep_finds_only_kept()
             leaky = self.second_stack_with_a_forgetful_destroy()
@@ -271,9 +277,14 @@ class Sitting:
                        and setup.get("private_key_path") == self.state.key_path,
                        f"the setup step was registered for {setup.get('user')}@{setup.get('host')} with key "
                        f"{setup.get('private_key_path')}, not root@{addresses[0]} with {self.state.key_path}")
-            self.check(outputs["nodePrivateAddresses"] == addresses and outputs["masterPublicAddress"] == ""
+            groups = self.account.client("autoscaling").describe_auto_scaling_groups(
+                Filters=[{"Name": f"tag:{CLUSTER_KEY}", "Values": [self.cluster]}])["AutoScalingGroups"]
+            self.check(outputs["masterPrivateAddress"] == addresses[0] and outputs["masterPublicAddress"] == ""
+                       and outputs["workerCount"] == NODES - 1
+                       and [g["AutoScalingGroupName"] for g in groups] == [outputs["workerGroupName"]]
                        and outputs["sshUser"] == "root" and outputs["subnetId"] == self.subnet
-                       and outputs["baseAmiId"] == UBUNTU_IMAGE_ID, f"stack outputs: {outputs}")
+                       and outputs["baseAmiId"] == UBUNTU_IMAGE_ID, f"stack outputs: {outputs}; groups {groups}")
+            self.group_name = outputs["workerGroupName"]
             self.check_instances(outputs)
             self.check(host_keys() == before, "this machine's /etc/ssh host keys changed: the pre-bake cleanup "
                        "escaped the master's node")
@@ -291,8 +302,9 @@ class Sitting:
             result["summary"] = (f"{len(stack.aws.created)} resources in the account "
                                  f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}); setup step "
                                  f"over SSH to root@{addresses[0]}: xeon-cluster {installed} in the venv, host keys "
-                                 f"parked for the bake; image {outputs['amiId']}; "
-                                 f"nodePrivateAddresses {', '.join(addresses)}, no public address "
+                                 f"parked for the bake; image {outputs['amiId']}; master {addresses[0]}, "
+                                 f"worker group {self.group_name} of {outputs['workerCount']} on "
+                                 f"{', '.join(addresses[1:])}, no public address "
                                  f"({time.monotonic() - started:.0f} s)")
         return stack
 
@@ -349,24 +361,43 @@ class Sitting:
                                                 {"Name": "instance-state-name", "Values": states}])
         return [i for r in found["Reservations"] for i in r["Instances"]]
 
+    def discovery_order(self) -> list[local_state.NodeState]:
+        """The local nodes in the order discovery gives their instances: the master, then the workers by
+        private address (node_setup/aws/discovery.py)."""
+        master, *workers = self.state.nodes
+        return [master, *sorted(workers, key=lambda n: int(ipaddress.ip_address(n.address)))]
+
+    def running_in_discovery_order(self) -> list[dict]:
+        def key(instance: dict) -> tuple:
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            return tags.get(ROLE_KEY) != ROLE_MASTER, int(ipaddress.ip_address(instance["PrivateIpAddress"]))
+
+        return sorted(self.instances(self.cluster, ["running"]), key=key)
+
     def check_instances(self, outputs: dict) -> None:
-        running = sorted(self.instances(self.cluster, ["running"]),
-                         key=lambda i: int({t["Key"]: t["Value"] for t in i["Tags"]}[RANK_KEY]))
+        running = self.running_in_discovery_order()
         got = [(i["PrivateIpAddress"], i.get("PublicIpAddress"), i["SubnetId"]) for i in running]
-        want = [(n.address, None, self.subnet) for n in self.state.nodes]
-        self.check(got == want, f"instances in rank order (private, public, subnet): {got}; wanted {want}")
+        want = [(n.address, None, self.subnet) for n in self.discovery_order()]
+        self.check(got == want, f"instances, master first (private, public, subnet): {got}; wanted {want}")
         self.check(running[0]["ImageId"] == UBUNTU_IMAGE_ID
                    and all(i["ImageId"] == outputs["amiId"] for i in running[1:]),
                    "the master boots the Ubuntu image and the workers the baked one")
+        group = [{t["Key"]: t["Value"] for t in i["Tags"]}.get(GROUP_NAME_TAG) for i in running]
+        self.check(group == [None] + [outputs["workerGroupName"]] * (NODES - 1)
+                   and all(i.get("InstanceLifecycle") == "spot" and i["MetadataOptions"]["HttpTokens"] == "required"
+                           for i in running),
+                   f"the workers are the group's spot instances with IMDSv2: groups {group}",
+                   json.dumps(running, indent=1, default=str))
 
     def train(self) -> None:
         with self.step(f"fab train --nodes {NODES} --cluster {self.cluster} (dry run: discovery)") as result:
             out = self.fab("train", "--nodes", str(NODES), "--cluster", self.cluster, *TRAIN_ARGS, "--dry-run")
             self.check(f"on cluster '{self.cluster}' (aws," in out, "discovery did not find the AWS cluster", out)
             nodes = re.findall(r"^  (node\d+)\s+(\S+)\s+private (\S+)", out, re.M)
-            want = [(f"node{i}", n.address, n.address) for i, n in enumerate(self.state.nodes)]
-            self.check(nodes == want, f"discovered nodes {nodes}, wanted {want} (rank order, private addresses)", out)
-            result["summary"] = "found by tags, rank order, private addresses: " + ", ".join(
+            want = [(f"node{i}", n.address, n.address) for i, n in enumerate(self.discovery_order())]
+            self.check(nodes == want, f"discovered nodes {nodes}, wanted {want} (the master, then the workers by "
+                       "private address)", out)
+            result["summary"] = "found by tags, the master then the workers by private address: " + ", ".join(
                 f"{name} {address}" for name, address, _ in nodes)
         with self.step(f"fab train --nodes {NODES} --cluster {self.cluster} --synthetic-examples 200 --max-steps 6") \
                 as result:
@@ -394,21 +425,55 @@ class Sitting:
         want = {n.address: " ".join(n.host_key.split()[:2]) for n in self.state.nodes}
         self.check(recorded == want, f"known_hosts {recorded}, wanted the local nodes' keys {want}")
 
+    def show_status(self) -> tuple[str, dict, str]:
+        """`fab status` and `fab status --json`, checked: every node running, reachable, spot, priced, and
+        the worker group full; (text, JSON, the group's line)."""
+        out = self.fab("status", "--cluster", self.cluster)
+        self.check(f"cluster {self.cluster} (aws" in out, "fab status: not the AWS cluster", out)
+        shown = json.loads(self.fab("status", "--cluster", self.cluster, "--json"))
+        nodes = shown["nodes"]
+        self.check([(n["name"], n["address"]) for n in nodes]
+                   == [(f"node{i}", n.address) for i, n in enumerate(self.discovery_order())]
+                   and all(n["state"] == "running" and n["reachable"] and n["market"] == "spot" for n in nodes)
+                   and all(n["usd_per_hour"] is not None and n["uptime_seconds"] >= 0 for n in nodes),
+                   "fab status --json: nodes", json.dumps(shown, indent=1))
+        group_line = next((line.strip() for line in out.splitlines() if line.startswith("worker group")), "")
+        self.check(group_line == f"worker group {self.group_name}: {NODES - 1} of {NODES - 1} worker(s) in service"
+                   and not shown["problems"], f"fab status: the worker group's line {group_line!r}", out)
+        return out, shown, group_line
+
     def status(self) -> None:
         with self.step(f"fab status --cluster {self.cluster}") as result:
-            out = self.fab("status", "--cluster", self.cluster)
-            self.check(f"cluster {self.cluster} (aws" in out, "fab status: not the AWS cluster", out)
-            shown = json.loads(self.fab("status", "--cluster", self.cluster, "--json"))
+            out, shown, group_line = self.show_status()
             nodes = shown["nodes"]
-            self.check([n["name"] for n in nodes] == [f"node{i}" for i in range(NODES)]
-                       and all(n["state"] == "running" and n["reachable"] and n["market"] == "spot" for n in nodes)
-                       and all(n["usd_per_hour"] is not None and n["uptime_seconds"] >= 0 for n in nodes),
-                       "fab status --json: nodes", json.dumps(shown, indent=1))
             last = [line.strip() for line in out.splitlines() if line.strip().startswith("job ")]
             result["summary"] = (f"{NODES} nodes running and reachable ({nodes[0]['type']}, {nodes[0]['market']}, "
-                                 f""
-                                 f"{shown['total']['spent_usd']:.2f} USD so far); "
+                                 f"{shown['total']['spent_usd']:.2f} USD so far); {group_line}; "
                                  + (last[-1] if last else "no job line"))
+
+    def worker_replaced(self) -> None:
+        """A worker lost (terminated, as a spot reclaim ends it): AWS's group launches a replacement from its
+        template by itself, and `fab status` shows it. moto launches it within the TerminateInstances call;
+        GroupLaunchDouble puts it on the node of the worker it replaces."""
+        node = self.discovery_order()[1]
+        with self.step(f"terminate the worker on {node.name}: the group replaces it; fab status") as result:
+            ec2, autoscaling = self.account.client("ec2"), self.account.client("autoscaling")
+            before = {i["PrivateIpAddress"]: i["InstanceId"] for i in self.running_in_discovery_order()}
+            lost = before[node.address]
+            ec2.terminate_instances(InstanceIds=[lost])
+            ec2.get_waiter("instance_terminated").wait(InstanceIds=[lost], WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+            group = autoscaling.describe_auto_scaling_groups(
+                AutoScalingGroupNames=[self.group_name])["AutoScalingGroups"][0]
+            members = {x["InstanceId"] for x in group["Instances"] if x["LifecycleState"] == "InService"}
+            after = {i["PrivateIpAddress"]: i["InstanceId"] for i in self.running_in_discovery_order()}
+            new = after.get(node.address, "")
+            self.check(set(after) == set(before) and new not in ("", lost) and new in members and lost not in members
+                       and all(after[a] == before[a] for a in before if a != node.address),
+                       f"after terminating {lost}: running {after} (before {before}), group {sorted(members)}")
+            _, shown, group_line = self.show_status()  # the replacement is running and reachable, the group full
+            result["summary"] = (f"{lost} terminated; the group launched {new} on {node.name} {node.address} "
+                                 f"(the others untouched); fab status: {len(shown['nodes'])} nodes running and "
+                                 f"reachable, {group_line}")
 
     def pulumi_destroy(self, stack: Stack) -> None:
         with self.step("pulumi destroy (reverse order; the bucket is kept)") as result:
@@ -421,10 +486,16 @@ class Sitting:
                         s3.get_bucket_policy(Bucket=bucket), s3.get_bucket_lifecycle_configuration(Bucket=bucket)]
             self.check(s3.get_bucket_versioning(Bucket=bucket).get("Status") == "Enabled" and all(settings),
                        "the kept bucket lost a setting")
-            deleted = sum(1 for d in done if d.outcome in ("deleted", "terminated") or d.outcome.startswith("dereg"))
+            autoscaling = self.account.client("autoscaling")
+            self.check(not autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+                       and not self.account.client("ec2").describe_launch_templates()["LaunchTemplates"],
+                       "a worker group or launch template left after destroy")
+            deleted = sum(1 for d in done if d.outcome in ("deleted", "terminated")
+                          or d.outcome.startswith(("dereg", "drained")))
             kept = sum(1 for d in done if d.outcome.startswith("kept"))
-            result["summary"] = (f"{deleted} deleted, {kept} kept (bucket {bucket} and its 6 settings, "
-                                 "still private, encrypted, versioned)")
+            drained = next(d.outcome for d in done if d.outcome.startswith("drained"))
+            result["summary"] = (f"{deleted} deleted (the worker group first: {drained}), {kept} kept (bucket "
+                                 f"{bucket} and its 6 settings, still private, encrypted, versioned)")
 
     def sweep(self, *extra: str) -> tuple[str, tuple[int, int, int]]:
         out = self.fab("sweep", "--stack", self.stack_name, *extra)
