@@ -13,6 +13,7 @@ from cluster import autostop, shell
 from cluster.profiles import PROFILES
 from cluster.setup_script import PREBAKE_ARTEFACTS, InstallPlan, install_script
 from node_setup.local import imds_server
+from tests.fab_run import fab_in_process
 
 
 @pytest.mark.parametrize("text,seconds", [("30m", 1800), ("2h", 7200), ("90s", 90), ("1h30m", 5400), ("45", 45)])
@@ -327,13 +328,9 @@ def test_workers_left_running_keep_the_master_up_and_are_a_problem_to_show():
 
 
 def test_fab_setup_refuses_a_bad_auto_stop_before_touching_a_node(tmp_path):
-    import sys
-    from pathlib import Path
-
     inventory = tmp_path / "lab.yaml"
     inventory.write_text("name: lab\nhosts:\n  - address: 192.0.2.1\n")  # TEST-NET: nothing is ever sent there
-    result = subprocess.run([sys.executable, "-m", "fabric", "setup", "--auto-stop", "soon", "--cluster", str(inventory)],
-                            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+    result = fab_in_process("setup", "--auto-stop", "soon", "--cluster", str(inventory),
                             env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()

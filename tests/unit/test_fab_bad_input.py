@@ -7,52 +7,20 @@ connecting); a few rows run the real console commands (`python -m fabric`, `xeon
 from __future__ import annotations
 
 import base64
-import io
-import os
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from node_setup.tasks.program import program
+from tests.fab_run import Ran, fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
 
 
-@dataclass
-class Ran:
-    """What one `fab` run left: its exit code and what it printed (a subprocess.CompletedProcess's fields)."""
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def fab(*argv: str, cwd: Path = ROOT, env: dict | None = None) -> Ran:
-    """`fab ARGV` run in this process, from `cwd`, with exactly `env` as the environment when given;
-    the working directory, the environment and sys.stdout/stderr are put back afterwards. A leading
-    `-r ROOT` (where fab finds fabfile.py) is dropped: the program holds the tasks itself."""
-    if argv[:1] == ("-r",):
-        argv = argv[2:]
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, redirect_stdout(out), redirect_stderr(err):
-        patch.chdir(cwd)
-        if env is not None:
-            for name in list(os.environ):
-                patch.delenv(name)
-            for name, value in env.items():
-                patch.setenv(name, value)
-        try:
-            program.run(["xeon-cluster", *argv])
-            code = 0
-        except SystemExit as ended:  # what the interpreter would print and return for it
-            code = ended.code if isinstance(ended.code, int) else 0 if ended.code is None else 1
-            if isinstance(ended.code, str):
-                print(ended.code, file=sys.stderr)
-    return Ran(code, out.getvalue(), err.getvalue())
+    return fab_in_process(*argv, cwd=cwd, env=env)
 
 
 def fab_process(command: list[str], *argv: str) -> subprocess.CompletedProcess:

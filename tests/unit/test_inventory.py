@@ -1,12 +1,11 @@
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cluster.inventory import Inventory, InventoryError
 from cluster.tags import ROLE_MASTER, ROLE_WORKER
+from tests.fab_run import fab_in_process
 
 
 def test_hosts_keep_file_order_master_first_and_round_trip():
@@ -120,8 +119,7 @@ def test_a_bad_inventory_value_is_one_line_and_exit_2_through_fab(tmp_path, line
     path = tmp_path / "lab.yaml"
     path.write_text(f"user: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10]\n{line}\n")
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    result = subprocess.run([sys.executable, "-m", "fabric", "train", "--dry-run", "--cluster", str(path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60, env=env)
+    result = fab_in_process("train", "--dry-run", "--cluster", str(path), env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stdout + result.stderr

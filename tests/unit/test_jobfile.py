@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cluster.jobfile import JobFileError, Option, resolve
+from tests.fab_run import Ran, fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = {"nodes": Option(int, 0), "batch_size": Option(int, 0), "lr": Option(float, 0.0),
@@ -76,9 +75,8 @@ def test_paths_are_relative_to_the_files_folder():
 INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
 
 
-def fab_train(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fabric", "train", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "HOME": str(tmp_path / "home")})
+def fab_train(tmp_path: Path, *argv: str) -> Ran:
+    return fab_in_process("train", *argv, env={**os.environ, "HOME": str(tmp_path / "home")})
 
 
 def test_fab_train_dry_run_reads_the_job_file_and_the_command_line_overrides_it(tmp_path):

@@ -18,14 +18,14 @@ from cluster.layout import KMP_BLOCKTIME
 from cluster.profiles import TCMALLOC_PATH, get_profile, venv_dir
 from node_setup import kubeflow
 from tests.k8s_operator import operator_env
+from tests.fab_run import fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "registry.example.com/xeon-cluster:0.1.0"
 
 
 def fab_k8s_job(*options: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", *options], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = fab_in_process("k8s-job", *options)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -236,8 +236,7 @@ def test_an_output_dir_outside_the_volumes_gets_an_emptydir_and_a_bad_one_is_ref
     assert {"mountPath": "/out/run", "name": "output"} in container(manifest)["volumeMounts"]
     assert {"emptyDir": {}, "name": "output"} in spec["volumes"]
     for bad in ("/opt", "/out/../etc", "/"):
-        result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", "--image", IMAGE, "--", "--output_dir", bad],
-                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        result = fab_in_process("k8s-job", "--image", IMAGE, "--", "--output_dir", bad)
         assert result.returncode == 2 and not result.stdout, (bad, result.stdout)
         assert result.stderr.startswith(f"error: --output_dir: {bad!r} is not allowed") and \
             len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -250,8 +249,7 @@ def test_an_output_dir_outside_the_volumes_gets_an_emptydir_and_a_bad_one_is_ref
     ("CCL_LOG_LEVEL=info OMP_PROC_BIND=close", None),
 ])
 def test_a_secret_looking_env_gets_one_warning_line_that_names_it_and_says_to_use_a_secret(env, flagged):
-    result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", "--image", IMAGE, "--env", env], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = fab_in_process("k8s-job", "--image", IMAGE, "--env", env)
     assert result.returncode == 0 and yaml.safe_load(result.stdout)["kind"] == "PyTorchJob"
     if flagged is None:
         assert "warning" not in result.stderr

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cluster import recovery as rc
+from tests.fab_run import fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,8 +119,7 @@ def test_fab_train_managed_bad_input_is_one_line_and_exit_2(tmp_path, argv, line
     """Against an inventory of documentation addresses (never reached: every case stops first)."""
     inventory = tmp_path / "lab.yaml"
     inventory.write_text(INVENTORY)
-    result = subprocess.run([sys.executable, "-m", "fabric", "train", "-c", str(inventory), *argv], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = fab_in_process("train", "-c", str(inventory), *argv)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(line), result.stderr

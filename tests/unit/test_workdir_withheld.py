@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from cluster.setup_script import parse_events, prebake_script
 from cluster.userjob import (FILE_STORE, INCLUDE_FILE, WITHHELD_CREDENTIAL, WITHHELD_DOT, WITHHELD_LINK, CopyPlan,
                              UserJobError, check_workdir, link_inside, parse_includes, withheld_reason)
 from node_setup.ssh.workdir import scan
+from tests.fab_run import Ran, fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n"
@@ -142,10 +142,9 @@ def test_the_scan_refuses_the_home_folder_before_reading_it(tmp_path, monkeypatc
 # ----------------------------------------------------------------------------- fab train (dry run, no node)
 
 
-def fab(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+def fab(tmp_path: Path, *argv: str) -> Ran:
     (tmp_path / "lab.yaml").write_text(INVENTORY)
-    return subprocess.run([sys.executable, "-m", "fabric", "train", *argv, "--dry-run",
-                           "-c", str(tmp_path / "lab.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    return fab_in_process("train", *argv, "--dry-run", "-c", str(tmp_path / "lab.yaml"),
                           env={**os.environ, "HOME": str(tmp_path / "home")})
 
 
