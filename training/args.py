@@ -288,14 +288,20 @@ def resolve_compile(job: JobArguments, training, steps: int) -> str:
     """Set TrainingArguments' torch_compile from --compile; the reason, for the summary's settings."""
     if job.compile != "auto":
         training.torch_compile = job.compile == "on"
-        return f"set with --compile {job.compile}"
-    if training.torch_compile:
-        return "set with --torch_compile"
-    from cluster.timemodel import compile_pays
+        why = f"set with --compile {job.compile}"
+    elif training.torch_compile:
+        why = "set with --torch_compile"
+    else:
+        from cluster.timemodel import compile_pays
 
-    estimate = compile_estimate(job.compile_estimate) if job.compile_estimate else None
-    training.torch_compile, why = compile_pays(steps, estimate)
-    return f"auto: {why}"
+        estimate = compile_estimate(job.compile_estimate) if job.compile_estimate else None
+        training.torch_compile, verdict = compile_pays(steps, estimate)
+        why = f"auto: {verdict}"
+    if training.torch_compile and not training.torch_compile_backend:
+        # TrainingArguments picks the backend only when torch_compile is set at its creation; the Trainer
+        # hands accelerate the backend, and with none accelerate compiles nothing ("no")
+        training.torch_compile_backend = "inductor"
+    return why
 
 
 def apply_ddp_settings(job: JobArguments, training) -> None:

@@ -16,8 +16,9 @@ those of the training job: training/ranks.py, training/distributed.py):
    (cluster/timemodel.py: ring_fit).
 
 3. compile (with --compile, slow: a minute of compile on a small machine): rank 0 alone runs the job
-   eager and then with `--compile on`; the steady steps and the compile time (the compiled run's
-   time to its first step less the eager run's) go to the calibration's compile block.
+   eager and then with `--compile on` (torch's compile caches off: a cold compile, what a fresh node
+   pays); the steady steps and the compile time (the compiled run's time to its first step less the
+   eager run's) go to the calibration's compile block.
 
 Rank 0 writes the figures as JSON to --out; `fab bench` turns them into a calibration
 (cluster/calibration.py). The default model is the offline demo's tiny DistilBERT
@@ -38,6 +39,8 @@ from pathlib import Path
 from cluster.job_args import GRAD_COMM_MEASURE_ONLY
 
 SYNTHETIC = "synthetic"
+# torch's switch that turns its compile caches off (torch/compiler/config.py: force_disable_caches)
+COLD_COMPILE_VARIABLE = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
 
 
 def _build_model(name: str):
@@ -93,6 +96,8 @@ def _job_step_seconds(model: str, batch: int, seq_len: int, steps: int, bf16: bo
     args[args.index("--doc_stride") + 1] = str(seq_len // 4)
     out = workdir / "job"
     env.update(peers)
+    if compiled:  # a cold compile, as a fresh node pays it: no compile cache of an earlier run
+        env[COLD_COMPILE_VARIABLE] = "1"
     child("training", *args, "--per_device_train_batch_size", str(batch), "--max_steps", str(steps + 1),
           "--output_dir", str(out), "--bf16", "true" if bf16 else "false", "--grad_comm", GRAD_COMM_MEASURE_ONLY,
           "--compile", "on" if compiled else "off")
