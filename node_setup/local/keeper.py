@@ -113,7 +113,7 @@ def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -
         time.sleep(POLL_S)
 
 
-def start(paths: local_state.ClusterPaths, delay: float) -> int:
+def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None) -> int:
     """Start the keeper detached from this process (its own session; its log beside the state file)."""
     import subprocess
 
@@ -123,7 +123,7 @@ def start(paths: local_state.ClusterPaths, delay: float) -> int:
     with open(paths.cluster_dir / "keeper.log", "ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "node_setup.local.keeper", paths.name, f"{delay:g}"],
                                    cwd=str(PROJECT_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True)
+                                   start_new_session=True, env=env)
     (paths.cluster_dir / KEEPER_PID_FILE).write_text(f"{process.pid}\n")
     return process.pid
 

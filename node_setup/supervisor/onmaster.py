@@ -195,6 +195,7 @@ class Job:
         self.spec, self.shell, self.nodes, self.run_dir = spec, shell_, nodes, run_dir
         self.plans: dict[str, JobPlan] = {}
         self.reference: dict | None = None
+        self.started = 0.0  # when the newest job was launched
 
     @property
     def output_dir(self) -> str:
@@ -234,6 +235,7 @@ class Job:
         if started.returncode != 0 or not started.stdout.strip().isdigit():
             raise RuntimeError(f"the job script did not start: {(started.stdout + started.stderr).strip()}")
         self.plans[plan.job_id] = plan
+        self.started = time.time()
         return plan.job_id
 
     def outcome(self, job_id: str):
@@ -268,8 +270,11 @@ class Job:
         return best
 
     def summary(self) -> dict | None:
+        """The newest job's summary.json (None when that job wrote none: an older job's is not its)."""
         path = _home_path(self.output_dir) / "summary.json"
-        found, _ = jobsummary.parse(path.read_text() if path.exists() else None, str(path))
+        if not path.exists() or path.stat().st_mtime < self.started:
+            return None
+        found, _ = jobsummary.parse(path.read_text(), str(path))
         if found and self.reference is None and found.get("world_size"):
             self.reference = found
         return found
@@ -323,16 +328,18 @@ def build(run_dir: Path) -> Supervisor:
     run_id = sv.check_run_id(spec.get("run_id"))
     inventory = Inventory.from_mapping(spec["inventory"], default_name=spec["inventory"]["name"],
                                        kind=spec.get("kind", "file"))
-    ids = spec.get("instance_ids") or {}
+    ids = dict(spec.get("instance_ids") or {})
+    if spec.get("kind") == "local":
+        group = LocalGroup(spec["local_data_dir"])
+        # the machines in the slots now, as the group records them (a local inventory has no instance ids)
+        ids = {name: m.instance_id for name, m in group.members().items()} | ids
     members = [Member(n.name, n.private_address, str(ids.get(n.name) or f"i-{'0' * 8}{i:08x}"))
                for i, n in enumerate(inventory.nodes)]
     opts = rc.ManagedOptions(int(spec["max_recoveries"]), int(spec["min_nodes"]), float(spec["wait_seconds"]),
                              len(members))
-    if spec.get("kind") == "local":
-        group = LocalGroup(spec["local_data_dir"])
-    elif spec.get("kind") == "aws" and spec.get("worker_group"):
+    if spec.get("kind") == "aws" and spec.get("worker_group"):
         group = AwsGroup(spec["region"], spec["worker_group"], members)
-    else:
+    elif spec.get("kind") != "local":
         group = StaticGroup(members)
     python = f"{venv_dir(get_profile(inventory.profile))}/bin/python"
     shell_ = Shell(inventory.master.name)

@@ -1,4 +1,9 @@
-"""`fab train --managed`: fab stays attached, and when the job ends interrupted it recovers and resumes.
+"""`fab train --managed`: the run handed to its supervisor on the master (`hand_off`, `follow_run`; the
+supervisor is node_setup/supervisor/), with the --managed options checked first (`options`).
+
+What follows `hand_off` below is the earlier controller-side loop, no longer called by `fab train`
+(kept for node_setup/pulumi_recovery.py's test of `_ask_for_replacements` until the supervisor's AWS
+backend replaces it):
 
 The loop (the decisions are cluster/recovery.py's, the node work node_setup/ssh/recovery.py's):
 

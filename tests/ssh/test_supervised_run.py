@@ -1,0 +1,112 @@
+"""A supervised run on a 3-node local cluster with its group keeper: `fab train --managed --detach`
+returns at once and no fab is left running; node2 is reclaimed with a notice, later node1 is lost
+without one; the supervisor on the master gets each replacement from the keeper, verifies its host
+key from its console, and the run completes its full step count with two recoveries in
+summary.json; `fab status --json` reports it completed.
+
+Budget: one run of the synthetic demo with two recoveries (about four minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import supervision as sv
+from node_setup.local import keeper
+from node_setup.local import state as local_state
+from tests.ssh.jobs_on_nodes import node_home, wait_for
+
+pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 800
+KEEPER_DELAY_S = 10
+
+
+def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabric", *args], cwd=ROOT, env=cluster.env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fab_processes(name: str) -> list[str]:
+    """This cluster's fab processes on this machine (other sessions' clusters have other names)."""
+    found = subprocess.run(["pgrep", "-af", "fabric"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in found if f"local:{name}" in line]
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster_factory):
+    made = local_cluster_factory(3)
+    setup = fab(made, "setup", "--cluster", f"local:{made.name}", timeout=900)
+    assert setup.returncode == 0, setup.stdout[-2000:] + setup.stderr
+    keeper.start(made.paths, KEEPER_DELAY_S, env=made.env())
+    yield made
+    made.destroy()  # ends the keeper too (its recorded pid)
+
+
+def run_state(cluster) -> dict:
+    path = node_home(cluster, 0) / sv.CURRENT_LINK / sv.STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def steps_logged(cluster) -> int:
+    log = node_home(cluster, 0) / ".xeon-cluster" / "jobs" / "current" / "log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return text.count("'loss'")
+
+
+def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path):
+    out = f"/var/tmp/xc-supervised-{cluster.name}"
+    transcript = []
+    old_keys = {n.name: n.host_key for n in local_state.load_state(cluster.paths).nodes}
+    started = time.monotonic()
+    run = fab(cluster, "train", "--managed", "--detach", "--cluster", f"local:{cluster.name}", "--synthetic-examples",
+              "3000", "--max-steps", str(STEPS), "--checkpoint-every", "10s", "--output-dir", out,
+              "--extra", "--spot_poll_seconds 1 --logging_steps 20", timeout=120)
+    took = time.monotonic() - started
+    transcript.append(run.stdout + run.stderr)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert took < 30, f"fab train --managed --detach took {took:.0f} s"
+    assert fab_processes(cluster.name) == []
+    try:
+        wait_for(lambda: steps_logged(cluster) >= 2, 180, "the first job to train")
+        reclaim = fab(cluster, "local-reclaim", "node2", "--notice", "5s", "--cluster", f"local:{cluster.name}")
+        transcript.append(reclaim.stdout + reclaim.stderr)
+        assert reclaim.returncode == 0, reclaim.stdout + reclaim.stderr
+        wait_for(lambda: run_state(cluster).get("recoveries") == 1 and run_state(cluster).get("status") == sv.RUNNING,
+                 300, "the first recovery")
+        wait_for(lambda: steps_logged(cluster) >= 2, 180, "the resumed job to train")
+        lost = fab(cluster, "local-reclaim", "node1", "--silent", "--cluster", f"local:{cluster.name}")
+        transcript.append(lost.stdout + lost.stderr)
+        assert lost.returncode == 0, lost.stdout + lost.stderr
+        wait_for(lambda: run_state(cluster).get("status") in sv.FINAL, 600, "the run's end")
+    finally:
+        log = node_home(cluster, 0) / sv.CURRENT_LINK / sv.LOG_FILE
+        transcript.append(log.read_text() if log.exists() else "(no supervisor log)")
+        (tmp_path / "transcript.txt").write_text("\n".join(transcript))
+        print("\n".join(transcript))
+    status = fab(cluster, "status", "--json", "--cluster", f"local:{cluster.name}")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["supervised"]["status"] == sv.COMPLETED
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == STEPS
+    first, second = summary["recoveries"]
+    assert (first["cause"], first["nodes_lost"]) == (sv.NOTICE, ["node2"])
+    assert (second["cause"], second["nodes_lost"]) == (sv.SILENT, ["node1"])
+    new = {n.name: n for n in local_state.load_state(cluster.paths).nodes}
+    for record, name in ((first, "node2"), (second, "node1")):
+        assert record["nodes_after"] == ["node0", "node1", "node2"]
+        assert new[name].host_key != old_keys[name]  # a new machine
+        assert record["host_keys"][name].startswith("ssh-ed25519 SHA256:")
+    assert fab_processes(cluster.name) == []
+    shutil.rmtree(out, ignore_errors=True)
