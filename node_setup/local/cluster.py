@@ -386,6 +386,7 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
                                 f"{paths.state_path})")
     for node in state.nodes:
         shutil.rmtree(node.dir, ignore_errors=True)
+    (Path(state.data_dir) / keeper.GROUP_FILE).unlink(missing_ok=True)
     _remove_empty_dir(Path(state.data_dir))
     for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path):
         try:
