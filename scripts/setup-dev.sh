@@ -18,7 +18,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 echo "== virtual environment $VENV (from /usr/bin/python3)"
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
 echo "== python packages into $VENV (torch pinned to the CPU wheel)"
-"$VENV/bin/python" -m pip install -q --upgrade "pip>=23"
 "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[dev]"
 if [ "${XEON_CLUSTER_SKIP_IPEX:-0}" = 1 ]; then
   echo "== intel profile's stack for the IPEX test: skipped (XEON_CLUSTER_SKIP_IPEX=1); run pytest -m 'not ipex'"
