@@ -7,8 +7,10 @@ Checks, in order, each ending in a `Finding` that says what to change:
                (the subnetId's zone, else the first default subnet in an offering zone, as infra does)
   quota        Service Quotas' standard spot / on-demand vCPU quotas cover nodes x vCPUs on top of
                what already runs in the account (node_setup/aws/quotas.py)
-  dry-run      `run_instances(DryRun=True)` with the stack's image (the same lookup as infra/lookups.py,
-               filters from cluster/images.py), type, zone, market, shutdown behaviour `terminate`,
+  dry-run      `run_instances(DryRun=True)` for the master and for one worker as the group's launch
+               template launches it (its tags, root device and spot options), with the stack's image
+               (the same lookup as infra/lookups.py, filters from cluster/images.py; the baked image
+               the workers boot does not exist yet), type, zone, market, shutdown behaviour `terminate`,
                IMDSv2, encrypted root volume, the master's tags (so ec2:CreateTags, which tagging on
                launch needs, is tested too) and the default security group of the VPC it launches
                into: DryRunOperation means AWS would accept the launch. What `pulumi up` creates
@@ -44,7 +46,7 @@ from botocore.exceptions import ClientError
 from cluster import catalog
 from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
 from cluster.spec import ClusterSpec
-from cluster.tags import ROLE_MASTER, cluster_tags, node_tags
+from cluster.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
 from node_setup.aws import errors
 from node_setup.aws.zones import next_best_zone_fix, offered
 from node_setup.aws.findings import (FAIL, OK, SKIPPED, WARN, AwsClients, Report, check_credentials, check_region,
@@ -56,6 +58,9 @@ PUBLIC_IP_URL = "https://checkip.amazonaws.com"
 
 # What a node does when it shuts itself down (infra/node.py SHUTDOWN_BEHAVIOR), spot or on-demand.
 SHUTDOWN_BEHAVIOR = "terminate"
+# The root device the workers' launch template names (infra/workers.py ROOT_DEVICE); the master's
+# comes from its image. tests/infra/test_preflight_template.py compares the worker dry run with the template.
+WORKER_ROOT_DEVICE = "/dev/sda1"
 
 
 def lookup_public_ip(timeout: float = 3.0) -> str | None:
@@ -144,10 +149,15 @@ def _base_image(ec2, spec: ClusterSpec) -> dict | None:
     return max(images, key=lambda i: i.get("CreationDate", "")) if images else None
 
 
-def launch_tags(spec: ClusterSpec) -> dict[str, str]:
-    """The tags the Pulumi program gives the master (infra/node.py), for the dry run."""
-    name = f"{spec.cluster_name}-master"
-    return node_tags(cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags)), ROLE_MASTER, 0, name,
+def launch_tags(spec: ClusterSpec, role: str = ROLE_MASTER) -> dict[str, str]:
+    """The tags the Pulumi program gives the master (infra/node.py) or, with `role` worker, each worker
+    of the group (the launch template's tag specifications, infra/workers.py), for the dry run."""
+    base = cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags))
+    if role == ROLE_WORKER:
+        tags = {**base, ROLE_KEY: ROLE_WORKER, "Name": f"{spec.cluster_name}-worker"}
+        tags.update({k: v for k, v in ((SSH_USER_KEY, spec.ssh_user), (PROFILE_KEY, spec.software_profile)) if v})
+        return tags
+    return node_tags(base, ROLE_MASTER, 0, f"{spec.cluster_name}-master",
                      ssh_user=spec.ssh_user, profile=spec.software_profile)
 
 
@@ -168,16 +178,18 @@ def launch_security_group(ec2, spec: ClusterSpec) -> str | None:
 
 
 def dry_run_params(spec: ClusterSpec, image: dict, zone: str | None, spot: bool,
-                   security_group: str | None = None) -> dict:
+                   security_group: str | None = None, role: str = ROLE_MASTER) -> dict:
     """run_instances arguments with the stack's real settings and tags (tagging on launch needs
     ec2:CreateTags) and an existing security group; not the resources the stack has not made yet
-    (see the module docstring)."""
-    tags = [{"Key": k, "Value": v} for k, v in sorted(launch_tags(spec).items())]
+    (see the module docstring). With `role` worker: what the workers' launch template holds (its
+    tags, root device, spot options, IMDSv2, encrypted volume), less its instance profile."""
+    tags = [{"Key": k, "Value": v} for k, v in sorted(launch_tags(spec, role).items())]
+    device = WORKER_ROOT_DEVICE if role == ROLE_WORKER else image.get("RootDeviceName", WORKER_ROOT_DEVICE)
     params: dict = {
         "DryRun": True, "ImageId": image["ImageId"], "InstanceType": spec.instance_type,
         "MinCount": 1, "MaxCount": 1,
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
-        "BlockDeviceMappings": [{"DeviceName": image.get("RootDeviceName", "/dev/sda1"), "Ebs": {
+        "BlockDeviceMappings": [{"DeviceName": device, "Ebs": {
             "VolumeSize": spec.root_volume_gib, "VolumeType": spec.root_volume_type, "Encrypted": True,
             "DeleteOnTermination": True}}],
         "TagSpecifications": [{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume")],
@@ -219,23 +231,30 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
         group = launch_security_group(clients.ec2, spec)
     except ClientError:
         group = None  # DescribeVpcs/DescribeSecurityGroups not allowed: launch without naming a group
-    markets = sorted({spec.master_spot, spec.worker_spot if spec.worker_count else spec.master_spot})
-    for spot in markets:
+    # The master as infra/node.py launches it, then one worker as the group's launch template would.
+    launches = [(ROLE_MASTER, spec.master_spot)] + ([(ROLE_WORKER, spec.worker_spot)] if spec.worker_count else [])
+    for role, spot in launches:
         market = "spot" if spot else "on-demand"
+        who = ("the master" if role == ROLE_MASTER
+               else f"a worker of the group ({spec.worker_count} from its launch template)")
         try:
-            clients.ec2.run_instances(**dry_run_params(spec, image, zone, spot, group))
+            clients.ec2.run_instances(**dry_run_params(spec, image, zone, spot, group, role))
         except ClientError as exc:
             code = errors.code(exc)
             if code == "DryRunOperation":
-                report.add("dry-run", OK, f"AWS would launch {market} {spec.instance_type} from {image['ImageId']}"
-                           + (f" in {zone}" if zone else "") + " with the cluster's tags"
+                baked = (" (the base image: the baked one the workers boot does not exist yet)"
+                         if role == ROLE_WORKER and spec.bake else "")
+                report.add("dry-run", OK, f"AWS would launch {who}: {market} {spec.instance_type} from "
+                           f"{image['ImageId']}{baked}"
+                           + (f" in {zone}" if zone else "") + " with the cluster's tags, IMDSv2 and an encrypted "
+                           "root volume"
                            + (f" and the VPC's default security group {group}" if group else "")
                            + " (not tested before `pulumi up` makes them: the node role's instance profile "
-                           "(iam:PassRole: the pass-role check), placement group, the cluster's security groups, "
-                           "key pair)")
+                           "(not yet made; iam:PassRole: the pass-role check), placement group, the cluster's "
+                           "security groups, key pair)")
                 continue
             if errors.is_denied(exc):
-                report.add("dry-run", FAIL, f"launching {market} {spec.instance_type} is not allowed "
+                report.add("dry-run", FAIL, f"launching {who} ({market} {spec.instance_type}) is not allowed "
                                             f"({errors.describe(exc)})",
                            "grant ec2:RunInstances (and ec2:CreateTags) to your IAM identity, or lift the "
                            "SCP/permission boundary that denies it")
@@ -243,8 +262,8 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
             fix = _dry_run_fix(code, spec)
             if code in CAPACITY_CODES:
                 fix = next_best_zone_fix(clients.ec2, spec, zone) or fix
-            report.add("dry-run", FAIL, f"AWS refused a {market} {spec.instance_type} launch ({errors.describe(exc)})",
-                       fix)
+            report.add("dry-run", FAIL, f"AWS refused a {market} {spec.instance_type} launch of {who} "
+                       f"({errors.describe(exc)})", fix)
         else:  # pragma: no cover - AWS never launches with DryRun=True
             report.add("dry-run", WARN, "run_instances with DryRun=True returned without DryRunOperation")
 

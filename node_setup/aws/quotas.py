@@ -75,6 +75,12 @@ def _in_use(ec2, cluster_name: str) -> dict[str, int]:
     return {market: sum(sizes.get(t, 0) for t in types) for market, types in counts.items()}
 
 
+def _who(master: bool, workers: int) -> str:
+    """"the master and 3 workers of the group", "2 workers of the group", "the master"."""
+    group = f"{workers} worker{'s' if workers != 1 else ''} of the group" if workers else ""
+    return " and ".join(part for part in ("the master" if master else "", group) if part)
+
+
 def check_quotas(report: Report, clients: AwsClients, spec: ClusterSpec) -> None:
     itype = spec.instance_type
     group = quota_group(itype)
@@ -92,6 +98,11 @@ def check_quotas(report: Report, clients: AwsClients, spec: ClusterSpec) -> None
     needs = {"spot": (spot_nodes, SPOT_QUOTA_CODE, "All Standard Spot Instance Requests"),
              "on-demand": (spec.node_count - spot_nodes, ON_DEMAND_QUOTA_CODE,
                            "Running On-Demand Standard instances")}
+    # Which nodes count in each market: the master, and the workers' Auto Scaling group at workerCount
+    # (it is replaced deleting first, so never more than workerCount workers run).
+    counted = {market: _who(spec.master_spot == (market == "spot"),
+                            spec.worker_count if spec.worker_spot == (market == "spot") else 0)
+               for market in needs}
     try:
         in_use = _in_use(clients.ec2, spec.cluster_name)
     except ClientError as exc:
@@ -115,7 +126,8 @@ def check_quotas(report: Report, clients: AwsClients, spec: ClusterSpec) -> None
             continue
         available = quota - in_use[market]
         busy = f", {in_use[market]} already in use" if in_use[market] else ""
-        what = f"{market} vCPU quota {code} ({title}) is {quota:g}{busy}; {nodes} x {itype} need {needed}"
+        what = (f"{market} vCPU quota {code} ({title}) is {quota:g}{busy}; {nodes} x {itype} "
+                f"({counted[market]}) need {needed}")
         if needed <= available:
             report.add("quota", OK, what)
             continue

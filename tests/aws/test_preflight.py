@@ -120,11 +120,11 @@ def test_a_good_account_passes_every_check(mocked_aws):
     iam_stub.assert_no_pending_responses()
     assert report.exit_code == 0, report.render()
     assert [f.check for f in report.findings] == ["region", "credentials", "offering", "quota", "dry-run",
-                                                  "pass-role", "admin-cidr"]
+                                                  "dry-run", "pass-role", "admin-cidr"]
     assert all(f.status == pf.OK for f in report.findings), report.render()
     offering = next(f for f in report.findings if f.check == "offering")
     assert "us-east-1a" in offering.message and "not offered in us-east-1e" in offering.message
-    assert "need 256" in report.render()
+    assert "4 x r7iz.metal-16xl (the master and 3 workers of the group) need 256" in report.render()
 
 
 @pytest.mark.parametrize("itype, group", [
@@ -178,12 +178,19 @@ def test_dry_run_launches_with_the_clusters_tags(mocked_aws):
                      spec_for(baseAmi=canonical_image(), tags=["team=ml"]), "us-east-1a")
     assert report.status_of("dry-run") == pf.OK, report.render()
     assert "with the cluster's tags" in report.findings[0].message and "iam:PassRole" in report.findings[0].message
-    (params,) = sent  # one market: master and workers are both spot
-    kinds = {spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]} for spec in params["TagSpecifications"]}
-    assert set(kinds) == {"instance", "volume"}
-    for tags in kinds.values():
-        assert tags[CLUSTER_KEY] == "xeon-dev" and tags[MANAGED_BY_KEY] == "xeon-cluster" and tags["team"] == "ml"
-        assert (tags[ROLE_KEY], tags[RANK_KEY], tags["Name"]) == ("master", "0", "xeon-dev-master")
+    assert "instance profile (not yet made" in report.findings[1].message
+    assert "a worker of the group (3 from its launch template)" in report.findings[1].message
+    params, worker = sent  # the master, then a worker as the group's launch template launches it
+    for launch, role, rank, name in ((params, "master", "0", "xeon-dev-master"),
+                                     (worker, "worker", None, "xeon-dev-worker")):
+        kinds = {spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]}
+                 for spec in launch["TagSpecifications"]}
+        assert set(kinds) == {"instance", "volume"}
+        for tags in kinds.values():
+            assert tags[CLUSTER_KEY] == "xeon-dev" and tags[MANAGED_BY_KEY] == "xeon-cluster" and tags["team"] == "ml"
+            assert (tags[ROLE_KEY], tags.get(RANK_KEY), tags["Name"]) == (role, rank, name)
+        assert launch["MetadataOptions"]["HttpTokens"] == "required"
+        assert launch["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
     # A zone and no subnet: the launch goes to the default VPC, and names that VPC's default group.
     (default_vpc,) = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
     group = _default_group(ec2, default_vpc["VpcId"])
@@ -203,7 +210,7 @@ def test_dry_run_terminates_on_shutdown_in_both_markets_and_uses_the_subnets_vpc
     pf.check_dry_run(report, AwsClients(sts=None, ec2=ec2, quotas=None),
                      spec_for(baseAmi=canonical_image(), subnetId=subnet["SubnetId"], masterSpot=False), "us-east-1a")
     assert [f.status for f in report.findings] == [pf.OK, pf.OK], report.render()
-    on_demand, spot = sent  # markets in order: on-demand master, then spot workers
+    on_demand, spot = sent  # in order: the on-demand master, then a spot worker
     assert "InstanceMarketOptions" not in on_demand and spot["InstanceMarketOptions"]["MarketType"] == "spot"
     for params in (on_demand, spot):
         assert params["InstanceInitiatedShutdownBehavior"] == "terminate"
@@ -265,11 +272,12 @@ def test_quota_too_small_fails_with_the_number_to_request(mocked_aws):
     assert report.exit_code == 1
     quota = [f for f in report.findings if f.check == "quota"]
     spot = next(f for f in quota if "spot" in f.message and f.status == pf.FAIL)
-    assert "64 already in use" in spot.message and "3 x r7iz.metal-16xl need 192" in spot.message
+    assert "64 already in use" in spot.message
+    assert "3 x r7iz.metal-16xl (3 workers of the group) need 192" in spot.message
     assert "--quota-code L-34B43A08 --desired-value 256" in spot.fix
     assert "run 2 node(s)" in spot.fix  # 192 - 64 = 128 vCPUs still fit two nodes
     on_demand = next(f for f in quota if "on-demand" in f.message)
-    assert on_demand.status == pf.OK and "need 64" in on_demand.message
+    assert on_demand.status == pf.OK and "1 x r7iz.metal-16xl (the master) need 64" in on_demand.message
 
 
 def _restricted_session(deny):
