@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.console import describe, fingerprint, parse_console
+from xeon_cluster import RESUME_FROM_VARIABLE
 
 RUN_ROOT = ".xeon-cluster/supervisor"  # in the SSH user's home on the master
 CURRENT_LINK = f"{RUN_ROOT}/current"  # the newest supervised run
@@ -42,6 +43,17 @@ CONSOLE_WAIT_S = 300.0  # cloud-init prints the fingerprints at the end of boot
 STARTING, RUNNING, RECOVERING, COMPLETED, FAILED, STOPPED, MASTER_LOST = (
     "starting", "running", "recovering", "completed", "failed", "stopped", "master-lost")
 FINAL = (COMPLETED, FAILED, STOPPED, MASTER_LOST)
+
+# The user's own program (`fab train --managed --script/--module`): after a recovery it is restarted
+# with the run's newest checkpoint in RESUME_FROM_VARIABLE and in the arguments of `--resume-arg`.
+# The newest checkpoint: the folder named checkpoint-N or checkpoint_N with the highest N, directly in
+# the output directory (Trainer's output_dir) or in its CHECKPOINTS_FOLDER (accelerate's
+# save_state with automatic_checkpoint_naming), holding at least one file.
+CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+CHECKPOINTS_FOLDER = "checkpoints"
+CHECKPOINT_FOLDER_RE = re.compile(r"^checkpoint[-_]([0-9]{1,12})\Z")
+_RESUME_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=/+@%{}-]{1,200}\Z")
+_CHECKPOINT_PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@-]{1,4000}\Z")
 
 
 class SupervisionError(ValueError):
@@ -139,3 +151,45 @@ def status_line(state: dict) -> str:
     return (f"supervised run {state.get('run')}: {state.get('status')} (job {state.get('job') or '-'}, "
             f"{len(state.get('nodes') or [])} node(s), {state.get('recoveries', 0)} recovery(ies){waiting})"
             + (f": {state['line']}" if state.get("line") else ""))
+
+
+def resume_words(template: str) -> tuple[str, ...]:
+    """`--resume-arg`: the words the restarted program gets, one of them holding CHECKPOINT_PLACEHOLDER
+    (e.g. "--resume_from_checkpoint {checkpoint}"); SupervisionError naming the setting otherwise."""
+    words = tuple(template.split())
+    allowed = (f"allowed: the program's own words with {CHECKPOINT_PLACEHOLDER} where the checkpoint folder goes, "
+               f"e.g. '--resume_from_checkpoint {CHECKPOINT_PLACEHOLDER}' (letters, digits and _.,:=/+@%- only)")
+    if not words or not any(CHECKPOINT_PLACEHOLDER in w for w in words):
+        raise SupervisionError(f"--resume-arg: {template!r} has no {CHECKPOINT_PLACEHOLDER}; {allowed}")
+    bad = next((w for w in words if not _RESUME_WORD_RE.match(w)
+                or set("{}") & set(w.replace(CHECKPOINT_PLACEHOLDER, ""))), None)
+    if bad is not None:
+        raise SupervisionError(f"--resume-arg: the word {bad!r} is not allowed; {allowed}")
+    return words
+
+
+def newest_checkpoint_folder(folders: dict[str, int]) -> tuple[str, int] | None:
+    """Of the candidate folders (path relative to the output directory -> the number of files in it),
+    the newest checkpoint by the rule above: (its relative path, N), or None."""
+    best: tuple[str, int] | None = None
+    for path, files in sorted(folders.items()):
+        parent, _, name = path.rpartition("/")
+        found = CHECKPOINT_FOLDER_RE.match(name)
+        if not found or parent not in ("", CHECKPOINTS_FOLDER) or files < 1:
+            continue
+        if best is None or int(found.group(1)) > best[1]:
+            best = (path, int(found.group(1)))
+    return best
+
+
+def restart_arguments(args: tuple[str, ...], words: tuple[str, ...], checkpoint: str | None
+                      ) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The restarted program's arguments and environment: its own `args`, then `words` with the
+    checkpoint's absolute path filled in, and RESUME_FROM_VARIABLE; unchanged without a checkpoint."""
+    if checkpoint is None:
+        return tuple(args), {}
+    if not _CHECKPOINT_PATH_RE.match(checkpoint) or "/../" in checkpoint + "/":
+        raise SupervisionError(f"checkpoint folder: {checkpoint!r} is not allowed; allowed: an absolute path of "
+                               "letters, digits and _./+@-")
+    filled = tuple(w.replace(CHECKPOINT_PLACEHOLDER, checkpoint) for w in words)
+    return tuple(args) + filled, {RESUME_FROM_VARIABLE: checkpoint}

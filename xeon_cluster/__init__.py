@@ -26,6 +26,9 @@ OUTPUT_DIR_VARIABLE = "XEON_CLUSTER_OUTPUT_DIR"
 NOTICE_SIGNAL_VARIABLE = "XEON_CLUSTER_NOTICE_SIGNAL"
 DEFAULT_NOTICE_SIGNAL = "SIGUSR1"
 NO_SIGNAL = "none"  # XEON_CLUSTER_NOTICE_SIGNAL when a notice sends no signal
+# Set by `fab train --managed`'s supervisor when it restarts the program after a recovery: the run's
+# newest checkpoint folder (absolute), to continue from; unset on a first start.
+RESUME_FROM_VARIABLE = "XEON_CLUSTER_RESUME_FROM"
 
 
 def notice() -> dict | None:
@@ -44,6 +47,11 @@ def notice() -> dict | None:
 def output_dir(default: str = "output") -> str:
     """Where the job should write (XEON_CLUSTER_OUTPUT_DIR, shared or rank 0's), or `default`."""
     return os.environ.get(OUTPUT_DIR_VARIABLE) or default
+
+
+def resume_from() -> str | None:
+    """The checkpoint folder a supervised restart continues from (XEON_CLUSTER_RESUME_FROM), or None."""
+    return os.environ.get(RESUME_FROM_VARIABLE) or None
 
 
 def notice_signal() -> str | None:

@@ -36,6 +36,7 @@ from cluster.render import MasterPaths, hostfile_text, known_hosts_text, replace
 from cluster.setup_script import PROJECT_MARKER
 from cluster.supervision import Member
 from cluster.torchrun import AGENT_FILE
+from cluster.userjob import UserProgram, check_module, notice_signal, workdir_on_node
 from node_setup.supervisor.groups import AwsGroup, LocalGroup, StaticGroup
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 
@@ -196,6 +197,27 @@ class Job:
         self.plans: dict[str, JobPlan] = {}
         self.reference: dict | None = None
         self.started = 0.0  # when the newest job was launched
+        self.program, self.resume_words = user_program(spec)
+
+    def _user_plan(self, inventory: Inventory, *, resume: bool) -> JobPlan:
+        """The user's program (--script/--module); after a recovery with the newest checkpoint in its
+        arguments (--resume-arg) and environment (cluster/supervision.py's restart_arguments)."""
+        checkpoint = self.newest_checkpoint_path() if resume else None
+        args, env = sv.restart_arguments(self.program.args, self.resume_words, checkpoint)
+        layout = dict(self.spec.get("layout", {}))
+        layout["extra_env"] = {**(layout.get("extra_env") or {}), **env}
+        return plan_job(inventory, nodes=len(inventory.nodes), training_args=(), job_id=new_job_id(),
+                        output_dir=self.output_dir, prepare=[f"mkdir -p {shlex.quote(self.output_dir)}"],
+                        user=replace(self.program, args=args), **layout)
+
+    def _copy_workdir(self, node: str, plan: JobPlan) -> str:
+        """On the master: the run's workdir (pushed by `fab train` into the run's first job directory)
+        copied into this job's, on the master itself or through `ssh` on a worker."""
+        src, dst = shlex.quote(workdir_on_node(self.spec["run_id"])), shlex.quote(workdir_on_node(plan.job_id))
+        if node == self.shell.master:
+            return f"cd && mkdir -p {dst} && cp -a {src}/. {dst}/"
+        remote = shlex.quote(f"cd && mkdir -p {dst} && tar -xf - -C {dst}")
+        return f"cd && tar -C {src} -cf - . | ssh -o BatchMode=yes {shlex.quote(node)} {remote}"
 
     @property
     def output_dir(self) -> str:
@@ -206,17 +228,24 @@ class Job:
         chosen = [replace(by_name[m.name], rank=i, address=m.address, private_address=m.address,
                           instance_id=m.instance_id) for i, m in enumerate(members)]
         inventory = replace(self.nodes.inventory, nodes=tuple(chosen))
-        args = list(self.spec["training_args"])
-        if resume and "--resume" not in args:
-            args.append("--resume")
-        plan = plan_job(inventory, nodes=len(chosen), training_args=rc.with_batch(args, batch), job_id=new_job_id(),
-                        output_dir=self.output_dir, prepare=self.spec.get("prepare") or (),
-                        **self.spec.get("layout", {}))
+        if self.program is not None:
+            plan = self._user_plan(inventory, resume=resume)
+        else:
+            args = list(self.spec["training_args"])
+            if resume and "--resume" not in args:
+                args.append("--resume")
+            plan = plan_job(inventory, nodes=len(chosen), training_args=rc.with_batch(args, batch),
+                            job_id=new_job_id(), output_dir=self.output_dir, prepare=self.spec.get("prepare") or (),
+                            **self.spec.get("layout", {}))
         self.nodes.write_hosts(chosen, self.nodes.known_keys())
         d = job_dir(plan.job_id)
         steps = " && ".join(f"( {s} )" for s in [f"mkdir -p {shlex.quote(d)}/ranks", *plan.prepare])
         with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
             results = list(pool.map(lambda n: self.shell.run(n.name, steps, timeout=900), chosen))
+            if self.program is not None:  # the run's workdir, from the master, into this job's (a replacement too)
+                copies = list(pool.map(lambda n: self.shell.run(self.shell.master, self._copy_workdir(n.name, plan),
+                                                                timeout=900), chosen))
+                results = [r if r.returncode else c for r, c in zip(results, copies)]
         failed = [f"{n.name}: {(r.stderr or r.stdout).strip()[-300:]}" for n, r in zip(chosen, results)
                   if r.returncode != 0]
         if failed:
@@ -261,8 +290,31 @@ class Job:
         for node in (plan.inventory.nodes if plan else ()):
             self.shell.run(node.name, _sh(STOP_NODE_SH, job_id, 5), timeout=40)
 
+    def _checkpoint_folders(self) -> dict[str, int]:
+        """The output directory's candidate checkpoint folders (relative path -> files in it)."""
+        root, found = _home_path(self.output_dir), {}
+        for parent in ("", sv.CHECKPOINTS_FOLDER):
+            try:
+                entries = [e for e in os.scandir(root / parent) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for entry in entries:
+                if sv.CHECKPOINT_FOLDER_RE.match(entry.name):
+                    found[f"{parent}/{entry.name}".lstrip("/")] = sum(1 for _ in os.scandir(entry.path))
+        return found
+
+    def newest_checkpoint_path(self) -> str | None:
+        """The user's program: the newest checkpoint folder (absolute), by cluster/supervision.py's rule."""
+        newest = sv.newest_checkpoint_folder(self._checkpoint_folders())
+        return str(_home_path(self.output_dir) / newest[0]) if newest else None
+
     def newest_checkpoint(self) -> tuple[int | None, float | None]:
         best: tuple[int | None, float | None] = (None, None)
+        if self.program is not None:
+            newest = sv.newest_checkpoint_folder(self._checkpoint_folders())
+            if newest:
+                best = (newest[1], (_home_path(self.output_dir) / newest[0]).stat().st_mtime)
+            return best
         for manifest in _home_path(self.output_dir).glob("checkpoint-*/xeon-checkpoint.json"):
             text = manifest.parent.name.rsplit("-", 1)[-1]
             if text.isdigit() and (best[0] is None or int(text) > best[0]):
@@ -317,6 +369,22 @@ class Job:
             return f"The output directory {self.output_dir} is on the disk every node shares."
         return (f"The checkpoints were only on the master's disk ({self.output_dir}, no --checkpoint-uri): "
                 "they go with it.")
+
+
+def user_program(spec: dict) -> tuple[UserProgram | None, tuple[str, ...]]:
+    """The spec's own program (`fab train --managed --script/--module`) and its --resume-arg words, checked."""
+    found = spec.get("program")
+    if not found:
+        return None, ()
+    script, module = found.get("script"), found.get("module")
+    if script is not None and (not isinstance(script, str) or script.startswith("/") or ".." in script.split("/")
+                               or any(c in script for c in "\t\n\r")):
+        raise sv.SupervisionError(f"program script: {script!r} is not allowed; allowed: a path inside the workdir")
+    if script is None:
+        check_module(str(module))
+    args = tuple(str(a) for a in found.get("args") or ())
+    words = sv.resume_words(spec["resume_arg"]) if spec.get("resume_arg") else ()
+    return UserProgram(script, module, args, notice_signal(found.get("signal") or "none")), words
 
 
 # ---------------------------------------------------------------- entry point

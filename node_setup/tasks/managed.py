@@ -62,6 +62,10 @@ MANAGED_HELP = {
                  "checkpoint)",
     "wait-for-capacity": f"with --managed: how long to wait for replacement nodes, e.g. 90s, 10m, 1h (default "
                          f"{rc.DEFAULT_WAIT_FOR_CAPACITY}; 0: do not ask, resume on the survivors at once)",
+    "resume-arg": "with --managed --script/--module: the words your program gets when the supervisor restarts it "
+                  "after a recovery, {checkpoint} standing for the newest checkpoint folder, e.g. "
+                  "'--resume_from_checkpoint {checkpoint}' (it also gets XEON_CLUSTER_RESUME_FROM; "
+                  "docs/your-own-script.md)",
     "detach": "with --managed: return as soon as the run has started on the master (its supervisor goes on; "
               "`fab status`, `fab logs --follow`, `fab stop` reach it from any controller)",
 }
@@ -73,19 +77,28 @@ def say(line: str) -> None:
 
 
 def options(*, managed: bool, inventory: Inventory, nodes: int, launcher: str, own_program: bool, max_recoveries: str,
-            min_nodes: str, wait: str) -> rc.ManagedOptions:
+            min_nodes: str, wait: str, detach: bool = False, resume_arg: str = "",
+            requirements: str = "") -> rc.ManagedOptions:
     """--managed's settings checked before anything starts (exit 2 with one line otherwise)."""
+    from cluster import supervision as sv
     from cluster.launch import DEFAULT_LAUNCHER
 
     if not managed:
-        given = "--max-recoveries" if max_recoveries else "--wait-for-capacity"
+        given = ("--max-recoveries" if max_recoveries else "--wait-for-capacity" if wait else
+                 "--detach" if detach else "--resume-arg")
         raise fail(f"{given}: only with --managed (fab supervises the job and recovers it)")
     if launcher != DEFAULT_LAUNCHER:
         raise fail(f"--managed: not with --launcher {launcher}; torchrun's elastic agent handles a node that leaves "
                    "(--min-nodes without --managed)")
-    if own_program:
-        raise fail("--managed: only for the built-in job (it resumes with --resume); your own program can use "
-                   "--launcher torchrun --min-nodes")
+    if resume_arg and not own_program:
+        raise fail("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
+    if own_program and requirements:
+        raise fail("--requirements: not with --managed: a replacement node would lack them; put them in the "
+                   "profile's image or install them from your program")
+    try:
+        sv.resume_words(resume_arg) if resume_arg else None
+    except sv.SupervisionError as exc:
+        raise fail(str(exc)) from None
     try:
         return rc.managed_options(max_recoveries=max_recoveries, min_nodes=min_nodes, wait=wait,
                                   nodes=nodes or len(inventory.nodes))
@@ -96,7 +109,8 @@ def options(*, managed: bool, inventory: Inventory, nodes: int, launcher: str, o
 # ---------------------------------------------------------------- the run handed to the master
 
 
-def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, layout: dict) -> dict:
+def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, layout: dict,
+             resume_arg: str = "") -> dict:
     """What the supervisor on the master needs (node_setup/supervisor/onmaster.py reads and checks it)."""
     from cluster import supervision as sv
 
@@ -108,6 +122,9 @@ def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
         "output_dir": plan.output_dir, "max_recoveries": opts.max_recoveries, "min_nodes": opts.min_nodes,
         "wait_seconds": opts.wait_seconds, "poll_seconds": 5, "resume": "--resume" in inputs.args,
     }
+    if plan.user is not None:  # --script/--module: restarted with the newest checkpoint (cluster/supervision.py)
+        spec.update(program={"script": plan.user.script, "module": plan.user.module, "args": list(plan.user.args),
+                             "signal": plan.user.signal or "none"}, resume_arg=resume_arg)
     if inventory.kind == "local":
         from node_setup.local.state import load_state, paths_for
 
@@ -117,7 +134,7 @@ def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
 
 
 def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, conns, layout: dict,
-             detach: bool) -> int:
+             detach: bool, resume_arg: str = "") -> int:
     """`fab train --managed`: the nodes' SSH distributed, the run handed to its supervisor on the master,
     then its log followed (Ctrl-C detaches) or, with `detach`, fab's return once the first job started."""
     from cluster import supervision as sv
@@ -127,7 +144,7 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
     train._distribute(plan.inventory, conns)  # the master reaches every node with the cluster key
     if inputs.uploads:
         train._upload(conns, inputs.uploads)
-    spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout)
+    spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout, resume_arg=resume_arg)
     nodes.start_supervisor(master, spec, systemd=inventory.kind == "aws")
     say(f"run {plan.job_id} handed to its supervisor on the master {plan.inventory.master.name}: "
         + opts.describe().replace("fab stays attached and recovers", "it recovers"))

@@ -451,7 +451,7 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
           workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
           launcher=DEFAULT_LAUNCHER, min_nodes=Unset(int), max_restarts=Unset(int), grad_comm="",
           ddp_bucket_mb=Unset(float), compile="", managed=False, max_recoveries=Unset(int),
-          wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False,
+          wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False, resume_arg="",
           detach=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     if pin.lower() not in PIN_CHOICES:
@@ -468,12 +468,13 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
             raise fail(f"{used[0]}: only with --script or --module (your own program)")
     inventory = common.inventory(cluster, region)
     supervision = None
-    if managed or given(max_recoveries) or given(wait_for_capacity):  # fab train --managed: tasks/managed.py
+    if managed or given(max_recoveries) or given(wait_for_capacity) or detach or resume_arg:  # tasks/managed.py
         supervision = managed_run.options(managed=managed, inventory=inventory, nodes=nodes, launcher=launcher,
                                           own_program=bool(script or module),
                                           max_recoveries=max_recoveries if given(max_recoveries) else None,
                                           min_nodes=min_nodes if given(min_nodes) else None,
-                                          wait=f"{wait_for_capacity:g}s" if given(wait_for_capacity) else None)
+                                          wait=f"{wait_for_capacity:g}s" if given(wait_for_capacity) else None,
+                                          detach=detach, resume_arg=resume_arg, requirements=requirements)
         launch_options["min_nodes"] = None  # --min-nodes is the supervisor's, not torchrun's
     job_id = new_job_id()
     try:
@@ -490,7 +491,8 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
                                                        "compile": compile},
                      script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir,
                      requirements=requirements, signal=notice_signal, limit_mb=workdir_limit_mb,
-                     independent_ranks=independent_ranks, allow_busy=allow_busy)
+                     independent_ranks=independent_ranks, allow_busy=allow_busy,
+                     managed=dict(opts=supervision, detach=detach, resume_arg=resume_arg) if supervision else None)
         return
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
@@ -581,7 +583,7 @@ def _world_check(conns, plan: JobPlan, independent: bool) -> int:
 
 def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int, output_dir: str, dry_run: bool,
                  builtin: dict, builtin_comm: dict, limit_mb, independent_ranks: bool = False, allow_busy: bool = False,
-                 **program) -> None:
+                 managed: dict | None = None, **program) -> None:
     """--script/--module: the user's own program checked and planned (printed by --dry-run), then launched
     (Exit with the job's code); `program` is _user_inputs' script, module, args, workdir, requirements, signal."""
     for name, value in builtin_comm.items():
@@ -600,6 +602,15 @@ def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int,
         print(plan.describe())
         print("\ndry run: nothing was started")
         return
+    if managed:  # --managed: the workdir pushed once into the run's first job directory, then the supervisor's
+        if inventory.kind == "aws":
+            _aws_preflight(plan.inventory)
+        conns = common.connect(plan.inventory)
+        _prepare_user_job(conns, plan, plan.inventory)
+        _distribute(plan.inventory, conns)  # the master reaches every node with the cluster key
+        raise Exit(code=managed_run.hand_off(managed["opts"], inventory=inventory, plan=plan, inputs=JobInputs([]),
+                                             conns=conns, layout=layout, detach=managed["detach"],
+                                             resume_arg=managed["resume_arg"]))
     raise Exit(code=_launch(inventory, plan, user_job=True, independent_ranks=independent_ranks, allow_busy=allow_busy))
 
 
@@ -613,8 +624,8 @@ train.option_groups = {
                 "launcher", "ranks-per-node", "threads", "ccl-workers", "pin", "env"),
     "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
                  "max-steps", "bf16", "grad-comm", "ddp-bucket-mb", "compile", "synthetic-examples", "extra"),
-    "spot and recovery": ("managed", "detach", "max-recoveries", "wait-for-capacity", "min-nodes", "max-restarts",
-                          "notice-signal", "resume"),
+    "spot and recovery": ("managed", "detach", "resume-arg", "max-recoveries", "wait-for-capacity", "min-nodes",
+                          "max-restarts", "notice-signal", "resume"),
     "output": ("output-dir", "checkpoint-every", "checkpoint-uri"),
 }
 train.job_file_maybe_paths = ("train_file", "validation_file", "cluster")

@@ -311,3 +311,163 @@ def test_a_job_that_ended_75_lost_its_node_to_a_notice_even_when_no_probe_read_i
     fake.next_job_ends = [(2.0, 75), (100.0, 0)]  # the node went before the first probe
     assert supervise(fake) == sv.COMPLETED
     assert fake.finished[0]["cause"] == sv.NOTICE
+
+
+# ---------------------------------------------------------------- the user's own program restarted
+
+
+@pytest.mark.parametrize("template", ["--resume_from_checkpoint {checkpoint}", "--load={checkpoint} --fresh-optim"])
+def test_resume_arg_words_hold_the_placeholder(template):
+    assert any(sv.CHECKPOINT_PLACEHOLDER in w for w in sv.resume_words(template))
+
+
+@pytest.mark.parametrize("template", ["--resume_from_checkpoint", "--x {checkpoint};rm", "--x {ckpt} {checkpoint}",
+                                      "$(id) {checkpoint}"])
+def test_resume_arg_without_the_placeholder_or_with_shell_characters_is_refused(template):
+    with pytest.raises(sv.SupervisionError, match="^--resume-arg: "):
+        sv.resume_words(template)
+
+
+def test_newest_checkpoint_is_the_highest_numbered_folder_with_files_in_the_output_or_its_checkpoints_folder():
+    found = {"checkpoint-500": 4, "checkpoint-1000": 3, "checkpoints/checkpoint_1200": 0, "runs/checkpoint-9000": 2,
+             "checkpoint-best": 5}
+    assert sv.newest_checkpoint_folder(found) == ("checkpoint-1000", 1000)  # the empty 1200 is not written yet
+    assert sv.newest_checkpoint_folder({**found, "checkpoints/checkpoint_1200": 1}) == \
+        ("checkpoints/checkpoint_1200", 1200)  # accelerate's automatic naming
+    assert sv.newest_checkpoint_folder({"runs/checkpoint-9": 1}) is None
+
+
+def test_restart_arguments_fill_the_checkpoint_into_the_words_and_the_environment():
+    words = sv.resume_words("--resume_from_checkpoint {checkpoint}")
+    assert sv.restart_arguments(("--lr", "1e-4"), words, None) == (("--lr", "1e-4"), {})
+    args, env = sv.restart_arguments(("--lr", "1e-4"), words, "/home/u/out/checkpoint-30")
+    assert args == ("--lr", "1e-4", "--resume_from_checkpoint", "/home/u/out/checkpoint-30")
+    assert env == {"XEON_CLUSTER_RESUME_FROM": "/home/u/out/checkpoint-30"}
+    with pytest.raises(sv.SupervisionError):
+        sv.restart_arguments((), words, "/home/u/out/../../etc")
+
+
+class RecordingShell:
+    """Test double of the supervisor's Shell: records each command, answers as the master's job start does."""
+
+    master = "node0"
+
+    def __init__(self):
+        self.commands: list[tuple[str, str]] = []
+
+    def run(self, node, command, timeout=120):
+        import subprocess
+
+        self.commands.append((node, command))
+        if node == self.master and command.startswith("( mkdir -p "):  # the job's preparation: folders only
+            return subprocess.run(["bash", "-c", command], cwd=os.environ["HOME"], capture_output=True, text=True)
+        return subprocess.CompletedProcess([], 0, "4242\n" if "setsid nohup" in command else "", "")
+
+
+def _user_job(tmp_path, monkeypatch, resume_arg="--resume_from_checkpoint {checkpoint}"):
+    from cluster.inventory import Inventory
+    from node_setup.supervisor.onmaster import Job, Nodes
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    inventory = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4,
+                                        "hosts": [{"name": f"node{i}", "address": f"10.0.0.{i + 2}"}
+                                                  for i in range(3)]}, default_name="lab")
+    from cluster.render import MasterPaths
+
+    known = tmp_path / MasterPaths("lab").known_hosts[2:]  # the cluster's known_hosts, as distribution wrote it
+    known.parent.mkdir(parents=True, exist_ok=True)
+    known.write_text("".join(f"node{i} {new_key()}\n" for i in range(3)))
+    spec = {"run_id": "20261126-101500-ab12", "output_dir": "runs/r1", "training_args": [], "layout": {},
+            "inventory": inventory.to_mapping(), "resume_arg": resume_arg,
+            "program": {"script": "train.py", "module": None, "args": ["--lr", "1e-4"], "signal": "SIGUSR1"}}
+    shell_ = RecordingShell()
+    return Job(spec, shell_, Nodes(shell_, inventory, "/venv/bin/python"), tmp_path), shell_, inventory
+
+
+def _run_script(tmp_path, job_id) -> str:
+    from cluster.launch import job_dir
+
+    return (tmp_path / job_dir(job_id) / "run.sh").read_text()
+
+
+def test_user_program_is_restarted_with_the_newest_checkpoint_in_its_arguments_and_environment(tmp_path, monkeypatch):
+    job, shell_, inventory = _user_job(tmp_path, monkeypatch)
+    members = [Member(n.name, n.address, f"i-{i:016x}") for i, n in enumerate(inventory.nodes)]
+    first_id = job.launch(members, resume=False, batch=None)
+    first = _run_script(tmp_path, first_id)
+    assert "train.py" in first and "--lr" in first
+    assert "resume_from_checkpoint" not in first and "XEON_CLUSTER_RESUME_FROM" not in job.plans[first_id].launch.rank_env
+
+    out = tmp_path / "runs/r1"
+    for step, files in ((10, 2), (30, 2), (40, 0)):  # checkpoint-40 is being written: no file yet
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        for i in range(files):
+            (out / f"checkpoint-{step}" / f"f{i}").write_text("x")
+    assert job.newest_checkpoint()[0] == 30
+    shell_.commands.clear()
+    replacement = Member("node2", "10.0.0.9", "i-00000000000000ff")  # a new machine in node2's slot
+    job_id = job.launch(members[:2] + [replacement], resume=True, batch=None)
+    again = _run_script(tmp_path, job_id)
+    newest = f"{tmp_path}/runs/r1/checkpoint-30"
+    assert f"--resume_from_checkpoint {newest}" in again
+    launch = job.plans[job_id].launch
+    assert launch.program[-4:] == ("--lr", "1e-4", "--resume_from_checkpoint", newest)
+    assert launch.rank_env["XEON_CLUSTER_RESUME_FROM"] == newest and newest in again
+    # the run's workdir reaches this job's directory on every node, the replacement through ssh from the master
+    copies = [c for n, c in shell_.commands if "workdir" in c and ("tar -C" in c or "cp -a" in c)]
+    assert len(copies) == 3 and any("| ssh -o BatchMode=yes node2 " in c for c in copies)
+    assert all(n == "node0" for n, c in shell_.commands if "tar -C" in c or "cp -a" in c)
+
+
+def test_user_program_without_resume_arg_gets_only_the_environment(tmp_path, monkeypatch):
+    job, _, inventory = _user_job(tmp_path, monkeypatch, resume_arg="")
+    (tmp_path / "runs/r1/checkpoints/checkpoint_7").mkdir(parents=True)
+    (tmp_path / "runs/r1/checkpoints/checkpoint_7/model.safetensors").write_text("x")
+    members = [Member(n.name, n.address, f"i-{i:016x}") for i, n in enumerate(inventory.nodes)]
+    launch = job.plans[job.launch(members, resume=True, batch=None)].launch
+    assert launch.rank_env["XEON_CLUSTER_RESUME_FROM"] == f"{tmp_path}/runs/r1/checkpoints/checkpoint_7"
+    assert launch.program[-2:] == ("--lr", "1e-4")  # the arguments unchanged
+
+
+# ---------------------------------------------------------------- fab train's side: one line, exit 2
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--detach"], "error: --detach: only with --managed"),
+    (["--script", "{script}", "--resume-arg=--load {checkpoint}"], "error: --resume-arg: only with --managed"),
+    (["--managed", "--resume-arg=--load {checkpoint}"], "error: --resume-arg: only with --script/--module"),
+    (["--managed", "--script", "{script}", "--resume-arg=--load"], "error: --resume-arg: '--load' has no {checkpoint}"),
+    (["--managed", "--script", "{script}", "--resume-arg=--load {checkpoint};id"],
+     "error: --resume-arg: the word '{checkpoint};id' is not allowed"),
+    (["--managed", "--script", "{script}", "--requirements", "{requirements}"],
+     "error: --requirements: not with --managed"),
+])
+def test_fab_train_supervision_options_refused_in_one_line_and_exit_2(tmp_path, argv, line):
+    """Against an inventory of documentation addresses (never reached: every case stops first)."""
+    from tests.fab_run import fab_in_process
+
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text("name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n")
+    (tmp_path / "prog").mkdir()
+    (tmp_path / "prog/train.py").write_text("print('hi')\n")
+    (tmp_path / "prog/requirements.txt").write_text("tqdm\n")
+    values = {"{script}": str(tmp_path / "prog/train.py"), "{requirements}": str(tmp_path / "prog/requirements.txt")}
+    result = fab_in_process("train", "-c", str(inventory), *[values.get(a, a) for a in argv])
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), result.stderr
+
+
+def test_fab_train_managed_takes_your_own_program(tmp_path):
+    """--managed --script is planned (the dry run) instead of refused as before."""
+    from tests.fab_run import fab_in_process
+
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text("name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n")
+    (tmp_path / "prog").mkdir()
+    (tmp_path / "prog/train.py").write_text("print('hi')\n")
+    result = fab_in_process("train", "-c", str(inventory), "--managed", "--script", str(tmp_path / "prog/train.py"),
+                            "--resume-arg=--resume_from_checkpoint {checkpoint}", "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dry run: nothing was started" in result.stdout
