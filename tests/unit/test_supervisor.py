@@ -397,7 +397,8 @@ def test_user_program_is_restarted_with_the_newest_checkpoint_in_its_arguments_a
     first_id = job.launch(members, resume=False, batch=None)
     first = _run_script(tmp_path, first_id)
     assert "train.py" in first and "--lr" in first
-    assert "resume_from_checkpoint" not in first and "XEON_CLUSTER_RESUME_FROM" not in job.plans[first_id].launch.rank_env
+    assert "resume_from_checkpoint" not in first
+    assert "XEON_CLUSTER_RESUME_FROM" not in job.plans[first_id].launch.rank_env
 
     out = tmp_path / "runs/r1"
     for step, files in ((10, 2), (30, 2), (40, 0)):  # checkpoint-40 is being written: no file yet
