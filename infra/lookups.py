@@ -17,6 +17,7 @@ import pulumi_aws as aws
 
 from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
 from cluster.spec import ClusterSpec
+from cluster.subnet_choice import choose_subnet
 
 
 class AccountLookupError(RuntimeError):
@@ -62,8 +63,9 @@ def _offered_zones(spec: ClusterSpec) -> list[str]:
 def placement(spec: ClusterSpec) -> Placement:
     """The VPC and the one subnet every node goes into (a cluster placement group is one zone).
 
-    Without subnetId: the lowest-sorting default (or VPC) subnet in a zone offering the type (in
-    availabilityZone when it is set), a first choice that an existing master keeps.
+    Without subnetId: the lowest-sorting default (or VPC) subnet id in a zone offering the type (in
+    availabilityZone when it is set; cluster/subnet_choice.py, the rule `fab preflight` checks with), a
+    first choice that an existing master keeps.
     """
     if spec.subnet_id:
         subnet = aws.ec2.get_subnet(id=spec.subnet_id)
@@ -98,9 +100,9 @@ def placement(spec: ClusterSpec) -> Placement:
                {"name": "availability-zone", "values": zones}]
     if default_vpc:
         filters.append({"name": "default-for-az", "values": ["true"]})
-    subnet_ids = sorted(aws.ec2.get_subnets(filters=filters).ids or [])
-    if not subnet_ids:
+    subnet_id = choose_subnet(aws.ec2.get_subnets(filters=filters).ids or [])
+    if not subnet_id:
         raise AccountLookupError(
             f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering {spec.instance_type} "
             f"({', '.join(zones)}); set subnetId")
-    return Placement(vpc_id=vpc_id, subnet_id=subnet_ids[0], default_vpc=default_vpc)
+    return Placement(vpc_id=vpc_id, subnet_id=subnet_id, default_vpc=default_vpc)

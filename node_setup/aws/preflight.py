@@ -4,7 +4,8 @@ Checks, in order, each ending in a `Finding` that says what to change:
   credentials  who we are (STS); without credentials nothing else can run
   region       the stack's aws:region is an EC2 region
   offering     the instance type is offered in the region and in the zone the cluster will use
-               (the subnetId's zone, else the first default subnet in an offering zone, as infra does)
+               (the subnetId's zone, else the zone of the subnet the program picks: the lowest
+               default (or vpcId) subnet id in an offering zone, cluster/subnet_choice.py)
   quota        Service Quotas' standard spot / on-demand vCPU quotas cover nodes x vCPUs on top of
                what already runs in the account (node_setup/aws/quotas.py)
   dry-run      `run_instances(DryRun=True)` for the master and for one worker as the group's launch
@@ -45,6 +46,7 @@ from botocore.exceptions import ClientError
 
 from cluster import catalog
 from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
+from cluster import subnet_choice
 from cluster.spec import ClusterSpec
 from cluster.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
 from node_setup.aws import errors
@@ -74,13 +76,26 @@ def lookup_public_ip(timeout: float = 3.0) -> str | None:
 
 
 def _default_subnets(ec2) -> dict[str, str]:
-    """Zone -> default subnet id, in the default VPC."""
+    """Default subnet id -> its zone, in the default VPC."""
+    return _subnet_zones(ec2, [{"Name": "default-for-az", "Values": ["true"]}])
+
+
+def _subnet_zones(ec2, filters: list[dict]) -> dict[str, str]:
     subnets = {}
-    for page in ec2.get_paginator("describe_subnets").paginate(
-            Filters=[{"Name": "default-for-az", "Values": ["true"]}]):
+    for page in ec2.get_paginator("describe_subnets").paginate(Filters=filters):
         for subnet in page.get("Subnets", []):
-            subnets[subnet["AvailabilityZone"]] = subnet["SubnetId"]
+            subnets[subnet["SubnetId"]] = subnet["AvailabilityZone"]
     return subnets
+
+
+def planned_subnet(ec2, spec: ClusterSpec, zones) -> tuple[str, str] | None:
+    """(subnet id, zone) the program will launch in without subnetId: the default subnets (or vpcId's
+    subnets) in `zones`, by the program's rule (cluster/subnet_choice.py); None if none qualifies."""
+    if spec.vpc_id:
+        subnet_zones = _subnet_zones(ec2, [{"Name": "vpc-id", "Values": [spec.vpc_id]}])
+    else:
+        subnet_zones = _default_subnets(ec2)
+    return subnet_choice.chosen(subnet_zones, zones, spec.availability_zone)
 
 
 def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> str | None:
@@ -114,30 +129,26 @@ def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> st
             return None
         report.add("offering", OK, f"{itype} is offered in {zone} (subnet {spec.subnet_id})")
         return zone
-    defaults = _default_subnets(clients.ec2)
-    usable = sorted(z for z in defaults if z in zones)
-    if spec.availability_zone:
-        if spec.availability_zone not in zones:
-            report.add("offering", FAIL, f"{itype} is not offered in availabilityZone {spec.availability_zone}",
-                       f"set availabilityZone to one of: {', '.join(sorted(zones))} "
-                       "(`fab preflight --pick-zone --write` picks the best)")
-            return None
-        usable = [z for z in usable if z == spec.availability_zone]
-    if spec.vpc_id:
-        report.add("offering", OK, f"{itype} is offered in {', '.join(sorted(zones))}; the cluster takes a "
-                   f"subnet of VPC {spec.vpc_id} in one of them")
+    if spec.availability_zone and spec.availability_zone not in zones:
+        report.add("offering", FAIL, f"{itype} is not offered in availabilityZone {spec.availability_zone}",
+                   f"set availabilityZone to one of: {', '.join(sorted(zones))} "
+                   "(`fab preflight --pick-zone --write` picks the best)")
         return None
-    if not usable:
-        report.add("offering", FAIL, f"no default subnet of {spec.region} is in a zone offering {itype} "
-                   f"({', '.join(sorted(zones)) or 'none'})",
-                   "set subnetId to a subnet in one of those zones (or create a default VPC)")
+    pick = planned_subnet(clients.ec2, spec, zones)
+    where = f"VPC {spec.vpc_id}" if spec.vpc_id else f"the default VPC of {spec.region}"
+    if pick is None:
+        report.add("offering", FAIL, f"no subnet of {where} is in a zone offering {itype} "
+                   f"({', '.join(sorted(zones)) or 'none'})"
+                   + (f" and in availabilityZone {spec.availability_zone}" if spec.availability_zone else ""),
+                   "set subnetId to a subnet in one of those zones"
+                   + ("" if spec.vpc_id else " (or create a default VPC)"))
         return None
-    missing = sorted(set(defaults) - zones)
+    subnet, zone = pick
+    missing = sorted(set(_default_subnets(clients.ec2).values()) - zones) if not spec.vpc_id else []
     extra = f"; not offered in {', '.join(missing)}" if missing else ""
-    report.add("offering", OK, f"{itype} is offered in {', '.join(usable)}{extra}; the cluster will use "
-               f"{usable[0]} (subnet {defaults[usable[0]]})")
-    return usable[0]
-
+    report.add("offering", OK, f"{itype} is offered in {', '.join(sorted(zones))}{extra}; the cluster will use "
+               f"{zone} (subnet {subnet} of {where}, the lowest subnet id there, as `pulumi up` picks)")
+    return zone
 
 
 def _base_image(ec2, spec: ClusterSpec) -> dict | None:

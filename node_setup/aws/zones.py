@@ -61,9 +61,10 @@ def rank_zones(ec2, spec: ClusterSpec) -> list[ZoneRank]:
     return sorted(ranked, key=lambda r: (-(r.score or 0), r.price if r.price is not None else float("inf"), r.zone))
 
 
-def zone_table(ranked: list[ZoneRank], current: str | None = None) -> str:
+def zone_table(ranked: list[ZoneRank], current: str | None = None, label: str = "the stack's zone") -> str:
+    """The ranking, one zone a row; `current` (the zone the program will use) marked with `label`."""
     lines = [ZONE_TABLE_HEADER]
-    lines += [r.row() + ("  <- the stack's zone" if r.zone == current else "") for r in ranked]
+    lines += [r.row() + (f"  <- {label}" if r.zone == current else "") for r in ranked]
     return "\n".join(lines)
 
 

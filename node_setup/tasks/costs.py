@@ -68,6 +68,7 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
 
     from node_setup.aws import clients as aws
     from node_setup.aws import errors
+    from node_setup.aws.preflight import planned_subnet
     from node_setup.aws.zones import rank_zones, zone_table
     from node_setup.stack_config import choose_stack
     from node_setup.stack_edit import set_stack_value
@@ -76,7 +77,12 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
         raise fail(f"--pick-zone: the stack sets subnetId {spec.subnet_id!r}, whose zone decides; "
                    "unset it (`pulumi config rm subnetId`) to let a zone be picked")
     try:
-        ranked = rank_zones(aws.client("ec2", spec.region), spec)
+        ec2 = aws.client("ec2", spec.region)
+        ranked = rank_zones(ec2, spec)
+        current, label = spec.availability_zone, "the stack's zone"
+        if not current and ranked:  # the zone `pulumi up` will pick, by the program's own rule
+            pick = planned_subnet(ec2, spec, {r.zone for r in ranked})
+            current, label = (pick[1] if pick else None), "the zone `pulumi up` will use (lowest subnet id)"
     except ClientError as exc:
         raise fail(f"cannot rank the zones of {spec.region}: {errors.describe(exc)} (needs "
                    "ec2:GetSpotPlacementScores, ec2:DescribeSpotPriceHistory, ec2:DescribeInstanceTypeOfferings)",
@@ -87,7 +93,7 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
         raise fail(f"{spec.instance_type} is not offered in any zone of {spec.region}", code=FAILED)
     print(f"{spec.instance_type} x {spec.node_count} (spot placement score for all nodes in one zone, 1-10; "
           f"latest spot price), {spec.region}, best first:")
-    print(zone_table(ranked, current=spec.availability_zone))
+    print(zone_table(ranked, current=current, label=label))
     best = ranked[0].zone
     if not write:
         print(f"best: {best}; `fab preflight --pick-zone --write` sets availabilityZone to it")

@@ -109,3 +109,44 @@ def test_write_sets_the_zone_in_the_stack_file_and_keeps_the_rest(tmp_path):
     text = path.read_text()
     assert text.count("availabilityZone") == 1 and "xeon-cluster:availabilityZone: us-east-1b" in text
     assert "# my stack" in text and "# four nodes" in text
+
+
+def _lowest_subnet_not_in_the_first_zone(ec2):
+    """A VPC with a subnet in us-east-1a and one in us-east-1b, the lower id in us-east-1b (not the first
+    zone by name): subnet ids are random, so the us-east-1a subnet is made again until its id sorts last."""
+    vpc = ec2.create_vpc(CidrBlock="10.30.0.0/16")["Vpc"]["VpcId"]
+    other = ec2.create_subnet(VpcId=vpc, CidrBlock="10.30.0.0/24", AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
+    for block in range(1, 200):
+        first = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.30.{block}.0/24",
+                                  AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+        if first > other:
+            return vpc, other, "us-east-1b"
+        ec2.delete_subnet(SubnetId=first)
+    raise AssertionError("could not set up the subnets")
+
+
+def test_preflight_checks_the_zone_of_the_subnet_the_program_picks(mocked_aws):
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc, subnet, zone = _lowest_subnet_not_in_the_first_zone(ec2)
+    quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
+    sent = []
+    ec2_seen = clients(quotas=quotas)
+    ec2_seen.ec2.meta.events.register("provide-client-params.ec2.RunInstances",
+                                      lambda params, **kw: sent.append(params))
+    report = pf.run_preflight(spec_for(baseAmi=canonical_image(), vpcId=vpc), clients=ec2_seen, public_ip=None)
+    offering = next(f for f in report.findings if f.check == "offering")
+    assert f"the cluster will use {zone} (subnet {subnet}" in offering.message, offering.message
+    assert sent and all(p["Placement"]["AvailabilityZone"] == zone for p in sent)  # the dry run launches there
+
+
+def test_pick_zone_marks_the_zone_the_program_will_use(mocked_aws, monkeypatch, capsys, tmp_path):
+    from node_setup.tasks import costs
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc, _, zone = _lowest_subnet_not_in_the_first_zone(ec2)
+    ranked = [zones.ZoneRank(z, f"use1-az{i}", None, None)
+              for i, z in enumerate(["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"])]
+    monkeypatch.setattr(zones, "rank_zones", lambda ec2, spec: ranked)  # moto has no placement scores
+    costs._pick_zone(spec_for(vpcId=vpc), "", write=False)
+    marked = [line for line in capsys.readouterr().out.splitlines() if "<-" in line]
+    assert len(marked) == 1 and marked[0].startswith(zone) and "the zone `pulumi up` will use" in marked[0]
