@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pulumi
 
+from cluster import node_replacement
 from cluster.spec import ClusterSpec
 from cluster.tags import cluster_tags
 from infra import lookups
@@ -96,4 +97,6 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "baseAmiId": kept_ami,
         "subnetId": kept_subnet,
         "bucketName": bucket.bucket.bucket,
+        # The settings whose change replaces nodes, for `fab preflight` to compare (cluster/node_replacement.py).
+        node_replacement.OUTPUT: node_replacement.node_settings(spec),
     }

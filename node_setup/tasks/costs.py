@@ -58,8 +58,56 @@ def run_stack_preflight(spec: ClusterSpec, *, ip_check: bool = True) -> int:
     from node_setup.aws.preflight import lookup_public_ip, run_preflight
 
     report = run_preflight(spec, public_ip=lookup_public_ip if ip_check else None)
+    check_node_replacement(report, spec)
     print(report.render())
     return report.exit_code
+
+
+def deployed_node_settings(stack: str) -> tuple[dict | None, str]:
+    """The node settings the stack's last `pulumi up` recorded (its `nodeSettings` output), or None and why
+    they cannot be read (no Pulumi CLI, no such stack, nothing deployed, an older program's outputs)."""
+    import json
+    import subprocess
+
+    from cluster import node_replacement
+    from node_setup.pulumi_cli import find_pulumi
+
+    exe = find_pulumi()
+    if not exe:
+        return None, "the Pulumi CLI is not installed"
+    try:
+        done = subprocess.run([exe, "stack", "output", "--json", "--stack", stack], capture_output=True,
+                              text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"`pulumi stack output` did not answer ({exc})"
+    if done.returncode:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return None, f"`pulumi stack output --stack {stack}` failed: {said}"
+    try:
+        settings = node_replacement.deployed_settings(json.loads(done.stdout or "{}"))
+    except ValueError:
+        return None, "`pulumi stack output --json` printed no JSON"
+    if settings is None:
+        return None, f"stack {stack} has no {node_replacement.OUTPUT} output (not deployed yet, or by an older version)"
+    return dict(settings), ""
+
+
+def check_node_replacement(report, spec: ClusterSpec) -> None:
+    """A finding per stack-file change that `pulumi up` would answer by replacing nodes (warn), none found
+    (ok), or "cannot tell" (skipped) when the deployed settings cannot be read."""
+    from cluster import node_replacement
+    from node_setup.aws.findings import OK, SKIPPED, WARN
+
+    deployed, why = deployed_node_settings(spec.stack)
+    if deployed is None:
+        report.add("replace", SKIPPED, f"{node_replacement.CANNOT_TELL}: {why}")
+        return
+    lines = node_replacement.replacements(node_replacement.node_settings(spec), deployed)
+    for line in lines:
+        report.add("replace", WARN, line, "set it back in the stack file to keep those nodes, or expect them "
+                   "to be made again (a job running on them is lost)")
+    if not lines:
+        report.add("replace", OK, "no setting that replaces nodes changed since the last `pulumi up`")
 
 
 def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:

@@ -52,3 +52,16 @@ def test_the_worker_dry_run_sends_the_launch_templates_parameters(harness, confi
     # What `pulumi up` makes first is not named: the instance profile, the key pair, the placement group.
     assert t["iamInstanceProfile"] and "IamInstanceProfile" not in sent
     assert "KeyName" not in sent and "GroupName" not in sent.get("Placement", {})
+
+
+def test_the_program_records_the_settings_that_replace_nodes(harness):
+    """`fab preflight` compares the stack file with this output of the last `pulumi up`."""
+    from cluster import node_replacement
+
+    config = minimal_config(instanceType="c6i.16xlarge", workerSpot=False)
+    outputs = harness.run(config)
+    recorded = outputs[node_replacement.OUTPUT]
+    spec = ClusterSpec.from_config(config, stack=STACK, region=REGION)
+    assert recorded == node_replacement.node_settings(spec)
+    assert recorded["instanceType"] == "c6i.16xlarge" and recorded["workerSpot"] is False
+    assert recorded["publicKey"].startswith("sha256:")
