@@ -41,6 +41,15 @@ class InventoryError(ValueError):
     pass
 
 
+# The SSH key for nodes whose inventory names none (an AWS cluster, an inventory file without `key`).
+KEY_ENV = "XEON_CLUSTER_SSH_KEY"
+
+
+class ClusterSelectionError(ValueError):
+    """`--cluster` cannot be resolved to an inventory (any kind: AWS, local, a file); the message says what
+    to do. Raised by node_setup/discovery.py and node_setup/aws/discovery.py."""
+
+
 def _unknown_keys(found: Mapping[str, Any], known: tuple[str, ...], where: str) -> list[str]:
     """One line per key that is not in `known`, with the closest known key as a suggestion."""
     problems = []

@@ -11,6 +11,8 @@ failure is a ClusterSelectionError whose message says what was looked for, what 
 what to do.
 
 AWS clusters are found by node_setup/aws/discovery.py, imported only when one is asked for (boto3).
+The error and the key variable both kinds share are cluster/inventory.py's (so neither module imports
+the other's caller).
 """
 
 from __future__ import annotations
@@ -22,20 +24,14 @@ from typing import Mapping
 
 import yaml
 
-from cluster.inventory import Inventory, InventoryError
+from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory, InventoryError
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 
+__all__ = ["KEY_ENV", "ClusterSelectionError", "resolve_cluster", "load_inventory_file", "local_inventory"]
+
 LOCAL = "local"
-KEY_ENV = "XEON_CLUSTER_SSH_KEY"
 INVENTORY_SUFFIXES = (".yaml", ".yml")
-
-ALTERNATIVES = ("start one with `pulumi up`, or use a cluster without AWS: `fab local-up --nodes 4` then "
-                "`--cluster local`, or `--cluster path/to/inventory.yaml` for machines reachable by SSH")
-
-
-class ClusterSelectionError(ValueError):
-    """`--cluster` cannot be resolved; the message says what to do."""
 
 
 def resolve_cluster(cluster: str | None, region: str | None = None) -> Inventory:

@@ -15,14 +15,15 @@ import ipaddress
 import os
 from typing import Any, Iterable, Mapping
 
-from cluster.inventory import Inventory, Node
+from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory, Node
 from cluster.profiles import DEFAULT_PROFILE, PROFILES
 from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY)
 from node_setup.aws import clients, errors
-from node_setup.discovery import ALTERNATIVES, KEY_ENV, ClusterSelectionError
 
 DEFAULT_AWS_USER = "ubuntu"
+ALTERNATIVES = ("start one with `pulumi up`, or use a cluster without AWS: `fab local-up --nodes 4` then "
+                "`--cluster local`, or `--cluster path/to/inventory.yaml` for machines reachable by SSH")
 # States in which an instance still belongs to a cluster that may come (back) up.
 NOT_YET_RUNNING_STATES = ("pending", "stopping", "stopped")
 

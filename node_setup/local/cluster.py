@@ -21,6 +21,7 @@ import errno
 import os
 import secrets
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -34,6 +35,8 @@ from node_setup.local.state import (
     DEFAULT_NAME,
     DEFAULT_NOTICE_SECONDS,
     DEFAULT_WHEELHOUSE,
+    GROUP_FILE,
+    KEEPER_PID_FILE,
     LOCAL_INSTANCE_TYPE,
     LOCAL_ZONE,
     ClusterPaths,
@@ -351,9 +354,7 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
         progress(f"no local cluster {paths.name!r} (no state at {paths.state_path}); nothing to remove")
         return False
     system.check_host()
-    from node_setup.local import keeper
-
-    if keeper.stop(paths):
+    if stop_keeper(paths):
         progress("  stopped the group keeper")
     problems: list[str] = []
     namespaces = system.namespaces()
@@ -386,7 +387,7 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
                                 f"{paths.state_path})")
     for node in state.nodes:
         shutil.rmtree(node.dir, ignore_errors=True)
-    (Path(state.data_dir) / keeper.GROUP_FILE).unlink(missing_ok=True)
+    (Path(state.data_dir) / GROUP_FILE).unlink(missing_ok=True)
     _remove_empty_dir(Path(state.data_dir))
     for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path):
         try:
@@ -413,3 +414,18 @@ def _remove_empty_dir(path: Path) -> None:
             raise
 
 
+def stop_keeper(paths: ClusterPaths) -> int | None:
+    """End the cluster's group keeper (node_setup/local/keeper.py) by its recorded pid (only when that
+    process is this cluster's keeper)."""
+    pid_file = paths.cluster_dir / KEEPER_PID_FILE
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        pid_file.unlink(missing_ok=True)
+        return None
+    pid_file.unlink(missing_ok=True)
+    if b"node_setup.local.keeper" in cmdline and paths.name.encode() in cmdline:
+        os.kill(pid, signal.SIGTERM)
+        return pid
+    return None

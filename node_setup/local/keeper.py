@@ -26,10 +26,9 @@ import yaml
 from cluster.inventory import Node
 from cluster.render import RenderError, authorized_key_line
 from node_setup.controller import config_root
+from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
-
-GROUP_FILE = "group.json"  # node_setup/supervisor/groups.py reads it
-KEEPER_PID_FILE = "keeper.pid"  # in the cluster's config directory
+from node_setup.local.state import GROUP_FILE, KEEPER_PID_FILE
 POLL_S = 1.0
 MAX_DELAY_S = 3600.0
 
@@ -75,8 +74,6 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
 
 def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -> None:
     """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone)."""
-    from node_setup.local import cluster as local_cluster
-
     paths = local_state.paths_for(name)
     down_since: dict[str, float] = {}
     done = 0
@@ -119,31 +116,13 @@ def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None
 
     from node_setup.controller import PROJECT_ROOT
 
-    stop(paths)
+    local_cluster.stop_keeper(paths)
     with open(paths.cluster_dir / "keeper.log", "ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "node_setup.local.keeper", paths.name, f"{delay:g}"],
                                    cwd=str(PROJECT_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                    start_new_session=True, env=env)
     (paths.cluster_dir / KEEPER_PID_FILE).write_text(f"{process.pid}\n")
     return process.pid
-
-
-def stop(paths: local_state.ClusterPaths) -> int | None:
-    """End the cluster's keeper by its recorded pid (only when that process is this cluster's keeper)."""
-    import signal
-
-    pid_file = paths.cluster_dir / KEEPER_PID_FILE
-    try:
-        pid = int(pid_file.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        pid_file.unlink(missing_ok=True)
-        return None
-    pid_file.unlink(missing_ok=True)
-    if b"node_setup.local.keeper" in cmdline and paths.name.encode() in cmdline:
-        os.kill(pid, signal.SIGTERM)
-        return pid
-    return None
 
 
 def main(argv: list[str]) -> int:
