@@ -13,11 +13,16 @@ metal instance takes many minutes to reboot. The step's final `sync`, with nothi
 stands in for the reboot's consistency.
 
 Name and lifecycle:
-- The name carries the step's `bake_tag` and a timestamp of the run that created it, so a
-  `pulumi up` retried after an interrupted create (the image may exist in AWS without being in the
-  state) never fails with a duplicate name. `ignore_changes` keeps the name on later runs;
-  `replacement_trigger` (the bake tag, a hash of the profile's fingerprint) replaces the image
-  when the software changes (profile or pin), which replaces the workers that boot from it.
+- The name carries the step's `bake_tag` and its `stamp`, an output the setup step sets when it is
+  created (the UTC time of its setup run) and keeps on updates (infra/setup_step.py). The name is
+  not in `ignore_changes`: Pulumi applies `ignore_changes` to a replacement too, so an ignored name
+  would make a re-bake create its image under the old image's name (`InvalidAMIName.Duplicate`
+  when that name is still taken, e.g. on a create retried after a partial one). A software change
+  (profile or pin) replaces the step, whose create sets a new stamp, and the bake tag is the
+  image's `replacement_trigger`: the new image has a new name, and the workers that boot from it
+  are replaced. A new master only updates the step: stamp, name and image stay. (A stack whose
+  step was recorded before steps had a stamp gets one at its next update, and with it one
+  re-bake under the new name.)
 - Source: the setup step's `bake_source`, the master the image was made from. A new master (a lost
   or auto-stopped one) is set up again by the step's update, which keeps `bake_source`: the image
   and the workers stay. Only a software change (the step replaced) makes the new master the source.
@@ -36,7 +41,6 @@ On delete the provider deregisters the image and deletes the snapshots it create
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 
 import pulumi
@@ -56,9 +60,8 @@ def image_create_timeout(root_volume_gib: int) -> str:
     return f"{max(IMAGE_CREATE_MIN_MINUTES, IMAGE_CREATE_MINUTES_PER_GIB * root_volume_gib)}m"
 
 
-def image_name(spec: ClusterSpec, bake_tag: str, now: dt.datetime | None = None) -> str:
-    """`<cluster>-<profile>-<bake tag>-<UTC time of this run>`: unique per create attempt."""
-    stamp = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+def image_name(spec: ClusterSpec, bake_tag: str, stamp: str) -> str:
+    """`<cluster>-<profile>-<bake tag>-<the setup step's stamp>`: new with every create of the step."""
     return f"{spec.cluster_name}-{spec.software_profile}-{bake_tag}-{stamp}"
 
 
@@ -90,14 +93,13 @@ class BakedImage(pulumi.ComponentResource):
         image_tags = {**tags, "Name": name, PROFILE_KEY: spec.software_profile}
         self.image = aws.ec2.AmiFromInstance(
             name,
-            name=image_name(spec, bake_tag(spec.profile.fingerprint())),
+            name=self.setup.stamp.apply(lambda stamp: image_name(spec, bake_tag(spec.profile.fingerprint()), stamp)),
             description=f"xeon-cluster {spec.cluster_name}: {spec.profile.description}",
             source_instance_id=self.setup.bake_source,
             snapshot_without_reboot=True,
             tags=image_tags,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.setup],
-                ignore_changes=["name"],
                 replacement_trigger=bake_tag(spec.profile.fingerprint()),
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create=image_create_timeout(spec.root_volume_gib))))

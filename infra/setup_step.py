@@ -32,6 +32,7 @@ Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` di
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import time
@@ -55,7 +56,15 @@ OUTPUT_TAIL_LINES = 30
 # Inputs whose change means "the image must be rebuilt"; the rest only update the record.
 REPLACE_ON = ("profile", "fingerprint", "pip_pins", "bake_tag")
 # Outputs the step sets itself (not inputs): never a difference.
-OUTPUT_ONLY = ("bake_source",)
+OUTPUT_ONLY = ("bake_source", "stamp")
+# `stamp`: the UTC time the step was created (its setup run), kept by updates; the image is named
+# after it (infra/image.py), so an image made again (the step replaced) never has an old image's name.
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+def setup_stamp(now: dt.datetime | None = None) -> str:
+    """The step's stamp for a create at `now` (UTC), e.g. "20260501T120000Z"."""
+    return (now or dt.datetime.now(dt.timezone.utc)).strftime(STAMP_FORMAT)
 
 
 def ssh_timeout_for(instance_type: str) -> int:
@@ -230,6 +239,7 @@ class ProfileSetupProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         outs = run_profile_setup(props)
         outs["bake_source"] = props["instance_id"]  # the image is made from this master
+        outs["stamp"] = setup_stamp()  # names the image: new with every create of the step
         return CreateResult(f"setup-{props['instance_id']}-{props['bake_tag']}", outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -244,6 +254,8 @@ class ProfileSetupProvider(ResourceProvider):
         outs = run_profile_setup(news) if olds.get("instance_id") != news.get("instance_id") else \
             {k: v for k, v in news.items() if not k.startswith("__")}
         outs["bake_source"] = olds.get("bake_source") or olds.get("instance_id") or news["instance_id"]
+        # The image stays, and so does its name's stamp (a step recorded before stamps gets one now).
+        outs["stamp"] = olds.get("stamp") or setup_stamp()
         return UpdateResult(outs)
 
 
@@ -253,6 +265,7 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
     bake_tag: pulumi.Output[str]
     instance_id: pulumi.Output[str]
     bake_source: pulumi.Output[str]  # the master instance the image is made from
+    stamp: pulumi.Output[str]  # when the step was created: the image's name ends with it
 
     def __init__(self, name: str, *, host: pulumi.Input[str], user: str, private_key_path: str,
                  instance_id: pulumi.Input[str], profile: Profile, cluster: str, port: int = 22,
@@ -272,6 +285,7 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
             "fingerprint": fingerprint,
             "bake_tag": bake_tag(fingerprint),
             "bake_source": None,  # set by create (this master) and kept by update (a new master)
+            "stamp": None,  # set by create, kept by update
             "ssh_timeout_seconds": ssh_timeout_seconds,
             "cloud_init_timeout_seconds": cloud_init_timeout_seconds,
         }

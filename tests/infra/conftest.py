@@ -36,6 +36,7 @@ DEFAULT_VPC = "vpc-0default"
 OFFERED_ZONES = ["us-east-1c", "us-east-1a"]
 DEFAULT_SUBNETS = ["subnet-0ccc", "subnet-0aaa"]
 ACCOUNT = "123456789012"
+SETUP_STAMP = "20260501T120000Z"  # the setup step's stamp (its create's time), as its create() returns it
 
 # Type tokens of what the program registers, as the monitor sees them.
 INSTANCE = "aws:ec2/instance:Instance"
@@ -96,6 +97,7 @@ class FakeAws(mocks.Mocks):
             state["rootSnapshotId"] = f"snap-{name}"
         elif typ == SETUP:
             state["bake_source"] = args.inputs["instance_id"]  # what the step's create() returns
+            state["stamp"] = SETUP_STAMP
         elif typ == LAUNCH_TEMPLATE:
             rid = f"lt-{name}"
             state.update(latestVersion=1, defaultVersion=1, arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")

@@ -23,7 +23,8 @@ from infra import program as infra_program
 from infra import setup_step
 from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS, ProfileSetupProvider
 from tests.infra.conftest import (AMI, BASE_AMI, DEFAULT_SUBNETS, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT, SETUP,
-                                  STACK, FakeAws, Harness, RecordingMonitor, fresh_run, minimal_config)
+                                  SETUP_STAMP, STACK, FakeAws, Harness, RecordingMonitor, fresh_run,
+                                  minimal_config)
 
 TAG = "aws:ec2/tag:Tag"
 
@@ -145,19 +146,23 @@ def test_setup_step_waits_longer_for_a_metal_master(harness, itype, seconds):
 # -------------------------------------------------------------------------------------- the image
 
 
-def test_image_create_timeout_and_name_survive_a_retry(harness):
+def test_image_create_timeout_and_name_from_the_setup_steps_stamp(harness):
     harness.run(minimal_config(rootVolumeGib=500))
     (image,) = harness.monitor.of_type(AMI)
     (setup,) = harness.monitor.of_type(SETUP)
     assert image.custom_timeouts["create"] == "500m"  # the provider's default is 40m
     assert infra_image.image_create_timeout(100) == "120m"
-    # A unique name per create attempt, kept afterwards; the bake tag decides replacement.
-    assert image.ignore_changes == ["name"]
-    assert image.replacement_trigger == setup.inputs["bake_tag"] and setup.inputs["bake_tag"] in image.inputs["name"]
+    # The name ends with the step's stamp (set by its create); not ignored, or a replacement would
+    # be created under the old image's name (Pulumi applies ignore_changes to a replacement too).
+    assert image.inputs["name"] == f"xeon-dev-stock-{setup.inputs['bake_tag']}-{SETUP_STAMP}"
+    assert "name" not in (image.ignore_changes or [])
+    assert image.replacement_trigger == setup.inputs["bake_tag"]
     spec = ClusterSpec.from_config(minimal_config(), stack="dev", region="us-east-1")
-    first = infra_image.image_name(spec, "abc", dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc))
-    retry = infra_image.image_name(spec, "abc", dt.datetime(2026, 5, 1, 12, 31, 5, tzinfo=dt.timezone.utc))
-    assert first == "xeon-dev-stock-abc-20260501T120000Z" and retry != first
+    first = infra_image.image_name(spec, "abc", setup_step.setup_stamp(dt.datetime(2026, 5, 1, 12, 0, 0,
+                                                                                   tzinfo=dt.timezone.utc)))
+    again = infra_image.image_name(spec, "abc", setup_step.setup_stamp(dt.datetime(2026, 5, 1, 12, 31, 5,
+                                                                                   tzinfo=dt.timezone.utc)))
+    assert first == "xeon-dev-stock-abc-20260501T120000Z" and again != first
     assert len(first) <= 128  # CreateImage's limit
 
 
