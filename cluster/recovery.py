@@ -10,7 +10,8 @@
   one line saying what changed.
 - `work_lost_seconds(...)`, `recovery_record(...)`: what summary.json's "recoveries" list holds.
 
-node_setup/tasks/managed.py runs the loop; node_setup/ssh/recovery.py does the work on nodes.
+The run supervisor on the master (node_setup/supervisor/) runs the loop; fab's --managed options are
+checked here by node_setup/tasks/managed.py.
 """
 
 from __future__ import annotations
@@ -189,15 +190,3 @@ def with_batch(args: list[str] | tuple[str, ...], batch: BatchPlan | None) -> li
             continue
         out.append(arg)
     return out + batch.arguments()
-
-
-def notice_due(body: str | None) -> float | None:
-    """The Unix time an interruption notice (`{"action": ..., "time": "...Z"}`) names, or None."""
-    import json
-    from datetime import datetime
-
-    try:
-        value = json.loads(body or "").get("time")
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except (ValueError, TypeError, AttributeError):
-        return None

@@ -1,18 +1,22 @@
-"""Replacing lost nodes with the Pulumi CLI without touching anything else (pure decisions).
+"""Replacing a lost MASTER with the Pulumi CLI without touching anything else (pure decisions).
 
-When `fab train --managed` (or whoever recovers a lost node) runs Pulumi itself, it must change the
-lost nodes only: a plain `pulumi up --refresh --yes` applies every pending difference of the stack
-(a changed pin re-runs setup and replaces every node in the middle of a run). So:
+The master is the stack's only EC2 instance resource (infra/master.py's component). The workers are
+an Auto Scaling group (infra/workers.py): their instances are not in the stack, the group replaces a
+lost one itself, and no URN names a worker, so this recovery is for the master only.
 
-1. the lost instances must be `terminated` first (the provider drops an instance from the state only
+When fab runs Pulumi to replace a lost master, it must change the master only: a plain
+`pulumi up --refresh --yes` applies every pending difference of the stack (a changed pin re-runs
+setup and replaces the worker group in the middle of a run). So:
+
+1. the lost master must be `terminated` first (the provider drops an instance from the state only
    then; a refresh while it is `shutting-down` changes nothing) - node_setup/aws/termination.py waits;
-2. `refresh_argv`: refresh only the lost instances' resources (`--target` their URNs, found in the
-   stack's exported state by instance id: `lost_urns`);
+2. `refresh_argv`: refresh only the master's instance (`--target` its URN, found in the stack's
+   exported state by its instance id and its parent, the master's component: `master_urn`);
 3. `preview_argv` + `other_changes`: a full preview; any pending change on a resource that is neither
-   lost nor depends on a lost one stops the recovery, and `manual_command` is printed for the user;
-4. `up_argv`: `pulumi up` of the lost resources and, as the engine needs, their dependents.
+   the master nor depends on it stops the recovery, and `manual_command` is printed for the user;
+4. `up_argv`: `pulumi up` of the master and, as the engine needs, its dependents (the setup step).
 
-`stack_holds(state)` says what the stack holds afterwards (its nodes, and operations an interrupted
+`stack_holds(state)` says what the stack holds afterwards (its instances, and operations an interrupted
 run could not record). node_setup/pulumi_recovery.py runs the commands (never killing Pulumi).
 """
 
@@ -25,6 +29,7 @@ from typing import Iterable, Mapping
 from cluster.lifecycle import PULUMI, check_stack
 
 INSTANCE_TYPE = "aws:ec2/instance:Instance"
+MASTER_COMPONENT = "xeon-cluster:infra:Master"  # infra/master.py's component, the master instance's parent
 STACK_TYPE = "pulumi:pulumi:Stack"
 NO_CHANGE_OPS = ("same", "read", "refresh")  # preview steps that change nothing
 
@@ -39,11 +44,12 @@ def _resources(state: Mapping) -> list[Mapping]:
     return list(((state or {}).get("deployment") or {}).get("resources") or [])
 
 
-def lost_urns(state: Mapping, instance_ids: Iterable[str]) -> dict[str, str]:
-    """{instance id: URN} for the lost instances the stack holds (an id the stack does not hold is left out)."""
-    wanted = set(instance_ids)
-    return {r["id"]: r["urn"] for r in _resources(state)
-            if r.get("type") == INSTANCE_TYPE and r.get("id") in wanted and r.get("urn")}
+def master_urn(state: Mapping, instance_id: str) -> str | None:
+    """The URN of the master's instance `instance_id` in the stack; None when the stack holds no such
+    master (an id it does not hold, or an instance outside the master's component)."""
+    return next((r["urn"] for r in _resources(state)
+                 if r.get("type") == INSTANCE_TYPE and r.get("id") == instance_id and r.get("urn")
+                 and MASTER_COMPONENT in urn_parents(r["urn"])), None)
 
 
 def dependents(state: Mapping, urns: Iterable[str]) -> set[str]:
@@ -82,6 +88,12 @@ def urn_type(urn: str) -> str:
     """The resource type of a URN (`urn:pulumi:stack::project::parent$type::name` -> `type`)."""
     parts = urn.split("::")
     return parts[2].rsplit("$", 1)[-1] if len(parts) >= 4 else ""
+
+
+def urn_parents(urn: str) -> list[str]:
+    """The parent types of a URN (`urn:pulumi:stack::project::a$b$type::name` -> [a, b])."""
+    parts = urn.split("::")
+    return parts[2].split("$")[:-1] if len(parts) >= 4 else []
 
 
 def urn_name(urn: str) -> str:
@@ -134,7 +146,7 @@ def parse_json_output(text: str) -> dict:
 
 
 def stack_holds(state: Mapping) -> list[str]:
-    """Lines saying what the stack holds: each node instance (name and id), operations not recorded."""
+    """Lines saying what the stack holds: each instance (the master: name and id), operations not recorded."""
     lines = [f"{urn_name(r['urn'])}: {r.get('id') or '(no id)'}" for r in _resources(state)
              if r.get("type") == INSTANCE_TYPE and r.get("urn")]
     pending = ((state or {}).get("deployment") or {}).get("pending_operations") or []
@@ -142,4 +154,4 @@ def stack_holds(state: Mapping) -> list[str]:
         res = op.get("resource") or {}
         lines.append(f"pending {op.get('type', '?')} of {urn_name(res.get('urn', '?'))} (not recorded: "
                      "`pulumi refresh` resolves it; an instance AWS made for it may still run)")
-    return lines or ["no node instances"]
+    return lines or ["no instances"]

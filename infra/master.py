@@ -14,6 +14,7 @@ from __future__ import annotations
 import pulumi
 
 from cluster.spec import ClusterSpec
+from cluster.stack_recovery import MASTER_COMPONENT
 from cluster.tags import ROLE_MASTER
 from infra.node import NodeNetwork, node_instance
 
@@ -27,7 +28,7 @@ class MasterNode(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], network: NodeNetwork,
                  instance_profile: pulumi.Input[str], tags: dict[str, str],
                  on_error: pulumi.ErrorHook | None = None, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("xeon-cluster:infra:Master", name, None, opts)
+        super().__init__(MASTER_COMPONENT, name, None, opts)
         self.instance = node_instance(
             name, spec, ami=ami, role=ROLE_MASTER, rank=0, spot=spec.master_spot, network=network,
             instance_profile=instance_profile, tags=tags, opts=pulumi.ResourceOptions(parent=self),

@@ -1,12 +1,13 @@
-"""Replace lost nodes with the Pulumi CLI, changing nothing else and never killing Pulumi.
+"""Replace a lost master with the Pulumi CLI, changing nothing else and never killing Pulumi.
 
-The steps and their reasons are cluster/stack_recovery.py's: wait for EC2 to report the lost
-instances `terminated` (bounded), refresh only their resources, preview the whole stack and stop
-with the command for the user when anything else would change, then `pulumi up` of the lost
-resources (and their dependents as the engine needs). Every Pulumi command runs through
+Only the master: the workers are an Auto Scaling group, which replaces a lost worker itself (their
+instances are not in the stack). The steps and their reasons are cluster/stack_recovery.py's: wait
+for EC2 to report the lost master `terminated` (bounded), refresh only its instance, preview the
+whole stack and stop with the command for the user when anything else would change, then
+`pulumi up` of the master (and its dependents, the setup step, as the engine needs). Every Pulumi command runs through
 node_setup/pulumi_cli.py's runner: output streamed as it comes (the progress), no time limit, and a
 Ctrl-C passed to Pulumi once so it cancels cleanly (never SIGKILL). Afterwards fab says what the
-stack holds: its node instances and any operation an interrupted run could not record.
+stack holds: its instances and any operation an interrupted run could not record.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from cluster import stack_recovery as sr
 from cluster.lifecycle import PULUMI
 from node_setup import pulumi_cli
 
-# What replace_lost() returns.
-REPLACED = "replaced"  # pulumi up of the lost resources succeeded
-NOT_TERMINATED = "not-terminated"  # EC2 still had a lost instance after the bounded wait: nothing run
+# What replace_lost_master() returns.
+REPLACED = "replaced"  # pulumi up of the master succeeded
+NOT_TERMINATED = "not-terminated"  # EC2 still had the lost master after the bounded wait: nothing run
 OTHER_CHANGES = "other-changes"  # the stack has other pending changes: the command is for the user
 FAILED = "failed"  # a Pulumi command failed or was interrupted (the stack's content is reported)
-NOT_IN_STACK = "not-in-stack"  # the stack holds none of the lost instances (nothing to target)
+NOT_IN_STACK = "not-in-stack"  # the stack holds no master with that instance id (nothing to target)
 
 
 def _capture(argv: Sequence[str]) -> tuple[int, str]:
@@ -53,38 +54,37 @@ def report_stack(stack: str, cwd: str | None, say: Callable[[str], None]) -> Non
         say(f"  {line}")
 
 
-def replace_lost(stack: str, instance_ids: Sequence[str], *, region: str | None, say: Callable[[str], None],
-                 cwd: str | None = None, wait_terminated=None, timeout_s: float = sr.TERMINATED_WAIT_S) -> str:
-    """Replace the lost instances `instance_ids` of `stack`; one of REPLACED, NOT_TERMINATED, OTHER_CHANGES,
+def replace_lost_master(stack: str, master_id: str, *, region: str | None, say: Callable[[str], None],
+                        cwd: str | None = None, wait_terminated=None, timeout_s: float = sr.TERMINATED_WAIT_S) -> str:
+    """Replace the lost master `master_id` of `stack`; one of REPLACED, NOT_TERMINATED, OTHER_CHANGES,
     FAILED, NOT_IN_STACK. `wait_terminated(ids, region, timeout_s=...)` -> {id: state} left (a seam for tests;
     default node_setup/aws/termination.py's)."""
     if wait_terminated is None:
         from node_setup.aws.termination import wait_terminated
-    ids = sorted(set(instance_ids))
     manual = sr.manual_command(stack)
-    if ids:
-        say(f"waiting for EC2 to report {', '.join(ids)} terminated (at most {timeout_s / 60:g} min) before refreshing")
-        left = wait_terminated(ids, region, timeout_s=timeout_s)
-        if left:
-            states = ", ".join(f"{iid}: {state}" for iid, state in sorted(left.items()))
-            say(f"AWS has not terminated the lost instance(s) after {timeout_s / 60:g} min ({states}); a refresh "
-                f"now would change nothing. Not running Pulumi: once they are terminated, run `{manual}`")
-            return NOT_TERMINATED
+    say(f"waiting for EC2 to report the master {master_id} terminated (at most {timeout_s / 60:g} min) before "
+        "refreshing")
+    left = wait_terminated([master_id], region, timeout_s=timeout_s)
+    if left:
+        states = ", ".join(f"{iid}: {state}" for iid, state in sorted(left.items()))
+        say(f"AWS has not terminated the lost master after {timeout_s / 60:g} min ({states}); a refresh "
+            f"now would change nothing. Not running Pulumi: once it is terminated, run `{manual}`")
+        return NOT_TERMINATED
     code, text = _capture(sr.export_argv(stack, cwd))
     if code:
         say(f"could not read the stack {stack} (pulumi stack export: exit code {code}); run `{manual}` yourself")
         return FAILED
     state = sr.parse_json_output(text)
-    urns = sr.lost_urns(state, ids)
-    if not urns:
-        say(f"the stack {stack} holds none of {', '.join(ids) or 'the lost nodes'}: nothing for fab to replace "
+    urn = sr.master_urn(state, master_id)
+    if urn is None:
+        say(f"the stack {stack} holds no master {master_id}: nothing for fab to replace "
             f"(`{manual}` shows what the stack would do)")
         return NOT_IN_STACK
-    targets = sorted(urns.values())
-    say(f"refreshing only the lost node(s): {', '.join(sr.urn_name(u) for u in targets)}")
+    targets = [urn]
+    say(f"refreshing only the lost master: {sr.urn_name(urn)}")
     code = pulumi_cli.run_streaming(sr.refresh_argv(stack, targets, cwd), write=_streamed(say), say=_say_plain)
     if code:
-        say(f"`pulumi refresh` of the lost nodes ended with exit code {code}")
+        say(f"`pulumi refresh` of the lost master ended with exit code {code}")
         report_stack(stack, cwd, say)
         return FAILED
     code, text = _capture(sr.preview_argv(stack, cwd))
@@ -95,14 +95,14 @@ def replace_lost(stack: str, instance_ids: Sequence[str], *, region: str | None,
         return FAILED
     others = sr.other_changes(preview, set(targets) | sr.dependents(state, targets))
     if others:
-        say(f"the stack {stack} has {len(others)} pending change(s) besides the lost nodes "
+        say(f"the stack {stack} has {len(others)} pending change(s) besides the lost master "
             f"({', '.join(f'{op} {sr.urn_name(urn)}' for op, urn in others[:5])}{', ...' if len(others) > 5 else ''}): "
-            f"fab applies only the lost nodes' replacement, so it stops here. Review and apply them yourself: {manual}")
+            f"fab applies only the master's replacement, so it stops here. Review and apply them yourself: {manual}")
         return OTHER_CHANGES
-    say(f"replacing the lost node(s) (Pulumi runs until it is done: its output follows; Ctrl-C cancels it cleanly, "
+    say(f"replacing the lost master (Pulumi runs until it is done: its output follows; Ctrl-C cancels it cleanly, "
         f"it is never killed): {PULUMI} up --target ... --target-dependents")
     code = pulumi_cli.run_streaming(sr.up_argv(stack, targets, cwd), write=_streamed(say), say=_say_plain)
     if code:
-        say(f"`pulumi up` of the lost nodes ended with exit code {code}")
+        say(f"`pulumi up` of the lost master ended with exit code {code}")
     report_stack(stack, cwd, say)
     return FAILED if code else REPLACED

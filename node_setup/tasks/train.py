@@ -541,6 +541,9 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
             plan = make_plan(previous)
             print(f"resuming in {previous} (the newest job's output directory)")
     if supervision:
+        _distribute(plan.inventory, conns)  # the master reaches every node with the cluster key
+        if inputs.uploads:
+            _upload(conns, inputs.uploads)
         raise Exit(code=managed_run.hand_off(supervision, inventory=inventory, plan=plan, inputs=inputs, conns=conns,
                                              layout=layout, detach=detach))
     raise Exit(code=_launch(inventory, plan, inputs=inputs, conns=conns, allow_busy=allow_busy))

@@ -77,11 +77,6 @@ def test_work_lost_and_the_record():
     assert merged["recoveries"] == [record] and merged["status"] == "completed"
 
 
-def test_notice_due():
-    assert rc.notice_due('{"action": "terminate", "time": "1970-01-01T00:02:00Z"}') == 120
-    assert rc.notice_due("not json") is None and rc.notice_due(None) is None
-
-
 # ---------------------------------------------------------------- settings
 
 

@@ -12,7 +12,6 @@ from types import SimpleNamespace as NS
 import pytest
 
 from cluster import jobreport, jobsummary
-from cluster.recovery import RECOVERIES_KEY
 from node_setup.tasks import train as fab_train
 from tests.unit.test_spend import MasterDouble
 
@@ -121,13 +120,11 @@ def test_the_reclaim_cleanup_runs_when_the_summary_cannot_be_read_at_all(monkeyp
                          ids=["bad field", "deep nesting", "a list"])
 def test_the_records_added_to_summary_json_go_through_the_same_check(capsys, text):
     from cluster import spend
-    from node_setup.ssh.recovery import merge_into_summary
     from node_setup.tasks.spend import record_cost
 
     path = "/out/job-9/summary.json"
     cost = spend.RunCost(2, 0.0, spend.LOCAL_NO_PRICE, None, "why")
-    for add in (lambda master: merge_into_summary(master, "/out/job-9", [{"step": 3}]),
-                lambda master: record_cost(master, path, cost)):
+    for add in (lambda master: record_cost(master, path, cost),):
         master = MasterDouble({path: text})
         added = add(master)
         out = capsys.readouterr().out
@@ -136,6 +133,6 @@ def test_the_records_added_to_summary_json_go_through_the_same_check(capsys, tex
             assert added is True
             written = json.loads(master.files[path])
             assert "metrics" not in written and written["steps"] == 5
-            assert RECOVERIES_KEY in written or spend.COST_KEY in written
+            assert spend.COST_KEY in written
         else:  # not an object: nothing to add to, the file is left as it was
             assert added is False and master.files[path] == text
