@@ -21,7 +21,8 @@ CLUSTER = "rehearsal-group"
 
 def stub_setup(inputs: dict) -> tuple[str, dict]:
     """Test double for the setup step (it runs over SSH in the sitting): what its create() returns."""
-    return "setup-0", {**{k: v for k, v in inputs.items() if k != "__provider"}, "bake_source": inputs["instance_id"]}
+    return "setup-0", {**{k: v for k, v in inputs.items() if k != "__provider"}, "bake_source": inputs["instance_id"],
+                       "stamp": "20260501T120000Z"}  # the image's name ends with it
 
 
 @pytest.fixture
