@@ -4,9 +4,10 @@ Deletion re-reads the cluster's master and its stack marker right before each re
 everything of a cluster that has come back up since the listing (a master started, or a stack
 brought up again, while the user read the list).
 It runs in dependency order, one deleter per kind (`_deleters`, walked in DELETE_ORDER): instances
-(terminated as one batch, then waited for), spot requests, AMIs, then their snapshots, detached volumes, placement groups, key pairs, security groups (rules that
-reference another group first), instance profiles (their roles removed first), IAM roles (removed
-from their instance profiles, inline policies deleted, managed ones detached), buckets. A resource
+(terminated as one batch, then waited for), spot requests, AMIs, then their snapshots, detached volumes,
+placement groups, key pairs, security groups (rules that reference another group first), instance profiles
+(their roles removed first), IAM roles (removed from their instance profiles, inline policies deleted, managed
+ones detached), buckets. A resource
 that is already gone counts as removed, so the sweep can be rerun after a partial failure.
 """
 
@@ -193,5 +194,6 @@ def render_outcomes(outcomes: list[tuple[Resource, str]]) -> str:
     lines = [f"  {outcome:<12} {res.kind:<15} {res.id:<28} (cluster {res.cluster}"
              + (f", stack {res.stack})" if res.stack else ")") for res, outcome in outcomes]
     failed = sum(1 for _, outcome in outcomes if outcome.startswith(("FAILED", "skipped")))
-    lines.append(f"removed {len(outcomes) - failed}, left {failed}" + (" (rerun `fab sweep --delete`)" if failed else ""))
+    lines.append(f"removed {len(outcomes) - failed}, left {failed}"
+                 + (" (rerun `fab sweep --delete`)" if failed else ""))
     return "\n".join(lines)

@@ -246,9 +246,10 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
 })
 def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAULT_DATASET,
          epochs=1, single_node_time=Unset(duration), params="", samples=Unset(int, "the data set's"),
-         batch_size=Unset(int, "the calibration's, else 32"), profile="", ranks_per_node=Unset(int, "the type's sockets"),
-         flows_per_rank=1, placement_group=True, on_demand=False, hourly_usd=Unset(float), region="", stack="",
-         json=False, plot="", grad_comm="", ddp_bucket_mb=Unset(float), calibration="", cluster="",
+         batch_size=Unset(int, "the calibration's, else 32"), profile="",
+         ranks_per_node=Unset(int, "the type's sockets"), flows_per_rank=1, placement_group=True, on_demand=False,
+         hourly_usd=Unset(float), region="", stack="", json=False, plot="", grad_comm="", ddp_bucket_mb=Unset(float),
+         calibration="", cluster="",
          auto_stop_idle=Unset(duration_or_off), provisioning=True, compile="auto"):  # noqa: A002
     """Predict epoch time, scaling efficiency and the whole cost (provisioning, run, idle tail) per node count."""
     idle = "" if not given(auto_stop_idle) else f"{auto_stop_idle:g}s" if auto_stop_idle else "off"
@@ -261,8 +262,8 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAUL
                           compile=str(compile).strip().lower())
     try:
         cal, cal_note = load_calibration(calibration, cluster)
-        rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd or 0.0, region=region, stack=stack,
-                                                         calibration=cal)
+        rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd or 0.0, region=region,
+                                                         stack=stack, calibration=cal)
     except (ValueError, LookupError) as exc:
         raise fail(str(exc)) from None
     if cal_note:

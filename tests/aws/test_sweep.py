@@ -123,9 +123,10 @@ def make_cluster(ec2, s3, name, *, alive, iam=None):
     ids = []
     for rank, role in enumerate((ROLE_MASTER, ROLE_WORKER)):
         tags = node_tags(base, role, rank, f"{name}-{role}")
-        ids.append(ec2.run_instances(ImageId=IMAGE, InstanceType="c6i.16xlarge", MinCount=1, MaxCount=1,
-                                     SecurityGroupIds=[cluster_sg], TagSpecifications=[
-                                         {"ResourceType": "instance", "Tags": _spec(tags)}])["Instances"][0]["InstanceId"])
+        launched = ec2.run_instances(ImageId=IMAGE, InstanceType="c6i.16xlarge", MinCount=1, MaxCount=1,
+                                     SecurityGroupIds=[cluster_sg],
+                                     TagSpecifications=[{"ResourceType": "instance", "Tags": _spec(tags)}])
+        ids.append(launched["Instances"][0]["InstanceId"])
     made["instances"] = set(ids)
     image = ec2.create_image(InstanceId=ids[0], Name=f"{name}-baked")["ImageId"]
     ec2.create_tags(Resources=[image], Tags=_spec(base))
