@@ -26,15 +26,16 @@ from typing import Mapping, Sequence, TextIO
 
 from cluster import jobsummary, shell
 from cluster.jobplan import JOB_ID_RE, JobPlan, check_job_id
+from cluster.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
+                                  start_command)
+from cluster.jobcommands import sh_command as _sh
 from cluster.joblog import RankPrefixer
 from cluster.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
 from cluster.profiles import get_profile, venv_dir
 from cluster.setup_script import PROJECT_MARKER
-from cluster.torchrun import AGENT_FILE
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
-CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
 _INSTALLED = "xeon-cluster installed: "  # the line prepare_nodes starts each node's output with
 STOP_GRACE_SECONDS = 10
 POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
@@ -46,24 +47,13 @@ class JobError(RuntimeError):
 
 # ------------------------------------------------------------------------------ remote actions
 
-# The scripts are cluster/shell/job-*.sh, run as `sh -c SCRIPT xeon-cluster JOB [GRACE]`.
-# Per node: the job's recorded ranks and whether each still runs ("<rank> <pid> running|gone").
-RANKS_SH = shell.render("job-ranks.sh", {"JOBS_DIR": JOBS_DIR})
-# Per node: end the job's recorded rank process groups, then anything still marked with the job id.
-STOP_NODE_SH = shell.render("job-stop-node.sh", {"JOBS_DIR": JOBS_DIR, "AGENT_FILE": AGENT_FILE})
-# On the master: end the job script's session (mpirun and its local children) first.
-STOP_MASTER_SH = shell.render("job-stop-master.sh", {"JOBS_DIR": JOBS_DIR})
-# On the master: what a job is doing (one line read by job_state()).
-STATE_SH = shell.render("job-state.sh", {"JOBS_DIR": JOBS_DIR})
+# The scripts are cluster/shell/job-*.sh, run as `sh -c SCRIPT xeon-cluster JOB [GRACE]`; those the
+# run supervisor runs too (ranks, stop, state) are cluster/jobcommands.py's.
 # On every node before a launch: the other jobs still running there (read by busy_jobs()).
 BUSY_SH = shell.render("job-busy.sh", {"JOBS_DIR": JOBS_DIR})
 _BUSY = "xeon-cluster busy: "  # the lines BUSY_SH prints, one per running job script or rank
 # On the master: every job's records in one answer (cluster/joblist.py reads it).
 LIST_SH = shell.render("job-list.sh", {"JOBS_DIR": JOBS_DIR})
-
-
-def _sh(script: str, *args: object) -> str:
-    return "sh -c " + shlex.quote(script) + " xeon-cluster " + " ".join(shlex.quote(str(a)) for a in args)
 
 
 def prepare_nodes(conns: Mapping[str, object], plan: JobPlan, *, refuse_busy: bool = False) -> list[NodeOutcome]:
@@ -118,16 +108,9 @@ def installed_version(outcome: NodeOutcome) -> str:
 def start(master, plan: JobPlan) -> int:
     """Put the job's files on the master and start the job script detached; returns its pid."""
     d = job_dir(plan.job_id)
-    master.put(io.StringIO(plan.launch.hostfile), remote=f"{d}/hosts")
-    script = plan.launch.script()
-    master.put(io.StringIO(script), remote=f"{d}/run.sh")
-    master.put(io.StringIO(json.dumps(plan.metadata(), indent=2) + "\n"), remote=f"{d}/job.json")
-    qd = shlex.quote(d)
-    result = master.run(
-        f"cd && ln -sfn {shlex.quote(plan.job_id)} {shlex.quote(CURRENT)} && "
-        f"(setsid nohup {'bash' if shell.is_bash(script) else 'sh'} {qd}/run.sh </dev/null >/dev/null 2>&1 &) && "
-        f"i=0; while [ ! -s {qd}/pid ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; cat {qd}/pid",
-        hide=True, warn=True, in_stream=False)
+    for name, text in job_files(plan).items():
+        master.put(io.StringIO(text), remote=f"{d}/{name}")
+    result = master.run(start_command(plan), hide=True, warn=True, in_stream=False)
     pid = result.stdout.strip()
     if not result.ok or not pid.isdigit():
         raise JobError(f"the job script did not start on the master {plan.inventory.master.name}: "

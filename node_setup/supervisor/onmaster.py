@@ -8,7 +8,7 @@ collaborators), and its entry point.
   host key a machine presents (`ssh-keyscan`), and admitting a verified replacement (its key into the
   master's known_hosts, its address into the ssh config, its software checked).
 - `Job`: the job's plan (cluster/jobplan.py, as `fab train` makes it), its preparation on every node,
-  its start detached on the master (the files and `setsid nohup` of node_setup/ssh/job.py's start), its
+  its start detached on the master (the files and `setsid nohup` start of cluster/jobcommands.py, as fab's), its
   outcome, stop, checkpoints and summary.
 """
 
@@ -24,33 +24,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster import jobsummary, shell
+from cluster import jobsummary
 from cluster import recovery as rc
 from cluster import supervision as sv
 from cluster.inventory import Inventory, Node
+from cluster.jobcommands import STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files, start_command
+from cluster.jobcommands import sh_command as _sh
 from cluster.joblog import first_failure
 from cluster.jobplan import JobPlan, new_job_id, plan_job
-from cluster.launch import JOBS_DIR, job_dir
+from cluster.launch import job_dir
 from cluster.profiles import get_profile, venv_dir
 from cluster.render import MasterPaths, hostfile_text, known_hosts_text, replace_managed_block, ssh_config_block
 from cluster.setup_script import PROJECT_MARKER
 from cluster.supervision import Member
-from cluster.torchrun import AGENT_FILE
 from cluster.userjob import UserProgram, check_module, notice_signal, workdir_on_node
 from node_setup.supervisor.groups import AwsGroup, LocalGroup, StaticGroup
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 
 PROBE_TIMEOUT_S = 8
-STATE_SH = shell.render("job-state.sh", {"JOBS_DIR": JOBS_DIR})
-STOP_MASTER_SH = shell.render("job-stop-master.sh", {"JOBS_DIR": JOBS_DIR})
-STOP_NODE_SH = shell.render("job-stop-node.sh", {"JOBS_DIR": JOBS_DIR, "AGENT_FILE": AGENT_FILE})
 _NOTICE_PY = ("from training.imds import ImdsClient, endpoint\n"
               "c = ImdsClient(endpoint(), timeout=2)\n"
               "print('notice ' + (c.instance_action() or '-'))\n")
-
-
-def _sh(script: str, *args: object) -> str:
-    return "sh -c " + shlex.quote(script) + " xeon-cluster " + " ".join(shlex.quote(str(a)) for a in args)
 
 
 def _home_path(path: str) -> Path:
@@ -250,17 +244,9 @@ class Job:
                   if r.returncode != 0]
         if failed:
             raise RuntimeError(f"preparing the nodes failed: {'; '.join(failed)}")
-        home_d = Path.home() / d
-        (home_d / "hosts").write_text(plan.launch.hostfile)
-        script = plan.launch.script()
-        (home_d / "run.sh").write_text(script)
-        (home_d / "job.json").write_text(json.dumps({**plan.metadata(), "supervised_run": self.spec["run_id"]},
-                                                    indent=2) + "\n")
-        qd = shlex.quote(d)
-        started = self.shell.run(self.shell.master, (
-            f"cd && ln -sfn {shlex.quote(plan.job_id)} {shlex.quote(JOBS_DIR + '/current')} && "
-            f"(setsid nohup {'bash' if shell.is_bash(script) else 'sh'} {qd}/run.sh </dev/null >/dev/null 2>&1 &) && "
-            f"i=0; while [ ! -s {qd}/pid ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; cat {qd}/pid"))
+        for name, text in job_files(plan, supervised_run=self.spec["run_id"]).items():  # as fab's start writes them
+            (Path.home() / d / name).write_text(text)
+        started = self.shell.run(self.shell.master, start_command(plan))
         if started.returncode != 0 or not started.stdout.strip().isdigit():
             raise RuntimeError(f"the job script did not start: {(started.stdout + started.stderr).strip()}")
         self.plans[plan.job_id] = plan
