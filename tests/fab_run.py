@@ -1,12 +1,14 @@
 """`fab` run in the test's own process: the `xeon-cluster` program (node_setup/tasks/program.py) holds the
 same tasks and the same parser wrap as `fab`, without a Python start-up per run. The working directory,
-the environment and sys.stdout/stderr are set for the run and put back afterwards. Tests that prove the
-console commands themselves (`python -m fabric`, `xeon-cluster`) still run them as processes."""
+the environment, sys.stdout/stderr and the signal handlers are set for the run and put back afterwards.
+Tests that prove the console commands themselves (`python -m fabric`, `xeon-cluster`) still run them as
+processes."""
 
 from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ def fab_in_process(*argv: str, cwd: Path | str = ROOT, env: dict | None = None) 
     if argv[:1] == ("-r",):
         argv = argv[2:]
     out, err = io.StringIO(), io.StringIO()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     with pytest.MonkeyPatch.context() as patch, redirect_stdout(out), redirect_stderr(err):
         patch.chdir(cwd)
         if env is not None:
@@ -47,4 +50,8 @@ def fab_in_process(*argv: str, cwd: Path | str = ROOT, env: dict | None = None) 
             code = ended.code if isinstance(ended.code, int) else 0 if ended.code is None else 1
             if isinstance(ended.code, str):
                 print(ended.code, file=sys.stderr)
+        finally:  # a task that set its own signal handlers gets them undone
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
     return Ran(code, out.getvalue(), err.getvalue())

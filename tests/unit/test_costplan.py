@@ -8,6 +8,7 @@ import pytest
 from cluster import costplan
 from cluster import timemodel as tm
 from cluster.models import lookup_dataset, lookup_model
+from tests.fab_run import fab_in_process
 
 WORK = tm.Workload(params=lookup_model("distilbert").params, samples=lookup_dataset("squad").train_features,
                    gradient_bytes=2)
@@ -241,18 +242,11 @@ def test_a_spot_estimate_is_a_stated_fraction_of_on_demand_and_says_so():
 def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_tail(tmp_path):
     """The real `fab plan --nodes 4` (no stack file, no AWS credentials: the static table's on-demand
     price and the stated spot estimate from it; nothing is sent anywhere)."""
-    import subprocess
-    import sys
-
-    from tests.unit.test_fab_bad_input import ROOT
-
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
 
     def fab_plan(*argv):
-        result = subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), "plan", "--nodes", "4",
-                                 "--region", "us-east-1", *argv], cwd=tmp_path, capture_output=True, text=True,
-                                timeout=120, env=env)
+        result = fab_in_process("plan", "--nodes", "4", "--region", "us-east-1", *argv, cwd=tmp_path, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 

@@ -23,6 +23,7 @@ from invoke import Context, Exit
 
 from cluster import catalog, lifecycle
 from tests.unit.test_fab_bad_input import ROOT, STACK
+from tests.fab_run import fab_in_process
 
 FAKE = Path(__file__).with_name("fake_pulumi.py")
 UP_ARGV = ["up", "--stack", "lab", "--refresh", "--yes", "--non-interactive"]
@@ -117,8 +118,7 @@ def test_without_the_cli_both_print_the_commands_to_run_and_exit_2(site, task):
     cwd, env, log = site
     empty = cwd / "empty"
     empty.mkdir()
-    result = subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), task, "--stack", "lab"], cwd=cwd,
-                            capture_output=True, text=True, timeout=120, env={**env, "PATH": str(empty)})
+    result = fab_in_process(task, "--stack", "lab", cwd=cwd, env={**env, "PATH": str(empty)})
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("error: the Pulumi CLI (`pulumi`) is not on PATH")
@@ -129,7 +129,8 @@ def test_without_the_cli_both_print_the_commands_to_run_and_exit_2(site, task):
 
 
 def test_a_bad_stack_name_is_one_line_and_exit_2(site):
-    result = fab(site, "up", "--stack", "lab;rm", "--no-preflight")
+    cwd, env, _ = site
+    result = fab_in_process("up", "--stack", "lab;rm", "--no-preflight", cwd=cwd, env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: --stack: 'lab;rm' is not allowed; allowed: a stack name of letters, digits, '_', '.' and '-' "
