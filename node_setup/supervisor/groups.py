@@ -23,6 +23,10 @@ from cluster.supervision import Member
 GROUP_FILE = "group.json"  # in the local cluster's data directory (node_setup/local/keeper.py)
 CONSOLE_FILE = "console.log"  # in a local node's directory (node_setup/local/console.py)
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}\Z")
+# The worker group's name and region as the spec carries them (node_setup/tasks/managed.py writes them):
+# an Auto Scaling group name as the Pulumi program makes it, and an AWS region name.
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}\Z")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]\Z")
 _STATES = ("pending", "running", "shutting-down", "terminated", "stopping", "stopped", "gone")
 
 
@@ -39,6 +43,17 @@ def checked_member(entry: dict, where: str) -> Member:
     if state not in _STATES:
         raise ValueError(f"{where} state: {state!r} is not allowed; allowed: {', '.join(_STATES)}")
     return Member(name, address, instance_id, state)
+
+
+def checked_group(group_name: object, region: object) -> tuple[str, str]:
+    """The worker group's name and region, each checked whole (ValueError naming the one refused)."""
+    name, where = str(group_name), str(region)
+    if not _GROUP_NAME.match(name):
+        raise ValueError(f"worker_group: {name[:80]!r} is not allowed; allowed: letters, digits, '.', '_', '-' "
+                         "(an Auto Scaling group name, up to 255)")
+    if not _REGION.match(where):
+        raise ValueError(f"region: {where[:40]!r} is not allowed; allowed: an AWS region name, e.g. us-east-1")
+    return name, where
 
 
 class StaticGroup:
@@ -105,7 +120,7 @@ class AwsGroup:
     """
 
     def __init__(self, region: str, group_name: str, members: list[Member]):
-        self.region, self.group_name = region, group_name
+        self.group_name, self.region = checked_group(group_name, region)
         self._known = {m.instance_id: m for m in members}
         self._clients: dict[str, object] = {}
 

@@ -89,12 +89,37 @@ def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
     if plan.user is not None:  # --script/--module: restarted with the newest checkpoint (cluster/supervision.py)
         spec.update(program={"script": plan.user.script, "module": plan.user.module, "args": list(plan.user.args),
                              "signal": plan.user.signal or "none"}, resume_arg=resume_arg)
+    if inventory.kind == "aws":
+        spec.update(aws_worker_group(inventory))
     if inventory.kind == "local":
         from node_setup.local.state import load_state, paths_for
 
         state = load_state(paths_for(inventory.name))
         spec["local_data_dir"] = state.data_dir if state else ""
     return spec
+
+
+def aws_worker_group(inventory: Inventory, autoscaling=None) -> dict:
+    """The cluster's worker group for the supervisor: {"worker_group": its name, "region": its region}, each
+    checked whole, so that it waits for the group's replacement of a lost worker; {} for a cluster without a
+    group (its survivors go on). One line and exit 2 when the group cannot be read or a value is refused."""
+    from node_setup.aws import clients, errors
+    from node_setup.aws.worker_group import worker_group
+    from node_setup.supervisor.groups import checked_group
+
+    try:
+        region = clients.resolve_region(inventory.region)
+        group = worker_group(inventory.name, region, autoscaling)
+    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        raise fail(f"worker group of {inventory.name}: could not read it ({exc}); the supervisor needs it to wait "
+                   "for a lost worker's replacement (allow autoscaling:DescribeAutoScalingGroups)", UNREACHABLE) from None
+    if group is None:
+        return {}
+    try:
+        name, region = checked_group(group.name, region)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    return {"worker_group": name, "region": region}
 
 
 def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, conns, layout: dict,

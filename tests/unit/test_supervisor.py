@@ -472,3 +472,54 @@ def test_fab_train_managed_takes_your_own_program(tmp_path):
                             "--resume-arg=--resume_from_checkpoint {checkpoint}", "--dry-run")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "dry run: nothing was started" in result.stdout
+
+
+# ---------------------------------------------------------------- on AWS: the spec names the worker group
+
+
+def _aws_run_spec(region="us-east-1"):
+    """`run_spec` for an AWS cluster named as tests/aws/test_worker_group.py's (plan and inputs: plain records)."""
+    from types import SimpleNamespace
+
+    from cluster.inventory import Inventory
+    from node_setup.tasks.managed import run_spec
+
+    import dataclasses
+
+    inventory = dataclasses.replace(Inventory.from_mapping(
+        {"name": "xeon-dev", "sockets": 1, "physical_cores": 4, "hosts": ["10.0.1.5", "10.0.1.6"]},
+        default_name="xeon-dev", kind="aws"), region=region)
+    plan = SimpleNamespace(job_id="20261126-101500-ab12", inventory=inventory, output_dir="runs/r1", user=None)
+    inputs = SimpleNamespace(args=(), prepare=())
+    return run_spec(rc.ManagedOptions(3, 1, 60.0, 2), inventory=inventory, plan=plan, inputs=inputs, layout={})
+
+
+def test_aws_run_spec_names_the_worker_group_so_the_supervisor_waits_for_its_replacements(aws_credentials):
+    moto = pytest.importorskip("moto")
+    from node_setup.supervisor.groups import AwsGroup
+    from tests.aws.test_worker_group import REGION, _as_the_program_makes_it
+
+    with moto.mock_aws():
+        assert "worker_group" not in _aws_run_spec(REGION)  # no group (a stack made before it): survivors go on
+        name, _ = _as_the_program_makes_it()
+        spec = _aws_run_spec(REGION)
+    assert (spec["worker_group"], spec["region"]) == (name, REGION)
+    group = AwsGroup(spec["region"], spec["worker_group"], [Member("node0", "10.0.1.5", "i-0000000000000001")])
+    assert (group.group_name, group.region) == (name, REGION)
+
+
+@pytest.mark.parametrize("group_name, region, refused", [
+    ("xeon-dev-worker;reboot", "us-east-1", "worker_group: 'xeon-dev-worker;reboot' is not allowed"),
+    ("xeon-dev-worker\n", "us-east-1", "worker_group: "),
+    ("", "us-east-1", "worker_group: '' is not allowed"),
+    ("xeon-dev-worker", "us-east-1$(id)", "region: 'us-east-1$(id)' is not allowed"),
+    ("xeon-dev-worker", "us-east-1\n", "region: "),
+])
+def test_worker_group_and_region_from_the_spec_are_checked_whole(group_name, region, refused):
+    from node_setup.supervisor.groups import AwsGroup, checked_group
+
+    with pytest.raises(ValueError) as err:
+        checked_group(group_name, region)
+    assert str(err.value).startswith(refused) and "allowed:" in str(err.value)
+    with pytest.raises(ValueError):
+        AwsGroup(region, group_name, [])
