@@ -20,6 +20,13 @@ the bucket: `autoscaling:UpdateAutoScalingGroup` on the cluster's own worker gro
 wildcard), which the master's idle auto-stop uses to set the group's minimum and desired capacity
 to 0 before the workers power off, so that the group does not launch them again. It is made after
 the group (it names the group's ARN, and the group's template names the profile).
+
+A third, `supervisor_read_policy`, is read-only: what the run supervisor on the master
+(node_setup/supervisor/groups.py, `AwsGroup`) reads to follow its workers: the group's instances
+(`autoscaling:DescribeAutoScalingGroups`), their states and addresses (`ec2:DescribeInstances`) and a
+new worker's console, whose host key fingerprints it verifies (`ec2:GetConsoleOutput`). The console is
+limited to instances carrying the cluster's tag; the two Describe calls take no resource-level
+permission or tag condition in IAM, so they are `*` (docs/security.md says what that lets a node read).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import pulumi
 import pulumi_aws as aws
 
 from cluster.spec import ClusterSpec
+from cluster.tags import CLUSTER_KEY
 
 EC2_SERVICE = "ec2.amazonaws.com"
 BUCKET_ACTIONS = ("s3:ListBucket",)
@@ -73,6 +81,24 @@ def group_capacity_policy(group_arn: str) -> str:
     })
 
 
+DESCRIBE_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances")
+CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
+
+
+def supervisor_read_policy(cluster: str, region: str) -> str:
+    """The supervisor's reads: the Describe calls (no resource-level permissions exist for them) and the
+    console of the cluster's own instances only (by its tag)."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "SupervisorDescribeWorkers", "Effect": "Allow", "Action": list(DESCRIBE_ACTIONS), "Resource": "*"},
+            {"Sid": "SupervisorReadOwnConsoles", "Effect": "Allow", "Action": list(CONSOLE_ACTIONS),
+             "Resource": f"arn:aws:ec2:{region}:*:instance/*",
+             "Condition": {"StringEquals": {f"ec2:ResourceTag/{CLUSTER_KEY}": cluster}}},
+        ],
+    })
+
+
 class NodeRole(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, *, bucket_arn: pulumi.Input[str], tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
@@ -91,11 +117,16 @@ class NodeRole(pulumi.ComponentResource):
             role=self.role.id,  # an IAM role's id is its name
             policy=pulumi.Output.from_input(bucket_arn).apply(checkpoint_policy),
             opts=child)
+        self.supervisor_policy = aws.iam.RolePolicy(
+            f"{name}-supervisor-read",
+            role=self.role.id,
+            policy=supervisor_read_policy(spec.cluster_name, spec.region),
+            opts=child)
         self.profile = aws.iam.InstanceProfile(
             name,
             role=self.role.id,
             tags={**tags, "Name": name},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy]))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy, self.supervisor_policy]))
         self.profile_name = self.profile.name
         self._name = name
         self.register_outputs({"roleArn": self.role.arn, "instanceProfileName": self.profile.name})

@@ -155,3 +155,21 @@ def test_only_the_newest_activity_is_the_reason():
     assert rules.latest_failure([{"StatusCode": "Successful"}, failed]) is None
     assert rules.latest_failure([]) is None
     assert rules.activity_failure("no activity here") is None
+
+
+def test_the_node_role_may_read_what_the_supervisor_reads_and_the_console_of_its_own_instances_only(harness):
+    """The supervisor's one read-only policy: exactly the calls node_setup/supervisor/groups.py makes."""
+    harness.run(minimal_config())
+    (policy,) = [p for p in harness.monitor.of_type(ROLE_POLICY) if p.name.endswith("-supervisor-read")]
+    (template,) = harness.monitor.of_type(LAUNCH_TEMPLATE)
+    cluster = template.inputs["tags"]["xeon-cluster:cluster"]
+    describe, console = json.loads(policy.inputs["policy"])["Statement"]
+    assert describe == {"Sid": "SupervisorDescribeWorkers", "Effect": "Allow", "Resource": "*",
+                        "Action": ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"]}
+    assert console == {"Sid": "SupervisorReadOwnConsoles", "Effect": "Allow", "Action": ["ec2:GetConsoleOutput"],
+                       "Resource": "arn:aws:ec2:us-east-1:*:instance/*",
+                       "Condition": {"StringEquals": {"ec2:ResourceTag/xeon-cluster:cluster": cluster}}}
+    # nothing here writes: every action is a Describe or Get
+    assert all(a.split(":")[1].startswith(("Describe", "Get")) for s in (describe, console) for a in s["Action"])
+    (profile,) = harness.monitor.of_type("aws:iam/instanceProfile:InstanceProfile")
+    assert policy.urn in profile.dependencies  # no node boots without it
