@@ -111,8 +111,9 @@ def aws_worker_group(inventory: Inventory, autoscaling=None) -> dict:
         region = clients.resolve_region(inventory.region)
         group = worker_group(inventory.name, region, autoscaling)
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
-        raise fail(f"worker group of {inventory.name}: could not read it ({exc}); the supervisor needs it to wait "
-                   "for a lost worker's replacement (allow autoscaling:DescribeAutoScalingGroups)", UNREACHABLE) from None
+        raise fail(f"worker group of {inventory.name}: could not read it ({exc}); the supervisor needs it to "
+                   "wait for a lost worker's replacement (allow autoscaling:DescribeAutoScalingGroups)",
+                   UNREACHABLE) from None
     if group is None:
         return {}
     try:
