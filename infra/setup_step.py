@@ -246,8 +246,10 @@ class ProfileSetupProvider(ResourceProvider):
         keys = {k for k in set(olds) | set(news) if not k.startswith("__") and k not in OUTPUT_ONLY}
         changed = sorted(k for k in keys if olds.get(k) != news.get(k))
         replaces = [k for k in changed if k in REPLACE_ON]
+        # A step recorded before steps had a stamp: an update gives it one (nothing is run again).
+        unstamped = not olds.get("stamp")
         # The record of an old master's setup goes before the new one is made (like the nodes).
-        return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
+        return DiffResult(changes=bool(changed) or unstamped, replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         """A new master with the same software: set it up again (same profile and pins); the image stays."""

@@ -414,9 +414,18 @@ def test_diff_replaces_only_for_what_changes_the_image(change, replaced):
 
 
 def test_diff_without_changes():
-    olds = make_props()
+    olds = make_props(stamp="20260501T120000Z")
     diff = ProfileSetupProvider().diff("id", olds, dict(olds))
     assert diff.changes is False and diff.replaces == []
+
+
+def test_a_step_recorded_without_a_stamp_gets_one_by_an_update_that_runs_nothing(monkeypatch):
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: pytest.fail("setup must not run again"))
+    monkeypatch.setattr(setup_step, "setup_stamp", lambda: "20260601T080000Z")
+    olds = {k: v for k, v in make_props(bake_source="i-0master").items() if k != "__provider"}
+    diff = ProfileSetupProvider().diff("id", olds, make_props())
+    assert diff.changes is True and diff.replaces == []
+    assert ProfileSetupProvider().update("id", olds, make_props()).outs["stamp"] == "20260601T080000Z"
 
 
 def test_bake_tag_depends_on_the_software_only():
@@ -427,7 +436,7 @@ def test_a_new_master_is_set_up_again_and_keeps_the_image_source(monkeypatch):
     ran = []
     monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: ran.append(props["instance_id"]) or
                         {k: v for k, v in props.items() if not k.startswith("__")})
-    olds = {**make_props(), "bake_source": "i-0master"}
+    olds = {**make_props(), "bake_source": "i-0master", "stamp": "20260501T120000Z"}
     olds.pop("__provider")
     news = make_props(instance_id="i-0new", host="198.51.100.10", bake_source=None)
     diff = ProfileSetupProvider().diff("id", olds, news)
