@@ -30,9 +30,9 @@ def _name_flag(name: str) -> str:
                  f"{local_state.LINK_MBIT_RANGE[1]:g}; default 0: not limited), e.g. to make the cluster "
                  "communication-bound",
     "link_delay_ms": "with --link-mbit: also delay each node's packets by D ms (netem)",
-    "keeper_delay": "start the group keeper: a node that goes down comes back as a new machine after S seconds, "
-                    "as an Auto Scaling group replaces a worker (0, the default: no keeper)",
-})
+    "keeper_delay": "start the group keeper: a node that goes down comes back as a new machine after this long, "
+                    "e.g. 30s, as an Auto Scaling group replaces a worker (0, the default: no keeper)",
+}, kinds={"keeper-delay": duration_or_off})
 def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhouse=local_state.DEFAULT_WHEELHOUSE,
              link_mbit=0.0, link_delay_ms=0.0, keeper_delay=0.0):
     """Start N local nodes (own network namespace, hostname, /root, sshd and metadata service each); Linux, root.
