@@ -12,6 +12,8 @@ from cluster import calibration as calib
 from cluster.job_args import DEFAULT_GRAD_COMM
 from tests.ssh.conftest import FAB, REPO_ROOT, run_fab
 
+pytestmark = [pytest.mark.ssh, pytest.mark.mpi]
+
 
 @pytest.fixture
 def two_node_bench(installed_cluster, tmp_path):

@@ -21,6 +21,8 @@ import pytest
 from cluster.jobplan import LOCAL_OUTPUT_ROOT
 from tests.ssh.conftest import FAB, REPO_ROOT
 
+pytestmark = [pytest.mark.ssh, pytest.mark.mpi]
+
 ONE_THREAD = ["--threads", "1", "--ranks-per-node", "1"]
 STARTED = re.compile(r"^job (\d{8}-\d{6}-[0-9a-f]{4}) started on ", re.M)
 

@@ -12,6 +12,8 @@ from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
 
+pytestmark = [pytest.mark.ssh]  # local nodes in network namespaces, as `fab local-up` makes them
+
 # One node sends this many bytes to another over TCP; the receiver prints the Mbit/s it saw.
 PAYLOAD_BYTES = 3 * 2**20
 LIMIT_MBIT = 40
