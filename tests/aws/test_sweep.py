@@ -295,6 +295,7 @@ def test_deleted_resources_name_the_stack_that_made_them(account):
 # ------------------------------------------------------------------ IAM roles and instance profiles (global)
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_iam_roles_and_profiles_are_ours_by_their_tags_and_grouped_by_cluster(account):
     listing = collect_all(account)
     iam = {k: v for k, v in _status(listing).items() if k[1] in sweep.IAM_KINDS}
@@ -313,6 +314,7 @@ def test_iam_roles_and_profiles_are_ours_by_their_tags_and_grouped_by_cluster(ac
     assert "IAM is global" in text and "no instance in any region" in text
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_delete_removes_a_leaked_clusters_role_profile_and_policies_and_keeps_the_others(account):
     ec2, s3, iam = account["ec2"], account["s3"], account["iam"]
     gone = account["gone"]
@@ -359,6 +361,7 @@ class RefusedRegion:
         raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "denied"}}, "DescribeInstances")
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_a_region_that_cannot_be_checked_leaves_roles_and_profiles_alone(account):
     listing = sweep.collect(account["ec2"], account["s3"], account["region"], account["iam"],
                             regional_ec2=lambda r: RefusedRegion() if r == "ap-south-1" else regional_ec2(r))
@@ -416,6 +419,7 @@ def test_without_the_instance_listing_nothing_counts_as_leaked(account):
     assert "cluster alive: unknown (instances could not be listed)" in listing.render()
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_a_refused_iam_listing_is_reported_and_the_rest_still_listed(account):
     listing = _as_restricted_user(account, ["iam:ListRoleTags"], lambda ec2, s3, iam, session: sweep.collect(
         ec2, s3, account["region"], iam, regional_ec2=lambda r: session.client("ec2", region_name=r)))
@@ -466,6 +470,7 @@ def printed_outcomes(text):
             if line.startswith("  ") and line.rstrip().endswith(")")}
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_fab_sweep_lists_deletes_and_a_rerun_finds_nothing(account, monkeypatch, capsys):
     ec2, s3, iam, region = account["ec2"], account["s3"], account["iam"], account["region"]
     alive, gone = account["alive"], account["gone"]
@@ -512,6 +517,7 @@ def test_fab_sweep_lists_deletes_and_a_rerun_finds_nothing(account, monkeypatch,
     assert "alive-pg" in ec2.groups and ec2.describe_images(ImageIds=[alive["image"]])["Images"]
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_fab_sweep_exits_non_zero_when_a_listing_is_refused(account, monkeypatch, capsys):
     from invoke.exceptions import Exit
 

@@ -76,6 +76,7 @@ def statuses(listing, cluster):
     return {(r.kind, r.id): listing.status(r) for r in listing.resources if r.cluster == cluster}
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_an_auto_stopped_and_a_reclaimed_cluster_are_stopped_with_their_stack_not_leaked(stacks):
     listing = listed(stacks)
     for name in ("idle", "reclaimed"):
@@ -101,6 +102,7 @@ def test_an_auto_stopped_and_a_reclaimed_cluster_are_stopped_with_their_stack_no
     assert f"cluster remote: down; its stack exists in {OTHER_REGION} (its IAM role is in use there)" in text
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_fab_sweep_delete_buckets_leaves_the_stopped_stacks_and_removes_the_one_without_marker(
         stacks, monkeypatch, capsys):
     ec2, s3, iam, region = stacks["ec2"], stacks["s3"], stacks["iam"], stacks["region"]
@@ -135,6 +137,7 @@ def test_fab_sweep_delete_buckets_leaves_the_stopped_stacks_and_removes_the_one_
     assert "nothing leaked: nothing to remove" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_a_stack_brought_up_again_between_listing_and_deleting_keeps_everything(stacks):
     ec2, s3, iam = stacks["ec2"], stacks["s3"], stacks["iam"]
     listing = listed(stacks)

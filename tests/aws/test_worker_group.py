@@ -98,6 +98,7 @@ def test_fab_reads_the_group_and_a_terminated_worker_is_replaced_and_discovered(
     assert line.startswith(f"worker group {name}: 3 of 3 worker(s) in service") and problem is None
 
 
+@pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
 def test_after_the_auto_stop_sets_the_group_to_zero_no_worker_is_relaunched(endpoint, tmp_path):
     from node_setup.aws.worker_group import group_file, status_lines, worker_group
 
