@@ -8,7 +8,7 @@ import pytest
 from cluster import costplan
 from cluster import timemodel as tm
 from cluster.models import lookup_dataset, lookup_model
-from tests.fab_run import fab_in_process
+from tests.fab_run import ROOT
 
 WORK = tm.Workload(params=lookup_model("distilbert").params, samples=lookup_dataset("squad").train_features,
                    gradient_bytes=2)
@@ -241,12 +241,19 @@ def test_a_spot_estimate_is_a_stated_fraction_of_on_demand_and_says_so():
 
 def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_tail(tmp_path):
     """The real `fab plan --nodes 4` (no stack file, no AWS credentials: the static table's on-demand
-    price and the stated spot estimate from it; nothing is sent anywhere)."""
+    price and the stated spot estimate from it; nothing is sent anywhere). A process of its own, not
+    tests/fab_run.py's in-process run: boto3 state an earlier test left in this process (a client,
+    credentials) must not reach the price lookup."""
+    import subprocess
+    import sys
+
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
 
     def fab_plan(*argv):
-        result = fab_in_process("plan", "--nodes", "4", "--region", "us-east-1", *argv, cwd=tmp_path, env=env)
+        result = subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), "plan", "--nodes", "4",
+                                 "--region", "us-east-1", *argv], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=120, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
