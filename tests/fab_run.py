@@ -2,7 +2,8 @@
 same tasks and the same parser wrap as `fab`, without a Python start-up per run. The working directory,
 the environment, sys.stdout/stderr and the signal handlers are set for the run and put back afterwards.
 Tests that prove the console commands themselves (`python -m fabric`, `xeon-cluster`) still run them as
-processes."""
+processes, and so does a task that reaches boto3 (a price lookup, discovery): clients, credentials and
+moto's patches that earlier tests left in this process would reach it."""
 
 from __future__ import annotations
 
