@@ -55,7 +55,8 @@ def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhous
     print("\nnodes: " + ", ".join(f"{n.name} {n.address}" for n in state.nodes))
     print(f"controller key: {state.key_path}")
     if state.link_mbit:
-        print(f"link: {local_state.describe_link(state.link_mbit, state.link_delay_ms)} (tc; fab local-down removes it)")
+        link = local_state.describe_link(state.link_mbit, state.link_delay_ms)
+        print(f"link: {link} (tc; fab local-down removes it)")
     print(f"next: fab setup --cluster {target}   then   fab train --nodes {len(state.nodes)} --cluster {target}")
     print(f"done: fab local-down{_name_flag(name)}")
 
