@@ -1,6 +1,6 @@
 """`fab autostop`: power the cluster off once no job or `fab exec` has run for the idle time.
 
-    fab autostop [--idle 30m] [--poll 30] [--cancel] [--cluster ...]
+    fab autostop [--idle 30m] [--poll 30s] [--cancel] [--cluster ...]
 
 Arming refreshes the service on every node (what `fab setup` installs), distributes the cluster's
 SSH key (the master powers the workers off over SSH, as `fab train` reaches them), records the

@@ -22,7 +22,7 @@ from node_setup.controller import config_root
 from node_setup.ssh import job as jobs
 from node_setup.ssh.fanout import outcome_table
 from node_setup.tasks import common
-from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, fail, task
+from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, Unset, fail, task
 
 
 def _local_link(inventory) -> str:
@@ -46,7 +46,7 @@ def _local_link(inventory) -> str:
     "region": REGION_HELP,
     "model": f"{benchplan.SYNTHETIC_MODEL} (default: the offline demo's tiny model, built on the nodes) or the "
              "absolute path of a model directory on the nodes; nothing is downloaded",
-    "batch": f"batch per rank for the compute steps (default {benchplan.DEFAULT_BATCH})",
+    "batch_size": f"batch size per rank for the compute steps (default {benchplan.DEFAULT_BATCH})",
     "seq_len": f"tokens per sample (default {benchplan.SYNTHETIC_SEQ_LEN})",
     "steps": f"timed training steps per node count (default {benchplan.DEFAULT_STEPS})",
     "repeats": f"timed all-reduces per size and dtype, the median kept (default {benchplan.DEFAULT_REPEATS})",
@@ -59,11 +59,12 @@ def _local_link(inventory) -> str:
                "2 and 4 per socket) and keep the fastest, which `fab train` and `fab plan` then use "
                "(--nodes 1 allowed)",
 })
-def bench(c, nodes=0, cluster="", region="", model=benchplan.SYNTHETIC_MODEL, batch=benchplan.DEFAULT_BATCH,
+def bench(c, nodes=Unset(int, "every node"), cluster="", region="", model=benchplan.SYNTHETIC_MODEL,
+          batch_size=benchplan.DEFAULT_BATCH,
           seq_len=benchplan.SYNTHETIC_SEQ_LEN, steps=benchplan.DEFAULT_STEPS, repeats=benchplan.DEFAULT_REPEATS,
           ddp_bucket_mb=25.0, output="", dry_run=False, compile=False, layouts=False):  # noqa: A002
     """Measure all-reduce bandwidth and latency, and compute speed, and keep them for `fab plan`."""
-    options = benchplan.BenchOptions(nodes=nodes, model=model, batch=batch, seq_len=seq_len, steps=steps,
+    options = benchplan.BenchOptions(nodes=nodes or 0, model=model, batch=batch_size, seq_len=seq_len, steps=steps,
                                      repeats=repeats, bucket_mb=ddp_bucket_mb, compile=compile, layouts=layouts)
     try:
         benchplan.check_options(options)

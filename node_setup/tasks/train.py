@@ -160,9 +160,10 @@ def _user_inputs(inventory: Inventory, *, script: str, module: str, args: str, w
 # ----------------------------------------------------------------------------- 2. plan
 
 
-def checkpoint_minutes(every: float | None) -> float | None:
-    """`--checkpoint-every` (seconds; 0: only at the end) as the job's --checkpoint_minutes (None: not given)."""
-    return None if every is None or not given(every) else round(every / 60, 4)
+def checkpoint_minutes(every: float | None) -> str | None:
+    """`--checkpoint-every` (seconds; 0: only at the end) as the job's --checkpoint_minutes, written as
+    briefly as it reads (30m -> '30', 90s -> '1.5'; None: not given)."""
+    return None if every is None or not given(every) else f"{round(every / 60, 4):g}"
 
 
 def _layout(*, ranks_per_node: int, threads: int, ccl_workers: int, pin: str, env: str, launch_options: dict) -> dict:

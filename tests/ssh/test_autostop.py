@@ -37,7 +37,7 @@ def _log(cluster) -> str:
 
 
 def _arm(cluster, idle: str, *extra: str) -> str:
-    result = run_fab(cluster, "autostop", "--idle", idle, "--poll", "1", *extra, timeout=120)
+    result = run_fab(cluster, "autostop", "--idle", idle, "--poll", "1s", *extra, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 

@@ -124,7 +124,7 @@ def test_reclaim_during_a_job_checkpoints_exits_75_and_local_up_brings_a_new_mac
     home = Path(cluster.state.nodes[2].dir) / "root"
     (home / "left-behind").write_text("from the old machine\n")
     old_key = cluster.state.nodes[2].host_key
-    acted, code, log = train_with(cluster, ["local-reclaim", "node2", "--notice", "5"], "xc-reclaim")
+    acted, code, log = train_with(cluster, ["local-reclaim", "node2", "--notice", "5s"], "xc-reclaim")
     assert acted.returncode == 0, acted.stdout + acted.stderr
     assert "node2: reclaimed" in acted.stdout
     assert code == 75, log[-4000:]

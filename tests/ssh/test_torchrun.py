@@ -145,7 +145,7 @@ def test_elastic_run_loses_a_node_and_resumes_on_two_from_its_checkpoint(elastic
     cluster = elastic_cluster
     out_dir = Path(LOCAL_OUTPUT_ROOT) / cluster.name / "elastic"
     proc = subprocess.Popen([*FAB, "train", "--nodes", "3", *TORCHRUN, "--min-nodes", "2", "--max-restarts", "2",
-                             *SMALL, "--max-steps", "300", "--checkpoint-minutes", "0.05", "--output-dir", str(out_dir),
+                             *SMALL, "--max-steps", "300", "--checkpoint-every", "3s", "--output-dir", str(out_dir),
                              "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
