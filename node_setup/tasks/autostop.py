@@ -34,7 +34,7 @@ def autostop_(c, idle=autostop.idle_seconds(autostop.DEFAULT_IDLE), poll=float(a
 
     try:
         idle_s = autostop.idle_seconds(f"{idle:g}s", "--idle")
-        poll_s = autostop.poll_seconds(f"{poll:g}s", "--poll")
+        poll_s = autostop.poll_seconds(f"{poll:g}", "--poll")
     except autostop.AutostopError as exc:
         raise fail(str(exc)) from None
     inventory = common.inventory(cluster, region)

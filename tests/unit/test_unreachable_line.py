@@ -27,7 +27,8 @@ def silent_node(tmp_path):
     holder.close()
 
 
-@pytest.mark.parametrize("task", [["logs"], ["stop"], ["get", "--to", "copy"]])
+@pytest.mark.parametrize("task", [["logs"], ["stop"], ["get", "--to", "copy"],
+                                  ["autostop", "--idle", "10s", "--poll", "1s"]])  # valid options reach the node
 def test_an_unreachable_master_is_one_line_and_exit_3(capsys, tmp_path, monkeypatch, silent_node, task):
     inventory, port = silent_node
     monkeypatch.chdir(tmp_path)
