@@ -27,8 +27,7 @@ def silent_node(tmp_path):
     holder.close()
 
 
-@pytest.mark.parametrize("task", [["logs"], ["stop"], ["get", "--to", "copy"],
-                                  ["autostop", "--idle", "10s", "--poll", "1s"]])  # valid options reach the node
+@pytest.mark.parametrize("task", [["logs"], ["stop"], ["get", "--to", "copy"]])
 def test_an_unreachable_master_is_one_line_and_exit_3(capsys, tmp_path, monkeypatch, silent_node, task):
     inventory, port = silent_node
     monkeypatch.chdir(tmp_path)
@@ -38,3 +37,15 @@ def test_an_unreachable_master_is_one_line_and_exit_3(capsys, tmp_path, monkeypa
     assert ended.value.code == UNREACHABLE, err
     assert err.strip().splitlines() == [
         f"error: unreachable: root@127.0.0.1:{port}: Connection refused (is sshd running and port {port} open?)"]
+
+
+def test_autostop_s_duration_options_get_past_parsing_to_the_node(capsys, tmp_path, monkeypatch, silent_node):
+    """`--idle 10s --poll 1s` are valid: the task goes on to the (silent) node and fails there, not on its options."""
+    inventory, port = silent_node
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        program.run(["xeon-cluster", "autostop", "--idle", "10s", "--poll", "1s", "--cluster", str(inventory)])
+    out = capsys.readouterr()
+    assert ended.value.code not in (0, 2), out.err
+    assert "--poll" not in out.err and "--idle" not in out.err
+    assert f"127.0.0.1:{port}" in out.out + out.err
