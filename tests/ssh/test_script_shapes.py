@@ -10,16 +10,13 @@ Budget: about 4 minutes on a 2-core machine (the session's 3-node cluster, seven
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from cluster.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.worldcheck import INDEPENDENT_OPTION, TRAINED_ALONE
-from tests.ssh.test_user_script import FAB, FAKE_IMDS, ONE_THREAD, REPO_ROOT, fab, write
+from tests.ssh.test_user_script import ONE_THREAD, fab, train_through_a_notice, write
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 
@@ -160,35 +157,11 @@ def test_accelerate_no_trainer_script_with_a_plain_accelerator_trains_as_one_wor
 
 def test_run_glue_shaped_trainer_script_resumes_after_a_spot_notice(cluster, tmp_path):
     work = write(tmp_path / "work", {"run_glue.py": RUN_GLUE})
-    fake, flag = tmp_path / "fake_imds.py", tmp_path / "announce"
-    fake.write_text(FAKE_IMDS)
     out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/run-glue"
     args = ["--output_dir", out_dir, "--max_steps", "30", "--per_device_train_batch_size", "4", "--save_strategy",
             "no", "--report_to", "none", "--logging_steps", "1000"]
-    server = subprocess.Popen(["ip", "netns", "exec", cluster.state.nodes[0].namespace, sys.executable, str(fake),
-                               "8112", str(flag)])
-    try:
-        run = subprocess.Popen([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "run_glue.py"),
-                                "--output-dir", out_dir, "--env", "XEON_IMDS_ENDPOINT=http://127.0.0.1:8112 "
-                                "XEON_CLUSTER_NOTICE_POLL_SECONDS=0.5", "--cluster", cluster.cluster_arg, "--", *args],
-                               cwd=REPO_ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-        lines: list[str] = []
-
-        def read():
-            for line in run.stdout:
-                lines.append(line)
-                if "training step 3" in line:
-                    flag.touch()
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        code = run.wait(timeout=300)
-        reader.join(10)
-    finally:
-        server.kill()
-        server.wait()
-    out = "".join(lines)
+    code, out = train_through_a_notice(cluster, tmp_path, 8112, ["--script", str(work / "run_glue.py"),
+                                                                 "--output-dir", out_dir, "--", *args])
     assert code == 0, out
     saved = [int(n) for n in re.findall(r"notice saved at (\d+)", out)]
     assert len(saved) == 3 and len(set(saved)) == 1 and 3 <= saved[0] < 30, out

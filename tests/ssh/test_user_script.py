@@ -179,21 +179,20 @@ def test_plain_pytorch_script_with_requirements_then_fab_get(cluster, tmp_path, 
     assert (home / "train.py").is_file() and not (home / "big.bin").exists()  # .gitignore respected
 
 
-def test_trainer_saves_a_checkpoint_on_a_spot_notice_and_resumes(cluster, tmp_path):
-    work = write(tmp_path / "work", {"train.py": TRAINER, "cluster.py": "raise ImportError('user cluster.py')\n",
-                                     "training/__init__.py": "raise ImportError('user training package')\n"})
+def train_through_a_notice(cluster, tmp_path, port: int, train_args: list[str]) -> tuple[int, str]:
+    """`fab train --nodes 3 ... TRAIN_ARGS` with a fake metadata service on the master (loopback `port`, inside
+    its namespace) that announces a spot interruption once the job logs "training step 3": (exit code, output)."""
     fake, flag = tmp_path / "fake_imds.py", tmp_path / "announce"
     fake.write_text(FAKE_IMDS)
     server = subprocess.Popen(["ip", "netns", "exec", cluster.state.nodes[0].namespace, sys.executable, str(fake),
-                               "8111", str(flag)])
-    out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/trainer"
+                               str(port), str(flag)])
+    lines: list[str] = []
     try:
-        run = subprocess.Popen([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
-                                "--output-dir", out_dir, "--env", "XEON_IMDS_ENDPOINT=http://127.0.0.1:8111 "
-                                "XEON_CLUSTER_NOTICE_POLL_SECONDS=0.5", "--cluster", cluster.cluster_arg],
+        run = subprocess.Popen([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--cluster", cluster.cluster_arg, "--env",
+                                f"XEON_IMDS_ENDPOINT=http://127.0.0.1:{port} XEON_CLUSTER_NOTICE_POLL_SECONDS=0.5",
+                                *train_args],  # last: they may end with `-- PROGRAM ARGS`
                                cwd=REPO_ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
-        lines: list[str] = []
 
         def read():
             for line in run.stdout:
@@ -208,7 +207,15 @@ def test_trainer_saves_a_checkpoint_on_a_spot_notice_and_resumes(cluster, tmp_pa
     finally:
         server.kill()
         server.wait()
-    out = "".join(lines)
+    return code, "".join(lines)
+
+
+def test_trainer_saves_a_checkpoint_on_a_spot_notice_and_resumes(cluster, tmp_path):
+    work = write(tmp_path / "work", {"train.py": TRAINER, "cluster.py": "raise ImportError('user cluster.py')\n",
+                                     "training/__init__.py": "raise ImportError('user training package')\n"})
+    out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/trainer"
+    code, out = train_through_a_notice(cluster, tmp_path, 8111, ["--script", str(work / "train.py"),
+                                                                 "--output-dir", out_dir])
     assert code == 0, out
     # ranks' lines can interleave on one output line, so count matches, not lines
     saved = [int(n) for n in re.findall(r"rank \d+: stopped at step \d+, notice saved at (\d+)", out)]
