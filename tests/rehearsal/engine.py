@@ -79,6 +79,16 @@ def tag_spec(kind: str, tags: dict[str, str] | None) -> list[dict]:
     return [{"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
 
 
+def market_options(market: dict) -> dict:
+    """The provider's instanceMarketOptions (an instance's or a launch template's) as EC2's API takes them."""
+    spot = market.get("spotOptions") or {}
+    options = {"SpotInstanceType": spot["spotInstanceType"],
+               "InstanceInterruptionBehavior": spot["instanceInterruptionBehavior"]}
+    if spot.get("maxPrice"):
+        options["MaxPrice"] = spot["maxPrice"]
+    return {"MarketType": market["marketType"], "SpotOptions": options}
+
+
 def provider_bool(value) -> bool | None:
     """The provider's string booleans of a launch template ("true", "false", unset)."""
     return None if value in (None, "") else str(value).lower() == "true"
@@ -287,14 +297,8 @@ class MotoBackedAws(mocks.Mocks):
             m = i["metadataOptions"]
             params["MetadataOptions"] = {"HttpEndpoint": m["httpEndpoint"], "HttpTokens": m["httpTokens"],
                                          "HttpPutResponseHopLimit": int(m["httpPutResponseHopLimit"])}
-        market = i.get("instanceMarketOptions")
-        if market:
-            spot = market.get("spotOptions") or {}
-            options = {"SpotInstanceType": spot["spotInstanceType"],
-                       "InstanceInterruptionBehavior": spot["instanceInterruptionBehavior"]}
-            if spot.get("maxPrice"):
-                options["MaxPrice"] = spot["maxPrice"]
-            params["InstanceMarketOptions"] = {"MarketType": market["marketType"], "SpotOptions": options}
+        if i.get("instanceMarketOptions"):
+            params["InstanceMarketOptions"] = market_options(i["instanceMarketOptions"])
         if i.get("instanceInitiatedShutdownBehavior"):
             params["InstanceInitiatedShutdownBehavior"] = i["instanceInitiatedShutdownBehavior"]
         iid = self.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
@@ -318,14 +322,8 @@ class MotoBackedAws(mocks.Mocks):
                 for n in i["networkInterfaces"]]
         if (i.get("placement") or {}).get("groupName"):
             data["Placement"] = {"GroupName": i["placement"]["groupName"]}
-        market = i.get("instanceMarketOptions")
-        if market:
-            spot = market.get("spotOptions") or {}
-            options = {"SpotInstanceType": spot["spotInstanceType"],
-                       "InstanceInterruptionBehavior": spot["instanceInterruptionBehavior"]}
-            if spot.get("maxPrice"):
-                options["MaxPrice"] = spot["maxPrice"]
-            data["InstanceMarketOptions"] = {"MarketType": market["marketType"], "SpotOptions": options}
+        if i.get("instanceMarketOptions"):
+            data["InstanceMarketOptions"] = market_options(i["instanceMarketOptions"])
         if i.get("instanceInitiatedShutdownBehavior"):
             data["InstanceInitiatedShutdownBehavior"] = i["instanceInitiatedShutdownBehavior"]
         if (i.get("iamInstanceProfile") or {}).get("name"):
