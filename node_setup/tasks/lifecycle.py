@@ -62,8 +62,8 @@ def up(c, stack="", preflight=True, ip_check=True):
                            "and run `fab up` again", code=code)
         else:
             _run_pulumi(step)
-    print(f"up: cluster {spec.cluster_name} is up (stack {spec.stack}); next: `fab train --nodes "
-          f"{spec.node_count}`")
+    print(f"up: cluster {spec.cluster_name} is up (stack {spec.stack}); next: `fab setup` (checks the nodes and "
+          f"arms the idle auto-stop), then `fab train --nodes {spec.node_count}`")
 
 
 @task(help={
