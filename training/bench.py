@@ -233,6 +233,7 @@ def main(argv=None) -> int:
         Path(o.out).parent.mkdir(parents=True, exist_ok=True)
         Path(o.out).write_text(json.dumps(result, indent=2) + "\n")
         say(f"bench: figures written to {o.out}")
+    distributed.barrier()  # no rank tears gloo down while another still uses it (an abort otherwise)
     distributed.destroy()
     return 0
 

@@ -116,6 +116,7 @@ total = sum(p.detach().sum() for p in model.parameters()).reshape(1)
 high, low = total.clone(), total.clone()
 dist.all_reduce(high, dist.ReduceOp.MAX); dist.all_reduce(low, dist.ReduceOp.MIN)
 print(f"world {world} rank {rank} local_rank {local_rank} agree {bool(torch.allclose(high, low))}", flush=True)
+dist.barrier()  # no rank tears gloo down while another still uses it
 dist.destroy_process_group()
 '''
 

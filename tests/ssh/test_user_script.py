@@ -49,6 +49,7 @@ if rank == 0:
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump({"sum": int(total), "world": world, "args": sys.argv[1:],
                    "job": os.environ["XEON_CLUSTER_JOB"]}, f)
+dist.barrier()  # no rank tears gloo down while another still uses it
 dist.destroy_process_group()
 '''
 

@@ -34,6 +34,7 @@ with open("a.txt", "a") as f:  # an empty file: the same content, and digest, as
     f.write("written by a job\\n")
 seen["b.txt after writing a.txt"] = open("b.txt").read()
 print(f"rank {os.environ['RANK']} saw {names!r} {seen!r}", flush=True)
+dist.barrier()  # no rank tears gloo down while another still uses it
 dist.destroy_process_group()
 '''
 

@@ -42,6 +42,7 @@ def _ddp_grads(rank: int, port: int, mode: str, out: str) -> None:
     grad_comm.register(model, mode)
     model(torch.full((1, 4), float(rank + 1))).sum().backward()
     torch.save(model.module.weight.grad, f"{out}/{rank}.pt")
+    dist.barrier()  # neither rank tears gloo down while the other still uses it (an abort otherwise)
     dist.destroy_process_group()
 
 
