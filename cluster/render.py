@@ -176,11 +176,19 @@ def authorized_key_line(public_key: str, nodes: Iterable[Node]) -> str:
     `from=`); forwarding is refused either way.
     """
     addresses = [n.private_address for n in ordered(nodes)]
-    if not _PUBLIC_KEY.match(public_key.strip()):
-        raise RenderError(f"cluster key: {public_key.strip()[:60]!r} is not allowed; allowed: one line "
-                          f"'type base64 {KEY_COMMENT_PREFIX}<cluster>'")
+    key = checked_public_key(public_key)
     source = f'from="{",".join(addresses)}",' if all(names.is_ip(a) for a in addresses) else ""
-    return f"{source}{KEY_RESTRICTIONS} {public_key.strip()}"
+    return f"{source}{KEY_RESTRICTIONS} {key}"
+
+
+def checked_public_key(public_key: str) -> str:
+    """The cluster key's public half without surrounding white space, when it is one line
+    `type base64 comment` (RenderError naming it otherwise)."""
+    key = public_key.strip()
+    if not _PUBLIC_KEY.match(key):
+        raise RenderError(f"cluster key: {key[:60]!r} is not allowed; allowed: one line "
+                          f"'type base64 {KEY_COMMENT_PREFIX}<cluster>'")
+    return key
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
