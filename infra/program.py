@@ -19,6 +19,7 @@ from infra.network import ClusterNetwork
 from infra.node import NodeNetwork, capacity_retry_hook, engine_supports
 from infra.node_role import NodeRole
 from infra.workers import WorkerGroup
+from node_setup.ssh import keys
 
 
 def _engine_hooks() -> pulumi.ErrorHook | None:
@@ -50,6 +51,9 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     on_error = _engine_hooks()
     tags = cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags))
     name = spec.cluster_name
+    # The cluster key's public half, from the controller's key store (the pair made there now if absent),
+    # for the workers' first boot; the private half never enters the program, its state or a node's user data.
+    cluster_key = keys.ensure_cluster_key(name).public_key
 
     network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags)
     # The nodes' credentials (IMDS) may read and write checkpoints in this bucket and nothing else.
@@ -78,8 +82,8 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         worker_ami = kept_ami
     workers = WorkerGroup(f"{name}-worker", spec, ami=worker_ami,
                           network=node_network(kept_subnet, network.cluster_group),
-                          instance_profile=node_role.profile_name, tags=tags, hooks=on_error is not None,
-                          keep=workers_keep(spec))
+                          instance_profile=node_role.profile_name, tags=tags, cluster_key=cluster_key,
+                          hooks=on_error is not None, keep=workers_keep(spec))
     # The auto-stop's permission on this group alone (after it: the policy names the group's ARN).
     node_role.allow_group_capacity(workers.group.arn)
 

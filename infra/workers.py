@@ -4,10 +4,13 @@ The launch template holds what every worker shares with the master's hardening (
 the image (the baked one, or the master's base image without a bake), the instance type, spot as a
 one-time request at the stack's max price (on-demand with `workerSpot: false`), the cluster
 placement group, IMDSv2 only with hop limit 1, an encrypted root volume of the stack's size and
-type, the node role's instance profile, shutdown behaviour `terminate`, and the cluster's tags on
-each instance and its volume. The group holds the count (min = max = desired = `workerCount`), the
-subnet, and the same tags again (`propagate_at_launch`). AWS, not `pulumi up --refresh`, replaces a
-reclaimed worker: the group launches a new one from the template while the others keep running.
+type, the node role's instance profile, shutdown behaviour `terminate`, the cluster's tags on
+each instance and its volume, and the user data: the first-boot script that writes the cluster key's
+authorized_keys line (cluster/boot_script.py; only the public half, `from=` the workers' subnet), so a
+worker the group launches after `fab distribute` ran is reachable from the master. The group holds
+the count (min = max = desired = `workerCount`), the subnet, and the same tags again
+(`propagate_at_launch`). AWS, not `pulumi up --refresh`, replaces a reclaimed worker: the group
+launches a new one from the template while the others keep running.
 
 Workers carry no rank tag: every instance of a group gets the same tags. Discovery orders them by
 private address after the master (node_setup/aws/discovery.py), as the training job needs only a
@@ -15,7 +18,9 @@ stable order.
 
 How a new image (a pin or profile change, a new instance type or market) reaches the workers: the
 group is **replaced, deleting first** (`delete_before_replace`, `replacement_trigger` on the image,
-the market, the instance type and the template's version). Deleting the group without
+the market, the instance type and every other property of the template but its user data: not on the
+template's version, which a new user data changes too, so another cluster key makes a new version the
+group launches its next workers from, in place, and replaces no worker). Deleting the group without
 `force_delete` first sets its capacity to 0 and waits until every old worker is terminated (the
 provider's drain), then the new group launches `workerCount` new ones and `pulumi up` waits for
 them (`wait_for_capacity_timeout`). So old and new workers never run side by side (never more than
@@ -34,12 +39,14 @@ back with today's lookups) neither changes the template nor replaces the group.
 
 from __future__ import annotations
 
+import base64
 from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
 
 from cluster import worker_group as rules
+from cluster.boot_script import boot_script
 from cluster.spec import ClusterSpec
 from cluster.tags import PROFILE_KEY, ROLE_KEY, ROLE_WORKER, SSH_USER_KEY
 from infra.node import INSTANCE_TIMEOUTS, SHUTDOWN_BEHAVIOR, NodeNetwork, replacement_key
@@ -91,18 +98,26 @@ def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
     return pulumi.ErrorHook(f"{name}-capacity-reason", on_error)
 
 
+def worker_user_data(spec: ClusterSpec, cluster_key: str, subnet_id: pulumi.Input[str]) -> pulumi.Output[str]:
+    """The template's user data, base64 as launch templates take it: the first-boot script that writes the
+    cluster key's authorized_keys line, `from=` the workers' subnet (cluster/boot_script.py)."""
+    cidr = aws.ec2.get_subnet_output(id=subnet_id).cidr_block
+    return cidr.apply(lambda block: base64.b64encode(
+        boot_script(cluster_key, spec.cluster_name, block, spec.ssh_user).encode()).decode())
+
+
 class WorkerGroup(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, *, ami: pulumi.Input[str], network: NodeNetwork,
-                 instance_profile: pulumi.Input[str], tags: dict[str, str], keep: Sequence[str] = (),
+                 instance_profile: pulumi.Input[str], tags: dict[str, str], cluster_key: str,
+                 keep: Sequence[str] = (),
                  hooks: bool = True, opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:Workers", name, None, opts)
         instance_tags = worker_tags(tags, name, spec)
         kept = [KEPT_AS[k] for k in keep]
         public = network.public_ip
-        self.template = aws.ec2.LaunchTemplate(
-            name,
-            description=f"xeon-cluster {spec.cluster_name}: its workers",
-            image_id=ami,
+        # Everything a worker's launch takes from the template but its user data: a change of any of it
+        # replaces the group (below); a new user data does not.
+        shape = dict(
             instance_type=spec.instance_type,
             key_name=network.key_name,
             # With a public address asked for (the default VPC), the groups go with the interface.
@@ -124,12 +139,21 @@ class WorkerGroup(pulumi.ComponentResource):
                     delete_on_termination="true"))],
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=instance_tags)
                                 for kind in ("instance", "volume")],
+        )
+        self.template = aws.ec2.LaunchTemplate(
+            name,
+            description=f"xeon-cluster {spec.cluster_name}: its workers",
+            image_id=ami,
+            user_data=worker_user_data(spec, cluster_key, network.subnet_id),
             tags={**tags, "Name": name},
             update_default_version=True,
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=[p for w, p in kept if w == "template"] or None))
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=[p for w, p in kept if w == "template"] or None),
+            **shape)
 
+        # Not the template's version: a new user data (another cluster key) makes one, and must not replace
+        # the workers. The image is the template's own (which keeps its first value when `keep` says so).
         trigger = {**replacement_key(spec, spec.worker_spot), "image": self.template.image_id,
-                   "template": self.template.latest_version}
+                   "template": {k: v for k, v in shape.items() if v is not None}}
         self.group = aws.autoscaling.Group(
             name,
             min_size=spec.worker_count,

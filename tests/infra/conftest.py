@@ -10,6 +10,7 @@ them is the engine's part, not testable here) and the order of registration.
 from __future__ import annotations
 
 import hashlib
+import json
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ DEFAULT_VPC = "vpc-0default"
 OFFERED_ZONES = ["us-east-1c", "us-east-1a"]
 DEFAULT_SUBNETS = ["subnet-0ccc", "subnet-0aaa"]
 ACCOUNT = "123456789012"
+SUBNET_CIDR = "172.31.16.0/20"  # every looked-up subnet's
 SETUP_STAMP = "20260501T120000Z"  # the setup step's stamp (its create's time), as its create() returns it
 
 # Type tokens of what the program registers, as the monitor sees them.
@@ -80,7 +82,8 @@ class FakeAws(mocks.Mocks):
         if args.token == "aws:ec2/getSubnets:getSubnets":
             return {"ids": DEFAULT_SUBNETS, "id": REGION}
         if args.token == "aws:ec2/getSubnet:getSubnet":
-            return {"id": args.args["id"], "vpcId": "vpc-0custom", "availabilityZone": "us-east-1a"}
+            return {"id": args.args["id"], "vpcId": "vpc-0custom", "availabilityZone": "us-east-1a",
+                    "cidrBlock": SUBNET_CIDR}
         return {}
 
     def new_resource(self, args: mocks.MockResourceArgs):
@@ -100,7 +103,10 @@ class FakeAws(mocks.Mocks):
             state["stamp"] = SETUP_STAMP
         elif typ == LAUNCH_TEMPLATE:
             rid = f"lt-{name}"
-            state.update(latestVersion=1, defaultVersion=1, arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
+            # AWS numbers a template's versions; here a changed template (any input) gets another number.
+            version = 1 + int(hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest(),
+                              16) % 999
+            state.update(latestVersion=version, defaultVersion=version, arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
         elif typ == GROUP:
             state["name"] = rid = f"{name}-5a6b7c"  # auto-named by the provider
             state["arn"] = (f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:0f1e2d3c:"
@@ -211,6 +217,15 @@ class Harness:
 
         program()
         return resolved
+
+
+@pytest.fixture(autouse=True)
+def controller_config(tmp_path, monkeypatch) -> Path:
+    """The controller's config directory, where the program finds (or makes) the cluster key pair: the
+    test's own, never the user's."""
+    path = tmp_path / "controller-config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(path))
+    return path
 
 
 @pytest.fixture

@@ -34,7 +34,8 @@ def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_inst
     count = config.get("workerCount", 3)
     assert [n.name for n in monitor.of_type(INSTANCE)] == ["xeon-dev-master"]  # no worker instance
     assert group.inputs["minSize"] == group.inputs["maxSize"] == group.inputs["desiredCapacity"] == count
-    assert group.inputs["launchTemplate"] == {"id": template.id, "version": "1"}  # the template's latest version
+    # the template's latest version
+    assert group.inputs["launchTemplate"] == {"id": template.id, "version": str(template.state["latestVersion"])}
     assert template.urn in group.dependencies
     assert template.inputs["instanceInitiatedShutdownBehavior"] == "terminate"
     assert template.inputs["updateDefaultVersion"] is True
