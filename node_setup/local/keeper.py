@@ -9,28 +9,34 @@ pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every P
   master reads it as it reads the AWS group and EC2's instance states (node_setup/supervisor/groups.py);
 - brings a node that has been down for S seconds back as a new machine, exactly as `fab local-up`
   does (new host key, instance id and empty /root, the same software through the shared venv; its
-  console file shows the new key), and authorizes the cluster key there as the image's start-up would,
-  so the master can reach it once it has verified its host key from its console.
+  console file shows the new key), and runs the workers' first-boot script there, the one the launch
+  template's user data holds on AWS (cluster/boot_script.py): it authorizes the cluster key, `from=` the
+  cluster's subnet, so the master can reach the new machine once it has verified its host key from its
+  console.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from cluster.inventory import Node
-from cluster.render import RenderError, authorized_key_line
+from cluster.boot_script import boot_script
+from cluster.render import RenderError
 from node_setup.controller import config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.local.state import GROUP_FILE, KEEPER_PID_FILE
+
 POLL_S = 1.0
 MAX_DELAY_S = 3600.0
+# How long the first-boot script may take on a new machine (it writes one file).
+BOOT_TIMEOUT_S = 30
 
 
 def validate_delay(value) -> float:
@@ -58,18 +64,31 @@ def write_group(state: local_state.ClusterState, up: dict[str, bool]) -> None:
     os.replace(partial, path)
 
 
-def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.NodeState) -> None:
-    """The cluster key's authorized_keys line on a new machine (what the image's start-up does on AWS)."""
+def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.NodeState, user: str,
+                           progress=print) -> None:
+    """Run the workers' first-boot script on a new machine, as cloud-init runs the launch template's user
+    data on AWS (cluster/boot_script.py): inside the node (its mount namespace, where /root is its own),
+    as root, so the script finds the SSH user's home itself. `from=` is the cluster's subnet."""
     public = config_root() / "keys" / state.name / "id_ed25519.pub"
     if not public.exists():
         return
-    nodes = [Node(n.name, n.address, n.address, i) for i, n in enumerate(state.nodes)]
     try:
-        line = authorized_key_line(public.read_text().strip(), nodes)
-    except RenderError:
+        script = boot_script(public.read_text(), state.name, state.subnet, user)
+    except RenderError as exc:
+        progress(f"keeper: {node.name}: no cluster key written: {exc}")
         return
-    with open(Path(node.dir) / "root" / ".ssh" / "authorized_keys", "a") as keys:
-        keys.write(line + "\n")
+    if node.sshd_pid is None:
+        progress(f"keeper: {node.name}: no cluster key written: its sshd is not running")
+        return
+    try:
+        done = subprocess.run(["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--net",
+                               "/bin/sh", "-c", script, "xeon-cluster-boot"],
+                              capture_output=True, text=True, timeout=BOOT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        progress(f"keeper: {node.name}: the first-boot script did not run: {exc}")
+        return
+    line = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or ["no output"]
+    progress(f"keeper: {node.name}: {line[0]}" + ("" if done.returncode == 0 else f" (exit {done.returncode})"))
 
 
 def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -> None:
@@ -101,9 +120,10 @@ def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -
                 progress(f"keeper: could not bring them back: {exc}")
                 after = None
             if after is not None:
+                user = (yaml.safe_load(paths.inventory_path.read_text()) or {}).get("user", "root")
                 for node in after.nodes:
                     if node.name in due:
-                        _authorize_cluster_key(after, node)
+                        _authorize_cluster_key(after, node, user, progress)
                 for n in due:
                     down_since.pop(n, None)
                 write_group(after, {n.name: True for n in after.nodes})
@@ -112,8 +132,6 @@ def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -
 
 def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None) -> int:
     """Start the keeper detached from this process (its own session; its log beside the state file)."""
-    import subprocess
-
     from node_setup.controller import PROJECT_ROOT
 
     local_cluster.stop_keeper(paths)

@@ -104,9 +104,10 @@ class FakeAws(mocks.Mocks):
         elif typ == LAUNCH_TEMPLATE:
             rid = f"lt-{name}"
             # AWS numbers a template's versions; here a changed template (any input) gets another number.
-            version = 1 + int(hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest(),
-                              16) % 999
-            state.update(latestVersion=version, defaultVersion=version, arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
+            content = json.dumps(state, sort_keys=True, default=str).encode()
+            version = 1 + int(hashlib.sha256(content).hexdigest(), 16) % 999
+            state.update(latestVersion=version, defaultVersion=version,
+                         arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
         elif typ == GROUP:
             state["name"] = rid = f"{name}-5a6b7c"  # auto-named by the provider
             state["arn"] = (f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:0f1e2d3c:"

@@ -103,6 +103,6 @@ def test_a_missing_home_fails_and_writes_nothing(tmp_path):
 def test_the_rendered_script_passes_shellcheck():
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is not installed: run scripts/setup-dev.sh (it apt-installs shellcheck)")
-    done = subprocess.run(["shellcheck", "--severity=style", "-"], input=boot_script.boot_script(KEY, CLUSTER, CIDR, USER),
-                          capture_output=True, text=True)
+    script = boot_script.boot_script(KEY, CLUSTER, CIDR, USER)
+    done = subprocess.run(["shellcheck", "--severity=style", "-"], input=script, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
