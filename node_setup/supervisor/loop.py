@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from cluster import recovery as rc
 from cluster import supervision as sv
+from cluster.runlog import started_line
 from cluster.supervision import Member
 
 INTERRUPTED = 75  # training/exit_codes.py's INTERRUPTED_BY_RECLAIM
@@ -127,7 +128,7 @@ class Supervisor:
     def _launch(self, *, resume: bool, batch) -> None:
         chosen = [self.members[n] for n in self.current]
         self.job_id = self.job.launch(chosen, resume=resume, batch=batch)
-        self.say(f"job {self.job_id} started on {len(chosen)} node(s): {', '.join(self.current)}")
+        self.say(started_line(self.job_id, self.current))  # `fab logs` follows the run by this line
         self._state(sv.RUNNING)
 
     # ------------------------------------------------------------ watching

@@ -142,16 +142,22 @@ def _supervised(master, facts: dict) -> None:
 
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
-            "follow": "keep streaming until the job ends",
+            "follow": "keep streaming until the job ends (a supervised run's: until the run ends, every job in turn)",
             "lines": "show only the last N lines first (default: the whole log)"})
 def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the whole log")):
-    """Print a job's log with node/rank prefixes; --follow reattaches to a running job."""
+    """Print a job's log with node/rank prefixes; --follow reattaches to a running job. Without --job, the newest
+    job of a supervised run (`fab train --managed`) shows the whole run: every job in order, the supervisor's
+    lines between them, and with --follow on until the run ends, with the run's exit code."""
     _, _, master, job_id = _job_on_master(cluster, region, job)
     try:
         meta = jobs.read_metadata(master, job_id)
     except jobs.JobError as exc:
         raise fail(str(exc)) from None
     last = lines or None  # a count of 1 or more, or not given: the whole log
+    run = meta.get("supervised_run")
+    if run and not job:
+        _run_logs(master, str(run), follow=follow, last=last)
+        return
     if not follow:
         jobs.follow(master, job_id, meta.get("rank_hosts", []), last_lines=last, follow_=False,
                     launcher=meta.get("launcher", DEFAULT_LAUNCHER))
@@ -166,6 +172,22 @@ def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the w
     print(f"\njob {job_id}: {state} {detail}".rstrip())
     if state == "exited" and detail.strip().isdigit():
         raise Exit(code=int(detail))
+
+
+def _run_logs(master, run_id: str, *, follow: bool, last: int | None) -> None:
+    """`fab logs` on a supervised run: the whole run's log (node_setup/ssh/supervised_log.py)."""
+    from cluster import runlog
+    from cluster.supervision import RUN_ID_RE, status_line
+    from node_setup.ssh.supervised_log import show_run
+    from node_setup.tasks.managed import follow_run
+
+    if not RUN_ID_RE.match(run_id):
+        raise fail(f"the newest job names the supervised run {run_id!r}, which is no run id; pass --job to read "
+                   "that job's log alone")
+    if follow:
+        raise Exit(code=follow_run(master, run_id, last_lines=last))
+    verdict, state = show_run(master, run_id, follow=False, last_lines=last)
+    print(runlog.end_line(run_id, state, verdict) if verdict == runlog.ENDED else status_line(state or {"run": run_id}))
 
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,

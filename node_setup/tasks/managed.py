@@ -14,7 +14,7 @@ from cluster import recovery as rc
 from cluster.inventory import Inventory
 from cluster.jobplan import JobPlan
 from node_setup.ssh import recovery as nodes
-from node_setup.tasks.common import CTRL_C, INTERRUPTED_BY_RECLAIM, STOPPED, UNREACHABLE, fail
+from node_setup.tasks.common import CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
 
 MANAGED_HELP = {
     "managed": "fab stays attached: when the job is interrupted (spot reclaim, a node lost) it gets replacements "
@@ -150,25 +150,42 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
     say(sv.status_line(state))
     if detach or state.get("status") in sv.FINAL:
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
-        return 0 if state.get("status") not in (sv.FAILED,) else 1
-    code = follow_run(master, plan.job_id, int(state.get("pid") or 0))
+        return FAILED if state.get("status") == sv.FAILED else OK
+    code = follow_run(master, plan.job_id)
     if code == INTERRUPTED_BY_RECLAIM and inventory.kind == "aws":  # the run ended master-lost
         recover_master(plan.inventory)
     return code
 
 
-def follow_run(master, run_id: str, pid: int) -> int:
-    """Follow the supervisor's log until the run ends: its final state as fab's exit code."""
+def run_exit_code(verdict: str, state: dict | None) -> int:
+    """fab's exit code for a supervised run that ended (cluster/runlog.py's verdict, its last state)."""
+    from cluster import runlog
     from cluster import supervision as sv
 
+    if verdict != runlog.ENDED:
+        return FAILED
+    return {sv.COMPLETED: OK, sv.STOPPED: STOPPED, sv.MASTER_LOST: INTERRUPTED_BY_RECLAIM}.get(
+        (state or {}).get("status"), FAILED)
+
+
+def detached_line(run_id: str) -> str:
+    return (f"detached; run {run_id} goes on under its supervisor on the master: `fab logs --follow` reattaches, "
+            "`fab status` shows it, `fab stop` ends it")
+
+
+def follow_run(master, run_id: str, *, last_lines: int | None = None) -> int:
+    """Follow the whole run (every job's log and the supervisor's lines between them) until it ends: its
+    final state as fab's exit code; Ctrl-C detaches (the run goes on) with CTRL_C."""
+    from cluster import runlog
+    from node_setup.ssh.supervised_log import show_run
+
     try:
-        nodes.follow_supervisor(master, run_id, pid)
+        verdict, state = show_run(master, run_id, follow=True, last_lines=last_lines)
     except KeyboardInterrupt:
-        print(f"\ndetached; run {run_id} goes on under its supervisor on the master: `fab logs --follow` "
-              "reattaches, `fab status` shows it, `fab stop` ends it", flush=True)
+        print(f"\n{detached_line(run_id)}", flush=True)
         return CTRL_C
-    state = nodes.supervised_state(master, run_id) or {}
-    return {sv.COMPLETED: 0, sv.STOPPED: STOPPED, sv.MASTER_LOST: INTERRUPTED_BY_RECLAIM}.get(state.get("status"), 1)
+    print(runlog.end_line(run_id, state, verdict), flush=True)
+    return run_exit_code(verdict, state)
 
 
 # ---------------------------------------------------------------- a lost master (AWS)
