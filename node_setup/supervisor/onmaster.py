@@ -337,22 +337,17 @@ class Job:
             _write_atomically(path, json.dumps(rc.merge_recoveries(found, records), indent=2) + "\n", 0o644)
 
     def keep_for_controller(self) -> str:
-        uri = next((a.split("=", 1)[1] if "=" in a else b for a, b in
-                    zip(self.spec["training_args"], self.spec["training_args"][1:] + [""])
-                    if a.split("=", 1)[0] == "--checkpoint_uri"), "")
-        if uri.startswith("s3://"):
-            try:
-                import boto3
+        """What survives the master, said when its notice ends the run (`fab train --managed` wrote the run's
+        spec at the hand-off: cluster/runspec.py)."""
+        from cluster import runspec
+        from cluster.job_args import job_setting
 
-                bucket, _, prefix = uri[5:].partition("/")
-                key = f"{prefix.rstrip('/')}/xeon-cluster-run/{sv.SPEC_FILE}".lstrip("/")
-                boto3.client("s3").put_object(Bucket=bucket, Key=key,
-                                              Body=(self.run_dir / sv.SPEC_FILE).read_bytes())
-                return f"The run's spec is in s3://{bucket}/{key} and its checkpoints under {uri}."
-            except Exception as exc:  # noqa: BLE001 - said, never in the way of the state record
-                return f"The checkpoints are under {uri}; the spec could not be copied there ({exc})."
+        uri = job_setting(self.spec["training_args"], "--checkpoint_uri") or ""
+        if uri.startswith("s3://"):
+            return f"The run's spec is in {runspec.spec_uri(uri)} and its checkpoints under {uri}."
         if self.spec.get("kind") == "local":
-            return f"The output directory {self.output_dir} is on the disk every node shares."
+            return (f"The output directory {self.output_dir} is on the disk every node shares, with the run's spec "
+                    f"in {runspec.spec_path(self.output_dir)}.")
         return (f"The checkpoints were only on the master's disk ({self.output_dir}, no --checkpoint-uri): "
                 "they go with it.")
 

@@ -8,7 +8,10 @@ ends master-lost on AWS while fab follows it: the master alone replaced (`recove
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
+from dataclasses import dataclass
 
 from cluster import recovery as rc
 from cluster.inventory import Inventory
@@ -123,6 +126,123 @@ def aws_worker_group(inventory: Inventory, autoscaling=None) -> dict:
     return {"worker_group": name, "region": region}
 
 
+def publish_spec(master, spec: dict, *, region: str | None = None, s3=None) -> list[str]:
+    """The run's spec where its checkpoints are kept (cluster/runspec.py): its output directory on the
+    master, and with --checkpoint-uri beside the checkpoints in S3; the lines to say."""
+    from cluster import runspec
+    from cluster.job_args import job_setting
+    from node_setup.aws import run_spec as spec_store
+    from node_setup.ssh.job import write_remote_json
+
+    text = runspec.text(spec)
+    path = runspec.spec_path(spec["output_dir"])
+    master.run(f"cd && mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", hide=True, in_stream=False)
+    write_remote_json(master, path, json.loads(text))
+    uri = job_setting(spec["training_args"], "--checkpoint_uri")
+    if uri:
+        why = spec_store.put(runspec.spec_uri(uri), text, s3, region)
+        if why is None:
+            return [f"the run's spec is beside its checkpoints: {runspec.spec_uri(uri)}"]
+        return [f"warning: the run's spec could not be written to {runspec.spec_uri(uri)} ({why}); a lost master's "
+                "run cannot be resumed from the bucket"]
+    if spec["kind"] == "aws":
+        return ["no --checkpoint-uri: the checkpoints and the run's spec are only on the master's disk, and a lost "
+                "master takes them along"]
+    return []
+
+
+@dataclass
+class ResumedRun:
+    """A supervised run continued from its spec: what `hand_off` needs."""
+
+    opts: rc.ManagedOptions
+    plan: JobPlan
+    inputs: object  # .args, .prepare (train's JobInputs shape)
+    layout: dict
+    where: str
+
+
+@dataclass
+class _Inputs:
+    args: list[str]
+    prepare: list[str]
+
+
+def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, master=None, s3=None) -> tuple[dict, str]:
+    """(the run's spec, checked, and where it was read): beside the checkpoints of --checkpoint-uri, else in
+    --output-dir (or the newest job's) on the master. One line and exit 2 when it is missing or malformed."""
+    from cluster import runspec
+    from node_setup.aws import run_spec as spec_store
+    from node_setup.ssh import job as jobs
+
+    if checkpoint_uri:
+        from cluster.job_args import JobArgsError, parse_s3_uri
+
+        try:
+            parse_s3_uri(checkpoint_uri)
+        except JobArgsError as exc:
+            raise fail(str(exc)) from None
+        where = runspec.spec_uri(checkpoint_uri)
+        text, why = spec_store.get(where, s3, inventory.region)
+    else:
+        directory = output_dir
+        if not directory:
+            try:
+                directory = jobs.read_metadata(master, jobs.resolve_job_id(master, None)).get("output_dir") or ""
+            except jobs.JobError:
+                directory = ""
+        if not directory:
+            raise fail("--resume: with --managed it continues a run from its spec, and none is known here; give "
+                       "--checkpoint-uri s3://... (where the run's checkpoints are) or --output-dir (the run's)")
+        where = f"{inventory.master.name}:{runspec.spec_path(directory)}"
+        text, why = jobs.read_remote_file(master, runspec.spec_path(directory)), "not found"
+    if text is None:
+        raise fail(f"--resume: no run spec at {where} ({why}); `fab train --managed` writes it there when it hands "
+                   "a run over: give the run's --checkpoint-uri or --output-dir, or start the run without --resume")
+    try:
+        return runspec.read(text, where), where
+    except runspec.RunSpecError as exc:
+        raise fail(str(exc)) from None
+
+
+def resumed_run(inventory: Inventory, found: dict, where: str, *, env: str) -> ResumedRun:
+    """The run of `found` (read_spec's) planned again on this cluster with --resume: the same node count,
+    arguments, layout, output directory and --managed settings; one line and exit 2 for what does not fit."""
+    from cluster import runspec
+    from cluster.jobplan import new_job_id, plan_job
+    from cluster.launch import env_pairs
+
+    try:
+        args, layout = runspec.resumed(found, env_pairs(env))
+        plan = plan_job(inventory, nodes=found["nodes"], training_args=args, job_id=new_job_id(),
+                        output_dir=found["output_dir"], prepare=found["prepare"], **layout)
+        opts = rc.managed_options(max_recoveries=found["max_recoveries"], min_nodes=found["min_nodes"],
+                                  wait=f"{found['wait_seconds']:g}s", nodes=found["nodes"])
+    except (ValueError, rc.RecoveryError) as exc:  # the plan's errors (layout, launch, inventory) are ValueErrors
+        raise fail(f"{where}: {exc}") from None
+    return ResumedRun(opts, plan, _Inputs(args, list(found["prepare"])), layout, where)
+
+
+def resume(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, env: str, detach: bool, prepare_nodes,
+           preflight) -> int:
+    """`fab train --managed --resume`: the run's spec read back (read_spec), the run planned again
+    (resumed_run), the nodes prepared (`preflight` on AWS, `prepare_nodes`: train's distribution) and the
+    run handed to a new supervisor that starts with --resume from the newest checkpoint every rank can read."""
+    from node_setup.tasks import common
+
+    master = common.connect(inventory)[inventory.master.name] if not checkpoint_uri else None
+    found, where = read_spec(inventory, checkpoint_uri=checkpoint_uri, output_dir=output_dir, master=master)
+    run = resumed_run(inventory, found, where, env=env)
+    say(f"resuming run {found['run_id']} from its spec at {where}: {found['nodes']} node(s), its arguments with "
+        "--resume, its layout and --managed settings (the other options given now are not used)")
+    if inventory.kind == "aws":
+        preflight(run.plan.inventory)
+    conns = common.connect(run.plan.inventory)
+    prepare_nodes(run.plan.inventory, conns)
+    return hand_off(run.opts, inventory=inventory, plan=run.plan, inputs=run.inputs, conns=conns, layout=run.layout,
+                    detach=detach)
+
+
 def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, conns, layout: dict,
              detach: bool, resume_arg: str = "") -> int:
     """`fab train --managed` once train has prepared the nodes: the run handed to its supervisor on the
@@ -131,6 +251,8 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
 
     master = conns[plan.inventory.master.name]
     spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout, resume_arg=resume_arg)
+    for line in publish_spec(master, spec, region=inventory.region):
+        say(line)
     nodes.start_supervisor(master, spec, systemd=inventory.kind == "aws")
     say(f"run {plan.job_id} handed to its supervisor on the master {plan.inventory.master.name}: "
         + opts.describe().replace("fab stays attached and recovers", "it recovers"))

@@ -477,6 +477,10 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
                                           wait=f"{wait_for_capacity:g}s" if given(wait_for_capacity) else None,
                                           detach=detach, resume_arg=resume_arg, requirements=requirements)
         launch_options["min_nodes"] = None  # --min-nodes is the supervisor's, not torchrun's
+        if resume:  # a supervised run continued from the spec it left beside its checkpoints
+            raise Exit(code=managed_run.resume(inventory, checkpoint_uri=checkpoint_uri, output_dir=output_dir,
+                                               env=env, detach=detach, prepare_nodes=_distribute,
+                                               preflight=_aws_preflight))
     job_id = new_job_id()
     try:
         layout = _layout(ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, pin=pin, env=env,

@@ -110,7 +110,7 @@ class LocalMaster:
         self.home, self.context = home, invoke.Context()
 
     def run(self, command: str, **options):
-        return self.context.run(command, env={"HOME": str(self.home)}, **options)
+        return self.context.run(f"cd && {command}", env={"HOME": str(self.home)}, **options)  # SSH starts at home
 
     def get(self, remote: str, local) -> None:
         local.write((self.home / remote).read_bytes())
@@ -153,9 +153,11 @@ class Run:
                   "for step in (2, 3):\n    time.sleep(0.3)\n"
                   "    with open(d / 'log', 'a') as log: log.write(f'[1] job two step {step}\\n')\n"
                   "(d / 'exit_code').write_text('0\\n')\n")
-        running = subprocess.Popen([sys.executable, "-c", script, job_id])
-        (d / "pid").write_text(f"{running.pid}\n")
-        self.running = running
+        # started as the job script is (detached, not this test's child): init reaps it when it ends, so
+        # `tail --pid` sees it go (a child of this process would stay a zombie until waited for)
+        started = subprocess.run(["sh", "-c", 'setsid "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1 & echo $!',
+                                  sys.executable, script, job_id], capture_output=True, text=True, check=True)
+        (d / "pid").write_text(started.stdout)
 
     def end(self) -> None:
         self.supervisor.kill()
@@ -180,8 +182,7 @@ def test_follow_shows_every_job_and_the_supervisors_lines_in_order_until_the_run
         run.job(J2, ["[1] job two step 1"], None)
         run.say(runlog.started_line(J2, ["node0", "node1"]))
 
-    def completed():
-        run.running.wait()
+    def completed():  # the reader waited: it followed job two to its end first
         run.say(f"job {J2} finished: exit code 0")
         run.state(sv.COMPLETED)
         run.end()
