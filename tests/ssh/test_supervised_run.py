@@ -109,4 +109,15 @@ def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path):
         assert new[name].host_key != old_keys[name]  # a new machine
         assert record["host_keys"][name].startswith("ssh-ed25519 SHA256:")
     assert fab_processes(cluster.name) == []
+    # `fab logs` on the run: the whole run in order, each job's labelled log after the line that started it
+    run_id = run_state(cluster)["run"]
+    whole = fab(cluster, "logs", "--follow", "--cluster", f"local:{cluster.name}")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr
+    lines = whole.stdout.splitlines()
+    started = [i for i, line in enumerate(lines) if " started on 3 node(s)" in line]
+    assert len(started) == 3, whole.stdout[-3000:]
+    for begin, end in zip(started, started[1:] + [len(lines)]):  # each job's own log after its start line
+        assert any(line.startswith("[node") for line in lines[begin:end]), lines[begin:begin + 5]
+    assert any("verified from its console" in line for line in lines[started[0]:started[1]])
+    assert lines[-1] == f"run {run_id}: {sv.COMPLETED}"
     shutil.rmtree(out, ignore_errors=True)
