@@ -1,15 +1,13 @@
 """The run supervisor on the master, seen from the controller (`fab train --managed`, `fab status`,
 `fab stop`): its start (a transient systemd unit on AWS, a detached process on a local node), its
-state file, its log followed, a stop asked for. The recoveries themselves are the supervisor's
-(node_setup/supervisor/), which runs on the master without Fabric.
+state file, a stop asked for. Following the run is node_setup/ssh/supervised_log.py's; the recoveries
+themselves are the supervisor's (node_setup/supervisor/), which runs on the master without Fabric.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import sys
-import time
 
 from cluster import supervision as sv
 from cluster.profiles import get_profile, venv_dir
@@ -55,21 +53,6 @@ def supervised_state(master, run_id: str | None = None) -> dict | None:
     except ValueError:
         return None
     return state if isinstance(state, dict) else None
-
-
-def follow_supervisor(master, run_id: str, pid: int, out=sys.stdout) -> None:
-    """Stream the supervisor's log until it ends (KeyboardInterrupt propagates: the caller detaches)."""
-    d = shlex.quote(f"{_run_dir(run_id)}/{sv.LOG_FILE}")
-    promise = master.run(f"cd && exec tail -c +1 -F --pid={int(pid)} {d} 2>/dev/null", out_stream=out,
-                         err_stream=out, hide=False, warn=True, pty=False, in_stream=False, asynchronous=True)
-    runner = promise.runner
-    try:
-        while not (runner.process_is_finished or runner.has_dead_threads):
-            time.sleep(0.2)
-        promise.join()
-    except KeyboardInterrupt:
-        master.close()
-        raise
 
 
 def request_stop(master) -> str | None:
