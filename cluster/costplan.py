@@ -2,6 +2,7 @@
 
     plan_inputs(spec, options) -> PlanInputs     what to predict: instance, workload, network, throughput
     plan_rows(inputs, price)   -> [PlanRow]      the prediction and the whole cost per node count
+    with_on_demand_master(rows, price, ...)      what the master alone on demand adds (its line)
     render_table / render_json                   what `fab plan` prints
 
 The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the
@@ -41,6 +42,7 @@ class Price:
     source: str
     zone: str | None = None
     estimate: bool = False  # not a price AWS quoted: `spot_estimate`'s
+    on_demand: Price | None = None  # the on-demand price a spot estimate was made from
 
 
 # A spot price when AWS's spot price history cannot be read (no credentials, no permission, no
@@ -57,7 +59,8 @@ def spot_estimate(on_demand: Price) -> Price:
     """The stated spot estimate from an on-demand price."""
     return Price(on_demand.usd_per_hour * SPOT_ESTIMATE_FRACTION, "spot",
                  f"spot estimate: {SPOT_ESTIMATE_FRACTION:g} x the on-demand ${on_demand.usd_per_hour:.4f} "
-                 f"({on_demand.source}); {SPOT_ESTIMATE_SOURCE}", on_demand.zone, estimate=True)
+                 f"({on_demand.source}); {SPOT_ESTIMATE_SOURCE}", on_demand.zone, estimate=True,
+                 on_demand=on_demand)
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,42 @@ def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
                    idle_tail_seconds=idle, idle_tail_usd=row.hourly_usd * idle / 3600 if idle else 0.0)
 
 
+ON_DEMAND_MASTER = "on-demand master (recommended for --managed runs)"
+
+
+def on_demand_master_extra_usd(row: PlanRow, spot_usd_per_hour: float, on_demand_usd_per_hour: float) -> float:
+    """What the master alone on demand adds to the row's total: the difference of its two hourly prices
+    over the master's hours in the plan (the whole first `pulumi up`, the run, the idle tail); the
+    workers stay spot."""
+    return (on_demand_usd_per_hour - spot_usd_per_hour) * row.total_seconds / 3600
+
+
+def with_on_demand_master(rows: list[PlanRow], price: Price, on_demand: Price | None, *, master_spot: bool = True,
+                          unknown: str = "") -> tuple[list[PlanRow], str]:
+    """The rows with `on_demand_master_usd` (None: not priced) and the line `fab plan` prints about it.
+
+    `price` is the table's (every node); `on_demand` one instance-hour on demand (None: not known,
+    `unknown` says why); `master_spot` is the stack's masterSpot (true without a stack)."""
+    if price.market != "spot":
+        return ([replace(r, on_demand_master_usd=0.0) for r in rows],
+                f"{ON_DEMAND_MASTER}: master already on demand (this plan prices every node on demand)")
+    already = "master already on demand (the stack's masterSpot false), which the spot prices above leave out"
+    if on_demand is None:
+        return rows, f"{ON_DEMAND_MASTER}: {already + '; ' if not master_spot else ''}not priced ({unknown})"
+    extras = [on_demand_master_extra_usd(r, price.usd_per_hour, on_demand.usd_per_hour) for r in rows]
+    figures = ", ".join(f"{'' if len(rows) == 1 else f'{r.nodes} node(s) '}{_signed_usd(extra)} "
+                        f"(total ${r.total_usd + extra:.2f})" for r, extra in zip(rows, extras))
+    rows = [replace(r, on_demand_master_usd=extra) for r, extra in zip(rows, extras)]
+    source = "" if on_demand is price.on_demand else f" ({on_demand.source})"  # the estimate's: in its price line
+    basis = (f"the master at ${on_demand.usd_per_hour:.4f}/hour on demand{source} instead of "
+             f"${price.usd_per_hour:.4f} spot through provisioning, the run and the idle tail; the workers spot")
+    return rows, f"{ON_DEMAND_MASTER}: {already + ': ' if not master_spot else ''}{figures}; {basis}"
+
+
+def _signed_usd(usd: float) -> str:
+    return f"{'-' if usd < 0 else '+'}${abs(usd):.2f}"
+
+
 def price_source(price: Price) -> str:
     return f"{price.market} ${price.usd_per_hour:.4f}/instance-hour, {price.source}"
 
@@ -398,6 +437,7 @@ class PlanRow:
     instance_type: str = ""
     market: str = ""
     price_source: str = ""
+    on_demand_master_usd: float | None = None  # what the master alone on demand adds (None: not priced)
 
     @property
     def total_usd(self) -> float:
@@ -410,7 +450,7 @@ class PlanRow:
         return self.provisioning_seconds + self.prediction.run_seconds + (self.idle_tail_seconds or 0.0)
 
     def as_json(self) -> dict:
-        idle = self.idle_tail_seconds
+        idle, extra = self.idle_tail_seconds, self.on_demand_master_usd
         return {"nodes": self.nodes, "instance_type": self.instance_type, "market": self.market,
                 "price_source": self.price_source, "epoch_seconds": round(self.prediction.epoch_seconds, 1),
                 "step_seconds": round(self.prediction.step_seconds, 4),
@@ -421,7 +461,9 @@ class PlanRow:
                 "run_seconds": round(self.prediction.run_seconds, 1), "run_usd": round(self.run_usd, 4),
                 "idle_tail_seconds": None if idle is None else round(idle, 1),
                 "idle_tail_usd": round(self.idle_tail_usd, 4), "total_usd": round(self.total_usd, 4),
-                "compile_seconds": round(self.prediction.compile_s, 1)}
+                "compile_seconds": round(self.prediction.compile_s, 1),
+                "on_demand_master_extra_usd": None if extra is None else round(extra, 4),
+                "on_demand_master_total_usd": None if extra is None else round(self.total_usd + extra, 4)}
 
 
 def parse_node_counts(text: str | int) -> list[int]:

@@ -152,11 +152,13 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
           "`pulumi up`; a running master keeps its subnet)")
 
 
-def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str) -> Price:
-    """The given price, or the best one AWS tells (spot history, Pricing API, static table)."""
+def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str
+           ) -> tuple[Price, str]:
+    """The given price, or the best one AWS tells (spot history, Pricing API, static table), and the
+    region it is for ("": given with --hourly-usd)."""
     market = "spot" if inputs.spot else "on-demand"
     if hourly_usd:
-        return Price(hourly_usd, market, "given with --hourly-usd")
+        return Price(hourly_usd, market, "given with --hourly-usd"), ""
     from node_setup.aws import clients as aws
     from node_setup.aws import pricing
 
@@ -169,7 +171,27 @@ def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: fl
     skipped: list[str] = []
     price = pricing.plan_price(inputs.instance_type, where, spot=inputs.spot, notes=skipped)
     inputs.notes.extend(f"price note: {n}" for n in skipped)
-    return price
+    return price, where
+
+
+def _on_demand_price(inputs: costplan.PlanInputs, price: Price, where: str, *, pricing_client=None
+                     ) -> tuple[Price | None, str]:
+    """One instance-hour on demand for the on-demand master's line (None and why when not known): the
+    spot estimate's basis, else the Pricing API's (else the static table's) for a quoted spot price."""
+    if price.market != "spot":
+        return None, ""
+    if price.on_demand:  # the spot estimate's basis
+        return price.on_demand, ""
+    if not where:
+        return None, "--hourly-usd gives one price for every node, not the master's on-demand price"
+    from node_setup.aws import pricing
+
+    skipped: list[str] = []
+    try:
+        return pricing.hourly_price(inputs.instance_type, where, spot=False, pricing=pricing_client,
+                                    notes=skipped), ""
+    except LookupError as exc:
+        return None, str(exc)
 
 
 def load_calibration(calibration_file: str, cluster: str) -> tuple[calib.Calibration | None, str]:
@@ -199,14 +221,20 @@ def _stack_auto_stop_idle(spec: ClusterSpec | None) -> str | None:
 
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
                calibration: calib.Calibration | None = None):
-    """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem."""
+    """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem.
+
+    The notes open with the line on what the master alone on demand adds (cluster/costplan.py)."""
     if not (math.isfinite(hourly_usd) and hourly_usd >= 0):
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
     check_epochs(options.epochs)
     spec = _stack_spec(stack, required=False)
     inputs = costplan.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec))
-    price = _price(inputs, spec, hourly_usd, region)
-    return costplan.plan_rows(inputs, price), inputs.header, costplan.price_source(price), inputs.notes, inputs
+    price, where = _price(inputs, spec, hourly_usd, region)
+    on_demand, unknown = _on_demand_price(inputs, price, where)
+    rows, master_line = costplan.with_on_demand_master(costplan.plan_rows(inputs, price), price, on_demand,
+                                                       master_spot=spec.master_spot if spec else True,
+                                                       unknown=unknown)
+    return rows, inputs.header, costplan.price_source(price), [master_line, *inputs.notes], inputs
 
 
 @task(help={
@@ -231,7 +259,8 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     "region": "region for prices (default: the stack's, else AWS_REGION)",
     "stack": "Pulumi stack to take defaults from (default: the only Pulumi.<stack>.yaml here, if any)",
     "json": "print one JSON object per node count (instance type, market, price source, and the seconds and "
-            "dollars of provisioning, the run and the idle tail, with their total)",
+            "dollars of provisioning, the run and the idle tail, with their total, and what the master alone "
+            "on demand adds)",
     "auto_stop_idle": "idle time after the run before the auto-stop powers the nodes off, e.g. 30m, or off "
                       "(default: the stack's autoStopIdle, else 30m)",
     "provisioning": "count the first `pulumi up` (on by default; --no-provisioning when the cluster is up)",

@@ -135,3 +135,22 @@ def test_fab_plan_without_spot_history_states_a_spot_estimate_not_the_on_demand_
     on_demand = pricing.plan_price("r7iz.metal-16xl", "us-east-1", spot=False,
                                    pricing=stubbed_pricing(items=[_price_list_item("5.952")]))
     assert (on_demand.market, on_demand.usd_per_hour, on_demand.estimate) == ("on-demand", 5.952, False)
+
+
+def test_fab_plan_prices_an_on_demand_master_against_a_quoted_spot_price_from_the_pricing_api():
+    """A spot price from the history has no on-demand basis: `fab plan` asks the Pricing API for the master's."""
+    from cluster import costplan
+    from node_setup.tasks.costs import _on_demand_price
+
+    inputs = costplan.plan_inputs(None, costplan.PlanOptions(nodes="4", single_node_time="1h"))
+    spot = pricing.plan_price("r7iz.metal-16xl", "us-east-1", ec2=stubbed_spot_history([("us-east-1b", "2.10", 1)]),
+                              pricing=stubbed_pricing(items=[]))
+    on_demand, why = _on_demand_price(inputs, spot, "us-east-1",
+                                      pricing_client=stubbed_pricing(items=[_price_list_item("5.952")]))
+    assert (on_demand.market, on_demand.usd_per_hour, why) == ("on-demand", 5.952, "")
+    rows, line = costplan.with_on_demand_master(costplan.plan_rows(inputs, spot), spot, on_demand)
+    row = rows[0]
+    # by hand: (5.952 - 2.10) $/hour over 2 h provisioning + the run + the 30 min idle tail
+    assert row.on_demand_master_usd == pytest.approx(3.852 * (2.5 + row.prediction.run_seconds / 3600))
+    assert "the master at $5.9520/hour on demand (on-demand, AWS Pricing API (us-east-1)) instead of $2.1000 spot" \
+        in line

@@ -39,7 +39,8 @@ def test_json_has_one_object_per_node_count_with_the_documented_keys():
     assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
                           "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
                           "provisioning_usd", "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
-                          "total_usd", "compile_seconds"} for d in data)
+                          "total_usd", "compile_seconds", "on_demand_master_extra_usd",
+                          "on_demand_master_total_usd"} for d in data)
     assert data[0]["efficiency"] == 1.0
 
 
@@ -270,6 +271,13 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     assert row["run_usd"] == pytest.approx(4 * spot * row["run_seconds"] / 3600, abs=1e-3)
     assert row["total_usd"] == pytest.approx(row["provisioning_usd"] + row["run_usd"] + row["idle_tail_usd"],
                                              abs=1e-3)
+    # the master alone on demand: (5.952 - 2.976) x (2 h + the run + 0.5 h), by hand 2.976 x 2.6184 = 7.79
+    extra = (5.952 - spot) * (7200 + row["run_seconds"] + 1800) / 3600
+    assert row["on_demand_master_extra_usd"] == pytest.approx(extra, abs=1e-3) == pytest.approx(7.79, abs=0.01)
+    assert row["on_demand_master_total_usd"] == pytest.approx(row["total_usd"] + extra, abs=1e-3)
+    assert (f"on-demand master (recommended for --managed runs): +${extra:.2f} "
+            f"(total ${row['total_usd'] + extra:.2f}); the master at $5.9520/hour on demand instead of $2.9760 spot"
+            ) in table
 
 
 def test_fab_plan_takes_the_idle_tail_from_the_stack_file(tmp_path, monkeypatch):
@@ -280,3 +288,94 @@ def test_fab_plan_takes_the_idle_tail_from_the_stack_file(tmp_path, monkeypatch)
     (tmp_path / "Pulumi.lab.yaml").write_text(STACK + "  xeon-cluster:autoStopIdle: 2h\n")
     rows, *_ = build_plan(costplan.PlanOptions(nodes="4"), hourly_usd=5.0)
     assert rows[0].idle_tail_seconds == 7200 and rows[0].idle_tail_usd == pytest.approx(4 * 5.0 * 2)
+
+
+# --- the master alone on demand (recommended for unattended --managed runs) -----------------------
+
+STATIC_R7IZ = 5.952  # node_setup/aws/pricing.py's static on-demand price of r7iz.metal-16xl, us-east-1
+
+
+def test_the_static_on_demand_price_the_figures_below_use():
+    from node_setup.aws.pricing import STATIC_ON_DEMAND_USD
+
+    assert STATIC_ON_DEMAND_USD["r7iz.metal-16xl"] == STATIC_R7IZ
+
+
+def _master_rows(nodes="1,4", price=None, on_demand=None, **over):
+    """A one-hour epoch on one node of r7iz.metal-16xl: 2 h provisioning (metal), the run, a 30 min idle tail."""
+    options = dict(nodes=nodes, instance_type="r7iz.metal-16xl", profile="intel", placement_group=False,
+                   single_node_time="1h")
+    options.update(over)
+    inputs = costplan.plan_inputs(None, costplan.PlanOptions(**options))
+    price = price or costplan.spot_estimate(costplan.Price(STATIC_R7IZ, "on-demand", "static table"))
+    return costplan.plan_rows(inputs, price), price
+
+
+def test_an_on_demand_master_adds_the_price_difference_over_the_master_s_hours_only():
+    spot = costplan.Price(2.0, "spot", "spot price history, us-east-1a")  # a quoted spot price, not the estimate
+    on_demand = costplan.Price(STATIC_R7IZ, "on-demand", "static table")
+    rows, _ = _master_rows(price=spot)
+    rows, line = costplan.with_on_demand_master(rows, spot, on_demand)
+    one, four = rows
+    # by hand: (5.952 - 2.0) = 3.952 $/hour over 2 h + 1 h (the run, plus under a second of start-up) + 0.5 h
+    assert one.prediction.run_seconds == pytest.approx(3600, abs=2)
+    assert one.on_demand_master_usd == pytest.approx(3.952 * 3.5, abs=0.005)  # 13.83
+    # four nodes: the master alone, not four times; its hours are 2 h + the shorter run + 0.5 h
+    assert four.prediction.run_seconds < 1000
+    assert four.on_demand_master_usd == pytest.approx(3.952 * (2.5 + four.prediction.run_seconds / 3600))
+    assert four.on_demand_master_usd < one.on_demand_master_usd
+    assert line == ("on-demand master (recommended for --managed runs): "
+                    f"1 node(s) +$13.83 (total ${one.total_usd + one.on_demand_master_usd:.2f}), "
+                    f"4 node(s) +${four.on_demand_master_usd:.2f} "
+                    f"(total ${four.total_usd + four.on_demand_master_usd:.2f}); "
+                    "the master at $5.9520/hour on demand (static table) instead of $2.0000 spot through "
+                    "provisioning, the run and the idle tail; the workers spot")
+
+
+@pytest.mark.parametrize("over, hours", [
+    (dict(provisioning=False), 1.5),  # the run and the idle tail
+    (dict(auto_stop_idle="off"), 3.0),  # provisioning and the run: auto-stop off counts no tail
+    (dict(provisioning=False, auto_stop_idle="2h"), 3.0),
+])
+def test_an_on_demand_master_counts_the_plan_s_own_terms(over, hours):
+    rows, price = _master_rows(nodes="1", **over)
+    assert price.on_demand is not None and price.usd_per_hour == pytest.approx(STATIC_R7IZ / 2)
+    rows, line = costplan.with_on_demand_master(rows, price, price.on_demand)
+    # by hand: the spot estimate is half of 5.952, so the master on demand adds 2.976 $/hour
+    assert rows[0].on_demand_master_usd == pytest.approx(2.976 * hours, abs=0.002)
+    assert f"+${2.976 * hours:.2f} (total $" in line and "(static table)" not in line  # the price line names it
+    data = json.loads(costplan.render_json(rows))[0]
+    assert data["on_demand_master_extra_usd"] == pytest.approx(2.976 * hours, abs=0.002)
+    assert data["on_demand_master_total_usd"] == pytest.approx(data["total_usd"] + 2.976 * hours, abs=0.002)
+
+
+def test_a_plan_on_demand_says_the_master_already_is():
+    price = costplan.Price(STATIC_R7IZ, "on-demand", "static table")
+    rows, _ = _master_rows(price=price)
+    rows, line = costplan.with_on_demand_master(rows, price, None)
+    assert line == ("on-demand master (recommended for --managed runs): master already on demand "
+                    "(this plan prices every node on demand)")
+    assert [json.loads(costplan.render_json(rows))[i]["on_demand_master_extra_usd"] for i in (0, 1)] == [0.0, 0.0]
+
+
+def test_a_stack_with_an_on_demand_master_gets_the_figure_the_spot_table_leaves_out():
+    rows, price = _master_rows(nodes="1")
+    rows, line = costplan.with_on_demand_master(rows, price, price.on_demand, master_spot=False)
+    assert line.startswith("on-demand master (recommended for --managed runs): master already on demand "
+                           "(the stack's masterSpot false), which the spot prices above leave out: +$10.42 (total $")
+    rows, line = costplan.with_on_demand_master(rows, costplan.Price(3.0, "spot", "given"), None, master_spot=False,
+                                                unknown="no on-demand price")
+    assert line.endswith("master already on demand (the stack's masterSpot false), which the spot prices above "
+                         "leave out; not priced (no on-demand price)")
+
+
+def test_fab_plan_with_a_given_price_does_not_guess_the_on_demand_one(tmp_path, monkeypatch):
+    from node_setup.tasks.costs import build_plan
+
+    monkeypatch.chdir(tmp_path)
+    rows, _, _, notes, _ = build_plan(costplan.PlanOptions(nodes="4"), hourly_usd=5.0)
+    assert notes[0] == ("on-demand master (recommended for --managed runs): not priced (--hourly-usd gives one "
+                        "price for every node, not the master's on-demand price)")
+    assert json.loads(costplan.render_json(rows))[0]["on_demand_master_extra_usd"] is None
+    rows, _, _, notes, _ = build_plan(costplan.PlanOptions(nodes="4", on_demand=True), hourly_usd=5.0)
+    assert notes[0].endswith("master already on demand (this plan prices every node on demand)")
