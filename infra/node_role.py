@@ -22,7 +22,7 @@ to 0 before the workers power off, so that the group does not launch them again.
 the group (it names the group's ARN, and the group's template names the profile).
 
 A third, `supervisor_read_policy`, is read-only: what the run supervisor on the master
-(node_setup/supervisor/groups.py, `AwsGroup`) reads to follow its workers: the group's instances
+(node_setup/backends/aws.py, `AwsGroup`) reads to follow its workers: the group's instances
 (`autoscaling:DescribeAutoScalingGroups`), their states and addresses (`ec2:DescribeInstances`) and a
 new worker's console, whose host key fingerprints it verifies (`ec2:GetConsoleOutput`). The console is
 limited to instances carrying the cluster's tag; the two Describe calls take no resource-level

@@ -6,7 +6,7 @@ pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every P
 - writes the group's record, GROUP_FILE in the cluster's data directory (which every node shares
   with the host): each slot's machine (name, address, instance id) and its state, `running` or
   `terminated` once the node is down (reclaimed with or without a notice). The supervisor on the
-  master reads it as it reads the AWS group and EC2's instance states (node_setup/supervisor/groups.py);
+  master reads it as it reads the AWS group and EC2's instance states (node_setup/backends/local.py);
 - brings a node that has been down for S seconds back as a new machine, exactly as `fab local-up`
   does (new host key, instance id and empty /root, the same software through the shared venv; its
   console file shows the new key), and runs the workers' first-boot script there, the one the launch

@@ -61,7 +61,7 @@ LINK_QUEUE_LATENCY_MS = 200  # how long a packet may wait in the bucket before t
 LINK_NETEM_LIMIT = 100_000  # packets netem may hold while they wait out the delay
 NODE_INTERFACE = "eth0"  # the node's end of its veth, inside its namespace
 # The group keeper's files (node_setup/local/keeper.py): its record of the group, in the data directory
-# (node_setup/supervisor/groups.py reads it on the master), and its pid, in the cluster's config directory.
+# (node_setup/backends/local.py reads it on the master), and its pid, in the cluster's config directory.
 GROUP_FILE = "group.json"
 KEEPER_PID_FILE = "keeper.pid"
 

@@ -15,7 +15,8 @@
     * a host never seen, on an AWS or a local cluster, is verified from its console before it is
       recorded: the SSH host key fingerprints the node printed there at boot (cloud-init's
       blocks, cluster/console.py), read from outside the node: EC2 GetConsoleOutput
-      (node_setup/aws/console.py) or a local node's console file (node_setup/local/console.py).
+      (node_setup/aws/console.py) or a local node's console file (node_setup/local/console.py), the
+      source the cluster's backend gives (node_setup/backends/).
       Before connecting, the console is read until it shows fingerprints (bounded wait, then
       refused with a line); the presented key must be one of them, else refused with a line. The
       record carries the instance id, so a record of an instance that is gone (a new machine at
@@ -33,11 +34,12 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator
 
 import paramiko
 from fabric import Config, Connection
 
+from cluster.backend import ConsoleSource
 from cluster.console import ConsoleHostKeys, ConsoleUnreadable, parse_console
 from cluster.console import describe as describe_console
 from cluster.inventory import Inventory, Node
@@ -73,33 +75,11 @@ class HostKeyUnverified(HostKeyMismatch):
     """A never-seen host's key cannot be verified (no fingerprints on its console in time, no console)."""
 
 
-class ConsoleSource(Protocol):
-    """Where a cluster kind's nodes show their host keys (node_setup/aws/console.py, node_setup/local/console.py)."""
-
-    kind: str
-    wait_s: float  # how long to wait for the fingerprints to appear
-    poll_s: float
-
-    def instance(self, address: str) -> str | None: ...  # the machine at `address` now (None: no such node)
-
-    def read(self, address: str) -> str: ...  # its console's text so far; ConsoleUnreadable when it cannot be read
-
-    def where(self, address: str) -> str: ...
-
-    def advice(self, address: str) -> str: ...
-
-
 def console_source_for(inventory: Inventory) -> ConsoleSource | None:
-    """The console host keys source of the inventory's kind; None for an inventory file (no console)."""
-    if inventory.kind == "local":
-        from node_setup.local.console import LocalConsole
+    """The console host keys source of the inventory's kind (its backend's); None for an inventory file."""
+    from node_setup.backends import backend_for  # an AWS cluster's source imports boto3: only for one
 
-        return LocalConsole(inventory)
-    if inventory.kind == "aws":
-        from node_setup.aws.console import AwsConsole  # boto3: only for an AWS cluster
-
-        return AwsConsole(inventory)
-    return None
+    return backend_for(inventory.kind).console_source(inventory)
 
 
 def _address(name: str) -> str:

@@ -7,13 +7,13 @@ reaches the workers with the `ssh` the cluster key's distribution set up on the 
 
 - `loop`: the order of things (watch, lose, await, verify, admit, resume), every decision
   cluster/supervision.py's and cluster/recovery.py's; tested in-process against a fake backend.
-- `groups`: what differs per kind of cluster, one backend each: the cluster's group of machines now,
-  an instance's state, its console (local: the group keeper's record and console files; AWS: the
-  Auto Scaling group, EC2 and GetConsoleOutput through the node role; an inventory file: nothing
-  comes back).
+- what differs per kind of cluster is the cluster's backend's (node_setup/backends/, picked by
+  `backend_for`): the group of machines now, an instance's state, its console (local: the group
+  keeper's record and console files; AWS: the Auto Scaling group, EC2 and GetConsoleOutput through
+  the node role; an inventory file: nothing comes back).
 - `onmaster`: the work on the master and, over ssh, on the workers: probes, host keys, the job's
   launch and end, the run's files.
 
-May import `cluster/` and `training.exit_codes`; boto3 only inside the AWS backend; never Fabric,
+May import `cluster/` and `node_setup/backends/`; boto3 only inside the AWS backend's methods; never Fabric,
 invoke or paramiko.
 """

@@ -19,9 +19,10 @@ The order (every decision is cluster/supervision.py's or cluster/recovery.py's):
    steps redone, seconds waiting, the host keys verified.
 
 The collaborators are passed in, so the tests drive this loop in-process with a fake backend
-(tests/unit/test_supervisor.py): `group` (members, instance state, console), `nodes` (probe, host
-key, admit), `job` (launch, outcome, stop, checkpoint, summary, finish) and `store` (the run's
-files: log lines, state, records, stop request).
+(tests/unit/test_supervisor.py): `backend` (cluster/backend.py's MachineGroup, the kind's from
+node_setup/backends/: members, instance state, console), `nodes` (probe, host key, admit), `job`
+(launch, outcome, stop, checkpoint, summary, finish) and `store` (the run's files: log lines, state,
+records, stop request).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from cluster import recovery as rc
 from cluster import supervision as sv
+from cluster.backend import MachineGroup
 from cluster.runlog import started_line
 from cluster.supervision import Member
 
@@ -60,7 +62,7 @@ class _Lost:
 @dataclass
 class Supervisor:
     spec: LoopSpec
-    group: object
+    backend: MachineGroup  # the cluster's kind's (node_setup/backends/): its members, instance states, consoles
     nodes: object
     job: object
     store: object
@@ -155,7 +157,7 @@ class Supervisor:
                 silent[name] = 0 if answered else silent.get(name, 0) + 1
                 if notice:
                     notices[name] = notice
-                state = self.group.instance_state(member) if silent[name] >= sv.SILENT_PROBES else None
+                state = self.backend.instance_state(member) if silent[name] >= sv.SILENT_PROBES else None
                 cause = sv.loss_cause(notice=notices.get(name), silent_probes=silent[name], instance_state=state)
                 if cause:
                     lost.append(_Lost(name, member.instance_id, cause))
@@ -178,7 +180,7 @@ class Supervisor:
                 member = self.members[name]
                 answered, notice = self.nodes.probe(member)
                 silent[name] = 0 if answered else silent.get(name, 0) + 1
-                state = self.group.instance_state(member) if silent[name] >= sv.SILENT_PROBES else None
+                state = self.backend.instance_state(member) if silent[name] >= sv.SILENT_PROBES else None
                 cause = sv.loss_cause(notice=notice, silent_probes=silent[name], instance_state=state)
                 if cause:
                     lost.append(_Lost(name, member.instance_id, cause))
@@ -265,7 +267,7 @@ class Supervisor:
         """Look for the pending slots' replacements, verify and admit them; True when every pending
         slot has one admitted. `block`: keep looking until then or `deadline`."""
         while True:
-            members = self.group.members() if self.pending else {}
+            members = self.backend.members() if self.pending else {}
             for name, old in sorted(self.pending.items()):
                 if name in self.admitted:
                     continue
@@ -273,7 +275,7 @@ class Supervisor:
                 if found is None or found.instance_id in self.refused:
                     continue
                 first = self.first_seen.setdefault(found.instance_id, self.clock())
-                verdict = sv.host_key_verdict(found, self.nodes.host_key(found), self.group.console(found),
+                verdict = sv.host_key_verdict(found, self.nodes.host_key(found), self.backend.console(found),
                                               waited_s=self.clock() - first)
                 if verdict.outcome == "wait":
                     continue

@@ -38,7 +38,7 @@ from cluster.render import MasterPaths, hostfile_text, known_hosts_text, replace
 from cluster.setup_script import PROJECT_MARKER
 from cluster.supervision import Member
 from cluster.userjob import UserProgram, check_module, notice_signal, workdir_on_node
-from node_setup.supervisor.groups import AwsGroup, LocalGroup, StaticGroup
+from node_setup.backends import backend_for
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 
 PROBE_TIMEOUT_S = 8
@@ -378,18 +378,12 @@ def build(run_dir: Path) -> Supervisor:
     inventory = Inventory.from_mapping(spec["inventory"], default_name=spec["inventory"]["name"],
                                        kind=spec.get("kind", "file"))
     ids = dict(spec.get("instance_ids") or {})
-    if spec.get("kind") == "local":
-        group = LocalGroup(spec["local_data_dir"])
-        # the machines in the slots now, as the group records them (a local inventory has no instance ids)
-        ids = {name: m.instance_id for name, m in group.members().items()} | ids
     members = [Member(n.name, n.private_address, str(ids.get(n.name) or f"i-{'0' * 8}{i:08x}"))
                for i, n in enumerate(inventory.nodes)]
+    # the cluster's group (local: its keeper's record, which has the instance ids a local inventory lacks)
+    group, members = backend_for(inventory.kind).machine_group(spec, members)
     opts = rc.ManagedOptions(int(spec["max_recoveries"]), int(spec["min_nodes"]), float(spec["wait_seconds"]),
                              len(members))
-    if spec.get("kind") == "aws" and spec.get("worker_group"):
-        group = AwsGroup(spec["region"], spec["worker_group"], members)
-    elif spec.get("kind") != "local":
-        group = StaticGroup(members)
     python = f"{venv_dir(get_profile(inventory.profile))}/bin/python"
     shell_ = Shell(inventory.master.name)
     nodes = Nodes(shell_, inventory, python)

@@ -14,10 +14,12 @@ import time
 from dataclasses import dataclass
 
 from cluster import recovery as rc
+from cluster.backend import BackendError
 from cluster.inventory import Inventory
 from cluster.jobplan import JobPlan
+from node_setup.backends import backend_for
 from node_setup.ssh import recovery as nodes
-from node_setup.tasks.common import CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
+from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
 
 MANAGED_HELP = {
     "managed": "fab stays attached: when the job is interrupted (spot reclaim, a node lost) it gets replacements "
@@ -92,38 +94,11 @@ def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
     if plan.user is not None:  # --script/--module: restarted with the newest checkpoint (cluster/supervision.py)
         spec.update(program={"script": plan.user.script, "module": plan.user.module, "args": list(plan.user.args),
                              "signal": plan.user.signal or "none"}, resume_arg=resume_arg)
-    if inventory.kind == "aws":
-        spec.update(aws_worker_group(inventory))
-    if inventory.kind == "local":
-        from node_setup.local.state import load_state, paths_for
-
-        state = load_state(paths_for(inventory.name))
-        spec["local_data_dir"] = state.data_dir if state else ""
+    try:  # what the supervisor's group reads back (AWS: the workers' group; local: the keeper's data directory)
+        spec.update(backend_for(inventory.kind).run_context(inventory))
+    except BackendError as exc:
+        raise fail(str(exc), UNREACHABLE if exc.unreachable else BAD_INPUT) from None
     return spec
-
-
-def aws_worker_group(inventory: Inventory, autoscaling=None) -> dict:
-    """The cluster's worker group for the supervisor: {"worker_group": its name, "region": its region}, each
-    checked whole, so that it waits for the group's replacement of a lost worker; {} for a cluster without a
-    group (its survivors go on). One line and exit 2 when the group cannot be read or a value is refused."""
-    from node_setup.aws import clients, errors
-    from node_setup.aws.worker_group import worker_group
-    from node_setup.supervisor.groups import checked_group
-
-    try:
-        region = clients.resolve_region(inventory.region)
-        group = worker_group(inventory.name, region, autoscaling)
-    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
-        raise fail(f"worker group of {inventory.name}: could not read it ({exc}); the supervisor needs it to "
-                   "wait for a lost worker's replacement (allow autoscaling:DescribeAutoScalingGroups)",
-                   UNREACHABLE) from None
-    if group is None:
-        return {}
-    try:
-        name, region = checked_group(group.name, region)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    return {"worker_group": name, "region": region}
 
 
 def publish_spec(master, spec: dict, *, region: str | None = None, s3=None) -> list[str]:
@@ -253,7 +228,7 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
     spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout, resume_arg=resume_arg)
     for line in publish_spec(master, spec, region=inventory.region):
         say(line)
-    nodes.start_supervisor(master, spec, systemd=inventory.kind == "aws")
+    nodes.start_supervisor(master, spec, systemd=backend_for(inventory.kind).supervisor_as_service())
     say(f"run {plan.job_id} handed to its supervisor on the master {plan.inventory.master.name}: "
         + opts.describe().replace("fab stays attached and recovers", "it recovers"))
     if inventory.kind == "aws" and plan.inventory.master.spot:

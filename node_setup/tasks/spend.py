@@ -6,8 +6,9 @@ planned and actual cost lines (the arithmetic is cluster/spend.py's).
     RunCostClock.at_launch(plan)    prints the planned time and cost of a `fab train` run
     cost.at_end(master, plan, code) prints the actual ones and records both in summary.json
 
-Prices come from node_setup/aws/pricing.py (imported only for an AWS cluster, so a local cluster
-never loads boto3); the local cluster costs nothing; an inventory file's machines have no price.
+Prices are the cluster's backend's (node_setup/backends/): AWS's from node_setup/aws/pricing.py
+(imported only for an AWS cluster, so a local cluster never loads boto3); the local cluster costs
+nothing; an inventory file's machines have no price.
 """
 
 from __future__ import annotations
@@ -31,44 +32,17 @@ clock: Callable[[], float] = time.time  # what "now" is for the spend so far
 
 def cluster_spend(inventory: Inventory, *, now: float | None = None, book=None) -> spend.ClusterSpend:
     """Every node's spend so far; `book` answers `price(instance_type, spot=, zone=)` (default: AWS's prices)."""
+    from node_setup.backends import backend_for
+
     now = clock() if now is None else now
-    if inventory.kind == "aws" and book is None:
-        book = _aws_price_book(inventory)
+    backend = backend_for(inventory.kind)
+    book = backend.price_book(inventory) if book is None else book
     rows = []
     for node in inventory.nodes:
-        if inventory.kind == spend.LOCAL:
-            usd, source = 0.0, spend.LOCAL_NO_PRICE
-        elif inventory.kind != "aws":
-            usd, source = None, spend.NO_PRICE_FOR_FILE
-        else:
-            usd, source = _node_price(book, node.instance_type or inventory.instance_type, node)
+        usd, source = backend.node_price(book, node, node.instance_type or inventory.instance_type)
         rows.append(spend.node_spend(node.name, spend.market(inventory.kind, node.spot), node.launched_at, now,
                                      usd, source))
     return spend.ClusterSpend(tuple(rows))
-
-
-def _aws_price_book(inventory: Inventory):
-    """AWS's prices for the cluster's region (node_setup/aws/pricing.py), or why there are none."""
-    from node_setup.aws import clients, pricing
-
-    try:
-        return pricing.PriceBook(clients.resolve_region(inventory.region))
-    except clients.AwsSetupError as exc:
-        return f"no price: {exc}"
-
-
-def _node_price(book, itype: str | None, node) -> tuple[float | None, str]:
-    if isinstance(book, str):
-        return None, book
-    if not itype:
-        return None, f"no price: {node.name} has no instance type"
-    from node_setup.aws import clients, errors
-
-    try:
-        found: Price = book.price(itype, spot=bool(node.spot), zone=node.zone)
-    except (LookupError, clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
-        return None, f"no price for {itype}: {str(exc)[:200]}"
-    return found.usd_per_hour, f"{itype}: {found.source}"
 
 
 def status_json(inventory: Inventory, spent: spend.ClusterSpend, nodes: list[dict[str, Any]],

@@ -159,7 +159,7 @@ def test_only_the_newest_activity_is_the_reason():
 
 
 def test_the_node_role_may_read_what_the_supervisor_reads_and_the_console_of_its_own_instances_only(harness):
-    """The supervisor's one read-only policy: exactly the calls node_setup/supervisor/groups.py makes."""
+    """The supervisor's one read-only policy: exactly the calls node_setup/backends/aws.py's AwsGroup makes."""
     harness.run(minimal_config())
     (policy,) = [p for p in harness.monitor.of_type(ROLE_POLICY) if p.name.endswith("-supervisor-read")]
     (template,) = harness.monitor.of_type(LAUNCH_TEMPLATE)

@@ -26,7 +26,7 @@ from node_setup.ssh.supervised_log import show_run
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 from node_setup.tasks import common
 from node_setup.tasks.managed import run_exit_code
-from tests.unit.test_supervisor import FakeCluster, Group, gone, notice, replaced
+from tests.unit.test_supervisor import FakeBackend, FakeCluster, gone, notice, replaced
 
 RUN = "20261123-101500-ab12"
 J1, J2 = "20261123-101501-0001", "20261123-101640-0002"
@@ -70,7 +70,8 @@ def test_the_loops_start_lines_give_the_jobs_in_the_order_it_launched_them():
 
     fake.launch = launch_with_real_ids
     spec = LoopSpec(RUN, list(fake.members.values()), rc.ManagedOptions(3, 1, 600.0, 3), poll_s=5.0)
-    assert Supervisor(spec, Group(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep).run() == sv.COMPLETED
+    loop = Supervisor(spec, FakeBackend(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep)
+    assert loop.run() == sv.COMPLETED
     reader = runlog.RunFollower()
     pieces = reader.take(stamped(*fake.lines))
     assert reader.jobs == [J1, J2]

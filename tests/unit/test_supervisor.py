@@ -149,21 +149,35 @@ class FakeCluster:
         self.saved = list(records)
 
 
-class Group:  # the loop asks the group for `members()`; the fake keeps its own dict under that name
-    def __init__(self, fake):
+class FakeBackend:
+    """Test double of a cluster's backend on the master (cluster/backend.py's MachineGroup): the fake
+    cluster's group, instance states and consoles, which the scenarios script."""
+
+    def __init__(self, fake: FakeCluster):
         self.fake = fake
 
-    def members(self):
+    def members(self) -> dict[str, Member]:
         return self.fake.members_now()
 
-    def __getattr__(self, name):
-        return getattr(self.fake, name)
+    def instance_state(self, member: Member) -> str | None:
+        return self.fake.instance_state(member)
+
+    def console(self, member: Member) -> str:
+        return self.fake.console(member)
+
+
+def test_the_fake_backend_implements_every_operation_of_the_protocol():
+    from cluster.backend import MachineGroup
+
+    wanted = {n for n in vars(MachineGroup) if not n.startswith("_")}
+    assert wanted == {"members", "instance_state", "console"}
+    assert all(callable(getattr(FakeBackend, n, None)) for n in wanted)
 
 
 def supervise(fake: FakeCluster, *, wait=600.0, min_nodes=1, max_recoveries=3) -> str:
     spec = LoopSpec("20261123-101500-ab12", list(fake.members.values()),
                     rc.ManagedOptions(max_recoveries, min_nodes, wait, 3), poll_s=5.0)
-    loop = Supervisor(spec, Group(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep)
+    loop = Supervisor(spec, FakeBackend(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep)
     return loop.run()
 
 
@@ -496,7 +510,7 @@ def _aws_run_spec(region="us-east-1"):
 
 def test_aws_run_spec_names_the_worker_group_so_the_supervisor_waits_for_its_replacements(aws_credentials):
     moto = pytest.importorskip("moto")
-    from node_setup.supervisor.groups import AwsGroup
+    from node_setup.backends.aws import AwsGroup
     from tests.aws.test_worker_group import REGION, _as_the_program_makes_it
 
     with moto.mock_aws():
@@ -516,7 +530,8 @@ def test_aws_run_spec_names_the_worker_group_so_the_supervisor_waits_for_its_rep
     ("xeon-dev-worker", "us-east-1\n", "region: "),
 ])
 def test_worker_group_and_region_from_the_spec_are_checked_whole(group_name, region, refused):
-    from node_setup.supervisor.groups import AwsGroup, checked_group
+    from node_setup.backends.aws import AwsGroup
+    from node_setup.backends.members import checked_group
 
     with pytest.raises(ValueError) as err:
         checked_group(group_name, region)

@@ -1,0 +1,102 @@
+"""What differs between the kinds of cluster, as one interface (pure: the protocols and their names).
+
+A cluster is one of three kinds, each with one backend in node_setup/backends/ (`backend_for(kind)`
+there picks it; nothing else asks an inventory's kind for these concerns):
+
+- `local` (node_setup/backends/local.py): network namespaces on this machine (node_setup/local/);
+- `aws` (node_setup/backends/aws.py): EC2 instances found by their tags (node_setup/aws/);
+- `file` (node_setup/backends/inventory.py): the machines an inventory file lists, any SSH hosts.
+
+`ClusterBackend` is what a kind answers on the controller (discover the inventory, a new node's
+console host keys, prices, what the run supervisor needs to follow the group, how it is started);
+`MachineGroup` is what the run supervisor on the master asks while a run goes on (the group's
+members now: a replacement's arrival; an instance's state: is a silent node lost; its console:
+the host keys it printed). tests/unit/test_supervisor.py drives the supervisor with a test double
+of `MachineGroup`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from cluster.inventory import Inventory, Node
+from cluster.supervision import Member
+
+LOCAL = "local"  # network namespaces on this machine (`fab local-up`)
+AWS = "aws"  # EC2 instances found by their tags
+FILE = "file"  # an inventory file's machines
+KINDS = (LOCAL, AWS, FILE)
+
+
+
+class BackendError(Exception):
+    """A backend could not answer: the message says what and what to do; `unreachable` when an account or
+    a machine could not be read (exit 3), else a value was refused (exit 2)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+NodePrice = tuple[float | None, str]  # USD per hour (None: not known) and where it came from, or why none
+
+
+class ConsoleSource(Protocol):
+    """Where a new node's console host keys are read (cluster/console.py parses the text)."""
+
+    wait_s: float  # how long to wait for the fingerprints to appear
+    poll_s: float
+
+    def instance(self, address: str) -> str | None: ...  # the machine at `address` now (None: no such node)
+
+    def read(self, address: str) -> str: ...  # its console's text so far; ConsoleUnreadable when it cannot be read
+
+    def where(self, address: str) -> str: ...
+
+    def advice(self, address: str) -> str: ...
+
+
+class MachineGroup(Protocol):
+    """The run's machines as the supervisor on the master sees them (node_setup/supervisor/loop.py)."""
+
+    def members(self) -> dict[str, Member]: ...  # slot name -> the machine there now (a replacement's arrival)
+
+    def instance_state(self, member: Member) -> str | None: ...  # EC2's state names, "gone", None: not known
+
+    def console(self, member: Member) -> str: ...  # its console's text ("" when there is none)
+
+
+class ClusterBackend(Protocol):
+    """One kind of cluster: everything that differs between local, AWS and an inventory file."""
+
+    kind: str
+
+    def discover(self, target: str | None, region: str | None = None) -> Inventory:
+        """The inventory `--cluster` names (master first); ClusterSelectionError saying what to do."""
+        ...
+
+    def console_source(self, inventory: Inventory) -> ConsoleSource | None:
+        """Where a never-seen node's host keys are verified; None: trusted on first use."""
+        ...
+
+    def price_book(self, inventory: Inventory) -> Any:
+        """What `node_price` looks prices up in (AWS's price book, or the reason there is none)."""
+        ...
+
+    def node_price(self, book: Any, node: Node, instance_type: str | None) -> NodePrice:
+        """One node's hourly price and its source (zero on the local cluster, none for an inventory file)."""
+        ...
+
+    def run_context(self, inventory: Inventory) -> dict[str, Any]:
+        """The entries of a supervised run's spec that its `machine_group` reads back on the master
+        (BackendError when they cannot be read or a value is refused)."""
+        ...
+
+    def machine_group(self, spec: dict[str, Any], members: list[Member]) -> tuple[MachineGroup, list[Member]]:
+        """The run's group on the master, from the run's spec (its `run_context` entries), and the run's
+        members as the group knows them (a local inventory has no instance ids: the keeper's record has)."""
+        ...
+
+    def supervisor_as_service(self) -> bool:
+        """Whether the master is a machine of its own (a systemd unit runs the supervisor), not a namespace."""
+        ...

@@ -1,0 +1,143 @@
+"""The backend of an AWS cluster: EC2 instances found by their tags (node_setup/aws/).
+
+Discovered by the tags the Pulumi program writes (node_setup/aws/discovery.py); a lost worker is
+replaced by the workers' Auto Scaling group; a new node's host keys are in its console
+(GetConsoleOutput); prices are AWS's (node_setup/aws/pricing.py); the supervisor is a systemd
+unit. boto3 is imported inside the methods only (`fab --list` loads none; the supervisor on the
+master has it in the node venv). `AwsGroup` is not run against AWS here; the same loop is
+rehearsed on the local cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.backend import AWS, BackendError, ConsoleSource, NodePrice
+from cluster.inventory import Inventory, Node
+from cluster.supervision import Member
+from node_setup.backends.inventory import StaticGroup
+from node_setup.backends.members import checked_group, checked_member
+
+
+class AwsGroup:
+    """The workers' Auto Scaling group, read with the node role (boto3 in the node venv).
+
+    A lost worker's slot is filled by the group's newest in-service instance that is no member yet.
+    """
+
+    def __init__(self, region: str, group_name: str, members: list[Member]):
+        self.group_name, self.region = checked_group(group_name, region)
+        self._known = {m.instance_id: m for m in members}
+        self._clients: dict[str, object] = {}
+
+    def _client(self, service: str) -> Any:
+        if service not in self._clients:
+            import boto3  # the node venv has it (the training profile)
+
+            self._clients[service] = boto3.client(service, region_name=self.region)
+        return self._clients[service]
+
+    def members(self) -> dict[str, Member]:
+        groups = self._client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[self.group_name]).get("AutoScalingGroups") or []
+        ids = [i["InstanceId"] for g in groups for i in g.get("Instances", [])
+               if i.get("LifecycleState") == "InService"]
+        found = {m.name: m for m in self._known.values()}
+        new = []
+        if ids:
+            answer = self._client("ec2").describe_instances(InstanceIds=ids)
+            for reservation in answer.get("Reservations", []):
+                for instance in reservation.get("Instances", []):
+                    if instance["InstanceId"] not in self._known and instance.get("PrivateIpAddress"):
+                        new.append(instance)
+        taken = {m.name for m in self._known.values() if m.instance_id in ids}
+        free = sorted(n for n in found if n not in taken)
+        for instance, slot in zip(sorted(new, key=lambda i: str(i.get("LaunchTime"))), free):
+            member = checked_member({"name": slot, "address": instance["PrivateIpAddress"],
+                                     "instance_id": instance["InstanceId"],
+                                     "state": instance.get("State", {}).get("Name")}, "EC2 instance")
+            self._known[member.instance_id] = member
+            found[slot] = member
+        return found
+
+    def instance_state(self, member: Member) -> str | None:
+        answer = self._client("ec2").describe_instances(InstanceIds=[member.instance_id])
+        for reservation in answer.get("Reservations", []):
+            for instance in reservation.get("Instances", []):
+                return instance.get("State", {}).get("Name")
+        return "gone"
+
+    def console(self, member: Member) -> str:
+        import base64
+
+        answer = self._client("ec2").get_console_output(InstanceId=member.instance_id, Latest=True)
+        try:
+            return base64.b64decode(answer.get("Output") or "").decode("utf-8", errors="replace")
+        except ValueError:
+            return answer.get("Output") or ""
+
+
+class AwsBackend:
+    kind = AWS
+
+    def discover(self, target: str | None, region: str | None = None) -> Inventory:
+        from node_setup.aws.discovery import find_cluster
+
+        return find_cluster(target, region)
+
+    def console_source(self, inventory: Inventory) -> ConsoleSource | None:
+        from node_setup.aws.console import AwsConsole
+
+        return AwsConsole(inventory)
+
+    def price_book(self, inventory: Inventory) -> Any:
+        """AWS's prices for the cluster's region (node_setup/aws/pricing.py), or why there are none."""
+        from node_setup.aws import clients, pricing
+
+        try:
+            return pricing.PriceBook(clients.resolve_region(inventory.region))
+        except clients.AwsSetupError as exc:
+            return f"no price: {exc}"
+
+    def node_price(self, book: Any, node: Node, instance_type: str | None) -> NodePrice:
+        if isinstance(book, str):
+            return None, book
+        if not instance_type:
+            return None, f"no price: {node.name} has no instance type"
+        from node_setup.aws import clients, errors
+
+        try:
+            found = book.price(instance_type, spot=bool(node.spot), zone=node.zone)
+        except (LookupError, clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+            return None, f"no price for {instance_type}: {str(exc)[:200]}"
+        return found.usd_per_hour, f"{instance_type}: {found.source}"
+
+    def run_context(self, inventory: Inventory, autoscaling: Any = None) -> dict[str, Any]:
+        """The cluster's worker group for the supervisor: {"worker_group": its name, "region": its region},
+        each checked whole, so that it waits for the group's replacement of a lost worker; {} for a cluster
+        without a group (its survivors go on)."""
+        from node_setup.aws import clients, errors
+        from node_setup.aws.worker_group import worker_group
+
+        try:
+            region = clients.resolve_region(inventory.region)
+            group = worker_group(inventory.name, region, autoscaling)
+        except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+            raise BackendError(f"worker group of {inventory.name}: could not read it ({exc}); the supervisor needs "
+                               "it to wait for a lost worker's replacement (allow "
+                               "autoscaling:DescribeAutoScalingGroups)", unreachable=True) from None
+        if group is None:
+            return {}
+        try:
+            name, region = checked_group(group.name, region)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+        return {"worker_group": name, "region": region}
+
+    def machine_group(self, spec: dict[str, Any], members: list[Member]) -> tuple[Any, list[Member]]:
+        if spec.get("worker_group"):
+            return AwsGroup(spec["region"], spec["worker_group"], members), members
+        return StaticGroup(members), members  # a stack made before the group: the survivors go on
+
+    def supervisor_as_service(self) -> bool:
+        return True  # a machine of its own: a transient systemd unit

@@ -1,0 +1,56 @@
+"""The backend of an inventory file's machines (any SSH hosts; cluster/inventory.py's format).
+
+Nothing comes back: no group replaces a lost machine, there is no console to verify a host key
+from (a never-seen host is trusted on first use), and nothing is priced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster import spend
+from cluster.backend import FILE, ConsoleSource, NodePrice
+from cluster.inventory import Inventory, Node
+from cluster.supervision import Member
+from node_setup.backends.files import load_inventory_file
+
+
+class StaticGroup:
+    """An inventory file's machines: the same ones always; no replacement, no console."""
+
+    def __init__(self, members: list[Member]):
+        self._members = {m.name: m for m in members}
+
+    def members(self) -> dict[str, Member]:
+        return dict(self._members)
+
+    def instance_state(self, member: Member) -> str | None:
+        return None  # unknown: a silent machine of an inventory file counts as gone
+
+    def console(self, member: Member) -> str:
+        return ""
+
+
+class InventoryFileBackend:
+    kind = FILE
+
+    def discover(self, target: str | None, region: str | None = None) -> Inventory:
+        return load_inventory_file(str(target))
+
+    def console_source(self, inventory: Inventory) -> ConsoleSource | None:
+        return None
+
+    def price_book(self, inventory: Inventory) -> Any:
+        return None
+
+    def node_price(self, book: Any, node: Node, instance_type: str | None) -> NodePrice:
+        return None, spend.NO_PRICE_FOR_FILE
+
+    def run_context(self, inventory: Inventory) -> dict[str, Any]:
+        return {}
+
+    def machine_group(self, spec: dict[str, Any], members: list[Member]) -> tuple[StaticGroup, list[Member]]:
+        return StaticGroup(members), members
+
+    def supervisor_as_service(self) -> bool:
+        return False
