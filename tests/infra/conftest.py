@@ -61,6 +61,8 @@ def _address(name: str) -> tuple[str, str]:
     return f"10.0.{digest[0]}.{digest[1] or 1}", f"198.51.{digest[2]}.{digest[3] or 1}"
 
 
+_TEMPLATE_VERSIONS: dict[str, int] = {}  # a launch template's content -> its version number
+
 class FakeAws(mocks.Mocks):
     """Test double for the AWS provider: answers invokes and "creates" resources."""
 
@@ -103,9 +105,10 @@ class FakeAws(mocks.Mocks):
             state["stamp"] = SETUP_STAMP
         elif typ == LAUNCH_TEMPLATE:
             rid = f"lt-{name}"
-            # AWS numbers a template's versions; here a changed template (any input) gets another number.
-            content = json.dumps(state, sort_keys=True, default=str).encode()
-            version = 1 + int(hashlib.sha256(content).hexdigest(), 16) % 999
+            # AWS numbers a template's versions; here a changed template (any input) gets another number
+            # (distinct contents, distinct numbers, in the order this process first sees them).
+            content = json.dumps(state, sort_keys=True, default=str)
+            version = _TEMPLATE_VERSIONS.setdefault(content, len(_TEMPLATE_VERSIONS) + 1)
             state.update(latestVersion=version, defaultVersion=version,
                          arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
         elif typ == GROUP:
