@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import os
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -39,6 +41,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 16, 64])
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", DeprecationWarning)
+    # The program makes the cluster key in the controller's key store: a throwaway one here.
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="xc-bench-config-")
 
     evaluate(1)  # warm-up: imports pulumi_aws modules once
     print(f"{'workers':>7} {'resources':>9} {'best s':>8} {'median s':>9} {'ms/instance':>11}")

@@ -26,7 +26,8 @@ def stub_setup(inputs: dict) -> tuple[str, dict]:
 
 
 @pytest.fixture
-def account():
+def account(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the program makes the cluster key there
     account = Account().start()
     try:
         yield account
