@@ -55,3 +55,30 @@ def aws_credentials(monkeypatch):
     for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(key, raising=False)
 
+
+
+# The longest files, longest first (from CI's --durations on a 2-core machine). Only the order of the
+# files changes with this list: a stale entry costs minutes of wall time, never a test.
+LONGEST_FILES = (
+    "tests/ssh/test_supervised_run.py", "tests/ssh/test_torchrun.py", "tests/ssh/test_compile_and_layouts.py",
+    "tests/training/test_mpi_training.py", "tests/ssh/test_spot_rehearsal.py", "tests/training/test_compile_ddp.py",
+    "tests/ssh/test_autostop.py", "tests/rehearsal/test_sitting.py", "tests/ssh/test_train.py",
+    "tests/ssh/test_k8s_pods.py", "tests/ssh/test_script_shapes.py", "tests/ssh/test_user_script.py",
+    "tests/ssh/test_resume.py", "tests/ssh/test_bench.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in the order two workers finish soonest: LONGEST_FILES first, then the other files that
+    bring up local clusters or launch MPI, then the rest; each file's tests together and in their
+    order. pyproject's addopts hand out whole files in this order (`--dist loadfile
+    --no-loadscope-reorder`; xdist would otherwise start the files with the most tests first)."""
+    root = Path(str(config.rootpath))
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    long_files = {item.path for item in items if any(item.get_closest_marker(m) for m in ("ssh", "mpi", "ipex"))}
+
+    def key(item):
+        name = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        return (rank.get(name, len(rank)), item.path not in long_files)
+
+    items.sort(key=key)
