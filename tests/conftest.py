@@ -69,7 +69,7 @@ LONGEST_FILES = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files in the order two workers finish soonest: LONGEST_FILES first, then the other files that
+    """Files in the order the workers finish soonest: LONGEST_FILES first, then the other files that
     bring up local clusters or launch MPI, then the rest; each file's tests together and in their
     order. pyproject's addopts hand out whole files in this order (`--dist loadfile
     --no-loadscope-reorder`; xdist would otherwise start the files with the most tests first)."""

@@ -50,6 +50,7 @@ def _ddp_grads(rank: int, port: int, mode: str, out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, exchanged", [("none", False), ("fp32", True)])
 def test_measure_only_mode_keeps_each_ranks_own_gradient(tmp_path, mode, exchanged):
     import socket

@@ -27,6 +27,7 @@ print("dynamo backend:", trainer.accelerator.state.dynamo_plugin.backend.value)
     ("auto", "1.0,0.5,2", "INDUCTOR"),  # 10 steps x 0.5 s saved > 2 s to compile
     ("auto", "1.0,0.5,60", "NO"),
 ])
+@pytest.mark.slow
 def test_the_trainer_compiles_exactly_when_the_job_says_so(choice, estimate, backend):
     # a process of its own: accelerate's state is one per process
     done = subprocess.run([sys.executable, "-c", PROBE, choice, estimate], cwd=REPO, capture_output=True, text=True,

@@ -9,6 +9,7 @@ from cluster import flops
 from tests.training.conftest import REPO, mpi_env, read_summary
 
 
+@pytest.mark.slow
 def test_summary_has_mfu_and_its_inputs_against_the_catalog_peak(qa_demo, tmp_path):
     env = {k: v for k, v in mpi_env().items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     out = tmp_path / "out"

@@ -102,6 +102,7 @@ def test_an_index_pin_refuses_what_is_not_exact_https_or_sha256(bad, message):
                 backend="gloo", launcher="intel-mpi")
 
 
+@pytest.mark.slow
 @needs_os_python
 def test_a_node_takes_the_index_package_from_its_index_with_its_hash_never_from_pypi(tmp_path, indexes):
     public, private, digest = indexes

@@ -89,6 +89,7 @@ print(f"{state.distributed_type} {state.num_processes} {state.process_index}", f
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["accelerator", "partial_state"])
 def test_two_ranks_with_the_launchs_variable_form_one_multi_cpu_world_without_cpu_true(tmp_path, entry):
     pytest.importorskip("accelerate")
@@ -107,6 +108,7 @@ def test_two_ranks_with_the_launchs_variable_form_one_multi_cpu_world_without_cp
         assert record == {"rank": rank, "expected": 2, "joined": True, "largest": 2}
 
 
+@pytest.mark.slow
 def test_partial_state_reads_the_variable_only_through_the_runner(tmp_path):
     pytest.importorskip("accelerate")
     (tmp_path / "acc.py").write_text(ACCELERATE.replace("sys.argv[1]", "'partial_state'"))

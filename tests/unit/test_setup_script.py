@@ -187,6 +187,7 @@ def test_check_script_takes_its_values_literally(tmp_path):
 # ------------------------------------------------------------------------- the install, for real
 
 
+@pytest.mark.slow
 @needs_os_python
 def test_install_survives_the_dpkg_lock_a_failure_and_reruns_until_nothing_changes(tmp_path, fake_apt):
     """One venv through its life: a failed pip step, a rerun that picks up, a no-op run, a new
@@ -246,6 +247,7 @@ def test_install_survives_the_dpkg_lock_a_failure_and_reruns_until_nothing_chang
     assert [i.name for i in stale.failures()] == ["xeon-cluster"]
 
 
+@pytest.mark.slow
 @needs_os_python
 def test_two_nodes_sharing_the_node_root_install_once(tmp_path, fake_apt):
     """Like the local cluster's nodes, which share /opt: one installs, the other waits and finds it done."""
