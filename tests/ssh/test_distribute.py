@@ -15,10 +15,20 @@ import pytest
 
 from node_setup.ssh import keys
 from node_setup.ssh.distribute import DistributionError, distribute
+from tests.ssh.conftest import run_fab
 
 pytestmark = pytest.mark.ssh
 
 STRICT = "-o BatchMode=yes -o StrictHostKeyChecking=yes"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def distributed_to_the_whole_cluster(installed_cluster):
+    """The session cluster's distribution as `fab setup` leaves it, over all three nodes: a file that ran
+    earlier on this worker may have started a job on fewer nodes, and a job's distribution narrows the
+    master's hosts, ssh config and known_hosts to the job's nodes."""
+    result = run_fab(installed_cluster, "distribute", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def home(cluster, index: int) -> Path:
