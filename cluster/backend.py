@@ -28,7 +28,6 @@ FILE = "file"  # an inventory file's machines
 KINDS = (LOCAL, AWS, FILE)
 
 
-
 class BackendError(Exception):
     """A backend could not answer: the message says what and what to do; `unreachable` when an account or
     a machine could not be read (exit 3), else a value was refused (exit 2)."""
