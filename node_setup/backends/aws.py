@@ -68,13 +68,10 @@ class AwsGroup:
         return "gone"
 
     def console(self, member: Member) -> str:
-        import base64
+        from node_setup.aws.console import decode_output
 
         answer = self._client("ec2").get_console_output(InstanceId=member.instance_id, Latest=True)
-        try:
-            return base64.b64decode(answer.get("Output") or "").decode("utf-8", errors="replace")
-        except ValueError:
-            return answer.get("Output") or ""
+        return decode_output(answer.get("Output") or "")
 
 
 class AwsBackend:
