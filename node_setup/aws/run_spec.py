@@ -7,15 +7,10 @@ from cluster.job_args import parse_s3_uri
 from node_setup.aws import clients, errors
 
 
-def _where(uri: str) -> tuple[str, str]:
-    bucket, key = parse_s3_uri(uri, "--checkpoint-uri")
-    return bucket, key
-
-
 def put(uri: str, text: str, s3=None, region: str | None = None) -> str | None:
     """Write `text` at `uri`; None when written, else why not (one line)."""
     try:
-        bucket, key = _where(uri)
+        bucket, key = parse_s3_uri(uri, "--checkpoint-uri")
         (s3 or clients.client("s3", region)).put_object(Bucket=bucket, Key=key, Body=text.encode(),
                                                         ContentType="application/json")
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
@@ -26,7 +21,7 @@ def put(uri: str, text: str, s3=None, region: str | None = None) -> str | None:
 def get(uri: str, s3=None, region: str | None = None) -> tuple[str | None, str]:
     """(the text at `uri`, "") or (None, why not: one line)."""
     try:
-        bucket, key = _where(uri)
+        bucket, key = parse_s3_uri(uri, "--checkpoint-uri")
         body = (s3 or clients.client("s3", region)).get_object(Bucket=bucket, Key=key)["Body"].read()
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
         return None, ("not found" if errors.code(exc) in ("NoSuchKey", "404") else errors.describe(exc))
