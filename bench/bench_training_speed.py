@@ -5,7 +5,7 @@ sequences of 128 tokens) on the same synthetic SQuAD data for the same number of
 process each, through `python -m training`, and read the step times from its summary.json:
 
 - plain:   fp32, no OMP_NUM_THREADS, no LD_PRELOAD (what `Trainer` does out of the box);
-- toolkit: the environment `cluster.layout` gives one rank on this machine (OMP_NUM_THREADS =
+- toolkit: the environment `cluster.job.layout` gives one rank on this machine (OMP_NUM_THREADS =
            physical cores, tcmalloc preloaded) and bf16 autocast when the CPU has AMX-BF16 or
            AVX512-BF16 (the job's default), detected and reported.
 
@@ -52,8 +52,8 @@ def build_model(workdir: Path) -> dict:
 
 
 def toolkit_env() -> tuple[dict, list[str]]:
-    """One rank's environment from cluster.layout for this machine, as `fab train` would set it."""
-    from cluster.layout import machine_from_lscpu, plan_layout
+    """One rank's environment from cluster.job.layout for this machine, as `fab train` would set it."""
+    from cluster.job.layout import machine_from_lscpu, plan_layout
 
     text = subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET"], capture_output=True, text=True, check=True).stdout
     layout = plan_layout(machine_from_lscpu(text, "this machine"), backend="gloo", ranks_per_node=1)

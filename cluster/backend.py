@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from cluster.inventory import Inventory, Node
-from cluster.supervision import Member
+from cluster.run.supervision import Member
 
 LOCAL = "local"  # network namespaces on this machine (`fab local-up`)
 AWS = "aws"  # EC2 instances found by their tags
@@ -41,7 +41,7 @@ NodePrice = tuple[float | None, str]  # USD per hour (None: not known) and where
 
 
 class ConsoleSource(Protocol):
-    """Where a new node's console host keys are read (cluster/console.py parses the text)."""
+    """Where a new node's console host keys are read (cluster/node/console.py parses the text)."""
 
     wait_s: float  # how long to wait for the fingerprints to appear
     poll_s: float

@@ -27,10 +27,11 @@ import difflib
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from cluster import catalog, names
-from cluster.catalog import InstanceType
-from cluster.profiles import DEFAULT_PROFILE, PROFILES
-from cluster.tags import ROLE_MASTER, ROLE_WORKER
+from cluster.stack import catalog
+from cluster import names
+from cluster.stack.catalog import InstanceType
+from cluster.node.profiles import DEFAULT_PROFILE, PROFILES
+from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
 
 FILE_KEYS = ("name", "kind", "user", "key", "gateway", "profile", "instance_type", "sockets", "physical_cores",
              "wheelhouse", "hosts")

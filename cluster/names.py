@@ -3,7 +3,7 @@
 User names, host names, addresses, node aliases and node paths enter from inventory files, AWS
 tags and stack settings, and end up in `~/.ssh/config`, known_hosts, the hostfile, `export
 MASTER_ADDR=...` and remote commands. Each is checked here where it enters (cluster/inventory.py,
-cluster/spec.py); what leaves for a shell is still quoted (shlex.quote) where it leaves.
+cluster/stack/spec.py); what leaves for a shell is still quoted (shlex.quote) where it leaves.
 Every check raises UnsafeValue naming the setting, the value and what is allowed.
 """
 

@@ -31,7 +31,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from cluster.spec import ClusterSpec
+from cluster.stack.spec import ClusterSpec
 
 NONCURRENT_VERSION_DAYS = 30
 ABORT_MULTIPART_DAYS = 7

@@ -14,9 +14,10 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from cluster import autostop
-from cluster.config_keys import AUTO_STOP_IDLE, BY_KEY, CONFIG_KEYS, KNOWN_KEYS, PROJECT, is_unset, unknown_key_problem
-from cluster.spec import ClusterSpec, ConfigError, unique_cidrs
+from cluster.node import autostop
+from cluster.stack.config_keys import (AUTO_STOP_IDLE, BY_KEY, CONFIG_KEYS, KNOWN_KEYS, PROJECT, is_unset,
+                                       unknown_key_problem)
+from cluster.stack.spec import ClusterSpec, ConfigError, unique_cidrs
 
 
 def _project_keys() -> set[str]:

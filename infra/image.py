@@ -46,8 +46,8 @@ import re
 import pulumi
 import pulumi_aws as aws
 
-from cluster.spec import ClusterSpec
-from cluster.tags import PROFILE_KEY
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import PROFILE_KEY
 from infra.master import MasterNode
 from infra.setup_step import ProfileSetup, bake_tag, ssh_timeout_for
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
-from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
-from cluster.spec import ClusterSpec
-from cluster.subnet_choice import choose_subnet
+from cluster.stack.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.subnet_choice import choose_subnet
 
 
 class AccountLookupError(RuntimeError):
@@ -64,7 +64,7 @@ def placement(spec: ClusterSpec) -> Placement:
     """The VPC and the one subnet every node goes into (a cluster placement group is one zone).
 
     Without subnetId: the lowest-sorting default (or VPC) subnet id in a zone offering the type (in
-    availabilityZone when it is set; cluster/subnet_choice.py, the rule `fab preflight` checks with), a
+    availabilityZone when it is set; cluster/stack/subnet_choice.py, the rule `fab preflight` checks with), a
     first choice that an existing master keeps.
     """
     if spec.subnet_id:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pulumi
 
-from cluster.spec import ClusterSpec
-from cluster.stack_recovery import MASTER_COMPONENT
-from cluster.tags import ROLE_MASTER
+from cluster.stack.spec import ClusterSpec
+from cluster.run.stack_recovery import MASTER_COMPONENT
+from cluster.stack.tags import ROLE_MASTER
 from infra.node import NodeNetwork, node_instance
 
 

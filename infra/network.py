@@ -7,7 +7,7 @@
 Rules are separate `aws.vpc.SecurityGroup*Rule` resources, never inline, so they can change one at
 a time and never fight with inline rules.
 
-The stack marker (`xeon-cluster:stack-marker=<stack>`, cluster/tags.py) is a tag of the cluster
+The stack marker (`xeon-cluster:stack-marker=<stack>`, cluster/stack/tags.py) is a tag of the cluster
 group: `fab sweep` never deletes a cluster that has it, whatever became of its nodes. It is on this
 group because the group lives exactly as long as the stack: created before any node (every node
 carries it) and deleted by `pulumi destroy` only after every node and the image, while an idle
@@ -26,8 +26,8 @@ import ipaddress
 import pulumi
 import pulumi_aws as aws
 
-from cluster.spec import ClusterSpec
-from cluster.tags import STACK_MARKER_KEY
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import STACK_MARKER_KEY
 
 
 class ClusterNetwork(pulumi.ComponentResource):

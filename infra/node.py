@@ -33,14 +33,14 @@ from typing import Sequence
 import pulumi
 import pulumi_aws as aws
 
-from cluster.spec import ClusterSpec
-from cluster.tags import node_tags
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import node_tags
 
 # aws_instance's own defaults are 10 min (create) and 20 min (delete); a metal instance can take
 # over 20 minutes just to start (canonical/pycloudlib#192), and as long to shut down.
 INSTANCE_TIMEOUTS = pulumi.CustomTimeouts(create="40m", update="40m", delete="40m")
 
-# What a shutdown from inside the instance does (the idle auto-stop's `shutdown -h now`, cluster/autostop.py):
+# What a shutdown from inside the instance does (the idle auto-stop's `shutdown -h now`, cluster/node/autostop.py):
 # terminate, spot or on-demand, so that a stopped cluster bills no instance and no volume (only the
 # image's snapshot and the bucket), and `pulumi up --refresh` launches it again. A one-time spot
 # instance cannot be stopped at all.

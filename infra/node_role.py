@@ -36,8 +36,8 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from cluster.spec import ClusterSpec
-from cluster.tags import CLUSTER_KEY
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import CLUSTER_KEY
 
 EC2_SERVICE = "ec2.amazonaws.com"
 BUCKET_ACTIONS = ("s3:ListBucket",)

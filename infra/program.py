@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pulumi
 
-from cluster import node_replacement
-from cluster.spec import ClusterSpec
-from cluster.tags import cluster_tags
+from cluster.stack import node_replacement
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import cluster_tags
 from infra import lookups
 from infra.bucket import CheckpointBucket
 from infra.image import BakedImage
@@ -101,6 +101,6 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "baseAmiId": kept_ami,
         "subnetId": kept_subnet,
         "bucketName": bucket.bucket.bucket,
-        # The settings whose change replaces nodes, for `fab preflight` to compare (cluster/node_replacement.py).
+        # The settings whose change replaces nodes, for `fab preflight` to compare (cluster/stack/node_replacement.py).
         node_replacement.OUTPUT: node_replacement.node_settings(spec),
     }

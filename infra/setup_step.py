@@ -41,7 +41,7 @@ from typing import Any, Callable
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
-from cluster.profiles import Profile, get_profile
+from cluster.node.profiles import Profile, get_profile
 
 SSH_TIMEOUT_SECONDS = 900
 # Metal instances boot far slower than virtual ones: "AWS EC2 metal instances can take over 20
@@ -219,7 +219,7 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
     profile: Profile = get_profile(props["profile"])
     if profile.fingerprint() != props["fingerprint"]:
         raise SetupError(f"softwareProfile: {profile.name!r} changed between preview and update "
-                         "(cluster/profiles.py was edited); run `pulumi up` again")
+                         "(cluster/node/profiles.py was edited); run `pulumi up` again")
     install_profile, prepare_for_bake = install or _node_setup_install()
 
     conn = wait_for_ssh(lambda: connect(props, key_path),

@@ -6,7 +6,7 @@ one-time request at the stack's max price (on-demand with `workerSpot: false`), 
 placement group, IMDSv2 only with hop limit 1, an encrypted root volume of the stack's size and
 type, the node role's instance profile, shutdown behaviour `terminate`, the cluster's tags on
 each instance and its volume, and the user data: the first-boot script that writes the cluster key's
-authorized_keys line (cluster/boot_script.py; only the public half, `from=` the workers' subnet), so a
+authorized_keys line (cluster/node/boot_script.py; only the public half, `from=` the workers' subnet), so a
 worker the group launches after `fab distribute` ran is reachable from the master. The group holds
 the count (min = max = desired = `workerCount`), the subnet, and the same tags again
 (`propagate_at_launch`). AWS, not `pulumi up --refresh`, replaces a reclaimed worker: the group
@@ -45,10 +45,10 @@ from typing import Sequence
 import pulumi
 import pulumi_aws as aws
 
-from cluster import worker_group as rules
-from cluster.boot_script import boot_script
-from cluster.spec import ClusterSpec
-from cluster.tags import PROFILE_KEY, ROLE_KEY, ROLE_WORKER, SSH_USER_KEY
+from cluster.stack import worker_group as rules
+from cluster.node.boot_script import boot_script
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import PROFILE_KEY, ROLE_KEY, ROLE_WORKER, SSH_USER_KEY
 from infra.node import INSTANCE_TIMEOUTS, SHUTDOWN_BEHAVIOR, NodeNetwork, replacement_key
 
 # Canonical's Ubuntu images (and an image baked from one) boot from this device.
@@ -100,7 +100,7 @@ def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
 
 def worker_user_data(spec: ClusterSpec, cluster_key: str, subnet_id: pulumi.Input[str]) -> pulumi.Output[str]:
     """The template's user data, base64 as launch templates take it: the first-boot script that writes the
-    cluster key's authorized_keys line, `from=` the workers' subnet (cluster/boot_script.py)."""
+    cluster key's authorized_keys line, `from=` the workers' subnet (cluster/node/boot_script.py)."""
     cidr = aws.ec2.get_subnet_output(id=subnet_id).cidr_block
     return cidr.apply(lambda block: base64.b64encode(
         boot_script(cluster_key, spec.cluster_name, block, spec.ssh_user).encode()).decode())

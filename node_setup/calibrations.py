@@ -3,7 +3,7 @@ layout); a file that cannot be read is named and left aside, never a reason to s
 
 from __future__ import annotations
 
-from cluster import calibration as calib
+from cluster.cost import calibration as calib
 from node_setup.controller import config_root
 
 

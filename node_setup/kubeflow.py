@@ -1,4 +1,4 @@
-"""A K8sJobPlan (cluster/k8s.py) as the training operator's PyTorchJob: typed models, then YAML.
+"""A K8sJobPlan (cluster/job/k8s.py) as the training operator's PyTorchJob: typed models, then YAML.
 
 The models are the training operator's own SDK (`kubeflow-training`, `kubeflow.training.models`)
 and the `kubernetes` client's (`V1PodTemplateSpec` and below); `to_yaml` serialises them with the
@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from cluster import k8s
-from cluster.k8s import K8sJobPlan
+from cluster.job import k8s
+from cluster.job.k8s import K8sJobPlan
 
 
 def pytorchjob(plan: K8sJobPlan):

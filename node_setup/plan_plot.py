@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from cluster.costplan import PlanRow
+from cluster.cost.costplan import PlanRow
 
 
 def plot_plan(rows: list[PlanRow], path: str, title: str) -> str:

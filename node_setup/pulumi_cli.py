@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Callable, Sequence
 
-from cluster.lifecycle import PULUMI
+from cluster.stack.lifecycle import PULUMI
 
 
 def find_pulumi() -> str | None:

@@ -1,7 +1,7 @@
 """Replace a lost master with the Pulumi CLI, changing nothing else and never killing Pulumi.
 
 Only the master: the workers are an Auto Scaling group, which replaces a lost worker itself (their
-instances are not in the stack). The steps and their reasons are cluster/stack_recovery.py's: wait
+instances are not in the stack). The steps and their reasons are cluster/run/stack_recovery.py's: wait
 for EC2 to report the lost master `terminated` (bounded), refresh only its instance, preview the
 whole stack and stop with the command for the user when anything else would change, then
 `pulumi up` of the master (and its dependents, the setup step, as the engine needs). Every Pulumi command runs through
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from cluster import stack_recovery as sr
-from cluster.lifecycle import PULUMI
+from cluster.run import stack_recovery as sr
+from cluster.stack.lifecycle import PULUMI
 from node_setup import pulumi_cli
 
 # What replace_lost_master() returns.

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from cluster import autostop
-from cluster.config_keys import AUTO_STOP_IDLE, KNOWN_KEYS, PROJECT, is_unset, unknown_key_problem
-from cluster.spec import ClusterSpec, ConfigError
+from cluster.node import autostop
+from cluster.stack.config_keys import AUTO_STOP_IDLE, KNOWN_KEYS, PROJECT, is_unset, unknown_key_problem
+from cluster.stack.spec import ClusterSpec, ConfigError
 
 EXAMPLE_STACK = "example"
 

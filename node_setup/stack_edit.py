@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster.config_keys import BY_KEY, PROJECT
+from cluster.stack.config_keys import BY_KEY, PROJECT
 
 
 def set_stack_value(path: str | os.PathLike, key: str, value: str) -> None:

@@ -13,7 +13,7 @@ PET_RDZV_ID when set. The operator also makes one headless Service per pod, name
 
 from __future__ import annotations
 
-from cluster import k8s
+from cluster.job import k8s
 
 # Set by the operator only when the job has a Master replica.
 MASTER_ONLY_VARIABLES = ("MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_PORT", "PET_MASTER_PORT", "WORLD_SIZE", "RANK",

@@ -30,7 +30,7 @@ def optimize(ipex, model, optimizer, *, bf16: bool):
     """ipex.optimize on the model and its optimizer before DDP wraps them; returns both.
 
     IPEX runs bf16 only on CPUs whose oneDNN kernels support it (hardware.ipex_bf16_support; every
-    instance type in cluster/catalog.py has them) and otherwise refuses with an AssertionError,
+    instance type in cluster/stack/catalog.py has them) and otherwise refuses with an AssertionError,
     which becomes one line naming the way out."""
     import torch
 

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from cluster.job_args import (COMPILE_CHOICES, DEFAULT_COMPILE, DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES,
+from cluster.job.job_args import (COMPILE_CHOICES, DEFAULT_COMPILE, DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES,
                               GRAD_COMM_MEASURE_ONLY, TASKS)
 from training.checkpoint_s3 import parse_s3_uri
 from training.errors import BadInput
@@ -255,7 +255,7 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
         data.dataset_config_name = data.dataset_config_name or default_config
     _positive("checkpoint_minutes", job.checkpoint_minutes, "0 (off) or a positive number of minutes", zero=True)
     if job.checkpoint_uri is not None:
-        parse_s3_uri(job.checkpoint_uri)  # the controller's rule (cluster/job_args.py)
+        parse_s3_uri(job.checkpoint_uri)  # the controller's rule (cluster/job/job_args.py)
     _positive("spot_poll_seconds", job.spot_poll_seconds, "a positive number of seconds")
     if job.ddp_bucket_mb is not None:
         _positive("ddp_bucket_mb", job.ddp_bucket_mb, "a positive number of MB")
@@ -263,7 +263,7 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     if job.compile_estimate is not None:
         compile_estimate(job.compile_estimate)
     if job.instance_type is not None:
-        from cluster import catalog
+        from cluster.stack import catalog
 
         _choice("instance_type", job.instance_type, catalog.known_types())
     if job.global_batch_size is not None and job.global_batch_size < 1:
@@ -271,10 +271,10 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
 
 
 def compile_estimate(text: str):
-    """`EAGER_S,COMPILED_S,COMPILE_S` -> cluster.timemodel.CompileCost, or one line naming the option."""
+    """`EAGER_S,COMPILED_S,COMPILE_S` -> cluster.cost.timemodel.CompileCost, or one line naming the option."""
     import re
 
-    from cluster.timemodel import CompileCost
+    from cluster.cost.timemodel import CompileCost
 
     number = r"[0-9]+(?:\.[0-9]+)?"
     if (not re.fullmatch(rf"{number},{number},{number}", text or "")
@@ -292,7 +292,7 @@ def resolve_compile(job: JobArguments, training, steps: int) -> str:
     elif training.torch_compile:
         why = "set with --torch_compile"
     else:
-        from cluster.timemodel import compile_pays
+        from cluster.cost.timemodel import compile_pays
 
         estimate = compile_estimate(job.compile_estimate) if job.compile_estimate else None
         training.torch_compile, verdict = compile_pays(steps, estimate)

@@ -13,7 +13,7 @@ those of the training job: training/ranks.py, training/distributed.py):
 2. all-reduce: for n = 2..N, the first n ranks all-reduce a whole gradient (the model's parameter
    count) cut into DDP's buckets, in fp32 and in bf16 (what `--grad_comm bf16` sends), and one
    tiny tensor; the median times give the payload bandwidth per node and the latency per ring step
-   (cluster/timemodel.py: ring_fit).
+   (cluster/cost/timemodel.py: ring_fit).
 
 3. compile (with --compile, slow: a minute of compile on a small machine): rank 0 alone runs the job
    eager and then with `--compile on` (torch's compile caches off: a cold compile, what a fresh node
@@ -21,7 +21,7 @@ those of the training job: training/ranks.py, training/distributed.py):
    eager run's) go to the calibration's compile block.
 
 Rank 0 writes the figures as JSON to --out; `fab bench` turns them into a calibration
-(cluster/calibration.py). The default model is the offline demo's tiny DistilBERT
+(cluster/cost/calibration.py). The default model is the offline demo's tiny DistilBERT
 (training/synthetic.py), built in memory: nothing is downloaded.
 """
 
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.job_args import GRAD_COMM_MEASURE_ONLY
+from cluster.job.job_args import GRAD_COMM_MEASURE_ONLY
 
 SYNTHETIC = "synthetic"
 # torch's switch that turns its compile caches off (torch/compiler/config.py: force_disable_caches)
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
                     problem = f"rank 0: {exc}"
             distributed.raise_first_error(problem)
 
-    from cluster.timemodel import ring_fit
+    from cluster.cost.timemodel import ring_fit
 
     allreduce: dict[str, dict] = {}
     bucket_bytes = int(o.bucket_mb * 2**20)

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from cluster.job_args import JobArgsError
-from cluster.job_args import parse_s3_uri as parse_checkpoint_uri
+from cluster.job.job_args import JobArgsError
+from cluster.job.job_args import parse_s3_uri as parse_checkpoint_uri
 from training.checkpoints import (
     MANIFEST,
     CheckpointError,
@@ -39,7 +39,7 @@ PROBE_NAME = ".xeon-write-probe"
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """('bucket', 'prefix') from s3://bucket/prefix: the controller's rule (cluster/job_args.py)."""
+    """('bucket', 'prefix') from s3://bucket/prefix: the controller's rule (cluster/job/job_args.py)."""
     try:
         return parse_checkpoint_uri(uri, "--checkpoint_uri")
     except JobArgsError as exc:

@@ -5,7 +5,7 @@ backend (gloo or ccl) and cast back into the fp32 bucket; the optimizer still st
 is torch's own bf16 compression (`default_hooks._compress_hook`); torch's `bf16_compress_hook`
 itself refuses to register without CUDA and NCCL, a check by name that does not apply to CPU
 backends, so the same compression is registered here under another name. The planner models the
-same halving (cluster/timemodel.py).
+same halving (cluster/cost/timemodel.py).
 
 `none` is for measuring only (`fab bench`'s compute, training/bench.py): DDP keeps its lock-step
 and its buckets, but each bucket is handed back as it is, so a step costs everything but the
@@ -14,7 +14,7 @@ gradient's all-reduce.
 
 from __future__ import annotations
 
-from cluster.job_args import GRAD_COMM_MEASURE_ONLY
+from cluster.job.job_args import GRAD_COMM_MEASURE_ONLY
 
 
 def bf16_cpu_compress_hook(process_group, bucket):

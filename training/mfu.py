@@ -1,4 +1,4 @@
-"""The job's model FLOPs and the node's peak (cluster/flops.py): the summary's `mfu` and its inputs,
+"""The job's model FLOPs and the node's peak (cluster/cost/flops.py): the summary's `mfu` and its inputs,
 and a progress line at every logging step (what `fab status` shows for a running job)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from cluster import catalog, flops
+from cluster.stack import catalog
+from cluster.cost import flops
 
 log = logging.getLogger("training")
 

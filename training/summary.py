@@ -10,7 +10,7 @@ import platform
 from importlib import metadata
 from typing import Sequence
 
-from cluster.jobreport import interruption_record
+from cluster.job.jobreport import interruption_record
 from training import exit_codes
 
 VERSIONED_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "intel-extension-for-pytorch",

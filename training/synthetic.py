@@ -20,7 +20,7 @@ import random
 import sys
 from pathlib import Path
 
-from cluster.job_args import SYNTHETIC_ARGS
+from cluster.job.job_args import SYNTHETIC_ARGS
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 FIXED_WORDS = ("?", ".", ",", "what", "is", "the", "a", "of", "and", "key", "same", "other")

@@ -13,7 +13,7 @@ every rank of the node with the signal in XEON_CLUSTER_NOTICE_SIGNAL (`fab train
 SIGUSR1 unless it says otherwise, `none` for no signal). Every rank runs its program through
 xeon_cluster/run.py, which ends the process cleanly.
 
-The variables' names are defined here and the launch (cluster/launch.py) imports them.
+The variables' names are defined here and the launch (cluster/job/launch.py) imports them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m xeon_cluster.run --script PATH [-- ARGS...]
     python -m xeon_cluster.run --module NAME [-- ARGS...]
 
-Every rank of `fab train --script/--module` runs its program through this (cluster/userjob.py
+Every rank of `fab train --script/--module` runs its program through this (cluster/job/userjob.py
 UserProgram.argv), so a program runs without a line changed. The program runs with runpy
 (`run_path(run_name="__main__")` or `run_module(alter_sys=True)`): `__name__` is "__main__",
 `__file__` and sys.argv[0] are the script's absolute path (the module's file), sys.argv[1:] is
@@ -23,7 +23,7 @@ destroy_process_group) while its peers are gone, and the rank never ends.
 Two things every rank's program gets from the runner, without a line of it changed:
 
 - The multi-CPU world of accelerate. The launch sets ACCELERATE_USE_CPU=true in every rank's
-  environment (CPU_WORLD_ENV, cluster/launch.py), which `Accelerator()` and `Trainer` read; a bare
+  environment (CPU_WORLD_ENV, cluster/job/launch.py), which `Accelerator()` and `Trainer` read; a bare
   `PartialState()` does not read it (accelerate only honours it in AcceleratorState), so when the
   variable is true the runner makes PartialState's `cpu` default to it, as `Accelerator()` does.
   Without it, on a machine with no GPU, each rank would train alone with DistributedType.NO.

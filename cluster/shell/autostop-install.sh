@@ -1,5 +1,5 @@
 #!/bin/bash
-# xeon-cluster auto-stop install (cluster/autostop.py install_section): a section of the install
+# xeon-cluster auto-stop install (cluster/node/autostop.py install_section): a section of the install
 # script, which defines xc, SUDO and CHANGED. Writes the service and the power-off command into
 # BIN_DIR and, where systemd runs the machine (never on a local cluster's node, whose systemd
 # would be the host's), enables UNIT so the service runs again after a reboot.

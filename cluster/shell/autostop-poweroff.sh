@@ -1,5 +1,5 @@
 #!/bin/sh
-# xeon-cluster power-off (cluster/autostop.py POWEROFF_PATH): `xeon-cluster-poweroff MODE`, run on
+# xeon-cluster power-off (cluster/node/autostop.py POWEROFF_PATH): `xeon-cluster-poweroff MODE`, run on
 # every node by the master's auto-stop service (workers over SSH, the master last);
 # `xeon-cluster-poweroff mode` prints the mode this node allows.
 #   system  `shutdown -h now` (through sudo): the instance shuts down; launched with

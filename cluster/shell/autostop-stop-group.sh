@@ -1,5 +1,5 @@
 #!/bin/bash
-# xeon-cluster auto-stop: set the cluster's worker group to 0 (cluster/autostop.py stop_group_script),
+# xeon-cluster auto-stop: set the cluster's worker group to 0 (cluster/node/autostop.py stop_group_script),
 # installed as STOP_GROUP_PATH; the service runs it before it powers the workers off, so that the
 # group does not launch them again. The group's name and region are in ~/STATE_DIR/GROUP_FILE
 # (written by fab on an AWS cluster: name=..., region=...), checked here again whole-value.

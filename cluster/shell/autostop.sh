@@ -1,5 +1,5 @@
 #!/bin/bash
-# xeon-cluster idle auto-stop (cluster/autostop.py): installed on every node as SERVICE_PATH, acts
+# xeon-cluster idle auto-stop (cluster/node/autostop.py): installed on every node as SERVICE_PATH, acts
 # only on the master it was armed on (the hostname recorded when arming; an instance made from the
 # image has another). Subcommands:
 #   arm IDLE POLL   arm it (seconds), start the loop unless it runs; then `status`

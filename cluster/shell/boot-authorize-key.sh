@@ -1,5 +1,5 @@
 #!/bin/sh
-# A worker's first boot (cluster/boot_script.py): the workers' launch template carries this script as
+# A worker's first boot (cluster/node/boot_script.py): the workers' launch template carries this script as
 # its user data, which cloud-init runs once per instance, as root; the local group keeper runs it the
 # same way on a new machine. It makes LINE the only authorized_keys line of SSH_USER that ends with the
 # cluster key's comment MARK, so the master (which holds the cluster key) reaches a worker the group

@@ -1,5 +1,5 @@
 #!/bin/bash
-# xeon-cluster check (cluster/setup_script.py check_script): prints the facts evaluate_check
+# xeon-cluster check (cluster/node/setup_script.py check_script): prints the facts evaluate_check
 # compares with the profile, as `::xc:: fact <name> <value...>` lines. Changes nothing.
 # Header: VENV PROFILE_MARKER PROJECT_MARKER TCMALLOC_PATH NODE_ROOT, and the arrays PACKAGES
 # (distributions whose installed version to report) and CPU_FLAGS (the /proc/cpuinfo flags to report).

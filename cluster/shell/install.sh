@@ -1,5 +1,5 @@
 #!/bin/bash
-# xeon-cluster install (cluster/setup_script.py install_script): the profile's OS packages, the
+# xeon-cluster install (cluster/node/setup_script.py install_script): the profile's OS packages, the
 # shared venv, this project's wheel. Reports through `::xc::` lines (parse_events).
 # Header: APT_LOCK_TIMEOUT APT_ATTEMPTS APT_RETRY_DELAY VENV_LOCK_TIMEOUT NODE_ROOT VENV OS_PYTHON
 # PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION, and the arrays
@@ -7,7 +7,7 @@
 # wheelhouse) INDEX_URLS INDEX_REQUIREMENTS (the index-only packages: each requirement line, with
 # its hashes, installed from its index alone, first) PINS.
 # The commands down to the first blank line are its preamble (cluster.shell.preamble), which
-# autostop's own install script (cluster/autostop.py install_script) starts with too.
+# autostop's own install script (cluster/node/autostop.py install_script) starts with too.
 set -uo pipefail
 CHANGED=0
 xc() { echo "::xc:: $*"; }

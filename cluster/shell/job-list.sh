@@ -1,6 +1,6 @@
 #!/bin/sh
 # On the master, as `sh -c <this> xeon-cluster` (node_setup/ssh/job.py list_jobs): every job
-# directory's records in one answer, read by cluster/joblist.py. First "now <epoch seconds>", then
+# directory's records in one answer, read by cluster/job/joblist.py. First "now <epoch seconds>", then
 # per job "@@job <id>", its state as job-state.sh says it ("running <pid>", "stopped <when>",
 # "exited <code>" or "lost"), "ended <epoch>" (when exit_code or stopped was written), its
 # job.json between "@@json" and "@@end".

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The job script of `fab train --launcher torchrun` (cluster/launch.py LaunchPlan.script, planned by
-# cluster/torchrun.py plan_torchrun_launch): the master runs it detached, from $HOME. It starts one
+# The job script of `fab train --launcher torchrun` (cluster/job/launch.py LaunchPlan.script, planned by
+# cluster/job/torchrun.py plan_torchrun_launch): the master runs it detached, from $HOME. It starts one
 # torchrun per node, its own locally and every other node's over SSH (the master's ssh config names
 # the nodes), labels each agent's own lines "[node torchrun] " (the rank wrapper labels the ranks'
 # lines "[node rR] "), and writes its pid, its log and the job's exit code into the job directory:

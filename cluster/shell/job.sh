@@ -1,5 +1,5 @@
 #!/bin/sh
-# The job script (cluster/launch.py LaunchPlan.script): the master runs it detached, from $HOME so
+# The job script (cluster/job/launch.py LaunchPlan.script): the master runs it detached, from $HOME so
 # that every rank's working directory exists on every node. It writes its pid, its log (mpirun's
 # output), and mpirun's exit code into the job directory.
 # Header: the exported environment of mpirun (XEON_CLUSTER_JOB, MASTER_ADDR, MASTER_PORT and the

@@ -1,5 +1,5 @@
 #!/bin/bash
-# xeon-cluster pre-bake (cluster/setup_script.py prebake_script): removes what must not go into an
+# xeon-cluster pre-bake (cluster/node/setup_script.py prebake_script): removes what must not go into an
 # image. SSH host keys move to the stash under /run (tmpfs, never in a snapshot) and, unless
 # RESTORE_AFTER is empty, a detached process moves them back that many seconds later.
 # Header: ROOT (prefixes every path; empty on a real node), STASH_DIR, RESTORE_AFTER,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The rank wrapper (cluster/launch.py RANK_WRAPPER), run as: sh -c WRAPPER xeon-rank PROGRAM ARGS
+# The rank wrapper (cluster/job/launch.py RANK_WRAPPER), run as: sh -c WRAPPER xeon-rank PROGRAM ARGS
 # It travels in mpirun's command line, so it stays short. It exports what PyTorch's own launcher sets
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK = GROUP_RANK; from MPI's variables, or
 # kept as torchrun set them), XEON_CLUSTER_NOTICE_FILE and XEON_CLUSTER_RANK_DIR (the ranks folder,
@@ -7,10 +7,10 @@
 # MASTER_ADDR unless given; for a user's program (XEON_CLUSTER_WORKDIR set) makes
 # XEON_CLUSTER_OUTPUT_DIR absolute, enters the job's workdir and, on local rank 0, starts the node's
 # spot-notice watcher. Then it runs the program as its child (a user's program runs through
-# `python -m xeon_cluster.run`, cluster/userjob.py: unchanged, then ended cleanly), records "pid
+# `python -m xeon_cluster.run`, cluster/job/userjob.py: unchanged, then ended cleanly), records "pid
 # pgid host" of the program for fab stop, forwards TERM, INT, HUP, USR1 and USR2 to it, and when it
 # fails prints "[xeon-cluster] rank R on host H (pid P): exited with code C" (or "killed by signal
-# S"; "on node N" under torchrun; cluster/joblog.py failure_report reads it) and exits with the
+# S"; "on node N" under torchrun; cluster/job/joblog.py failure_report reads it) and exits with the
 # program's code.
 # Under torchrun (XEON_CLUSTER_NODE set: the node's name) every line of the program is labelled
 # "[N rR] ", as mpirun's -prepend-rank labels it "[R] ", and with XEON_CLUSTER_CPUS (each local

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The job's copy of the user's workdir on one node (node_setup/ssh/workdir.py), as
 # `sh -c <this> xeon-cluster MODE JOB_DIR WORKDIR` (both relative to $HOME). JOB_DIR/workdir.manifest
-# holds "<stored name><TAB><path>" per file (cluster/userjob.py CopyPlan.manifest).
+# holds "<stored name><TAB><path>" per file (cluster/job/userjob.py CopyPlan.manifest).
 #   missing: print the stored names this node's store lacks (one per line); a stored file whose
 #            content no longer matches its name (its SHA-256) is removed and printed too
 #   link:    move newly received files (<name>.part) into the store, read-only, then copy every

@@ -1,7 +1,7 @@
 """An AWS node's console output (EC2 GetConsoleOutput, Latest=True): where a new node's host key is verified.
 
 cloud-init prints the instance's SSH host key fingerprints and keys to its console at the end of
-boot (cluster/console.py parses them); EC2 returns that text from outside the instance, over the
+boot (cluster/node/console.py parses them); EC2 returns that text from outside the instance, over the
 authenticated API, so it is the node's own word that no one between the controller and the node
 can change. `AwsConsole` is the AWS cluster's console source for node_setup/ssh/connections.py:
 the instance at an address (from discovery's Inventory) and its latest console output.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from cluster.console import ConsoleUnreadable
+from cluster.node.console import ConsoleUnreadable
 from cluster.inventory import Inventory, Node
 from node_setup.aws import clients, errors
 

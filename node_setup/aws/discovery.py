@@ -16,8 +16,8 @@ import os
 from typing import Any, Iterable, Mapping
 
 from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory, Node
-from cluster.profiles import DEFAULT_PROFILE, PROFILES
-from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
+from cluster.node.profiles import DEFAULT_PROFILE, PROFILES
+from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY)
 from node_setup.aws import clients, errors
 

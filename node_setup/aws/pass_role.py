@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from botocore.exceptions import ClientError
 
-from cluster.spec import ClusterSpec
+from cluster.stack.spec import ClusterSpec
 from node_setup.aws import errors
 from node_setup.aws.findings import FAIL, OK, SKIPPED, WARN, AwsClients, Report
 

@@ -5,12 +5,12 @@ Checks, in order, each ending in a `Finding` that says what to change:
   region       the stack's aws:region is an EC2 region
   offering     the instance type is offered in the region and in the zone the cluster will use
                (the subnetId's zone, else the zone of the subnet the program picks: the lowest
-               default (or vpcId) subnet id in an offering zone, cluster/subnet_choice.py)
+               default (or vpcId) subnet id in an offering zone, cluster/stack/subnet_choice.py)
   quota        Service Quotas' standard spot / on-demand vCPU quotas cover nodes x vCPUs on top of
                what already runs in the account (node_setup/aws/quotas.py)
   dry-run      `run_instances(DryRun=True)` for the master and for one worker as the group's launch
                template launches it (its tags, root device and spot options), with the stack's image
-               (the same lookup as infra/lookups.py, filters from cluster/images.py; the baked image
+               (the same lookup as infra/lookups.py, filters from cluster/stack/images.py; the baked image
                the workers boot does not exist yet), type, zone, market, shutdown behaviour `terminate`,
                IMDSv2, encrypted root volume, the master's tags (so ec2:CreateTags, which tagging on
                launch needs, is tested too) and the default security group of the VPC it launches
@@ -44,11 +44,11 @@ from typing import Callable
 
 from botocore.exceptions import ClientError
 
-from cluster import catalog
-from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
-from cluster import subnet_choice
-from cluster.spec import ClusterSpec
-from cluster.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
+from cluster.stack import catalog
+from cluster.stack.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
+from cluster.stack import subnet_choice
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
 from node_setup.aws import errors
 from node_setup.aws.zones import next_best_zone_fix, offered
 from node_setup.aws.findings import (FAIL, OK, SKIPPED, WARN, AwsClients, Report, check_credentials, check_region,
@@ -90,7 +90,7 @@ def _subnet_zones(ec2, filters: list[dict]) -> dict[str, str]:
 
 def planned_subnet(ec2, spec: ClusterSpec, zones) -> tuple[str, str] | None:
     """(subnet id, zone) the program will launch in without subnetId: the default subnets (or vpcId's
-    subnets) in `zones`, by the program's rule (cluster/subnet_choice.py); None if none qualifies."""
+    subnets) in `zones`, by the program's rule (cluster/stack/subnet_choice.py); None if none qualifies."""
     if spec.vpc_id:
         subnet_zones = _subnet_zones(ec2, [{"Name": "vpc-id", "Values": [spec.vpc_id]}])
     else:

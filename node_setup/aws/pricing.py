@@ -12,7 +12,7 @@ import json
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cluster.costplan import Price, spot_estimate
+from cluster.cost.costplan import Price, spot_estimate
 from node_setup.aws import clients as aws
 from node_setup.aws import errors
 
@@ -123,7 +123,7 @@ def hourly_price(instance_type: str, region: str, *, spot: bool = True, zones: l
 def plan_price(instance_type: str, region: str, *, spot: bool = True, ec2=None, pricing=None,
                notes: list[str] | None = None) -> Price:
     """`fab plan`'s price: as `hourly_price`, except that a spot plan without spot price history is
-    priced at the stated spot estimate (cluster/costplan.py `spot_estimate`) of the on-demand price,
+    priced at the stated spot estimate (cluster/cost/costplan.py `spot_estimate`) of the on-demand price,
     not at the on-demand price itself (which `fab status` keeps as its upper bound)."""
     found = hourly_price(instance_type, region, spot=spot, ec2=ec2, pricing=pricing, notes=notes)
     return spot_estimate(found) if spot and found.market != "spot" else found

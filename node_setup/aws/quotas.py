@@ -11,9 +11,9 @@ import re
 
 from botocore.exceptions import ClientError
 
-from cluster import catalog
-from cluster.spec import ClusterSpec
-from cluster.tags import CLUSTER_KEY
+from cluster.stack import catalog
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import CLUSTER_KEY
 from node_setup.aws import errors
 from node_setup.aws.findings import FAIL, OK, SKIPPED, WARN, AwsClients, Report, denied
 

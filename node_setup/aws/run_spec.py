@@ -1,9 +1,9 @@
-"""A supervised run's spec beside its checkpoints in S3 (cluster/runspec.py says what it holds and where):
+"""A supervised run's spec beside its checkpoints in S3 (cluster/run/runspec.py says what it holds and where):
 written by `fab train --managed` at the hand-off, read by `fab train --managed --resume`."""
 
 from __future__ import annotations
 
-from cluster.job_args import parse_s3_uri
+from cluster.job.job_args import parse_s3_uri
 from node_setup.aws import clients, errors
 
 

@@ -1,7 +1,7 @@
 """Find everything this toolkit left in a region, and remove what is leaked.
 
 Every resource the Pulumi program makes carries `xeon-cluster:managed-by=xeon-cluster` and
-`xeon-cluster:cluster=<name>` (cluster/tags.py). The sweep lists, per cluster: instances in any
+`xeon-cluster:cluster=<name>` (cluster/stack/tags.py). The sweep lists, per cluster: instances in any
 state but terminated, spot requests (tagged, or behind a tagged instance), AMIs with their
 snapshots, volumes, the workers' launch templates, security groups, key pairs, placement groups
 and checkpoint buckets; with an Auto Scaling client also the workers' groups (infra/workers.py: a
@@ -15,7 +15,7 @@ marker (`xeon-cluster:stack-marker`, written by the Pulumi program, infra/networ
 stack exists*: an idle auto-stop or a spot reclaim took its nodes, its stack still owns the rest,
 and everything of it is left alone too (status *stack*, buckets included). Everything of any other
 cluster (or with no cluster tag) is *leaked*, except the checkpoint buckets, which are *kept* on
-purpose and deleted only with `delete_buckets=True`. The statuses are decided in cluster/leftovers.py.
+purpose and deleted only with `delete_buckets=True`. The statuses are decided in cluster/stack/leftovers.py.
 
 IAM is global and the role's tags do not say in which region its cluster runs. Roles and instance
 profiles are listed whatever their region; one whose cluster is not up in the swept region is
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import botocore.session
 from botocore.exceptions import ClientError
 
-from cluster import leftovers
-from cluster.leftovers import IAM_KINDS, IN_USE, KEPT, LEAKED, STACK, UNKNOWN, UP  # noqa: F401 (re-exported)
-from cluster.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
+from cluster.stack import leftovers
+from cluster.stack.leftovers import IAM_KINDS, IN_USE, KEPT, LEAKED, STACK, UNKNOWN, UP  # noqa: F401 (re-exported)
+from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
                           STACK_MARKER_KEY)
 from node_setup.aws import errors
 

@@ -18,8 +18,8 @@ from typing import Callable
 
 from botocore.exceptions import ClientError, WaiterError
 
-from cluster import leftovers
-from cluster.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER, STACK_MARKER_KEY
+from cluster.stack import leftovers
+from cluster.stack.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER, STACK_MARKER_KEY
 from node_setup.aws import errors
 from node_setup.aws.sweep import ALIVE_MASTER_STATES, DELETE_ORDER, NO_CLUSTER, OURS, Listing, Resource, pages
 

@@ -3,7 +3,7 @@
 The provider drops an instance from the stack's state only once EC2 reports it `terminated`; a
 refresh while it is still `shutting-down` (a spot reclaim, the idle auto-stop) changes nothing and
 the following `pulumi up` creates no replacement. So the refresh waits for EC2's own
-`instance_terminated` waiter, bounded (cluster/stack_recovery.py's TERMINATED_WAIT_S).
+`instance_terminated` waiter, bounded (cluster/run/stack_recovery.py's TERMINATED_WAIT_S).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 
 from botocore.exceptions import ClientError, WaiterError
 
-from cluster.stack_recovery import TERMINATED_POLL_S, TERMINATED_WAIT_S
+from cluster.run.stack_recovery import TERMINATED_POLL_S, TERMINATED_WAIT_S
 from node_setup.aws.clients import client
 
 

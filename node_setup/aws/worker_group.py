@@ -2,9 +2,9 @@
 it has fewer than it wants (the newest scaling activity, when it failed).
 
 The Pulumi program makes one Auto Scaling group per cluster (infra/workers.py), tagged like every
-resource of the cluster (cluster/tags.py). AWS replaces a reclaimed or terminated worker by itself
+resource of the cluster (cluster/stack/tags.py). AWS replaces a reclaimed or terminated worker by itself
 (the group launches a new one from its template); the idle auto-stop sets the group's minimum and
-desired capacity to 0 before the workers power off (cluster/autostop.py), and `pulumi up --refresh`
+desired capacity to 0 before the workers power off (cluster/node/autostop.py), and `pulumi up --refresh`
 sets them back to `workerCount`. Readers: `fab status` (`status_lines`), discovery's callers, and
 `fab train --managed` waiting for a lost worker's replacement (`wait_for_workers`).
 """
@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cluster import worker_group as rules
-from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
+from cluster.stack import worker_group as rules
+from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
 from node_setup.aws import clients
 
 IN_SERVICE = "InService"
@@ -122,7 +122,7 @@ def status_lines(cluster: str, region: str | None, autoscaling=None) -> tuple[st
 def group_file(cluster: str, region: str | None, autoscaling=None) -> dict[str, str]:
     """The auto-stop's record of the worker group on the master ({path under home: text}; {} without a
     group). An AWS error is not hidden: without the record the group would relaunch stopped workers."""
-    from cluster import autostop
+    from cluster.node import autostop
 
     region = clients.resolve_region(region)
     group = worker_group(cluster, region, autoscaling)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from cluster.spec import ClusterSpec
+from cluster.stack.spec import ClusterSpec
 from node_setup.aws.pricing import latest_spot_prices
 
 

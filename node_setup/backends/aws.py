@@ -14,7 +14,7 @@ from typing import Any
 
 from cluster.backend import AWS, BackendError, ConsoleSource, NodePrice
 from cluster.inventory import Inventory, Node
-from cluster.supervision import Member
+from cluster.run.supervision import Member
 from node_setup.backends.inventory import StaticGroup
 from node_setup.backends.members import checked_group, checked_member
 

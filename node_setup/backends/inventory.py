@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster import spend
+from cluster.cost import spend
 from cluster.backend import FILE, ConsoleSource, NodePrice
 from cluster.inventory import Inventory, Node
-from cluster.supervision import Member
+from cluster.run.supervision import Member
 from node_setup.backends.files import load_inventory_file
 
 

@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cluster import names, spend
+from cluster import names
+from cluster.cost import spend
 from cluster.backend import LOCAL, ConsoleSource, NodePrice
 from cluster.inventory import ClusterSelectionError, Inventory, Node
-from cluster.supervision import Member
+from cluster.run.supervision import Member
 from node_setup.backends.members import checked_member
 from node_setup.local.console import CONSOLE_FILE
 from node_setup.backends.files import load_inventory_file

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from cluster import names
-from cluster.supervision import Member
+from cluster.run.supervision import Member
 
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}\Z")
 # The worker group's name and region as the spec carries them (node_setup/tasks/managed.py writes them):

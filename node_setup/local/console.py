@@ -4,7 +4,7 @@ An EC2 instance's console output is written by the instance at boot and read fro
 (GetConsoleOutput); a local node does the same with a file in its own directory. The node's
 start-up (node_setup/local/system.py, inside the node's namespace, before sshd starts) writes its
 host key fingerprints and keys there in cloud-init's shape (`WRITE_CONSOLE`), so the controller
-reads them as it reads an AWS node's (cluster/console.py parses both), and nothing is sent to the
+reads them as it reads an AWS node's (cluster/node/console.py parses both), and nothing is sent to the
 node's metadata address from outside its namespace. `fab local-up` makes a fresh node directory
 for every machine it starts, so a node brought back shows its new keys only.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster.console import FINGERPRINTS_BEGIN, FINGERPRINTS_END, KEYS_BEGIN, KEYS_END
+from cluster.node.console import FINGERPRINTS_BEGIN, FINGERPRINTS_END, KEYS_BEGIN, KEYS_END
 from cluster.inventory import Inventory
 from node_setup.local.state import ClusterState, NodeState
 

@@ -44,7 +44,7 @@ MAX_TTL = 21600
 # control files in the node's metadata directory, and the path each answers
 INSTANCE_ACTION_FILE = "spot-instance-action"
 REBALANCE_FILE = "rebalance"
-# the idle auto-stop's power-off request (cluster/autostop.py LOCAL_POWEROFF_PATH) and its record
+# the idle auto-stop's power-off request (cluster/node/autostop.py LOCAL_POWEROFF_PATH) and its record
 POWER_OFF_PATH = "/xeon-cluster/power-off"
 POWERED_OFF_FILE = "powered-off"
 POWER_OFF_DELAY_S = 0.3  # the answer leaves before the node goes down

@@ -10,7 +10,7 @@ pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every P
 - brings a node that has been down for S seconds back as a new machine, exactly as `fab local-up`
   does (new host key, instance id and empty /root, the same software through the shared venv; its
   console file shows the new key), and runs the workers' first-boot script there, the one the launch
-  template's user data holds on AWS (cluster/boot_script.py): it authorizes the cluster key, `from=` the
+  template's user data holds on AWS (cluster/node/boot_script.py): it authorizes the cluster key, `from=` the
   cluster's subnet, so the master can reach the new machine once it has verified its host key from its
   console.
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster.boot_script import boot_script
-from cluster.render import RenderError
+from cluster.node.boot_script import boot_script
+from cluster.node.render import RenderError
 from node_setup.controller import config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
@@ -67,7 +67,7 @@ def write_group(state: local_state.ClusterState, up: dict[str, bool]) -> None:
 def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.NodeState, user: str,
                            progress=print) -> None:
     """Run the workers' first-boot script on a new machine, as cloud-init runs the launch template's user
-    data on AWS (cluster/boot_script.py): inside the node (its mount namespace, where /root is its own),
+    data on AWS (cluster/node/boot_script.py): inside the node (its mount namespace, where /root is its own),
     as root, so the script finds the SSH user's home itself. `from=` is the cluster's subnet."""
     public = config_root() / "keys" / state.name / "id_ed25519.pub"
     if not public.exists():

@@ -1,4 +1,4 @@
-"""The local cluster's run folder: where its jobs write (cluster/jobplan.py LOCAL_OUTPUT_ROOT/<cluster>).
+"""The local cluster's run folder: where its jobs write (cluster/job/jobplan.py LOCAL_OUTPUT_ROOT/<cluster>).
 
 `/var/tmp` is writable by every local user, so the folder's path can be taken first: a user who
 makes `/var/tmp/xeon-cluster-runs` (or a symlink of that name pointing elsewhere) would get to
@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from node_setup.local.state import LocalClusterError, validate_name
 
 FOLDER_MODE = 0o700

@@ -28,7 +28,7 @@ from typing import Callable
 
 from cluster import names
 from cluster.inventory import Inventory, Node
-from cluster.tags import ROLE_MASTER, ROLE_WORKER
+from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
 from node_setup.controller import config_root
 
 DEFAULT_NAME = "local"

@@ -1,7 +1,7 @@
 """Idle auto-stop on a cluster's nodes: install the service, arm, cancel, read its status.
 
 The text (service, power-off command, install section) and the status line come from
-cluster/autostop.py; this module only runs them over SSH.
+cluster/node/autostop.py; this module only runs them over SSH.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Mapping
 
-from cluster import autostop
+from cluster.node import autostop
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
 INSTALL_TIMEOUT_S = 60

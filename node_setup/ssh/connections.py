@@ -14,7 +14,7 @@
       what to do (paramiko's BadHostKeyException, or ours when the key type differs);
     * a host never seen, on an AWS or a local cluster, is verified from its console before it is
       recorded: the SSH host key fingerprints the node printed there at boot (cloud-init's
-      blocks, cluster/console.py), read from outside the node: EC2 GetConsoleOutput
+      blocks, cluster/node/console.py), read from outside the node: EC2 GetConsoleOutput
       (node_setup/aws/console.py) or a local node's console file (node_setup/local/console.py), the
       source the cluster's backend gives (node_setup/backends/).
       Before connecting, the console is read until it shows fingerprints (bounded wait, then
@@ -40,8 +40,8 @@ import paramiko
 from fabric import Config, Connection
 
 from cluster.backend import ConsoleSource
-from cluster.console import ConsoleHostKeys, ConsoleUnreadable, parse_console
-from cluster.console import describe as describe_console
+from cluster.node.console import ConsoleHostKeys, ConsoleUnreadable, parse_console
+from cluster.node.console import describe as describe_console
 from cluster.inventory import Inventory, Node
 from node_setup.ssh import keys
 

@@ -5,7 +5,7 @@
 1. The cluster key pair (node_setup.ssh.keys: made once per cluster on the controller).
 2. Every node, in parallel, over the controller's verified connection: the key's public half
    written to ~/.ssh/authorized_keys, limited to the cluster's own addresses (`from=`) and with
-   forwarding refused (cluster/render.py authorized_key_line), replacing an older line of that key;
+   forwarding refused (cluster/node/render.py authorized_key_line), replacing an older line of that key;
    the host key the controller verified is noted.
 3. The master (only when every node succeeded; a hostfile naming a dead node would only fail
    later, inside mpirun): the private half at ~/.ssh/<cluster>_ed25519 (0600, created 0600 before
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cluster.inventory import Inventory
-from cluster.render import (MasterPaths, authorized_key_line, hostfile_text, key_comment, known_hosts_text,
+from cluster.node.render import (MasterPaths, authorized_key_line, hostfile_text, key_comment, known_hosts_text,
                             replace_managed_block, ssh_config_block, table)
 from cluster import shell
 from node_setup.ssh import connections, keys

@@ -1,7 +1,7 @@
 """`fab get`'s copy: walk a folder on the master over SFTP and copy its files here, resumably.
 
 No text is parsed: the walk reads SFTP folder listings (`listdir_attr`, which stats an entry itself,
-never what a link points to). Each listed name passes cluster/fetch_paths.py's rule before it is
+never what a link points to). Each listed name passes cluster/job/fetch_paths.py's rule before it is
 used on either side; a refused name is reported and left out. Remote symbolic links are skipped
 with a line saying so (so is anything that is neither a file nor a folder). Here, every folder and
 file is opened relative to the destination folder's own descriptor with O_NOFOLLOW, so a symbolic
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from cluster.fetch_paths import local_parts, refused_name
-from cluster.jobplan import shown
-from cluster.userjob import human_bytes
+from cluster.job.fetch_paths import local_parts, refused_name
+from cluster.job.jobplan import shown
+from cluster.job.userjob import human_bytes
 
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024  # files at least this large report progress
 CHUNK = 1024 * 1024

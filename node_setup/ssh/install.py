@@ -1,4 +1,4 @@
-"""Install and check a software profile on nodes over SSH (the scripts come from cluster.setup_script).
+"""Install and check a software profile on nodes over SSH (the scripts come from cluster.node.setup_script).
 
 For the Pulumi setup step (infra/setup_step.py), on one open Fabric Connection:
 
@@ -27,10 +27,10 @@ from typing import Callable
 
 from invoke.exceptions import CommandTimedOut, UnexpectedExit
 
-from cluster.catalog import InstanceType
+from cluster.stack.catalog import InstanceType
 from cluster.inventory import Inventory
-from cluster.profiles import Profile, get_profile
-from cluster.setup_script import (DEFAULT_MIN_FREE_GIB, CheckReport, Event, InstallPlan, changed, check_script,
+from cluster.node.profiles import Profile, get_profile
+from cluster.node.setup_script import (DEFAULT_MIN_FREE_GIB, CheckReport, Event, InstallPlan, changed, check_script,
                                   evaluate_check, install_script, parse_events, prebake_script)
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import each_node

@@ -1,9 +1,9 @@
 """A training job on a cluster: start it detached on the master, follow, inspect, stop.
 
-Thin: the plan comes from cluster/jobplan.py (layout, mpirun command, job script); this module
+Thin: the plan comes from cluster/job/jobplan.py (layout, mpirun command, job script); this module
 moves files, runs the job script and reads back what it wrote.
 
-On every node a job owns ``~/.xeon-cluster/jobs/<job id>/`` (cluster.launch.JOBS_DIR). On the
+On every node a job owns ``~/.xeon-cluster/jobs/<job id>/`` (cluster.job.launch.JOBS_DIR). On the
 master it holds ``run.sh`` (the job script), ``hosts``, ``job.json`` (what was launched), ``log``
 (the launcher's output, every rank's lines prefixed with its rank), ``pid`` (the job script, leader
 of its own session), ``exit_code`` once the launcher returned and ``stopped`` if `fab stop` ended
@@ -12,7 +12,7 @@ there, and under torchrun ``agent`` the pid of the node's torchrun (ended first 
 script runs under ``setsid nohup``, so it survives the controller's disconnect; `fab logs
 --follow` reattaches. `fab stop` ends the script's session on the master, then on every node the
 recorded rank process groups, then any process still marked with the job's id
-(cluster.launch.JOB_MARKER in its environment), and reports what it found.
+(cluster.job.launch.JOB_MARKER in its environment), and reports what it found.
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ import sys
 import time
 from typing import Mapping, Sequence, TextIO
 
-from cluster import jobsummary, shell
-from cluster.jobplan import JOB_ID_RE, JobPlan, check_job_id
-from cluster.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
+from cluster.job import jobsummary
+from cluster import shell
+from cluster.job.jobplan import JOB_ID_RE, JobPlan, check_job_id
+from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
                                   start_command)
-from cluster.jobcommands import sh_command as _sh
-from cluster.joblog import RankPrefixer
-from cluster.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
-from cluster.profiles import get_profile, venv_dir
-from cluster.setup_script import PROJECT_MARKER
+from cluster.job.jobcommands import sh_command as _sh
+from cluster.job.joblog import RankPrefixer
+from cluster.job.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
+from cluster.node.profiles import get_profile, venv_dir
+from cluster.node.setup_script import PROJECT_MARKER
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
@@ -48,11 +49,11 @@ class JobError(RuntimeError):
 # ------------------------------------------------------------------------------ remote actions
 
 # The scripts are cluster/shell/job-*.sh, run as `sh -c SCRIPT xeon-cluster JOB [GRACE]`; those the
-# run supervisor runs too (ranks, stop, state) are cluster/jobcommands.py's.
+# run supervisor runs too (ranks, stop, state) are cluster/job/jobcommands.py's.
 # On every node before a launch: the other jobs still running there (read by busy_jobs()).
 BUSY_SH = shell.render("job-busy.sh", {"JOBS_DIR": JOBS_DIR})
 _BUSY = "xeon-cluster busy: "  # the lines BUSY_SH prints, one per running job script or rank
-# On the master: every job's records in one answer (cluster/joblist.py reads it).
+# On the master: every job's records in one answer (cluster/job/joblist.py reads it).
 LIST_SH = shell.render("job-list.sh", {"JOBS_DIR": JOBS_DIR})
 
 
@@ -90,7 +91,7 @@ def remove_job_dir(conns: Mapping[str, object], job_id: str) -> list[NodeOutcome
 
 
 def list_jobs(master) -> str:
-    """Every job's records on the master in one round (cluster/shell/job-list.sh; cluster/joblist.py parses)."""
+    """Every job's records on the master in one round (cluster/shell/job-list.sh; cluster/job/joblist.py parses)."""
     result = master.run(_sh(LIST_SH), hide=True, warn=True, in_stream=False)
     if not result.ok:
         raise JobError(f"cannot list the jobs on the master: {(result.stdout + result.stderr).strip() or 'no answer'}")
@@ -199,7 +200,7 @@ def read_remote_file(conn, path: str) -> str | None:
 
 
 def read_remote_summary(conn, path: str, say=print) -> dict | None:
-    """The job's summary.json at `path` on the node, checked (cluster/jobsummary.py): None when it is
+    """The job's summary.json at `path` on the node, checked (cluster/job/jobsummary.py): None when it is
     missing, not JSON or not an object; each malformed field left out is one warning line to `say`."""
     summary, warnings = jobsummary.parse(read_remote_file(conn, path), path)
     for line in warnings:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import names
-from cluster.render import key_comment
+from cluster.node.render import key_comment
 from node_setup.controller import PROJECT_ROOT, config_root
 
 

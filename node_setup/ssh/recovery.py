@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from cluster import supervision as sv
-from cluster.profiles import get_profile, venv_dir
+from cluster.run import supervision as sv
+from cluster.node.profiles import get_profile, venv_dir
 
 
 def _run_dir(run_id: str) -> str:

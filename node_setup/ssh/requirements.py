@@ -2,7 +2,7 @@
 
     install(inventory, conns, plan) -> [NodeOutcome]   every node in parallel (fanout.each_node)
 
-The plan is cluster/userjob.py's RequirementsPlan (parsed, checked against the profile's pins).
+The plan is cluster/job/userjob.py's RequirementsPlan (parsed, checked against the profile's pins).
 It installs the way `fab setup` does (node_setup/ssh/install.py, wheels.py): nodes with a
 wheelhouse (the local cluster) install from it with no index, after the controller has put the
 requirements into it (`pip download`, with the controller's own pip configuration, constrained by
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from cluster import shell
 from cluster.inventory import Inventory
-from cluster.profiles import NODE_ROOT, get_profile, venv_dir
-from cluster.setup_script import InstallPlan
-from cluster.userjob import REQUIREMENTS_MARKER_DIR, RequirementsPlan
+from cluster.node.profiles import NODE_ROOT, get_profile, venv_dir
+from cluster.node.setup_script import InstallPlan
+from cluster.job.userjob import REQUIREMENTS_MARKER_DIR, RequirementsPlan
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import NodeOutcome, each_node
 from node_setup.ssh.wheels import InstallError, sync_wheelhouse, tail
@@ -54,7 +54,7 @@ def fill_wheelhouse(plan: RequirementsPlan, wheelhouse: str | Path) -> bool:
 
 def node_script(inventory: Inventory, plan: RequirementsPlan) -> str:
     profile = get_profile(inventory.profile)
-    # PyPI alone, never the profile's own indexes (cluster/profiles.py says why); the profile's
+    # PyPI alone, never the profile's own indexes (cluster/node/profiles.py says why); the profile's
     # pins are installed already and held by the constraints.
     source = ["--no-index", "--find-links", inventory.wheelhouse] if inventory.wheelhouse else []
     return shell.render("install-requirements.sh", {

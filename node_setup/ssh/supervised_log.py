@@ -1,6 +1,6 @@
 """A supervised run's whole log read from the master (`fab logs` and an attached `fab train --managed`).
 
-What comes next and whether the run has ended are cluster/runlog.py's decisions; here are the reads:
+What comes next and whether the run has ended are cluster/run/runlog.py's decisions; here are the reads:
 the run's state file (read first), its supervisor log, each job's log (node_setup/ssh/job.py's
 `follow`, with node/rank labels), and whether the supervisor's process still runs.
 """
@@ -13,9 +13,9 @@ import sys
 import time
 from typing import TextIO
 
-from cluster import runlog
-from cluster import supervision as sv
-from cluster.launch import DEFAULT_LAUNCHER
+from cluster.run import runlog
+from cluster.run import supervision as sv
+from cluster.job.launch import DEFAULT_LAUNCHER
 from node_setup.ssh import job as jobs
 from node_setup.ssh.recovery import supervised_state
 
@@ -58,7 +58,7 @@ def _job_log(master, job_id: str, out: TextIO, *, follow: bool) -> None:
 
 def show_run(master, run_id: str, *, follow: bool, last_lines: int | None = None, out: TextIO = sys.stdout,
              poll_s: float = POLL_SECONDS, sleep=time.sleep) -> tuple[str, dict | None]:
-    """Print the run's log so far in order (cluster/runlog.py), and with `follow` on until the run ends.
+    """Print the run's log so far in order (cluster/run/runlog.py), and with `follow` on until the run ends.
     Returns (runlog's verdict, the run's last state). `last_lines`: only the last N lines of what was
     there before the reader caught up. KeyboardInterrupt propagates (the caller detaches)."""
     reader = runlog.RunFollower()

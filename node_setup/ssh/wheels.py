@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cluster.profiles import IndexPin, Profile
-from cluster.setup_script import index_download_args, pip_download_args, wheelhouse_marker_name
+from cluster.node.profiles import IndexPin, Profile
+from cluster.node.setup_script import index_download_args, pip_download_args, wheelhouse_marker_name
 from node_setup.controller import PROJECT_PACKAGES, PROJECT_ROOT, cache_root, project_version
 
 INDEX_PROBE_TIMEOUT_S = 5
@@ -163,7 +163,7 @@ def _fill(profile: Profile, wheelhouse: Path, marker: Path, progress: Progress) 
 
 
 def _download_index_pin(pin: IndexPin, wheelhouse: Path, index_reachable: bool) -> Path:
-    """One index-only package into the wheelhouse, from its own index alone (cluster/profiles.py)."""
+    """One index-only package into the wheelhouse, from its own index alone (cluster/node/profiles.py)."""
     with tempfile.TemporaryDirectory(prefix="xc-index-pin-") as tmp:
         requirement = Path(tmp) / "requirement.txt"
         requirement.write_text(pin.requirement() + "\n")

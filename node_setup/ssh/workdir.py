@@ -1,7 +1,7 @@
 """The user's workdir on every node (`fab train --script`): scanned here, copied by content.
 
     scan(workdir, limit_bytes) -> CopyPlan         on the controller: the files to copy (skip rules:
-                                                   cluster/userjob.py ALWAYS_SKIPPED, virtual
+                                                   cluster/job/userjob.py ALWAYS_SKIPPED, virtual
                                                    environments, the workdir's .gitignore), hashed;
                                                    withheld: dot-names, credential names, links out
                                                    of the workdir (unless the allow file lists them)
@@ -9,7 +9,7 @@
                                                    link manifest, the contents its store lacks (or
                                                    holds changed), then a copy into the job's workdir
 
-Each node keeps one file per content under ~/.xeon-cluster/files (cluster/userjob.py FILE_STORE),
+Each node keeps one file per content under ~/.xeon-cluster/files (cluster/job/userjob.py FILE_STORE),
 read-only, so a file that did not change since any earlier job is copied there, not sent. The job's
 workdir is a copy (`cp --reflink=auto`: copy-on-write where the filesystem can), never a hard link:
 a hard link shares the file itself, so what one job wrote (root ignores the read-only mode) would
@@ -26,8 +26,8 @@ import shlex
 from pathlib import Path
 
 from cluster import shell
-from cluster.launch import job_dir
-from cluster.userjob import (ALWAYS_SKIPPED, DEFAULT_WORKDIR_LIMIT_MB, FILE_STORE, INCLUDE_FILE, VENV_MARKER,
+from cluster.job.launch import job_dir
+from cluster.job.userjob import (ALWAYS_SKIPPED, DEFAULT_WORKDIR_LIMIT_MB, FILE_STORE, INCLUDE_FILE, VENV_MARKER,
                              WITHHELD_LINK, WITHHELD_SHOWN, CopyPlan, FileEntry, UserJobError, check_entry_path,
                              check_workdir, human_bytes, leads_to_include, link_inside, parse_includes,
                              withheld_reason, workdir_on_node)
@@ -58,7 +58,7 @@ def _digest(path: Path) -> str:
 
 
 def _includes(root: Path) -> tuple[str, ...]:
-    """The workdir's allow file (cluster/userjob.py INCLUDE_FILE), parsed, or ()."""
+    """The workdir's allow file (cluster/job/userjob.py INCLUDE_FILE), parsed, or ()."""
     path = root / INCLUDE_FILE
     return parse_includes(path.read_text(errors="replace")) if path.is_file() and not path.is_symlink() else ()
 

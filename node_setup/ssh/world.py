@@ -1,11 +1,11 @@
-"""The ranks' world records (cluster/worldcheck.py) read from every node of a job, over SSH."""
+"""The ranks' world records (cluster/job/worldcheck.py) read from every node of a job, over SSH."""
 
 from __future__ import annotations
 
 import shlex
 
-from cluster.launch import job_dir
-from cluster.worldcheck import RECORD_GLOB
+from cluster.job.launch import job_dir
+from cluster.job.worldcheck import RECORD_GLOB
 from node_setup.ssh.fanout import each_node
 
 

@@ -6,7 +6,7 @@ namespace on a local cluster. It needs neither Fabric nor paramiko (the node ven
 reaches the workers with the `ssh` the cluster key's distribution set up on the master.
 
 - `loop`: the order of things (watch, lose, await, verify, admit, resume), every decision
-  cluster/supervision.py's and cluster/recovery.py's; tested in-process against a fake backend.
+  cluster/run/supervision.py's and cluster/run/recovery.py's; tested in-process against a fake backend.
 - what differs per kind of cluster is the cluster's backend's (node_setup/backends/, picked by
   `backend_for`): the group of machines now, an instance's state, its console (local: the group
   keeper's record and console files; AWS: the Auto Scaling group, EC2 and GetConsoleOutput through

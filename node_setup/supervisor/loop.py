@@ -1,6 +1,6 @@
 """The supervisor's loop: launch, watch, and on a lost worker await its replacement and resume.
 
-The order (every decision is cluster/supervision.py's or cluster/recovery.py's):
+The order (every decision is cluster/run/supervision.py's or cluster/run/recovery.py's):
 
 1. launch the job on the run's nodes (`job.launch`), then watch it every `poll_s`: its end, a stop
    request (`fab stop`), the master's own spot notice, each worker's notice and SSH answer; a
@@ -30,11 +30,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cluster import recovery as rc
-from cluster import supervision as sv
+from cluster.run import recovery as rc
+from cluster.run import supervision as sv
 from cluster.backend import MachineGroup
-from cluster.runlog import started_line
-from cluster.supervision import Member
+from cluster.run.runlog import started_line
+from cluster.run.supervision import Member
 
 INTERRUPTED = 75  # training/exit_codes.py's INTERRUPTED_BY_RECLAIM
 NOT_RECOVERED = (2, 130)  # bad input, Ctrl-C: the user's ends, not the cluster's

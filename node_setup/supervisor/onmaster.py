@@ -1,14 +1,14 @@
 """The supervisor's work on the master and, over `ssh`, on the workers (node_setup/supervisor/loop.py's
 collaborators), and its entry point.
 
-- `RunFiles`: the run's directory on the master (cluster/supervision.py: spec, state, log, stop).
+- `RunFiles`: the run's directory on the master (cluster/run/supervision.py: spec, state, log, stop).
 - `Shell`: a command on the master itself (bash) or on a worker (`ssh <alias>`: the ssh config,
   cluster key and known_hosts that `fab distribute` wrote on the master).
 - `Nodes`: a node's SSH answer and spot notice (read on the node from its own metadata service), the
   host key a machine presents (`ssh-keyscan`), and admitting a verified replacement (its key into the
   master's known_hosts, its address into the ssh config, its software checked).
-- `Job`: the job's plan (cluster/jobplan.py, as `fab train` makes it), its preparation on every node,
-  its start detached on the master (the files and `setsid nohup` start of cluster/jobcommands.py, as fab's), its
+- `Job`: the job's plan (cluster/job/jobplan.py, as `fab train` makes it), its preparation on every node,
+  its start detached on the master (the files and `setsid nohup` start of cluster/job/jobcommands.py, as fab's), its
   outcome, stop, checkpoints and summary.
 """
 
@@ -24,20 +24,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster import jobsummary
-from cluster import recovery as rc
-from cluster import supervision as sv
+from cluster.job import jobsummary
+from cluster.run import recovery as rc
+from cluster.run import supervision as sv
 from cluster.inventory import Inventory, Node
-from cluster.jobcommands import STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files, start_command
-from cluster.jobcommands import sh_command as _sh
-from cluster.joblog import first_failure
-from cluster.jobplan import JobPlan, new_job_id, plan_job
-from cluster.launch import job_dir
-from cluster.profiles import get_profile, venv_dir
-from cluster.render import MasterPaths, hostfile_text, known_hosts_text, replace_managed_block, ssh_config_block
-from cluster.setup_script import PROJECT_MARKER
-from cluster.supervision import Member
-from cluster.userjob import UserProgram, check_module, notice_signal, workdir_on_node
+from cluster.job.jobcommands import STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files, start_command
+from cluster.job.jobcommands import sh_command as _sh
+from cluster.job.joblog import first_failure
+from cluster.job.jobplan import JobPlan, new_job_id, plan_job
+from cluster.job.launch import job_dir
+from cluster.node.profiles import get_profile, venv_dir
+from cluster.node.render import MasterPaths, hostfile_text, known_hosts_text, replace_managed_block, ssh_config_block
+from cluster.node.setup_script import PROJECT_MARKER
+from cluster.run.supervision import Member
+from cluster.job.userjob import UserProgram, check_module, notice_signal, workdir_on_node
 from node_setup.backends import backend_for
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 
@@ -195,7 +195,7 @@ class Job:
 
     def _user_plan(self, inventory: Inventory, *, resume: bool) -> JobPlan:
         """The user's program (--script/--module); after a recovery with the newest checkpoint in its
-        arguments (--resume-arg) and environment (cluster/supervision.py's restart_arguments)."""
+        arguments (--resume-arg) and environment (cluster/run/supervision.py's restart_arguments)."""
         checkpoint = self.newest_checkpoint_path() if resume else None
         args, env = sv.restart_arguments(self.program.args, self.resume_words, checkpoint)
         layout = dict(self.spec.get("layout", {}))
@@ -290,7 +290,7 @@ class Job:
         return found
 
     def newest_checkpoint_path(self) -> str | None:
-        """The user's program: the newest checkpoint folder (absolute), by cluster/supervision.py's rule."""
+        """The user's program: the newest checkpoint folder (absolute), by cluster/run/supervision.py's rule."""
         newest = sv.newest_checkpoint_folder(self._checkpoint_folders())
         return str(_home_path(self.output_dir) / newest[0]) if newest else None
 
@@ -338,9 +338,9 @@ class Job:
 
     def keep_for_controller(self) -> str:
         """What survives the master, said when its notice ends the run (`fab train --managed` wrote the run's
-        spec at the hand-off: cluster/runspec.py)."""
-        from cluster import runspec
-        from cluster.job_args import job_setting
+        spec at the hand-off: cluster/run/runspec.py)."""
+        from cluster.run import runspec
+        from cluster.job.job_args import job_setting
 
         uri = job_setting(self.spec["training_args"], "--checkpoint_uri") or ""
         if uri.startswith("s3://"):

@@ -7,12 +7,12 @@ SSH key (the master powers the workers off over SSH, as `fab train` reaches them
 cluster's full node list on the master (what it powers off; `fab train --nodes N` never narrows
 it), then arms the
 service on the master and prints its status line; `--cancel` disarms it. The rule and the
-power-off are in cluster/autostop.py.
+power-off are in cluster/node/autostop.py.
 """
 
 from __future__ import annotations
 
-from cluster import autostop
+from cluster.node import autostop
 from node_setup.ssh.fanout import outcome_table
 from node_setup.tasks import common
 from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, duration, fail, task

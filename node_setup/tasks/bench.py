@@ -1,10 +1,10 @@
 """`fab bench`: measure the cluster (all-reduce and compute) and keep a calibration for `fab plan`.
 
-Plan (cluster/benchplan.py, pure), launch `python -m training.bench` on one rank per node the way
+Plan (cluster/cost/benchplan.py, pure), launch `python -m training.bench` on one rank per node the way
 `fab train` launches the job (node_setup/ssh/job.py), read its figures back from the master, print
-them and write `<config dir>/calibration/<cluster>.json` (cluster/calibration.py). `--compile` adds the
+them and write `<config dir>/calibration/<cluster>.json` (cluster/cost/calibration.py). `--compile` adds the
 job's step eager and compiled and the compile time; `--layouts` then runs the real job once per
-candidate layout (cluster/benchplan.py's plan_layout_runs) and keeps each one's step and the fastest.
+candidate layout (cluster/cost/benchplan.py's plan_layout_runs) and keeps each one's step and the fastest.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import io
 import json
 from dataclasses import replace
 
-from cluster import benchplan
-from cluster import calibration as calib
+from cluster.cost import benchplan
+from cluster.cost import calibration as calib
 from cluster.inventory import InventoryError
-from cluster.launch import LaunchError
-from cluster.layout import LayoutError
+from cluster.job.launch import LaunchError
+from cluster.job.layout import LayoutError
 from node_setup.controller import config_root
 from node_setup.ssh import job as jobs
 from node_setup.ssh.fanout import outcome_table

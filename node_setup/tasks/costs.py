@@ -8,13 +8,13 @@ from pathlib import Path
 
 from invoke import Exit
 
-from cluster import calibration as calib
-from cluster import costplan, models
-from cluster.costplan import PlanOptions, Price
-from cluster.plan_mfu import plan_flops
-from cluster.config_keys import AUTO_STOP_IDLE
-from cluster.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
-from cluster.spec import ClusterSpec, ConfigError
+from cluster.cost import calibration as calib
+from cluster.cost import costplan, models
+from cluster.cost.costplan import PlanOptions, Price
+from cluster.cost.plan_mfu import plan_flops
+from cluster.stack.config_keys import AUTO_STOP_IDLE
+from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
+from cluster.stack.spec import ClusterSpec, ConfigError
 from node_setup.controller import config_root
 from node_setup.stack_config import StackConfigError, choose_stack, load_stack_spec, read_stack_values, stack_files
 from node_setup.tasks.common import FAILED, Unset, duration, duration_or_off, fail, given, task
@@ -69,7 +69,7 @@ def deployed_node_settings(stack: str) -> tuple[dict | None, str]:
     import json
     import subprocess
 
-    from cluster import node_replacement
+    from cluster.stack import node_replacement
     from node_setup.pulumi_cli import find_pulumi
 
     exe = find_pulumi()
@@ -95,7 +95,7 @@ def deployed_node_settings(stack: str) -> tuple[dict | None, str]:
 def check_node_replacement(report, spec: ClusterSpec) -> None:
     """A finding per stack-file change that `pulumi up` would answer by replacing nodes (warn), none found
     (ok), or "cannot tell" (skipped) when the deployed settings cannot be read."""
-    from cluster import node_replacement
+    from cluster.stack import node_replacement
     from node_setup.aws.findings import OK, SKIPPED, WARN
 
     deployed, why = deployed_node_settings(spec.stack)
@@ -223,7 +223,7 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
                calibration: calib.Calibration | None = None):
     """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem.
 
-    The notes open with the line on what the master alone on demand adds (cluster/costplan.py)."""
+    The notes open with the line on what the master alone on demand adds (cluster/cost/costplan.py)."""
     if not (math.isfinite(hourly_usd) and hourly_usd >= 0):
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
     check_epochs(options.epochs)

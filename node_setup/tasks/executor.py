@@ -10,7 +10,7 @@ host key) ends the task with one line naming the host and what to check, and exi
 paramiko's traceback: every task that connects gets this from here.
 
 A task with a `file` option (`fab train -f job.yaml`) takes its options from that YAML mapping
-(cluster/jobfile.py decides, by the kinds invoke reports for the task's options): what was given
+(cluster/job/jobfile.py decides, by the kinds invoke reports for the task's options): what was given
 on the command line wins, what the file sets replaces the defaults, before the remainder after
 `--` is added to `--extra`.
 """
@@ -32,7 +32,7 @@ def job_file_kwargs(context: ParserContext, task) -> dict:
     """The options the task's job file sets (none given on the command line), or exit 2 with one line."""
     import yaml
 
-    from cluster import jobfile
+    from cluster.job import jobfile
 
     arguments = {a.name: a for a in set(context.args.values())}
     given = {name for name, a in arguments.items() if a.got_value}

@@ -9,10 +9,11 @@ import sys
 
 from invoke import Exit
 
-from cluster import flops, joblist, spend
-from cluster.jobplan import shown
-from cluster.joblog import RankPrefixer
-from cluster.launch import DEFAULT_LAUNCHER
+from cluster.cost import flops, spend
+from cluster.job import joblist
+from cluster.job.jobplan import shown
+from cluster.job.joblog import RankPrefixer
+from cluster.job.launch import DEFAULT_LAUNCHER
 from node_setup.ssh import job as jobs
 from node_setup.ssh.autostop import status_report as autostop_report
 from node_setup.ssh.fanout import on_nodes, outcome_table
@@ -129,7 +130,7 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
 
 def _supervised(master, facts: dict) -> None:
     """The newest supervised run (`fab train --managed`): its state file on the master, one line."""
-    from cluster.supervision import status_line
+    from cluster.run.supervision import status_line
     from node_setup.ssh.recovery import supervised_state
 
     try:
@@ -176,8 +177,8 @@ def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the w
 
 def _run_logs(master, run_id: str, *, follow: bool, last: int | None) -> None:
     """`fab logs` on a supervised run: the whole run's log (node_setup/ssh/supervised_log.py)."""
-    from cluster import runlog
-    from cluster.supervision import RUN_ID_RE, status_line
+    from cluster.run import runlog
+    from cluster.run.supervision import RUN_ID_RE, status_line
     from node_setup.ssh.supervised_log import show_run
     from node_setup.tasks.managed import follow_run
 

@@ -1,6 +1,6 @@
 """`fab k8s-job`: the training job as a Kubeflow PyTorchJob manifest (docs/kubernetes.md).
 
-Plans the job (cluster/k8s.py: pod resources, layout, torchrun) from the same job options as
+Plans the job (cluster/job/k8s.py: pod resources, layout, torchrun) from the same job options as
 `fab train`, renders it with the training operator's SDK models (node_setup/kubeflow.py) and
 writes the YAML to `-o FILE` or stdout. Connects to nothing. Exit codes: 0 written; 2 bad input
 (one line naming the option, the value and what is allowed).
@@ -11,14 +11,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cluster import k8s
-from cluster.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError, synthetic_data,
+from cluster.job import k8s
+from cluster.job.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError, synthetic_data,
                               training_arguments)
-from cluster.k8s import K8sJobError
-from cluster.launch import LaunchError, env_pairs
-from cluster.layout import LayoutError
-from cluster.profiles import PROFILES, get_profile, venv_dir
-from cluster.torchrun import DEFAULT_MAX_RESTARTS, TorchrunError
+from cluster.job.k8s import K8sJobError
+from cluster.job.launch import LaunchError, env_pairs
+from cluster.job.layout import LayoutError
+from cluster.node.profiles import PROFILES, get_profile, venv_dir
+from cluster.job.torchrun import DEFAULT_MAX_RESTARTS, TorchrunError
 from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
 
 

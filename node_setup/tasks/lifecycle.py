@@ -2,7 +2,7 @@
 
 `fab up`: `fab preflight` (the up stops when it fails), then `pulumi up --refresh`. `fab down`:
 `pulumi destroy`, then, once it succeeded, `fab forget` (the controller's key pair and host keys
-of the cluster) and `fab sweep`'s listing. The steps and command lines are cluster/lifecycle.py's,
+of the cluster) and `fab sweep`'s listing. The steps and command lines are cluster/stack/lifecycle.py's,
 the process handling (streamed output, Ctrl-C passed on once, never a kill) node_setup/pulumi_cli.py's.
 Without the Pulumi CLI both print the commands to run by hand and exit 2.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from invoke import Exit
 
-from cluster import lifecycle
-from cluster.spec import ClusterSpec
+from cluster.stack import lifecycle
+from cluster.stack.spec import ClusterSpec
 from node_setup import pulumi_cli
 from node_setup.tasks.common import FAILED, fail, task
 from node_setup.tasks.costs import _stack_spec, run_stack_preflight, sweep_listing

@@ -13,10 +13,10 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from cluster import recovery as rc
+from cluster.run import recovery as rc
 from cluster.backend import BackendError
 from cluster.inventory import Inventory
-from cluster.jobplan import JobPlan
+from cluster.job.jobplan import JobPlan
 from node_setup.backends import backend_for
 from node_setup.ssh import recovery as nodes
 from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
@@ -49,8 +49,8 @@ def options(*, managed: bool, inventory: Inventory, nodes: int, launcher: str, o
             min_nodes: str, wait: str, detach: bool = False, resume_arg: str = "",
             requirements: str = "") -> rc.ManagedOptions:
     """--managed's settings checked before anything starts (exit 2 with one line otherwise)."""
-    from cluster import supervision as sv
-    from cluster.launch import DEFAULT_LAUNCHER
+    from cluster.run import supervision as sv
+    from cluster.job.launch import DEFAULT_LAUNCHER
 
     if not managed:
         given = ("--max-recoveries" if max_recoveries else "--wait-for-capacity" if wait else
@@ -81,7 +81,7 @@ def options(*, managed: bool, inventory: Inventory, nodes: int, launcher: str, o
 def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, layout: dict,
              resume_arg: str = "") -> dict:
     """What the supervisor on the master needs (node_setup/supervisor/onmaster.py reads and checks it)."""
-    from cluster import supervision as sv
+    from cluster.run import supervision as sv
 
     spec = {
         "run_id": sv.check_run_id(plan.job_id), "kind": inventory.kind, "region": inventory.region,
@@ -91,7 +91,7 @@ def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
         "output_dir": plan.output_dir, "max_recoveries": opts.max_recoveries, "min_nodes": opts.min_nodes,
         "wait_seconds": opts.wait_seconds, "poll_seconds": 5, "resume": "--resume" in inputs.args,
     }
-    if plan.user is not None:  # --script/--module: restarted with the newest checkpoint (cluster/supervision.py)
+    if plan.user is not None:  # --script/--module: restarted with the newest checkpoint (cluster/run/supervision.py)
         spec.update(program={"script": plan.user.script, "module": plan.user.module, "args": list(plan.user.args),
                              "signal": plan.user.signal or "none"}, resume_arg=resume_arg)
     try:  # what the supervisor's group reads back (AWS: the workers' group; local: the keeper's data directory)
@@ -102,10 +102,10 @@ def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
 
 
 def publish_spec(master, spec: dict, *, region: str | None = None, s3=None) -> list[str]:
-    """The run's spec where its checkpoints are kept (cluster/runspec.py): its output directory on the
+    """The run's spec where its checkpoints are kept (cluster/run/runspec.py): its output directory on the
     master, and with --checkpoint-uri beside the checkpoints in S3; the lines to say."""
-    from cluster import runspec
-    from cluster.job_args import job_setting
+    from cluster.run import runspec
+    from cluster.job.job_args import job_setting
     from node_setup.aws import run_spec as spec_store
     from node_setup.ssh.job import write_remote_json
 
@@ -146,12 +146,12 @@ class _Inputs:
 def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, master=None, s3=None) -> tuple[dict, str]:
     """(the run's spec, checked, and where it was read): beside the checkpoints of --checkpoint-uri, else in
     --output-dir (or the newest job's) on the master. One line and exit 2 when it is missing or malformed."""
-    from cluster import runspec
+    from cluster.run import runspec
     from node_setup.aws import run_spec as spec_store
     from node_setup.ssh import job as jobs
 
     if checkpoint_uri:
-        from cluster.job_args import JobArgsError, parse_s3_uri
+        from cluster.job.job_args import JobArgsError, parse_s3_uri
 
         try:
             parse_s3_uri(checkpoint_uri)
@@ -183,9 +183,9 @@ def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, mas
 def resumed_run(inventory: Inventory, found: dict, where: str, *, env: str) -> ResumedRun:
     """The run of `found` (read_spec's) planned again on this cluster with --resume: the same node count,
     arguments, layout, output directory and --managed settings; one line and exit 2 for what does not fit."""
-    from cluster import runspec
-    from cluster.jobplan import new_job_id, plan_job
-    from cluster.launch import env_pairs
+    from cluster.run import runspec
+    from cluster.job.jobplan import new_job_id, plan_job
+    from cluster.job.launch import env_pairs
 
     try:
         args, layout = runspec.resumed(found, env_pairs(env))
@@ -222,7 +222,7 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
              detach: bool, resume_arg: str = "") -> int:
     """`fab train --managed` once train has prepared the nodes: the run handed to its supervisor on the
     master, then its log followed (Ctrl-C detaches) or, with `detach`, fab's return once the first job started."""
-    from cluster import supervision as sv
+    from cluster.run import supervision as sv
 
     master = conns[plan.inventory.master.name]
     spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout, resume_arg=resume_arg)
@@ -255,9 +255,9 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
 
 
 def run_exit_code(verdict: str, state: dict | None) -> int:
-    """fab's exit code for a supervised run that ended (cluster/runlog.py's verdict, its last state)."""
-    from cluster import runlog
-    from cluster import supervision as sv
+    """fab's exit code for a supervised run that ended (cluster/run/runlog.py's verdict, its last state)."""
+    from cluster.run import runlog
+    from cluster.run import supervision as sv
 
     if verdict != runlog.ENDED:
         return FAILED
@@ -273,7 +273,7 @@ def detached_line(run_id: str) -> str:
 def follow_run(master, run_id: str, *, last_lines: int | None = None) -> int:
     """Follow the whole run (every job's log and the supervisor's lines between them) until it ends: its
     final state as fab's exit code; Ctrl-C detaches (the run goes on) with CTRL_C."""
-    from cluster import runlog
+    from cluster.run import runlog
     from node_setup.ssh.supervised_log import show_run
 
     try:

@@ -9,7 +9,7 @@
                                           resumable (a partial file continues where it stopped),
                                           with progress for large files; default job: the newest.
                                           Walked over SFTP (node_setup/ssh/fetch.py): names that could
-                                          leave --to refused (cluster/fetch_paths.py), links never
+                                          leave --to refused (cluster/job/fetch_paths.py), links never
                                           followed on either side; exit 1 if an entry was refused
                                           or could not be read
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 
 from invoke import Exit
 
-from cluster import autostop, fetch_paths
-from cluster.jobplan import shown
-from cluster.userjob import human_bytes
+from cluster.node import autostop
+from cluster.job import fetch_paths
+from cluster.job.jobplan import shown
+from cluster.job.userjob import human_bytes
 from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks.common import CLUSTER_HELP, FAILED, JOB_HELP, REGION_HELP, UNREACHABLE, Unset, fail, task
@@ -56,7 +57,7 @@ def exec_(c, command, nodes=Unset(int, "all nodes"), cluster="", region=""):
     conns = common.connect(inventory)
 
     def one(name: str, conn) -> tuple[NodeOutcome, str, bool]:
-        # on the master, recorded as activity for the idle auto-stop (cluster/autostop.py)
+        # on the master, recorded as activity for the idle auto-stop (cluster/node/autostop.py)
         run = autostop.recorded_command(command) if name == inventory.master.name else command
         try:
             result = conn.run(run, hide=True, warn=True, in_stream=False)
@@ -80,7 +81,7 @@ def exec_(c, command, nodes=Unset(int, "all nodes"), cluster="", region=""):
 
 
 def check_remote_path(path: str) -> str:
-    """`--path`: a relative path under the output folder (cluster/fetch_paths.py's rule)."""
+    """`--path`: a relative path under the output folder (cluster/job/fetch_paths.py's rule)."""
     try:
         return fetch_paths.check_subpath(path)
     except ValueError as exc:

@@ -14,9 +14,9 @@ from dataclasses import replace
 from invoke import Exit
 
 from cluster.inventory import Inventory
-from cluster.profiles import PROFILES, get_profile
-from cluster.render import table
-from cluster.setup_script import DEFAULT_MIN_FREE_GIB, fingerprint_digest
+from cluster.node.profiles import PROFILES, get_profile
+from cluster.node.render import table
+from cluster.node.setup_script import DEFAULT_MIN_FREE_GIB, fingerprint_digest
 from node_setup.controller import PROJECT_ROOT, project_version
 from node_setup.ssh import connections
 from node_setup.tasks import common
@@ -45,8 +45,8 @@ def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
 
 
 def _setup_idle(inventory: Inventory, option: str) -> int | None:
-    """The idle time `fab setup` arms (cluster/autostop.py setup_idle); bad input exits 2 first."""
-    from cluster import autostop
+    """The idle time `fab setup` arms (cluster/node/autostop.py setup_idle); bad input exits 2 first."""
+    from cluster.node import autostop
     from node_setup.stack_config import stack_auto_stop_idle
 
     try:
@@ -57,7 +57,7 @@ def _setup_idle(inventory: Inventory, option: str) -> int | None:
 
 def _arm_autostop(inventory: Inventory, idle_s: int, forced: bool) -> None:
     """Arm the master's idle auto-stop after a setup of every node; a problem is one warning line."""
-    from cluster import autostop
+    from cluster.node import autostop
     from node_setup.ssh import autostop as remote
 
     conns = common.connect(inventory)

@@ -1,5 +1,5 @@
 """Spend in sight: the prices and plan behind `fab status`'s spend columns and `fab train`'s
-planned and actual cost lines (the arithmetic is cluster/spend.py's).
+planned and actual cost lines (the arithmetic is cluster/cost/spend.py's).
 
     cluster_spend(inventory)        every node's uptime, market, hourly price and spend so far
     status_json(...)                `fab status --json`
@@ -18,15 +18,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from cluster import catalog, costplan, models
-from cluster import spend
-from cluster.costplan import PlanOptions, Price
+from cluster.stack import catalog
+from cluster.cost import costplan, models
+from cluster.cost import spend
+from cluster.cost.costplan import PlanOptions, Price
 from cluster.inventory import Inventory
-from cluster.job_args import OPTION_ARGS, job_setting
-from cluster.jobplan import JobPlan
+from cluster.job.job_args import OPTION_ARGS, job_setting
+from cluster.job.jobplan import JobPlan
 from node_setup.tasks.common import CTRL_C
 
-JOB_FLAGS = dict(OPTION_ARGS)  # fab train option -> the job's argument (cluster/job_args.py)
+JOB_FLAGS = dict(OPTION_ARGS)  # fab train option -> the job's argument (cluster/job/job_args.py)
 clock: Callable[[], float] = time.time  # what "now" is for the spend so far
 
 
@@ -150,8 +151,8 @@ class RunCostClock:
 
 def record_run(master, plan: JobPlan, code: int, cost: spend.RunCost) -> str | None:
     """Write the toolkit's summary of a user program's run into the job's directory on the master
-    (cluster/spend.py run_record); its path, or None (said in one line) when it could not be written."""
-    from cluster.launch import job_dir
+    (cluster/cost/spend.py run_record); its path, or None (said in one line) when it could not be written."""
+    from cluster.job.launch import job_dir
     from node_setup.ssh import job as jobs
 
     path = f"{job_dir(plan.job_id)}/{spend.RUN_RECORD_NAME}"

@@ -1,25 +1,25 @@
 """`fab train`: the training job on a cluster (`fab status`, `fab logs`, `fab stop`: tasks/jobs.py).
 
 `fab train` runs the built-in job (`python -m training`) or, with `--script PATH` / `--module NAME`,
-the user's own program (cluster/userjob.py decides: the workdir's copy plan, the requirements'
+the user's own program (cluster/job/userjob.py decides: the workdir's copy plan, the requirements'
 install plan, the command; node_setup/ssh/workdir.py and requirements.py act).
 
 `fab train` in four steps: data inputs (what the job reads, and what must be copied or made on
-the nodes first), plan (cluster/jobplan.py, pure: printed by --dry-run), launch (prepare the
+the nodes first), plan (cluster/job/jobplan.py, pure: printed by --dry-run), launch (prepare the
 nodes, distribute SSH, start the job detached on the master) and follow (stream the labelled log
 until the job ends, then report). Its exit code is the job's own (training/exit_codes.py: 0 ok,
 1 failed, 2 bad input, 75 interrupted by a spot reclaim; when a rank's program failed, that
 program's code as its rank wrapper reported it, where the launcher returned another: Intel MPI's
 255, torchrun's 1), or node_setup/tasks/common.py's: 2 bad option or cluster, 3 a node cannot be
-reached or prepared, 130 after Ctrl-C; or cluster/worldcheck.py's TRAINED_ALONE (4) when the ranks of
+reached or prepared, 130 after Ctrl-C; or cluster/job/worldcheck.py's TRAINED_ALONE (4) when the ranks of
 a user's multi-rank program all ended 0 without ever joining one process group (`--independent-ranks`
 says that was meant).
 
-`--launcher torchrun` starts one torchrun per node instead of mpirun (cluster/torchrun.py), elastic
-with `--min-nodes`; `--grad-comm` and `--ddp-bucket-mb` pass through to the job (cluster/job_args.py).
+`--launcher torchrun` starts one torchrun per node instead of mpirun (cluster/job/torchrun.py), elastic
+with `--min-nodes`; `--grad-comm` and `--ddp-bucket-mb` pass through to the job (cluster/job/job_args.py).
 `--compile` passes with the compile figures of the cluster's calibration (`fab bench --compile`), and
 without `--ranks-per-node` a layout `fab bench --layouts` measured on this node replaces the rule
-(node_setup/calibrations.py reads it; cluster/calibration.py's layout_for decides).
+(node_setup/calibrations.py reads it; cluster/cost/calibration.py's layout_for decides).
 
 Why this module is longer than the others (about 520 lines): it is the one task that meets two
 kinds of program and two launchers, and its options and their help take some 60 lines; every decision
@@ -36,20 +36,20 @@ from pathlib import Path
 
 from invoke import Exit
 
-from cluster import jobreport, jobsummary
-from cluster import worldcheck
+from cluster.job import jobreport, jobsummary
+from cluster.job import worldcheck
 from cluster.inventory import Inventory, InventoryError
-from cluster.worldcheck import INDEPENDENT_OPTION
-from cluster.calibration import layout_for
-from cluster.job_args import (COMPILE_CHOICES, GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS,
+from cluster.job.worldcheck import INDEPENDENT_OPTION
+from cluster.cost.calibration import layout_for
+from cluster.job.job_args import (COMPILE_CHOICES, GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS,
                               JobArgsError, compile_choice, synthetic_data, training_arguments)
-from cluster.torchrun import DEFAULT_MAX_RESTARTS
-from cluster.jobplan import JobPlan, machine_for, new_job_id, plan_job, shown
-from cluster.joblog import failure_report, first_failure
-from cluster.launch import DEFAULT_LAUNCHER, LAUNCHERS, LaunchError, env_pairs, job_dir
-from cluster.layout import LayoutError
-from cluster.profiles import get_profile, venv_dir
-from cluster.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDIR_LIMIT_MB, NO_SIGNAL,
+from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
+from cluster.job.jobplan import JobPlan, machine_for, new_job_id, plan_job, shown
+from cluster.job.joblog import failure_report, first_failure
+from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS, LaunchError, env_pairs, job_dir
+from cluster.job.layout import LayoutError
+from cluster.node.profiles import get_profile, venv_dir
+from cluster.job.userjob import (BUILTIN_ONLY, DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDIR_LIMIT_MB, NO_SIGNAL,
                              NOTICE_SIGNALS, RequirementsPlan, UserJobError, UserProgram, check_module,
                              conflicting_builtin_options, notice_signal, parse_requirements, script_in_workdir,
                              split_args)
@@ -119,7 +119,7 @@ class UserInputs:
     """A user's own program: what runs, the workdir to copy, the requirements to install."""
 
     program: UserProgram
-    copy: object  # cluster.userjob.CopyPlan
+    copy: object  # cluster.job.userjob.CopyPlan
     install: RequirementsPlan | None
 
 
@@ -289,7 +289,7 @@ def _distribute(inventory: Inventory, conns) -> None:
 
 
 def _read_summary(master, plan: JobPlan) -> tuple[dict | None, str | None]:
-    """(summary.json of the job on the master, checked: cluster/jobsummary.py, None), or (None, why there is
+    """(summary.json of the job on the master, checked: cluster/job/jobsummary.py, None), or (None, why there is
     none to read)."""
     path = f"{plan.output_dir}/summary.json"
     text = jobs.read_remote_file(master, path)
@@ -580,7 +580,7 @@ def _launch(inventory: Inventory, plan: JobPlan, *, inputs: JobInputs | None = N
 
 
 def _world_check(conns, plan: JobPlan, independent: bool) -> int:
-    """After a user's program ended 0 on every rank: did its ranks form one world (cluster/worldcheck.py)?"""
+    """After a user's program ended 0 on every rank: did its ranks form one world (cluster/job/worldcheck.py)?"""
     from node_setup.ssh.world import read_records
 
     texts, unread = read_records(conns, plan.job_id)
@@ -622,7 +622,7 @@ def _own_program(inventory: Inventory, job_id: str, layout: dict, *, nodes: int,
     raise Exit(code=_launch(inventory, plan, user_job=True, independent_ranks=independent_ranks, allow_busy=allow_busy))
 
 
-# The job file's paths (node_setup/tasks/executor.py, cluster/jobfile.py): files of this machine, read
+# The job file's paths (node_setup/tasks/executor.py, cluster/job/jobfile.py): files of this machine, read
 # relative to the job file's folder; the data files and --cluster only when such a file exists there.
 train.job_file_paths = ("script", "workdir", "requirements")
 # `fab --help train` in these groups (node_setup/tasks/parsing.py), each sorted.

@@ -21,7 +21,8 @@ import paramiko
 import pytest
 from botocore.exceptions import ClientError
 
-from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, RANK_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER
+from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, RANK_KEY, ROLE_KEY, ROLE_MASTER,
+                                ROLE_WORKER)
 from node_setup.aws import discovery as aws_discovery
 from node_setup.aws.console import AwsConsole
 from node_setup.ssh.connections import (HostKeyRefused, HostKeyUnverified, PinnedHostKeys,

@@ -26,7 +26,7 @@ from botocore.stub import Stubber
 moto = pytest.importorskip("moto")
 from moto.core import set_initial_no_auth_action_count  # noqa: E402
 
-from cluster.spec import ClusterSpec  # noqa: E402
+from cluster.stack.spec import ClusterSpec  # noqa: E402
 from node_setup.aws import preflight as pf  # noqa: E402
 from node_setup.aws import quotas as vcpu_quotas  # noqa: E402
 from node_setup.aws import train_checks  # noqa: E402
@@ -169,7 +169,7 @@ def _default_group(ec2, vpc_id):
 
 def test_dry_run_launches_with_the_clusters_tags(mocked_aws):
     """Tagging on launch needs ec2:CreateTags: the dry run carries the tags the master gets."""
-    from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, RANK_KEY, ROLE_KEY
+    from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, RANK_KEY, ROLE_KEY
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     sent = _sent_launches(ec2)
@@ -220,7 +220,7 @@ def test_dry_run_terminates_on_shutdown_in_both_markets_and_uses_the_subnets_vpc
 
 def test_the_base_image_lookup_sends_the_shared_filters(mocked_aws):
     """Without baseAmi, preflight asks for the image the program picks (hvm, x86_64, EBS, the name)."""
-    from cluster.images import BASE_IMAGE_FILTERS
+    from cluster.stack.images import BASE_IMAGE_FILTERS
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     asked = []
@@ -390,7 +390,7 @@ def _instances(ec2, ids):
 
 def running_cluster(ec2, name="train", workers=2, spot=False):
     """A master and workers tagged as the Pulumi program tags them, and the Inventory discovery makes."""
-    from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags
+    from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags
     from node_setup.aws.discovery import inventory_from_instances
 
     base = cluster_tags(name, "dev")

@@ -122,7 +122,7 @@ def test_fab_plan_prices_spot_from_the_history_when_there_is_one():
 
 
 def test_fab_plan_without_spot_history_states_a_spot_estimate_not_the_on_demand_price():
-    from cluster.costplan import SPOT_ESTIMATE_FRACTION
+    from cluster.cost.costplan import SPOT_ESTIMATE_FRACTION
 
     notes = []
     price = pricing.plan_price("r7iz.metal-16xl", "us-east-1", ec2=stubbed_spot_history([]),
@@ -139,7 +139,7 @@ def test_fab_plan_without_spot_history_states_a_spot_estimate_not_the_on_demand_
 
 def test_fab_plan_prices_an_on_demand_master_against_a_quoted_spot_price_from_the_pricing_api():
     """A spot price from the history has no on-demand basis: `fab plan` asks the Pricing API for the master's."""
-    from cluster import costplan
+    from cluster.cost import costplan
     from node_setup.tasks.costs import _on_demand_price
 
     inputs = costplan.plan_inputs(None, costplan.PlanOptions(nodes="4", single_node_time="1h"))

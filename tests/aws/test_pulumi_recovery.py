@@ -18,7 +18,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from cluster import stack_recovery as sr
+from cluster.run import stack_recovery as sr
 from cluster.inventory import Inventory, Node
 from node_setup import pulumi_recovery
 from node_setup.aws import termination

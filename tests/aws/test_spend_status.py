@@ -17,8 +17,8 @@ import boto3
 import pytest
 from invoke import Context
 
-from cluster.costplan import Price
-from cluster.tags import ROLE_MASTER, ROLE_WORKER
+from cluster.cost.costplan import Price
+from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
 from node_setup.aws import pricing
 from node_setup.ssh import job as ssh_job
 from node_setup.ssh.fanout import NodeOutcome
@@ -158,7 +158,7 @@ def test_the_price_book_asks_aws_once_per_type_market_and_zone(mocked_aws):
 
 
 def test_status_shows_a_running_job_s_latest_mfu(cluster, job_on_master, capsys, monkeypatch):
-    from cluster import flops
+    from cluster.cost import flops
 
     peak = flops.Peak(cores=32, ghz=3.5, flops_per_cycle=64, precision=flops.FP32_AVX512, source="catalog: c6i")
     log = "\n".join(f"[0] rank 0 INFO training: {flops.progress_line(step, tflops * 1e12, peak)}"

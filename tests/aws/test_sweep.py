@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 pytest.importorskip("moto")
 from moto.core import set_initial_no_auth_action_count  # noqa: E402
 
-from cluster.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags  # noqa: E402
+from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER, cluster_tags, node_tags  # noqa: E402
 from node_setup.aws import sweep, sweep_delete  # noqa: E402
 
 IMAGE = "ami-1e749f67"  # a Canonical image moto ships

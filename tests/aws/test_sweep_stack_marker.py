@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("moto")
 
-from cluster.tags import ROLE_KEY, ROLE_MASTER, STACK_MARKER_KEY, cluster_tags  # noqa: E402
+from cluster.stack.tags import ROLE_KEY, ROLE_MASTER, STACK_MARKER_KEY, cluster_tags  # noqa: E402
 from node_setup.aws import sweep, sweep_delete  # noqa: E402
 from tests.aws.test_sweep import (OTHER_REGION, FakeInstanceProfileTags, FakePlacementGroups,  # noqa: E402
                                   _as_restricted_user, _spec, make_cluster, make_node_role, printed_listing,

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from cluster import autostop
-from cluster.tags import (ROLE_KEY, ROLE_MASTER, ROLE_WORKER,
+from cluster.node import autostop
+from cluster.stack.tags import (ROLE_KEY, ROLE_MASTER, ROLE_WORKER,
                           cluster_tags)
 
 moto_server = pytest.importorskip("moto.server")

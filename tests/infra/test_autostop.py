@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.spec import ConfigError
+from cluster.stack.spec import ConfigError
 from tests.infra.conftest import INSTANCE, LAUNCH_TEMPLATE, minimal_config
 
 

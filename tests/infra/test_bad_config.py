@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.spec import ConfigError
+from cluster.stack.spec import ConfigError
 from tests.infra.conftest import PUBLIC_KEY, minimal_config
 
 # (config overrides, phrases the message must contain: the key, the value, what is allowed)

@@ -7,8 +7,8 @@ import re
 
 import yaml
 
-from cluster.config_keys import BY_KEY, CONFIG_KEYS, PROJECT
-from cluster.spec import ClusterSpec
+from cluster.stack.config_keys import BY_KEY, CONFIG_KEYS, PROJECT
+from cluster.stack.spec import ClusterSpec
 from infra import config as infra_config
 from node_setup.controller import tomllib
 from tests.infra.conftest import ROOT, minimal_config

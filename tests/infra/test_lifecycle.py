@@ -15,8 +15,8 @@ import logging
 import pulumi
 import pytest
 
-from cluster.spec import ClusterSpec
-from cluster.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY
 from infra import image as infra_image
 from infra import node as infra_node
 from infra import program as infra_program
@@ -76,7 +76,7 @@ def test_given_image_and_subnet_are_not_ignored_so_setting_them_moves_the_cluste
 
 def test_the_base_image_lookup_asks_what_fab_preflight_asks(harness):
     """`fab preflight` dry-runs a launch from the image the program would pick: same owner, same filters."""
-    from cluster.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
+    from cluster.stack.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
 
     harness.run(minimal_config())
     (args,) = [a for token, a in harness.fake.calls if token == "aws:ec2/getAmiIds:getAmiIds"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.spec import ClusterSpec
-from cluster.tags import ROLE_WORKER
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import ROLE_WORKER
 from node_setup.aws import preflight as pf
 from tests.infra.conftest import LAUNCH_TEMPLATE, REGION, STACK, minimal_config
 
@@ -56,7 +56,7 @@ def test_the_worker_dry_run_sends_the_launch_templates_parameters(harness, confi
 
 def test_the_program_records_the_settings_that_replace_nodes(harness):
     """`fab preflight` compares the stack file with this output of the last `pulumi up`."""
-    from cluster import node_replacement
+    from cluster.stack import node_replacement
 
     config = minimal_config(instanceType="c6i.16xlarge", workerSpot=False)
     outputs = harness.run(config)

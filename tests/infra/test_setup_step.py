@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.profiles import PROFILES
+from cluster.node.profiles import PROFILES
 from infra import setup_step
 from infra.setup_step import ProfileSetupProvider, SetupError, bake_tag, run_profile_setup
 
@@ -380,7 +380,7 @@ def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
 def test_a_replaced_step_gives_the_new_image_a_new_name_and_an_update_keeps_it(monkeypatch):
     """A re-bake (the step replaced: a new create) never reuses the old image's name; a new master (an
     update) keeps the name, so the image and the workers stay."""
-    from cluster.spec import ClusterSpec
+    from cluster.stack.spec import ClusterSpec
     from infra.image import image_name
     from tests.infra.conftest import minimal_config
 

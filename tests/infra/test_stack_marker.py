@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import leftovers
-from cluster.tags import STACK_MARKER_KEY
+from cluster.stack import leftovers
+from cluster.stack.tags import STACK_MARKER_KEY
 from tests.infra.conftest import INSTANCE, STACK, minimal_config
 from tests.infra.test_program import SG, STACK_CONFIGS, groups
 

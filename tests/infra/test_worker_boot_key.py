@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from cluster.render import KEY_RESTRICTIONS
+from cluster.node.render import KEY_RESTRICTIONS
 from tests.infra.conftest import GROUP, LAUNCH_TEMPLATE, SUBNET_CIDR, fresh_run, minimal_config
 
 CLUSTER = "xeon-dev"  # minimal_config's cluster name

@@ -12,8 +12,8 @@ import logging
 import pulumi
 import pytest
 
-from cluster import profiles
-from cluster import worker_group as rules
+from cluster.node import profiles
+from cluster.stack import worker_group as rules
 from infra import workers as infra_workers
 from tests.infra.conftest import AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, fresh_run, minimal_config
 

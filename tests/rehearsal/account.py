@@ -45,7 +45,7 @@ import boto3
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.server import ThreadedMotoServer
 
-from cluster.images import CANONICAL_OWNER
+from cluster.stack.images import CANONICAL_OWNER
 from node_setup.aws.quotas import ON_DEMAND_QUOTA_CODE, SPOT_QUOTA_CODE
 from tests.rehearsal.group_launches import GroupLaunchDouble
 

@@ -46,7 +46,7 @@ from typing import Any, Callable
 import pulumi
 from pulumi.runtime import mocks
 
-from cluster.tags import RANK_KEY
+from cluster.stack.tags import RANK_KEY
 from tests.infra.conftest import (AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT, SETUP, Harness, Registration,
                                   RecordingMonitor)
 from tests.rehearsal.account import ACCOUNT, REGION, Account

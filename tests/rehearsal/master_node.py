@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cluster.setup_script import PREBAKE_KEY_STASH
+from cluster.node.setup_script import PREBAKE_KEY_STASH
 from node_setup.local.state import NodeState
 
 HOST_KEY_STASH_PARENT = Path("/run/xeon-cluster")

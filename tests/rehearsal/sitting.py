@@ -57,9 +57,9 @@ from typing import Callable, Iterator
 
 import yaml
 
-from cluster.profiles import get_profile, venv_dir
-from cluster.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
-from cluster.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER
+from cluster.node.profiles import get_profile, venv_dir
+from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
+from cluster.stack.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER
 from node_setup.aws.sweep import LIVE_INSTANCE_STATES
 from node_setup.controller import cache_root
 from node_setup.discovery import KEY_ENV

@@ -8,7 +8,7 @@ The addresses are chosen away from the subnet's first ones, which moto would han
 
 import pytest
 
-from cluster.tags import CLUSTER_KEY, ROLE_KEY, ROLE_WORKER
+from cluster.stack.tags import CLUSTER_KEY, ROLE_KEY, ROLE_WORKER
 from tests.infra.conftest import PUBLIC_KEY
 from tests.rehearsal.account import UBUNTU_IMAGE_ID, Account
 from tests.rehearsal.engine import Stack

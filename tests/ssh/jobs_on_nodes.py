@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from cluster.launch import JOBS_DIR
+from cluster.job.launch import JOBS_DIR
 
 
 def node_home(cluster, index: int) -> Path:

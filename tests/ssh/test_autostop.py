@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import autostop
+from cluster.node import autostop
 from node_setup.local import imds_server
 from node_setup.local import system as local_system
 from tests.ssh.conftest import FAB, REPO_ROOT, run_fab

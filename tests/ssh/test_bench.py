@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import calibration as calib
-from cluster.job_args import DEFAULT_GRAD_COMM
+from cluster.cost import calibration as calib
+from cluster.job.job_args import DEFAULT_GRAD_COMM
 from tests.ssh.conftest import FAB, REPO_ROOT, run_fab
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import calibration as calib
-from cluster.jobplan import machine_for
-from cluster.benchplan import layout_candidates
+from cluster.cost import calibration as calib
+from cluster.job.jobplan import machine_for
+from cluster.cost.benchplan import layout_candidates
 from tests.ssh.conftest import run_fab
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.console import fingerprint, parse_console
+from cluster.node.console import fingerprint, parse_console
 from node_setup.local import cluster as lc
 from node_setup.local.console import console_path
 from node_setup.ssh import keys

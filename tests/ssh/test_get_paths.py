@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
-from cluster.launch import job_dir
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.launch import job_dir
 from tests.ssh.conftest import run_fab
 
 pytestmark = [pytest.mark.ssh]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from tests.ssh.conftest import FAB, REPO_ROOT
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi]

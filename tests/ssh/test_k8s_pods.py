@@ -13,7 +13,7 @@ The pods are emulated this way, and only this way:
   path under a volume's mountPath in the command, environment or workingDir is that directory's;
   /dev/shm is the node's own;
 - the init container's command runs in each pod first, then the pods' commands run together.
-The interpreter and torchrun are the node venv's, at the path the image has (cluster/profiles.py
+The interpreter and torchrun are the node venv's, at the path the image has (cluster/node/profiles.py
 venv_dir). The local cluster is this test's own (two nodes), so its hosts files may change.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import k8s
+from cluster.job import k8s
 from node_setup import kubeflow
 from tests.k8s_operator import MASTER_ONLY_VARIABLES, operator_env
 

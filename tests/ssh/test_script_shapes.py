@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
-from cluster.worldcheck import INDEPENDENT_OPTION, TRAINED_ALONE
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.worldcheck import INDEPENDENT_OPTION, TRAINED_ALONE
 from tests.ssh.test_user_script import ONE_THREAD, fab, train_through_a_notice, write
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]

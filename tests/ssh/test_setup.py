@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.profiles import PROFILES, venv_dir
-from cluster.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
+from cluster.node.profiles import PROFILES, venv_dir
+from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
 from tests.ssh.conftest import run_fab
 
 pytestmark = pytest.mark.ssh

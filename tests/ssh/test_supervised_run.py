@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import supervision as sv
+from cluster.run import supervision as sv
 from node_setup.local import keeper
 from node_setup.local import state as local_state
 from tests.ssh.jobs_on_nodes import node_home, wait_for

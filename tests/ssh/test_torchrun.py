@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
-from cluster.launch import JOBS_DIR
-from cluster.torchrun import AGENT_FILE
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.launch import JOBS_DIR
+from cluster.job.torchrun import AGENT_FILE
 from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
 from training.checkpoints import MANIFEST
 

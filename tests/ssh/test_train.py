@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
-from cluster.launch import JOBS_DIR
-from cluster.spend import COST_KEY, LOCAL_NO_PRICE
-from cluster.profiles import PROFILES, venv_dir
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.launch import JOBS_DIR
+from cluster.cost.spend import COST_KEY, LOCAL_NO_PRICE
+from cluster.node.profiles import PROFILES, venv_dir
 from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi]

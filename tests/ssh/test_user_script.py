@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
-from cluster.profiles import PROFILES, venv_dir
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.node.profiles import PROFILES, venv_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
@@ -255,7 +255,7 @@ def test_a_script_failing_on_one_rank_fails_the_job_and_leaves_no_rank(cluster, 
 
 
 def test_nodes_running_an_older_toolkit_are_named_and_the_job_still_runs(cluster, tmp_path):
-    from cluster.setup_script import PROJECT_MARKER  # the venv is shared by the local nodes
+    from cluster.node.setup_script import PROJECT_MARKER  # the venv is shared by the local nodes
 
     marker = Path(VENV) / PROJECT_MARKER
     work = write(tmp_path / "work", {"hi.py": "print('hi', flush=True)\n"})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.userjob import FILE_STORE, WITHHELD_DOT, WITHHELD_LINK
+from cluster.job.userjob import FILE_STORE, WITHHELD_DOT, WITHHELD_LINK
 from tests.ssh.conftest import run_fab
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """The intel profile's Python stack from PyPI, in its own virtual environment, for the IPEX test.
 
 `python -m tests.training.ipex_env` builds it (scripts/setup-dev.sh does, unless
-XEON_CLUSTER_SKIP_IPEX=1): the intel profile's pins (cluster/profiles.py) except those PyPI does
+XEON_CLUSTER_SKIP_IPEX=1): the intel profile's pins (cluster/node/profiles.py) except those PyPI does
 not carry (the oneCCL bindings come only from Intel's index, which this machine cannot reach), so
 the job runs with IPEX over gloo. PyPI's torch 2.8.0 is the CUDA build: it runs on the CPU but
 pulls about 3.5 GB of NVIDIA libraries, a 7 GB environment built in about 2 minutes here.
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster.profiles import get_profile
+from cluster.node.profiles import get_profile
 
 VENV = Path(os.environ.get("XEON_CLUSTER_IPEX_VENV") or "/var/cache/xeon-cluster/venv-intel-pypi")
 NOT_ON_PYPI = ("oneccl_bind_pt",)

@@ -41,7 +41,7 @@ def test_newest_local_skips_checkpoints_without_manifest(tmp_path):
 
 
 def test_s3_uri_parsing_follows_the_controllers_rule():
-    from cluster.job_args import parse_s3_uri
+    from cluster.job.job_args import parse_s3_uri
 
     assert checkpoint_s3.parse_s3_uri("s3://my-bucket/jobs/run-1/") == ("my-bucket", "jobs/run-1")
     assert checkpoint_s3.parse_s3_uri("s3://my-bucket") == ("my-bucket", "")

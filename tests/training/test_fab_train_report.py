@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from cluster import jobreport
+from cluster.job import jobreport
 from cluster.inventory import Inventory, Node
 from node_setup.tasks import train as fab_train
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from cluster import flops
+from cluster.cost import flops
 from tests.training.conftest import REPO, mpi_env, read_summary
 
 

@@ -89,7 +89,7 @@ def test_write_summary_replaces_the_file_whole(tmp_path):
 
 
 def test_every_task_name_has_a_task_object():
-    from cluster.job_args import TASKS
+    from cluster.job.job_args import TASKS
     from training import tasks
 
     assert sorted(tasks.TASKS) == sorted(TASKS)

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from cluster import autostop, shell
-from cluster.profiles import PROFILES
-from cluster.setup_script import PREBAKE_ARTEFACTS, InstallPlan, install_script
+from cluster.node import autostop
+from cluster import shell
+from cluster.node.profiles import PROFILES
+from cluster.node.setup_script import PREBAKE_ARTEFACTS, InstallPlan, install_script
 from node_setup.local import imds_server
 from tests.fab_run import fab_in_process
 
@@ -201,7 +202,7 @@ def test_fab_train_finds_the_stacks_idle_time_for_its_cluster(tmp_path):
 
 
 def test_preflight_and_plan_refuse_a_bad_auto_stop_idle_with_the_other_settings(tmp_path):
-    from cluster.spec import ConfigError
+    from cluster.stack.spec import ConfigError
     from node_setup.stack_config import load_stack_spec
 
     (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  aws:region: us-east-1\n  xeon-cluster:autoStopIdle: soon\n")

@@ -21,12 +21,12 @@ KIND_NAMES = {"LOCAL", "AWS", "FILE"}  # a check against every kind (`in KINDS`)
 
 # file -> how many kind checks it keeps, and why they are not the backends' concerns
 ALLOWED = {
-    "cluster/spend.py": (2, "the market column: local, spot, on-demand (a rendering)"),
-    "cluster/jobreport.py": (1, "the spot advice without --checkpoint-uri, for an AWS cluster's spot nodes"),
-    "cluster/jobplan.py": (2, "a local cluster's nodes share this machine's cores (the layout); its output "
+    "cluster/cost/spend.py": (2, "the market column: local, spot, on-demand (a rendering)"),
+    "cluster/job/jobreport.py": (1, "the spot advice without --checkpoint-uri, for an AWS cluster's spot nodes"),
+    "cluster/job/jobplan.py": (2, "a local cluster's nodes share this machine's cores (the layout); its output "
                              "root under /var/tmp, planned in cluster/ (the supervisor and pure tests plan jobs)"),
-    "cluster/benchplan.py": (1, "a local cluster's output root, as cluster/jobplan.py's"),
-    "cluster/autostop.py": (1, "the idle auto-stop is the stack's, on AWS only"),
+    "cluster/cost/benchplan.py": (1, "a local cluster's output root, as cluster/job/jobplan.py's"),
+    "cluster/node/autostop.py": (1, "the idle auto-stop is the stack's, on AWS only"),
     "node_setup/ssh/requirements.py": (1, "the nodes of a local cluster install from this machine's wheelhouse"),
     "node_setup/ssh/install.py": (1, "as node_setup/ssh/requirements.py"),
     "node_setup/ssh/autostop.py": (1, "the workers' group the AWS auto-stop sets to 0"),

@@ -1,4 +1,4 @@
-"""cluster/boot_script.py: a worker's first-boot script (the launch template's user data), its values
+"""cluster/node/boot_script.py: a worker's first-boot script (the launch template's user data), its values
 refused where they enter, and the script itself run as cloud-init runs it, into a temporary home."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from cluster import boot_script
-from cluster.render import KEY_RESTRICTIONS, RenderError
+from cluster.node import boot_script
+from cluster.node.render import KEY_RESTRICTIONS, RenderError
 
 CLUSTER = "demo"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICECnqlEndt9BEuNRtVWwmWQcvgQq/FYgx/iofqx4Int xeon-cluster:demo"

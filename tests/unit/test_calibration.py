@@ -1,5 +1,5 @@
-"""Calibrations (cluster/calibration.py), `fab bench`'s plan (cluster/benchplan.py) and the planner
-with measured inputs, gradient communication and bucket size (cluster/timemodel.py, costplan.py)."""
+"""Calibrations (cluster/cost/calibration.py), `fab bench`'s plan (cluster/cost/benchplan.py) and the planner
+with measured inputs, gradient communication and bucket size (cluster/cost/timemodel.py, costplan.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from cluster import benchplan, costplan
-from cluster import calibration as calib
-from cluster import timemodel as tm
+from cluster.cost import benchplan, costplan
+from cluster.cost import calibration as calib
+from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory, Node
-from cluster.job_args import DEFAULT_GRAD_COMM
+from cluster.job.job_args import DEFAULT_GRAD_COMM
 
 PARAMS = 135_618
 

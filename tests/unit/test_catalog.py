@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import catalog
+from cluster.stack import catalog
 
 REQUIRED = ["r7iz.metal-16xl", "r7iz.metal-32xl", "c6i.16xlarge", "c6i.32xlarge", "c7i.metal-24xl",
             "c7i.metal-48xl", "m7i.48xlarge", "c6in.32xlarge"]

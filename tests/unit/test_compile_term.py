@@ -1,8 +1,8 @@
-"""The planner's compile term (cluster/timemodel.py): start-up, step time and the auto rule."""
+"""The planner's compile term (cluster/cost/timemodel.py): start-up, step time and the auto rule."""
 
 import pytest
 
-from cluster import timemodel as tm
+from cluster.cost import timemodel as tm
 
 # the AMX Xeon's full DistilBERT step at 384 tokens, 1 rank x 16 threads: 1.33 s eager, 0.93 s compiled, ~60 s
 AMX = tm.CompileCost(eager_step_s=1.33, compiled_step_s=0.93, compile_s=60.0)
@@ -33,8 +33,8 @@ def test_auto_compiles_only_when_the_saving_exceeds_the_compile_time():
 
 
 def test_fab_train_compile_option_becomes_the_job_s_with_the_calibration_s_estimate():
-    from cluster import calibration as calib
-    from cluster.job_args import JobArgsError, compile_arguments
+    from cluster.cost import calibration as calib
+    from cluster.job.job_args import JobArgsError, compile_arguments
 
     assert compile_arguments("") == [] and compile_arguments("ON") == ["--compile", "on"]
     assert compile_arguments("auto", AMX) == ["--compile", "auto", "--compile_estimate", "1.3300,0.9300,60.0"]

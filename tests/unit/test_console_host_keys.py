@@ -1,4 +1,4 @@
-"""cluster/console.py: the host key blocks cloud-init prints on a node's console, and matching a presented key.
+"""cluster/node/console.py: the host key blocks cloud-init prints on a node's console, and matching a presented key.
 
 The keys are made here (ed25519, ECDSA P-256, RSA 3072) and their fingerprints computed by
 `ssh-keygen -l` itself, so the parser is checked against the tool's own output, not against itself.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.console import ConsoleHostKeys, describe, fingerprint, parse_console
+from cluster.node.console import ConsoleHostKeys, describe, fingerprint, parse_console
 
 pytestmark = pytest.mark.skipif(not shutil.which("ssh-keygen"), reason="needs ssh-keygen (openssh-client)")
 

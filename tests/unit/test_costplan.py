@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from cluster import costplan
-from cluster import timemodel as tm
-from cluster.models import lookup_dataset, lookup_model
+from cluster.cost import costplan
+from cluster.cost import timemodel as tm
+from cluster.cost.models import lookup_dataset, lookup_model
 from tests.fab_run import ROOT
 
 WORK = tm.Workload(params=lookup_model("distilbert").params, samples=lookup_dataset("squad").train_features,
@@ -144,7 +144,7 @@ def test_fab_plan_placement_group_doubles_the_per_flow_bandwidth():
 def test_fab_plan_notes_when_the_stack_disagrees_about_the_placement_group():
     import base64
 
-    from cluster.spec import ClusterSpec
+    from cluster.stack.spec import ClusterSpec
 
     key = "ssh-ed25519 " + base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)).decode()
     spec = ClusterSpec.from_config({"publicKey": key, "adminCidrs": ["203.0.113.0/24"], "placementGroup": False},

@@ -1,10 +1,10 @@
-"""The pure rule of which names from the master `fab get` may write here (cluster/fetch_paths.py)."""
+"""The pure rule of which names from the master `fab get` may write here (cluster/job/fetch_paths.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster.fetch_paths import check_subpath, local_parts, refused_name, stays_under
+from cluster.job.fetch_paths import check_subpath, local_parts, refused_name, stays_under
 
 
 @pytest.mark.parametrize("name", ["result.json", "checkpoint-40", ".hidden", "...", "a b", "é😀", "a\\b", "-rf"])

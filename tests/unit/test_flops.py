@@ -1,8 +1,9 @@
-"""Model FLOPs, a node's peak and MFU (cluster/flops.py)."""
+"""Model FLOPs, a node's peak and MFU (cluster/cost/flops.py)."""
 
 import pytest
 
-from cluster import catalog, flops, models
+from cluster.stack import catalog
+from cluster.cost import flops, models
 
 XEON_LSCPU = """Architecture:            x86_64
 Vendor ID:               GenuineIntel

@@ -1,5 +1,5 @@
 """Dependency confusion: a package of the profile's own index is taken from that index alone, never
-from PyPI (cluster/profiles.py IndexPin), on a node (cluster/shell/install.sh) and in the
+from PyPI (cluster/node/profiles.py IndexPin), on a node (cluster/shell/install.sh) and in the
 controller's wheelhouse (node_setup/ssh/wheels.py).
 
 Run for real with pip against two local file:// indexes made here: "public" plays PyPI (pip's
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.profiles import PROFILES, IndexPin, Profile
-from cluster.setup_script import InstallPlan, install_script, parse_events
+from cluster.node.profiles import PROFILES, IndexPin, Profile
+from cluster.node.setup_script import InstallPlan, install_script, parse_events
 from node_setup.ssh.wheels import fill_wheelhouse
 from tests.unit.test_setup_script import OS_PYTHON, fake_tools, needs_os_python
 

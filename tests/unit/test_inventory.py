@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from cluster.inventory import Inventory, InventoryError
-from cluster.tags import ROLE_MASTER, ROLE_WORKER
+from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
 from tests.fab_run import fab_in_process
 
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from cluster.job_args import JobArgsError, parse_s3_uri, training_arguments
+from cluster.job.job_args import JobArgsError, parse_s3_uri, training_arguments
 
 
 @pytest.mark.parametrize("epochs, checkpoint_minutes", [("2", "5"), ("0.5", "0"), (3, 2.5), ("", ""), (None, None)])

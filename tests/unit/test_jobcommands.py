@@ -1,5 +1,5 @@
 """One job start for fab (node_setup/ssh/job.py, Fabric) and the run supervisor (plain ssh): the files
-and the start command are cluster/jobcommands.py's, and both put the same ones on the master."""
+and the start command are cluster/job/jobcommands.py's, and both put the same ones on the master."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import signal
 import subprocess
 from types import SimpleNamespace
 
-from cluster import jobcommands
+from cluster.job import jobcommands
 from cluster.inventory import Inventory
-from cluster.jobplan import plan_job
-from cluster.launch import job_dir
+from cluster.job.jobplan import plan_job
+from cluster.job.launch import job_dir
 
 
 def _plan():
@@ -67,7 +67,7 @@ def test_fab_and_the_supervisor_write_the_same_files_and_run_the_same_start(tmp_
     job = Job(spec, Shell(), Nodes(Shell(), plan.inventory, "/venv/bin/python"), tmp_path)
     monkeypatch.setattr(Nodes, "known_keys", lambda self: {})
     monkeypatch.setattr(Nodes, "write_hosts", lambda self, nodes, keys: None)
-    from cluster.supervision import Member
+    from cluster.run.supervision import Member
 
     job_id = job.launch([Member(n.name, n.address, None) for n in plan.inventory.nodes], resume=False, batch=None)
     theirs = job.plans[job_id]

@@ -1,4 +1,4 @@
-"""The job file (`fab train -f job.yaml`): cluster/jobfile.py's merge, and the real `fab train -f ... --dry-run`."""
+"""The job file (`fab train -f job.yaml`): cluster/job/jobfile.py's merge, and the real `fab train -f ... --dry-run`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobfile import JobFileError, Option, resolve
+from cluster.job.jobfile import JobFileError, Option, resolve
 from tests.fab_run import Ran, fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]

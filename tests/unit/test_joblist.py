@@ -1,4 +1,4 @@
-"""`fab jobs`'s reading of the master's records (cluster/joblist.py): states, durations, and "unknown"
+"""`fab jobs`'s reading of the master's records (cluster/job/joblist.py): states, durations, and "unknown"
 for whatever is missing or malformed, never an exception. The text is what cluster/shell/job-list.sh
 prints; the script itself runs against real job directories in tests/ssh/test_jobs_list.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from cluster.joblist import as_json, parse, table
+from cluster.job.joblist import as_json, parse, table
 
 META = {"started": "2026-01-02T03:04:05Z", "hosts": ["node0", "node1"], "world_size": 4,
         "output_dir": "xeon-cluster-runs/20260102-030405-aaaa", "launcher": "mpirun"}

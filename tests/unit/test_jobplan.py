@@ -1,14 +1,14 @@
-"""The job decided before anything is touched: the plan (cluster/jobplan.py), log labels and failure
-reports (cluster/joblog.py), and the job's arguments (cluster/job_args.py)."""
+"""The job decided before anything is touched: the plan (cluster/job/jobplan.py), log labels and failure
+reports (cluster/job/joblog.py), and the job's arguments (cluster/job/job_args.py)."""
 
 import io
 
 import pytest
 
-from cluster import jobplan as jobs
+from cluster.job import jobplan as jobs
 from cluster.inventory import Inventory
-from cluster.job_args import JobArgsError, training_arguments
-from cluster.joblog import RankPrefixer, failure_report
+from cluster.job.job_args import JobArgsError, training_arguments
+from cluster.job.joblog import RankPrefixer, failure_report
 
 
 def inventory(kind="file", nodes=4, instance_type="r7iz.metal-16xl", **kw):
@@ -132,7 +132,7 @@ def test_checkpoint_uris_that_no_node_could_use_are_refused(uri):
 
 
 def test_reclaim_report_says_what_resumes_the_run():
-    from cluster.jobreport import reclaim_report
+    from cluster.job.jobreport import reclaim_report
 
     summary = {"interruption": {"step": 58}, "checkpoints": [{"step": 58, "path": "/out/checkpoint-58"}]}
     plain, managed = reclaim_report(summary, "node0"), reclaim_report(summary, "node0", managed=True)
@@ -141,7 +141,7 @@ def test_reclaim_report_says_what_resumes_the_run():
 
 
 def test_a_catalogued_instance_type_reaches_the_job_for_its_peak():
-    """The job measures MFU against the catalog's peak of the nodes' type (cluster/flops.py)."""
+    """The job measures MFU against the catalog's peak of the nodes' type (cluster/cost/flops.py)."""
     plan = jobs.plan_job(inventory(), nodes=2, training_args=["--max_steps", "3"])
     args = list(plan.training_args)
     assert args[args.index("--instance_type") + 1] == "r7iz.metal-16xl"

@@ -1,4 +1,4 @@
-"""`fab k8s-job`: the PyTorchJob manifest (cluster/k8s.py, node_setup/kubeflow.py) and the training
+"""`fab k8s-job`: the PyTorchJob manifest (cluster/job/k8s.py, node_setup/kubeflow.py) and the training
 image's Dockerfile. Bad input rows are in test_fab_bad_input.py; the pods' run is
 tests/ssh/test_k8s_pods.py."""
 
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import catalog, k8s
-from cluster.layout import KMP_BLOCKTIME
-from cluster.profiles import TCMALLOC_PATH, get_profile, venv_dir
+from cluster.stack import catalog
+from cluster.job import k8s
+from cluster.job.layout import KMP_BLOCKTIME
+from cluster.node.profiles import TCMALLOC_PATH, get_profile, venv_dir
 from node_setup import kubeflow
 from tests.k8s_operator import operator_env
 from tests.fab_run import fab_in_process
@@ -176,16 +177,17 @@ def test_every_question_the_dockerfile_asks_the_profile_has_an_answer():
     text = "\n".join(line for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines()
                      if not line.lstrip().startswith("#"))
     assert "openssh" not in text.lower() and "ssh" not in text.split()  # torchrun needs no SSH
-    asked = set(re.findall(r"python3 -m cluster\.container ([a-z-]+)", text))
+    asked = set(re.findall(r"python3 -m cluster\.job\.container ([a-z-]+)", text))
     assert asked >= {"apt", "tcmalloc-packages", "tcmalloc", "requirements", "venv"}
     for what in sorted(asked):
-        result = subprocess.run([sys.executable, "-m", "cluster.container", what, "stock"], cwd=ROOT,
+        result = subprocess.run([sys.executable, "-m", "cluster.job.container", what, "stock"], cwd=ROOT,
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 0 and result.stdout.strip(), (what, result.stderr)
-    requirements = subprocess.run([sys.executable, "-m", "cluster.container", "requirements", "stock"], cwd=ROOT,
+    requirements = subprocess.run([sys.executable, "-m", "cluster.job.container", "requirements", "stock"], cwd=ROOT,
                                   capture_output=True, text=True, timeout=30).stdout
     assert "torch==2.13.0\n" in requirements and "index-url" not in requirements  # PyPI alone
-    index_only = subprocess.run([sys.executable, "-m", "cluster.container", "index-requirements", "intel"], cwd=ROOT,
+    index_only = subprocess.run([sys.executable, "-m", "cluster.job.container", "index-requirements", "intel"],
+                                cwd=ROOT,
                                 capture_output=True, text=True, timeout=30).stdout
     assert index_only.splitlines() == ["https://download.pytorch.org/whl/cpu torch==2.8.0",
                                        "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/ "

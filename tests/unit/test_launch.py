@@ -5,10 +5,10 @@ import subprocess
 
 import pytest
 
-from cluster import catalog
-from cluster.launch import (FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
+from cluster.stack import catalog
+from cluster.job.launch import (FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
                             master_port_for, plan_launch)
-from cluster.layout import plan_layout
+from cluster.job.layout import plan_layout
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
 VENV = "/opt/xeon-cluster/venv-stock"

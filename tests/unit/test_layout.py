@@ -2,9 +2,9 @@
 
 import pytest
 
-from cluster import catalog
-from cluster.layout import LayoutError, machine_from_lscpu, plan_layout
-from cluster.profiles import TCMALLOC_PATH
+from cluster.stack import catalog
+from cluster.job.layout import LayoutError, machine_from_lscpu, plan_layout
+from cluster.node.profiles import TCMALLOC_PATH
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
 BACKENDS = ("gloo", "ccl")

@@ -1,6 +1,6 @@
 """`fab up` and `fab down` (node_setup/tasks/lifecycle.py) with a test double of the Pulumi CLI.
 
-The steps and command lines (cluster/lifecycle.py) are checked as data; the rest runs the real `fab`
+The steps and command lines (cluster/stack/lifecycle.py) are checked as data; the rest runs the real `fab`
 (python -m fabric) against a stack file in a temporary directory, with tests/unit/fake_pulumi.py
 installed as `pulumi` on PATH. What needs AWS (preflight's checks, the sweep's listing) is replaced
 by test doubles in the in-process tests at the end; the Pulumi double and the process handling are
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from cluster import catalog, lifecycle
+from cluster.stack import catalog, lifecycle
 from tests.unit.test_fab_bad_input import ROOT, STACK
 from tests.fab_run import fab_in_process
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from node_setup.local.runs import ensure_run_folder
 from node_setup.local.state import LocalClusterError
 

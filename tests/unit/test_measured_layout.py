@@ -1,4 +1,4 @@
-"""A calibration's measured layout and compile figures (cluster/calibration.py, cluster/job_args.py), and
+"""A calibration's measured layout and compile figures (cluster/cost/calibration.py, cluster/job/job_args.py), and
 `fab train --dry-run` taking them from the cluster's calibration (node_setup/tasks/train.py)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import calibration as calib
-from cluster import timemodel as tm
-from cluster.job_args import JobArgsError, compile_choice
+from cluster.cost import calibration as calib
+from cluster.cost import timemodel as tm
+from cluster.job.job_args import JobArgsError, compile_choice
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "r7iz.metal-16xl"
@@ -136,8 +136,8 @@ def test_fab_train_refuses_a_bad_compile_choice_in_one_line(tmp_path):
 
 # ----------------------------------------------------------------------------- fab plan and fab bench (pure)
 
-from cluster import benchplan, costplan  # noqa: E402
-from cluster.catalog import custom, lookup  # noqa: E402
+from cluster.cost import benchplan, costplan  # noqa: E402
+from cluster.stack.catalog import custom, lookup  # noqa: E402
 from cluster.inventory import Inventory  # noqa: E402
 
 PRICE = costplan.Price(1.0, "spot", "given")

@@ -1,5 +1,5 @@
 """`fab preflight` warns when a stack-file change would replace nodes: the comparison
-(cluster/node_replacement.py) and the reading of the last `pulumi up`'s `nodeSettings` output, with a
+(cluster/stack/node_replacement.py) and the reading of the last `pulumi up`'s `nodeSettings` output, with a
 test double for the Pulumi CLI (the real one would need a deployed stack)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from cluster import node_replacement as nr
-from cluster.spec import ClusterSpec
+from cluster.stack import node_replacement as nr
+from cluster.stack.spec import ClusterSpec
 from node_setup.aws.findings import OK, SKIPPED, WARN, Report
 from node_setup.tasks import costs
 from tests.infra.conftest import PUBLIC_KEY, minimal_config

@@ -1,12 +1,12 @@
-"""`fab plan`'s predicted MFU (cluster/plan_mfu.py on cluster/costplan.py's plan)."""
+"""`fab plan`'s predicted MFU (cluster/cost/plan_mfu.py on cluster/cost/costplan.py's plan)."""
 
 import json
 
 import pytest
 
-from cluster import costplan, flops
-from cluster.costplan import PlanOptions, Price
-from cluster.plan_mfu import plan_flops
+from cluster.cost import costplan, flops
+from cluster.cost.costplan import PlanOptions, Price
+from cluster.cost.plan_mfu import plan_flops
 
 PRICE = Price(3.0, "spot", "given")
 

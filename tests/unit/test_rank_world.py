@@ -1,7 +1,7 @@
-"""Every rank's multi-CPU world: the variable the launch sets for accelerate (cluster/launch.py
+"""Every rank's multi-CPU world: the variable the launch sets for accelerate (cluster/job/launch.py
 CPU_WORLD_ENV, under mpirun and torchrun), the runner making a bare PartialState() read it, the
 runner's record of the world each rank joined (xeon_cluster/run.py), and what `fab train` decides
-from the records (cluster/worldcheck.py). Real torch and accelerate, in subprocesses."""
+from the records (cluster/job/worldcheck.py). Real torch and accelerate, in subprocesses."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import catalog, worldcheck
-from cluster.launch import CPU_WORLD_ENV, FLAVOURS, LaunchError, plan_launch
-from cluster.layout import plan_layout
-from cluster.torchrun import plan_torchrun_launch, torchrun_env
+from cluster.stack import catalog
+from cluster.job import worldcheck
+from cluster.job.launch import CPU_WORLD_ENV, FLAVOURS, LaunchError, plan_launch
+from cluster.job.layout import plan_layout
+from cluster.job.torchrun import plan_torchrun_launch, torchrun_env
 from xeon_cluster import run as runner
 
 ROOT = Path(__file__).resolve().parents[2]

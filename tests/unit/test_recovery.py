@@ -1,4 +1,4 @@
-"""cluster/recovery.py: the decisions of `fab train --managed` (pure), and its bad input through the real `fab`."""
+"""cluster/run/recovery.py: the decisions of `fab train --managed` (pure), and its bad input through the real `fab`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import recovery as rc
+from cluster.run import recovery as rc
 from tests.fab_run import fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]

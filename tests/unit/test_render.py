@@ -1,13 +1,13 @@
-"""cluster/render.py: the hostfile, ssh config block and known_hosts text, master first."""
+"""cluster/node/render.py: the hostfile, ssh config block and known_hosts text, master first."""
 
 import random
 
 import pytest
 
 from cluster.inventory import InventoryError, Node
-from cluster.render import (MasterPaths, RenderError, authorized_key_line, hostfile_text, known_hosts_text,
+from cluster.node.render import (MasterPaths, RenderError, authorized_key_line, hostfile_text, known_hosts_text,
                             replace_managed_block, ssh_config_block, table)
-from cluster.tags import ROLE_MASTER
+from cluster.stack.tags import ROLE_MASTER
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0ZXN0a2V5Zm9ycmVuZGVyaW5ndGVzdHMxMjM0NTY3"
 

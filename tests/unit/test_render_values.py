@@ -1,5 +1,5 @@
-"""The files `fab distribute` writes on the master and the nodes (cluster/render.py, the job's
-hostfile in cluster/launch.py, a local node's /etc/hosts) refuse a value that would add a line or
+"""The files `fab distribute` writes on the master and the nodes (cluster/node/render.py, the job's
+hostfile in cluster/job/launch.py, a local node's /etc/hosts) refuse a value that would add a line or
 an option, however the nodes were made.
 
 `unchecked_node` is a test double: a Node made without its own checks (as a bug elsewhere, a
@@ -14,8 +14,8 @@ import dataclasses
 import pytest
 
 from cluster.inventory import Node
-from cluster.launch import LaunchError, hostfile_text as job_hostfile_text
-from cluster.render import (MasterPaths, RenderError, authorized_key_line, hostfile_text, key_comment,
+from cluster.job.launch import LaunchError, hostfile_text as job_hostfile_text
+from cluster.node.render import (MasterPaths, RenderError, authorized_key_line, hostfile_text, key_comment,
                             known_hosts_text, replace_managed_block, ssh_config_block)
 from node_setup.local.state import hosts_text
 

@@ -1,4 +1,4 @@
-"""A supervised run's whole log (`fab logs` on a `fab train --managed` run): cluster/runlog.py's order and
+"""A supervised run's whole log (`fab logs` on a `fab train --managed` run): cluster/run/runlog.py's order and
 end, and node_setup/ssh/supervised_log.py's reads against a local stand-in for the master.
 
 `LocalMaster` is a test double of the master's SSH connection: the same commands, run by this machine's
@@ -18,10 +18,10 @@ from pathlib import Path
 import invoke
 import pytest
 
-from cluster import recovery as rc
-from cluster import runlog
-from cluster import supervision as sv
-from cluster.launch import job_dir
+from cluster.run import recovery as rc
+from cluster.run import runlog
+from cluster.run import supervision as sv
+from cluster.job.launch import job_dir
 from node_setup.ssh.supervised_log import show_run
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 from node_setup.tasks import common

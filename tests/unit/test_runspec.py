@@ -1,5 +1,5 @@
 """A lost master's run continued: the run's spec written beside its checkpoints at the hand-off, read back
-by `fab train --managed --resume` (cluster/runspec.py, node_setup/tasks/managed.py), with moto's S3 and a
+by `fab train --managed --resume` (cluster/run/runspec.py, node_setup/tasks/managed.py), with moto's S3 and a
 local stand-in for the master.
 
 `LocalMaster` is a test double of the master's SSH connection (this machine's shell and files, HOME at a
@@ -15,12 +15,12 @@ from pathlib import Path
 import invoke
 import pytest
 
-from cluster import recovery as rc
-from cluster import runspec
-from cluster import supervision as sv
+from cluster.run import recovery as rc
+from cluster.run import runspec
+from cluster.run import supervision as sv
 from cluster.inventory import Inventory
-from cluster.job_args import synthetic_data
-from cluster.jobplan import plan_job
+from cluster.job.job_args import synthetic_data
+from cluster.job.jobplan import plan_job
 from node_setup.aws import run_spec as spec_store
 from node_setup.tasks import common, managed
 from tests.fab_run import fab_in_process

@@ -1,4 +1,4 @@
-"""cluster/setup_script.py: the install, check and pre-bake scripts, run for real with bash.
+"""cluster/node/setup_script.py: the install, check and pre-bake scripts, run for real with bash.
 
 The scripts run on this machine against a temporary node root: a real venv from the OS Python,
 real pip installs from a wheelhouse of two tiny wheels made here, and `fake_apt` test doubles
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.catalog import CATALOG
-from cluster.profiles import PROFILES, Profile
-from cluster.setup_script import (InstallPlan, changed, check_script, evaluate_check, fingerprint_digest,
+from cluster.stack.catalog import CATALOG
+from cluster.node.profiles import PROFILES, Profile
+from cluster.node.setup_script import (InstallPlan, changed, check_script, evaluate_check, fingerprint_digest,
                                   install_script, parse_events, pin_satisfied, prebake_script)
 
 OS_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/bin/python3.11") if os.access(p, os.X_OK)), None)

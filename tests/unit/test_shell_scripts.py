@@ -14,11 +14,13 @@ from importlib import resources
 
 import pytest
 
-from cluster import autostop, catalog, shell
-from cluster.launch import FLAVOURS, RANK_WRAPPER, plan_launch
-from cluster.layout import plan_layout
-from cluster.profiles import PROFILES
-from cluster.setup_script import InstallPlan, check_script, install_script, prebake_script
+from cluster.node import autostop
+from cluster.stack import catalog
+from cluster import shell
+from cluster.job.launch import FLAVOURS, RANK_WRAPPER, plan_launch
+from cluster.job.layout import plan_layout
+from cluster.node.profiles import PROFILES
+from cluster.node.setup_script import InstallPlan, check_script, install_script, prebake_script
 from node_setup.ssh import job
 from node_setup.ssh.wheels import build_project_wheel
 

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from cluster.profiles import PROFILES
-from cluster.spec import MAX_ROOT_VOLUME_GIB, MAX_WORKERS, MIN_ADMIN_PREFIX, ClusterSpec, ConfigError, unique_cidrs
+from cluster.node.profiles import PROFILES
+from cluster.stack.spec import (MAX_ROOT_VOLUME_GIB, MAX_WORKERS, MIN_ADMIN_PREFIX, ClusterSpec, ConfigError,
+                                unique_cidrs)
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICECnqlEndt9BEuNRtVWwmWQcvgQq/FYgx/iofqx4Int test@xeon-cluster"
 # A real ecdsa-sha2-nistp256 public key (made with ssh-keygen for this test).

@@ -1,14 +1,14 @@
-"""Spend so far and a run's cost (cluster/spend.py, pure), and what `fab train` plans from a job plan."""
+"""Spend so far and a run's cost (cluster/cost/spend.py, pure), and what `fab train` plans from a job plan."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster import costplan, spend
-from cluster import timemodel as tm
+from cluster.cost import costplan, spend
+from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory, Node
-from cluster.job_args import job_setting
-from cluster.jobplan import plan_job
+from cluster.job.job_args import job_setting
+from cluster.job.jobplan import plan_job
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0
@@ -260,7 +260,7 @@ def test_a_user_program_s_run_gets_the_toolkit_s_summary_in_its_job_directory(mo
     import dataclasses
     import json
 
-    from cluster.userjob import UserProgram
+    from cluster.job.userjob import UserProgram
     from node_setup.ssh import job as ssh_job
     from node_setup.tasks.spend import RunCostClock
 

@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from cluster.spec import ConfigError
+from cluster.stack.spec import ConfigError
 from node_setup.stack_config import StackConfigError, load_stack_spec
 
 KEY = "ssh-ed25519 " + base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)).decode()

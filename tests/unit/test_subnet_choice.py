@@ -1,7 +1,7 @@
 """The one rule for the subnet (and zone) a cluster without subnetId goes into: the program and
-`fab preflight` both use cluster/subnet_choice.py."""
+`fab preflight` both use cluster/stack/subnet_choice.py."""
 
-from cluster import subnet_choice
+from cluster.stack import subnet_choice
 
 
 SUBNETS = {"subnet-0c": "us-east-1a", "subnet-0a": "us-east-1c", "subnet-0b": "us-east-1b", "subnet-09": "us-east-1e"}

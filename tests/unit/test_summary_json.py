@@ -1,5 +1,5 @@
 """A job's summary.json read back from the master, however odd or hostile it is: every reader goes
-through cluster/jobsummary.py, which leaves malformed fields out with one warning line each and
+through cluster/job/jobsummary.py, which leaves malformed fields out with one warning line each and
 never raises; `fab train`'s report and reclaim report say what they can, and the reclaim cleanup
 still runs. The master is a test double (MasterDouble: files in a dict; the follow stand-ins are
 those of tests/training/test_fab_train_report.py)."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from cluster import jobreport, jobsummary
+from cluster.job import jobreport, jobsummary
 from node_setup.tasks import train as fab_train
 from tests.unit.test_spend import MasterDouble
 
@@ -119,7 +119,7 @@ def test_the_reclaim_cleanup_runs_when_the_summary_cannot_be_read_at_all(monkeyp
 @pytest.mark.parametrize("text", ['{"metrics": [1], "steps": 5}', "[" * 100_000, "[1]"],
                          ids=["bad field", "deep nesting", "a list"])
 def test_the_records_added_to_summary_json_go_through_the_same_check(capsys, text):
-    from cluster import spend
+    from cluster.cost import spend
     from node_setup.tasks.spend import record_cost
 
     path = "/out/job-9/summary.json"

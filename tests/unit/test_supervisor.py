@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from cluster import recovery as rc
-from cluster import supervision as sv
-from cluster.console import fingerprint
-from cluster.supervision import Member
+from cluster.run import recovery as rc
+from cluster.run import supervision as sv
+from cluster.node.console import fingerprint
+from cluster.run.supervision import Member
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 
 
@@ -387,7 +387,7 @@ def _user_job(tmp_path, monkeypatch, resume_arg="--resume_from_checkpoint {check
     inventory = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4,
                                         "hosts": [{"name": f"node{i}", "address": f"10.0.0.{i + 2}"}
                                                   for i in range(3)]}, default_name="lab")
-    from cluster.render import MasterPaths
+    from cluster.node.render import MasterPaths
 
     known = tmp_path / MasterPaths("lab").known_hosts[2:]  # the cluster's known_hosts, as distribution wrote it
     known.parent.mkdir(parents=True, exist_ok=True)
@@ -400,7 +400,7 @@ def _user_job(tmp_path, monkeypatch, resume_arg="--resume_from_checkpoint {check
 
 
 def _run_script(tmp_path, job_id) -> str:
-    from cluster.launch import job_dir
+    from cluster.job.launch import job_dir
 
     return (tmp_path / job_dir(job_id) / "run.sh").read_text()
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from cluster import timemodel as tm
-from cluster.models import lookup_dataset, lookup_model, parse_count
+from cluster.cost import timemodel as tm
+from cluster.cost.models import lookup_dataset, lookup_model, parse_count
 
 DISTIL = lookup_model("distilbert-base-uncased").params
 SQUAD = lookup_dataset("squad").train_features

@@ -1,14 +1,14 @@
-"""cluster/torchrun.py: torchrun's command line and the ranks' environment from the layout."""
+"""cluster/job/torchrun.py: torchrun's command line and the ranks' environment from the layout."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster import catalog
-from cluster.launch import CCL_TRANSPORT_ENV
-from cluster.layout import KMP_AFFINITY, KMP_BLOCKTIME, plan_layout
-from cluster.profiles import TCMALLOC_PATH
-from cluster.torchrun import DEFAULT_MAX_RESTARTS, RDZV_PORT, TorchrunError, plan_torchrun, torchrun_env
+from cluster.stack import catalog
+from cluster.job.launch import CCL_TRANSPORT_ENV
+from cluster.job.layout import KMP_AFFINITY, KMP_BLOCKTIME, plan_layout
+from cluster.node.profiles import TCMALLOC_PATH
+from cluster.job.torchrun import DEFAULT_MAX_RESTARTS, RDZV_PORT, TorchrunError, plan_torchrun, torchrun_env
 
 R7IZ = catalog.lookup("r7iz.metal-16xl")
 

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from cluster import catalog
+from cluster.stack import catalog
 from cluster.inventory import Inventory
-from cluster.job_args import JobArgsError, training_arguments
-from cluster.jobplan import plan_job
-from cluster.joblog import RankPrefixer, failure_report, first_failure
-from cluster.launch import RANK_WRAPPER, LaunchError, env_pairs
-from cluster.layout import plan_layout
-from cluster.torchrun import CPUS_VARIABLE, NODE_VARIABLE, plan_torchrun_launch
+from cluster.job.job_args import JobArgsError, training_arguments
+from cluster.job.jobplan import plan_job
+from cluster.job.joblog import RankPrefixer, failure_report, first_failure
+from cluster.job.launch import RANK_WRAPPER, LaunchError, env_pairs
+from cluster.job.layout import plan_layout
+from cluster.job.torchrun import CPUS_VARIABLE, NODE_VARIABLE, plan_torchrun_launch
 
 JOB = "20261123-120000-abcd"
 PATH = "/usr/bin:/bin:/usr/sbin:/sbin"

@@ -1,4 +1,4 @@
-"""The user's own program (cluster/userjob.py and its edges): the copy plan, the install plan, the
+"""The user's own program (cluster/job/userjob.py and its edges): the copy plan, the install plan, the
 command every rank runs, and the shell that carries them out (rendered, shellchecked, run here)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import subprocess
 import pytest
 
 from cluster.inventory import Inventory
-from cluster.jobplan import plan_job
-from cluster.launch import RANK_WRAPPER, RESERVED_VARIABLES, LaunchError
-from cluster.profiles import PROFILES
-from cluster.userjob import (FILE_STORE, WITHHELD_DOT, UserJobError, UserProgram, notice_signal, parse_requirements,
+from cluster.job.jobplan import plan_job
+from cluster.job.launch import RANK_WRAPPER, RESERVED_VARIABLES, LaunchError
+from cluster.node.profiles import PROFILES
+from cluster.job.userjob import (FILE_STORE, WITHHELD_DOT, UserJobError, UserProgram, notice_signal, parse_requirements,
                              script_in_workdir, split_args)
 from node_setup.ssh import requirements as reqs
 from node_setup.ssh.workdir import WORKDIR_SH, scan

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 from cluster import names
-from cluster.calibration import cluster_file_name
-from cluster.jobplan import check_job_id
-from cluster.layout import plan_layout
-from cluster.catalog import CATALOG
-from cluster.torchrun import check_program, plan_torchrun
-from cluster.userjob import check_module
+from cluster.cost.calibration import cluster_file_name
+from cluster.job.jobplan import check_job_id
+from cluster.job.layout import plan_layout
+from cluster.stack.catalog import CATALOG
+from cluster.job.torchrun import check_program, plan_torchrun
+from cluster.job.userjob import check_module
 from node_setup.local.state import LocalClusterError, validate_name
 from tests.unit.test_spec import problems, spec
 from training.checkpoints import step_of

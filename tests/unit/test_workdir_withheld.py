@@ -1,5 +1,5 @@
 """What `fab train --script/--module` does not copy to the nodes: dot-files and dot-folders, files
-named like credentials, links that lead out of the workdir (cluster/userjob.py decides,
+named like credentials, links that lead out of the workdir (cluster/job/userjob.py decides,
 node_setup/ssh/workdir.py scans), the home folder refused as a workdir, the allow file that ships a
 withheld path on purpose, and the pre-bake scrub that removes the nodes' file store and job folders."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.setup_script import parse_events, prebake_script
-from cluster.userjob import (FILE_STORE, INCLUDE_FILE, WITHHELD_CREDENTIAL, WITHHELD_DOT, WITHHELD_LINK, CopyPlan,
+from cluster.node.setup_script import parse_events, prebake_script
+from cluster.job.userjob import (FILE_STORE, INCLUDE_FILE, WITHHELD_CREDENTIAL, WITHHELD_DOT, WITHHELD_LINK, CopyPlan,
                              UserJobError, check_workdir, link_inside, parse_includes, withheld_reason)
 from node_setup.ssh.workdir import scan
 from tests.fab_run import Ran, fab_in_process

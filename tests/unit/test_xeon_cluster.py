@@ -9,8 +9,8 @@ import signal
 import pytest
 
 import xeon_cluster
-from cluster.jobplan import plan_job
-from cluster.userjob import UserProgram
+from cluster.job.jobplan import plan_job
+from cluster.job.userjob import UserProgram
 from tests.unit.test_userjob import inventory
 
 HANDLED = (signal.SIGUSR1, signal.SIGUSR2)

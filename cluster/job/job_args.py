@@ -1,0 +1,238 @@
+"""The built-in job's command line (`python -m training ...`) from `fab train`'s options (pure).
+
+`training_arguments(...)` turns the task options into the job's arguments; `synthetic_data(...)`
+says how a local cluster without a model or data gets the offline demo (training/synthetic.py):
+where every node writes it, the command that writes it, and the settings under which the tiny
+model learns. Both the controller and the job read the facts here (TASKS, SYNTHETIC_ARGS), so
+they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+TASKS = ("qa", "classification")
+# How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
+GRAD_COMM_CHOICES = ("fp32", "bf16")
+# The job only, for `fab bench`'s compute measurement: DDP runs in lock-step but no gradient is
+# exchanged (each rank keeps its own; the ranks' models drift apart). Never for training.
+GRAD_COMM_MEASURE_ONLY = "none"
+# bf16 by default: on the offline task its final loss is within 1.5 % of fp32's; it is 1.8-2.0x faster
+# on a communication-bound link and the same within noise on a compute-bound one (docs/benchmarks.md).
+DEFAULT_GRAD_COMM = "bf16"
+# torch.compile of the built-in job's model: auto compiles when the saving fab bench predicts over the
+# run's steps exceeds the compile time (cluster/cost/timemodel.py: compile_pays)
+COMPILE_CHOICES = ("auto", "on", "off")
+DEFAULT_COMPILE = "auto"
+BF16_CHOICES = ("auto", "on", "off")
+
+# Where the synthetic demo lives on every node, relative to the SSH user's home.
+SYNTHETIC_ROOT = "xeon-cluster-data"
+# Settings under which the tiny demo model learns in a few dozen steps (with 16 per rank). No batch
+# size here: callers add their own before these.
+SYNTHETIC_ARGS = {
+    "qa": ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.005",
+           "--warmup_steps", "5", "--weight_decay", "0.0"),
+    "classification": ("--max_seq_length", "48", "--learning_rate", "0.005", "--warmup_steps", "5"),
+}
+SYNTHETIC_EPOCHS = "1"
+SYNTHETIC_BATCH_SIZE = 16
+
+# fab train option -> the job's argument, in the order they are passed.
+OPTION_ARGS = (("task_name", "--task"), ("model", "--model_name_or_path"), ("dataset", "--dataset_name"),
+                ("dataset_config", "--dataset_config_name"), ("train_file", "--train_file"),
+                ("validation_file", "--validation_file"), ("epochs", "--num_train_epochs"),
+                ("batch_size", "--per_device_train_batch_size"), ("checkpoint_minutes", "--checkpoint_minutes"),
+                ("checkpoint_uri", "--checkpoint_uri"), ("max_steps", "--max_steps"))
+
+
+# S3 bucket names: 3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit.
+S3_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+
+
+class JobArgsError(ValueError):
+    """An option the job cannot take; the message names it, the value and what is allowed."""
+
+
+def parse_s3_uri(uri: str, setting: str = "--checkpoint-uri") -> tuple[str, str]:
+    """('bucket', 'prefix') of `s3://bucket/prefix` (prefix without slashes at the ends)."""
+    bucket, _, prefix = uri[5:].partition("/") if uri.startswith("s3://") else ("", "", "")
+    if not S3_BUCKET_RE.fullmatch(bucket) or ".." in prefix.split("/"):
+        raise JobArgsError(f"{setting}: {uri!r} is not allowed; allowed: s3://BUCKET/PREFIX with a valid bucket "
+                           "name (3-63 lower-case letters, digits, '.' and '-'), e.g. s3://my-bucket/runs/qa-1")
+    return bucket, prefix.strip("/")
+
+
+def grad_comm_argument(value: str | None) -> list[str]:
+    """`--grad-comm fp32|bf16` as the job's `--grad_comm` (nothing when unset)."""
+    if value in (None, ""):
+        return []
+    choice = str(value).strip().lower()
+    if choice not in GRAD_COMM_CHOICES:
+        raise JobArgsError(f"--grad-comm: {value!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)} "
+                           "(bf16: DDP compresses each gradient bucket to bf16 on the wire)")
+    return ["--grad_comm", choice]
+
+
+def compile_arguments(value: str | None, estimate=None) -> list[str]:
+    """`fab train --compile auto|on|off` as the job's `--compile` (nothing when unset), with auto the
+    calibration's measured figures (`estimate`: cluster.cost.timemodel.CompileCost) as `--compile_estimate`."""
+    if value in (None, ""):
+        return []
+    choice = str(value).strip().lower()
+    if choice not in COMPILE_CHOICES:
+        raise JobArgsError(f"--compile: {value!r} is not allowed; choose {', '.join(COMPILE_CHOICES)} (auto: compile "
+                           "when fab bench's measurement says the saving over the run exceeds the compile time)")
+    args = ["--compile", choice]
+    if choice == "auto" and estimate is not None:
+        args += ["--compile_estimate", f"{estimate.eager_step_s:.4f},{estimate.compiled_step_s:.4f},"
+                                       f"{estimate.compile_s:.1f}"]
+    return args
+
+
+def compile_choice(value: str | None, estimate=None, steps: int | None = None) -> tuple[list[str], str]:
+    """(the job's arguments, the line `fab train` prints) for `--compile` (None or "": auto) with the cluster's
+    measured `estimate` (cluster.cost.timemodel.CompileCost, or None) and the run's steps when known (--max-steps)."""
+    from cluster.cost.timemodel import compile_pays
+
+    given = value not in (None, "")
+    args = compile_arguments(value if given else DEFAULT_COMPILE, estimate)
+    choice = args[1]
+    if not given and estimate is None:
+        args = []  # the job's own default (auto, which without an estimate trains eager)
+    if choice != "auto":
+        return args, f"compile: {choice} (given: --compile {choice})"
+    if estimate is None:
+        return args, ("compile: auto -> eager: no compile measurement for this cluster "
+                      "(`fab bench --compile` measures one)")
+    if steps:
+        return args, f"compile: auto -> {compile_pays(steps, estimate)[1]} (fab bench's measurement)"
+    saving = estimate.eager_step_s - estimate.compiled_step_s
+    if saving <= 0:
+        return args, (f"compile: auto -> eager: fab bench measured the compiled step {estimate.compiled_step_s:.3f} s, "
+                      f"no faster than eager {estimate.eager_step_s:.3f} s")
+    return args, (f"compile: auto -> compiled if the run has more than {math.floor(estimate.compile_s / saving)} "
+                  f"steps ({saving:.3f} s saved per step, {estimate.compile_s:.0f} s to compile, fab bench's "
+                  "measurement); the job counts its steps and decides")
+
+
+def _number(value: str | float) -> float:
+    """`value` as a float; nan when it is no number (callers refuse nan with their own message)."""
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return float("nan")
+
+
+def check_epochs(value: str | float | None) -> None:
+    """`--epochs`: a finite number above 0 (or unset)."""
+    number = 1.0 if value in (None, "") else _number(value)
+    if not (math.isfinite(number) and number > 0):
+        raise JobArgsError(f"--epochs: {value!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
+
+
+def check_checkpoint_minutes(value: str | float | None) -> None:
+    """`--checkpoint-minutes`: a finite number of 0 or more (0: off), or unset."""
+    number = 0.0 if value in (None, "") else _number(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise JobArgsError(f"--checkpoint-minutes: {value!r} is not allowed; give 0 (off) or a positive number "
+                           "of minutes")
+
+
+def ddp_bucket_argument(value: str | float | None) -> list[str]:
+    """`--ddp-bucket-mb N` as the job's `--ddp_bucket_mb` (nothing when unset); N a positive number."""
+    if value in (None, ""):
+        return []
+    number = _number(value)
+    if not math.isfinite(number) or number <= 0:
+        raise JobArgsError(f"--ddp-bucket-mb: {value!r} is not allowed; give a positive number of MB "
+                           "(DDP's default is 25)")
+    return ["--ddp_bucket_mb", f"{number:g}"]
+
+
+def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str = "", grad_comm: str | None = None,
+                       ddp_bucket_mb: str | float | None = None, **options: Any) -> list[str]:
+    """The `python -m training` arguments for fab train's options; `extra` goes last, split like a shell.
+
+    `options` are the names in OPTION_ARGS (task_name, model, dataset, ...); None and "" are left out.
+    `grad_comm` and `ddp_bucket_mb` become `--grad_comm` and `--ddp_bucket_mb` (checked here).
+    """
+    unknown = sorted(set(options) - {name for name, _ in OPTION_ARGS})
+    if unknown:
+        raise TypeError(f"training_arguments: unknown option(s) {unknown}")
+    task = options.get("task_name")
+    if task and task not in TASKS:
+        raise JobArgsError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
+    check_epochs(options.get("epochs"))
+    check_checkpoint_minutes(options.get("checkpoint_minutes"))
+    if options.get("checkpoint_uri"):
+        parse_s3_uri(options["checkpoint_uri"])
+    args: list[str] = []
+    for name, flag in OPTION_ARGS:
+        value = options.get(name)
+        if value not in (None, ""):
+            args += [flag, str(value)]
+    bf16 = (bf16 or "auto").lower()
+    if bf16 not in BF16_CHOICES:
+        raise JobArgsError(f"--bf16: {bf16!r} is not allowed; choose auto (on when the CPU has AMX or "
+                           "AVX512-BF16), on or off")
+    if bf16 != "auto":
+        args += ["--bf16", "true" if bf16 == "on" else "false"]
+    args += grad_comm_argument(grad_comm) + ddp_bucket_argument(ddp_bucket_mb)
+    if resume:
+        args.append("--resume")
+    try:
+        args += shlex.split(extra or "")
+    except ValueError as exc:
+        raise JobArgsError(f"--extra: cannot split {extra!r} like a shell would ({exc}); check its quotes") from None
+    return args
+
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """The offline demo on a local cluster: where it is, and what writes it."""
+
+    task: str
+    directory: str  # relative to the home directory of every node
+    prepare: str  # shell command every node runs before the launch (writes the data once)
+
+    @property
+    def options(self) -> dict[str, str]:
+        """fab train's data options that point the job at the demo."""
+        return {"task_name": self.task, "model": f"{self.directory}/model",
+                "train_file": f"{self.directory}/train.json", "validation_file": f"{self.directory}/eval.json"}
+
+    @property
+    def recommended(self) -> str:
+        """SYNTHETIC_ARGS of the task, as --extra text (the user's own --extra goes after it)."""
+        return shlex.join(SYNTHETIC_ARGS[self.task])
+
+
+def synthetic_data(task: str, examples: int | None, python: str) -> SyntheticData:
+    """The demo for `task` with `examples` training examples (None: the generator's default)."""
+    task = task or TASKS[0]
+    if task not in TASKS:
+        raise JobArgsError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
+    if examples is not None and examples < 1:
+        raise JobArgsError(f"--synthetic-examples: {examples} is not allowed; give 1 or more")
+    directory = f"{SYNTHETIC_ROOT}/synthetic-{task}" + (f"-{examples}" if examples else "")
+    command = [python, "-m", "training.synthetic", "--out", directory, "--task", task]
+    if examples:
+        command += ["--examples", str(examples)]
+    prepare = f"[ -f {shlex.quote(directory + '/train.json')} ] || {shlex.join(command)} >/dev/null"
+    return SyntheticData(task, directory, prepare)
+
+
+def job_setting(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in the job's arguments (`--flag v` or `--flag=v`; the last one counts)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found

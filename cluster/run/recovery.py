@@ -1,0 +1,192 @@
+"""`fab train --managed`: what to do when a supervised job ends interrupted (pure decisions).
+
+- `managed_options(...)`: --max-recoveries, --min-nodes and --wait-for-capacity checked where they
+  enter (one line naming the setting, the value and what is allowed).
+- `parse_wait(text)`: a duration (cluster/cost/timemodel.py's forms: 90, 45s, 10m, 1h30m) or 0 (do not
+  wait for replacements at all).
+- `next_step(...)`: after the wait, go on with the full cluster, on the survivors, or stop.
+- `batch_for(...)`: the per-rank batch and gradient accumulation that keep the global batch
+  (per-rank batch x ranks x accumulation) exact on a new number of ranks, or the nearest one and
+  one line saying what changed.
+- `work_lost_seconds(...)`, `recovery_record(...)`: what summary.json's "recoveries" list holds.
+
+The run supervisor on the master (node_setup/supervisor/) runs the loop; fab's --managed options are
+checked here by node_setup/tasks/managed.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from cluster.cost.timemodel import format_duration, parse_duration
+
+DEFAULT_MAX_RECOVERIES = 3
+DEFAULT_WAIT_FOR_CAPACITY = "15m"  # a `pulumi up --refresh` that replaces a spot node takes a few minutes
+RECOVERIES_KEY = "recoveries"  # summary.json's list of recoveries
+RECOVERIES_FILE = "recoveries.json"  # in the run's output directory on the master, kept across relaunches
+
+# What the loop does after the wait for replacements.
+FULL, SURVIVORS, TOO_FEW = "full", "survivors", "too-few"
+
+
+class RecoveryError(ValueError):
+    """A --managed setting that cannot be used; the message names it, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ManagedOptions:
+    max_recoveries: int
+    min_nodes: int
+    wait_seconds: float
+    nodes: int  # the job's node count at the start
+
+    def describe(self) -> str:
+        wait = ("no wait for replacements (resume on the survivors at once)" if not self.wait_seconds
+                else f"replacements awaited up to {format_duration(self.wait_seconds)}")
+        return (f"fab stays attached and recovers up to {self.max_recoveries} interruption(s); "
+                f"{wait}; at least {self.min_nodes} of {self.nodes} node(s) to go on")
+
+
+def parse_wait(text: str, setting: str = "--wait-for-capacity") -> float:
+    """Seconds to wait for replacement nodes: 0, or a duration such as 90, 45s, 10m or 1h30m."""
+    raw = str(text).strip()
+    try:
+        if raw and float(raw.rstrip("hmsHMS") or "x") == 0:  # 0, 0s, 0m: no wait
+            return 0.0
+    except ValueError:
+        pass
+    try:
+        return parse_duration(raw, setting)
+    except ValueError as exc:
+        raise RecoveryError(f"{exc} (or 0: do not wait, resume on the survivors)") from None
+
+
+def managed_options(*, max_recoveries: str | int | None, min_nodes: str | int | None, wait: str | None,
+                    nodes: int) -> ManagedOptions:
+    """The checked --managed settings for a job on `nodes` nodes (unset: the defaults)."""
+    k = _whole("--max-recoveries", max_recoveries, DEFAULT_MAX_RECOVERIES, "0 or more")
+    if k < 0:
+        raise RecoveryError(f"--max-recoveries: {k} is not allowed; give 0 or more (0: report and stop)")
+    m = _whole("--min-nodes", min_nodes, 1, f"1 to {nodes} (the job's nodes)")
+    if not 1 <= m <= nodes:
+        raise RecoveryError(f"--min-nodes: {m} is not allowed; allowed 1 to {nodes} (the job's nodes)")
+    seconds = parse_wait(DEFAULT_WAIT_FOR_CAPACITY if wait in (None, "") else wait)
+    return ManagedOptions(k, m, seconds, nodes)
+
+
+def _whole(setting: str, value, default: int, allowed: str) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise RecoveryError(f"{setting}: {value!r} is not a whole number; allowed {allowed}") from None
+
+
+def next_step(wanted: int, available: int, min_nodes: int) -> str:
+    """FULL when `available` nodes make up the `wanted`, SURVIVORS when at least `min_nodes` are
+    left, TOO_FEW otherwise."""
+    if available >= wanted:
+        return FULL
+    return SURVIVORS if available >= min_nodes else TOO_FEW
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    per_rank: int
+    accumulation: int
+    ranks: int
+    global_batch: int  # what the plan gives
+    wanted: int  # the global batch before
+
+    @property
+    def exact(self) -> bool:
+        return self.global_batch == self.wanted
+
+    def arguments(self) -> list[str]:
+        return ["--per_device_train_batch_size", str(self.per_rank),
+                "--gradient_accumulation_steps", str(self.accumulation)]
+
+    def describe(self, per_rank_before: int, accumulation_before: int) -> str:
+        how = (f"per-rank batch {per_rank_before} -> {self.per_rank}, gradient accumulation "
+               f"{accumulation_before} -> {self.accumulation} on {self.ranks} rank(s)")
+        if self.exact:
+            return f"global batch {self.wanted} kept: {how}"
+        return (f"global batch {self.wanted} cannot be kept exactly on {self.ranks} rank(s): {how} gives "
+                f"{self.global_batch} ({self.global_batch - self.wanted:+d} samples per step)")
+
+
+def batch_for(*, per_rank: int, accumulation: int, ranks_before: int, ranks: int) -> BatchPlan:
+    """The batch on `ranks` ranks that keeps per_rank x ranks_before x accumulation.
+
+    First accumulation alone (the per-rank batch stays); else the largest per-rank batch no larger
+    than before (so no rank needs more memory) with an integer accumulation; else the nearest
+    global batch with the same per-rank batch.
+    """
+    for name, value in (("per_rank", per_rank), ("accumulation", accumulation), ("ranks_before", ranks_before),
+                        ("ranks", ranks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"batch_for: {name} must be a positive whole number, not {value!r}")
+    wanted = per_rank * ranks_before * accumulation
+    if wanted % (per_rank * ranks) == 0:
+        return BatchPlan(per_rank, wanted // (per_rank * ranks), ranks, wanted, wanted)
+    if wanted % ranks == 0:
+        share = wanted // ranks  # samples per rank per optimizer step
+        for b in range(min(per_rank, share), 0, -1):
+            if share % b == 0:
+                return BatchPlan(b, share // b, ranks, wanted, wanted)
+    steps = max(1, round(wanted / (per_rank * ranks)))
+    return BatchPlan(per_rank, steps, ranks, per_rank * ranks * steps, wanted)
+
+
+def work_lost_seconds(stopped_step: int | None, checkpoint_step: int | None,
+                      mean_step_seconds: float | None) -> float | None:
+    """Training time between the checkpoint resumed from and where the job stopped (None: unknown)."""
+    if stopped_step is None or mean_step_seconds is None:
+        return None
+    return round(max(0, stopped_step - (checkpoint_step or 0)) * mean_step_seconds, 3)
+
+
+def recovery_record(*, number: int, at: float, cause: str, step: int | None, exit_code: int | None,
+                    nodes_lost: list[str], nodes_after: list[str], seconds_lost: float | None,
+                    seconds_waiting: float, batch: str | None = None) -> dict:
+    """One entry of summary.json's "recoveries"."""
+    return {
+        "number": number,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+        "cause": cause,
+        "step": step,
+        "exit_code": exit_code,
+        "nodes_lost": list(nodes_lost),
+        "nodes_after": list(nodes_after),
+        "seconds_lost": seconds_lost,
+        "seconds_waiting": round(seconds_waiting, 1),
+        "batch": batch,
+    }
+
+
+def merge_recoveries(summary: dict, records: list[dict]) -> dict:
+    """`summary` with "recoveries" holding `records` (the job's summary never has its own)."""
+    return {**summary, RECOVERIES_KEY: list(records)}
+
+
+_BATCH_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size")
+
+
+def with_batch(args: list[str] | tuple[str, ...], batch: BatchPlan | None) -> list[str]:
+    """The job's arguments with its batch settings replaced by `batch`'s (None: as they are)."""
+    if batch is None:
+        return list(args)
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in _BATCH_FLAGS:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out + batch.arguments()

@@ -1,0 +1,195 @@
+"""The run supervisor's decisions (pure): what a lost worker is, which replacement may join, what the
+run's record on the master says.
+
+The supervisor (node_setup/supervisor/) runs on the master, beside the job, and survives the
+controller: `fab train --managed` hands it the run's spec and may go away. What it decides is here,
+so that the same rules hold on a local cluster, on AWS and in the tests' fake backend:
+
+- `loss_cause(...)`: a worker is lost when its watcher saw a spot notice (the node's metadata
+  service announced the interruption), or when it stopped answering SSH for SILENT_PROBES probes in a
+  row AND its instance's state says it is gone (the group's view: EC2's state, the local group
+  keeper's record). A silent worker whose instance still runs is not replaced (nothing would come).
+- `replacement(...)`: the member of the group that stands in for a lost node: the same name (slot),
+  another instance id, running.
+- `host_key_verdict(...)`: a replacement joins only with the host key its own console lists
+  (cluster/node/console.py): no fingerprints yet is a wait (bounded), none by the deadline or another key
+  is a refusal, one line each.
+- `steps_redone(...)`: the work a recovery repeats.
+- The run's record on the master (RUN_ROOT/<run id>/): SPEC_FILE (what the controller handed over),
+  STATE_FILE (what `fab status` reads), LOG_FILE (what `fab train --managed` and `fab logs` follow).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cluster.node.console import describe, fingerprint, parse_console
+from xeon_cluster import RESUME_FROM_VARIABLE
+
+RUN_ROOT = ".xeon-cluster/supervisor"  # in the SSH user's home on the master
+CURRENT_LINK = f"{RUN_ROOT}/current"  # the newest supervised run
+SPEC_FILE, STATE_FILE, LOG_FILE, STOP_FILE = "spec.json", "state.json", "log", "stop"
+RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{4}\Z")  # a run is named after its first job's id
+SUPERVISOR_MODULE = "node_setup.supervisor"  # `python -m` on the master, in the node venv
+SYSTEMD_UNIT_PREFIX = "xeon-cluster-supervisor-"  # AWS: a transient unit per run (systemd-run)
+
+NOTICE, SILENT = "spot notice", "unreachable"  # a recovery's cause
+SILENT_PROBES = 3  # unanswered SSH probes in a row before the instance's state is asked
+GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped", "gone")
+CONSOLE_WAIT_S = 300.0  # cloud-init prints the fingerprints at the end of boot
+
+# What a run's state file says (`fab status --json`'s "supervised" object).
+STARTING, RUNNING, RECOVERING, COMPLETED, FAILED, STOPPED, MASTER_LOST = (
+    "starting", "running", "recovering", "completed", "failed", "stopped", "master-lost")
+FINAL = (COMPLETED, FAILED, STOPPED, MASTER_LOST)
+
+# The user's own program (`fab train --managed --script/--module`): after a recovery it is restarted
+# with the run's newest checkpoint in RESUME_FROM_VARIABLE and in the arguments of `--resume-arg`.
+# The newest checkpoint: the folder named checkpoint-N or checkpoint_N with the highest N, directly in
+# the output directory (Trainer's output_dir) or in its CHECKPOINTS_FOLDER (accelerate's
+# save_state with automatic_checkpoint_naming), holding at least one file.
+CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+CHECKPOINTS_FOLDER = "checkpoints"
+CHECKPOINT_FOLDER_RE = re.compile(r"^checkpoint[-_]([0-9]{1,12})\Z")
+_RESUME_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=/+@%{}-]{1,200}\Z")
+_CHECKPOINT_PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@-]{1,4000}\Z")
+
+
+class SupervisionError(ValueError):
+    """A run spec the supervisor cannot use; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One machine of the cluster's group as the backend sees it now."""
+
+    name: str  # the node's alias (its slot: node1, or the worker index on AWS)
+    address: str
+    instance_id: str
+    state: str = "running"
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise SupervisionError(f"run id: {run_id!r} is not allowed; allowed: a job id such as 20261123-101500-ab12")
+    return run_id
+
+
+def loss_cause(*, notice: str | None, silent_probes: int, instance_state: str | None) -> str | None:
+    """NOTICE, SILENT or None (not lost, or not yet confirmed)."""
+    if notice:
+        return NOTICE
+    if silent_probes >= SILENT_PROBES and (instance_state or "gone") in GONE_STATES:
+        return SILENT
+    return None
+
+
+def replacement(name: str, old_instance_id: str, members: dict[str, Member]) -> Member | None:
+    """The running member in `name`'s slot that is another machine than the lost one, or None."""
+    found = members.get(name)
+    if found is None or found.state != "running" or found.instance_id == old_instance_id:
+        return None
+    return found
+
+
+@dataclass(frozen=True)
+class KeyVerdict:
+    outcome: str  # "verified", "wait" or "refused"
+    line: str  # what the supervisor says
+    key: str = ""  # "type base64" of the verified key
+
+    @property
+    def verified(self) -> bool:
+        return self.outcome == "verified"
+
+
+def host_key_verdict(member: Member, presented: str | None, console_text: str, *, waited_s: float,
+                     wait_s: float = CONSOLE_WAIT_S) -> KeyVerdict:
+    """Whether the replacement's presented host key ("type base64", from ssh-keyscan) is one its
+    console lists; a wait while the console lists none yet and time is left."""
+    console = parse_console(console_text)
+    who = f"{member.name} ({member.instance_id})"
+    if not presented:
+        if waited_s < wait_s:
+            return KeyVerdict("wait", f"{who}: no host key presented yet")
+        return KeyVerdict("refused", f"{who}: refused: it presented no host key in {wait_s:g} s")
+    kind, _, b64 = presented.strip().partition(" ")
+    b64 = b64.split()[0] if b64 else ""
+    if not console.fingerprints:
+        if waited_s < wait_s:
+            return KeyVerdict("wait", f"{who}: its console lists no host key fingerprints yet")
+        return KeyVerdict("refused", f"{who}: refused: its console listed no host key fingerprints in {wait_s:g} s, "
+                                     "so its key cannot be verified")
+    match = console.match(kind, b64)
+    if match is None:
+        return KeyVerdict("refused", f"{who}: refused: it presented {kind} {fingerprint(b64) or '(not base64)'}, "
+                                     f"but its console lists {describe(console)} (another machine answers at "
+                                     f"{member.address}, or its key changed)")
+    return KeyVerdict("verified", f"{who}: host key {match} verified from its console", f"{kind} {b64}")
+
+
+def steps_redone(stopped_step: int | None, checkpoint_step: int | None) -> int | None:
+    """Optimizer steps between the checkpoint resumed from and where the job stopped."""
+    if stopped_step is None:
+        return None
+    return max(0, int(stopped_step) - int(checkpoint_step or 0))
+
+
+def state_record(*, run_id: str, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict],
+                 output_dir: str, at: float, pid: int | None = None, line: str = "",
+                 pending: list[str] | None = None) -> dict:
+    """The run's state file: what `fab status` shows of a supervised run."""
+    return {"run": run_id, "status": status, "job": job_id, "nodes": list(nodes), "recoveries": len(recoveries),
+            "output_dir": output_dir, "updated": round(at, 1), "pid": pid, "line": line,
+            "awaiting": list(pending or [])}
+
+
+def status_line(state: dict) -> str:
+    """`fab status`'s line for a supervised run."""
+    waiting = f"; awaiting {', '.join(state['awaiting'])}" if state.get("awaiting") else ""
+    return (f"supervised run {state.get('run')}: {state.get('status')} (job {state.get('job') or '-'}, "
+            f"{len(state.get('nodes') or [])} node(s), {state.get('recoveries', 0)} recovery(ies){waiting})"
+            + (f": {state['line']}" if state.get("line") else ""))
+
+
+def resume_words(template: str) -> tuple[str, ...]:
+    """`--resume-arg`: the words the restarted program gets, one of them holding CHECKPOINT_PLACEHOLDER
+    (e.g. "--resume_from_checkpoint {checkpoint}"); SupervisionError naming the setting otherwise."""
+    words = tuple(template.split())
+    allowed = (f"allowed: the program's own words with {CHECKPOINT_PLACEHOLDER} where the checkpoint folder goes, "
+               f"e.g. '--resume_from_checkpoint {CHECKPOINT_PLACEHOLDER}' (letters, digits and _.,:=/+@%- only)")
+    if not words or not any(CHECKPOINT_PLACEHOLDER in w for w in words):
+        raise SupervisionError(f"--resume-arg: {template!r} has no {CHECKPOINT_PLACEHOLDER}; {allowed}")
+    bad = next((w for w in words if not _RESUME_WORD_RE.match(w)
+                or set("{}") & set(w.replace(CHECKPOINT_PLACEHOLDER, ""))), None)
+    if bad is not None:
+        raise SupervisionError(f"--resume-arg: the word {bad!r} is not allowed; {allowed}")
+    return words
+
+
+def newest_checkpoint_folder(folders: dict[str, int]) -> tuple[str, int] | None:
+    """Of the candidate folders (path relative to the output directory -> the number of files in it),
+    the newest checkpoint by the rule above: (its relative path, N), or None."""
+    best: tuple[str, int] | None = None
+    for path, files in sorted(folders.items()):
+        parent, _, name = path.rpartition("/")
+        found = CHECKPOINT_FOLDER_RE.match(name)
+        if not found or parent not in ("", CHECKPOINTS_FOLDER) or files < 1:
+            continue
+        if best is None or int(found.group(1)) > best[1]:
+            best = (path, int(found.group(1)))
+    return best
+
+
+def restart_arguments(args: tuple[str, ...], words: tuple[str, ...], checkpoint: str | None
+                      ) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The restarted program's arguments and environment: its own `args`, then `words` with the
+    checkpoint's absolute path filled in, and RESUME_FROM_VARIABLE; unchanged without a checkpoint."""
+    if checkpoint is None:
+        return tuple(args), {}
+    if not _CHECKPOINT_PATH_RE.match(checkpoint) or "/../" in checkpoint + "/":
+        raise SupervisionError(f"checkpoint folder: {checkpoint!r} is not allowed; allowed: an absolute path of "
+                               "letters, digits and _./+@-")
+    filled = tuple(w.replace(CHECKPOINT_PLACEHOLDER, checkpoint) for w in words)
+    return tuple(args) + filled, {RESUME_FROM_VARIABLE: checkpoint}

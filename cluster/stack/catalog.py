@@ -1,0 +1,95 @@
+"""Facts about the EC2 instance types the toolkit knows.
+
+Sources, per figure:
+- vCPUs, memory, network bandwidth, EFA support and bare metal: the AWS "Amazon EC2 instance type
+  specifications" pages (docs.aws.amazon.com/ec2/latest/instancetypes/: co.html for C6i/C6in/C7i,
+  mo.html for R7iz, gp.html for M7i), which are also what `describe_instance_types` returns
+  (VCpuInfo, MemoryInfo, NetworkInfo.NetworkPerformance, NetworkInfo.EfaSupported, BareMetal).
+- physical cores: "Default CPU cores" on the same pages (DefaultCores in the API).
+- sockets: not published by AWS; taken from the processor model and `lscpu` on the instance.
+  r7iz.metal-16xl (2 x 16) and c6i.16xlarge (1 x 32, a half of a 2-socket c6i.32xlarge) were read
+  with `lscpu` for the Hugging Face/Intel multi-CPU fine-tuning recipe this project started from;
+  the others are the processor's core count per socket (Xeon 8375C Ice Lake: 32 cores; Xeon 8488C
+  Sapphire Rapids: 48 cores; Xeon 6455B SPR: 32 cores) divided into the instance's cores. Rows
+  marked `sockets_inferred=True` were not read on a live instance: override with config
+  `coresPerSocket`/`sockets` if `lscpu` disagrees.
+- AMX and AVX512-BF16: Sapphire Rapids (R7iz, C7i, M7i) has both; Ice Lake (C6i, C6in) has
+  neither (Intel ARK; `lscpu` flags amx_bf16, avx512_bf16).
+- clock_ghz: the all-core turbo frequency the AWS instance type pages state (R7iz 3.9 GHz, C7i and
+  M7i 3.2 GHz, C6i and C6in 3.5 GHz); the peak FLOP/s of cluster/cost/flops.py multiply it in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    sockets: int
+    physical_cores: int
+    vcpus: int
+    memory_gib: int
+    network_gbps: float
+    efa: bool
+    amx: bool
+    avx512_bf16: bool
+    bare_metal: bool
+    processor: str
+    sockets_inferred: bool = False
+    clock_ghz: float = 0.0  # all-core turbo; 0: not known
+
+    @property
+    def cores_per_socket(self) -> int:
+        return self.physical_cores // self.sockets
+
+    @property
+    def threads_per_core(self) -> int:
+        return self.vcpus // self.physical_cores
+
+    @property
+    def bf16(self) -> bool:
+        """The CPU runs bf16 matrix maths natively (AMX or AVX512-BF16)."""
+        return self.amx or self.avx512_bf16
+
+
+_SPR = "Intel Xeon Sapphire Rapids"
+_ICX = "Intel Xeon Ice Lake (8375C)"
+
+CATALOG: dict[str, InstanceType] = {
+    t.name: t
+    for t in (
+        InstanceType("r7iz.metal-16xl", 2, 32, 64, 512, 25, False, True, True, True, _SPR + " (6455B)",
+                     clock_ghz=3.9),
+        InstanceType("r7iz.metal-32xl", 2, 64, 128, 1024, 50, True, True, True, True, _SPR + " (6455B)",
+                     sockets_inferred=True, clock_ghz=3.9),
+        InstanceType("c6i.16xlarge", 1, 32, 64, 128, 25, False, False, False, False, _ICX, clock_ghz=3.5),
+        InstanceType("c6i.32xlarge", 2, 64, 128, 256, 50, True, False, False, False, _ICX,
+                     sockets_inferred=True, clock_ghz=3.5),
+        InstanceType("c6in.32xlarge", 2, 64, 128, 256, 200, True, False, False, False, _ICX,
+                     sockets_inferred=True, clock_ghz=3.5),
+        InstanceType("c7i.metal-24xl", 1, 48, 96, 192, 37.5, False, True, True, True, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+        InstanceType("c7i.metal-48xl", 2, 96, 192, 384, 50, True, True, True, True, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+        InstanceType("m7i.48xlarge", 2, 96, 192, 768, 50, True, True, True, False, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+    )
+}
+
+
+def known_types() -> list[str]:
+    return sorted(CATALOG)
+
+
+def lookup(name: str) -> InstanceType | None:
+    return CATALOG.get(name)
+
+
+def custom(name: str, sockets: int, physical_cores: int, *, vcpus: int | None = None,
+           network_gbps: float = 25, bf16: bool = False) -> InstanceType:
+    """An instance type the catalog does not know, described by the user's own core counts."""
+    return InstanceType(name, sockets, physical_cores, vcpus or physical_cores * 2, 0, network_gbps,
+                        efa=False, amx=bf16, avx512_bf16=bf16, bare_metal=False,
+                        processor="user-described", sockets_inferred=False)

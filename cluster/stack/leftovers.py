@@ -1,0 +1,58 @@
+"""What `fab sweep` may delete: the status of one tagged resource, from what the listing found.
+
+A cluster is *up* while its master exists (pending, running, stopping or stopped). A cluster
+whose master is gone is *stopped, stack exists* while its stack marker is there (the
+`xeon-cluster:stack-marker` tag that the Pulumi program puts on the cluster security group,
+infra/network.py): an idle auto-stop terminates every node and a spot reclaim the master, but
+only `pulumi destroy` removes that group, so the stack still owns its image, groups, key,
+role and bucket, and none of them is leaked. Only a cluster with neither is *down*, and its
+resources are leaked (checkpoint buckets: kept unless asked). Without the instance or the
+security-group listing no cluster can be told apart, and every resource is unknown.
+
+Pure: the edges (node_setup/aws/sweep.py) list the account and ask here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cluster.stack.tags import STACK_MARKER_KEY
+
+# A master in one of these states means its cluster exists (a stopped one can be started again).
+ALIVE_MASTER_STATES = ("pending", "running", "stopping", "stopped")
+IAM_KINDS = ("instance-profile", "iam-role")
+
+UP, STACK, LEAKED, KEPT, UNKNOWN = "up", "stack", "leaked", "kept", "unknown"
+IN_USE = "in-use"  # an IAM role or profile of a cluster that is up, or has its stack, in another region
+# Statuses the sweep never deletes; LEAKED always, KEPT (the checkpoint buckets) only when asked.
+LEFT_ALONE = (UP, STACK, IN_USE, UNKNOWN)
+
+
+def marks_stack(tags: Mapping[str, str]) -> bool:
+    """Whether a security group's tags carry the stack marker (a non-empty value)."""
+    return bool(tags.get(STACK_MARKER_KEY))
+
+
+def resource_status(kind: str, *, clusters_known: bool, up: bool, stack_exists: bool,
+                    iam_unknown: bool = False, elsewhere: bool = False) -> str:
+    """The status of one resource of a cluster.
+
+    `up`: its master exists in the swept region; `stack_exists`: its stack marker is there;
+    for IAM (global) `elsewhere`: the cluster is up or has its stack in another region, and
+    `iam_unknown`: another region could not be checked.
+    """
+    if not clusters_known:
+        return UNKNOWN
+    if up:
+        return UP
+    if stack_exists:
+        return STACK
+    if kind in IAM_KINDS:
+        if iam_unknown:
+            return UNKNOWN
+        if elsewhere:
+            return IN_USE
+    if kind == "bucket":
+        return KEPT
+    return LEAKED
+
