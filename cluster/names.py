@@ -95,3 +95,16 @@ def node_path(value: object, setting: str = "path") -> str:
     if not isinstance(value, str) or not PATH_RE.fullmatch(value) or "/../" in f"{value}/":
         raise _refuse(setting, value, "an absolute path of letters, digits, '.', '_', '+', '-' and '/'")
     return value
+
+
+# What a terminal or a table may show of text read from a node (a job's output folder, a log line, a
+# record): ANSI/OSC escape sequences, C0 and C1 controls (tab kept as a space) and the characters that
+# reorder what follows them (bidirectional embeddings, overrides and isolates, the marks) are removed.
+_ESCAPE_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?|.?)")
+_UNSHOWN_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """`text` as one line a terminal shows as written: escape sequences, controls and bidirectional
+    formatting characters removed, a tab as a space."""
+    return _UNSHOWN_RE.sub("", _ESCAPE_RE.sub("", str(text))).replace("\t", " ")
