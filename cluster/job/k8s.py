@@ -17,7 +17,7 @@ Security: the containers run as the image's own non-root user (RUN_AS_USER, dock
 with no privilege escalation, no capabilities and a read-only root filesystem; what the job writes
 goes to volumes: the work volume, the scratch volume, /tmp (an emptyDir; also the user's home),
 and an emptyDir of its own for an --output_dir outside them. Values given with --env sit in the
-manifest in clear text: `secret_looking` names those that look like secrets (the task warns).
+manifest in clear text: `secret_looking` (cluster/job/secrets.py) names the secrets (the task warns).
 
 The pod's cores are not known in advance (the kubelet's CPU manager picks them), so the layout is
 planned on a machine of the pod's size, unpinned (cluster/job/torchrun.py says what that leaves out).
@@ -35,6 +35,8 @@ from cluster.job.job_args import SyntheticData, job_setting
 from cluster.job.layout import Layout, plan_layout
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.job.torchrun import TorchrunPlan, plan_torchrun
+# What --env may carry that belongs in a Kubernetes Secret: cluster/job/secrets.py decides (re-exported).
+from cluster.job.secrets import secret_looking as secret_looking
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -61,12 +63,6 @@ HF_HOME = f"{WORK_MOUNT}/cache/huggingface"  # hub and datasets caches on the vo
 TMP_MOUNT = "/tmp"  # an emptyDir: the root filesystem is read-only
 VOLUME_WORK, VOLUME_SCRATCH, VOLUME_SHM, VOLUME_TMP, VOLUME_OUTPUT = "work", "scratch", "dshm", "tmp", "output"
 RUN_AS_USER = 10001  # the image's user (docker/Dockerfile's USER), also its group and the pod's fsGroup
-
-# What --env may carry that belongs in a Kubernetes Secret: a name with one of these words, or a
-# value with an AWS access key id in it.
-SECRET_NAME_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL")
-_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)"
-                         r"[A-Z0-9]{16}(?![A-Z0-9])")
 
 # DNS-1035 label (a job's pods are <name>-worker-<i>, each also a Service of that name).
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -122,12 +118,6 @@ def instance_type(name: str) -> InstanceType:
     if machine is None:
         raise K8sJobError(f"--instance-type: {name!r} is unknown; allowed: {', '.join(catalog.known_types())}")
     return machine
-
-
-def secret_looking(env: dict[str, str]) -> list[str]:
-    """The names in `env` whose name or value looks like a secret (SECRET_NAME_WORDS, an AWS key id)."""
-    return [name for name, value in env.items()
-            if any(word in name.upper() for word in SECRET_NAME_WORDS) or _AWS_KEY_ID.search(value)]
 
 
 def secret_warning(names: list[str]) -> str:

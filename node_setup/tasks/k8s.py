@@ -58,7 +58,7 @@ from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
     "threads": "override OpenMP threads per rank (default the rank's share of the pod's cores minus CCL workers)",
     "ccl-workers": "override oneCCL workers per rank (intel profile only)",
     "env": "extra environment for every rank, e.g. --env 'CCL_LOG_LEVEL=info' (in clear text in the manifest: "
-           "never a secret; a name with KEY, SECRET, TOKEN or PASSWORD, or an AWS key id, gets a warning)",
+           "never a secret; what cluster/job/secrets.py takes for one, by name or value, gets a warning)",
     "synthetic-examples": "train the offline demo (a tiny model and data every pod makes first) with N examples",
 })
 def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores=Unset(int, "all but the kubelet's"),
