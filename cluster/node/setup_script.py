@@ -16,7 +16,8 @@ Three scripts, all deterministic for their inputs; their text is in cluster/shel
 - `check_script(profile)`: prints facts (installed versions, markers, CPU flags, tcmalloc, free
   disk); `evaluate_check` compares them with the profile in Python.
 - `prebake_script()`: what must not go into an image: SSH host keys, shell history, cloud-init
-  per-instance state, private keys, the cluster key's authorized_keys lines.
+  per-instance state, private keys, the cluster key's authorized_keys lines, credentials in the
+  homes and every per-run folder the toolkit writes (TOOLKIT_DIR's, the jobs' outputs).
 
 Every script reports through lines that start with `::xc::` (`parse_events` reads them); the rest
 of the output is the tools' own, kept for the failure report.
@@ -34,11 +35,9 @@ from cluster.node import autostop
 from cluster import shell
 from cluster.stack.catalog import InstanceType
 from cluster.job.job_args import SYNTHETIC_ROOT
-from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT
-from cluster.job.launch import JOBS_DIR
+from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, LOCAL_OUTPUT_ROOT
 from cluster.node.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, IndexPin, Profile, venv_dir
 from cluster.node.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
-from cluster.job.userjob import FILE_STORE
 
 EVENT_PREFIX = "::xc::"
 OS_PYTHON = "/usr/bin/python3"
@@ -47,12 +46,21 @@ PROJECT_MARKER = ".xeon-cluster-project"
 PROJECT_DISTRIBUTION = "xeon-cluster"
 PREBAKE_KEY_STASH = "/run/xeon-cluster/hostkeys-before-bake"
 # What no home directory may carry into an image (relative to each home; globs allowed): credentials
-# and tokens a user or a job may have left on the master, and everything a job left there (its job
-# folders, and the store of the user's workdir files, which may hold what a user's job shipped).
+# and tokens a user or a job may have left on the master, and everything a job left there (its output
+# folders, the demo's data, the hostfile, the installer's uploads).
 PREBAKE_SECRETS = (".aws", ".netrc", ".git-credentials", ".pypirc", ".docker/config.json", ".config/gh",
                    ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token")
-PREBAKE_ARTEFACTS = (JOBS_DIR, FILE_STORE, DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME,
-                     ".cache/xeon-cluster", ".ssh/xeon-cluster-*.known_hosts", *autostop.BAKE_LEFTOVERS)
+PREBAKE_ARTEFACTS = (DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME, ".cache/xeon-cluster",
+                     ".ssh/xeon-cluster-*.known_hosts", *autostop.BAKE_LEFTOVERS)
+# The toolkit's folder in each home holds what one run wrote: the job folders (JOBS_DIR: run scripts
+# with the --env values), the workdir file store (FILE_STORE), the supervised runs (RUN_ROOT: their
+# spec and secret values), `fab exec`'s records. The pre-bake removes everything in it but
+# TOOLKIT_KEPT: the idle auto-stop's folder, which the master's running service keeps using (its
+# per-run files are in autostop.BAKE_LEFTOVERS, above). A folder added there later goes too.
+TOOLKIT_DIR = ".xeon-cluster"
+TOOLKIT_KEPT = (PurePosixPath(autostop.STATE_DIR).name,)
+# Per-run folders outside the homes (absolute): a local cluster's output root.
+PREBAKE_SYSTEM_LEFTOVERS = (LOCAL_OUTPUT_ROOT,)
 # install.sh's last line; the auto-stop section (cluster/node/autostop.py) goes right before it
 INSTALL_DONE_LINE = 'xc "done" "$CHANGED"\n'
 DEFAULT_MIN_FREE_GIB = 10.0
@@ -158,7 +166,9 @@ def prebake_script(root: str = "", restore_host_keys_after_s: int | None = 300) 
     restore = "" if restore_host_keys_after_s is None else str(int(restore_host_keys_after_s))
     return shell.render("prebake.sh", {"ROOT": root, "STASH_DIR": PREBAKE_KEY_STASH, "RESTORE_AFTER": restore,
                                        "KEY_COMMENT_PREFIX": KEY_COMMENT_PREFIX,
-                                       "HOME_LEFTOVERS": PREBAKE_SECRETS + PREBAKE_ARTEFACTS})
+                                       "HOME_LEFTOVERS": PREBAKE_SECRETS + PREBAKE_ARTEFACTS,
+                                       "TOOLKIT_DIR": TOOLKIT_DIR, "TOOLKIT_KEPT": TOOLKIT_KEPT,
+                                       "SYSTEM_LEFTOVERS": PREBAKE_SYSTEM_LEFTOVERS})
 
 
 # ------------------------------------------------------------------------------- reading the output

@@ -5,8 +5,9 @@
 # Header: ROOT (prefixes every path; empty on a real node), STASH_DIR, RESTORE_AFTER,
 # KEY_COMMENT_PREFIX (the comment that marks the cluster key's authorized_keys lines),
 # HOME_LEFTOVERS (an array of paths relative to a home directory, glob patterns allowed: the
-# credentials, tokens and job artefacts - job folders, the workdir file store - removed from
-# root's and every /home/* directory).
+# credentials, tokens and job artefacts removed from root's and every /home/* directory),
+# TOOLKIT_DIR (the toolkit's per-run tree in a home: everything in it is removed but the names in
+# the array TOOLKIT_KEPT), SYSTEM_LEFTOVERS (an array of absolute per-run paths outside the homes).
 set -uo pipefail
 R="$ROOT"
 STASH="$R$STASH_DIR"
@@ -69,6 +70,16 @@ for h in "${homes[@]}"; do
       if [ -e "$f" ] || [ -L "$f" ]; then $SUDO rm -rf -- "$f" && gone+=("${f#"$R"}"); fi
     done
   done
+done
+for h in "${homes[@]}"; do
+  for f in "$h/$TOOLKIT_DIR"/* "$h/$TOOLKIT_DIR"/.[!.]* "$h/$TOOLKIT_DIR"/..?*; do
+    keep=0
+    for k in "${TOOLKIT_KEPT[@]}"; do [ "${f##*/}" = "$k" ] && keep=1; done
+    if [ "$keep" = 0 ]; then $SUDO rm -rf -- "$f" && gone+=("${f#"$R"}"); fi
+  done
+done
+for p in "${SYSTEM_LEFTOVERS[@]}"; do
+  if [ -e "$R$p" ] || [ -L "$R$p" ]; then $SUDO rm -rf -- "$R$p" && gone+=("$p"); fi
 done
 xc step prebake leftovers "removed ${#gone[@]}: ${gone[*]:-nothing}"
 sync

@@ -17,6 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from cluster.job.launch import JOBS_DIR
+from cluster.job.userjob import FILE_STORE
+from cluster.node import autostop
+from cluster.run.supervision import CURRENT_LINK, RUN_ROOT, SPEC_FILE
 from cluster.stack.catalog import CATALOG
 from cluster.node.profiles import PROFILES, Profile
 from cluster.node.setup_script import (InstallPlan, changed, check_script, evaluate_check, fingerprint_digest,
@@ -317,3 +322,35 @@ def test_prebake_removes_host_keys_history_cloud_state_and_private_keys_then_res
     assert (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text() == "ssh-ed25519 AAAA host"
     assert not list(tmp_path.rglob("pwned"))
     shutil.rmtree(root)
+
+
+def test_prebake_removes_every_per_run_folder_the_toolkit_writes_supervised_runs_and_their_secrets_included(
+        tmp_path):
+    # A managed run, then a re-bake (a pin or profile change): nothing a run wrote may reach the image.
+    root = tmp_path / "img"
+    token = "hf_" + "NotARealToken" * 3
+    run = "20261123-101500-ab12"
+    files = {f"{RUN_ROOT}/{run}/{SPEC_FILE}": f'{{"layout": {{"extra_env": {{"HF_TOKEN": "{token}"}}}}}}',
+             f"{RUN_ROOT}/{run}/secret-env": f"HF_TOKEN={token}\n",  # whatever name the run's secrets file has
+             f"{RUN_ROOT}/{run}/log": "run started\n", f"{JOBS_DIR}/{run}/run.sh": f"export HF_TOKEN={token}\n",
+             f"{FILE_STORE}/0123abcd": "a workdir file\n", f"{autostop.ACTIVITY_DIR}/exec-1": "fab exec\n",
+             ".xeon-cluster/a-folder-added-later/state": f"{token}\n",
+             f"{autostop.STATE_DIR}/armed": "idle=1800\n", f"{autostop.STATE_DIR}/{autostop.GROUP_FILE}": "name=g\n"}
+    for home in ("home/ubuntu", "root"):
+        for rel, text in files.items():
+            (root / home / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / home / rel).write_text(text)
+        (root / home / CURRENT_LINK).symlink_to(run)
+    local_runs = root / LOCAL_OUTPUT_ROOT.lstrip("/") / "demo" / run / "checkpoint-1"
+    local_runs.mkdir(parents=True)
+    (local_runs / "args.json").write_text(f'{{"hub_token": "{token}"}}')
+    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}:{os.environ['PATH']}"}  # sudo when not root
+    result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=None)],
+                            capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+    # the idle auto-stop's folder stays (the master's running service uses it), less its per-run files
+    assert left == {f"{home}/{autostop.STATE_DIR}/{autostop.GROUP_FILE}" for home in ("home/ubuntu", "root")}
+    assert not (root / LOCAL_OUTPUT_ROOT.lstrip("/")).exists()
+    listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
+    assert f"/home/ubuntu/{RUN_ROOT}" in listed and f"/root/{RUN_ROOT}" in listed and LOCAL_OUTPUT_ROOT in listed
