@@ -155,8 +155,10 @@ def ddp_bucket_argument(value: str | float | None) -> list[str]:
 
 
 def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str = "", grad_comm: str | None = None,
-                       ddp_bucket_mb: str | float | None = None, **options: Any) -> list[str]:
-    """The `python -m training` arguments for fab train's options; `extra` goes last, split like a shell.
+                       ddp_bucket_mb: str | float | None = None, extra_args: Sequence[str] = (),
+                       **options: Any) -> list[str]:
+    """The `python -m training` arguments for fab train's options; `extra_args`, then `extra` (split like a
+    shell) go last.
 
     `options` are the names in OPTION_ARGS (task_name, model, dataset, ...); None and "" are left out.
     `grad_comm` and `ddp_bucket_mb` become `--grad_comm` and `--ddp_bucket_mb` (checked here).
@@ -185,6 +187,7 @@ def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str =
     args += grad_comm_argument(grad_comm) + ddp_bucket_argument(ddp_bucket_mb)
     if resume:
         args.append("--resume")
+    args += list(extra_args)
     try:
         args += shlex.split(extra or "")
     except ValueError as exc:
@@ -225,6 +228,121 @@ def synthetic_data(task: str, examples: int | None, python: str) -> SyntheticDat
         command += ["--examples", str(examples)]
     prepare = f"[ -f {shlex.quote(directory + '/train.json')} ] || {shlex.join(command)} >/dev/null"
     return SyntheticData(task, directory, prepare)
+
+
+# ------------------------------------------------------------------------------ the job's other arguments
+
+
+@dataclass(frozen=True)
+class ExtraArg:
+    """One of the built-in job's other arguments (--extra): a flag it accepts (underscores) and its value(s)."""
+
+    flag: str
+    values: tuple[str, ...] = ()
+
+    def words(self) -> list[str]:
+        return [self.flag, *self.values]
+
+
+# The job's flags that fab train has an option of its own for: in --extra they become that option's value
+# (parse_extra), so each setting is held once, typed (cluster/job/request.py), and never read back from a
+# command line. flag -> (the request's field, fab train's option).
+TYPED_FLAGS = {
+    "--task": ("task", "--task"), "--model_name_or_path": ("model", "--model"),
+    "--dataset_name": ("dataset", "--dataset"), "--dataset_config_name": ("dataset_config", "--dataset-config"),
+    "--train_file": ("train_file", "--train-file"), "--validation_file": ("validation_file", "--validation-file"),
+    "--num_train_epochs": ("epochs", "--epochs"), "--per_device_train_batch_size": ("batch_size", "--batch-size"),
+    "--max_steps": ("max_steps", "--max-steps"), "--bf16": ("bf16", "--bf16"),
+    "--grad_comm": ("grad_comm", "--grad-comm"),
+    "--ddp_bucket_mb": ("ddp_bucket_mb", "--ddp-bucket-mb"), "--compile": ("compile", "--compile"),
+    "--checkpoint_minutes": ("checkpoint_minutes", "--checkpoint-every"),
+    "--checkpoint_uri": ("checkpoint_uri", "--checkpoint-uri"), "--resume": ("resume", "--resume"),
+    "--output_dir": ("output_dir", "--output-dir"), "--compile_estimate": ("compile_estimate", "--compile"),
+}
+# What a recovery's batch override replaces (cluster/run/recovery.py's BatchPlan): never kept from --extra.
+BATCH_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size")
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_VALUE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")
+
+
+def _is_option(word: str) -> bool:
+    return word.startswith("-") and not _NEGATIVE_NUMBER.match(word)
+
+
+def _unknown(flag: str, setting: str) -> JobArgsError:
+    import difflib
+
+    from cluster.job.training_flags import FLAGS
+
+    close = difflib.get_close_matches(flag, list(FLAGS), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return JobArgsError(f"{setting}: {flag} is not an argument of `python -m training`{hint} (`python -m training "
+                        "--help` on a node lists them)")
+
+
+def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[str, str], tuple[ExtraArg, ...]]:
+    """The built-in job's other arguments, checked against the flags it accepts (cluster/job/training_flags.py,
+    its own parser's: a flag it does not know, a missing or surplus value is one line naming `setting`):
+    (TYPED_FLAGS' values by the request's field, "" for a bare flag; every other argument as an ExtraArg)."""
+    from cluster.job.training_flags import FLAGS, MANY, NONE, OPTIONAL, VALUE
+
+    typed: dict[str, str] = {}
+    found: list[ExtraArg] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--") or word == "--":
+            raise JobArgsError(f"{setting}: {word!r} is not allowed here; allowed: `python -m training` options, "
+                               "each a --flag with its value, e.g. --learning_rate 3e-5")
+        name, eq, inline = word.partition("=")
+        flag = "--" + name[2:].replace("-", "_")
+        kind = FLAGS.get(flag)
+        if kind is None:
+            raise _unknown(name, setting)
+        i += 1
+        if eq:
+            if kind == NONE:
+                raise JobArgsError(f"{setting}: {name} takes no value (given {inline!r})")
+            values: tuple[str, ...] = (inline,)
+        elif kind == VALUE:
+            if i >= len(words) or _is_option(words[i]):
+                raise JobArgsError(f"{setting}: {name} needs a value, e.g. {name} 3")
+            values, i = (words[i],), i + 1
+        elif kind in (OPTIONAL, MANY):
+            start = i
+            while i < len(words) and not _is_option(words[i]) and (kind == MANY or i == start):
+                i += 1
+            values = tuple(words[start:i])
+            if kind == MANY and not values:
+                raise JobArgsError(f"{setting}: {name} needs one or more values")
+        else:
+            values = ()
+        for value in values:
+            if not _VALUE_RE.match(value):
+                raise JobArgsError(f"{setting}: {name}: {value[:80]!r} is not allowed; allowed: one line of text")
+        if flag in TYPED_FLAGS:
+            field_name, option = TYPED_FLAGS[flag]
+            if field_name in typed:
+                raise JobArgsError(f"{setting}: {name} is given twice; give it once")
+            typed[field_name] = values[0] if values else ""
+            continue
+        found.append(ExtraArg(flag, values))
+    return typed, tuple(found)
+
+
+def check_extra(extra: Sequence[ExtraArg], setting: str = "--extra") -> None:
+    """Extra arguments as a request holds them (a run spec read back): each a flag the job accepts with as many
+    values as it takes, none of TYPED_FLAGS (the request holds those typed)."""
+    for arg in extra:
+        if not isinstance(arg, ExtraArg) or not isinstance(arg.flag, str):
+            raise JobArgsError(f"{setting}: {arg!r} is not allowed; allowed: a flag and its values")
+        if arg.flag in TYPED_FLAGS:
+            raise JobArgsError(f"{setting}: {arg.flag} is not allowed here; allowed: fab train's "
+                               f"{TYPED_FLAGS[arg.flag][1]}")
+        typed, parsed = parse_extra(arg.words(), setting)
+        if typed or parsed != (arg,):
+            raise JobArgsError(f"{setting}: {' '.join(arg.words())[:120]!r} is not allowed; allowed: a flag of "
+                               "`python -m training` with its value(s)")
 
 
 def job_setting(args: Sequence[str], flag: str) -> str | None:

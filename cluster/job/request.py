@@ -1,0 +1,470 @@
+"""One training run as a typed value, made once from `fab train`'s options and resolved there (pure).
+
+`RunRequest` holds what a run is, every value checked as it is made (one line naming the setting,
+the value and what is allowed: RequestError): the run's id, its node count (resolved against the
+inventory once), the launcher and its elastic settings (`Launcher`), the layout asked for
+(`LayoutRequest`), the program: the built-in job with its typed settings (`BuiltinJob`, the offline
+demo as `Demo`: task and examples) or your own (`OwnProgram`), the ranks' environment (names that
+change how an interpreter, a shell or the loader starts are refused unless `allow_env` names them),
+the output directory, the checkpoint interval in seconds and URI, --resume, the --managed settings
+(`Managed`) and the idle auto-stop armed at the start.
+
+Command lines are made from it at the last step (cluster/job/jobplan.py's `plan`: `python -m
+training ...`, mpirun, torchrun; cluster/job/k8s.py: the PyTorchJob) and never read back.
+`to_mapping`/`from_mapping` are its serialized form (the run spec, cluster/run/runspec.py): every
+field typed and range-checked by the same constructors, unknown fields refused. What only this
+controller has (the local files to copy: data files, the workdir's copy plan, the install plan) is
+left out of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS, ExtraArg, JobArgsError,
+                                  check_extra, parse_s3_uri)
+from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS, RESERVED_VARIABLES, is_variable_name
+from cluster.job.userjob import (NOTICE_SIGNALS, CopyPlan, RequirementsPlan, UserJobError, UserProgram,
+                                 check_module)
+from cluster.run.supervision import RUN_ID_RE, SupervisionError, resume_words
+
+# Environment names that change how an interpreter, a shell or the dynamic loader starts (what runs
+# before the program's first line, or instead of it): refused in --env (fab train, fab k8s-job, a job
+# file, a run spec) unless --allow-env names them. TMPDIR is allowed: it moves where temporary files
+# go (a larger disk is a common reason to set it) and starts nothing.
+REFUSED_ENV_PREFIXES = ("PYTHON", "LD_", "BASH_FUNC_", "GIT_CONFIG")
+REFUSED_ENV_NAMES = (
+    "BASH_ENV", "ENV", "BROWSER", "PERL5OPT", "PERL5LIB", "PERLLIB", "NODE_OPTIONS", "RUBYOPT", "RUBYLIB",
+    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH",
+    "PATH", "IFS", "PS4", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "CDPATH", "HOSTALIASES", "LOCALDOMAIN",
+    "RES_OPTIONS", "HOME", "ZDOTDIR", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH")
+ALLOW_ENV_OPTION = "--allow-env"
+_LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
+_NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
+_SCRIPT_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,1000}\Z")
+MAX_NODES = 10000
+MAX_WAIT_S = 7 * 86400
+BUILTIN, OWN = "builtin", "own"
+
+
+class RequestError(ValueError):
+    """A setting of the run that cannot be used; the message is one line naming it, the value and what is
+    allowed."""
+
+
+def _refuse(setting: str, value: object, allowed: str) -> RequestError:
+    return RequestError(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
+
+
+def _whole(setting: str, value: object, low: int, high: int, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _refuse(setting, value, f"a whole number from {low} to {high}")
+
+
+def _number(setting: str, value: object, low: float, high: float, *, above: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high or (above and value == low):
+        raise _refuse(setting, value, f"a number {'above' if above else 'from'} {low:g}" + f" to {high:g}")
+
+
+def _line(setting: str, value: object, *, optional: bool = True, pattern: re.Pattern = _LINE_RE) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not pattern.match(value):
+        raise _refuse(setting, value, "one line of text" if pattern is _LINE_RE else "letters, digits and _./+@-")
+
+
+def _choice(setting: str, value: object, choices: Iterable[object], *, optional: bool = True) -> None:
+    choices = tuple(choices)
+    if (value is None and optional) or value in choices:
+        return
+    raise _refuse(setting, value, " or ".join(str(c) for c in choices))
+
+
+def _flag(setting: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise _refuse(setting, value, "true or false")
+
+
+def _node_path(setting: str, value: object) -> None:
+    _line(setting, value, pattern=_NODE_PATH_RE)
+    if isinstance(value, str) and ".." in value.split("/"):
+        raise _refuse(setting, value, "a path without '..'")
+
+
+# ---------------------------------------------------------------------------------------- environment
+
+
+def refused_env_name(name: str) -> bool:
+    """Whether `name` changes how an interpreter, a shell or the loader starts (REFUSED_ENV_*)."""
+    return name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)
+
+
+def parse_allow_env(text: str) -> tuple[str, ...]:
+    """`--allow-env NAME,...` (commas or spaces between names): the names, each a variable name."""
+    names = tuple(n for n in re.split(r"[,\s]+", text or "") if n)
+    for name in names:
+        if not is_variable_name(name) or len(name) > 128:
+            raise _refuse(ALLOW_ENV_OPTION, name, "environment variable names, e.g. --allow-env PYTHONHASHSEED")
+    return names
+
+
+def check_env(env: Mapping[str, str], allow: Iterable[str] = (), setting: str = "--env") -> tuple[tuple[str, str], ...]:
+    """The ranks' environment checked: names are variable names, not set by the launch itself and, unless
+    `allow` names them, not REFUSED_ENV_*; values are one line. Returned as pairs in the given order."""
+    allowed = set(allow)
+    for name, value in env.items():
+        if not isinstance(name, str) or not is_variable_name(name) or len(name) > 128:
+            raise _refuse(setting, name, "NAME=VALUE with a variable name (letters, digits, _)")
+        if name in RESERVED_VARIABLES:
+            raise RequestError(f"{setting}: {name} is set by the launch itself; allowed: any other variable")
+        if refused_env_name(name) and name not in allowed:
+            raise RequestError(f"{setting}: {name} changes how an interpreter, a shell or the loader starts on every "
+                               f"node, so it is refused; allowed: other names, or name it in {ALLOW_ENV_OPTION} "
+                               f"{name} if you mean it")
+        _line(f"{setting} {name}", value, optional=False)
+    return tuple((str(k), str(v)) for k, v in env.items())
+
+
+# ---------------------------------------------------------------------------------------- the parts
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """What starts the ranks: mpirun, or torchrun per node (elastic down to `min_nodes`)."""
+
+    name: str = DEFAULT_LAUNCHER
+    min_nodes: int | None = None
+    max_restarts: int | None = None
+
+    def __post_init__(self) -> None:
+        _choice("--launcher", self.name, LAUNCHERS, optional=False)
+        _whole("--min-nodes", self.min_nodes, 1, MAX_NODES)
+        _whole("--max-restarts", self.max_restarts, 0, 1000)
+        if self.name != "torchrun" and (self.min_nodes is not None or self.max_restarts is not None):
+            raise RequestError(f"{'--min-nodes' if self.min_nodes is not None else '--max-restarts'}: only with "
+                               "--launcher torchrun (its elastic agent handles a node that leaves)")
+
+
+@dataclass(frozen=True)
+class LayoutRequest:
+    """The layout asked for (None: the rule's or a measured one, cluster/job/layout.py)."""
+
+    ranks_per_node: int | None = None
+    threads_per_rank: int | None = None
+    ccl_workers: int | None = None
+    pin: bool | None = None
+
+    def __post_init__(self) -> None:
+        _whole("--ranks-per-node", self.ranks_per_node, 1, 4096)
+        _whole("--threads", self.threads_per_rank, 1, 4096)
+        _whole("--ccl-workers", self.ccl_workers, 0, 4096)
+        if self.pin is not None:
+            _flag("--pin", self.pin)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """The offline demo (training/synthetic.py): every node writes it first, rebuilt from these two."""
+
+    task: str
+    examples: int | None = None
+
+    def __post_init__(self) -> None:
+        _choice("--task", self.task, TASKS, optional=False)
+        _whole("--synthetic-examples", self.examples, 1, 10**9)
+
+
+@dataclass(frozen=True)
+class BuiltinJob:
+    """`python -m training` with its typed settings; `extra`: its other arguments (--extra), checked."""
+
+    task: str | None = None
+    model: str | None = None
+    dataset: str | None = None
+    dataset_config: str | None = None
+    train_file: str | None = None  # on the nodes
+    validation_file: str | None = None
+    epochs: float | None = None
+    batch_size: int | None = None
+    max_steps: int | None = None
+    bf16: str = "auto"
+    grad_comm: str | None = None
+    ddp_bucket_mb: float | None = None
+    compile: str | None = None  # None: the job's own default
+    compile_estimate: tuple[float, float, float] | None = None  # fab bench's: eager step, compiled step, compile s
+    demo: Demo | None = None
+    extra: tuple[ExtraArg, ...] = ()
+
+    kind = BUILTIN
+
+    def __post_init__(self) -> None:
+        _choice("--task", self.task, TASKS)
+        for setting, value in (("--model", self.model), ("--dataset", self.dataset),
+                               ("--dataset-config", self.dataset_config), ("--train-file", self.train_file),
+                               ("--validation-file", self.validation_file)):
+            _line(setting, value)
+        _number("--epochs", self.epochs, 0, 1e6, above=True)
+        _whole("--batch-size", self.batch_size, 1, 1 << 20)
+        _whole("--max-steps", self.max_steps, 1, 1 << 40)
+        _choice("--bf16", self.bf16, BF16_CHOICES, optional=False)
+        _choice("--grad-comm", self.grad_comm, GRAD_COMM_CHOICES)
+        _number("--ddp-bucket-mb", self.ddp_bucket_mb, 0, 1e6, above=True)
+        _choice("--compile", self.compile, COMPILE_CHOICES)
+        if self.compile_estimate is not None:
+            estimate = self.compile_estimate
+            if not isinstance(estimate, tuple) or len(estimate) != 3:
+                raise _refuse("compile estimate", estimate, "three numbers: eager step, compiled step, compile s")
+            for part in estimate:
+                _number("compile estimate", part, 0, 1e6)
+        if self.demo is not None and not isinstance(self.demo, Demo):
+            raise _refuse("demo", self.demo, "a task and a number of examples")
+        if self.demo is not None and (self.model or self.dataset or self.train_file):
+            raise RequestError("--synthetic-examples: the offline demo brings its own model and data; leave out "
+                               "--model, --dataset and --train-file, or drop --synthetic-examples")
+        try:
+            check_extra(self.extra)
+        except JobArgsError as exc:
+            raise RequestError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class OwnProgram:
+    """Your own program (--script/--module) run by every rank from the job's copy of the workdir.
+
+    `workdir` and `requirements` are files of this controller; `copy` and `install` their plans
+    (cluster/job/userjob.py), which only this controller has (left out of the serialized form)."""
+
+    script: str | None = None  # relative to the workdir
+    module: str | None = None
+    args: tuple[str, ...] = ()
+    signal: str | None = "SIGUSR1"
+    workdir: str = ""
+    workdir_limit_mb: int = 200
+    requirements: str | None = None
+    resume_arg: str = ""
+    independent_ranks: bool = False
+    copy: CopyPlan | None = field(default=None, compare=False, repr=False)
+    install: RequirementsPlan | None = field(default=None, compare=False, repr=False)
+
+    kind = OWN
+
+    def __post_init__(self) -> None:
+        if (self.script is None) == (self.module is None):
+            raise RequestError("--script/--module: give one of them (your program)")
+        if self.script is not None:
+            _line("--script", self.script, pattern=_SCRIPT_RE)
+            if self.script.startswith("/") or ".." in self.script.split("/"):
+                raise _refuse("--script", self.script, "a path inside the workdir")
+        else:
+            try:
+                check_module(str(self.module))
+            except UserJobError as exc:
+                raise RequestError(str(exc)) from None
+        if not isinstance(self.args, tuple):
+            raise _refuse("--args", self.args, "a list of words")
+        for word in self.args:
+            _line("--args", word, optional=False)
+        _choice("--notice-signal", self.signal, NOTICE_SIGNALS)
+        _line("--workdir", self.workdir, optional=False)
+        _whole("--workdir-limit-mb", self.workdir_limit_mb, 1, 1 << 30, optional=False)
+        _line("--requirements", self.requirements)
+        _line("--resume-arg", self.resume_arg, optional=False)
+        if self.resume_arg:
+            try:
+                resume_words(self.resume_arg)
+            except SupervisionError as exc:
+                raise RequestError(str(exc)) from None
+        _flag("--independent-ranks", self.independent_ranks)
+
+    @property
+    def program(self) -> UserProgram:
+        return UserProgram(self.script, self.module, self.args, self.signal)
+
+
+@dataclass(frozen=True)
+class Managed:
+    """`fab train --managed`: the supervisor's settings."""
+
+    max_recoveries: int = 3
+    min_nodes: int = 1
+    wait_s: float = 900.0
+    detach: bool = False
+
+    def __post_init__(self) -> None:
+        _whole("--max-recoveries", self.max_recoveries, 0, 1000, optional=False)
+        _whole("--min-nodes", self.min_nodes, 1, MAX_NODES, optional=False)
+        _number("--wait-for-capacity", self.wait_s, 0, MAX_WAIT_S)
+        _flag("--detach", self.detach)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A data file of this controller copied to every node before the launch (at `node`, under the home)."""
+
+    local: str
+    node: str
+
+
+# ---------------------------------------------------------------------------------------- the request
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    run_id: str  # the first job's id (a supervised run's id)
+    nodes: int
+    program: BuiltinJob | OwnProgram
+    launcher: Launcher = Launcher()
+    layout: LayoutRequest = LayoutRequest()
+    env: tuple[tuple[str, str], ...] = ()
+    allow_env: tuple[str, ...] = ()
+    output_dir: str | None = None  # None: the default (cluster/job/jobplan.py's output root / run id)
+    checkpoint_every_s: float | None = None  # 0: only at the end
+    checkpoint_uri: str | None = None
+    resume: bool = False
+    managed: Managed | None = None
+    allow_busy: bool = False
+    idle_stop_s: int | None = None  # the idle auto-stop armed at the start (the stack's), None: not armed
+    data_files: tuple[DataFile, ...] = field(default=(), compare=False)  # this controller's; not serialized
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_id, str) or not RUN_ID_RE.match(self.run_id):
+            raise _refuse("run id", self.run_id, "a job id such as 20261123-101500-ab12")
+        _whole("--nodes", self.nodes, 1, MAX_NODES, optional=False)
+        if not isinstance(self.program, (BuiltinJob, OwnProgram)):
+            raise _refuse("program", self.program, "the built-in job or your own program")
+        for name in self.allow_env:
+            parse_allow_env(name)
+        if len({name for name, _ in self.env}) != len(self.env):
+            raise _refuse("--env", [name for name, _ in self.env], "each name once")
+        check_env(dict(self.env), self.allow_env)
+        if self.output_dir is not None:
+            _node_path("--output-dir", self.output_dir)
+        _number("--checkpoint-every", self.checkpoint_every_s, 0, 10 * 365 * 86400)
+        if self.checkpoint_uri is not None:
+            try:
+                parse_s3_uri(self.checkpoint_uri)
+            except JobArgsError as exc:
+                raise RequestError(str(exc)) from None
+        _flag("--resume", self.resume)
+        _flag("--allow-busy", self.allow_busy)
+        _whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
+        if self.launcher.min_nodes is not None and self.launcher.min_nodes > self.nodes:
+            raise _refuse("--min-nodes", self.launcher.min_nodes, f"1 to {self.nodes} (the job's nodes)")
+        own = self.own
+        if own is not None and (self.checkpoint_every_s is not None or self.checkpoint_uri or self.resume):
+            which = ("--checkpoint-every" if self.checkpoint_every_s is not None else
+                     "--checkpoint-uri" if self.checkpoint_uri else "--resume")
+            raise RequestError(f"{which}: an option of the built-in job, not allowed with --script/--module; pass "
+                               "your program's own arguments with --args (or after `--`)")
+        if self.managed is None:
+            if own is not None and own.resume_arg:
+                raise RequestError("--resume-arg: only with --managed (fab supervises the job and recovers it)")
+            return
+        if self.launcher.name != DEFAULT_LAUNCHER:
+            raise RequestError(f"--managed: not with --launcher {self.launcher.name}; torchrun's elastic agent "
+                               "handles a node that leaves (--min-nodes without --managed)")
+        if not 1 <= self.managed.min_nodes <= self.nodes:
+            raise RequestError(f"--min-nodes: {self.managed.min_nodes} is not allowed; allowed 1 to {self.nodes} "
+                               "(the job's nodes)")
+        if own is not None and own.requirements:
+            raise RequestError("--requirements: not with --managed: a replacement node would lack them; put them in "
+                               "the profile's image or install them from your program")
+
+    @property
+    def builtin(self) -> BuiltinJob | None:
+        return self.program if isinstance(self.program, BuiltinJob) else None
+
+    @property
+    def own(self) -> OwnProgram | None:
+        return self.program if isinstance(self.program, OwnProgram) else None
+
+    def env_map(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def with_env(self, env: Mapping[str, str]) -> "RunRequest":
+        """The request with these environment values in place of its own of the same name."""
+        merged = {**self.env_map(), **env}
+        return dataclasses.replace(self, env=tuple(merged.items()))
+
+    # ------------------------------------------------------------------ serialized form
+
+    def to_mapping(self) -> dict[str, Any]:
+        """JSON-ready: every field but this controller's files (DataFile, the copy and install plans)."""
+        return _mapping(self)
+
+    @classmethod
+    def from_mapping(cls, data: object) -> "RunRequest":
+        """The request `to_mapping` wrote, every field checked (RequestError naming it; unknown fields refused)."""
+        return _build(cls, data, "request")
+
+
+_NOT_SERIALIZED = {"data_files", "copy", "install"}
+_PARTS: dict[str, Any] = {"launcher": Launcher, "layout": LayoutRequest, "managed": Managed, "demo": Demo}
+
+
+def _mapping(value: Any) -> Any:
+    if isinstance(value, (BuiltinJob, OwnProgram)):
+        return {"kind": value.kind, **{f.name: _mapping(getattr(value, f.name)) for f in dataclasses.fields(value)
+                                       if f.name not in _NOT_SERIALIZED}}
+    if isinstance(value, ExtraArg):
+        return [value.flag, *value.values]
+    if dataclasses.is_dataclass(value):
+        return {f.name: _mapping(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.name not in _NOT_SERIALIZED}
+    if isinstance(value, tuple):
+        return [_mapping(v) for v in value]
+    return value
+
+
+def _build(cls: Any, data: object, where: str) -> Any:
+    """`cls` from its mapping: exactly its serialized fields, nested parts built (and checked) the same way."""
+    if not isinstance(data, dict):
+        raise _refuse(where, type(data).__name__, "an object")
+    names = {f.name for f in dataclasses.fields(cls) if f.name not in _NOT_SERIALIZED}
+    extra = sorted(set(data) - names - ({"kind"} if cls in (BuiltinJob, OwnProgram) else set()))
+    if extra:
+        raise RequestError(f"{where}: unknown field {extra[0]!r}; allowed: {', '.join(sorted(names))}")
+    values: dict[str, Any] = {}
+    for name, raw in data.items():
+        if name == "kind":
+            continue
+        if raw is None or name not in _PARTS and name not in ("program", "env", "allow_env", "args", "extra",
+                                                               "compile_estimate"):
+            values[name] = raw
+        elif name in _PARTS:
+            values[name] = _build(_PARTS[name], raw, f"{where} {name}")
+        elif name == "program":
+            kinds = {BUILTIN: BuiltinJob, OWN: OwnProgram}
+            if not isinstance(raw, dict) or raw.get("kind") not in kinds:
+                raise _refuse(f"{where} program", raw if not isinstance(raw, dict) else raw.get("kind"),
+                              f"an object of kind {BUILTIN} or {OWN}")
+            values[name] = _build(kinds[raw["kind"]], raw, f"{where} program")
+        else:
+            values[name] = _tuple(name, raw, where)
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a field missing
+        raise RequestError(f"{where}: {exc}") from None
+
+
+def _tuple(name: str, raw: object, where: str) -> tuple:
+    if not isinstance(raw, list):
+        raise _refuse(f"{where} {name}", raw, "a list")
+    if name == "env":
+        if not all(isinstance(p, list) and len(p) == 2 for p in raw):
+            raise _refuse(f"{where} env", raw, "a list of [NAME, VALUE] pairs")
+        return tuple((p[0], p[1]) for p in raw)
+    if name == "extra":
+        if not all(isinstance(p, list) and p and all(isinstance(w, str) for w in p) for p in raw):
+            raise _refuse(f"{where} extra", raw, "a list of [FLAG, VALUE...] lists")
+        return tuple(ExtraArg(p[0], tuple(p[1:])) for p in raw)
+    return tuple(raw)
