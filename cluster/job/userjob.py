@@ -9,7 +9,8 @@ Pure: this module turns the options into checked values and plans, and touches n
   size limit, and what it withholds: dot-files and dot-folders (.aws, .ssh, .env, .config ...),
   files named like credentials (CREDENTIAL_NAMES), links that lead out of the workdir; the
   workdir's allow file (INCLUDE_FILE) lets the user ship a withheld path on purpose, never a link
-  out. The home folder itself (or a folder above it) is refused as a workdir (`check_workdir`).
+  out. The home folder itself (or a folder above it) and a credentials folder (CREDENTIAL_FOLDERS:
+  ~/.aws, ~/.ssh, ~/.config/gcloud, ~/.config itself ...) are refused as a workdir (`check_workdir`).
   Each node keeps a content-addressed store (FILE_STORE: one file per content, checked against its
   name before use) and the job's workdir is a copy out of it (copy-on-write where the filesystem
   can), so an unchanged file is never sent twice and what one job writes reaches no other job.
@@ -44,10 +45,27 @@ VENV_MARKER = "pyvenv.cfg"
 DEFAULT_WORKDIR_LIMIT_MB = 200
 LARGEST_SHOWN = 5
 # Withheld unless the workdir's allow file lists them: every dot-file and dot-folder (the name starts
-# with ".": .aws, .ssh, .env, .config, .kaggle, .netrc ...) and files named like credentials.
+# with ".": .aws, .ssh, .env, .config, .kaggle, .netrc ...) and files named like credentials, wherever
+# they are in the workdir: a pattern with "/" matches the path's last components (kube/config is a
+# kube folder's config: a copy of ~/.kube without its dot). Below a tool's own folder the names are
+# not dot-names, hence the tools' credential files by name: AWS's SSO and CLI caches, gcloud's
+# (application default credentials, its two databases, legacy_credentials/), Azure's token caches,
+# kube, docker and gh configs, Hugging Face's token, rclone's, Terraform's and git's credentials.
 CREDENTIAL_NAMES = ("id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12", "*.pfx",
                     "*.jks", "*.keystore", "*.kdbx", "credentials", "credentials.json", "kaggle.json",
-                    "client_secret*.json", "*service-account*.json", "*service_account*.json", "netrc", "_netrc")
+                    "client_secret*.json", "*service-account*.json", "*service_account*.json", "netrc", "_netrc",
+                    "sso/cache/*.json", "cli/cache/*.json", "boto/cache/*.json", "aws/config",
+                    "application_default_credentials.json", "credentials.db", "access_tokens.db",
+                    "legacy_credentials", "accessTokens.json", "msal_token_cache.*", "service_principal_entries.*",
+                    "kube/config", "kubeconfig", "kubeconfig.y*ml", "*.kubeconfig", "docker/config.json",
+                    "gh/hosts.yml", "huggingface/token", "stored_tokens", "rclone.conf", "credentials.tfrc.json",
+                    "git-credentials", "htpasswd", "*.ovpn")
+# Well-known folders that hold credentials ("/"-separated, as under a home). A workdir that is one, lies
+# inside one or holds one below a dot-folder (~/.config holds gcloud/, which is no dot-name) is refused
+# by name (`check_workdir`), wherever it is: a copy of a home's .aws elsewhere is as secret.
+CREDENTIAL_FOLDERS = (".aws", ".ssh", ".gnupg", ".kube", ".docker", ".azure", ".config/gcloud", ".config/gh",
+                      ".config/rclone", ".config/op", ".kaggle", ".huggingface", ".cache/huggingface", ".pulumi",
+                      ".terraform.d", ".oci", ".password-store", ".local/share/keyrings")
 INCLUDE_FILE = ".xeon-cluster-include"  # in the workdir: paths (one a line) to ship although withheld
 WITHHELD_DOT, WITHHELD_CREDENTIAL, WITHHELD_LINK = "dot-files and dot-folders", "named like credentials", \
     "links that lead out of the workdir"
@@ -169,13 +187,32 @@ def check_entry_path(path: str) -> str:
     return path
 
 
+def credentials_folder(workdir: str) -> str | None:
+    """How the workdir (absolute) meets a CREDENTIAL_FOLDERS entry: "is .aws", "lies inside .aws",
+    "holds .config/gcloud" (the workdir is .config), or None."""
+    parts = tuple(p for p in workdir.split("/") if p)
+    for folder in CREDENTIAL_FOLDERS:
+        named = tuple(folder.split("/"))
+        for i in range(len(parts) - len(named) + 1):
+            if parts[i:i + len(named)] == named:
+                return f"{'is' if i + len(named) == len(parts) else 'lies inside'} {folder}"
+        if any(parts[-k:] == named[:k] for k in range(1, len(named))):
+            return f"holds {folder}"
+    return None
+
+
 def check_workdir(workdir: str, home: str) -> str:
-    """The workdir (absolute, resolved), refused when it is the home folder or a folder above it:
-    it would ship keys, credentials and caches to every node."""
+    """The workdir (absolute, resolved), refused when it is the home folder or a folder above it (it
+    would ship keys, credentials and caches to every node), or a credentials folder (`credentials_folder`)."""
+    allowed = ("allowed: a folder of the project, e.g. move the script into a folder of its own or pass "
+               "--workdir PROJECT_FOLDER")
     if workdir == home or workdir == "/" or home.startswith(workdir.rstrip("/") + "/"):
         raise UserJobError(f"--workdir: {workdir} is your home folder or holds it, and would copy all of it to "
-                           "every node; allowed: a folder of the project, e.g. move the script into a folder of "
-                           "its own or pass --workdir PROJECT_FOLDER")
+                           f"every node; {allowed}")
+    found = credentials_folder(workdir)
+    if found:
+        raise UserJobError(f"--workdir: {workdir} {found}, a folder of credentials, and would copy them to every "
+                           f"node; {allowed}")
     return workdir
 
 
@@ -205,6 +242,12 @@ def leads_to_include(folder: str, includes: tuple[str, ...]) -> bool:
     return any(p.startswith(folder + "/") for p in includes)
 
 
+def _tail_matches(parts: list[str], pattern: str) -> bool:
+    """Whether the path's last components match the pattern's, one by one (fnmatch, case counts)."""
+    wanted = pattern.split("/")
+    return len(parts) >= len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts[-len(wanted):], wanted))
+
+
 def withheld_reason(path: str, includes: tuple[str, ...] = ()) -> str | None:
     """Why a workdir path ("/"-separated, relative) is withheld by default (WITHHELD_DOT or
     WITHHELD_CREDENTIAL), or None when it ships (or the allow file lists it)."""
@@ -213,7 +256,7 @@ def withheld_reason(path: str, includes: tuple[str, ...] = ()) -> str | None:
     parts = path.split("/")
     if any(part.startswith(".") and part not in (".", "..") for part in parts):
         return WITHHELD_DOT
-    if any(fnmatch.fnmatchcase(parts[-1], pattern) for pattern in CREDENTIAL_NAMES):
+    if any(_tail_matches(parts, pattern) for pattern in CREDENTIAL_NAMES):
         return WITHHELD_CREDENTIAL
     return None
 

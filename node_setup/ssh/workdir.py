@@ -64,9 +64,10 @@ def _includes(root: Path) -> tuple[str, ...]:
 
 
 def scan(workdir: str | Path, limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024 * 1024) -> CopyPlan:
-    """The workdir's files after the skip rules, hashed; UserJobError when it is the home folder (before
-    anything is read) or over the limit. Dot-names, credential names and links out of the workdir are
-    withheld (CopyPlan.withheld) unless the allow file lists them (never a link out)."""
+    """The workdir's files after the skip rules, hashed; UserJobError when it is the home folder or a
+    credentials folder such as ~/.aws (before anything is read) or over the limit. Dot-names, credential
+    names and links out of the workdir are withheld (CopyPlan.withheld) unless the allow file lists them
+    (never a link out)."""
     root = Path(check_workdir(str(Path(workdir).resolve()), str(Path.home().resolve())))
     spec = _ignore_spec(root)
     includes = _includes(root)

@@ -1,7 +1,8 @@
 """What `fab train --script/--module` does not copy to the nodes: dot-files and dot-folders, files
 named like credentials, links that lead out of the workdir (cluster/job/userjob.py decides,
-node_setup/ssh/workdir.py scans), the home folder refused as a workdir, the allow file that ships a
-withheld path on purpose, and the pre-bake scrub that removes the nodes' file store and job folders."""
+node_setup/ssh/workdir.py scans), the home folder and credentials folders (~/.aws, ~/.config ...)
+refused as a workdir, the allow file that ships a withheld path on purpose, and the pre-bake scrub
+that removes the nodes' file store and job folders."""
 
 from __future__ import annotations
 
@@ -87,6 +88,42 @@ def test_the_home_folder_or_a_folder_above_it_is_refused_as_a_workdir(workdir, r
         assert check_workdir(workdir, "/home/u") == workdir
 
 
+@pytest.mark.parametrize("workdir, found", [
+    ("/home/u/.aws", "is .aws"), ("/home/u/.aws/sso/cache", "lies inside .aws"), ("/home/u/.ssh", "is .ssh"),
+    ("/home/u/.config", "holds .config/gcloud"), ("/home/u/.config/gcloud", "is .config/gcloud"),
+    ("/home/u/.config/gcloud/legacy_credentials", "lies inside .config/gcloud"), ("/home/u/.kube", "is .kube"),
+    ("/home/u/.docker", "is .docker"), ("/home/u/.azure", "is .azure"), ("/home/u/.gnupg", "is .gnupg"),
+    ("/home/u/.cache", "holds .cache/huggingface"), ("/mnt/backup/alice/.aws", "is .aws"),
+    ("/home/u/.local/share", "holds .local/share/keyrings"),
+])
+def test_a_credentials_folder_is_refused_as_a_workdir_by_name(workdir, found):
+    with pytest.raises(UserJobError, match=rf"^--workdir: {workdir} {found}, a folder of credentials, and would copy "
+                                           r"them to every node; allowed: a folder of the project"):
+        check_workdir(workdir, "/home/u")
+
+
+@pytest.mark.parametrize("workdir", ["/home/u/.config/myapp", "/home/u/projects/aws", "/home/u/kube-demo",
+                                     "/srv/docker-build", "/home/u/.cache/pip-project"])
+def test_a_folder_beside_or_named_like_a_tool_is_not_a_credentials_folder(workdir):
+    assert check_workdir(workdir, "/home/u") == workdir
+
+
+@pytest.mark.parametrize("path", [
+    "sso/cache/0123abcd.json", "backup/aws/cli/cache/x.json", "aws/config", "application_default_credentials.json",
+    "gcloud/credentials.db", "gcloud/access_tokens.db", "gcloud/legacy_credentials", "azure/msal_token_cache.json",
+    "azure/accessTokens.json", "kube/config", "clusters/prod.kubeconfig", "kubeconfig.yaml", "docker/config.json",
+    "gh/hosts.yml", "huggingface/token", "rclone/rclone.conf", "terraform.d/credentials.tfrc.json",
+])
+def test_well_known_credential_files_are_withheld_wherever_they_are(path):
+    assert withheld_reason(path) == WITHHELD_CREDENTIAL
+
+
+@pytest.mark.parametrize("path", ["config", "configs/config.yaml", "cache/x.json", "docker/Dockerfile", "kube/job.yaml",
+                                  "token_utils.py", "data/tokens.json"])
+def test_ordinary_project_files_beside_them_ship(path):
+    assert withheld_reason(path) is None
+
+
 def test_the_plan_lists_what_it_withheld_by_kind_and_how_to_ship_one():
     plan = CopyPlan("/w", (), withheld=tuple((f".d{i}/", WITHHELD_DOT) for i in range(25))
                     + (("link.txt", WITHHELD_LINK), ("k/id_rsa", WITHHELD_CREDENTIAL)))
@@ -156,6 +193,38 @@ def test_fab_train_refuses_a_script_in_the_home_folder_in_one_line_with_exit_2(t
         f"error: --workdir: {home.resolve()} is your home folder or holds it, and would copy all of it to every "
         "node; allowed: a folder of the project, e.g. move the script into a folder of its own or pass "
         "--workdir PROJECT_FOLDER"]
+
+
+@pytest.mark.parametrize("folder, found", [(".aws", "is .aws"), (".config", "holds .config/gcloud"),
+                                           (".kube", "is .kube"), (".docker", "is .docker")])
+def test_fab_train_refuses_a_credentials_folder_as_the_workdir_in_one_line_with_exit_2(tmp_path, folder, found):
+    # what the tools keep there (fake values): none of it is named like a dot-file below the folder
+    home = make(tmp_path / "home", {".aws/sso/cache/0123.json": "{}", ".aws/cli/cache/0123.json": "{}",
+                                    ".aws/config": "[default]\n", ".kube/config": "users: []\n",
+                                    ".docker/config.json": "{}", ".config/gcloud/credentials.db": "fake",
+                                    ".config/gcloud/application_default_credentials.json": "{}",
+                                    ".config/gcloud/access_tokens.db": "fake"})
+    result = fab(tmp_path, "--module", "train", "--workdir", str(home / folder))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: --workdir: {(home / folder).resolve()} {found}, a folder of credentials, and would copy them to "
+        "every node; allowed: a folder of the project, e.g. move the script into a folder of its own or pass "
+        "--workdir PROJECT_FOLDER"] and "copy plan" not in result.stdout
+
+
+def test_a_copy_of_the_tools_folders_inside_a_workdir_ships_none_of_their_credentials(tmp_path):
+    work = make(tmp_path / "work", {
+        "train.py": "", "backup/aws/sso/cache/0123.json": "{}", "backup/aws/cli/cache/0123.json": "{}",
+        "backup/aws/config": "[default]\n", "gcloud/application_default_credentials.json": "{}",
+        "gcloud/credentials.db": "fake", "gcloud/access_tokens.db": "fake",
+        "gcloud/legacy_credentials/me/adc.json": "{}",
+        "kube/config": "users: []\n", "docker/config.json": "{}", "docker/Dockerfile": "FROM x\n"})
+    plan = scan(work)
+    assert sorted(f.path for f in plan.files) == ["docker/Dockerfile", "train.py"]
+    assert {p for p, kind in plan.withheld if kind == WITHHELD_CREDENTIAL} == {
+        "backup/aws/sso/cache/0123.json", "backup/aws/cli/cache/0123.json", "backup/aws/config",
+        "gcloud/application_default_credentials.json", "gcloud/credentials.db", "gcloud/access_tokens.db",
+        "gcloud/legacy_credentials/", "kube/config", "docker/config.json"}
 
 
 def test_fab_train_dry_run_lists_what_would_be_copied_and_what_would_not(tmp_path):
