@@ -1,32 +1,41 @@
-"""What the nodes may do in AWS: read and write checkpoints in the cluster's bucket, nothing else.
+"""What the nodes may do in AWS: two roles, each what its nodes' work needs and nothing else.
 
-The training job uploads checkpoints to `s3://<bucket>/...` and reads them back on `--resume` with
-the instance's credentials from IMDS (boto3's default chain). This component makes the IAM role
-those credentials belong to, assumable by EC2 only, and the instance profile every node launches
-with. It is its own component, not part of `CheckpointBucket`: the bucket's children are kept on
-`pulumi destroy` by default (`retain_on_delete`), while the role and profile must always go with
-the cluster, and they belong to the nodes, not to the bucket.
+- The workers' role (the node role, `<cluster>-node-*`): read and write checkpoints in the cluster's
+  bucket, nothing else. The training job uploads checkpoints to `s3://<bucket>/...` and reads them
+  back on `--resume` with the instance's credentials from IMDS (boto3's default chain):
+  `s3:ListBucket` on the bucket (finding checkpoints to resume from and prune) and object read, write,
+  delete and multipart abort on its objects; no `*` resource, no other action. `DeleteObjects` (batch
+  delete, used by pruning) is authorised per key by `s3:DeleteObject`, and multipart upload (create,
+  part, complete) by `s3:PutObject`. Any rank's code runs with it: it can touch no instance, group or
+  console.
+- The master's role (`<cluster>-node-master-*`): the same bucket access (rank 0 writes checkpoints
+  too), and what only the master does:
+  - `group_capacity_policy`: the idle auto-stop sets the cluster's own worker group (its ARN, no
+    wildcard) to 0 before the workers power off, so that the group does not launch them again.
+    `autoscaling:UpdateAutoScalingGroup` is allowed only when the request sets the group's minimum
+    AND maximum size to 0 (`autoscaling:MinSize`, `autoscaling:MaxSize`: the sizes in the request;
+    a key the request lacks fails `NumericEquals`). Auto Scaling has no condition key for the desired
+    capacity, but AWS keeps it between the two, so it is 0 as well: the master can stop its workers
+    and never start or add one. The other fields of the same call cannot all be conditioned; with a
+    maximum of 0 the group launches nothing whatever they are, a new launch template needs
+    `ec2:RunInstances` (not granted), and `fab up` (`pulumi up --refresh`) sets the program's values back.
+  - `supervisor_read_policy`: what the run supervisor (node_setup/backends/aws.py, `AwsGroup`) reads to
+    follow its workers: the group's instances (`autoscaling:DescribeAutoScalingGroups`), their states
+    and addresses (`ec2:DescribeInstances`), both only in the stack's region (`aws:RequestedRegion`:
+    the two Describe calls take no resource-level permission or tag condition in IAM, so they are `*`),
+    and a new worker's console, whose host key fingerprints it verifies (`ec2:GetConsoleOutput`),
+    limited to instances carrying the cluster's tag.
 
-The policy is inline (`aws.iam.RolePolicy`): it exists for this role only and is deleted with it.
-It grants `s3:ListBucket` on the bucket (finding checkpoints to resume from and prune) and object
-read, write, delete and multipart abort on the bucket's objects; no `*` resource, no other action.
-`DeleteObjects` (batch delete, used by pruning) is authorised per key by `s3:DeleteObject`, and
-multipart upload (create, part, complete) by `s3:PutObject`.
-The profile depends on the policy, and the instances take the profile's name as an input, so a
-node never boots with a role that lacks its permissions, and destroy removes the nodes first.
-
-One more inline policy, `group_capacity_policy`, lets the nodes change exactly one thing outside
-the bucket: `autoscaling:UpdateAutoScalingGroup` on the cluster's own worker group (its ARN, no
-wildcard), which the master's idle auto-stop uses to set the group's minimum and desired capacity
-to 0 before the workers power off, so that the group does not launch them again. It is made after
-the group (it names the group's ARN, and the group's template names the profile).
-
-A third, `supervisor_read_policy`, is read-only: what the run supervisor on the master
-(node_setup/backends/aws.py, `AwsGroup`) reads to follow its workers: the group's instances
-(`autoscaling:DescribeAutoScalingGroups`), their states and addresses (`ec2:DescribeInstances`) and a
-new worker's console, whose host key fingerprints it verifies (`ec2:GetConsoleOutput`). The console is
-limited to instances carrying the cluster's tag; the two Describe calls take no resource-level
-permission or tag condition in IAM, so they are `*` (docs/security.md says what that lets a node read).
+Each role is assumable by EC2 only, with its instance profile; the master instance launches with the
+master's, the workers' launch template names the workers'. The policies are inline
+(`aws.iam.RolePolicy`): they exist for their role only and are deleted with it. It is its own
+component, not part of `CheckpointBucket`: the bucket's children are kept on `pulumi destroy` by
+default (`retain_on_delete`), while the roles and profiles must always go with the cluster. A profile
+depends on its role's policies, and the instances take the profile's name as an input, so a node never
+boots with a role that lacks its permissions, and destroy removes the nodes first. The group policy is
+made after the group (it names the group's ARN, and the group's template names the workers' profile).
+docs/security.md lists what each role allows; tests/infra/test_node_roles.py checks that list against
+these policies.
 """
 
 from __future__ import annotations
@@ -42,6 +51,13 @@ from cluster.stack.tags import CLUSTER_KEY
 EC2_SERVICE = "ec2.amazonaws.com"
 BUCKET_ACTIONS = ("s3:ListBucket",)
 OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)
+# The sizes the auto-stop's call must set (cluster/shell/autostop-stop-group.sh sets all three to 0); IAM's
+# condition values are strings, also for the numeric operators.
+STOPPED_SIZES = {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}
+DESCRIBE_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances")
+CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
+MASTER_SUFFIX = "-master"  # the master's role and profile: the node role's name and this
 
 
 def assume_role_policy() -> str:
@@ -69,29 +85,23 @@ def checkpoint_policy(bucket_arn: str) -> str:
     })
 
 
-GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)
-
-
 def group_capacity_policy(group_arn: str) -> str:
-    """The auto-stop's one permission: change the size of the cluster's own worker group, nothing else."""
+    """The auto-stop's one permission: set the cluster's own worker group to 0, nothing else."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [{"Sid": "StopOwnWorkerGroup", "Effect": "Allow", "Action": list(GROUP_ACTIONS),
-                       "Resource": group_arn}],
+                       "Resource": group_arn, "Condition": {"NumericEquals": dict(STOPPED_SIZES)}}],
     })
 
 
-DESCRIBE_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances")
-CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
-
-
 def supervisor_read_policy(cluster: str, region: str) -> str:
-    """The supervisor's reads: the Describe calls (no resource-level permissions exist for them) and the
-    console of the cluster's own instances only (by its tag)."""
+    """The supervisor's reads: the Describe calls in the stack's region (no resource-level permissions
+    exist for them) and the console of the cluster's own instances only (by its tag)."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "SupervisorDescribeWorkers", "Effect": "Allow", "Action": list(DESCRIBE_ACTIONS), "Resource": "*"},
+            {"Sid": "SupervisorDescribeWorkers", "Effect": "Allow", "Action": list(DESCRIBE_ACTIONS), "Resource": "*",
+             "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
             {"Sid": "SupervisorReadOwnConsoles", "Effect": "Allow", "Action": list(CONSOLE_ACTIONS),
              "Resource": f"arn:aws:ec2:{region}:*:instance/*",
              "Condition": {"StringEquals": {f"ec2:ResourceTag/{CLUSTER_KEY}": cluster}}},
@@ -100,42 +110,46 @@ def supervisor_read_policy(cluster: str, region: str) -> str:
 
 
 class NodeRole(pulumi.ComponentResource):
+    """The workers' role and profile (`worker_profile_name`) and the master's (`master_profile_name`)."""
+
     def __init__(self, name: str, spec: ClusterSpec, *, bucket_arn: pulumi.Input[str], tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:NodeRole", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        self._name, self._tags = name, tags
+        checkpoints = pulumi.Output.from_input(bucket_arn).apply(checkpoint_policy)
+        # The workers' role keeps the names one role for every node had, so a stack made before keeps
+        # its workers' profile (the launch template names it: a new name would replace the group).
+        self.role, self.profile = self._role(
+            name, f"xeon-cluster {spec.cluster_name}: workers read and write checkpoints in the cluster bucket",
+            {"checkpoints": checkpoints})
+        self.master_role, self.master_profile = self._role(
+            name + MASTER_SUFFIX, f"xeon-cluster {spec.cluster_name}: the master: checkpoints, its worker group's "
+                                  "stop, the supervisor's reads",
+            {"checkpoints": checkpoints,
+             "supervisor-read": supervisor_read_policy(spec.cluster_name, spec.region)})
+        self.worker_profile_name = self.profile.name
+        self.master_profile_name = self.master_profile.name
+        self.register_outputs({"roleArn": self.role.arn, "instanceProfileName": self.profile.name,
+                               "masterRoleArn": self.master_role.arn,
+                               "masterInstanceProfileName": self.master_profile.name})
 
-        self.role = aws.iam.Role(
-            name,
-            assume_role_policy=assume_role_policy(),
-            description=f"xeon-cluster {spec.cluster_name}: nodes read and write checkpoints in the cluster bucket",
-            tags={**tags, "Name": name},
-            opts=child)
+    def _role(self, name: str, description: str,
+              policies: dict[str, pulumi.Input[str]]) -> tuple[aws.iam.Role, aws.iam.InstanceProfile]:
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(name, assume_role_policy=assume_role_policy(), description=description,
+                            tags={**self._tags, "Name": name}, opts=child)
         # RolePolicy takes no tags (not taggable in IAM: inline policies are part of the role).
-        self.policy = aws.iam.RolePolicy(
-            f"{name}-checkpoints",
-            role=self.role.id,  # an IAM role's id is its name
-            policy=pulumi.Output.from_input(bucket_arn).apply(checkpoint_policy),
-            opts=child)
-        self.supervisor_policy = aws.iam.RolePolicy(
-            f"{name}-supervisor-read",
-            role=self.role.id,
-            policy=supervisor_read_policy(spec.cluster_name, spec.region),
-            opts=child)
-        self.profile = aws.iam.InstanceProfile(
-            name,
-            role=self.role.id,
-            tags={**tags, "Name": name},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy, self.supervisor_policy]))
-        self.profile_name = self.profile.name
-        self._name = name
-        self.register_outputs({"roleArn": self.role.arn, "instanceProfileName": self.profile.name})
+        made = [aws.iam.RolePolicy(f"{name}-{what}", role=role.id, policy=policy, opts=child)  # a role's id: its name
+                for what, policy in policies.items()]
+        profile = aws.iam.InstanceProfile(name, role=role.id, tags={**self._tags, "Name": name},
+                                          opts=pulumi.ResourceOptions(parent=self, depends_on=made))
+        return role, profile
 
     def allow_group_capacity(self, group_arn: pulumi.Input[str]) -> aws.iam.RolePolicy:
-        """The inline policy that lets the nodes resize their own worker group (the auto-stop), and no other."""
+        """The master's inline policy that lets it set its own worker group to 0 (the auto-stop), no other."""
         self.group_policy = aws.iam.RolePolicy(
-            f"{self._name}-worker-group",
-            role=self.role.id,
+            f"{self._name}{MASTER_SUFFIX}-worker-group",
+            role=self.master_role.id,
             policy=pulumi.Output.from_input(group_arn).apply(group_capacity_policy),
             opts=pulumi.ResourceOptions(parent=self))
         return self.group_policy

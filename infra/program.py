@@ -56,8 +56,9 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     cluster_key = keys.ensure_cluster_key(name).public_key
 
     network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags)
-    # The nodes' credentials (IMDS) may read and write checkpoints in this bucket and nothing else.
-    # The instances take the profile's name as an input, so Pulumi creates role, policy and
+    # The workers' credentials (IMDS) may read and write checkpoints in this bucket and nothing else; the
+    # master's may also set its worker group to 0 and read what the supervisor reads (infra/node_role.py).
+    # The instances take a profile's name as an input, so Pulumi creates role, policy and
     # profile before any node (and deletes the nodes first on destroy).
     bucket = CheckpointBucket(f"{name}-checkpoints", spec, tags)
     node_role = NodeRole(f"{name}-node", spec, bucket_arn=bucket.bucket.arn, tags=tags)
@@ -72,7 +73,7 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
 
     master = MasterNode(f"{name}-master", spec, ami=base_ami,
                         network=node_network(place.subnet_id, network.cluster_group, network.ssh_group),
-                        instance_profile=node_role.profile_name, tags=tags, on_error=on_error)
+                        instance_profile=node_role.master_profile_name, tags=tags, on_error=on_error)
     # The base image and subnet the master really has (kept from its creation), for the workers.
     kept_ami, kept_subnet = master.instance.ami, master.instance.subnet_id
     if spec.bake:
@@ -82,7 +83,7 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         worker_ami = kept_ami
     workers = WorkerGroup(f"{name}-worker", spec, ami=worker_ami,
                           network=node_network(kept_subnet, network.cluster_group),
-                          instance_profile=node_role.profile_name, tags=tags, cluster_key=cluster_key,
+                          instance_profile=node_role.worker_profile_name, tags=tags, cluster_key=cluster_key,
                           hooks=on_error is not None, keep=workers_keep(spec))
     # The auto-stop's permission on this group alone (after it: the policy names the group's ARN).
     node_role.allow_group_capacity(workers.group.arn)

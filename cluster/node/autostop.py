@@ -38,9 +38,9 @@ no full list was recorded), the master stays up, `~/<STATE_DIR>/unstopped` names
 shows it, and the service tries those workers again at every poll.
 
 On AWS the workers are an Auto Scaling group, which would launch a powered-off worker again. So
-before any worker is powered off the service sets the group's minimum and desired capacity to 0
-(STOP_GROUP_PATH, `stop_group_script`: the AWS API with the node role's credentials, which may
-change exactly that group), from the group named in GROUP_FILE (`group_file_text`, written by fab
+before any worker is powered off the service sets the group's minimum, maximum and desired capacity
+to 0 (STOP_GROUP_PATH, `stop_group_script`: the AWS API with the master role's credentials, which may
+set exactly that group to 0, infra/node_role.py), from the group named in GROUP_FILE (`group_file_text`, written by fab
 with the node list); if AWS refuses, no worker is powered off, the master stays up and
 UNSTOPPED_FILE says why. `pulumi up --refresh` (`fab up`) sets the group back to `workerCount`.
 """

@@ -3,8 +3,9 @@
 # installed as STOP_GROUP_PATH; the service runs it before it powers the workers off, so that the
 # group does not launch them again. The group's name and region are in ~/STATE_DIR/GROUP_FILE
 # (written by fab on an AWS cluster: name=..., region=...), checked here again whole-value.
-# The call is made with the node role's credentials from the instance metadata (the role may
-# change exactly this group's size): the AWS CLI when the image has it, else boto3 from a node venv.
+# The call is made with the master role's credentials from the instance metadata (the role may set
+# exactly this group's minimum and maximum size to 0, infra/node_role.py; the desired capacity follows
+# them): the AWS CLI when the image has it, else boto3 from a node venv.
 # Prints one line; exit 0 once AWS accepted the change, 3 without a group file (nothing to do).
 # Header: STATE_DIR GROUP_FILE VENV_GLOB
 set -uo pipefail
@@ -16,8 +17,8 @@ region=$(sed -n 's/^region=//p' "$f" | head -n 1)
 [[ "$region" =~ ^[a-z]{2}(-[a-z]+)+-[0-9]$ ]] || { echo "worker group: bad region in $f"; exit 2; }
 if command -v aws > /dev/null 2>&1; then
   if aws autoscaling update-auto-scaling-group --region "$region" --auto-scaling-group-name "$name" \
-       --min-size 0 --desired-capacity 0; then
-    echo "worker group $name: min 0, desired 0 (aws CLI)"; exit 0
+       --min-size 0 --max-size 0 --desired-capacity 0; then
+    echo "worker group $name: min, max and desired 0 (aws CLI)"; exit 0
   fi
 fi
 for py in $VENV_GLOB; do
@@ -29,8 +30,8 @@ import boto3
 
 name, region = sys.argv[1], sys.argv[2]
 boto3.client("autoscaling", region_name=region).update_auto_scaling_group(
-    AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
-print(f"worker group {name}: min 0, desired 0 (boto3)")
+    AutoScalingGroupName=name, MinSize=0, MaxSize=0, DesiredCapacity=0)
+print(f"worker group {name}: min, max and desired 0 (boto3)")
 PY
   exit $?
 done

@@ -3,9 +3,9 @@ it has fewer than it wants (the newest scaling activity, when it failed).
 
 The Pulumi program makes one Auto Scaling group per cluster (infra/workers.py), tagged like every
 resource of the cluster (cluster/stack/tags.py). AWS replaces a reclaimed or terminated worker by itself
-(the group launches a new one from its template); the idle auto-stop sets the group's minimum and
-desired capacity to 0 before the workers power off (cluster/node/autostop.py), and `pulumi up --refresh`
-sets them back to `workerCount`. Readers: `fab status` (`status_lines`), discovery's callers, and
+(the group launches a new one from its template); the idle auto-stop sets the group's minimum, maximum
+and desired capacity to 0 before the workers power off (cluster/node/autostop.py; the master's role may
+set the group to 0 and to nothing else), and `pulumi up --refresh` sets them back to `workerCount`. Readers: `fab status` (`status_lines`), discovery's callers, and
 `fab train --managed` waiting for a lost worker's replacement (`wait_for_workers`).
 """
 
@@ -37,13 +37,14 @@ class WorkerGroup:
 
     @property
     def stopped(self) -> bool:
-        """Set to 0 on purpose (the idle auto-stop): it launches nothing until `pulumi up --refresh`."""
-        return self.desired == 0 and self.max_size > 0
+        """Set to 0 (the idle auto-stop's minimum, maximum and desired 0; a stack of workerCount 0 looks the
+        same): it launches nothing until `pulumi up --refresh`."""
+        return self.desired == 0 and self.min_size == 0
 
     def summary(self) -> str:
         """One line for `fab status`."""
         if self.stopped:
-            return (f"worker group {self.name}: stopped (desired 0 of {self.max_size}, set by the idle auto-stop); "
+            return (f"worker group {self.name}: stopped (min, max and desired 0, as the idle auto-stop sets it); "
                     "`fab up` (pulumi up --refresh) launches the workers again")
         line = f"worker group {self.name}: {len(self.in_service)} of {self.desired} worker(s) in service"
         if len(self.in_service) < self.desired:

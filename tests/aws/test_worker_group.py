@@ -121,15 +121,17 @@ def test_after_the_auto_stop_sets_the_group_to_zero_no_worker_is_relaunched(endp
     env.update(HOME=str(home), PATH="/usr/bin:/bin")
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip() == f"worker group {name}: min 0, desired 0 (boto3)"
+    assert done.stdout.strip() == f"worker group {name}: min, max and desired 0 (boto3)"
 
     # The workers power off (terminate); the group launches none again.
     boto3.client("ec2", REGION).terminate_instances(InstanceIds=workers)
     group = worker_group(CLUSTER, REGION)
-    assert (group.desired, group.min_size, group.max_size, group.instances) == (0, 0, 3, ())
+    # all three 0: the master role's condition (infra/node_role.py) allows no other sizes
+    assert (group.desired, group.min_size, group.max_size, group.instances) == (0, 0, 0, ())
     assert _running_workers() == [] and group.stopped
     line, problem = status_lines(CLUSTER, REGION)
-    assert "stopped (desired 0 of 3, set by the idle auto-stop)" in line and "fab up" in line and problem is None
+    assert "stopped (min, max and desired 0, as the idle auto-stop sets it)" in line and "fab up" in line \
+        and problem is None
 
 
 def test_the_stop_group_command_refuses_a_bad_record_and_says_when_it_has_none(tmp_path):

@@ -21,6 +21,7 @@ from cluster.node import profiles
 from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, STACK_KEY)
 from infra.lookups import CANONICAL_OWNER, AccountLookupError
+from infra.node_role import MASTER_SUFFIX
 from infra.setup_step import ProfileSetupProvider
 from tests.infra.conftest import (ADMIN_CIDR, AMI, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, GROUP, INSTANCE,
                                   LAUNCH_TEMPLATE, SETUP, STACK, FakeAws, Harness, RecordingMonitor, fresh_run,
@@ -267,10 +268,13 @@ def test_every_taggable_resource_is_tagged(harness, name):
         assert (node.inputs["tags"][SSH_USER_KEY], node.inputs["tags"][PROFILE_KEY]) == ("ubuntu", "stock")
 
 
-def node_role(monitor):
-    """(role, inline policy, instance profile) registrations: exactly one of each."""
-    (role,), (profile,) = monitor.of_type(ROLE), monitor.of_type(INSTANCE_PROFILE)
-    (policy,) = [p for p in monitor.of_type(ROLE_POLICY) if p.name.endswith("-checkpoints")]
+def node_role(monitor, master: bool = False):
+    """(role, checkpoints policy, instance profile) registrations of the workers' role (of the master's
+    with `master`): exactly one of each (tests/infra/test_node_roles.py checks the two roles)."""
+    (role,) = [r for r in monitor.of_type(ROLE) if r.name.endswith(MASTER_SUFFIX) is master]
+    (profile,) = [p for p in monitor.of_type(INSTANCE_PROFILE) if p.inputs["role"] == role.id]
+    (policy,) = [p for p in monitor.of_type(ROLE_POLICY)
+                 if p.inputs["role"] == role.id and p.name.endswith("-checkpoints")]
     return role, policy, profile
 
 
@@ -285,16 +289,17 @@ def test_every_instance_launches_with_the_instance_profile_created_before_it(har
     role, policy, profile = node_role(monitor)
     assert profile.inputs["role"] == role.id == role.state["name"]
     assert policy.inputs["role"] == role.id
-    nodes = instances(monitor)
     template = template_of(monitor)
     assert template.inputs["iamInstanceProfile"] == {"name": profile.state["name"]}
     assert profile.urn in template.dependencies and profile.index < template.index
-    for node in nodes:
-        assert node.inputs.get("iamInstanceProfile") == profile.state["name"], node.name
-        # Created (and so, on destroy, deleted) in dependency order: profile before every node.
-        assert profile.urn in node.dependencies and profile.index < node.index, node.name
     # The profile waits for the policy: no node boots with a role that lacks its permissions.
     assert policy.urn in profile.dependencies
+    _, master_policy, master_profile = node_role(monitor, master=True)
+    for node in instances(monitor):  # the master alone
+        assert node.inputs.get("iamInstanceProfile") == master_profile.state["name"], node.name
+        # Created (and so, on destroy, deleted) in dependency order: profile before every node.
+        assert master_profile.urn in node.dependencies and master_profile.index < node.index, node.name
+    assert master_policy.urn in master_profile.dependencies
 
 
 def test_node_role_is_assumable_by_ec2_only(harness):
@@ -332,14 +337,16 @@ def test_node_policy_grants_checkpoint_access_to_the_bucket_only(harness):
 @pytest.mark.parametrize("config", [{}, {"destroyBucket": True}], ids=["bucket kept", "bucket destroyed"])
 def test_node_role_and_profile_are_tagged_and_deleted_on_destroy(harness, config):
     run(harness, tags=["team=ml"], **config)
-    role, policy, profile = node_role(harness.monitor)
-    for reg in (role, profile):
-        tags = reg.inputs["tags"]
-        assert tags[MANAGED_BY_KEY] == MANAGED_BY_VALUE and tags[CLUSTER_KEY] == "xeon-dev", reg.name
-        assert tags[STACK_KEY] == STACK and tags["team"] == "ml", reg.name
+    for master in (False, True):
+        role, _, profile = node_role(harness.monitor, master=master)
+        for reg in (role, profile):
+            tags = reg.inputs["tags"]
+            assert tags[MANAGED_BY_KEY] == MANAGED_BY_VALUE and tags[CLUSTER_KEY] == "xeon-dev", reg.name
+            assert tags[STACK_KEY] == STACK and tags["team"] == "ml", reg.name
     assert taggable(ROLE) and taggable(INSTANCE_PROFILE) and not taggable(ROLE_POLICY)
     # The bucket may be kept; the nodes' identity never is.
-    assert not any(reg.retain_on_delete for reg in (role, policy, profile))
+    assert not any(reg.retain_on_delete for typ in (ROLE, ROLE_POLICY, INSTANCE_PROFILE)
+                   for reg in harness.monitor.of_type(typ))
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))

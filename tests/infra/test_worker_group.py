@@ -1,12 +1,12 @@
 """The workers as one Auto Scaling group under the Pulumi mocks: the launch template and the group with
-every property the workers need, the node role's one permission on the group, a new image that never
-runs more than `workerCount` workers, and the one line a group that cannot be filled ends with."""
+every property the workers need, a new image that never runs more than `workerCount` workers, and the
+one line a group that cannot be filled ends with (the master's permission on the group:
+tests/infra/test_node_roles.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 
 import pulumi
@@ -16,8 +16,6 @@ from cluster.node import profiles
 from cluster.stack import worker_group as rules
 from infra import workers as infra_workers
 from tests.infra.conftest import AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, fresh_run, minimal_config
-
-ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 
 
 def template_and_group(monitor):
@@ -48,17 +46,6 @@ def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_inst
     assert group.inputs["capacityRebalance"] is False
     assert not group.inputs.get("instanceRefresh") and not group.inputs.get("warmPool")
     assert group.inputs["healthCheckType"] == "EC2"
-
-
-def test_the_node_role_may_resize_its_own_worker_group_and_nothing_else(harness):
-    harness.run(minimal_config())
-    _, group = template_and_group(harness.monitor)
-    (policy,) = [p for p in harness.monitor.of_type(ROLE_POLICY) if p.name.endswith("-worker-group")]
-    (statement,) = json.loads(policy.inputs["policy"])["Statement"]
-    assert statement == {"Sid": "StopOwnWorkerGroup", "Effect": "Allow",
-                         "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group.state["arn"]}
-    assert ":autoScalingGroupName/" + group.state["name"] in statement["Resource"] and "*" not in statement["Resource"]
-    assert group.urn in policy.dependencies
 
 
 def _bumped_pin(monkeypatch):
@@ -156,21 +143,3 @@ def test_only_the_newest_activity_is_the_reason():
     assert rules.latest_failure([{"StatusCode": "Successful"}, failed]) is None
     assert rules.latest_failure([]) is None
     assert rules.activity_failure("no activity here") is None
-
-
-def test_the_node_role_may_read_what_the_supervisor_reads_and_the_console_of_its_own_instances_only(harness):
-    """The supervisor's one read-only policy: exactly the calls node_setup/backends/aws.py's AwsGroup makes."""
-    harness.run(minimal_config())
-    (policy,) = [p for p in harness.monitor.of_type(ROLE_POLICY) if p.name.endswith("-supervisor-read")]
-    (template,) = harness.monitor.of_type(LAUNCH_TEMPLATE)
-    cluster = template.inputs["tags"]["xeon-cluster:cluster"]
-    describe, console = json.loads(policy.inputs["policy"])["Statement"]
-    assert describe == {"Sid": "SupervisorDescribeWorkers", "Effect": "Allow", "Resource": "*",
-                        "Action": ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"]}
-    assert console == {"Sid": "SupervisorReadOwnConsoles", "Effect": "Allow", "Action": ["ec2:GetConsoleOutput"],
-                       "Resource": "arn:aws:ec2:us-east-1:*:instance/*",
-                       "Condition": {"StringEquals": {"ec2:ResourceTag/xeon-cluster:cluster": cluster}}}
-    # nothing here writes: every action is a Describe or Get
-    assert all(a.split(":")[1].startswith(("Describe", "Get")) for s in (describe, console) for a in s["Action"])
-    (profile,) = harness.monitor.of_type("aws:iam/instanceProfile:InstanceProfile")
-    assert policy.urn in profile.dependencies  # no node boots without it
