@@ -583,9 +583,9 @@ def _world_check(conns, plan: JobPlan, independent: bool) -> int:
     """After a user's program ended 0 on every rank: did its ranks form one world (cluster/job/worldcheck.py)?"""
     from node_setup.ssh.world import read_records
 
-    texts, unread = read_records(conns, plan.job_id)
-    found = worldcheck.verdict(worldcheck.parse_records(texts), plan.launch.world_size, independent=independent)
-    print("\n".join([*(f"world: cannot read the records on {why}" for why in unread), *found.lines]))
+    records, problems = read_records(conns, plan.job_id)
+    found = worldcheck.verdict(records, plan.launch.world_size, independent=independent)
+    print("\n".join([*problems, *found.lines]))
     return found.code
 
 

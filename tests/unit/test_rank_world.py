@@ -179,7 +179,93 @@ def test_missing_records_are_said_but_do_not_fail_and_one_rank_needs_no_world():
     assert worldcheck.verdict({}, 1) == worldcheck.Verdict(0, ())
 
 
-def test_records_are_read_from_the_nodes_text_and_junk_is_skipped():
-    texts = ['{"rank": 0, "expected": 2, "joined": true, "largest": 2}\n\n',
-             'garbage\n{"rank": 1, "expected": 2, "joined": false, "largest": 0}\n{"rank": "x"}\n']
-    assert sorted(worldcheck.parse_records(texts)) == [0, 1]
+def test_records_are_read_from_the_nodes_listings_and_lines_without_a_file_are_nothing():
+    found = worldcheck.parse_records([
+        ("node0", 'world-0.json\t{"rank": 0, "expected": 2, "joined": true, "largest": 2}\n\n'),
+        ("node1", 'garbage\nworld-1.json\t{"rank": 1, "expected": 2, "joined": false, "largest": 0}\n')])
+    assert sorted(found.by_rank) == [0, 1] and found.problems == ()
+
+
+# What a rank's own code may leave in the ranks folder instead of the runner's record: each is left out
+# with one line naming the node and the file, and `fab train` ends with its verdict, never a traceback.
+HOSTILE = [
+    ('{"rank": 1, "expected": 2, "joined": false, "largest": "x"}', "largest 'x', allowed a whole number"),
+    ('{"rank": 1, "expected": 2, "joined": false, "largest": 1e400}', "largest inf, allowed a whole number"),
+    ('{"rank": 1, "expected": 2, "joined": false, "largest": [2]}', "largest [2], allowed a whole number"),
+    ('{"rank": 1, "expected": 2, "joined": false, "largest": NaN}', "not JSON (NaN is not a number JSON allows)"),
+    ('{"rank": 1.5, "expected": 2, "joined": false, "largest": 0}', "rank 1.5, allowed a whole number"),
+    ('{"rank": true, "expected": 2, "joined": false, "largest": 0}', "rank True, allowed a whole number"),
+    ('{"rank": -1, "expected": 2, "joined": false, "largest": 0}', "rank -1, allowed a whole number"),
+    ('{"rank": 1, "expected": 2, "joined": "yes", "largest": 0}', "joined 'yes', allowed true or false"),
+    ('{"rank": 1, "expected": 0, "joined": false, "largest": 0}', "expected 0, allowed a whole number of 1"),
+    ('{"rank": 1, "expected": 2, "joined": false}', "no largest"),
+    ('[1, 2]', "not a JSON object but list"), ('"\\u001b[2J"', "not a JSON object but str"),
+    ("[" * 100_000, "not JSON"), ('{"rank": 1', "not JSON"),
+]
+
+
+@pytest.mark.parametrize("content, why", HOSTILE, ids=[str(i) for i in range(len(HOSTILE))])
+def test_a_malformed_record_is_one_line_naming_the_node_and_file_never_a_traceback(content, why):
+    good = 'world-0.json\t{"rank": 0, "expected": 2, "joined": true, "largest": 2}'
+    found = worldcheck.parse_records([("node0", good), ("node1", f"world-1.json\t{content}")],
+                                     ".xeon-cluster/jobs/j1/ranks")
+    (line,) = found.problems
+    assert line.startswith("world: node1: .xeon-cluster/jobs/j1/ranks/world-1.json is not a world record (")
+    assert why in line and line.endswith("; left out") and len(line) < 300 and "\x1b" not in line
+    assert list(found.by_rank) == [0]
+    verdict = worldcheck.verdict(found.by_rank, 2)  # rank 1 has no record now: said, not fatal
+    assert verdict.code == 0 and verdict.lines[0].startswith("world: no record from rank(s) 1 ")
+
+
+def test_a_file_name_with_escape_and_bidirectional_characters_reaches_the_terminal_without_them():
+    name = "world-\x1b]0;owned\x07\u202egnp.json"
+    found = worldcheck.parse_records([("node1", f"{name}\t{{}}")])
+    (line,) = found.problems
+    assert "\x1b" not in line and "\u202e" not in line and "\x07" not in line
+    assert line.startswith("world: node1: world-gnp.json is not a world record (no rank, ")
+
+
+def test_the_nodes_listing_keeps_one_line_per_file_whatever_its_name_and_content(tmp_path):
+    from node_setup.ssh.world import listing_command, records_folder
+
+    folder = tmp_path / records_folder("j1")
+    folder.mkdir(parents=True)
+    (folder / "world-0.json").write_text('{"rank": 0, "expected": 2,\n "joined": true, "largest": 2}')
+    (folder / 'world-1\n{"rank": 1, "expected": 2, "joined": true, "largest": 2}\t.json').write_text("x")
+    (folder / "world-2.json").write_text("y" * (worldcheck.RECORD_BYTES * 3))
+    (folder / "world-3.json").mkdir()  # not a file: not listed
+    out = subprocess.run(["sh", "-c", listing_command("j1")], env={**ENV, "HOME": str(tmp_path)},
+                         capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(line.count("\t") == 1 for line in lines)
+    assert len(lines[2]) == len("world-2.json\t") + worldcheck.RECORD_BYTES
+    found = worldcheck.parse_records([("node0", out)])
+    assert list(found.by_rank) == [0]  # the record split over two lines is still one; the forged one is not
+    forged, long = found.problems
+    assert forged.startswith('world: node0: world-1?{"rank": 1, "expected": 2,') and "is not a world record" in forged
+    assert long.startswith("world: node0: world-2.json is not a world record (not JSON")
+
+
+class _Listing:
+    """Test double for a node's connection: `run` answers with the listing given, or raises."""
+
+    def __init__(self, stdout: str = "", error: Exception | None = None):
+        self.stdout, self.error = stdout, error
+
+    def run(self, command, **kwargs):
+        if self.error:
+            raise self.error
+        return self
+
+
+def test_read_records_names_an_unreadable_node_and_a_malformed_record_and_returns_the_rest():
+    from node_setup.ssh.world import read_records
+
+    conns = {"node0": _Listing('world-0.json\t{"rank": 0, "expected": 2, "joined": true, "largest": 2}\n'),
+             "node1": _Listing('world-1.json\t{"rank": 1, "expected": 2, "joined": true, "largest": [2]}\n'),
+             "node2": _Listing(error=OSError("reset by \x1b[31mpeer"))}
+    records, lines = read_records(conns, "j1")
+    assert list(records) == [0]
+    assert lines == ["world: cannot read the records on node2: OSError: reset by peer",
+                     "world: node1: .xeon-cluster/jobs/j1/ranks/world-1.json is not a world record (largest [2], "
+                     "allowed a whole number of 0 to 1000000); left out"]
