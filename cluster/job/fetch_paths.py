@@ -3,22 +3,40 @@
 `fab get` walks the job's output folder over SFTP, one folder listing at a time, so every name it
 writes here was chosen by the job (or by whoever controls the master). One listed name becomes one
 path component under the destination, and only when it is a plain name: not empty, not `.` or
-`..`, without `/`, and without control characters (a newline, a tab, an escape: they fool the
-terminal, and text parsing of listings). A local path is the destination joined with such names, so
-it never leaves the destination; `stays_under` checks that lexically as well. Symbolic links are
-the edges' business (node_setup/ssh/fetch.py): never followed on either side.
+`..`, without `/`, and without a character a terminal does not show as written (cluster/names.py's
+`printable`): control characters (a newline, a tab, an escape: they fool the terminal, and text
+parsing of listings) and bidirectional formatting characters (U+202E RIGHT-TO-LEFT OVERRIDE makes
+`model\u202eexe.pt` show as `modeltp.exe`; the embeddings, isolates and marks likewise). A local
+path is the destination joined with such names, so it never leaves the destination; `stays_under`
+checks that lexically as well. Symbolic links are the edges' business (node_setup/ssh/fetch.py):
+never followed on either side.
+
+A file copied here gets the master's permission bits (`local_mode`), less the user's umask and
+never a setuid, setgid or sticky bit: a 0600 checkpoint stays 0600, nothing is wider than on the
+master.
 """
 
 from __future__ import annotations
 
 import posixpath
-import unicodedata
 from typing import Sequence
 
+from cluster.names import printable
 
-def control_characters(text: str) -> list[str]:
-    """The control characters (Unicode category Cc: C0, DEL, C1) in `text`, as Python escapes."""
-    return sorted({repr(ch)[1:-1] for ch in text if unicodedata.category(ch) == "Cc"})
+PERMISSION_BITS = 0o777  # what of a remote file's mode a local copy keeps: no setuid, setgid or sticky bit
+
+
+def unshown_characters(text: str) -> list[str]:
+    """The characters of `text` a terminal does not show as written (control and bidirectional formatting
+    characters: what cluster/names.py's `printable` removes), as Python escapes."""
+    return sorted({repr(ch)[1:-1] for ch in text if printable(ch) != ch})
+
+
+def local_mode(remote_mode: int | None, umask: int) -> int:
+    """The permission bits of a local copy of a file whose mode on the master is `remote_mode` (0o600 when
+    the listing gave none): its rwx bits less `umask`, never setuid, setgid or sticky."""
+    bits = 0o600 if remote_mode is None else remote_mode & PERMISSION_BITS
+    return bits & ~umask & PERMISSION_BITS
 
 
 def refused_name(name: str) -> str | None:
@@ -27,22 +45,23 @@ def refused_name(name: str) -> str | None:
         return f"{name!r} is not a file name"
     if "/" in name:
         return "it holds `/` (a listing entry is one name, never a path)"
-    bad = control_characters(name)
+    bad = unshown_characters(name)
     if bad:
-        return f"it holds control characters ({' '.join(bad)})"
+        return f"it holds control or bidirectional formatting characters ({' '.join(bad)})"
     return None
 
 
 def check_subpath(path: str) -> str:
     """`fab get --path`: a relative path under the job's output folder, normalised ("." for all of it).
 
-    Raises ValueError saying what is allowed: no absolute path, no `..`, no control characters.
+    Raises ValueError saying what is allowed: no absolute path, no `..`, no control or bidirectional
+    formatting characters.
     """
     if path.startswith("/"):
         raise ValueError("it is absolute")
-    bad = control_characters(path)
+    bad = unshown_characters(path)
     if bad:
-        raise ValueError(f"it holds control characters ({' '.join(bad)})")
+        raise ValueError(f"it holds control or bidirectional formatting characters ({' '.join(bad)})")
     if ".." in path.split("/"):
         raise ValueError("it holds `..`")
     return posixpath.normpath(path or ".")

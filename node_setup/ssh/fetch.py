@@ -5,7 +5,9 @@ never what a link points to). Each listed name passes cluster/job/fetch_paths.py
 used on either side; a refused name is reported and left out. Remote symbolic links are skipped
 with a line saying so (so is anything that is neither a file nor a folder). Here, every folder and
 file is opened relative to the destination folder's own descriptor with O_NOFOLLOW, so a symbolic
-link at or under the destination is never written through, whatever it points to.
+link at or under the destination is never written through, whatever it points to. A file is written
+0600 and then given the master's permission bits less the umask (fetch_paths.local_mode), also when it
+was already here: never wider than on the master, never setuid, setgid or sticky.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from cluster.job.fetch_paths import local_parts, refused_name
+from cluster.job.fetch_paths import local_mode, local_parts, refused_name
 from cluster.job.jobplan import shown
 from cluster.job.userjob import human_bytes
 
@@ -28,6 +30,8 @@ CHUNK = 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 # O_NONBLOCK: a FIFO put where a file goes fails instead of blocking (no effect on a regular file)
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_MODE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+WRITING_MODE = 0o600  # a file's mode while it is written, before it gets the master's
 
 
 class UnsafeLocalPath(OSError):
@@ -39,6 +43,7 @@ class RemoteFile:
     remote: str  # its path on the master
     parts: tuple[str, ...]  # its local path under the destination, every name checked
     size: int
+    mode: int | None = None  # its st_mode on the master (None: the listing gave none)
 
 
 def walk(sftp, root: str, say: Callable[[str], None] = print) -> Iterator[RemoteFile]:
@@ -59,7 +64,7 @@ def walk(sftp, root: str, say: Callable[[str], None] = print) -> Iterator[Remote
         if reason:
             say(f"refused {shown(root)!r}: {reason}")
         elif stat_mode.S_ISREG(top.st_mode or 0):
-            yield RemoteFile(root, (name,), top.st_size or 0)
+            yield RemoteFile(root, (name,), top.st_size or 0, top.st_mode)
         else:
             say(f"skipped {shown(root)!r}: neither a file nor a folder")
         return
@@ -87,7 +92,7 @@ def walk(sftp, root: str, say: Callable[[str], None] = print) -> Iterator[Remote
             elif stat_mode.S_ISDIR(mode):
                 subfolders.append((remote, (*parts, name)))
             elif stat_mode.S_ISREG(mode):
-                yield RemoteFile(remote, (*parts, name), attr.st_size or 0)
+                yield RemoteFile(remote, (*parts, name), attr.st_size or 0, attr.st_mode)
             else:
                 say(f"skipped {shown(remote)!r}: neither a file nor a folder")
         folders.extend(reversed(subfolders))
@@ -116,6 +121,8 @@ class LocalTree:
             self._fd = os.open(self.dest, _DIR_FLAGS)
         except OSError as exc:  # replaced by a link or a file since the check above
             raise UnsafeLocalPath(f"{str(self.dest)!r} is not a folder to write into ({exc.strerror})") from None
+        self.umask = os.umask(0o077)  # read (there is no other way), then put back at once
+        os.umask(self.umask)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -177,20 +184,45 @@ class LocalTree:
         try:
             flags = _FILE_FLAGS | (os.O_APPEND if append else os.O_TRUNC)
             try:
-                out = os.open(parts[-1], flags, 0o644, dir_fd=fd)
+                out = os.open(parts[-1], flags, WRITING_MODE, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.EISDIR, errno.EMLINK):
                     raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link or not a file") from None
                 raise
         finally:
             os.close(fd)
+        os.fchmod(out, WRITING_MODE)  # also a file already here, wider than that, while it is written
         return os.fdopen(out, "ab" if append else "wb")
 
+    def set_mode(self, parts: tuple[str, ...], remote_mode: int | None) -> None:
+        """Give the file at `parts` the master's permission bits less the umask (never through a link)."""
+        parts = local_parts(parts, str(self.dest))
+        fd = self._folder(parts[:-1], make=False)
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, "not here", "/".join(parts))
+        try:
+            try:
+                target = os.open(parts[-1], _MODE_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EMLINK):
+                    raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link") from None
+                raise
+        finally:
+            os.close(fd)
+        try:
+            if not stat_mode.S_ISREG(os.fstat(target).st_mode):
+                raise UnsafeLocalPath(f"{parts[-1]!r} here is not a file")
+            os.fchmod(target, local_mode(remote_mode, self.umask))
+        finally:
+            os.close(target)
 
-def copy(sftp, remote: str, tree: LocalTree, parts: tuple[str, ...], size: int) -> str:
-    """One file, resumed when the local copy is shorter; returns what happened."""
+
+def copy(sftp, remote: str, tree: LocalTree, parts: tuple[str, ...], size: int, mode: int | None = None) -> str:
+    """One file, resumed when the local copy is shorter, then given the master's mode `mode` (its st_mode
+    there: fetch_paths.local_mode); returns what happened."""
     have = tree.size(parts)
     if have == size:
+        tree.set_mode(parts, mode)
         return "unchanged"
     if have > size:
         have = 0
@@ -207,4 +239,5 @@ def copy(sftp, remote: str, tree: LocalTree, parts: tuple[str, ...], size: int) 
             if size >= PROGRESS_FROM_BYTES and done * 10 // size != shown_at:
                 shown_at = done * 10 // size
                 print(f"  {parts[-1]}: {human_bytes(done)} of {human_bytes(size)} ({100 * done // size}%)", flush=True)
+    tree.set_mode(parts, mode)
     return (f"resumed at {human_bytes(have)}" if have else "copied") + f" in {time.monotonic() - start:.1f} s"

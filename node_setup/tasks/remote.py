@@ -143,7 +143,7 @@ def get(c, job="", path="", to="", cluster="", region=""):
     with tree:
         for file in files:
             try:
-                what = fetch.copy(sftp, file.remote, tree, file.parts, file.size)
+                what = fetch.copy(sftp, file.remote, tree, file.parts, file.size, file.mode)
             except (fetch.UnsafeLocalPath, ValueError) as exc:  # ValueError: the name rule, checked again here
                 what = "refused"
                 print(f"refused {'/'.join(file.parts)!r} in {dest}: {exc}; not written", flush=True)

@@ -3,8 +3,8 @@
 A one-node local cluster (real sshd, real SFTP): its master records a job whose output folder holds
 names built to escape a copy that parses a text listing (a folder `p\\n` whose inside reads as an
 absolute path on its own line, a folder `q\\n..` that reads as `../`), a file name with a newline,
-symbolic links pointing outside it, and plain files. On this side the destination already holds a
-link pointing outside it. The job's files are written by the test over SSH, as a job (or whoever
+symbolic links pointing outside it, a name with a right-to-left override, and plain files, one of
+them 0600 and one setuid. On this side the destination already holds a link pointing outside it. The job's files are written by the test over SSH, as a job (or whoever
 controls the master) could write them; `fab get` reads only the job's record and that folder.
 
 Budget: a few seconds on a 2-core machine (one node, two `fab get`).
@@ -50,6 +50,11 @@ put(f"{out}/../esc", "escaped\n")
 put(f"{out}/notes\nmore.txt", "abc")
 put(f"{out}/more.txt", "abc")
 put(f"{out}/ckpt/weights.bin", "weights")  # the destination's "ckpt" is a link pointing outside it
+put(f"{out}/model.safetensors", "private weights")
+os.chmod(f"{out}/model.safetensors", 0o600)
+put(f"{out}/tool", "#!/bin/sh\n")
+os.chmod(f"{out}/tool", 0o4755)
+put(f"{out}/model\u202eexe.pt", "shows as modeltp.exe")  # U+202E RIGHT-TO-LEFT OVERRIDE
 os.symlink("/etc", f"{out}/etc-link")
 os.symlink("/etc/hostname", f"{out}/hostname-link")
 put(record, json.dumps(json.loads(job_json), indent=2) + "\n")
@@ -97,9 +102,12 @@ def test_fab_get_writes_only_under_to_refuses_escaping_names_and_follows_no_link
         assert got.returncode == 1, text  # refused entries: the copy is not whole
         assert "Traceback" not in text, text
         lines = got.stdout.splitlines()
-        assert f"refused '{out}' entry 'p\\n': it holds control characters (\\n)" in lines, text
-        assert f"refused '{out}' entry 'q\\n..': it holds control characters (\\n)" in lines, text
-        assert f"refused '{out}' entry 'notes\\nmore.txt': it holds control characters (\\n)" in lines, text
+        controls = "it holds control or bidirectional formatting characters"
+        assert f"refused '{out}' entry 'p\\n': {controls} (\\n)" in lines, text
+        assert f"refused '{out}' entry 'q\\n..': {controls} (\\n)" in lines, text
+        assert f"refused '{out}' entry 'notes\\nmore.txt': {controls} (\\n)" in lines, text
+        assert f"refused '{out}' entry 'model\\u202eexe.pt': {controls} (\\u202e)" in lines, text
+        assert "\u202e" not in text
         assert f"skipped '{out}/etc-link': a symbolic link (fab get never follows one)" in lines, text
         assert f"skipped '{out}/hostname-link': a symbolic link (fab get never follows one)" in lines, text
         assert any(line.startswith("refused 'ckpt/weights.bin' in ") and "symbolic link" in line
@@ -109,7 +117,12 @@ def test_fab_get_writes_only_under_to_refuses_escaping_names_and_follows_no_link
         assert (to / "logs" / "rank0.txt").read_text() == "rank 0 done\n"
         assert (to / "more.txt").read_text() == "abc"
         assert (to / str(bashrc).lstrip("/")).read_text() == "pwned!\n"  # a plain path under --to: harmless
-        assert lines[-1] == f"done: 4 copied, 4 refused, 2 skipped; in {to}", text
+        # each file keeps its mode on the master (less the umask): a 0600 file stays 0600, no setuid bit
+        umask = os.umask(0o022)
+        os.umask(umask)
+        assert (to / "model.safetensors").stat().st_mode & 0o7777 == 0o600, text
+        assert (to / "tool").stat().st_mode & 0o7777 == 0o755 & ~umask, text
+        assert lines[-1] == f"done: 6 copied, 5 refused, 2 skipped; in {to}", text
 
         # --to itself a link: refused before anything is read or written
         linked = tmp_path / "linked-to"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.job.fetch_paths import check_subpath, local_parts, refused_name, stays_under
+from cluster.job.fetch_paths import check_subpath, local_mode, local_parts, refused_name, stays_under
 
 
 @pytest.mark.parametrize("name", ["result.json", "checkpoint-40", ".hidden", "...", "a b", "é😀", "a\\b", "-rf"])
@@ -17,6 +17,9 @@ def test_plain_names_are_allowed(name):
     ("/home/user/.bashrc", "`/`"), ("../../x", "`/`"), ("a/b", "`/`"),
     ("p\n", "\\n"), ("x\n..\t5", "\\n"), ("tab\there", "\\t"), ("esc\x1b[2J", "\\x1b"),
     ("del\x7f", "\\x7f"), ("c1\x9b", "\\x9b"), ("nul\x00", "\\x00"), ("cr\r", "\\r"),
+    # bidirectional formatting: `model\u202eexe.pt` shows as `modeltp.exe`
+    ("model\u202eexe.pt", "\\u202e"), ("a\u202db", "\\u202d"), ("a\u2066b\u2069", "\\u2066"),
+    ("a\u200fb", "\\u200f"), ("a\u061cb", "\\u061c"), ("a\u202ab", "\\u202a"),
 ])
 def test_names_that_could_leave_the_destination_or_fool_the_terminal_are_refused(name, says):
     reason = refused_name(name)
@@ -36,7 +39,7 @@ def test_local_parts_names_the_first_refused_name_or_the_escape():
     assert local_parts(("ckpt", "weights.bin"), "/d") == ("ckpt", "weights.bin")
     with pytest.raises(ValueError, match=r"'\.\.'"):
         local_parts(("ok", "..", "x"), "/d")
-    with pytest.raises(ValueError, match=r"control characters \(\\n\)"):
+    with pytest.raises(ValueError, match=r"formatting characters \(\\n\)"):
         local_parts(("a\nb",), "/d")
     with pytest.raises(ValueError):
         local_parts((), "/d")
@@ -49,7 +52,17 @@ def test_get_path_normalised(path, expected):
 
 
 @pytest.mark.parametrize("path, says", [("/etc", "absolute"), ("..", "`..`"), ("a/../../b", "`..`"),
-                                        ("a/..", "`..`"), ("a\nb", "control"), ("nul\x00", "control")])
+                                        ("a/..", "`..`"), ("a\nb", "control"), ("nul\x00", "control"),
+                                        ("ckpt\u202e/x", "bidirectional")])
 def test_get_path_refused(path, says):
     with pytest.raises(ValueError, match=says):
         check_subpath(path)
+
+
+@pytest.mark.parametrize("remote, umask, local", [
+    (0o100600, 0o022, 0o600), (0o100644, 0o022, 0o644), (0o100640, 0o027, 0o640), (0o100666, 0o077, 0o600),
+    (0o104755, 0o022, 0o755), (0o102750, 0o022, 0o750), (0o101777, 0o022, 0o755), (0o100400, 0o000, 0o400),
+    (None, 0o022, 0o600),
+])
+def test_a_local_copy_keeps_the_masters_permission_bits_less_the_umask_and_never_setuid(remote, umask, local):
+    assert local_mode(remote, umask) == local

@@ -21,10 +21,11 @@ FIFO = object()  # FakeSftp: an entry that is neither a file nor a folder
 class FakeSftp:
     """Test double of paramiko's SFTPClient over an in-memory tree: `open(path, "rb")` on files (recording
     where each read started), `lstat` and `listdir_attr` (entries as the server names them, unchecked,
-    the way a compromised master could send them). A dict is a folder, bytes a file, LINK a link."""
+    the way a compromised master could send them). A dict is a folder, bytes a file (mode 0644 unless
+    `modes` gives its name another), LINK a link."""
 
-    def __init__(self, files: dict[str, object]):
-        self.files = files
+    def __init__(self, files: dict[str, object], modes: dict[str, int] | None = None):
+        self.files, self.modes = files, modes or {}
         self.read_from: list[int] = []
 
     def _find(self, path: str):
@@ -36,15 +37,14 @@ class FakeSftp:
             raise FileNotFoundError(2, "No such file", path)
         return folder[name]
 
-    @staticmethod
-    def _attr(name: str, node) -> SimpleNamespace:
+    def _attr(self, name: str, node) -> SimpleNamespace:
         if isinstance(node, dict):
             return SimpleNamespace(filename=name, st_mode=stat.S_IFDIR | 0o755, st_size=4096)
         if node is LINK:
             return SimpleNamespace(filename=name, st_mode=stat.S_IFLNK | 0o777, st_size=9)
         if node is FIFO:
             return SimpleNamespace(filename=name, st_mode=stat.S_IFIFO | 0o644, st_size=0)
-        return SimpleNamespace(filename=name, st_mode=stat.S_IFREG | 0o644, st_size=len(node))
+        return SimpleNamespace(filename=name, st_mode=stat.S_IFREG | self.modes.get(name, 0o644), st_size=len(node))
 
     def lstat(self, path: str):
         return self._attr(path.rsplit("/", 1)[-1], self._find(path))
@@ -119,7 +119,7 @@ def test_the_walk_gives_plain_files_and_reports_every_entry_left_out():
         "ckpt": {"weights.bin": b"w" * 10, "nested": {"opt.pt": b"o"}, "p\n": {"home": {"x": b"bashrc"}}},
         "q\n..": {"esc": b"e"},
         "..": {"x": b"up"}, "../../etc": b"x", "/root/.aws/config": b"creds", "tab\tname": b"t",
-        "link": LINK, "ckpt-link": LINK, "fifo": FIFO,
+        "link": LINK, "ckpt-link": LINK, "fifo": FIFO, "model\u202eexe.pt": b"shows as modeltp.exe",
     }
     said: list[str] = []
 
@@ -131,8 +131,10 @@ def test_the_walk_gives_plain_files_and_reports_every_entry_left_out():
         (f"{ROOT}/ckpt/nested/opt.pt", ("ckpt", "nested", "opt.pt"), 1)]
     refused = [line for line in said if line.startswith("refused ")]
     skipped = [line for line in said if line.startswith("skipped ")]
-    assert len(refused) == 6 and len(skipped) == 3 and len(said) == 9, said
-    assert any("'p\\n'" in line and "control characters (\\n)" in line for line in refused), refused
+    assert len(refused) == 7 and len(skipped) == 3 and len(said) == 10, said
+    assert any("'p\\n'" in line and "formatting characters (\\n)" in line for line in refused), refused
+    assert any("'model\\u202eexe.pt'" in line and "(\\u202e)" in line for line in refused), refused
+    assert all("\u202e" not in line for line in said)
     assert any("'/root/.aws/config'" in line and "`/`" in line for line in refused), refused
     assert any("'..'" in line and "not a file name" in line for line in refused), refused
     assert sum("a symbolic link (fab get never follows one)" in line for line in skipped) == 2, skipped
@@ -189,3 +191,52 @@ def test_names_that_would_escape_are_refused_here_too(tmp_path, parts):
     with LocalTree(tmp_path / "dest") as tree, pytest.raises(ValueError):
         copy(FakeSftp({REMOTE: b"x"}), REMOTE, tree, parts, 1)
     assert [p.name for p in tmp_path.iterdir()] == ["dest"] and not any((tmp_path / "dest").iterdir())
+
+
+# ------------------------------------------------------------------ here: the master's mode, never wider
+
+@pytest.mark.parametrize("remote, local", [(0o600, 0o600), (0o640, 0o640), (0o644, 0o644), (0o4755, 0o755),
+                                           (0o2770, 0o750), (0o1777, 0o755), (0o666, 0o644)])
+def test_a_copied_file_keeps_the_masters_mode_less_the_umask_never_setuid(tmp_path, remote, local):
+    old = os.umask(0o022)
+    try:
+        sftp = FakeSftp({ROOT: {"model.safetensors": b"weights"}}, modes={"model.safetensors": remote})
+        (file,) = walk(sftp, ROOT)
+        assert stat.S_IMODE(file.mode) == remote
+        with LocalTree(tmp_path / "dest") as tree:
+            copy(sftp, file.remote, tree, file.parts, file.size, file.mode)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "dest" / "model.safetensors").stat().st_mode) == local
+
+
+def test_a_file_already_here_gets_the_masters_mode_and_is_never_wider_while_written(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    whole, partial = dest / "summary.json", dest / "model.safetensors"
+    whole.write_bytes(b"{}")
+    partial.write_bytes(b"wei")
+    for path in (whole, partial):
+        path.chmod(0o644)  # what an earlier `fab get` wrote for the master's 0600 files
+    seen: list[int] = []
+
+    class Watching(FakeSftp):
+        def open(self, path, mode="r"):
+            remote = super().open(path, mode)
+            read = remote.read
+
+            def watched(size=-1):
+                seen.append(stat.S_IMODE(partial.stat().st_mode))  # the local file's, while it is written
+                return read(size)
+
+            remote.read = watched
+            return remote
+
+    sftp = Watching({ROOT: {"summary.json": b"{}", "model.safetensors": b"weights"}},
+                    modes={"summary.json": 0o600, "model.safetensors": 0o600})
+    with LocalTree(dest) as tree:
+        results = [copy(sftp, f.remote, tree, f.parts, f.size, f.mode) for f in walk(sftp, ROOT)]
+    assert results[0].startswith("resumed at ") and results[1] == "unchanged", results
+    assert seen and set(seen) == {0o600}
+    assert stat.S_IMODE(whole.stat().st_mode) == stat.S_IMODE(partial.stat().st_mode) == 0o600
+    assert partial.read_bytes() == b"weights"
