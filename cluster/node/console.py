@@ -16,10 +16,23 @@ type), usually behind the syslog tag cloud-init logs them with; the keys block i
     ssh-rsa AAAA... root@ip-10-0-1-5
     -----END SSH HOST KEY KEYS-----
 
-Rules: a marker counts wherever it stands in a line (behind any prefix); only a complete block
-(BEGIN ... END) counts, and of several (one per boot) the last; inside a block only lines of the
-block's own shape count, so kernel messages printed in between are skipped. A presented key is
-verified when its SHA256 fingerprint is one the fingerprint block lists. Pure: no I/O.
+A console may hold several boots (an instance rebooted) and text that is not cloud-init's (kernel
+messages, and anything root on the node writes to the console). Rules:
+
+- This boot: only the text after the console's last boot line counts (BOOT_LINE: the kernel's
+  `[    0.000000] Linux version ...`, or cloud-init's `Cloud-init v. ... running 'init-local' at ...`,
+  which every boot prints before the blocks); a console with neither is one boot.
+- The block: a marker counts wherever it stands in a line (behind any prefix); only a complete
+  block (BEGIN ... END) counts, and of this boot's the FIRST, the one cloud-init printed at the end of
+  boot: a block printed after it is never the one that counts. Inside a block only lines of the
+  block's own shape count, and only behind the BEGIN line's own prefix (the syslog tag cloud-init
+  logs with, its digits and spaces aside), so kernel messages printed in between, or a
+  fingerprint-shaped line written to the console by something else, are skipped.
+- Two blocks of this boot (or one block) that list different fingerprints for one key type are a
+  conflict (`ConsoleHostKeys.conflicts`): no key is verified, and `describe` says so.
+
+A presented key is verified when its SHA256 fingerprint is one the block lists and there is no
+conflict. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -44,9 +57,11 @@ TYPE_LABELS = {
     "ecdsa-sha2-nistp521": "ECDSA",
     "ssh-dss": "DSA",
 }
-_FINGERPRINT_LINE = re.compile(r"(?:^|\s)(\d{3,5}) (SHA256:[A-Za-z0-9+/]{43}) (.*?) ?\(([A-Z0-9-]+)\)\s*\Z")
-_KEY_LINE = re.compile(r"(?:^|\s)(" + "|".join(re.escape(t) for t in TYPE_LABELS) + r") (AAAA[A-Za-z0-9+/]+={0,2})"
-                       r"(?: .*)?\Z")
+_FINGERPRINT_LINE = re.compile(r"(?:^|(?<=\s))(\d{3,5}) (SHA256:[A-Za-z0-9+/]{43}) (.*?) ?\(([A-Z0-9-]+)\)\s*\Z")
+_KEY_LINE = re.compile(r"(?:^|(?<=\s))(" + "|".join(re.escape(t) for t in TYPE_LABELS)
+                       + r") (AAAA[A-Za-z0-9+/]+={0,2})(?: .*)?\Z")
+# The first line of every boot a console shows: the kernel's banner, or cloud-init's first stage.
+BOOT_LINE = re.compile(r"\[\s*0\.0+\] Linux version |running 'init-local' at ")
 
 
 class ConsoleUnreadable(RuntimeError):
@@ -66,18 +81,22 @@ class Fingerprint:
 
 @dataclass(frozen=True)
 class ConsoleHostKeys:
-    fingerprints: tuple[Fingerprint, ...] = ()
-    keys: tuple[str, ...] = ()  # "type base64", from the keys block
+    fingerprints: tuple[Fingerprint, ...] = ()  # this boot's first complete fingerprint block
+    keys: tuple[str, ...] = ()  # "type base64", from this boot's first complete keys block
+    conflicts: tuple[str, ...] = ()  # "LABEL SHA256:a, SHA256:b": a key type this boot lists differently
 
     def match(self, key_type: str, key_b64: str) -> Fingerprint | None:
-        """The listed fingerprint of the presented key, or None when the console does not list it."""
+        """The listed fingerprint of the presented key, or None when the console does not list it (or
+        lists conflicting fingerprints for a key type)."""
+        if self.conflicts:
+            return None
         wanted = fingerprint(key_b64)
         return next((f for f in self.fingerprints if f.sha256 == wanted), None)
 
     def verified_keys(self) -> tuple[str, ...]:
-        """The keys block's keys whose fingerprints the fingerprint block lists."""
+        """The keys block's keys whose fingerprints the fingerprint block lists (none after a conflict)."""
         listed = {f.sha256 for f in self.fingerprints}
-        return tuple(k for k in self.keys if fingerprint(k.split()[1]) in listed)
+        return () if self.conflicts else tuple(k for k in self.keys if fingerprint(k.split()[1]) in listed)
 
 
 def fingerprint(key_b64: str) -> str:
@@ -89,39 +108,57 @@ def fingerprint(key_b64: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def _last_block(lines: list[str], begin: str, end: str) -> list[str] | None:
-    """The lines between the last complete BEGIN/END pair (None when there is none)."""
-    block: list[str] | None = None
-    current: list[str] | None = None
+def _this_boot(lines: list[str]) -> list[str]:
+    """The lines after the last boot line (all of them when the console shows none)."""
+    starts = [i for i, line in enumerate(lines) if BOOT_LINE.search(line)]
+    return lines[starts[-1] + 1:] if starts else lines
+
+
+def _shape(prefix: str) -> str:
+    """A line's prefix with its digits and spaces aside (a syslog tag's time and day change)."""
+    return re.sub(r"\s+", " ", re.sub(r"\d+", "0", prefix)).strip()
+
+
+def _blocks(lines: list[str], begin: str, end: str, shape: re.Pattern) -> list[list[re.Match]]:
+    """Every complete BEGIN/END block: its lines of `shape` that stand behind the BEGIN line's prefix."""
+    blocks: list[list[re.Match]] = []
+    current: list[re.Match] | None = None
+    prefix = ""
     for line in lines:
         if begin in line:
-            current = []
+            current, prefix = [], _shape(line[:line.index(begin)])
         elif end in line:
             if current is not None:
-                block = current
+                blocks.append(current)
             current = None
         elif current is not None:
-            current.append(line)
-    return block
+            found = shape.search(line.rstrip())
+            if found and _shape(line[:found.start()]) == prefix:
+                current.append(found)
+    return blocks
 
 
 def parse_console(text: str) -> ConsoleHostKeys:
-    """The host key fingerprints and keys a console output shows (empty when it shows none yet)."""
-    lines = (text or "").replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    fingerprints = []
-    for line in _last_block(lines, FINGERPRINTS_BEGIN, FINGERPRINTS_END) or []:
-        found = _FINGERPRINT_LINE.search(line.rstrip())
-        if found:
-            fingerprints.append(Fingerprint(int(found.group(1)), found.group(2), found.group(3).strip(),
-                                            found.group(4)))
-    keys = []
-    for line in _last_block(lines, KEYS_BEGIN, KEYS_END) or []:
-        found = _KEY_LINE.search(line.rstrip())
-        if found:
-            keys.append(f"{found.group(1)} {found.group(2)}")
-    return ConsoleHostKeys(tuple(fingerprints), tuple(keys))
+    """The host key fingerprints and keys a console output shows for this boot (empty when it shows none
+    yet), with the key types this boot lists differently (see the module's docstring)."""
+    lines = _this_boot((text or "").replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    blocks = [[Fingerprint(int(m.group(1)), m.group(2), m.group(3).strip(), m.group(4)) for m in block]
+              for block in _blocks(lines, FINGERPRINTS_BEGIN, FINGERPRINTS_END, _FINGERPRINT_LINE)]
+    by_label: dict[str, list[str]] = {}
+    for block in blocks:
+        for found in block:
+            if found.sha256 not in by_label.setdefault(found.label, []):
+                by_label[found.label].append(found.sha256)
+    conflicts = tuple(f"{label} {', '.join(listed)}" for label, listed in by_label.items() if len(listed) > 1)
+    keys = _blocks(lines, KEYS_BEGIN, KEYS_END, _KEY_LINE)
+    return ConsoleHostKeys(tuple(blocks[0]) if blocks else (),
+                           tuple(f"{m.group(1)} {m.group(2)}" for m in keys[0]) if keys else (), conflicts)
 
 
 def describe(console: ConsoleHostKeys) -> str:
     """The console's fingerprints in one phrase, for a refusal line."""
-    return ", ".join(str(f) for f in console.fingerprints) or "no fingerprints"
+    listed = ", ".join(str(f) for f in console.fingerprints) or "no fingerprints"
+    if console.conflicts:
+        return (f"conflicting fingerprints for one key type ({'; '.join(console.conflicts)}: a second block "
+                f"not cloud-init's, or text written to the console), so none is trusted; first block: {listed}")
+    return listed

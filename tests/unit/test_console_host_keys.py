@@ -99,17 +99,68 @@ def test_no_fingerprints_yet(host_keys):
     assert describe(parse_console("")) == "no fingerprints"
 
 
-def test_the_last_boots_block_counts(host_keys, tmp_path):
-    """After a reboot with new host keys the console holds two blocks: only the later one counts."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "root@new", "-f", str(tmp_path / "new")],
+def _other_key(tmp_path, kind: str = "ed25519", name: str = "other") -> tuple[str, str]:
+    """("type base64", its `ssh-keygen -l` line) of a key made here: another machine's, or an attacker's."""
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "root@new", "-f", str(tmp_path / name)],
                    check=True)
-    listed = subprocess.run(["ssh-keygen", "-l", "-f", str(tmp_path / "new.pub")], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    later = f"-----BEGIN SSH HOST KEY FINGERPRINTS-----\n{listed}\n-----END SSH HOST KEY FINGERPRINTS-----\n"
-    shown = parse_console(cloud_init_console(host_keys) + later)
-    assert [f.sha256 for f in shown.fingerprints] == [listed.split()[1]]
-    keytype, b64 = host_keys["ED25519"]["line"].split()
-    assert shown.match(keytype, b64) is None
+    listed = subprocess.run(["ssh-keygen", "-l", "-f", str(tmp_path / f"{name}.pub")], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    return " ".join((tmp_path / f"{name}.pub").read_text().split()[:2]), listed
+
+
+def _block(*lines: str, prefix: str = "<14>Mar  4 11:00:01 ec2: ") -> str:
+    return "".join(f"{prefix}{line}\r\n" for line in ("-----BEGIN SSH HOST KEY FINGERPRINTS-----", *lines,
+                                                       "-----END SSH HOST KEY FINGERPRINTS-----"))
+
+
+REBOOT = ("[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-096) #23-Ubuntu SMP\r\n"
+          "[   11.902114] cloud-init[588]: Cloud-init v. 24.4 running 'init-local' at Tue, 04 Mar 2025 11:00:00"
+          " +0000.\r\n")
+
+
+def test_only_this_boots_block_counts(host_keys, tmp_path):
+    """After a reboot with new host keys the console holds two boots: only the later boot's block counts."""
+    new_line, listed = _other_key(tmp_path)
+    shown = parse_console(cloud_init_console(host_keys) + REBOOT + _block(listed))
+    assert [f.sha256 for f in shown.fingerprints] == [listed.split()[1]] and shown.conflicts == ()
+    assert shown.match(*new_line.split()) is not None
+    assert shown.match(*host_keys["ED25519"]["line"].split()) is None
+    # rebooted, its block not printed yet: the earlier boot's block is not this boot's (wait for it)
+    assert parse_console(cloud_init_console(host_keys) + REBOOT).fingerprints == ()
+    assert parse_console(cloud_init_console(host_keys) + REBOOT.split("\r\n")[1]).fingerprints == ()
+
+
+def test_a_second_block_for_a_key_type_is_a_conflict_and_verifies_no_key(host_keys, tmp_path):
+    """Text written to the console after cloud-init's block (root on the node) cannot pin another key."""
+    forged_line, listed = _other_key(tmp_path)
+    for later in (_block(listed), _block(listed, prefix="")):  # with cloud-init's tag, or bare
+        shown = parse_console(cloud_init_console(host_keys) + later)
+        assert [f.sha256 for f in shown.fingerprints] == [host_keys[k]["keygen"].split()[1]
+                                                          for k in ("ECDSA", "ED25519", "RSA")]
+        assert shown.conflicts == (f"ED25519 {host_keys['ED25519']['keygen'].split()[1]}, {listed.split()[1]}",)
+        assert shown.match(*forged_line.split()) is None
+        assert shown.match(*host_keys["ED25519"]["line"].split()) is None  # the real one is not trusted either
+        assert shown.match(*host_keys["RSA"]["line"].split()) is None and shown.verified_keys() == ()
+        assert describe(shown).startswith("conflicting fingerprints for one key type (ED25519 SHA256:")
+
+
+def test_a_later_block_is_never_the_one_that_counts(host_keys, tmp_path):
+    """A block printed after cloud-init's, for a key type cloud-init did not list, pins nothing."""
+    console = cloud_init_console(host_keys).replace(host_keys["ECDSA"]["keygen"], "")  # a node without ECDSA
+    forged_line, listed = _other_key(tmp_path, "ecdsa")
+    shown = parse_console(console + _block(listed))
+    assert shown.conflicts == () and [f.label for f in shown.fingerprints] == ["ED25519", "RSA"]
+    assert shown.match(*forged_line.split()) is None
+
+
+@pytest.mark.parametrize("prefix", ["[   13.200001] ", "", "<14>Mar  4 10:00:01 evil: "])
+def test_a_fingerprint_line_behind_another_prefix_inside_the_block_is_skipped(host_keys, tmp_path, prefix):
+    forged_line, listed = _other_key(tmp_path)
+    text = cloud_init_console(host_keys)
+    end = "<14>Mar  4 10:00:01 ec2: -----END SSH HOST KEY FINGERPRINTS-----"
+    shown = parse_console(text.replace(end, f"{prefix}{listed}\r\n{end}"))
+    assert len(shown.fingerprints) == 3 and shown.conflicts == ()
+    assert shown.match(*forged_line.split()) is None and shown.match(*host_keys["ED25519"]["line"].split())
 
 
 def test_a_key_not_in_the_fingerprint_block_is_not_verified(host_keys):
@@ -125,3 +176,15 @@ def test_junk_is_not_a_fingerprint():
             "256 MD5:aa:bb root@x (ED25519)\nnot a line\n-----END SSH HOST KEY FINGERPRINTS-----\n")
     assert parse_console(junk).fingerprints == ()
     assert fingerprint("not base64!") == ""
+
+
+def test_the_supervisor_refuses_a_replacement_whose_console_conflicts(host_keys, tmp_path):
+    """cluster/run/supervision.py's verdict on a replacement goes through this parse: a conflict is a refusal at once."""
+    from cluster.run import supervision as sv
+
+    member = sv.Member("node1", "10.0.0.3", "i-00000000000000aa")
+    _, listed = _other_key(tmp_path)
+    real = host_keys["ED25519"]["line"]
+    assert sv.host_key_verdict(member, real, cloud_init_console(host_keys), waited_s=0).verified
+    found = sv.host_key_verdict(member, real, cloud_init_console(host_keys) + _block(listed), waited_s=0)
+    assert found.outcome == "refused" and "conflicting fingerprints for one key type (ED25519 " in found.line
