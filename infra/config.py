@@ -49,11 +49,17 @@ def read_config_values(config: pulumi.Config | None = None) -> dict[str, Any]:
     return values
 
 
+def auto_stop_idle(config: pulumi.Config | None = None) -> int | None:
+    """autoStopIdle in seconds (None: `off`): not part of the spec; `fab setup`, `fab up` and a job arm the
+    master's auto-stop with it, and the setup step a new master's. AutostopError for a bad value."""
+    return autostop.stack_idle_seconds((config or pulumi.Config(PROJECT)).get(AUTO_STOP_IDLE), AUTO_STOP_IDLE)
+
+
 def auto_stop_problems(config: pulumi.Config | None = None) -> list[str]:
-    """autoStopIdle (not part of the spec; `fab train` arms the master's auto-stop with it), checked here
-    so that `pulumi up` refuses a bad value with the other settings, before anything is created."""
+    """autoStopIdle checked here so that `pulumi up` refuses a bad value with the other settings, before
+    anything is created."""
     try:
-        autostop.stack_idle_seconds((config or pulumi.Config(PROJECT)).get(AUTO_STOP_IDLE), AUTO_STOP_IDLE)
+        auto_stop_idle(config)
     except autostop.AutostopError as exc:
         return [str(exc)]
     return []

@@ -24,10 +24,15 @@ Name and lifecycle:
   step was recorded before steps had a stamp gets one at its next update, and with it one
   re-bake under the new name.)
 - Source: the setup step's `bake_source`, the master the image was made from. A new master (a lost
-  or auto-stopped one) is set up again by the step's update, which keeps `bake_source`: the image
-  and the workers stay. Only a software change (the step replaced) makes the new master the source.
-- `delete_before_replace`: the old image (and, first, the workers it would otherwise keep) goes
-  before the new one is made.
+  or auto-stopped one, or one replaced for a setting: `masterSpot`, `instanceType`, ...) is set up
+  again by the step's update, which keeps `bake_source`: the image and the workers stay. Only a
+  software change (the step replaced) makes the current master the source.
+- A new image is made before the old one is deregistered (no `delete_before_replace`, on the image
+  nor on the setup step it depends on): the launch template moves to the new image, the group is
+  replaced (its trigger holds the image id) and launches the new workers from it, and only then, at
+  the end of the `pulumi up`, does the engine delete the old image. Old workers never run on a
+  deregistered image (a reclaimed one can still be relaunched during the bake), and the name's stamp
+  keeps the two images' names apart.
 - Create timeout: the provider's 40-minute default can pass for the first, full snapshot of a
   freshly written root volume; we allow IMAGE_CREATE_MINUTES_PER_GIB per GiB, at least
   IMAGE_CREATE_MIN_MINUTES.
@@ -71,7 +76,8 @@ def _tag_resource_name(name: str, key: str) -> str:
 
 class BakedImage(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, master: MasterNode, tags: dict[str, str],
-                 ssh_rules: list[pulumi.Resource], opts: pulumi.ResourceOptions | None = None):
+                 ssh_rules: list[pulumi.Resource], auto_stop_idle_s: int | None = None,
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:BakedImage", name, None, opts)
         self.setup = ProfileSetup(
             f"{name}-setup",
@@ -81,15 +87,13 @@ class BakedImage(pulumi.ComponentResource):
             instance_id=master.instance.id,
             profile=spec.profile,
             cluster=spec.cluster_name,
+            region=spec.region,
+            auto_stop_idle_s=auto_stop_idle_s,
             ssh_timeout_seconds=ssh_timeout_for(spec.instance_type),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 # The step connects over SSH: it waits for the rules that admit it, not only the master.
-                depends_on=[master.instance, *ssh_rules],
-                delete_before_replace=True,
-                # Its delete does nothing in AWS; with the master going too the engine skips it, so a
-                # provider that cannot be loaded never blocks terminating the master.
-                deleted_with=master.instance))
+                depends_on=[master.instance, *ssh_rules]))
         image_tags = {**tags, "Name": name, PROFILE_KEY: spec.software_profile}
         self.image = aws.ec2.AmiFromInstance(
             name,
@@ -101,7 +105,6 @@ class BakedImage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.setup],
                 replacement_trigger=bake_tag(spec.profile.fingerprint()),
-                delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create=image_create_timeout(spec.root_volume_gib))))
         self.snapshot_tags = [
             aws.ec2.Tag(_tag_resource_name(name, key), resource_id=self.image.root_snapshot_id, key=key, value=value,

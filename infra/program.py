@@ -12,6 +12,7 @@ from cluster.stack import node_replacement
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import cluster_tags
 from infra import lookups
+from infra.config import auto_stop_idle
 from infra.bucket import CheckpointBucket
 from infra.image import BakedImage
 from infra.master import MasterNode, kept_on_update
@@ -77,7 +78,8 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     # The base image and subnet the master really has (kept from its creation), for the workers.
     kept_ami, kept_subnet = master.instance.ami, master.instance.subnet_id
     if spec.bake:
-        image = BakedImage(f"{name}-image", spec, master, tags, ssh_rules=network.ssh_rules)
+        image = BakedImage(f"{name}-image", spec, master, tags, ssh_rules=network.ssh_rules,
+                           auto_stop_idle_s=auto_stop_idle())
         worker_ami: pulumi.Input[str] = image.image.id
     else:
         worker_ami = kept_ami
@@ -102,6 +104,7 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "baseAmiId": kept_ami,
         "subnetId": kept_subnet,
         "bucketName": bucket.bucket.bucket,
-        # The settings whose change replaces nodes, for `fab preflight` to compare (cluster/stack/node_replacement.py).
+        # Every setting, the bake tag and the template's shape, for `fab preflight` and a lost master's
+        # replacement to compare with the stack file (cluster/stack/node_replacement.py).
         node_replacement.OUTPUT: node_replacement.node_settings(spec),
     }

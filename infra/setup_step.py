@@ -6,9 +6,13 @@ and the profile's name, pins and fingerprint. A change of the profile or any pin
 replaces it, which re-runs setup, re-bakes the image (its replacement trigger is the bake tag, a
 hash of the profile's fingerprint) and so replaces the workers. A new master (a reclaim, a lost or
 auto-stopped master) only updates it: the update sets the new master up again with the same
-profile and pins, and keeps `bake_source`, the instance the image was made from, so the image and
-the workers stay (a lost master costs its setup, not a re-bake and a new cluster). A change of
-address, user, key path or cluster name only records the new values.
+profile and pins, arms its idle auto-stop with the stack's autoStopIdle (`arm_new_master`), and keeps
+`bake_source`, the instance the image was made from, so the image and the workers stay (a lost master
+costs its setup, not a re-bake and a new cluster). Nothing ties the step's life to the master's
+(no `deleted_with`): a Pulumi engine that replaces a resource whose `deletedWith` target is replaced
+would make every replaced master a re-bake. A change of address, user, key path or cluster name only
+records the new values. A replaced step is created before its old record is deleted (not delete-first):
+the image it names and the workers' move to it come before the old image goes (infra/image.py).
 Its `create()` connects with Fabric, waits (bounded) for SSH and for cloud-init, then runs the
 same `node_setup.ssh.install` functions `fab setup` uses:
 `install_profile(conn, profile)` and `prepare_for_bake(conn)`, and syncs the disk so the
@@ -24,8 +28,9 @@ The provider is pickled into the state by reference (dill records `infra.setup_s
 ProfileSetupProvider`, not its code), and Pulumi loads it in a separate Python process started
 in infra/: keep this module path and class name, and run Pulumi from the project's virtual
 environment where the project is installed (Pulumi.yaml `runtime.options.virtualenv`). Its
-delete does nothing in AWS and is skipped when the master is deleted too (`deleted_with`); for a
-step that still cannot be loaded, docs/aws-lifecycle.md gives the `pulumi state delete` recovery.
+delete does nothing in AWS, but the engine loads the provider for it (on `pulumi destroy` before the
+master is terminated); for a step that cannot be loaded, docs/aws-lifecycle.md gives the
+`pulumi state delete` recovery.
 
 Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` directly.
 """
@@ -33,7 +38,6 @@ Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` di
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import time
 from typing import Any, Callable
@@ -42,12 +46,12 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from cluster.node.profiles import Profile, get_profile
+from cluster.stack.catalog import BOOT_WAIT_S, METAL_BOOT_WAIT_S, boot_wait_s
+from cluster.stack.node_replacement import bake_tag  # the image's identity (its name and replacement trigger)
 
-SSH_TIMEOUT_SECONDS = 900
-# Metal instances boot far slower than virtual ones: "AWS EC2 metal instances can take over 20
-# minutes to start or restart" (Canonical's cloud test library, which waits up to 40 minutes for
-# them: https://github.com/canonical/pycloudlib/pull/192). AWS documents no bound.
-METAL_SSH_TIMEOUT_SECONDS = 2400
+# How long the step waits for the master's sshd: its type's boot (cluster/stack/catalog.py, longer for metal).
+SSH_TIMEOUT_SECONDS = BOOT_WAIT_S
+METAL_SSH_TIMEOUT_SECONDS = METAL_BOOT_WAIT_S
 CLOUD_INIT_TIMEOUT_SECONDS = 1800
 SSH_RETRY_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10
@@ -56,7 +60,7 @@ OUTPUT_TAIL_LINES = 30
 # Inputs whose change means "the image must be rebuilt"; the rest only update the record.
 REPLACE_ON = ("profile", "fingerprint", "pip_pins", "bake_tag")
 # Outputs the step sets itself (not inputs): never a difference.
-OUTPUT_ONLY = ("bake_source", "stamp")
+OUTPUT_ONLY = ("bake_source", "stamp", "auto_stop")
 # `stamp`: the UTC time the step was created (its setup run), kept by updates; the image is named
 # after it (infra/image.py), so an image made again (the step replaced) never has an old image's name.
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -69,17 +73,11 @@ def setup_stamp(now: dt.datetime | None = None) -> str:
 
 def ssh_timeout_for(instance_type: str) -> int:
     """How long the step waits for the master's sshd: longer for metal instances."""
-    return METAL_SSH_TIMEOUT_SECONDS if ".metal" in instance_type else SSH_TIMEOUT_SECONDS
+    return boot_wait_s(instance_type)
 
 
 class SetupError(RuntimeError):
     """The setup step failed; the message says where, with the remote output."""
-
-
-def bake_tag(fingerprint: str) -> str:
-    """A short stable id of the software (the profile's fingerprint): names the image and replaces it when
-    the software changes, never when only the master instance does."""
-    return hashlib.sha256(f"bake|{fingerprint}".encode()).hexdigest()[:12]
 
 
 def _tail(text: str) -> str:
@@ -209,9 +207,40 @@ def _remote(step: str, host: str, action: Callable[[], Any]) -> None:
                          f"`{exc.result.command}`") from None
 
 
+def arm_new_master(conn, props: dict[str, Any]) -> str:
+    """Arm the idle auto-stop of a master that replaced a lost or auto-stopped one, with the stack's idle time
+    (`auto_stop_idle_s`; None: autoStopIdle is off), as `fab setup` arms it: a `pulumi up` that no `fab`
+    follows brings the cluster back, and nothing else would stop it. Its node list is the master alone (with
+    the host key the step verified): the workers are the group's, which the power-off sets to 0 first, so
+    nothing is armed without the group (found by its tags; it exists once an image was made). What was done,
+    in one line (the step's `auto_stop` output); it never fails the step."""
+    idle = props.get("auto_stop_idle_s")
+    if not idle:
+        return "not armed: autoStopIdle is off"
+    try:
+        from cluster.inventory import Inventory, Node
+        from cluster.node import autostop
+        from cluster.stack.tags import ROLE_MASTER
+        from node_setup.aws.worker_group import group_file
+        from node_setup.ssh import autostop as remote
+
+        if not group_file(props["cluster"], props.get("region")):
+            return "not armed: the workers' group was not found (`fab up` or `fab setup` arms it)"
+        key = conn.client.get_transport().get_remote_server_key()
+        master = Node("node0", props["host"], props["host"], 0, role=ROLE_MASTER)
+        inventory = Inventory(name=props["cluster"], kind="aws", user=props["user"], nodes=(master,),
+                              region=props.get("region"))
+        remote.record_nodes(conn, inventory, {master.name: f"{key.get_name()} {key.get_base64()}"})
+        return autostop.status_line(remote.arm(conn, int(idle), autostop.poll_for(int(idle))))
+    except Exception as exc:  # noqa: BLE001 - the master is set up; say why nothing was armed
+        return f"not armed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+
+
 def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
-                      install: tuple[Callable, Callable] | None = None) -> dict[str, Any]:
-    """What `create()` does; returns the outputs. `connect`/`install` are seams for tests."""
+                      install: tuple[Callable, Callable] | None = None,
+                      arm: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:
+    """What `create()` does (and `update()` for a new master, with `arm`: arm_new_master); returns the
+    outputs. `connect`/`install`/`arm` are seams for tests."""
     key_path = os.path.expanduser(str(props["private_key_path"]))
     if not os.path.isfile(key_path):
         raise SetupError(f"privateKeyPath: {props['private_key_path']!r} is not a file on this machine; allowed: "
@@ -230,9 +259,13 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
         _remote(f"installing profile {profile.name!r}", conn.host, lambda: install_profile(conn, profile))
         _remote("preparing the image", conn.host, lambda: prepare_for_bake(conn))
         _remote("flushing the disk", conn.host, lambda: conn.run("sync", hide=True))
+        armed = arm(conn, props) if arm else None
     finally:
         conn.close()
-    return {k: v for k, v in props.items() if not k.startswith("__")}
+    outs = {k: v for k, v in props.items() if not k.startswith("__")}
+    if armed is not None:
+        outs["auto_stop"] = armed
+    return outs
 
 
 class ProfileSetupProvider(ResourceProvider):
@@ -248,13 +281,15 @@ class ProfileSetupProvider(ResourceProvider):
         replaces = [k for k in changed if k in REPLACE_ON]
         # A step recorded before steps had a stamp: an update gives it one (nothing is run again).
         unstamped = not olds.get("stamp")
-        # The record of an old master's setup goes before the new one is made (like the nodes).
-        return DiffResult(changes=bool(changed) or unstamped, replaces=replaces, delete_before_replace=True)
+        # A replaced step is made before the old record goes (it is only a record): the new image it names is
+        # made, and the workers moved to it, before the old image is deleted (infra/image.py).
+        return DiffResult(changes=bool(changed) or unstamped, replaces=replaces, delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        """A new master with the same software: set it up again (same profile and pins); the image stays."""
-        outs = run_profile_setup(news) if olds.get("instance_id") != news.get("instance_id") else \
-            {k: v for k, v in news.items() if not k.startswith("__")}
+        """A new master with the same software: set it up again (same profile and pins) and arm its idle
+        auto-stop; the image stays."""
+        outs = run_profile_setup(news, arm=arm_new_master) if olds.get("instance_id") != news.get("instance_id") \
+            else {k: v for k, v in news.items() if not k.startswith("__")}
         outs["bake_source"] = olds.get("bake_source") or olds.get("instance_id") or news["instance_id"]
         # The image stays, and so does its name's stamp (a step recorded before stamps gets one now).
         outs["stamp"] = olds.get("stamp") or setup_stamp()
@@ -271,6 +306,7 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
 
     def __init__(self, name: str, *, host: pulumi.Input[str], user: str, private_key_path: str,
                  instance_id: pulumi.Input[str], profile: Profile, cluster: str, port: int = 22,
+                 region: str = "", auto_stop_idle_s: int | None = None,
                  ssh_timeout_seconds: int = SSH_TIMEOUT_SECONDS,
                  cloud_init_timeout_seconds: int = CLOUD_INIT_TIMEOUT_SECONDS,
                  opts: pulumi.ResourceOptions | None = None):
@@ -288,6 +324,9 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
             "bake_tag": bake_tag(fingerprint),
             "bake_source": None,  # set by create (this master) and kept by update (a new master)
             "stamp": None,  # set by create, kept by update
+            # A new master's idle auto-stop (arm_new_master): the stack's autoStopIdle, and where its group is.
+            "region": region,
+            "auto_stop_idle_s": auto_stop_idle_s,
             "ssh_timeout_seconds": ssh_timeout_seconds,
             "cloud_init_timeout_seconds": cloud_init_timeout_seconds,
         }

@@ -18,12 +18,14 @@ stable order.
 
 How a new image (a pin or profile change, a new instance type or market) reaches the workers: the
 group is **replaced, deleting first** (`delete_before_replace`, `replacement_trigger` on the image,
-the market, the instance type and every other property of the template but its user data: not on the
-template's version, which a new user data changes too, so another cluster key makes a new version the
-group launches its next workers from, in place, and replaces no worker). Deleting the group without
-`force_delete` first sets its capacity to 0 and waits until every old worker is terminated (the
-provider's drain), then the new group launches `workerCount` new ones and `pulumi up` waits for
-them (`wait_for_capacity_timeout`). So old and new workers never run side by side (never more than
+the market, the instance type and every other field of the template but its user data, the fields
+cluster/stack/node_replacement.py's WORKER_TEMPLATE lists with the settings each is made from, which
+`fab preflight` names: not on the template's version, which a new user data changes too, so another
+cluster key makes a new version the group launches its next workers from, in place, and replaces no
+worker). A new image is made before the group moves and the old image goes last (infra/image.py).
+Deleting the group without `force_delete` first sets its capacity to 0 and waits until every old
+worker is terminated (the provider's drain), then the new group launches `workerCount` new ones and
+`pulumi up` waits for them (`wait_for_capacity_timeout`). So old and new workers never run side by side (never more than
 `workerCount` billing, nor more than the vCPU quota `fab preflight` checked or the placement
 group's room), and no old worker is left behind. The alternative, an instance refresh with minimum
 healthy 0 % and maximum healthy 100 %, was not chosen: the provider starts the refresh and returns
@@ -46,6 +48,8 @@ import pulumi
 import pulumi_aws as aws
 
 from cluster.stack import worker_group as rules
+from cluster.stack.catalog import METAL_BOOT_WAIT_S
+from cluster.stack.node_replacement import WORKER_TEMPLATE
 from cluster.node.boot_script import boot_script
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import PROFILE_KEY, ROLE_KEY, ROLE_WORKER, SSH_USER_KEY
@@ -54,7 +58,7 @@ from infra.node import INSTANCE_TIMEOUTS, SHUTDOWN_BEHAVIOR, NodeNetwork, replac
 # Canonical's Ubuntu images (and an image baked from one) boot from this device.
 ROOT_DEVICE = "/dev/sda1"
 # How long `pulumi up` waits for the group's instances to be in service: a metal type's launch and boot.
-CAPACITY_TIMEOUT = "40m"
+CAPACITY_TIMEOUT = f"{METAL_BOOT_WAIT_S // 60}m"
 # The master's inputs the workers follow, by the name the template or the group gives them.
 KEPT_AS = {"ami": ("template", "imageId"), "subnetId": ("group", "vpcZoneIdentifiers")}
 
@@ -81,9 +85,10 @@ def template_market(spot: bool, max_price: float | None) -> aws.ec2.LaunchTempla
 
 def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
     """An error hook for the group: a `pulumi up` whose group could not be filled ends with one line naming
-    AWS's reason (the failed scaling activity's message, which the provider's error carries) and what to
-    change; a plain timeout says that no activity had failed. Nothing is retried: the group itself keeps
-    trying to launch, and the next `pulumi up` waits for it again."""
+    AWS's reason when the provider's error carries a failed scaling activity's message, and what to change;
+    a timeout (the provider waits through failed activities: `ignore_failed_scaling_activities`) says that
+    the group keeps trying and where its latest activity is shown (`fab up` names it). Nothing is retried
+    here: the group itself keeps trying to launch."""
 
     async def on_error(args: pulumi.ErrorHookArgs) -> bool:
         if args.failed_operation not in ("create", "update") or not args.errors:
@@ -152,8 +157,10 @@ class WorkerGroup(pulumi.ComponentResource):
 
         # Not the template's version: a new user data (another cluster key) makes one, and must not replace
         # the workers. The image is the template's own (which keeps its first value when `keep` says so).
+        # The template's fields are node_replacement's list, the one `fab preflight` names the settings of.
+        assert set(shape) == set(WORKER_TEMPLATE), sorted(set(shape) ^ set(WORKER_TEMPLATE))
         trigger = {**replacement_key(spec, spec.worker_spot), "image": self.template.image_id,
-                   "template": {k: v for k, v in shape.items() if v is not None}}
+                   "template": {k: shape[k] for k in WORKER_TEMPLATE if shape[k] is not None}}
         self.group = aws.autoscaling.Group(
             name,
             min_size=spec.worker_count,
@@ -167,8 +174,11 @@ class WorkerGroup(pulumi.ComponentResource):
             # Delete drains: capacity 0, wait until every worker is terminated (see the module docstring).
             force_delete=False,
             wait_for_capacity_timeout=CAPACITY_TIMEOUT,
-            # The provider fails the wait on a failed scaling activity, with its message (the reason).
-            ignore_failed_scaling_activities=False,
+            # The provider waits through failed scaling activities (a spot launch refused for capacity now
+            # may succeed minutes later, and the group keeps trying anyway) until the timeout; `fab up` then
+            # names the group's latest activity. Failing at the first one ended `pulumi up` while the group
+            # went on to launch the workers, billed, with nobody told.
+            ignore_failed_scaling_activities=True,
             tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
                   for k, v in sorted(instance_tags.items())],
             opts=pulumi.ResourceOptions(

@@ -6,15 +6,23 @@ lost one itself, and no URN names a worker, so this recovery is for the master o
 
 When fab runs Pulumi to replace a lost master, it must change the master only: a plain
 `pulumi up --refresh --yes` applies every pending difference of the stack (a changed pin re-runs
-setup and replaces the worker group in the middle of a run). So:
+setup and replaces the worker group in the middle of a run). And a targeted `pulumi up --target
+<master> --target-dependents` applies every pending difference of the master's dependents, which on
+the program's graph are most of the cluster: the setup step, the image, its snapshot tags, the
+workers' launch template and group, the group's policy. A preview cannot tell which of its steps are
+real: the setup step's outputs are unknown in a preview, so the image and the group always show as
+replaced. So the decision is made from facts, before any Pulumi command changes anything:
 
-1. the lost master must be `terminated` first (the provider drops an instance from the state only
-   then; a refresh while it is `shutting-down` changes nothing) - node_setup/aws/termination.py waits;
-2. `refresh_argv`: refresh only the master's instance (`--target` its URN, found in the stack's
+1. `pending_settings`: the settings the last `pulumi up` recorded (its `nodeSettings` output, in the
+   stack's exported state: `deployed_settings_of`; every setting, the bake tag and the workers'
+   template shape, cluster/stack/node_replacement.py) are compared with the stack file as it is now;
+   any difference, or nothing recorded, stops the recovery and `manual_command` is printed for the user;
+2. the lost master must be `terminated` (the provider drops an instance from the state only then; a
+   refresh while it is `shutting-down` changes nothing) - node_setup/aws/termination.py waits;
+3. `refresh_argv`: refresh only the master's instance (`--target` its URN, found in the stack's
    exported state by its instance id and its parent, the master's component: `master_urn`);
-3. `preview_argv` + `other_changes`: a full preview; any pending change on a resource that is neither
-   the master nor depends on it stops the recovery, and `manual_command` is printed for the user;
-4. `up_argv`: `pulumi up` of the master and, as the engine needs, its dependents (the setup step).
+4. `up_argv`: `pulumi up` of the master and its dependents: with nothing pending, the master is created
+   and the setup step updated (the new master set up again); the image and the workers stay.
 
 `stack_holds(state)` says what the stack holds afterwards (its instances, and operations an interrupted
 run could not record). node_setup/pulumi_recovery.py runs the commands (never killing Pulumi).
@@ -26,12 +34,12 @@ import json
 import shlex
 from typing import Iterable, Mapping
 
+from cluster.stack import node_replacement
 from cluster.stack.lifecycle import PULUMI, check_stack
 
 INSTANCE_TYPE = "aws:ec2/instance:Instance"
 MASTER_COMPONENT = "xeon-cluster:infra:Master"  # infra/master.py's component, the master instance's parent
 STACK_TYPE = "pulumi:pulumi:Stack"
-NO_CHANGE_OPS = ("same", "read", "refresh")  # preview steps that change nothing
 
 # How long fab waits for EC2 to report a lost instance `terminated` before refreshing: a metal
 # instance can take about as long to shut down as to start (over 20 minutes); polled every 15 s.
@@ -52,42 +60,24 @@ def master_urn(state: Mapping, instance_id: str) -> str | None:
                  and MASTER_COMPONENT in urn_parents(r["urn"])), None)
 
 
-def dependents(state: Mapping, urns: Iterable[str]) -> set[str]:
-    """The URNs that depend, directly or through others, on `urns` (their inputs come from them)."""
-    found = set(urns)
-    resources = _resources(state)
-    grew = True
-    while grew:
-        grew = False
-        for r in resources:
-            urn = r.get("urn")
-            if urn is None or urn in found:
-                continue
-            needs = set(r.get("dependencies") or [])
-            for deps in (r.get("propertyDependencies") or {}).values():
-                needs.update(deps or [])
-            if needs & found:
-                found.add(urn)
-                grew = True
-    return found - set(urns)
+def deployed_settings_of(state: Mapping) -> Mapping | None:
+    """The `nodeSettings` output the last `pulumi up` recorded, from the stack's exported state (its stack
+    resource's outputs); None when it recorded none (not deployed, or by an older version)."""
+    stack = next((r for r in _resources(state) if r.get("type") == STACK_TYPE), None)
+    return node_replacement.deployed_settings((stack or {}).get("outputs"))
 
 
-def other_changes(preview: Mapping, allowed: Iterable[str]) -> list[tuple[str, str]]:
-    """The (op, URN) steps of a `pulumi preview --json` that change a resource outside `allowed`."""
-    allowed = set(allowed)
-    out = []
-    for step in (preview or {}).get("steps") or []:
-        op, urn = step.get("op", ""), step.get("urn", "")
-        if op in NO_CHANGE_OPS or urn in allowed or urn_type(urn) == STACK_TYPE:
-            continue
-        out.append((op, urn))
-    return out
-
-
-def urn_type(urn: str) -> str:
-    """The resource type of a URN (`urn:pulumi:stack::project::parent$type::name` -> `type`)."""
-    parts = urn.split("::")
-    return parts[2].rsplit("$", 1)[-1] if len(parts) >= 4 else ""
+def pending_settings(wanted: Mapping, deployed: Mapping | None) -> list[str]:
+    """What differs between the stack file (`wanted`: node_replacement.node_settings of its spec) and what
+    the last `pulumi up` recorded, one short item each; ["..."] saying why when nothing was recorded."""
+    if deployed is None:
+        return [f"no {node_replacement.OUTPUT} output (the stack was deployed by an older version, or not at all)"]
+    found = []
+    for key in node_replacement.differences(wanted, deployed):
+        what = node_replacement.replaced_by(key, wanted)
+        found.append(f"{key}{' (missing from the recorded output)' if key not in deployed else ''}"
+                     + (f": replaces {what}" if what else ""))
+    return found
 
 
 def urn_parents(urn: str) -> list[str]:
@@ -112,10 +102,6 @@ def export_argv(stack: str, cwd: str | None = None) -> tuple[str, ...]:
 def refresh_argv(stack: str, urns: Iterable[str], cwd: str | None = None) -> tuple[str, ...]:
     targets = [a for urn in urns for a in ("--target", urn)]
     return tuple(_base(("refresh",), stack, cwd) + ["--yes", *targets])
-
-
-def preview_argv(stack: str, cwd: str | None = None) -> tuple[str, ...]:
-    return tuple(_base(("preview",), stack, cwd) + ["--json"])
 
 
 def up_argv(stack: str, urns: Iterable[str], cwd: str | None = None) -> tuple[str, ...]:

@@ -79,6 +79,26 @@ CATALOG: dict[str, InstanceType] = {
 }
 
 
+# How long a node of a type may take from launch until its sshd answers and its console lists its host keys:
+# what the setup step waits for the master's SSH, the run supervisor for a replacement's host keys and
+# `pulumi up`/`fab up` for the workers' group. Metal instances boot far slower than virtual ones ("AWS EC2
+# metal instances can take over 20 minutes to start or restart": Canonical's cloud test library, which
+# waits up to 40 minutes for them); AWS documents no bound.
+BOOT_WAIT_S = 900
+METAL_BOOT_WAIT_S = 2400
+
+
+def is_metal(instance_type: str) -> bool:
+    """A bare-metal type by its name (`.metal` in it), known to the catalog or not."""
+    return ".metal" in instance_type
+
+
+def boot_wait_s(instance_type: str) -> int:
+    """How long a node of this type may take to boot (METAL_BOOT_WAIT_S for metal types, and for a type not
+    known: the longer wait only costs time, the shorter one a node)."""
+    return METAL_BOOT_WAIT_S if is_metal(instance_type) or not instance_type else BOOT_WAIT_S
+
+
 def known_types() -> list[str]:
     return sorted(CATALOG)
 

@@ -1,16 +1,24 @@
-"""Would a stack change replace nodes? The settings that replace nodes when changed, as the program
-records them in its `nodeSettings` output, and their comparison with the stack file's settings
-(`fab preflight` warns before `pulumi up`).
+"""Which stack settings replace what, as the program's own triggers define them, and what `pulumi up` would
+do after a change of the stack file (pure).
 
-What each one replaces:
-  publicKey       the key pair: the master and the workers' launch template, so every node
-  placementGroup  the placement group every node is launched in: every node
-  instanceType    every node
-  masterSpot      the master (its market)
-  workerSpot      every worker (the group is replaced, deleting first)
+One list, read by the Pulumi program and by the toolkit:
+- WORKER_TEMPLATE: every field of the workers' launch template but its user data, with the settings it is
+  made from. The worker group's replacement trigger is exactly these fields (infra/workers.py), with the
+  workers' market and type and their image, so a change of any of WORKER_SETTINGS replaces every worker
+  (the group is replaced, deleting first).
+- BAKE_SETTINGS: the image's identity, its bake tag (`bake_tag`, a hash of the profile's fingerprint: the
+  profile and its pins): a change re-runs setup, bakes a new image and so replaces every worker too.
+- MASTER_SETTINGS: what replaces the master's instance: its market and type (the program's trigger), and
+  what the AWS provider replaces an instance for (its key pair, placement group, spot price cap, image and
+  subnet when given, its VPC, its name).
 
-The public key is recorded as a short SHA-256 digest: enough to see a change, and an output stays
-short. Pure: the caller reads the deployed output (the Pulumi CLI) and passes it in.
+The program exports `node_settings(spec)` as its `nodeSettings` output: every setting of the stack (the
+public key as a short SHA-256 digest, enough to see a change; not `privateKeyPath`, a path on the
+controller), the bake tag and the shape of the workers' template. Two readers compare it with the stack
+file as it is now:
+- `fab preflight` (`replacements`): one warning per changed setting that replaces nodes, naming what;
+- the replacement of a lost master (`differences`, cluster/run/stack_recovery.py): any difference at all
+  stops it, because its targeted `pulumi up` applies whatever else changed on the master's dependents.
 """
 
 from __future__ import annotations
@@ -18,18 +26,51 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping
 
-from cluster.stack.config_keys import BY_KEY
+from cluster.stack.config_keys import CONFIG_KEYS
 from cluster.stack.spec import ClusterSpec
 
 OUTPUT = "nodeSettings"  # the stack output that records them (infra/program.py)
-REPLACES = {
-    "publicKey": "every node (a new key pair)",
-    "placementGroup": "every node",
-    "instanceType": "every node",
-    "masterSpot": "the master",
-    "workerSpot": "every worker",
+BAKE_TAG = "bakeTag"  # the image's identity, in that output
+TEMPLATE_SHAPE = "workerTemplate"  # the fields of the workers' template, in that output
+
+# The workers' launch template, field by field (the Pulumi argument names; its user data and its image are
+# not listed: a new user data makes a new version and replaces no worker; the image is the group's trigger
+# on its own) -> the stack settings each is made from. A field made of constants lists none.
+WORKER_TEMPLATE: dict[str, tuple[str, ...]] = {
+    "instance_type": ("instanceType",),
+    "key_name": ("publicKey",),
+    "network_interfaces": ("vpcId", "subnetId"),  # with a public address (the default VPC): the groups go here
+    "vpc_security_group_ids": ("vpcId", "subnetId"),
+    "placement": ("placementGroup",),
+    "instance_market_options": ("workerSpot", "spotMaxPrice"),
+    "instance_initiated_shutdown_behavior": (),
+    "iam_instance_profile": (),
+    "metadata_options": (),
+    "block_device_mappings": ("rootVolumeGib", "rootVolumeType"),
+    "tag_specifications": ("tags", "sshUser", "softwareProfile", "clusterName"),
 }
+# The image the workers boot: the baked one (its bake tag), or without a bake the base image.
+BAKE_SETTINGS = ("softwareProfile",)
+IMAGE_SETTINGS = ("bake", "baseAmi")  # baseAmi: only without a bake (the baked image stays when it changes)
+WORKER_SETTINGS = tuple(sorted({s for made_of in WORKER_TEMPLATE.values() for s in made_of}
+                               | {"workerSpot", "instanceType"} | set(BAKE_SETTINGS) | set(IMAGE_SETTINGS)))
+MASTER_SETTINGS = ("publicKey", "placementGroup", "instanceType", "masterSpot", "spotMaxPrice", "baseAmi",
+                   "subnetId", "vpcId", "clusterName")
+NOT_RECORDED = ("privateKeyPath",)  # a path on the controller that runs pulumi: nothing in AWS depends on it
+
 CANNOT_TELL = "cannot tell whether `pulumi up` would replace nodes"
+
+
+def bake_tag(fingerprint: str) -> str:
+    """A short stable id of the software (the profile's fingerprint): names the image and replaces it when
+    the software changes, never when only the master instance does."""
+    return hashlib.sha256(f"bake|{fingerprint}".encode()).hexdigest()[:12]
+
+
+def template_shape() -> str:
+    """The fields of the workers' template this program makes, as a short digest (a program that makes
+    another template replaces every worker)."""
+    return "sha256:" + hashlib.sha256("|".join(sorted(WORKER_TEMPLATE)).encode()).hexdigest()[:16]
 
 
 def _digest(text: str) -> str:
@@ -37,27 +78,79 @@ def _digest(text: str) -> str:
 
 
 def node_settings(spec: ClusterSpec) -> dict[str, Any]:
-    """The settings that replace nodes, by config key, as the program exports them."""
-    values = {key: getattr(spec, BY_KEY[key].attr) for key in REPLACES}
-    values["publicKey"] = _digest(values["publicKey"])
+    """Every setting of the stack by config key (lists as lists), the bake tag and the template's shape, as
+    the program exports them."""
+    values: dict[str, Any] = {}
+    for entry in CONFIG_KEYS:
+        if entry.key in NOT_RECORDED:
+            continue
+        value = getattr(spec, entry.attr)
+        values[entry.key] = sorted(value.items()) if isinstance(value, Mapping) else (
+            list(value) if isinstance(value, (tuple, list)) else value)
+    values["publicKey"] = _digest(spec.public_key)
+    values[BAKE_TAG] = bake_tag(spec.profile.fingerprint())
+    values[TEMPLATE_SHAPE] = template_shape()
     return values
 
 
+def _normal(value: Any) -> Any:
+    """A value as it comes back from a stack output (JSON): tuples are lists, pairs are lists."""
+    if isinstance(value, (tuple, list)):
+        return [_normal(v) for v in value]
+    return value
+
+
+def replaced_by(key: str, wanted: Mapping[str, Any]) -> str | None:
+    """What `pulumi up` replaces when `key` changes to the value in `wanted`; None: no node."""
+    if key == BAKE_TAG or key in BAKE_SETTINGS:
+        return "the image (setup and bake again) and every worker"
+    if key == TEMPLATE_SHAPE:
+        return "every worker (this checkout's program makes another launch template)"
+    master = key in MASTER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("masterSpot")))
+    workers = key in WORKER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("workerSpot"))) and (
+        key != "baseAmi" or not wanted.get("bake"))
+    if master and workers:
+        return "every node"
+    if master:
+        return "the master"
+    if workers:
+        return "every worker (the group is replaced, deleting first)"
+    return None
+
+
 def _shown(key: str, value: Any) -> str:
-    if key == "publicKey":
-        return "another key"
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    if value is None or value == "" or value == []:
+        return "(not set)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join("=".join(map(str, v)) if isinstance(v, list) else str(v) for v in value)
+    return str(value)
+
+
+def _change(key: str, before: Any, after: Any) -> str:
+    if key in ("publicKey", BAKE_TAG, TEMPLATE_SHAPE):
+        return "changed"
+    return f"{_shown(key, before)} -> {_shown(key, after)}"
+
+
+def differences(wanted: Mapping[str, Any], deployed: Mapping[str, Any]) -> list[str]:
+    """Every key whose value differs between the stack file (`wanted`) and the deployed output, in
+    `wanted`'s order; a key the deployed output lacks counts as a difference (nothing to compare with)."""
+    return [k for k in wanted if k not in deployed or _normal(deployed[k]) != _normal(wanted[k])]
 
 
 def replacements(wanted: Mapping[str, Any], deployed: Mapping[str, Any]) -> list[str]:
-    """One line per changed setting: what it was, what it will be, what `pulumi up` replaces. A key the
-    deployed output lacks (an older program) is not compared."""
+    """One line per changed setting that replaces nodes: what it was, what it will be, what `pulumi up`
+    replaces. A key the deployed output lacks (an older program) is not compared."""
     lines = []
-    for key, what in REPLACES.items():
-        if key in deployed and key in wanted and deployed[key] != wanted[key]:
-            change = ("changed" if key == "publicKey"
-                      else f"{_shown(key, deployed[key])} -> {_shown(key, wanted[key])}")
-            lines.append(f"{key}: {change}; `pulumi up` replaces {what}")
+    for key in wanted:
+        if key not in deployed or _normal(deployed[key]) == _normal(wanted[key]):
+            continue
+        what = replaced_by(key, wanted)
+        if what:
+            name = {BAKE_TAG: "software (the profile's pins)", TEMPLATE_SHAPE: "workers' launch template"}.get(key, key)
+            lines.append(f"{name}: {_change(key, deployed[key], wanted[key])}; `pulumi up` replaces {what}")
     return lines
 
 

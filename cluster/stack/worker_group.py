@@ -52,10 +52,26 @@ def failure_line(group: str, wanted: int, reason: str) -> str:
             + (f"; {hint}" if hint else "") + "; `fab preflight` checks new settings")
 
 
+# What the group does after a wait for it ended short: it goes on launching.
+KEEPS_TRYING = ("the group keeps trying to launch the missing worker(s): each one it launches later is billed "
+                "and joins the cluster (`fab status` shows them); the idle auto-stop sets the group to 0 with "
+                "the cluster, `fab down` removes it")
+
+
 def timeout_line(group: str, wanted: int, timeout: str) -> str:
-    """The group did not fill within the wait, with no failed activity to name (AWS is still trying)."""
-    return (f"{group}: the group's {wanted} worker(s) were not in service within {timeout}, and no scaling "
-            "activity had failed yet (AWS keeps trying); `fab status` shows the group's latest activity")
+    """The program's wait for the group ended without its workers (the provider waits through failed
+    scaling activities, so the reason is the group's latest one, which `fab up` reads)."""
+    return (f"{group}: the group's {wanted} worker(s) were not in service within {timeout}; {KEEPS_TRYING}; "
+            "`fab up` and `fab status` name the group's latest scaling activity (the reason)")
+
+
+def capacity_line(group: str, wanted: int, in_service: int, reason: str | None, waited: str) -> str:
+    """`fab up`'s line when the group had fewer workers in service than it wants after the wait: how many,
+    the group's own reason (its latest scaling activity, when it failed) and what to change, and what the
+    group does next."""
+    why = failure_line(group, wanted, reason) if reason else (
+        f"{group}: no scaling activity has failed (AWS is still launching or looking for capacity)")
+    return f"{in_service} of {wanted} worker(s) in service after {waited}; {why}; {KEEPS_TRYING}"
 
 
 def latest_failure(activities: Iterable[Mapping]) -> str | None:

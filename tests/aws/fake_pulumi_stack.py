@@ -2,10 +2,10 @@
 `pulumi` on a test's PATH by tests/aws/test_pulumi_recovery.py.
 
 Every call appends its argv to $FAKE_PULUMI_LOG as one JSON line, and every signal it gets as
-`signal INT`. `stack export` prints $FAKE_PULUMI_STATE's content, `preview --json` prints
-$FAKE_PULUMI_PREVIEW's, `refresh` prints a line. `up` is slow: it prints its first line, sleeps
-$FAKE_PULUMI_UP_SECONDS (longer than any wait the caller has), prints its last line and records
-`up finished` - a run that was killed never records it. Exit code: $FAKE_PULUMI_EXIT (0 when unset).
+`signal INT`. `stack export` prints a diagnostic line on stderr, then $FAKE_PULUMI_STATE's content;
+`refresh` prints a line. `up` is slow: it prints its first line, sleeps $FAKE_PULUMI_UP_SECONDS (longer
+than any wait the caller has), prints its last line and records `up finished` - a run that was killed
+never records it. Exit code: $FAKE_PULUMI_EXIT (0 when unset).
 """
 
 import json
@@ -30,11 +30,8 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     if args[:2] == ["stack", "export"]:
-        with open(os.environ["FAKE_PULUMI_STATE"]) as f:
-            sys.stdout.write(f.read())
-    elif args[:1] == ["preview"]:
         print("warning: a diagnostic line on stderr", file=sys.stderr, flush=True)
-        with open(os.environ["FAKE_PULUMI_PREVIEW"]) as f:
+        with open(os.environ["FAKE_PULUMI_STATE"]) as f:
             sys.stdout.write(f.read())
     elif args[:1] == ["refresh"]:
         print("fake pulumi: refreshing", flush=True)

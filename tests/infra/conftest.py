@@ -247,3 +247,23 @@ def fresh_run(config: dict[str, Any]) -> tuple[RecordingMonitor, dict[str, Any]]
     monitor = RecordingMonitor(fake)
     pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
     return monitor, Harness(fake, monitor).run(config)
+
+
+def exported_state(monitor: RecordingMonitor, outputs: dict[str, Any]) -> dict:
+    """The stack after this run as `pulumi stack export` (version 3) shows it: every registered resource with
+    its URN, type, id, parent and the URNs it depends on (the graph the engine's `--target-dependents`
+    follows), and the stack resource with the program's outputs."""
+    stack_urn = f"urn:pulumi:{STACK}::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-{STACK}"
+    resources: list[dict] = [{"urn": stack_urn, "type": "pulumi:pulumi:Stack", "outputs": outputs}]
+    for reg in monitor.registrations:
+        resources.append({"urn": reg.urn, "type": reg.type, "id": reg.id, "parent": reg.parent or stack_urn,
+                          "dependencies": list(reg.dependencies)})
+    return {"version": 3, "deployment": {"resources": resources}}
+
+
+def stack_file_text(config: dict[str, Any], region: str = REGION) -> str:
+    """`Pulumi.<stack>.yaml` holding this config, as `pulumi config set` writes it."""
+    import yaml
+
+    values = {f"{PROJECT}:{k}": v for k, v in config.items()}
+    return yaml.safe_dump({"config": {"aws:region": region, **values}}, sort_keys=False)

@@ -104,8 +104,6 @@ def test_every_node_is_deleted_before_its_replacement(harness, config):
     for node in nodes(harness.monitor):
         assert node.delete_before_replace, node.name
         assert node.custom_timeouts["create"] == node.custom_timeouts["delete"] == "40m"
-    for reg in harness.monitor.of_type(AMI) + harness.monitor.of_type(SETUP):
-        assert reg.delete_before_replace, reg.name
 
 
 def test_market_and_instance_type_force_a_replacement():
@@ -124,14 +122,26 @@ def test_market_and_instance_type_force_a_replacement():
     assert [n.replacement_trigger for n in nodes(spot)] == [n.replacement_trigger for n in nodes(again)]
 
 
-# ------------------------------------------------ the setup step never blocks deleting the master
+# ------------------------------------------------ replacing the master never re-bakes
 
 
-def test_setup_step_is_skipped_on_delete_when_the_master_goes_too(harness):
-    harness.run(minimal_config())
-    (setup,) = harness.monitor.of_type(SETUP)
-    assert setup.deleted_with == master(harness.monitor).urn
-    assert setup.inputs["cluster"] == "xeon-dev"  # names the known_hosts the host key is pinned in
+def test_a_master_replaced_for_a_setting_is_set_up_again_and_keeps_the_image_and_the_workers():
+    """masterSpot replaces the master only. The setup step is not `deleted_with` the master: an engine that
+    replaces a resource whose deletedWith target is replaced would replace the step, whose create makes the
+    new master the image's source, so a new image and new workers."""
+    before, _ = run_with()
+    after, _ = run_with(masterSpot=False)
+    (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
+    assert old_setup.deleted_with == new_setup.deleted_with == ""
+    assert new_setup.inputs["cluster"] == "xeon-dev"  # names the known_hosts the host key is pinned in
+    assert master(before).replacement_trigger != master(after).replacement_trigger  # the master is replaced
+    olds = {**old_setup.inputs, **old_setup.state}
+    news = {**new_setup.inputs, "instance_id": "i-0replacement"}  # the new master's id, known at the update
+    assert ProfileSetupProvider().diff("id", olds, news).replaces == []  # updated: set up again, image kept
+    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
+    assert new_image.replacement_trigger == old_image.replacement_trigger
+    (_, old_group), (_, new_group) = workers(before), workers(after)
+    assert new_group.replacement_trigger == old_group.replacement_trigger
 
 
 @pytest.mark.parametrize("itype, seconds", [("r7iz.metal-16xl", METAL_SSH_TIMEOUT_SECONDS),
@@ -291,7 +301,7 @@ def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_th
     diff = ProfileSetupProvider().diff("id", olds, new_setup.inputs)
     assert diff.changes and diff.replaces == []
     ran = []
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: ran.append(props) or dict(props))
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props) or dict(props))
     updated = ProfileSetupProvider().update("id", olds, new_setup.inputs).outs
     assert [p["instance_id"] for p in ran] == [master(after).id] and ran[0]["pip_pins"] == olds["pip_pins"]
     assert updated["bake_source"] == master(before).id

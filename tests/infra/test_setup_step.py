@@ -368,7 +368,7 @@ def test_missing_node_setup_install_says_what_to_do(tmp_path, monkeypatch):
 
 
 def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: {"bake_tag": props["bake_tag"]})
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {"bake_tag": props["bake_tag"]})
     props = make_props()
     monkeypatch.setattr(setup_step, "setup_stamp", lambda: "20260501T120000Z")
     result = ProfileSetupProvider().create(props)
@@ -385,7 +385,7 @@ def test_a_replaced_step_gives_the_new_image_a_new_name_and_an_update_keeps_it(m
     from tests.infra.conftest import minimal_config
 
     spec = ClusterSpec.from_config(minimal_config(), stack="dev", region="us-east-1")
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: {k: v for k, v in props.items()
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {k: v for k, v in props.items()
                                                                         if not k.startswith("__")})
     times = iter(["20260501T120000Z", "20260601T080000Z"])
     monkeypatch.setattr(setup_step, "setup_stamp", lambda: next(times))
@@ -420,7 +420,7 @@ def test_diff_without_changes():
 
 
 def test_a_step_recorded_without_a_stamp_gets_one_by_an_update_that_runs_nothing(monkeypatch):
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: pytest.fail("setup must not run again"))
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: pytest.fail("setup must not run again"))
     monkeypatch.setattr(setup_step, "setup_stamp", lambda: "20260601T080000Z")
     olds = {k: v for k, v in make_props(bake_source="i-0master").items() if k != "__provider"}
     diff = ProfileSetupProvider().diff("id", olds, make_props())
@@ -434,7 +434,7 @@ def test_bake_tag_depends_on_the_software_only():
 
 def test_a_new_master_is_set_up_again_and_keeps_the_image_source(monkeypatch):
     ran = []
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props: ran.append(props["instance_id"]) or
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props["instance_id"]) or
                         {k: v for k, v in props.items() if not k.startswith("__")})
     olds = {**make_props(), "bake_source": "i-0master", "stamp": "20260501T120000Z"}
     olds.pop("__provider")

@@ -15,7 +15,7 @@ import pytest
 from cluster.node import profiles
 from cluster.stack import worker_group as rules
 from infra import workers as infra_workers
-from tests.infra.conftest import AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, fresh_run, minimal_config
+from tests.infra.conftest import AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, SETUP, fresh_run, minimal_config
 
 
 def template_and_group(monitor):
@@ -39,9 +39,9 @@ def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_inst
     assert template.inputs["updateDefaultVersion"] is True
     market = template.inputs.get("instanceMarketOptions")
     assert bool(market) is config.get("workerSpot", True)
-    # `pulumi up` waits for the instances in service, and a failed launch fails the wait with its reason.
+    # `pulumi up` waits for the instances in service, through failed launches (the group keeps trying them).
     assert group.inputs["waitForCapacityTimeout"] == infra_workers.CAPACITY_TIMEOUT == "40m"
-    assert group.inputs["ignoreFailedScalingActivities"] is False
+    assert group.inputs["ignoreFailedScalingActivities"] is True
     # Nothing launches a worker beyond the count: no capacity rebalance, no instance refresh, no warm pool.
     assert group.inputs["capacityRebalance"] is False
     assert not group.inputs.get("instanceRefresh") and not group.inputs.get("warmPool")
@@ -73,6 +73,29 @@ def test_a_new_image_replaces_the_group_deleting_first_so_never_more_than_worker
     # The same settings make the same trigger: nothing else replaces the workers.
     again, _ = fresh_run(minimal_config(workerCount=4))
     assert template_and_group(again)[1].replacement_trigger == new_group.replacement_trigger
+
+
+def test_the_group_moves_to_a_new_image_before_the_old_one_is_deregistered(monkeypatch):
+    """A re-bake makes the new image before the old one goes: neither the image nor the setup step it depends
+    on is delete-first (a delete-first step would make the engine delete the image first too), so the engine
+    creates the new image, moves the template to it, replaces the group (delete-first: it drains, then
+    launches the new workers from the new image), and deletes the old image last."""
+    from infra.setup_step import ProfileSetupProvider
+
+    before, _ = fresh_run(minimal_config())
+    _bumped_pin(monkeypatch)
+    after, _ = fresh_run(minimal_config())
+    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
+    (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
+    assert new_image.replacement_trigger != old_image.replacement_trigger  # a re-bake
+    assert not new_image.delete_before_replace and not new_setup.delete_before_replace
+    olds = {**old_setup.inputs, **old_setup.state}
+    diff = ProfileSetupProvider().diff("id", olds, new_setup.inputs)
+    assert diff.replaces and diff.delete_before_replace is False
+    assert new_image.inputs["name"] != old_image.inputs["name"]  # both exist for a while: their names differ
+    new_template, new_group = template_and_group(after)
+    assert new_template.inputs["imageId"] == new_image.id and new_group.replacement_trigger["image"] == new_image.id
+    assert new_group.delete_before_replace  # the old workers go before the new ones launch, from the new image
 
 
 @pytest.mark.parametrize("change", [{"workerSpot": False}, {"instanceType": "r7iz.metal-32xl"}], ids=["market", "type"])
@@ -118,7 +141,8 @@ def test_a_group_that_cannot_be_filled_ends_with_its_reason_in_one_line(monkeypa
     assert "InsufficientInstanceCapacity" in line and "workerSpot: false" in line and "placementGroup: false" in line
     assert asyncio.run(on_error(_args([TIMEOUT_ERROR]))) is False
     line = caplog.records[-1].getMessage()
-    assert "not in service within 40m" in line and "no scaling activity had failed" in line and "fab status" in line
+    assert "not in service within 40m" in line and "keeps trying" in line and "billed" in line
+    assert "`fab up` and `fab status` name the group's latest scaling activity" in line
     count = len(caplog.records)
     assert asyncio.run(on_error(_args([PROVIDER_ERROR], operation="delete"))) is False
     assert len(caplog.records) == count

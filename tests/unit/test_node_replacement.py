@@ -29,17 +29,19 @@ def test_each_replacing_change_is_named_with_what_it_replaces():
     wanted = nr.node_settings(spec(publicKey=OTHER_KEY, placementGroup=False, instanceType="c6i.16xlarge",
                                    masterSpot=False, workerSpot=False))
     lines = nr.replacements(wanted, deployed)
-    assert [line.split(":")[0] for line in lines] == ["publicKey", "placementGroup", "instanceType", "masterSpot",
-                                                      "workerSpot"]
-    assert lines[0] == "publicKey: changed; `pulumi up` replaces every node (a new key pair)"
+    assert [line.split(":")[0] for line in lines] == ["publicKey", "instanceType", "masterSpot", "workerSpot",
+                                                      "placementGroup"]
+    assert lines[0] == "publicKey: changed; `pulumi up` replaces every node"
     assert f"instanceType: {spec().instance_type} -> c6i.16xlarge; `pulumi up` replaces every node" in lines
-    assert "workerSpot: true -> false; `pulumi up` replaces every worker" in lines
+    assert "masterSpot: true -> false; `pulumi up` replaces the master" in lines
+    assert ("workerSpot: true -> false; `pulumi up` replaces every worker (the group is replaced, deleting first)"
+            in lines)
     assert PUBLIC_KEY.split()[1] not in json.dumps(deployed)  # a digest, not the key
 
 
 def test_no_change_and_settings_that_replace_nothing_give_no_line():
     deployed = nr.node_settings(spec())
-    assert nr.replacements(nr.node_settings(spec(workerCount=7, rootVolumeGib=300)), deployed) == []
+    assert nr.replacements(nr.node_settings(spec(workerCount=7, destroyBucket=True)), deployed) == []
     older = {k: v for k, v in deployed.items() if k != "workerSpot"}  # an output without a key: not compared
     assert nr.replacements(nr.node_settings(spec(workerSpot=False)), older) == []
     assert nr.deployed_settings(None) is None and nr.deployed_settings({"clusterName": "x"}) is None
