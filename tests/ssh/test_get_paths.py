@@ -4,8 +4,9 @@ A one-node local cluster (real sshd, real SFTP): its master records a job whose 
 names built to escape a copy that parses a text listing (a folder `p\\n` whose inside reads as an
 absolute path on its own line, a folder `q\\n..` that reads as `../`), a file name with a newline,
 symbolic links pointing outside it, a name with a right-to-left override, and plain files, one of
-them 0600 and one setuid. On this side the destination already holds a link pointing outside it. The job's files are written by the test over SSH, as a job (or whoever
-controls the master) could write them; `fab get` reads only the job's record and that folder.
+them 0600 and one setuid. On this side the destination already holds a link pointing outside it.
+The job's files are written by the test over SSH, as a job (or whoever controls the master) could
+write them; `fab get` reads only the job's record and that folder.
 
 Budget: a few seconds on a 2-core machine (one node, two `fab get`).
 """

@@ -179,7 +179,8 @@ def test_junk_is_not_a_fingerprint():
 
 
 def test_the_supervisor_refuses_a_replacement_whose_console_conflicts(host_keys, tmp_path):
-    """cluster/run/supervision.py's verdict on a replacement goes through this parse: a conflict is a refusal at once."""
+    """cluster/run/supervision.py's verdict on a replacement goes through this parse: a conflict is a refusal
+    at once."""
     from cluster.run import supervision as sv
 
     member = sv.Member("node1", "10.0.0.3", "i-00000000000000aa")
