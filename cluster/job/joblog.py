@@ -1,79 +1,19 @@
-"""The launcher's output made readable: rank labels turned into node names, and who made a job fail.
+"""Who made a job fail, from its whole log (pure).
 
-Pure text processing: `RankPrefixer` rewrites Intel MPI's `[3] ...` and Open MPI's
-`[1,3]<stdout>: ...` prefixes into `[node1 r3] ...` as the log streams (under torchrun the rank
-wrapper writes `[node1 r3] ...` itself and the job script `[node1 torchrun] ...` for the agent's
-own lines; they are only aligned), and `failure_report` names the node and rank behind a failed
-job from its whole log: the rank wrapper's own line first (cluster/shell/rank-wrapper.sh: the
-program's exit code or signal), Hydra's report otherwise.
+`failure_report` names the node and rank behind a failed job: the rank wrapper's own line first
+(cluster/shell/rank-wrapper.sh: the program's exit code or signal), Hydra's report otherwise. The log is
+read with every rank's pieces joined into whole lines first (cluster/job/logstream.py `whole_lines`:
+Intel MPI forwards a rank's output in pieces, another rank's between them). What a person sees of the
+log is cluster/job/logstream.py's.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence, TextIO
+from typing import Sequence
 
-_INTEL_RANK = re.compile(r"^\[(\d+)\] ?(.*)$", re.S)
-_OPENMPI_RANK = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$", re.S)
-# mpirun's own lines: Hydra's `[mpiexec@host]`, `[bstrap:...]`, `[proxy:...]` and its `===` banners
-_HYDRA_LINE = re.compile(r"^(\[(mpiexec|bstrap|proxy)[@:]|=|\s*$)")
-# Already labelled with the node (torchrun: the rank wrapper's `[node1 r3] `, the job script's
-# `[node1 torchrun] ` for the agent's lines).
-LABELLED = re.compile(r"^\[([A-Za-z0-9_.-]+) (r\d+|torchrun)\] ?(.*)$", re.S)
-
-
-class RankPrefixer:
-    """A text sink that rewrites mpirun's rank prefixes (`[3] ...`, `[1,3]<stdout>: ...`) into
-    `[node1 r3] ...` and marks mpirun's own lines, writing whole lines to `out`."""
-
-    def __init__(self, rank_hosts: Sequence[str], out: TextIO, launcher: str = "mpirun"):
-        self.rank_hosts = list(rank_hosts)
-        self.out = out
-        self.launcher = launcher  # the label of the launcher's own lines
-        self._partial = ""
-        self._last_rank: int | None = None
-        self.width = max([len(h) for h in self.rank_hosts] + [4]) + len(str(len(self.rank_hosts))) + 2
-
-    def label(self, rank: int) -> str:
-        host = self.rank_hosts[rank] if 0 <= rank < len(self.rank_hosts) else "?"
-        return f"{host} r{rank}"
-
-    def line(self, text: str) -> str:
-        labelled = LABELLED.match(text)
-        if labelled:
-            self._last_rank = None
-            return f"[{labelled.group(1) + ' ' + labelled.group(2):<{self.width}}] {labelled.group(3)}"
-        for pattern in (_INTEL_RANK, _OPENMPI_RANK):
-            match = pattern.match(text)
-            if match:
-                self._last_rank = int(match.group(1))
-                return f"[{self.label(self._last_rank):<{self.width}}] {match.group(2)}"
-        if text.startswith("[xeon-cluster]") or not text.strip():
-            return text
-        if _HYDRA_LINE.match(text):
-            self._last_rank = None
-        elif self._last_rank is not None:
-            # the rest of a rank's line that mpirun forwarded in two pieces
-            return f"[{self.label(self._last_rank):<{self.width}}] {text}"
-        return f"[{self.launcher:<{self.width}}] {text}"
-
-    def write(self, data: str) -> int:
-        self._partial += data.replace("\r\n", "\n").replace("\r", "\n")
-        *lines, self._partial = self._partial.split("\n")
-        for text in lines:
-            if any((m := p.match(text)) and not m.group(2).strip() for p in (_INTEL_RANK, _OPENMPI_RANK)):
-                continue  # a rank's empty line (progress bars end in \r): noise once prefixed
-            self.out.write(self.line(text) + "\n")
-        self.out.flush()
-        return len(data)
-
-    def flush(self) -> None:
-        if self._partial:
-            self.out.write(self.line(self._partial) + "\n")
-            self._partial = ""
-        self.out.flush()
-
+from cluster.job.logstream import whole_lines
 
 _BAD_TERMINATION = re.compile(
     r"RANK (\d+) PID (\d+) RUNNING AT (\S+)\s*\n=\s*(KILLED BY SIGNAL: .*?|EXIT STATUS: .*?)\s*\n", re.S)
@@ -110,7 +50,7 @@ class RankFailure:
 def rank_failures(log: str, rank_hosts: Sequence[str]) -> list[RankFailure]:
     """Every failed rank the wrapper reported, once each, in log order (pure)."""
     found: dict[int, RankFailure] = {}
-    for match in RANK_FAILED.finditer(log):
+    for match in RANK_FAILED.finditer(whole_lines(log, rank_hosts)):
         rank, kind, name, pid = int(match.group(1)), match.group(2), match.group(3), int(match.group(4))
         code = int(match.group(6)) if match.group(6) is not None else None
         sig = int(match.group(7)) if match.group(7) is not None else None
@@ -133,6 +73,7 @@ def first_failure(log: str, rank_hosts: Sequence[str]) -> RankFailure | None:
 def failure_report(log: str, rank_hosts: Sequence[str], exit_code: int | None) -> list[str]:
     """Which node and rank made the job fail, from the job's log (pure): the rank wrapper's lines
     (the first failure first), then Hydra's reports of ranks the wrapper did not name."""
+    log = whole_lines(log, rank_hosts)
     failures = rank_failures(log, rank_hosts)
     first = first_failure(log, rank_hosts)
     found = [f.describe() for f in sorted(failures, key=lambda f: f is not first)]

@@ -11,7 +11,8 @@
 # pgid host" of the program for fab stop, forwards TERM, INT, HUP, USR1 and USR2 to it, and when it
 # fails prints "[xeon-cluster] rank R on host H (pid P): exited with code C" (or "killed by signal
 # S"; "on node N" under torchrun; cluster/job/joblog.py failure_report reads it) and exits with the
-# program's code.
+# program's code. The program's stderr and the wrapper's line go to its stdout: one stream per rank, in
+# the order they were written (cluster/job/logstream.py joins a rank's pieces into lines).
 # Under torchrun (XEON_CLUSTER_NODE set: the node's name) every line of the program is labelled
 # "[N rR] ", as mpirun's -prepend-rank labels it "[R] ", and with XEON_CLUSTER_CPUS (each local
 # rank's cores, space-separated) the program runs under `taskset -c` of its local rank's cores.
@@ -58,8 +59,8 @@ if [ -n "$label" ]; then
   fifo="$d/out-$RANK-$$"; rm -f "$fifo"; mkfifo "$fifo" || exit 1
   sed -u "s/^/$(printf '%s' "$label" | sed 's/[\/&]/\\&/g')/" <"$fifo" & labeller=$!
   "$@" <&3 3<&- >"$fifo" 2>&1 &
-else
-  "$@" <&3 3<&- &
+else  # one stream per rank: mpirun forwards stdout and stderr apart, out of order with each other
+  "$@" <&3 3<&- 2>&1 &
 fi
 child=$!
 exec 3<&-
@@ -69,5 +70,5 @@ while kill -0 "$child" 2>/dev/null; do wait "$child" 2>/dev/null; code=$?; done
 if [ -n "$label" ]; then wait "$labeller"; rm -f "$fifo"; fi
 if [ "$code" -gt 128 ] && [ "$code" -lt 160 ]; then how="killed by signal $((code - 128))"
 else how="exited with code $code"; fi
-[ "$code" = 0 ] || echo "${label}[xeon-cluster] rank $RANK on $where (pid $child): $how" >&2
+[ "$code" = 0 ] || echo "${label}[xeon-cluster] rank $RANK on $where (pid $child): $how"
 exit "$code"

@@ -30,9 +30,10 @@ from cluster.job.jobplan import JOB_ID_RE, JobPlan, check_job_id
 from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
                                   start_command)
 from cluster.job.jobcommands import sh_command as _sh
-from cluster.job.joblog import RankPrefixer
+from cluster.job.logstream import LogAssembler, LogSink
 from cluster.job.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
 from cluster.node.profiles import get_profile, venv_dir
+from cluster.names import printable
 from cluster.node.setup_script import PROJECT_MARKER
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
@@ -40,6 +41,9 @@ from node_setup.ssh.fanout import NodeOutcome, on_nodes
 _INSTALLED = "xeon-cluster installed: "  # the line prepare_nodes starts each node's output with
 STOP_GRACE_SECONDS = 10
 POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
+# `--lines N` reads this many raw lines of the log's end per line shown, and this many more: a rank's line may
+# come in pieces, progress bars and hidden lines take raw lines, and the run's summary folds into one line.
+RAW_LINES_PER_SHOWN, RAW_LINES_EXTRA = 4, 400
 
 
 class JobError(RuntimeError):
@@ -159,24 +163,45 @@ def job_state(master, job_id: str) -> tuple[str, str]:
 
 
 def follow(master, job_id: str, rank_hosts: Sequence[str], out: TextIO = sys.stdout, *,
-           last_lines: int | None = None, follow_: bool = True, launcher: str = DEFAULT_LAUNCHER) -> None:
-    """Stream the job's log with node/rank prefixes until the job script ends (or once, unfollowed).
+           last_lines: int | None = None, follow_: bool = True, launcher: str = DEFAULT_LAUNCHER,
+           all_ranks: bool = False) -> None:
+    """Show the job's log as cluster/job/logstream.py assembles it (whole lines, labelled with node and rank),
+    until the job script ends (or what is there, unfollowed). `last_lines`: only the last N lines a person
+    sees of what is there now (then, followed, everything after it). Colour stays when `out` is a terminal.
 
     KeyboardInterrupt propagates to the caller (Fabric re-raises it when no pty is used).
     """
     d = shlex.quote(job_dir(job_id))
-    start_at = f"-n {int(last_lines)}" if last_lines is not None else "-c +1"
+    assembler = LogAssembler(rank_hosts, launcher, all_ranks=all_ranks, colour=_terminal(out))
+    start = "-c +1"
+    if last_lines is not None:
+        # what is there now: its size (where the follow goes on), and enough of its end for N lines once assembled
+        now = master.run(f"cd && size=$(wc -c < {d}/log) && echo \"$size\" && head -c \"$size\" {d}/log | "
+                         f"tail -n {RAW_LINES_PER_SHOWN * int(last_lines) + RAW_LINES_EXTRA}",
+                         hide=True, warn=True, in_stream=False)
+        if not now.ok:
+            out.write(printable((now.stderr or now.stdout).strip()) + "\n")
+            return
+        size, _, text = now.stdout.partition("\n")
+        lines = assembler.feed(text) + ([] if follow_ else assembler.finish())
+        for line in lines[-int(last_lines):] if last_lines else []:
+            out.write(line + "\n")
+        out.flush()
+        if not follow_:
+            return
+        assembler.hidden.clear()  # the count lines at the end speak of what followed
+        start = f"-c +{int(size.strip() or 0) + 1}"
     if follow_:
         command = (f"cd && pid=$(cat {d}/pid 2>/dev/null); "
                    f"if [ -n \"$pid\" ] && grep -qF {shlex.quote(job_id)} /proc/$pid/cmdline 2>/dev/null; "
-                   f"then exec tail {start_at} -F --pid=$pid {d}/log 2>/dev/null; "
-                   f"else exec tail {start_at} {d}/log; fi")
+                   f"then exec tail {start} -F --pid=$pid {d}/log 2>/dev/null; "
+                   f"else exec tail {start} {d}/log; fi")
     else:
-        command = f"cd && tail {start_at} {d}/log"
-    sink = RankPrefixer(rank_hosts, out, launcher)
+        command = f"cd && tail {start} {d}/log"
+    sink, errors = LogSink(assembler, out), io.StringIO()
     # Asynchronous, so that Ctrl-C lands here rather than in invoke's thread joins (which would
     # wait for the remote `tail` to end); on Ctrl-C the connection is closed to end the stream.
-    promise = master.run(command, out_stream=sink, err_stream=sink, hide=False, warn=True, pty=False,
+    promise = master.run(command, out_stream=sink, err_stream=errors, hide=False, warn=True, pty=False,
                          in_stream=False, asynchronous=True)
     runner = promise.runner
     try:
@@ -187,7 +212,16 @@ def follow(master, job_id: str, rank_hosts: Sequence[str], out: TextIO = sys.std
         master.close()
         raise
     finally:
-        sink.flush()
+        sink.close()
+        for line in errors.getvalue().splitlines():  # tail's own complaint (no log yet, say)
+            out.write(printable(line) + "\n")
+
+
+def _terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def read_remote_file(conn, path: str) -> str | None:

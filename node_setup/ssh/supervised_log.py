@@ -13,6 +13,7 @@ import sys
 import time
 from typing import TextIO
 
+from cluster.names import printable
 from cluster.run import runlog
 from cluster.run import supervision as sv
 from cluster.job.launch import DEFAULT_LAUNCHER
@@ -46,21 +47,23 @@ def supervisor_alive(master, run_id: str, state: dict | None) -> bool:
     return found.ok
 
 
-def _job_log(master, job_id: str, out: TextIO, *, follow: bool) -> None:
+def _job_log(master, job_id: str, out: TextIO, *, follow: bool, all_ranks: bool) -> None:
     try:
         meta = jobs.read_metadata(master, job_id)
     except jobs.JobError as exc:
         out.write(f"job {job_id}: no log on the master ({exc})\n")
         return
     jobs.follow(master, job_id, meta.get("rank_hosts", []), out, follow_=follow,
-                launcher=meta.get("launcher", DEFAULT_LAUNCHER))
+                launcher=meta.get("launcher", DEFAULT_LAUNCHER), all_ranks=all_ranks)
 
 
 def show_run(master, run_id: str, *, follow: bool, last_lines: int | None = None, out: TextIO = sys.stdout,
-             poll_s: float = POLL_SECONDS, sleep=time.sleep) -> tuple[str, dict | None]:
+             poll_s: float = POLL_SECONDS, sleep=time.sleep, all_ranks: bool = False) -> tuple[str, dict | None]:
     """Print the run's log so far in order (cluster/run/runlog.py), and with `follow` on until the run ends.
     Returns (runlog's verdict, the run's last state). `last_lines`: only the last N lines of what was
-    there before the reader caught up. KeyboardInterrupt propagates (the caller detaches)."""
+    there before the reader caught up. Each job's log is cluster/job/logstream.py's (`all_ranks`: every
+    rank's metrics), the supervisor's lines as a terminal may show them. KeyboardInterrupt propagates (the
+    caller detaches)."""
     reader = runlog.RunFollower()
     held = _LastLines() if last_lines else None
     sink: TextIO = held if held is not None else out
@@ -77,14 +80,14 @@ def show_run(master, run_id: str, *, follow: bool, last_lines: int | None = None
         pieces = reader.take(text)
         for piece in pieces:
             for line in piece.lines:
-                sink.write(line + "\n")
+                sink.write(printable(line) + "\n")
             sink.flush()
             if piece.job is None:
                 continue
             running = follow and jobs.job_state(master, piece.job)[0] == "running"
             if running:
                 live()
-            _job_log(master, piece.job, sink, follow=running)
+            _job_log(master, piece.job, sink, follow=running, all_ranks=all_ranks)
         if not follow:
             verdict = runlog.ENDED if state and state.get("status") in sv.FINAL else runlog.GOING
             break
@@ -98,7 +101,7 @@ def show_run(master, run_id: str, *, follow: bool, last_lines: int | None = None
     if verdict != runlog.GOING:
         rest = reader.rest(text)
         if rest:
-            sink.write(rest + "\n")
+            sink.write(printable(rest) + "\n")
     if held is not None:
         held.emit(out, int(last_lines or 0))
     out.flush()

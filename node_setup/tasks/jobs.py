@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import json as _json
 import io
-import sys
 
 from invoke import Exit
 
 from cluster.cost import flops, spend
 from cluster.job import joblist
 from cluster.job.jobplan import shown
-from cluster.job.joblog import RankPrefixer
+from cluster.job.logstream import assemble
 from cluster.job.launch import DEFAULT_LAUNCHER
 from node_setup.ssh import job as jobs
 from node_setup.ssh.autostop import status_report as autostop_report
@@ -116,13 +115,12 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     if meta:
         print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
               f"output {shown(meta.get('output_dir') or '?')}")
-    log_tail = jobs.log_tail(master, job_id, lines=MFU_LOG_LINES)
-    tail = [line for line in log_tail.splitlines() if line.strip()]
+    tail = assemble(jobs.log_tail(master, job_id, lines=MFU_LOG_LINES), meta.get("rank_hosts", []),
+                    meta.get("launcher", DEFAULT_LAUNCHER), notes=False)  # as `fab logs` shows them
     if tail:
-        prefixer = RankPrefixer(meta.get("rank_hosts", []), sys.stdout, meta.get("launcher", DEFAULT_LAUNCHER))
-        facts["job"]["last_log_line"] = prefixer.line(tail[-1])
+        facts["job"]["last_log_line"] = tail[-1]
         print(f"  last log line: {facts['job']['last_log_line']}")
-    progress = flops.last_progress(log_tail)  # the job's latest model FLOP/s per node and MFU
+    progress = flops.last_progress("\n".join(tail))  # the job's latest model FLOP/s per node and MFU
     facts["job"]["mfu"] = progress["mfu"] if progress else None
     if progress:
         print(f"  MFU: {progress['line']}")
@@ -144,8 +142,9 @@ def _supervised(master, facts: dict) -> None:
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
             "follow": "keep streaming until the job ends (a supervised run's: until the run ends, every job in turn)",
-            "lines": "show only the last N lines first (default: the whole log)"})
-def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the whole log")):
+            "lines": "show only the last N lines first (default: the whole log)",
+            "all-ranks": "show the metrics every rank prints, not rank 0's only"})
+def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the whole log"), all_ranks=False):
     """Print a job's log with node/rank prefixes; --follow reattaches to a running job. Without --job, the newest
     job of a supervised run (`fab train --managed`) shows the whole run: every job in order, the supervisor's
     lines between them, and with --follow on until the run ends, with the run's exit code."""
@@ -157,15 +156,15 @@ def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the w
     last = lines or None  # a count of 1 or more, or not given: the whole log
     run = meta.get("supervised_run")
     if run and not job:
-        _run_logs(master, str(run), follow=follow, last=last)
+        _run_logs(master, str(run), follow=follow, last=last, all_ranks=all_ranks)
         return
     if not follow:
         jobs.follow(master, job_id, meta.get("rank_hosts", []), last_lines=last, follow_=False,
-                    launcher=meta.get("launcher", DEFAULT_LAUNCHER))
+                    launcher=meta.get("launcher", DEFAULT_LAUNCHER), all_ranks=all_ranks)
         return
     try:
         jobs.follow(master, job_id, meta.get("rank_hosts", []), last_lines=last,
-                    launcher=meta.get("launcher", DEFAULT_LAUNCHER))
+                    launcher=meta.get("launcher", DEFAULT_LAUNCHER), all_ranks=all_ranks)
     except KeyboardInterrupt:
         print(f"\ndetached; job {job_id} keeps running (`fab stop` ends it)")
         raise Exit(code=CTRL_C) from None
@@ -175,7 +174,7 @@ def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the w
         raise Exit(code=int(detail))
 
 
-def _run_logs(master, run_id: str, *, follow: bool, last: int | None) -> None:
+def _run_logs(master, run_id: str, *, follow: bool, last: int | None, all_ranks: bool = False) -> None:
     """`fab logs` on a supervised run: the whole run's log (node_setup/ssh/supervised_log.py)."""
     from cluster.run import runlog
     from cluster.run.supervision import RUN_ID_RE, status_line
@@ -186,8 +185,8 @@ def _run_logs(master, run_id: str, *, follow: bool, last: int | None) -> None:
         raise fail(f"the newest job names the supervised run {run_id!r}, which is no run id; pass --job to read "
                    "that job's log alone")
     if follow:
-        raise Exit(code=follow_run(master, run_id, last_lines=last))
-    verdict, state = show_run(master, run_id, follow=False, last_lines=last)
+        raise Exit(code=follow_run(master, run_id, last_lines=last, all_ranks=all_ranks))
+    verdict, state = show_run(master, run_id, follow=False, last_lines=last, all_ranks=all_ranks)
     print(runlog.end_line(run_id, state, verdict) if verdict == runlog.ENDED else status_line(state or {"run": run_id}))
 
 

@@ -270,14 +270,14 @@ def detached_line(run_id: str) -> str:
             "`fab status` shows it, `fab stop` ends it")
 
 
-def follow_run(master, run_id: str, *, last_lines: int | None = None) -> int:
+def follow_run(master, run_id: str, *, last_lines: int | None = None, all_ranks: bool = False) -> int:
     """Follow the whole run (every job's log and the supervisor's lines between them) until it ends: its
     final state as fab's exit code; Ctrl-C detaches (the run goes on) with CTRL_C."""
     from cluster.run import runlog
     from node_setup.ssh.supervised_log import show_run
 
     try:
-        verdict, state = show_run(master, run_id, follow=True, last_lines=last_lines)
+        verdict, state = show_run(master, run_id, follow=True, last_lines=last_lines, all_ranks=all_ranks)
     except KeyboardInterrupt:
         print(f"\n{detached_line(run_id)}", flush=True)
         return CTRL_C

@@ -1,14 +1,13 @@
 """The job decided before anything is touched: the plan (cluster/job/jobplan.py), log labels and failure
 reports (cluster/job/joblog.py), and the job's arguments (cluster/job/job_args.py)."""
 
-import io
 
 import pytest
 
 from cluster.job import jobplan as jobs
 from cluster.inventory import Inventory
 from cluster.job.job_args import JobArgsError, training_arguments
-from cluster.job.joblog import RankPrefixer, failure_report
+from cluster.job.joblog import failure_report
 
 
 def inventory(kind="file", nodes=4, instance_type="r7iz.metal-16xl", **kw):
@@ -56,25 +55,6 @@ def test_intel_profile_plans_ccl_workers_and_the_oneccl_launcher():
 def test_too_many_nodes_is_a_clear_error():
     with pytest.raises(ValueError, match="allowed 1 to 4"):
         jobs.plan_job(inventory(), nodes=5, training_args=[])
-
-
-def test_prefixer_labels_ranks_with_their_node_and_keeps_split_lines_together():
-    out = io.StringIO()
-    sink = RankPrefixer(["node0", "node0", "node1", "node1"], out)
-    sink.write("[3] loss 0.5\n[0] hel")
-    sink.write("lo\r\n[mpiexec@node0] Error: oops\n")
-    sink.write("[2] partial line\n second half\n[xeon-cluster] job x exited with code 0\n")
-    sink.write("[1,1]<stdout>: from open mpi\n=   BAD TERMINATION\n[0] Map: 50%\r[0] \n[1] keep [this] \n")
-    lines = out.getvalue().splitlines()
-    assert lines[0].startswith("[node1 r3") and lines[0].endswith("] loss 0.5")
-    assert lines[1].startswith("[node0 r0") and lines[1].endswith("] hello")
-    assert lines[2].startswith("[mpirun") and lines[2].endswith("[mpiexec@node0] Error: oops")
-    assert lines[4].startswith("[node1 r2") and lines[4].endswith(" second half")
-    assert lines[5] == "[xeon-cluster] job x exited with code 0"
-    assert lines[6].startswith("[node0 r1") and lines[6].endswith("] from open mpi")
-    assert lines[7].startswith("[mpirun")
-    assert lines[8].endswith("] Map: 50%")
-    assert lines[9].endswith("] keep [this] ") and len(lines) == 10  # the empty rank line is dropped
 
 
 HYDRA_KILLED = """[0] step 3

@@ -16,7 +16,8 @@ from cluster.stack import catalog
 from cluster.inventory import Inventory
 from cluster.job.job_args import JobArgsError, training_arguments
 from cluster.job.jobplan import plan_job
-from cluster.job.joblog import RankPrefixer, failure_report, first_failure
+from cluster.job.joblog import failure_report, first_failure
+from cluster.job.logstream import assemble
 from cluster.job.launch import RANK_WRAPPER, LaunchError, env_pairs
 from cluster.job.layout import plan_layout
 from cluster.job.torchrun import CPUS_VARIABLE, NODE_VARIABLE, plan_torchrun_launch
@@ -136,9 +137,7 @@ def test_under_torchrun_the_wrapper_labels_lines_and_forwards_signals_to_the_pro
         rest.rstrip().endswith("killed by signal 15"), rest
     (failure,) = [first_failure(rest, [])]
     assert (failure.rank, failure.node, failure.signal, failure.code) == (4, "node2", 15, 143)
-    out = []
-    RankPrefixer([], type("Sink", (), {"write": lambda self, s: out.append(s), "flush": lambda self: None})(),
-                 "torchrun").write("[node2 r4] hello\n[node2 torchrun] agent\nplain\n")
+    out = assemble("[node2 r4] hello\n[node2 torchrun] agent\nplain\n", [], "torchrun", notes=False)
     assert [line.split("] ", 1)[0].split() for line in out] == [["[node2", "r4"], ["[node2", "torchrun"],
                                                                  ["[torchrun"]]
 

@@ -1,0 +1,183 @@
+"""The log assembler (cluster/job/logstream.py) on job logs recorded on a 3-node local cluster.
+
+tests/unit/logs/ holds the raw bytes of real jobs' logs, as the master's job directory had them:
+- mpirun-three-ranks.log: three_ranks.py under Intel MPI, 3 ranks (partial lines, carriage-return progress
+  on stderr and stdout, ANSI colour, several lines in one write, every rank at once);
+- mpirun-failing-rank.log: failing_rank.py (recorded as fail.py), rank 1's traceback in pieces;
+- mpirun-demo.log and torchrun-demo.log: the built-in demo job (`fab train --nodes 3 --max-steps 6`, with
+  `--launcher torchrun`): torch's socket warning on every rank, every rank's metrics dict, the summary JSON.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import pytest
+
+from cluster.job.joblog import failure_report
+from cluster.job.launch import job_dir
+from cluster.job.logstream import LogAssembler, LogSink, assemble, whole_lines
+from node_setup.ssh import job as jobs
+from tests.unit.test_runlog import LocalMaster
+
+LOGS = Path(__file__).parent / "logs"
+HOSTS = ["node0", "node1", "node2"]
+JOB = "20261127-152440-5083"
+
+
+def recorded(name: str) -> str:
+    return (LOGS / name).read_bytes().decode()
+
+
+def chunked(text: str, sizes) -> list[str]:
+    pieces, at = [], 0
+    for size in sizes:
+        pieces.append(text[at:at + size])
+        at += size
+    return [p for p in pieces if p] + ([text[at:]] if at < len(text) else [])
+
+
+def chunkings(text: str):
+    """The log as a stream may bring it: whole, a character at a time, in small and in random pieces."""
+    yield [text]
+    yield list(text)
+    yield chunked(text, [3] * len(text))
+    yield chunked(text, [64] * len(text))
+    for seed in range(3):
+        rng = random.Random(seed)
+        yield chunked(text, [rng.randint(1, 40) for _ in range(len(text))])
+
+
+def streamed(chunks, **options) -> list[str]:
+    """What a reader writes to its output when the stream's reader flushes after every chunk (as invoke does)."""
+    out = io.StringIO()
+    sink = LogSink(LogAssembler(HOSTS, **options), out)
+    for chunk in chunks:
+        sink.write(chunk)
+        sink.flush()
+    sink.close()
+    return out.getvalue().splitlines()
+
+
+def rank_lines(rank: int, *, metrics: bool) -> list[str]:
+    """Every line three_ranks.py's rank prints, as a terminal would leave it, labelled."""
+    label = f"[node{rank} r{rank}] "
+    lines = [f"rank {rank} of 3 starting",
+             *([f"{{'loss': 1.2345, 'grad_norm': 0.5, 'rank': {rank}}}"] if metrics else []),
+             "progress 100%|##########| 10/10", f"ok rank {rank} bold", f"{rank} 0 {rank} 1 {rank} 2 {rank} 3 {rank} 4 done",
+             f"chunk a {rank}", f"chunk b {rank}", f"chunk c {rank}", "5/5 steps [=====]",
+             f"rank {rank} warning on stderr"]
+    return [label + line for line in lines]
+
+
+@pytest.mark.parametrize("chunks", list(chunkings(recorded("mpirun-three-ranks.log"))))
+def test_three_ranks_interleaved_give_whole_correctly_labelled_lines_however_the_stream_is_cut(chunks):
+    lines = streamed(chunks)
+    assert lines[0].startswith(f"[xeon-cluster] job {JOB} started")
+    assert lines[-2] == f"[xeon-cluster] job {JOB} exited with code 0"
+    assert lines[-1] == "[xeon-cluster] hidden: 2 line(s) of the other ranks' metrics (fab logs --all-ranks shows them)"
+    for rank in range(3):  # each rank's lines whole, in its order, under its own label (and no other line)
+        assert [line for line in lines if line.startswith(f"[node{rank} r{rank}] ")] == \
+            rank_lines(rank, metrics=rank == 0)
+    assert len(lines) == 3 + sum(len(rank_lines(r, metrics=r == 0)) for r in range(3))
+
+
+def test_every_ranks_metrics_with_all_ranks_and_colour_kept_for_a_terminal():
+    lines = streamed([recorded("mpirun-three-ranks.log")], all_ranks=True, colour=True)
+    for rank in range(3):
+        assert f"[node{rank} r{rank}] {{'loss': 1.2345, 'grad_norm': 0.5, 'rank': {rank}}}" in lines
+        assert f"[node{rank} r{rank}] \x1b[32mok\x1b[0m rank {rank} \x1b[1mbold\x1b[0m\x1b[0m" in lines
+    assert not any("hidden" in line for line in lines)
+    plain = streamed([recorded("mpirun-three-ranks.log")])
+    assert not any("\x1b" in line for line in plain)
+
+
+def test_on_a_terminal_only_colour_passes_never_a_title_a_screen_clear_or_a_control():
+    hostile = "[0] \x1b]0;pwned\x07\x1b[2J\x1b[31mred\x1b[0m\x07\x08 end\n[1] \x1b[1;1Hhome\x1b\\\n"
+    for colour in (True, False):
+        lines = assemble(hostile, ["a", "b"], colour=colour, notes=False)
+        assert [line.replace("\x1b[31m", "").replace("\x1b[0m", "") for line in lines] == \
+            ["[a r0   ] red end", "[b r1   ] home"]
+        assert ("\x1b[31mred" in lines[0]) is colour
+
+
+@pytest.mark.parametrize("chunks", list(chunkings(recorded("mpirun-failing-rank.log")))[:3])
+def test_a_failing_ranks_traceback_comes_whole_and_names_the_rank(chunks):
+    lines = streamed(chunks)
+    assert [line for line in lines if line.startswith("[node1 r1] ")] == [
+        "[node1 r1] step 2/3rank 1 at step 3",  # the program wrote no newline after its progress: as on a terminal
+        "[node1 r1] Traceback (most recent call last):",
+        '[node1 r1]   File "/root/.xeon-cluster/jobs/20261127-152450-6fad/workdir/fail.py", line 9, in <module>',
+        '[node1 r1]     raise ValueError("bad batch on rank 1")',
+        "[node1 r1] ValueError: bad batch on rank 1",
+        "[node1 r1] [xeon-cluster] rank 1 on host node1 (pid 11646): exited with code 1"]
+    log = recorded("mpirun-failing-rank.log")
+    assert failure_report(log, HOSTS, 255) == ["rank 1 on node node1 (host node1, pid 11646): exit code 1"]
+    assert "[1] ValueError: bad batch on rank 1\n" in whole_lines(log, HOSTS)
+
+
+@pytest.mark.parametrize(("name", "launcher", "warnings"), [("mpirun-demo.log", "mpirun", 3),
+                                                           ("torchrun-demo.log", "torchrun", 6)])
+def test_the_demo_jobs_log_shows_the_summary_once_rank_0s_metrics_and_counts_the_warnings(name, launcher, warnings):
+    log = recorded(name)
+    lines = streamed(chunked(log, [7] * len(log)), launcher=launcher)
+    summary = [line for line in lines if "run summary" in line]
+    assert summary == ["[node0 r0] run summary: completed, step 6 of 6, "
+                       f"{'561.989' if launcher == 'mpirun' else '545.696'} samples/s, train loss 3.84079 "
+                       "(all of it: summary.json in the job's output folder)"]
+    assert not any('"status"' in line or line.endswith("{") for line in lines)  # no line of the JSON itself
+    assert [line.split("] ", 1)[0] for line in lines if "'train_runtime'" in line] == ["[node0 r0"]
+    assert not any("hostname of the client socket" in line for line in lines[:-2])
+    assert lines[-2:] == [
+        f"[xeon-cluster] hidden: {warnings} line(s) of torch's \"hostname of the client socket cannot be retrieved\" "
+        "warning", "[xeon-cluster] hidden: 2 line(s) of the other ranks' metrics (fab logs --all-ranks shows them)"]
+    labels = {line.split("] ", 1)[0] + "]" for line in lines if not line.startswith("[xeon-cluster]")}
+    assert labels == {"[node0 r0]"}  # every line is rank 0's: none labelled by the launcher, none cut in two
+    assert len(streamed([log], launcher=launcher, all_ranks=True)) == len(lines) + 2 - 1  # 2 more, 1 count line less  # every rank's metrics when asked
+
+
+def test_a_json_block_that_is_not_the_summary_is_shown_as_it_is():
+    log = "[0] {\n[0]   \"a\": 1\n[0] }\n[1] {\n[1] not json\n"
+    assert assemble(log, ["n0", "n1"], notes=False) == ['[n0 r0  ] {', '[n0 r0  ]   "a": 1', '[n0 r0  ] }',
+                                                        '[n1 r1  ] {', '[n1 r1  ] not json']
+
+
+def test_a_summary_says_what_it_has():
+    lines = assemble("[0] {\n[0] \"status\": \"interrupted\", \"exit_code\": 75, \"world_size\": 2\n[0] }\n",
+                     ["n0", "n1"], notes=False)
+    assert lines == ["[n0 r0  ] run summary: interrupted (all of it: summary.json in the job's output folder)"]
+
+
+def test_fab_logs_lines_counts_the_lines_a_person_sees(tmp_path):
+    log = recorded("mpirun-three-ranks.log")
+    d = tmp_path / job_dir(JOB)
+    d.mkdir(parents=True)
+    (d / "log").write_bytes(log.encode())
+    whole = assemble(log, HOSTS, notes=False)
+    for count in (1, 5, 21):
+        out = io.StringIO()
+        jobs.follow(LocalMaster(tmp_path), JOB, HOSTS, out, last_lines=count, follow_=False)
+        assert out.getvalue().splitlines() == whole[-count:]
+    out = io.StringIO()  # followed (the job has ended): the last lines, then nothing twice, then the count line
+    jobs.follow(LocalMaster(tmp_path), JOB, HOSTS, out, last_lines=3)
+    assert out.getvalue().splitlines() == whole[-3:]
+    out = io.StringIO()
+    jobs.follow(LocalMaster(tmp_path), JOB, HOSTS, out)
+    assert out.getvalue().splitlines() == assemble(log, HOSTS)
+
+
+def test_the_launchers_own_lines_open_mpis_tags_and_a_line_in_two_chunks():
+    out = io.StringIO()
+    sink = LogSink(LogAssembler(["node0", "node0", "node1", "node1"]), out)
+    for chunk in ("[3] loss 0.5\n[0] hel", "lo\r\n[mpiexec@node0] Error: oops\n",
+                  "[2] partial line\n[xeon-cluster] job x exited with code 0\n",
+                  "[1,1]<stdout>: from open mpi\n=   BAD TERMINATION\n[0] Map: 50%\r[0] \n[1] keep [this] \n"):
+        sink.write(chunk)
+        sink.flush()
+    sink.close()
+    assert out.getvalue().splitlines() == [
+        "[node1 r3] loss 0.5", "[node0 r0] hello", "[mpirun  ] [mpiexec@node0] Error: oops",
+        "[node1 r2] partial line", "[xeon-cluster] job x exited with code 0", "[node0 r1] from open mpi",
+        "[mpirun  ] =   BAD TERMINATION", "[node0 r0] Map: 50%", "[node0 r1] keep [this] "]
