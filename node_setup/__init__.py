@@ -6,7 +6,7 @@
     local/      the no-AWS cluster of network-namespace nodes on this machine (root)
     controller.py     this controller's own places: the project checkout, its version, the config directory
     discovery.py      which nodes `--cluster` names (AWS tags, the local cluster, an inventory file)
-    kubeflow.py       the PyTorchJob manifest, built from the training operator SDK's typed models
+    kubeflow.py       the PyTorchJob and TrainJob manifests, built from the Kubeflow projects' typed models
     stack_config.py   a Pulumi stack's settings read without the Pulumi CLI
     stack_edit.py     one setting written into a Pulumi stack file, keeping its other lines
     plan_plot.py      the `fab plan --plot` drawing

@@ -1,8 +1,12 @@
-"""A Kubeflow PyTorchJob, decided before it is written (pure): names, pod resources, volumes, torchrun.
+"""The training job on Kubernetes, decided before it is written (pure): the pod every node runs, and
+the Kubeflow training operator's PyTorchJob (kubeflow.org/v1) around it.
 
-`plan_pytorchjob(...)` returns a K8sJobPlan; node_setup/kubeflow.py turns it into the training
-operator's typed models and YAML. Everything the user gives is checked here, with a message that
-names the option, the value and what is allowed.
+`plan_pod(...)` decides the pod both Kubeflow APIs run: its image, resources, rank layout,
+environment, volumes, the program torchrun starts and what runs before it. `plan_pytorchjob(...)`
+returns the PyTorchJob's K8sJobPlan; cluster/job/trainjob.py's `plan_trainjob(...)` the TrainJob's
+(Kubeflow Trainer v2). node_setup/kubeflow.py turns either into the projects' typed models and YAML.
+Everything the user gives is checked here, with a message that names the option, the value and
+what is allowed.
 
 Resources: one pod per node, requests equal to limits (guaranteed QoS). CPU is counted in whole
 physical cores of the instance type (cluster/stack/catalog.py), each with all its hardware threads (a
@@ -19,6 +23,12 @@ goes to volumes: the work volume, the scratch volume, /tmp (an emptyDir; also th
 and an emptyDir of its own for an --output_dir outside them. Values given with --env sit in the
 manifest in clear text: `secret_looking` (cluster/job/secrets.py) names the secrets (the task warns).
 
+Your own program (`--script`/`--module`, cluster/job/userjob.py): the workdir's copy plan (what
+`fab train` would copy: credentials withheld, the script inside it) travels in a ConfigMap of the
+job's own (`WorkdirConfigMap`, at most CONFIGMAP_LIMIT_BYTES of distinct file contents, the API
+server's limit), mounted read-only at WORKDIR_SOURCE and copied into the pod's scratch volume
+(WORKDIR) before torchrun starts, so the program may write beside itself, as on a node.
+
 The pod's cores are not known in advance (the kubelet's CPU manager picks them), so the layout is
 planned on a machine of the pod's size, unpinned (cluster/job/torchrun.py says what that leaves out).
 """
@@ -27,16 +37,26 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass
 
 from cluster.stack import catalog
 from cluster.stack.catalog import InstanceType
 from cluster.job.job_args import SyntheticData, job_setting
+from cluster.job.launch import OUTPUT_DIR_VARIABLE, RESERVED_VARIABLES
 from cluster.job.layout import Layout, plan_layout
+from cluster.job.userjob import CopyPlan, FileEntry, UserProgram, human_bytes
 from cluster.node.profiles import get_profile, venv_dir
-from cluster.job.torchrun import TorchrunPlan, plan_torchrun
+from cluster.job.torchrun import TorchrunPlan, check_program, plan_torchrun, torchrun_env
 # What --env may carry that belongs in a Kubernetes Secret: cluster/job/secrets.py decides (re-exported).
 from cluster.job.secrets import secret_looking as secret_looking
+
+# The two Kubeflow APIs `fab k8s-job --api` writes; the default is the v1 PyTorchJob (docs/kubernetes.md
+# says why: every v1.9 operator runs it, it has elastic training, and the TrainJob this writes needs
+# Trainer 2.3 or later).
+API_PYTORCHJOB, API_TRAINJOB = "pytorchjob", "trainjob"
+APIS = (API_PYTORCHJOB, API_TRAINJOB)
+DEFAULT_API = API_PYTORCHJOB
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -49,6 +69,8 @@ DEFAULT_RESTART_LIMIT = 3  # runPolicy.backoffLimit: container restarts in the w
 DEFAULT_NAMESPACE = "default"
 DEFAULT_NAME = "xeon-cluster-job"
 DEFAULT_INSTANCE_TYPE = "r7iz.metal-16xl"
+PREPARE_CONTAINER = "prepare"  # the PyTorchJob's init container: the demo's data, the workdir's copy
+LABEL_APP, LABEL_JOB = "app.kubernetes.io/name", "xeon-cluster/job"
 
 KUBELET_RESERVE_CORES_PER_SOCKET = 1
 MEMORY_RESERVE_PERCENT = 10
@@ -56,17 +78,27 @@ SHM_PERCENT = 12
 
 # Inside every pod.
 WORK_MOUNT = "/mnt/xeon-cluster"  # the PVC (--pvc), else an emptyDir: data, caches, checkpoints
-SCRATCH_MOUNT = "/scratch"  # the pod's own emptyDir: the offline demo's model and data
+SCRATCH_MOUNT = "/scratch"  # the pod's own emptyDir: the offline demo's model and data, the workdir's copy
 SHM_MOUNT = "/dev/shm"
 RUNS_DIR = "runs"  # the job's output under WORK_MOUNT: runs/<job name>
 HF_HOME = f"{WORK_MOUNT}/cache/huggingface"  # hub and datasets caches on the volume
 TMP_MOUNT = "/tmp"  # an emptyDir: the root filesystem is read-only
+WORKDIR_SOURCE = "/etc/xeon-cluster/workdir"  # the workdir's ConfigMap, read-only
+WORKDIR = f"{SCRATCH_MOUNT}/workdir"  # its copy, where your program starts
 VOLUME_WORK, VOLUME_SCRATCH, VOLUME_SHM, VOLUME_TMP, VOLUME_OUTPUT = "work", "scratch", "dshm", "tmp", "output"
+VOLUME_WORKDIR = "workdir"
 RUN_AS_USER = 10001  # the image's user (docker/Dockerfile's USER), also its group and the pod's fsGroup
 
-# DNS-1035 label (a job's pods are <name>-worker-<i>, each also a Service of that name).
+# A ConfigMap holds at most 1 MiB of data (the API server's limit, the sum of its values).
+CONFIGMAP_LIMIT_BYTES = 1024 * 1024
+CONFIGMAP_SUFFIX = "-workdir"
+FILE_MODE, EXECUTABLE_MODE = 0o644, 0o755
+# torchrun reads PET_<OPTION> as the default of each of its options; the operators set them.
+TORCHRUN_ENV_PREFIX = "PET_"
+
+# DNS-1035 label (a job's pods are <name>-worker-<i> or <name>-node-0-<i>, each also a host name).
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-NAME_MAX = 63 - len("-worker-") - 4  # room for 4 digits of replica index
+NAME_MAX = 63 - len("-worker-") - 4  # room for 4 digits of replica index (the TrainJob's "-node-0-" is as long)
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PVC = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # registry[:port]/path[:tag][@sha256:digest]: lower-case path components, as the distribution spec says.
@@ -81,10 +113,17 @@ class K8sJobError(ValueError):
     """An option the manifest cannot take; the message names it, the value and what is allowed."""
 
 
-def check_name(value: str, option: str = "--name") -> str:
+def check_api(value: str) -> str:
+    if value not in APIS:
+        raise K8sJobError(f"--api: {value!r} is not allowed; allowed: {API_PYTORCHJOB} (kubeflow.org/v1 PyTorchJob, "
+                          f"the default) or {API_TRAINJOB} (Kubeflow Trainer v2's trainer.kubeflow.org TrainJob)")
+    return value
+
+
+def check_name(value: str, pods: str = "<name>-worker-<i>") -> str:
     if not _NAME.match(value or "") or len(value) > NAME_MAX:
-        raise K8sJobError(f"{option}: {value!r} is not allowed; allowed: lower-case letters, digits and '-', starting "
-                          f"with a letter, up to {NAME_MAX} characters (its pods are <name>-worker-<i>)")
+        raise K8sJobError(f"--name: {value!r} is not allowed; allowed: lower-case letters, digits and '-', starting "
+                          f"with a letter, up to {NAME_MAX} characters (its pods are {pods})")
     return value
 
 
@@ -113,6 +152,22 @@ def check_image(value: str) -> str:
     return value
 
 
+def check_nodes(nodes: int) -> int:
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise K8sJobError(f"--nodes: {nodes!r} is not allowed; give 1 or more (one pod per node)")
+    return nodes
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """--env without what the launch sets itself: the ranks' variables torchrun gives (RANK ...), the
+    program's (XEON_CLUSTER_*), and torchrun's PET_* options (the operators set those)."""
+    for name in env:
+        if name in RESERVED_VARIABLES or name.startswith(TORCHRUN_ENV_PREFIX):
+            raise K8sJobError(f"--env: {name} is set by the launch itself (torchrun and the Kubeflow operators); "
+                              f"allowed: any variable but {', '.join(RESERVED_VARIABLES)} and {TORCHRUN_ENV_PREFIX}*")
+    return env
+
+
 def instance_type(name: str) -> InstanceType:
     machine = catalog.lookup(name or "")
     if machine is None:
@@ -120,33 +175,42 @@ def instance_type(name: str) -> InstanceType:
     return machine
 
 
-def secret_warning(names: list[str]) -> str:
+def secret_warning(names: list[str], kind: str = KIND) -> str:
     """The one line `fab k8s-job` prints when --env carries what looks like a secret (never its value)."""
     return (f"warning: --env {', '.join(names)}: looks like a secret, and the manifest holds it in clear text "
-            "(anyone who can read the PyTorchJob or its pods reads it); use a Kubernetes Secret instead "
+            f"(anyone who can read the {kind} or its pods reads it); use a Kubernetes Secret instead "
             "(env valueFrom.secretKeyRef) and leave it out of --env")
+
+
+def labels(name: str) -> dict[str, str]:
+    """The labels of the job's objects and pods (`kubectl get pods -l xeon-cluster/job=NAME`)."""
+    return {LABEL_APP: "xeon-cluster", LABEL_JOB: name}
 
 
 _MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*){2,}\Z")
 
 
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
 def check_output_dir(path: str, venv: str) -> str:
     """An --output_dir outside the volumes becomes a mountPath: a plain path two or more levels deep
-    that hides nothing of the image's venv."""
+    that hides nothing of the image's venv and is not the workdir's read-only ConfigMap."""
     parts = path.split("/")
-    if not _MOUNT_PATH.match(path) or ".." in parts or venv == path or venv.startswith(path + "/"):
+    if (not _MOUNT_PATH.match(path) or ".." in parts or _within(venv, path)
+            or _within(path, WORKDIR_SOURCE) or _within(WORKDIR_SOURCE, path)):
         raise K8sJobError(f"--output_dir: {path!r} is not allowed; allowed: a path relative to the working directory, "
                           f"one under {WORK_MOUNT}, or an absolute path of two or more plain folders (letters, "
-                          f"digits, '.', '_', '-') that does not hold {venv} (it gets an emptyDir of its own)")
+                          f"digits, '.', '_', '-') that does not hold {venv} or {WORKDIR_SOURCE} (it gets an "
+                          "emptyDir of its own)")
     return path
 
 
-def needs_own_volume(path: str) -> bool:
-    """Whether the job's output directory `path` lies outside every volume (then it gets an emptyDir):
-    a relative path is under the working directory, which is a volume."""
-    if not path.startswith("/"):
-        return False
-    return not any(path == mount or path.startswith(mount + "/") for mount in (WORK_MOUNT, SCRATCH_MOUNT, TMP_MOUNT))
+def needs_own_volume(path: str, mounts: tuple[str, ...] = (WORK_MOUNT, TMP_MOUNT)) -> bool:
+    """Whether the job's output directory `path` lies outside the writable volumes at `mounts` (then it
+    gets an emptyDir): a relative path is under the working directory, which is a volume."""
+    return path.startswith("/") and not any(_within(path, mount) for mount in mounts)
 
 
 @dataclass(frozen=True)
@@ -194,26 +258,170 @@ def pod_resources(machine: InstanceType, cores: int | None = None) -> PodResourc
 
 
 @dataclass(frozen=True)
-class K8sJobPlan:
+class WorkdirConfigMap:
+    """The workdir's files as a ConfigMap: one key per distinct content (its SHA-256), one item per
+    file (its path in the workdir and mode); the edge reads the contents from `source`."""
+
     name: str
-    namespace: str
+    source: str  # the workdir on this machine (CopyPlan.workdir)
+    files: tuple[FileEntry, ...]
+
+    @property
+    def contents(self) -> dict[str, FileEntry]:
+        """key -> one file of that content (what the edge reads)."""
+        return {f.digest: f for f in self.files}
+
+    @property
+    def data_bytes(self) -> int:
+        """What the ConfigMap holds: every distinct content once."""
+        return sum(f.size for f in self.contents.values())
+
+    @property
+    def items(self) -> tuple[tuple[str, str, int], ...]:
+        """(key, path, mode) of every file, by path."""
+        return tuple((f.digest, f.path, EXECUTABLE_MODE if f.executable else FILE_MODE)
+                     for f in sorted(self.files, key=lambda f: f.path))
+
+    @property
+    def copy_command(self) -> str:
+        """Shell that copies the mounted files into WORKDIR (the mount's top-level entries are the
+        files and folders of the workdir; -L copies what the kubelet's links point at)."""
+        tops = sorted({f.path.split("/", 1)[0] for f in self.files})
+        sources = " ".join(shlex.quote(f"{WORKDIR_SOURCE}/{top}") for top in tops)
+        return f"mkdir -p {shlex.quote(WORKDIR)} && cp -RL -- {sources} {shlex.quote(WORKDIR)}/"
+
+
+def plan_workdir_configmap(job: str, copy: CopyPlan, script: str | None = None) -> WorkdirConfigMap:
+    """The ConfigMap of a checked copy plan (cluster/job/userjob.py, with its credentials withheld);
+    K8sJobError when it holds nothing, leaves the script out, or is over CONFIGMAP_LIMIT_BYTES."""
+    files = tuple(copy.files)
+    if not files:
+        raise K8sJobError(f"--workdir: {copy.workdir} holds no file to copy; allowed: the folder of your program")
+    if script is not None and script not in {f.path for f in files}:
+        raise K8sJobError(f"--script: {script} is not copied (its name is withheld or ignored: see --workdir's "
+                          f"copy plan); allowed: a script the workdir ships")
+    odd = [f.path for f in files if f.path.startswith("..")]
+    if odd:
+        raise K8sJobError(f"--workdir: {odd[0]!r} starts with '..', which a ConfigMap item cannot; rename it or list "
+                          "it in the workdir's .gitignore")
+    plan = WorkdirConfigMap(f"{job}{CONFIGMAP_SUFFIX}", copy.workdir, files)
+    if plan.data_bytes > CONFIGMAP_LIMIT_BYTES:
+        largest = ", ".join(f"{f.path} ({human_bytes(f.size)})"
+                            for f in sorted(plan.contents.values(), key=lambda f: -f.size)[:5])
+        raise K8sJobError(f"--workdir: {copy.workdir} holds {human_bytes(plan.data_bytes)} to copy, over a "
+                          f"ConfigMap's {human_bytes(CONFIGMAP_LIMIT_BYTES)} (the API server's limit); largest: "
+                          f"{largest}; list what the program does not need in the workdir's .gitignore, and put "
+                          f"data on the claim (--pvc, at {WORK_MOUNT})")
+    return plan
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One volume of the pod and where every container mounts it: `kind` "claim" (`source` the claim),
+    "empty" (an emptyDir), "memory" (an emptyDir in memory, `source` its size) or "configmap"."""
+
+    name: str
+    mount: str
+    kind: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """The pod every node runs, whichever Kubeflow API makes it."""
+
     image: str
-    nodes: int
-    min_nodes: int | None
     resources: PodResources
     layout: Layout
-    torchrun: TorchrunPlan
-    env: dict[str, str]  # the container's environment: the ranks' (torchrun's) and the caches'
+    torchrun: str  # the image's torchrun
+    program: tuple[str, ...]  # what torchrun starts: -m training ARGS, or -m xeon_cluster.run --script ...
+    env: dict[str, str]  # the container's environment: the ranks' (torchrun's), the caches', the program's
     working_dir: str
     output_dir: str
-    pvc: str | None
-    restart_limit: int
-    init_command: tuple[str, ...] = ()  # run before torchrun in every pod (the offline demo's data)
+    volumes: tuple[Volume, ...]
+    prepare: str = ""  # shell run in SCRATCH_MOUNT before torchrun in every pod: the demo's data, the workdir's copy
+    workdir: WorkdirConfigMap | None = None
+    user: UserProgram | None = None
+
+    @property
+    def pvc(self) -> str | None:
+        return next((v.source for v in self.volumes if v.kind == "claim"), None)
 
     @property
     def output_volume(self) -> bool:
-        """Whether the output directory needs an emptyDir of its own (it lies outside every volume)."""
-        return needs_own_volume(self.output_dir)
+        """Whether the output directory has an emptyDir of its own (it lies outside every volume)."""
+        return any(v.name == VOLUME_OUTPUT for v in self.volumes)
+
+
+def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...] = (), instance: str,
+             profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,
+             ranks_per_node: int | None = None, threads_per_rank: int | None = None,
+             ccl_workers: int | None = None, pvc: str | None = None, extra_env: dict[str, str] | None = None,
+             user: UserProgram | None = None, copy: CopyPlan | None = None) -> PodPlan:
+    """The pod of the built-in job (`python -m training` + `training_args`), or with `user` and `copy` of
+    your own program (its workdir in a ConfigMap, WorkdirConfigMap), on a node of type `instance`.
+
+    `synthetic` (cluster/job/job_args.synthetic_data, made with the image's Python): every pod writes the
+    offline demo into its own scratch volume first and the job trains on it (`training_args` point
+    there, relative to the working directory). The built-in job always gets `--resume`: a restarted
+    pod continues from the newest checkpoint in its output directory on the volume (a fresh start
+    when there is none). Your program gets its output directory as XEON_CLUSTER_OUTPUT_DIR.
+    """
+    image = check_image(image)
+    pvc = check_pvc(pvc) if pvc else None
+    env_given = check_env(dict(extra_env or {}))
+    if (user is None) != (copy is None):
+        raise K8sJobError("--script/--module: your program needs its workdir's copy plan (and only it has one)")
+    resources = pod_resources(instance_type(instance), cores)
+    prof = get_profile(profile)
+    venv = venv_dir(prof)
+    layout = plan_layout(resources.pod_machine(), backend=prof.backend, ranks_per_node=ranks_per_node,
+                         threads_per_rank=threads_per_rank, ccl_workers=ccl_workers, pin=False)
+    volumes = [Volume(VOLUME_WORK, WORK_MOUNT, "claim", pvc) if pvc else Volume(VOLUME_WORK, WORK_MOUNT, "empty"),
+               Volume(VOLUME_SHM, SHM_MOUNT, "memory", resources.shm), Volume(VOLUME_TMP, TMP_MOUNT, "empty")]
+    default_output = f"{WORK_MOUNT}/{RUNS_DIR}/{name}"
+    workdir, prepare, own_env = None, "", {}
+    if user is not None and copy is not None:
+        workdir = plan_workdir_configmap(name, copy, user.script)
+        output_dir, working_dir, prepare = default_output, WORKDIR, workdir.copy_command
+        program = tuple(user.argv(f"{venv}/bin/python")[1:])
+        own_env = {OUTPUT_DIR_VARIABLE: output_dir, "PYTHONUNBUFFERED": "1"}
+        volumes += [Volume(VOLUME_SCRATCH, SCRATCH_MOUNT, "empty"),
+                    Volume(VOLUME_WORKDIR, WORKDIR_SOURCE, "configmap", workdir.name)]
+    else:
+        args = list(training_args)
+        output_dir = job_setting(args, "--output_dir") or ""
+        if not output_dir:
+            output_dir = default_output
+            args += ["--output_dir", output_dir]
+        if "--resume" not in args:
+            args.append("--resume")
+        program = check_program(("-m", "training", *args))
+        working_dir = WORK_MOUNT
+        if synthetic:
+            working_dir, prepare = SCRATCH_MOUNT, synthetic.prepare
+            volumes.append(Volume(VOLUME_SCRATCH, SCRATCH_MOUNT, "empty"))
+    writable = tuple(v.mount for v in volumes if v.kind != "configmap" and v.mount != SHM_MOUNT)
+    if needs_own_volume(output_dir, writable):
+        volumes.append(Volume(VOLUME_OUTPUT, check_output_dir(output_dir, venv), "empty"))
+    env = {**torchrun_env(layout, env_given), "HF_HOME": HF_HOME, **own_env}
+    return PodPlan(image=image, resources=resources, layout=layout, torchrun=f"{venv}/bin/torchrun", program=program,
+                   env=env, working_dir=working_dir, output_dir=output_dir, volumes=tuple(volumes), prepare=prepare,
+                   workdir=workdir, user=user)
+
+
+@dataclass(frozen=True)
+class K8sJobPlan:
+    """The PyTorchJob: `nodes` Worker pods (no Master), each running `torchrun` at a c10d rendezvous on
+    worker 0; elastic (the operator's elasticPolicy) with `min_nodes`."""
+
+    name: str
+    namespace: str
+    nodes: int
+    min_nodes: int | None
+    pod: PodPlan
+    torchrun: TorchrunPlan
+    restart_limit: int
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -243,45 +451,24 @@ def check_restart_limit(value: int | None) -> int:
     return limit
 
 
-def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str], name: str = DEFAULT_NAME,
-                    namespace: str = DEFAULT_NAMESPACE, instance: str = DEFAULT_INSTANCE_TYPE,
-                    profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,
+def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str] | tuple[str, ...] = (),
+                    name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
+                    instance: str = DEFAULT_INSTANCE_TYPE, profile: str = "stock",
+                    synthetic: SyntheticData | None = None, cores: int | None = None,
                     ranks_per_node: int | None = None, threads_per_rank: int | None = None,
                     ccl_workers: int | None = None, min_nodes: int | None = None, max_restarts: int | None = None,
                     pvc: str | None = None, restart_limit: int | None = None,
-                    extra_env: dict[str, str] | None = None) -> K8sJobPlan:
-    """The whole PyTorchJob of the built-in job (`python -m training` + `training_args`) on `nodes` pods.
-
-    `synthetic` (cluster/job/job_args.synthetic_data, made with the image's Python): every pod writes the
-    offline demo into its own scratch volume first and the job trains on it (`training_args` point
-    there, relative to the working directory). The job always gets `--resume`: a restarted pod
-    continues from the newest checkpoint in its output directory on the volume (a fresh start when
-    there is none).
-    """
-    image = check_image(image)
+                    extra_env: dict[str, str] | None = None, user: UserProgram | None = None,
+                    copy: CopyPlan | None = None) -> K8sJobPlan:
+    """The whole PyTorchJob on `nodes` pods: the pod (plan_pod: the built-in job, or your program with
+    `user` and `copy`) and torchrun's rendezvous; `min_nodes` makes it elastic."""
     name, namespace = check_name(name), check_namespace(namespace)
-    pvc = check_pvc(pvc) if pvc else None
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise K8sJobError(f"--nodes: {nodes!r} is not allowed; give 1 or more (one pod per node)")
+    nodes = check_nodes(nodes)
     limit = check_restart_limit(restart_limit)
-    machine = instance_type(instance)
-    resources = pod_resources(machine, cores)
-    prof = get_profile(profile)
-    layout = plan_layout(resources.pod_machine(), backend=prof.backend, ranks_per_node=ranks_per_node,
-                         threads_per_rank=threads_per_rank, ccl_workers=ccl_workers, pin=False)
-    args = list(training_args)
-    output_dir = job_setting(args, "--output_dir")
-    if output_dir is None:
-        output_dir = f"{WORK_MOUNT}/{RUNS_DIR}/{name}"
-        args += ["--output_dir", output_dir]
-    if needs_own_volume(output_dir):
-        check_output_dir(output_dir, venv_dir(prof))
-    if "--resume" not in args:
-        args.append("--resume")
-    run = plan_torchrun(layout=layout, nodes=nodes, program=("-m", "training", *args), rdzv_host=pod_name(name, 0),
-                        rdzv_id=name, min_nodes=min_nodes, max_restarts=max_restarts,
-                        torchrun=f"{venv_dir(prof)}/bin/torchrun", extra_env=extra_env)
-    return K8sJobPlan(name=name, namespace=namespace, image=image, nodes=nodes, min_nodes=min_nodes,
-                      resources=resources, layout=layout, torchrun=run, env={**run.env, "HF_HOME": HF_HOME},
-                      working_dir=SCRATCH_MOUNT if synthetic else WORK_MOUNT, output_dir=output_dir, pvc=pvc,
-                      restart_limit=limit, init_command=("sh", "-c", synthetic.prepare) if synthetic else ())
+    pod = plan_pod(name=name, image=image, training_args=training_args, instance=instance, profile=profile,
+                   synthetic=synthetic, cores=cores, ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
+                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, user=user, copy=copy)
+    run = plan_torchrun(layout=pod.layout, nodes=nodes, program=pod.program, rdzv_host=pod_name(name, 0),
+                        rdzv_id=name, min_nodes=min_nodes, max_restarts=max_restarts, torchrun=pod.torchrun)
+    return K8sJobPlan(name=name, namespace=namespace, nodes=nodes, min_nodes=min_nodes, pod=pod, torchrun=run,
+                      restart_limit=limit)

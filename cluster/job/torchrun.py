@@ -18,7 +18,8 @@ launcher can do:
   with several ranks it would pack them all onto the same cores. `KMP_BLOCKTIME` is set always.
 - the ccl backend gets oneCCL's transport (cluster/job/launch.py CCL_TRANSPORT_ENV).
 
-Used by `fab k8s-job` (the PyTorchJob's command, node_setup/kubeflow.py); the program is the
+Used by `fab k8s-job` (the PyTorchJob's command; a TrainJob's pods take the rendezvous from Trainer's
+torch policy instead, cluster/job/trainjob.py); the program is the
 built-in job (`-m training ARGS`, cluster/job/job_args.py) or a user's script (`path.py ARGS`).
 
 `fab train --launcher torchrun` (plan_torchrun_launch) runs the same command on bare metal: one

@@ -1,9 +1,13 @@
-"""`fab k8s-job`: the training job as a Kubeflow PyTorchJob manifest (docs/kubernetes.md).
+"""`fab k8s-job`: the training job as a Kubeflow manifest (docs/kubernetes.md): a PyTorchJob (the training
+operator, kubeflow.org/v1, `--api pytorchjob`, the default) or a TrainJob (Kubeflow Trainer v2,
+trainer.kubeflow.org/v1alpha1, `--api trainjob`).
 
-Plans the job (cluster/job/k8s.py: pod resources, layout, torchrun) from the same job options as
-`fab train`, renders it with the training operator's SDK models (node_setup/kubeflow.py) and
-writes the YAML to `-o FILE` or stdout. Connects to nothing. Exit codes: 0 written; 2 bad input
-(one line naming the option, the value and what is allowed).
+Plans the job (cluster/job/k8s.py: pod resources, layout, torchrun; cluster/job/trainjob.py for the
+TrainJob) from the same job options as `fab train`, or your own program (`--script`/`--module` with
+`--workdir`: the copy plan `fab train` makes, node_setup/ssh/workdir.py, in a ConfigMap written
+ahead of the job), renders it with the projects' own models (node_setup/kubeflow.py) and writes the
+YAML to `-o FILE` or stdout. Connects to nothing. Exit codes: 0 written; 2 bad input (one line
+naming the option, the value and what is allowed).
 """
 
 from __future__ import annotations
@@ -11,18 +15,50 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cluster.job import k8s
+from cluster.job import k8s, trainjob
 from cluster.job.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError, synthetic_data,
-                              training_arguments)
+                                  training_arguments)
 from cluster.job.k8s import K8sJobError
 from cluster.job.launch import LaunchError, env_pairs
 from cluster.job.layout import LayoutError
+from cluster.job.userjob import (BUILTIN_ONLY, CopyPlan, UserJobError, UserProgram, check_module,
+                                 conflicting_builtin_options, human_bytes, script_in_workdir, split_args)
 from cluster.node.profiles import PROFILES, get_profile, venv_dir
 from cluster.job.torchrun import DEFAULT_MAX_RESTARTS, TorchrunError
 from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
 
 
+def own_program(*, script: str, module: str, args: str, workdir: str) -> tuple[UserProgram, CopyPlan]:
+    """--script/--module checked as `fab train` checks them, and the workdir's copy plan (its skip rules,
+    what it withholds); UserJobError naming the option otherwise."""
+    from node_setup.ssh.workdir import scan
+
+    if script and module:
+        raise UserJobError(f"--module: {module!r} given with --script {script!r}; allowed: one of them")
+    words = split_args(args)
+    if script:
+        path = Path(script).expanduser()
+        if not path.is_file():
+            raise UserJobError(f"--script: {script!r} is not a file on this machine; allowed: the path of your "
+                               "training script")
+        root = Path(workdir).expanduser() if workdir else path.parent
+    else:
+        check_module(module)
+        root = Path(workdir).expanduser() if workdir else Path.cwd()
+    if not root.is_dir():
+        raise UserJobError(f"--workdir: {workdir!r} is not a folder on this machine")
+    rel = script_in_workdir(str(path.resolve()), str(root.resolve())) if script else None
+    return UserProgram(rel, module or None, tuple(words), None), scan(root)
+
+
+def _minutes(every) -> str | None:
+    """`--checkpoint-every` (seconds; 0: only at the end) as the job's --checkpoint_minutes (None: not given)."""
+    return f"{round(every / 60, 4):g}" if given(every) else None
+
+
 @task(help={
+    "api": f"which Kubeflow API: {k8s.API_PYTORCHJOB} (the training operator's kubeflow.org/v1 PyTorchJob, the "
+           f"default) or {k8s.API_TRAINJOB} (Kubeflow Trainer v2.3+'s TrainJob on the {trainjob.RUNTIME} runtime)",
     "nodes": "worker pods, one per node (default 1)",
     "image": "the training image (built from docker/Dockerfile and pushed), e.g. "
              "registry.example.com/xeon-cluster:0.1.0",
@@ -31,15 +67,23 @@ from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
     "cores": f"physical cores per pod (default all but {k8s.KUBELET_RESERVE_CORES_PER_SOCKET} per socket, left to "
              "the kubelet); CPU requests = limits = these cores' hardware threads",
     "profile": f"software profile of the image: {' or '.join(sorted(PROFILES))} (default stock)",
-    "name": f"the PyTorchJob's name, also the rendezvous id and the output folder (default {k8s.DEFAULT_NAME})",
+    "name": f"the job's name, also the rendezvous id and the output folder (default {k8s.DEFAULT_NAME})",
     "namespace": f"its namespace (default {k8s.DEFAULT_NAMESPACE})",
     "pvc": f"PersistentVolumeClaim mounted at {k8s.WORK_MOUNT} in every pod: data, caches, checkpoints "
            "(ReadWriteMany, so every pod sees rank 0's checkpoints); default an emptyDir, lost with the pod",
-    "min-nodes": "elastic: train on as few as M pods (torchrun's M:N range, the operator's elasticPolicy)",
+    "min-nodes": "elastic: train on as few as M pods (torchrun's M:N range, the operator's elasticPolicy; "
+                 f"--api {k8s.API_PYTORCHJOB} only)",
     "max-restarts": f"restarts before the job fails: the container restarts of the whole job (runPolicy.backoffLimit, "
                     f"default {k8s.DEFAULT_RESTART_LIMIT}) and, elastic, torchrun's restarts of the ranks "
-                    f"(default {DEFAULT_MAX_RESTARTS})",
+                    f"(default {DEFAULT_MAX_RESTARTS}; --api {k8s.API_PYTORCHJOB} only: a TrainJob's runtime decides)",
     "output": "write the manifest to this file (default: stdout)",
+    "script": "run your own training script (a .py file in --workdir) on every rank instead of the built-in job; "
+              f"the workdir goes in a ConfigMap (at most {human_bytes(k8s.CONFIGMAP_LIMIT_BYTES)})",
+    "module": "run `python -m MODULE` (found in --workdir or the image's venv) on every rank instead of the built-in "
+              "job",
+    "args": "arguments of your --script/--module, split like a shell would (arguments after `--` are added)",
+    "workdir": "folder of your program, copied into every pod (default: the script's folder; with --module the "
+               "current folder); what `fab train` withholds (dot-files, credentials, links out) stays here",
     "task": "training task: qa or classification (training default qa)",
     "model": "model id, or a directory relative to the volume (--model_name_or_path)",
     "dataset": "hub dataset name (default squad for qa, glue/mrpc for classification)",
@@ -52,8 +96,8 @@ from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
     "checkpoint-every": "save a checkpoint this often, e.g. 30m or 1h (off: only at the end)",
     "checkpoint-uri": "s3://bucket/prefix every checkpoint is uploaded to (and a restarted pod resumes from)",
     "max-steps": "stop after N optimizer steps",
-    "extra": "more `python -m training` arguments, verbatim, e.g. --extra '--learning_rate 3e-5' "
-             "(arguments after `--` are added here)",
+    "extra": "more `python -m training` arguments (with --script/--module: your program's), verbatim, e.g. "
+             "--extra '--learning_rate 3e-5' (arguments after `--` are added here)",
     "ranks-per-node": "override ranks per pod (default one per socket)",
     "threads": "override OpenMP threads per rank (default the rank's share of the pod's cores minus CCL workers)",
     "ccl-workers": "override oneCCL workers per rank (intel profile only)",
@@ -61,50 +105,66 @@ from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
            "never a secret; what cluster/job/secrets.py takes for one, by name or value, gets a warning)",
     "synthetic-examples": "train the offline demo (a tiny model and data every pod makes first) with N examples",
 })
-def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores=Unset(int, "all but the kubelet's"),
-            profile="stock", name=k8s.DEFAULT_NAME, namespace=k8s.DEFAULT_NAMESPACE, pvc="", min_nodes=Unset(int),
-            max_restarts=Unset(int), output="", task="", model="", dataset="", dataset_config="", train_file="",
-            validation_file="", epochs=Unset(int, "the job's"), batch_size=Unset(int, "the job's"), bf16="auto",
-            checkpoint_every=Unset(duration_or_off), checkpoint_uri="", max_steps=Unset(int), extra="",
+def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE,
+            cores=Unset(int, "all but the kubelet's"), profile="stock", name=k8s.DEFAULT_NAME,
+            namespace=k8s.DEFAULT_NAMESPACE, pvc="", min_nodes=Unset(int), max_restarts=Unset(int), output="",
+            script="", module="", args="", workdir="", task="", model="", dataset="", dataset_config="",
+            train_file="", validation_file="", epochs=Unset(int, "the job's"), batch_size=Unset(int, "the job's"),
+            bf16="auto", checkpoint_every=Unset(duration_or_off), checkpoint_uri="", max_steps=Unset(int), extra="",
             ranks_per_node=Unset(int, "one per socket"), threads=Unset(int, "the rank's cores"), ccl_workers=Unset(int),
             env="", synthetic_examples=Unset(int)):
-    """Write a Kubeflow PyTorchJob (torchrun in every pod) for the training job; connects to nothing."""
+    """Write a Kubeflow PyTorchJob or TrainJob (torchrun in every pod) for the training job; connects to nothing."""
     from node_setup import kubeflow
 
     if profile not in PROFILES:
         raise fail(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
+    if not (script or module) and (args or workdir):
+        raise fail(f"{'--args' if args else '--workdir'}: only with --script or --module (your own program)")
     options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
                    train_file=train_file, validation_file=validation_file)
-    from node_setup.tasks.train import checkpoint_minutes
-
     examples = synthetic_examples if given(synthetic_examples) else None
     try:
-        demo = None
-        if examples is not None:
-            if model or dataset or train_file:
-                raise JobArgsError("--synthetic-examples: the offline demo brings its own model and data; leave out "
-                                   "--model, --dataset and --train-file, or drop --synthetic-examples")
-            demo = synthetic_data(task, examples, f"{venv_dir(get_profile(profile))}/bin/python")
-            options.update(demo.options)
-            epochs, batch_size = epochs or SYNTHETIC_EPOCHS, batch_size or SYNTHETIC_BATCH_SIZE
-            extra = f"{demo.recommended} {extra}".strip()
-        args = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None, bf16=bf16,
-                                  checkpoint_minutes=checkpoint_minutes(checkpoint_every),
-                                  checkpoint_uri=checkpoint_uri, max_steps=max_steps or None, extra=extra)
-        plan = k8s.plan_pytorchjob(
-            image=image, nodes=nodes, training_args=args, name=name, namespace=namespace, instance=instance_type,
-            profile=profile, synthetic=demo, cores=cores or None, ranks_per_node=ranks_per_node or None,
-            threads_per_rank=threads or None, ccl_workers=ccl_workers if given(ccl_workers) else None,
-            min_nodes=min_nodes or None,
-            max_restarts=max_restarts if given(max_restarts) and given(min_nodes) else None,
-            pvc=pvc or None, restart_limit=max_restarts if given(max_restarts) else None,
-            extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"))
-    except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, ValueError) as exc:
+        k8s.check_api(api)
+        user = copy = demo = None
+        args_ = []
+        if script or module:
+            conflicting_builtin_options(dict(zip(BUILTIN_ONLY, (
+                task, model, dataset, dataset_config, train_file, validation_file, given(epochs), given(batch_size),
+                given(max_steps), bf16 != "auto", given(checkpoint_every), checkpoint_uri, False, examples))))
+            user, copy = own_program(script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir)
+        else:
+            if examples is not None:
+                if model or dataset or train_file:
+                    raise JobArgsError("--synthetic-examples: the offline demo brings its own model and data; leave "
+                                       "out --model, --dataset and --train-file, or drop --synthetic-examples")
+                demo = synthetic_data(task, examples, f"{venv_dir(get_profile(profile))}/bin/python")
+                options.update(demo.options)
+                epochs, batch_size = epochs or SYNTHETIC_EPOCHS, batch_size or SYNTHETIC_BATCH_SIZE
+                extra = f"{demo.recommended} {extra}".strip()
+            args_ = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None, bf16=bf16,
+                                       checkpoint_minutes=_minutes(checkpoint_every),
+                                       checkpoint_uri=checkpoint_uri, max_steps=max_steps or None, extra=extra)
+        common = dict(image=image, nodes=nodes, training_args=args_, name=name, namespace=namespace,
+                      instance=instance_type, profile=profile, synthetic=demo, cores=cores or None,
+                      ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
+                      ccl_workers=ccl_workers if given(ccl_workers) else None, pvc=pvc or None,
+                      extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"), user=user, copy=copy)
+        plan: k8s.K8sJobPlan | trainjob.TrainJobPlan
+        if api == k8s.API_TRAINJOB:
+            plan = trainjob.plan_trainjob(**common, min_nodes=min_nodes if given(min_nodes) else None,
+                                          max_restarts=max_restarts if given(max_restarts) else None)
+        else:
+            plan = k8s.plan_pytorchjob(
+                **common, min_nodes=min_nodes or None,
+                max_restarts=max_restarts if given(max_restarts) and given(min_nodes) else None,
+                restart_limit=max_restarts if given(max_restarts) else None)
+        text = kubeflow.to_yaml(*kubeflow.manifests(plan))
+    except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, UserJobError, ValueError) as exc:
         raise fail(str(exc)) from None
+    kind = k8s.KIND if api == k8s.API_PYTORCHJOB else trainjob.KIND
     secrets = k8s.secret_looking(env_pairs(env))
     if secrets:
-        print(k8s.secret_warning(secrets), file=sys.stderr)
-    text = kubeflow.to_yaml(kubeflow.pytorchjob(plan))
+        print(k8s.secret_warning(secrets, kind), file=sys.stderr)
     if not output:
         print(text, end="")
         return
@@ -112,16 +172,21 @@ def k8s_job(c, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE, cores
         Path(output).write_text(text)
     except OSError as exc:
         raise fail(f"--output: cannot write {output!r} ({exc.strerror}); allowed: a writable file path") from None
-    print(f"wrote {output}: PyTorchJob {plan.namespace}/{plan.name}, {plan.nodes} pod(s) of {plan.resources.cores} "
-          f"cores ({plan.resources.cpu} CPU, {plan.resources.memory}), {plan.layout.ranks_per_node} rank(s) x "
-          f"{plan.layout.threads_per_rank} threads per pod" + ("; note: no --pvc: checkpoints live in an emptyDir "
-                                                               "and go with the pod" if not plan.pvc else ""))
+    pod = plan.pod
+    workdir_note = ""
+    if pod.workdir is not None:
+        workdir_note = (f"; the workdir in ConfigMap {pod.workdir.name} ({len(pod.workdir.files)} file(s), "
+                        f"{human_bytes(pod.workdir.data_bytes)}): kubectl apply --server-side -f {output}")
+    print(f"wrote {output}: {kind} {plan.namespace}/{plan.name}, {plan.nodes} pod(s) of {pod.resources.cores} "
+          f"cores ({pod.resources.cpu} CPU, {pod.resources.memory}), {pod.layout.ranks_per_node} rank(s) x "
+          f"{pod.layout.threads_per_rank} threads per pod" + workdir_note
+          + ("; note: no --pvc: checkpoints live in an emptyDir and go with the pod" if not pod.pvc else ""))
 
 
 # `fab --help k8s-job` in these groups (node_setup/tasks/parsing.py), each sorted.
 k8s_job.option_groups = {
-    "cluster": ("nodes", "image", "instance-type", "cores", "profile", "name", "namespace", "pvc"),
-    "program": ("ranks-per-node", "threads", "ccl-workers", "env"),
+    "cluster": ("api", "nodes", "image", "instance-type", "cores", "profile", "name", "namespace", "pvc"),
+    "program": ("script", "module", "args", "workdir", "ranks-per-node", "threads", "ccl-workers", "env"),
     "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
                  "max-steps", "bf16", "synthetic-examples", "extra"),
     "spot and recovery": ("min-nodes", "max-restarts"),

@@ -145,13 +145,16 @@ def test_the_offline_demo_is_made_by_an_init_container_in_the_pods_scratch_volum
     assert option(command, "--train_file").startswith("xeon-cluster-data/synthetic-qa-300/")
 
 
-def test_the_documented_manifest_is_what_fab_k8s_job_renders():
+def test_the_documented_manifests_are_what_fab_k8s_job_renders():
     page = (ROOT / "docs" / "kubernetes.md").read_text()
-    match = re.search(r"```\n\$ (fab k8s-job [^\n]*)\n```\n.*?```yaml\n(.*?)```", page, re.S)
-    assert match, "docs/kubernetes.md: the rendered example is missing"
-    argv = match.group(1).split()[2:]
-    assert "-o" not in argv
-    assert fab_k8s_job(*argv) == match.group(2)
+    examples = re.findall(r"```\n\$ (fab k8s-job [^\n]*)\n```\n\n```yaml\n(.*?)```", page, re.S)
+    kinds = []
+    for command, manifest in examples:
+        argv = command.split()[2:]
+        assert "-o" not in argv
+        assert fab_k8s_job(*argv) == manifest, command
+        kinds.append(yaml.safe_load(manifest)["kind"])
+    assert kinds == ["PyTorchJob", "TrainJob"], "docs/kubernetes.md: a rendered example is missing"
 
 
 def test_the_dockerfile_is_hadolint_clean():
@@ -242,6 +245,12 @@ def test_an_output_dir_outside_the_volumes_gets_an_emptydir_and_a_bad_one_is_ref
         assert result.returncode == 2 and not result.stdout, (bad, result.stdout)
         assert result.stderr.startswith(f"error: --output_dir: {bad!r} is not allowed") and \
             len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_an_output_dir_under_a_volume_the_pod_does_not_mount_gets_an_emptydir():
+    manifest = yaml.safe_load(fab_k8s_job("--image", IMAGE, "--", "--output_dir", f"{k8s.SCRATCH_MOUNT}/run"))
+    assert not [v for v in worker(manifest)["template"]["spec"]["volumes"] if v["name"] == "scratch"]  # no demo
+    assert {"mountPath": f"{k8s.SCRATCH_MOUNT}/run", "name": "output"} in container(manifest)["volumeMounts"]
 
 
 @pytest.mark.parametrize("env, flagged", [

@@ -1,0 +1,107 @@
+"""The training job as a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1), decided before it
+is written (pure).
+
+`plan_trainjob(...)` returns a TrainJobPlan: the pod of cluster/job/k8s.py (`plan_pod`: image,
+resources, layout, environment, volumes, the program) run by the `torch-distributed`
+ClusterTrainingRuntime (`runtimeRef`) on `nodes` nodes. node_setup/kubeflow.py turns it into
+`kubeflow-trainer-api`'s models and YAML.
+
+What the runtime's torch policy does with it (Trainer v2.3.0's torch plugin): one Job of `nodes`
+pods named `<job>-node-0-<i>` under a headless Service `<job>`; into the `node` container it
+puts PET_NNODES (`numNodes`), PET_NPROC_PER_NODE (`numProcPerNode`; left out it would be the CPU
+count of `resourcesPerNode`, one rank per vCPU, so it is always given: the layout's ranks per
+pod), PET_NODE_RANK (the pod's index), PET_MASTER_ADDR (`<job>-node-0-0.<job>`) and
+PET_MASTER_PORT (29500). torchrun reads each PET_<OPTION> as its option's default, so the command
+is the image's `torchrun` with no rendezvous options of its own: the static rendezvous at the
+first pod that the policy describes (`--nnodes`, `--nproc-per-node` and the rest come from it).
+
+What a TrainJob cannot say, and so how this one differs from the PyTorchJob:
+- the pod's volumes, the `node` container's mounts and security context, the pod's security context,
+  node selector and labels go in a runtime patch (`runtimePatches`, Trainer 2.3 and later; earlier
+  releases spelled it podTemplateOverrides, which 2.3 removed), under PATCH_MANAGER;
+- no init container can be added (a patch may only change the runtime's own containers) and no
+  working directory set, so the container's command is `sh -c` that goes to the working directory,
+  runs the preparation (the demo's data, the workdir's copy) and then execs torchrun (`args`);
+- no elastic training (no node range in the API) and no restart limit (the runtime's Job and JobSet
+  decide): `--min-nodes` and `--max-restarts` are refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from cluster.job import k8s
+from cluster.job.job_args import SyntheticData
+from cluster.job.k8s import K8sJobError, PodPlan, check_name, check_namespace, check_nodes, plan_pod
+from cluster.job.userjob import CopyPlan, UserProgram
+
+API_GROUP = "trainer.kubeflow.org"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "TrainJob"
+RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime Trainer installs for PyTorch
+RUNTIME_KIND = "ClusterTrainingRuntime"
+REPLICATED_JOB = "node"  # the runtime's replicated Job ...
+CONTAINER_NAME = "node"  # ... and its container, which the Trainer fields and the PET_* variables go to
+MASTER_PORT = 29500  # the torch policy's PET_MASTER_PORT (the port of the first pod's rendezvous)
+PATCH_MANAGER = "xeon-cluster/fab-k8s-job"  # who owns the runtime patch (a domain-prefixed path)
+SHELL_NAME = "xeon-cluster"  # $0 of the command's `sh -c`
+
+
+def pod_name(job: str, index: int) -> str:
+    """The host name of node `index`'s pod (the JobSet's `<job>-<replicated job>-<job index>-<pod index>`)."""
+    return f"{job}-{REPLICATED_JOB}-0-{index}"
+
+
+def master_host(job: str) -> str:
+    """The first pod under the job's headless Service: the torch policy's PET_MASTER_ADDR."""
+    return f"{pod_name(job, 0)}.{job}"
+
+
+@dataclass(frozen=True)
+class TrainJobPlan:
+    name: str
+    namespace: str
+    nodes: int
+    pod: PodPlan
+    runtime: str = RUNTIME
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.pod.layout.ranks_per_node
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """torchrun and the program: the rendezvous is the torch policy's (PET_*)."""
+        return (self.pod.torchrun, *self.pod.program)
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """`sh -c` that goes to the working directory, prepares, and execs `args`."""
+        steps = [f"cd {shlex.quote(k8s.SCRATCH_MOUNT)}", f"( {self.pod.prepare} )"] if self.pod.prepare else []
+        steps += [f"cd {shlex.quote(self.pod.working_dir)}", 'exec "$@"']
+        return ("sh", "-c", " && ".join(steps), SHELL_NAME)
+
+
+def plan_trainjob(*, image: str, nodes: int, training_args: list[str] | tuple[str, ...] = (),
+                  name: str = k8s.DEFAULT_NAME, namespace: str = k8s.DEFAULT_NAMESPACE,
+                  instance: str = k8s.DEFAULT_INSTANCE_TYPE, profile: str = "stock",
+                  synthetic: SyntheticData | None = None, cores: int | None = None,
+                  ranks_per_node: int | None = None, threads_per_rank: int | None = None,
+                  ccl_workers: int | None = None, min_nodes: int | None = None, max_restarts: int | None = None,
+                  pvc: str | None = None, extra_env: dict[str, str] | None = None,
+                  user: UserProgram | None = None, copy: CopyPlan | None = None) -> TrainJobPlan:
+    """The whole TrainJob on `nodes` pods: the pod (cluster/job/k8s.py plan_pod: the built-in job, or
+    your program with `user` and `copy`) under the torch-distributed runtime."""
+    for option, value in (("--min-nodes", min_nodes), ("--max-restarts", max_restarts)):
+        if value is not None:
+            raise K8sJobError(f"{option}: {value!r} is not allowed with --api {k8s.API_TRAINJOB}; a TrainJob has no "
+                              f"elastic training and its runtime decides the restarts; allowed: --api "
+                              f"{k8s.API_PYTORCHJOB} (elasticPolicy, runPolicy.backoffLimit)")
+    name = check_name(name, pods=f"<name>-{REPLICATED_JOB}-0-<i>")
+    namespace = check_namespace(namespace)
+    nodes = check_nodes(nodes)
+    pod = plan_pod(name=name, image=image, training_args=training_args, instance=instance, profile=profile,
+                   synthetic=synthetic, cores=cores, ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
+                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, user=user, copy=copy)
+    return TrainJobPlan(name=name, namespace=namespace, nodes=nodes, pod=pod)
