@@ -107,7 +107,8 @@ def test_nothing_in_node_setup_imports_pulumi_torch_or_transformers():
 
 # What `fab --list`, `fab --help TASK` and a bad option pay for at start-up: node_setup.tasks and what it
 # imports at module level. AWS, Kubernetes and the training stack load inside the tasks that use them.
-NOT_AT_FAB_START = ("boto3", "botocore", "pulumi", "pulumi_aws", "torch", "transformers", "kubernetes", "kubeflow")
+NOT_AT_FAB_START = ("boto3", "botocore", "pulumi", "pulumi_aws", "torch", "transformers", "kubernetes", "kubeflow",
+                    "kubeflow_trainer_api")
 
 
 def test_importing_the_fab_tasks_loads_no_aws_kubernetes_or_training_stack():
