@@ -5,8 +5,9 @@ The Pulumi program makes one Auto Scaling group per cluster (infra/workers.py), 
 resource of the cluster (cluster/stack/tags.py). AWS replaces a reclaimed or terminated worker by itself
 (the group launches a new one from its template); the idle auto-stop sets the group's minimum, maximum
 and desired capacity to 0 before the workers power off (cluster/node/autostop.py; the master's role may
-set the group to 0 and to nothing else), and `pulumi up --refresh` sets them back to `workerCount`. Readers: `fab status` (`status_lines`), discovery's callers, and
-`fab train --managed` waiting for a lost worker's replacement (`wait_for_workers`).
+set the group to 0 and to nothing else), and `pulumi up --refresh` sets them back to `workerCount`.
+Readers: `fab status` (`status_lines`), discovery's callers, `fab up` waiting for the group to be full
+and `fab train --managed` waiting for a lost worker's replacement (`wait_for_workers`).
 """
 
 from __future__ import annotations

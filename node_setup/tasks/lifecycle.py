@@ -1,6 +1,12 @@
 """`fab up`, `fab down`: the cluster's life in one place, the Pulumi CLI with the toolkit's part around it.
 
-`fab up`: `fab preflight` (the up stops when it fails), then `pulumi up --refresh`. `fab down`:
+`fab up`: `fab preflight` (the up stops when it fails), then `pulumi up --refresh`, then it waits (at
+most `--wait-for-capacity`) until the workers' group has every worker in service: the program's own
+wait covers a group it creates, not one it only updates, and a group that could not be filled goes on
+launching workers later (billed). It fails with the group's own reason (its latest scaling activity)
+when the workers are not there. Last, the master's idle auto-stop is armed with the stack's
+autoStopIdle, as `fab setup` arms it (a cluster nobody uses stops), also after a failed `pulumi up`
+or wait once the group exists (the image was made: nothing armed reaches it). `fab down`:
 `pulumi destroy`, then, once it succeeded, `fab forget` (the controller's key pair and host keys
 of the cluster) and `fab sweep`'s listing. The steps and command lines are cluster/stack/lifecycle.py's,
 the process handling (streamed output, Ctrl-C passed on once, never a kill) node_setup/pulumi_cli.py's.
@@ -11,11 +17,16 @@ from __future__ import annotations
 
 from invoke import Exit
 
+from cluster.cost.timemodel import format_duration
 from cluster.stack import lifecycle
+from cluster.stack import worker_group as group_rules
+from cluster.stack.catalog import METAL_BOOT_WAIT_S
 from cluster.stack.spec import ClusterSpec
 from node_setup import pulumi_cli
-from node_setup.tasks.common import FAILED, fail, task
+from node_setup.tasks.common import FAILED, duration_or_off, fail, task
 from node_setup.tasks.costs import _stack_spec, run_stack_preflight, sweep_listing
+
+CAPACITY_POLL_S = 15.0
 
 
 def _spec(stack: str) -> ClusterSpec:
@@ -32,21 +43,85 @@ def _need_pulumi(steps: list[lifecycle.Step]) -> None:
         raise fail(lifecycle.missing_cli_message(steps))
 
 
+def _pulumi(step: lifecycle.Step) -> int:
+    """Run the step's Pulumi command; its exit code."""
+    print(f"fab: running {lifecycle.Step(step.kind, step.run_argv).command}", flush=True)
+    return pulumi_cli.run_streaming(step.run_argv)
+
+
 def _run_pulumi(step: lifecycle.Step) -> None:
     """Run the step's Pulumi command; exit with its code when it fails."""
-    print(f"fab: running {lifecycle.Step(step.kind, step.run_argv).command}", flush=True)
-    code = pulumi_cli.run_streaming(step.run_argv)
+    code = _pulumi(step)
     if code:
         raise Exit(f"error: `{step.argv[0]} {step.argv[1]}` exited with code {code}", code=code)
+
+
+def _has_credentials() -> bool:
+    """Whether boto3 finds any AWS credentials here (what Pulumi ran with; no AWS call is made)."""
+    import boto3
+
+    return boto3.session.Session().get_credentials() is not None
+
+
+def _group_after_up(spec: ClusterSpec, wait_s: float):
+    """The workers' group once it has every worker in service or `wait_s` passed (node_setup/aws/worker_group.py),
+    and the line to fail with when it is short (None: full); (None, None) without a group. An account that
+    cannot be read is one warning line: the capacity is then not checked."""
+    import sys
+
+    from node_setup.aws import clients, errors
+    from node_setup.aws.worker_group import wait_for_workers
+
+    try:
+        group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=wait_s, poll_s=CAPACITY_POLL_S)
+    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        print(f"warning: could not read the workers' group ({str(exc).splitlines()[0]}): whether its workers are "
+              "in service is not checked (`fab status` shows it)", file=sys.stderr, flush=True)
+        return None, None
+    if group is None or group.stopped or len(group.in_service) >= group.desired:
+        return group, None
+    return group, group_rules.capacity_line(group.name, group.desired, len(group.in_service), group.failure,
+                                            format_duration(wait_s))
+
+
+def _arm_autostop(spec: ClusterSpec) -> str | None:
+    """Arm the master's idle auto-stop with the stack's autoStopIdle as `fab setup` does (the cluster key and
+    the full node list on the master first); what went wrong in one line, None when it is armed (or off)."""
+    from cluster.node import autostop
+    from node_setup.ssh import autostop as remote
+    from node_setup.ssh import connections
+    from node_setup.stack_config import stack_auto_stop_idle
+    from node_setup.tasks import common
+
+    try:
+        idle_s = stack_auto_stop_idle(spec.cluster_name)
+        if idle_s is None:
+            print("auto-stop: off (the stack's autoStopIdle)", flush=True)
+            return None
+        inventory = common.inventory(spec.cluster_name, spec.region)
+    except (Exit, autostop.AutostopError) as exc:
+        return str(getattr(exc, "message", None) or exc).removeprefix("error: ")
+    conns = common.connect(inventory)
+    try:
+        print(autostop.status_line(remote.arm_at_setup(inventory, conns, idle_s, force=False)), flush=True)
+    except Exception as exc:  # noqa: BLE001 - said in one line: the cluster is up, the auto-stop is not armed
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    finally:
+        connections.close_all(conns)
+    return None
 
 
 @task(help={
     "stack": "Pulumi stack to bring up (default: the only Pulumi.<stack>.yaml here besides the example)",
     "preflight": "run `fab preflight` first and stop when it fails (on by default; --no-preflight skips it)",
     "ip_check": "preflight: compare adminCidrs with this machine's public address",
-})
-def up(c, stack="", preflight=True, ip_check=True):
-    """Preflight, then `pulumi up --refresh` for the stack, its output streamed; exits with Pulumi's code.
+    "wait-for-capacity": "after `pulumi up`, wait this long at most for every worker of the group to be in "
+                         f"service, e.g. 1h (default {METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: "
+                         "check once); short of workers then, fab up fails with the group's reason",
+}, kinds={"wait-for-capacity": duration_or_off})
+def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S)):
+    """Preflight, `pulumi up --refresh` for the stack (its output streamed), then wait for the workers' group
+    to be full and arm the idle auto-stop; exits with Pulumi's code when it fails, 1 when workers are missing.
 
     A first up takes about an hour, two on metal types (docs/aws-lifecycle.md). Ctrl-C is passed to
     Pulumi once (it cancels cleanly) and `fab` waits for it to exit: Pulumi is never killed.
@@ -54,6 +129,7 @@ def up(c, stack="", preflight=True, ip_check=True):
     spec = _spec(stack)
     steps = lifecycle.up_steps(spec.stack, preflight=preflight)
     _need_pulumi(steps)
+    code = 0
     for step in steps:
         if step.kind == lifecycle.PREFLIGHT_STEP:
             code = run_stack_preflight(spec, ip_check=ip_check)
@@ -61,9 +137,32 @@ def up(c, stack="", preflight=True, ip_check=True):
                 raise Exit(f"error: preflight failed (exit code {code}): nothing was created; fix what it names "
                            "and run `fab up` again", code=code)
         else:
-            _run_pulumi(step)
-    print(f"up: cluster {spec.cluster_name} is up (stack {spec.stack}); next: `fab setup` (checks the nodes and "
-          f"arms the idle auto-stop), then `fab train --nodes {spec.node_count}`")
+            code = _pulumi(step)
+    group, short, unarmed = None, None, None
+    if not _has_credentials():
+        print("warning: no AWS credentials here: whether the workers' group has its workers in service is not "
+              "checked and the idle auto-stop is not armed (`fab status` shows the group, `fab setup` arms it)",
+              flush=True)
+    else:
+        if not code and wait_for_capacity:
+            print(f"fab: waiting for the workers' group of {spec.cluster_name} to have its workers in service (at "
+                  f"most {format_duration(wait_for_capacity)})", flush=True)
+        group, short = _group_after_up(spec, 0 if code else wait_for_capacity)
+        # After a failed `pulumi up` the master may be up with nothing to stop it; once the group exists the
+        # image was made from it, so arming it puts nothing into an image.
+        unarmed = _arm_autostop(spec) if not code or group is not None else None
+    if unarmed:
+        print(f"warning: the idle auto-stop is not armed ({unarmed}): nothing stops this cluster when it is idle; "
+              "`fab setup` or `fab autostop` arms it", flush=True)
+    if code:
+        if group is not None and len(group.in_service) < group.desired:
+            print(group_rules.capacity_line(group.name, group.desired, len(group.in_service), group.failure,
+                                            "`pulumi up`"), flush=True)
+        raise Exit(f"error: `pulumi up` exited with code {code}", code=code)
+    if short:
+        raise Exit(f"error: {short}", code=FAILED)
+    print(f"up: cluster {spec.cluster_name} is up (stack {spec.stack}); next: `fab train --nodes {spec.node_count}` "
+          "(`fab setup` checks the nodes' software)")
 
 
 @task(help={
