@@ -8,7 +8,8 @@ there picks it; nothing else asks an inventory's kind for these concerns):
 - `file` (node_setup/backends/inventory.py): the machines an inventory file lists, any SSH hosts.
 
 `ClusterBackend` is what a kind answers on the controller (discover the inventory, a new node's
-console host keys, prices, what the run supervisor needs to follow the group, how it is started);
+console host keys, prices, what the run supervisor needs to follow the group, how it is started,
+the checks before a run, the idle auto-stop's default and group, the wheelhouse, the market);
 `MachineGroup` is what the run supervisor on the master asks while a run goes on (the group's
 members now: a replacement's arrival; an instance's state: is a silent node lost; its console:
 the host keys it printed). tests/unit/test_supervisor.py drives the supervisor with a test double
@@ -55,6 +56,15 @@ class ConsoleSource(Protocol):
     def advice(self, address: str) -> str: ...
 
 
+class PreflightReport(Protocol):
+    """What a backend's checks before a run found (node_setup/aws/findings.py's Report)."""
+
+    @property
+    def ok(self) -> bool: ...  # nothing failed
+
+    def render(self) -> str: ...  # every finding, one a line, with its fix
+
+
 class MachineGroup(Protocol):
     """The run's machines as the supervisor on the master sees them (node_setup/supervisor/loop.py)."""
 
@@ -98,4 +108,47 @@ class ClusterBackend(Protocol):
 
     def supervisor_as_service(self) -> bool:
         """Whether the master is a machine of its own (a systemd unit runs the supervisor), not a namespace."""
+        ...
+
+    # What else differs, each asked of the backend where it acts (docs/design.md's table). What pure
+    # planning needs (the shared output root, shared cores, no internet) is the Inventory's facts instead,
+    # which `discover` fills in.
+
+    def preflight_for_run(self, inventory: Inventory) -> PreflightReport | None:
+        """The checks before a job or a supervised run starts on these nodes (AWS: credentials, every node
+        still running, no spot notice); None: nothing to check. An account's answer is a finding, never raised."""
+        ...
+
+    def default_idle_stop(self, inventory: Inventory) -> int | None:
+        """The idle auto-stop armed without being asked (by `fab setup` and at a job's start), in seconds: AWS's
+        is the stack's autoStopIdle; None: none (only `--auto-stop` or `fab autostop` arm one). A bad value
+        in the stack raises cluster/node/autostop.py's AutostopError."""
+        ...
+
+    def idle_stop_files(self, inventory: Inventory) -> dict[str, str]:
+        """What the auto-stop's power-off needs on the master besides the node list, path -> text (AWS: the
+        workers' group, set to 0 first, or it would launch the powered-off workers again)."""
+        ...
+
+    def group_status(self, inventory: Inventory) -> tuple[str, str | None] | None:
+        """`fab status`'s line on the group that keeps the workers (AWS's: set to 0 by the auto-stop, short
+        of workers, and why) and the problem to list (None: none); None: there is no such group."""
+        ...
+
+    def copies_wheelhouse(self) -> bool:
+        """Whether an inventory's wheelhouse (a folder on this machine) is copied to each node before an
+        install; False: the nodes read this machine's folder itself (a local cluster's share its disk)."""
+        ...
+
+    def market(self, node: Node) -> str | None:
+        """How a node is paid for (cluster/cost/spend.py's SPOT, ON_DEMAND, LOCAL_MARKET); None: not known."""
+        ...
+
+    def link_limit(self, inventory: Inventory) -> str:
+        """What limits the nodes' link, as a calibration records it (a local cluster's `--link-mbit`); "": nothing."""
+        ...
+
+    def replaces_lost_master(self) -> bool:
+        """Whether fab replaces a lost master itself (AWS: a targeted `pulumi up` of the cluster's stack);
+        False: nothing does (a local cluster's keeper replaces workers only; your own machines are yours)."""
         ...

@@ -14,6 +14,9 @@ Inventory file format (YAML, for on-premise machines and the local cluster)::
     sockets: 2                     # or describe the machines directly
     physical_cores: 32             # physical cores per node (all sockets)
     wheelhouse: /srv/wheels        # optional: nodes install from here with no index (offline)
+    shared_output_root: /mnt/runs  # optional: a folder every node sees on one shared disk; jobs write under it
+    shared_cores: false            # optional: true when the nodes are shares of one machine's cores
+    offline: false                 # optional: true when the nodes cannot reach the internet
     hosts:                         # master first
       - name: node0
         address: 192.0.2.10        # what the controller connects to
@@ -34,7 +37,8 @@ from cluster.node.profiles import DEFAULT_PROFILE, PROFILES
 from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
 
 FILE_KEYS = ("name", "kind", "user", "key", "gateway", "profile", "instance_type", "sockets", "physical_cores",
-             "wheelhouse", "hosts")
+             "wheelhouse", "shared_output_root", "shared_cores", "offline", "hosts")
+FACT_FLAGS = ("shared_cores", "offline")  # the facts that are true or false
 HOST_KEYS = ("name", "address", "private_address")
 
 
@@ -108,6 +112,12 @@ class Inventory:
     physical_cores: int | None = None
     wheelhouse: str | None = None
     region: str | None = None
+    # Facts of where the nodes are, which planning reads instead of the kind of cluster: set by the
+    # kind's backend at discovery (the local cluster's: node_setup/backends/files.py) or by an inventory
+    # file, and carried with the inventory (to_mapping) into a supervised run's spec.
+    shared_output_root: str | None = None  # a folder on one disk every node shares; None: each node's home
+    shared_cores: bool = False  # the nodes are shares of one machine's cores (each gets an equal share, unpinned)
+    offline: bool = False  # the nodes cannot reach the internet: a job given no model or data runs the offline demo
 
     def __post_init__(self) -> None:
         try:
@@ -117,12 +127,24 @@ class Inventory:
                 names.endpoint(self.gateway, f"cluster {self.name!r} gateway")
             if self.wheelhouse:
                 names.node_path(self.wheelhouse, f"cluster {self.name!r} wheelhouse")
+            if self.shared_output_root is not None:
+                names.node_path(self.shared_output_root, f"cluster {self.name!r} shared_output_root")
         except names.UnsafeValue as exc:
             raise InventoryError(str(exc)) from None
+        for flag in FACT_FLAGS:
+            if not isinstance(getattr(self, flag), bool):
+                raise InventoryError(f"cluster {self.name!r} {flag}: {getattr(self, flag)!r} is not allowed; "
+                                     "allowed: true or false")
 
     @property
     def master(self) -> Node:
         return self.nodes[0]
+
+    def on_shared_disk(self, path: str) -> bool:
+        """Whether `path` on the nodes is in the shared output root (every node, and the master's
+        replacement, sees the same files there)."""
+        root = (self.shared_output_root or "").rstrip("/")
+        return bool(root) and (path == root or path.startswith(root + "/"))
 
     def first(self, count: int) -> "Inventory":
         """The inventory cut to its first `count` nodes (master first), with a clear error."""
@@ -197,6 +219,8 @@ class Inventory:
                 nodes=tuple(nodes), key_path=data.get("key"), gateway=data.get("gateway"), profile=profile,
                 instance_type=data.get("instance_type"), sockets=sockets,
                 physical_cores=physical_cores, wheelhouse=data.get("wheelhouse"),
+                shared_output_root=data.get("shared_output_root"),
+                **{flag: data.get(flag, False) for flag in FACT_FLAGS},
             )
         except InventoryError as exc:
             raise InventoryError(f"{where}: {exc}") from None
@@ -207,7 +231,9 @@ class Inventory:
         out: dict[str, Any] = {"name": self.name, "user": self.user, "profile": self.profile}
         for key, value in (("key", self.key_path), ("gateway", self.gateway),
                            ("instance_type", self.instance_type), ("sockets", self.sockets),
-                           ("physical_cores", self.physical_cores), ("wheelhouse", self.wheelhouse)):
+                           ("physical_cores", self.physical_cores), ("wheelhouse", self.wheelhouse),
+                           ("shared_output_root", self.shared_output_root),
+                           *((flag, getattr(self, flag) or None) for flag in FACT_FLAGS)):
             if value is not None:
                 out[key] = value
         out["hosts"] = [{"name": n.name, "address": n.address, "private_address": n.private_address}

@@ -10,48 +10,24 @@ Every task calls this once and then works on the returned Inventory (master firs
 failure is a ClusterSelectionError whose message says what was looked for, what was found and
 what to do.
 
-`cluster_kind` reads which kind of cluster `--cluster` names; that kind's backend
-(node_setup/backends/) discovers it: an AWS cluster by node_setup/aws/discovery.py, imported only
-when one is asked for (boto3).
+`cluster_kind` (node_setup/backends/, the one place that reads it) says which kind of cluster
+`--cluster` names; that kind's backend discovers it: an AWS cluster by node_setup/aws/discovery.py,
+imported only when one is asked for (boto3).
 The error and the key variable both kinds share are cluster/inventory.py's (so neither module imports
 the other's caller).
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-from cluster import backend
 from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory
-from node_setup.backends import backend_for
+from node_setup.backends import backend_for, cluster_kind, cluster_name, looks_like_path
 from node_setup.backends.files import load_inventory_file, process_started_at
-from node_setup.local import state as local_state
 
-__all__ = ["KEY_ENV", "ClusterSelectionError", "resolve_cluster", "cluster_kind", "looks_like_path",
+__all__ = ["KEY_ENV", "ClusterSelectionError", "resolve_cluster", "cluster_kind", "cluster_name", "looks_like_path",
            "load_inventory_file", "process_started_at"]
-
-LOCAL = backend.LOCAL  # `--cluster local` and `local:NAME`
-INVENTORY_SUFFIXES = (".yaml", ".yml")
 
 
 def resolve_cluster(cluster: str | None, region: str | None = None) -> Inventory:
     """The Inventory that `--cluster` names (see the module docstring); master first."""
     kind, target = cluster_kind(cluster)
     return backend_for(kind).discover(target, region)
-
-
-def cluster_kind(cluster: str | None) -> tuple[str, str | None]:
-    """Which kind of cluster `--cluster` names, and what names it there: (kind, name or path)."""
-    cluster = (cluster or "").strip() or None
-    if cluster is None:
-        return backend.AWS, None  # the only xeon-cluster cluster running in the region
-    if cluster == LOCAL or cluster.startswith(LOCAL + ":"):
-        return backend.LOCAL, cluster.partition(":")[2] or local_state.DEFAULT_NAME
-    if looks_like_path(cluster):
-        return backend.FILE, cluster
-    return backend.AWS, cluster
-
-
-def looks_like_path(value: str) -> bool:
-    return os.sep in value or value.endswith(INVENTORY_SUFFIXES) or Path(value).is_file()

@@ -21,7 +21,7 @@ from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory
 from cluster.job.job_args import SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE, synthetic_data, training_arguments
-from cluster.job.jobplan import LOCAL_OUTPUT_ROOT, DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id, plan_job
+from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id, plan_job
 from cluster.job.launch import plan_launch
 from cluster.job.layout import LayoutError, plan_layout
 from cluster.node.profiles import get_profile, venv_dir
@@ -85,8 +85,7 @@ def plan_bench(inventory: Inventory, o: BenchOptions, *, job_id: str | None = No
     machine, pin, notes = machine_for(inventory, nodes)
     layout = plan_layout(machine, backend=profile.backend, ranks_per_node=1, pin=pin)
     job_id = job_id or new_job_id()
-    root = f"{LOCAL_OUTPUT_ROOT}/{inventory.name}" if inventory.kind == "local" else DEFAULT_OUTPUT_ROOT
-    output_dir = f"{root}/bench-{job_id}"
+    output_dir = f"{inventory.shared_output_root or DEFAULT_OUTPUT_ROOT}/bench-{job_id}"
     venv = venv_dir(profile)
     args = bench_args(o, f"{output_dir}/bench.json")
     program = [f"{venv}/bin/python", "-m", "training.bench", *args]

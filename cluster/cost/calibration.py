@@ -216,14 +216,15 @@ def parse(text: str, source: str = "") -> Calibration:
 
 
 def cluster_file_name(cluster: str) -> str:
-    """`<cluster>.json` for a cluster name (`local:NAME` -> NAME); ValueError for anything else."""
-    name = cluster.split(":", 1)[1] if cluster.startswith("local:") else cluster
-    if not _CLUSTER_FILE_RE.match(name or ""):
+    """`<cluster>.json` for a cluster's name (node_setup/discovery.py's `cluster_name` of a `--cluster`);
+    ValueError for anything else."""
+    if not _CLUSTER_FILE_RE.match(cluster or ""):
         raise CalibrationError(f"--cluster: {cluster!r} is not a cluster name a calibration can be kept under; "
-                               "allowed: letters, digits, '.', '_' and '-' (e.g. local, local:demo, my-cluster)")
-    return f"{name}.json"
+                               "allowed: letters, digits, '.', '_' and '-' (e.g. local, demo, my-cluster)")
+    return f"{cluster}.json"
 
 
 def path_for(config_root: Path | str, cluster: str) -> Path:
-    """Where `fab bench` keeps the calibration of `cluster`: `<config dir>/calibration/<name>.json`."""
+    """Where `fab bench` keeps the calibration of the cluster named `cluster`: `<config dir>/calibration/
+    <name>.json`."""
     return Path(config_root) / "calibration" / cluster_file_name(cluster)

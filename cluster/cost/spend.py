@@ -20,9 +20,10 @@ from typing import Any
 
 from cluster.cost import timemodel as tm
 
+# How a node is paid for: its kind's backend says which (node_setup/backends/, `market`).
 SPOT = "spot"
 ON_DEMAND = "on-demand"
-LOCAL = "local"  # the local cluster's market: nothing is paid
+LOCAL_MARKET = "local"  # the local cluster's: nothing is paid
 LOCAL_NO_PRICE = "local cluster: no price"
 NO_PRICE_FOR_FILE = "no price: machines of an inventory file"
 COST_KEY = "cost"  # summary.json's cost record
@@ -31,13 +32,6 @@ COST_KEY = "cost"  # summary.json's cost record
 # the job's own directory on the master instead, under this name.
 RUN_RECORD_NAME = "summary.json"
 UNKNOWN = "-"
-
-
-def market(kind: str, spot: bool | None) -> str | None:
-    """spot, on-demand, local, or None when not known (an inventory file's machines)."""
-    if kind == LOCAL:
-        return LOCAL
-    return {True: SPOT, False: ON_DEMAND}.get(spot) if kind == "aws" and spot is not None else None
 
 
 def uptime_seconds(launched_at: float | None, now: float) -> float | None:
@@ -100,7 +94,7 @@ class ClusterSpend:
     def total_line(self) -> str:
         line = (f"total: {len(self.nodes)} node(s), {usd(self.usd_per_hour, 4)}/hour, "
                 f"{usd(self.spent_usd)} spent so far")
-        if self.nodes and all(n.market == LOCAL for n in self.nodes):
+        if self.nodes and all(n.market == LOCAL_MARKET for n in self.nodes):
             return f"{line} ({LOCAL_NO_PRICE})"
         if self.unpriced:
             line += f" (not counted: {', '.join(self.unpriced)}, spend unknown)"
@@ -210,7 +204,7 @@ def run_record(job_id: str, exit_code: int, hosts: list[str], world_size: int, c
 
 def run_price(spend: ClusterSpend) -> tuple[float | None, str]:
     """(the nodes' hourly price together, or None when one has none; where the prices came from)."""
-    if spend.nodes and all(n.market == LOCAL for n in spend.nodes):
+    if spend.nodes and all(n.market == LOCAL_MARKET for n in spend.nodes):
         return 0.0, LOCAL_NO_PRICE
     sources = "; ".join(sorted({n.price_source for n in spend.nodes if n.price_source}))
     if any(n.usd_per_hour is None for n in spend.nodes):

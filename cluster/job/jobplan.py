@@ -148,13 +148,13 @@ class JobPlan:
 def machine_for(inventory: Inventory, nodes: int) -> tuple[catalog.InstanceType, bool, list[str]]:
     """What one node looks like, whether to pin, and notes.
 
-    A local cluster's nodes share this machine's cores: each gets an equal share, unpinned.
+    Nodes that share one machine's cores (the local cluster's) each get an equal share, unpinned.
     """
     machine = inventory.machine()
-    if inventory.kind != "local":
+    if not inventory.shared_cores:
         return machine, True, []
     share = max(1, machine.physical_cores // nodes)
-    note = (f"local cluster: {nodes} node(s) share this machine's {machine.physical_cores} physical "
+    note = (f"{nodes} node(s) share one machine's {machine.physical_cores} physical "
             f"core(s); each node gets {share} and ranks are not pinned")
     return catalog.custom(f"local node (a 1/{nodes} share of this machine)", 1, share), False, [note]
 
@@ -203,8 +203,7 @@ def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], 
                          threads_per_rank=threads_per_rank, ccl_workers=ccl_workers,
                          pin=default_pin if pin is None else pin, **kwargs)
     job_id = job_id or new_job_id()
-    root = f"{LOCAL_OUTPUT_ROOT}/{inventory.name}" if inventory.kind == "local" else DEFAULT_OUTPUT_ROOT
-    output_dir = output_dir or f"{root}/{job_id}"
+    output_dir = output_dir or f"{inventory.shared_output_root or DEFAULT_OUTPUT_ROOT}/{job_id}"
     venv = venv_dir(profile)
     if user is not None:
         python = f"{venv}/bin/python"

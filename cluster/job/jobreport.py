@@ -74,8 +74,8 @@ def software_warning(installed: Mapping[str, str], expected: str) -> str | None:
 
 def spot_warning(inventory: Inventory, args: list[str]) -> str | None:
     """One line at launch when spot nodes train without --checkpoint-uri, or None."""
-    spot = [n.name for n in inventory.nodes if n.spot]
-    if inventory.kind != "aws" or not spot or any(a == "--checkpoint_uri" or a.startswith("--checkpoint_uri=")
+    spot = [n.name for n in inventory.nodes if n.spot]  # spot instances: an AWS cluster's (its backend's market)
+    if not spot or any(a == "--checkpoint_uri" or a.startswith("--checkpoint_uri=")
                                                   for a in args):
         return None
     which = f"{spot[0]} is a spot instance" if len(spot) == 1 else f"{', '.join(spot)} are spot instances"

@@ -132,13 +132,13 @@ def stack_idle_seconds(value: object, setting: str = "autoStopIdle") -> int | No
         raise AutostopError(f"{exc} (or {OFF})") from None
 
 
-def setup_idle(kind: str, option: object, stack_idle) -> int | None:
-    """What `fab setup` arms: `--auto-stop` when given (a duration or `off`); otherwise, on an AWS
-    cluster, the stack's autoStopIdle (`stack_idle()`: seconds or None for off, the default when no
-    stack names the cluster); on a local cluster or machines of your own, nothing unless asked."""
+def setup_idle(option: object, default_idle) -> int | None:
+    """What `fab setup` arms: `--auto-stop` when given (a duration or `off`); otherwise the cluster's
+    default (`default_idle()`, its backend's `default_idle_stop`: on AWS the stack's autoStopIdle, seconds
+    or None for off; on a local cluster or machines of your own None, nothing unless asked)."""
     if option not in (None, ""):
         return stack_idle_seconds(option, "--auto-stop")
-    return stack_idle() if kind == "aws" else None
+    return default_idle()
 
 
 def poll_for(idle_s: int) -> int:

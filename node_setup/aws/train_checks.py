@@ -108,13 +108,11 @@ def check_spot_notices(report: Report, clients: AwsClients, inventory: Inventory
         report.add("spot", OK, f"no spot interruption notice on {', '.join(n.name for n in spot_nodes)}")
 
 
-def preflight_for_train(inventory: Inventory, clients: AwsClients | None = None) -> Report | None:
-    """What `fab train` checks on an AWS cluster before launching; None for other kinds of cluster.
+def preflight_for_train(inventory: Inventory, clients: AwsClients | None = None) -> Report:
+    """What `fab train` checks on an AWS cluster before launching (the AWS backend's `preflight_for_run`).
 
     Never raises for an AWS answer: a denied or failing API is a finding and the other checks run.
     """
-    if inventory.kind != "aws":
-        return None
     region = inventory.region or aws.resolve_region(None)
     report = Report(region=region)
     clients = clients or AwsClients(sts=aws.client("sts", region), ec2=aws.client("ec2", region), quotas=None)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.backend import AWS, BackendError, ConsoleSource, NodePrice
+from cluster.backend import AWS, BackendError, ConsoleSource, NodePrice, PreflightReport
+from cluster.cost import spend
 from cluster.inventory import Inventory, Node
 from cluster.run.supervision import Member
 from node_setup.backends.inventory import StaticGroup
@@ -138,3 +139,35 @@ class AwsBackend:
 
     def supervisor_as_service(self) -> bool:
         return True  # a machine of its own: a transient systemd unit
+
+    def preflight_for_run(self, inventory: Inventory) -> PreflightReport | None:
+        from node_setup.aws.train_checks import preflight_for_train
+
+        return preflight_for_train(inventory)
+
+    def default_idle_stop(self, inventory: Inventory) -> int | None:
+        from node_setup.stack_config import stack_auto_stop_idle
+
+        return stack_auto_stop_idle(inventory.name)
+
+    def idle_stop_files(self, inventory: Inventory) -> dict[str, str]:
+        from node_setup.aws.worker_group import group_file
+
+        return group_file(inventory.name, inventory.region)
+
+    def group_status(self, inventory: Inventory) -> tuple[str, str | None] | None:
+        from node_setup.aws.worker_group import status_lines
+
+        return status_lines(inventory.name, inventory.region)
+
+    def copies_wheelhouse(self) -> bool:
+        return True
+
+    def market(self, node: Node) -> str | None:
+        return None if node.spot is None else spend.SPOT if node.spot else spend.ON_DEMAND
+
+    def link_limit(self, inventory: Inventory) -> str:
+        return ""
+
+    def replaces_lost_master(self) -> bool:
+        return True  # node_setup/tasks/managed.py's recover_master: a targeted `pulumi up` of the stack

@@ -1,6 +1,6 @@
 """Reading an inventory file (cluster/inventory.py's format): the user's own, or the one `fab local-up`
-wrote for a local cluster (its `kind: local`), whose nodes get their start times from the state file
-beside it. The inventory file's and the local cluster's backends discover through it."""
+wrote for a local cluster (its `kind: local`), which gets the local cluster's facts and its nodes' start
+times from the state file beside it. The inventory file's and the local cluster's backends discover through it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import yaml
 
 from cluster.backend import FILE, LOCAL
 from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory, InventoryError
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from node_setup.local import state as local_state
 
 
@@ -45,7 +46,19 @@ def load_inventory_file(path: str | os.PathLike) -> Inventory:
             key_path = file.resolve().parent / key_path
         key = str(key_path)
     inventory = replace(inventory, key_path=key)
-    return with_start_times(inventory, file) if kind == LOCAL else inventory
+    return local_cluster(inventory, file) if kind == LOCAL else inventory
+
+
+def local_cluster(inventory: Inventory, inventory_file: Path) -> Inventory:
+    """A local cluster's inventory with its facts and its nodes' start times."""
+    return with_start_times(local_facts(inventory), inventory_file)
+
+
+def local_facts(inventory: Inventory) -> Inventory:
+    """The local cluster's facts: its nodes are namespaces of this machine, so they share its cores and its
+    disk (jobs write under LOCAL_OUTPUT_ROOT/<cluster>, which every node sees) and have no route out."""
+    return replace(inventory, shared_output_root=f"{LOCAL_OUTPUT_ROOT}/{inventory.name}", shared_cores=True,
+                   offline=True)
 
 
 def with_start_times(inventory: Inventory, inventory_file: Path) -> Inventory:

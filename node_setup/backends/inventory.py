@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.cost import spend
-from cluster.backend import FILE, ConsoleSource, NodePrice
+from cluster.backend import FILE, ConsoleSource, NodePrice, PreflightReport
 from cluster.inventory import Inventory, Node
 from cluster.run.supervision import Member
 from node_setup.backends.files import load_inventory_file
@@ -53,4 +53,28 @@ class InventoryFileBackend:
         return StaticGroup(members), members
 
     def supervisor_as_service(self) -> bool:
+        return False
+
+    def preflight_for_run(self, inventory: Inventory) -> PreflightReport | None:
+        return None
+
+    def default_idle_stop(self, inventory: Inventory) -> int | None:
+        return None  # your own machines: only `fab setup --auto-stop` or `fab autostop` arm it
+
+    def idle_stop_files(self, inventory: Inventory) -> dict[str, str]:
+        return {}
+
+    def group_status(self, inventory: Inventory) -> tuple[str, str | None] | None:
+        return None
+
+    def copies_wheelhouse(self) -> bool:
+        return True
+
+    def market(self, node: Node) -> str | None:
+        return None
+
+    def link_limit(self, inventory: Inventory) -> str:
+        return ""
+
+    def replaces_lost_master(self) -> bool:
         return False

@@ -14,7 +14,7 @@ from typing import Any
 
 from cluster import names
 from cluster.cost import spend
-from cluster.backend import LOCAL, ConsoleSource, NodePrice
+from cluster.backend import LOCAL, ConsoleSource, NodePrice, PreflightReport
 from cluster.inventory import ClusterSelectionError, Inventory, Node
 from cluster.run.supervision import Member
 from node_setup.backends.members import checked_member
@@ -120,3 +120,34 @@ class LocalBackend:
 
     def supervisor_as_service(self) -> bool:
         return False  # a process inside the master's namespace
+
+    def preflight_for_run(self, inventory: Inventory) -> PreflightReport | None:
+        return None
+
+    def default_idle_stop(self, inventory: Inventory) -> int | None:
+        return None  # nothing is paid: only `fab setup --auto-stop` or `fab autostop` arm it
+
+    def idle_stop_files(self, inventory: Inventory) -> dict[str, str]:
+        return {}
+
+    def group_status(self, inventory: Inventory) -> tuple[str, str | None] | None:
+        return None
+
+    def copies_wheelhouse(self) -> bool:
+        return False  # the nodes' namespaces see this machine's disk: they read its wheelhouse
+
+    def market(self, node: Node) -> str | None:
+        return spend.LOCAL_MARKET
+
+    def link_limit(self, inventory: Inventory) -> str:
+        """The link limit `fab local-up --link-mbit` recorded in the cluster's state ("" when none)."""
+        try:
+            state = local_state.load_state(local_state.paths_for(inventory.name))
+        except local_state.LocalClusterError:
+            return ""
+        if state is None or not state.link_mbit:
+            return ""
+        return local_state.describe_link(state.link_mbit, state.link_delay_ms)
+
+    def replaces_lost_master(self) -> bool:
+        return False  # the keeper replaces workers only

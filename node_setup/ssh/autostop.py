@@ -12,6 +12,7 @@ import sys
 from typing import Mapping
 
 from cluster.node import autostop
+from node_setup.backends import backend_for
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
 INSTALL_TIMEOUT_S = 60
@@ -41,10 +42,7 @@ def record_nodes(master, inventory, host_keys: Mapping[str, str]) -> None:
     whole cluster by `fab setup`, `fab distribute` and `fab autostop`, never by `fab train --nodes N`.
     `host_keys`: alias -> the host key the controller verified (distribution's result)."""
     files = autostop.node_list_files(inventory.name, inventory.nodes, inventory.user, host_keys)
-    if inventory.kind == "aws":  # the workers' group, which the service sets to 0 before it stops them
-        from node_setup.aws.worker_group import group_file
-
-        files.update(group_file(inventory.name, inventory.region))
+    files.update(backend_for(inventory.kind).idle_stop_files(inventory))  # AWS: the group it sets to 0 first
     master.run(f"mkdir -p {shlex.quote(autostop.STATE_DIR)} && chmod 700 {shlex.quote(autostop.STATE_DIR)}",
                hide=True, in_stream=False)
     for path, text in files.items():
@@ -75,13 +73,12 @@ def arm(master, idle_s: int, poll_s: int) -> autostop.Status:
     return _run(master, autostop.arm_command(idle_s, poll_s))
 
 
-def arm_with_stack_default(master, cluster_name: str) -> autostop.Status | None:
-    """Arm with the stack's autoStopIdle (a stack file here that makes this cluster; else the
-    default) unless it is armed or was cancelled on this master; a problem is one warning line."""
-    from node_setup.stack_config import stack_auto_stop_idle
-
+def arm_default(master, inventory) -> autostop.Status | None:
+    """Arm the cluster's default idle auto-stop (its backend's `default_idle_stop`: on AWS the stack's
+    autoStopIdle; none elsewhere) unless it is armed or was cancelled on this master; a problem is one
+    warning line. What a job's start arms."""
     try:
-        idle_s = stack_auto_stop_idle(cluster_name)
+        idle_s = backend_for(inventory.kind).default_idle_stop(inventory)
         if idle_s is None:
             return None
         return _run(master, autostop.arm_default_command(idle_s))

@@ -32,6 +32,7 @@ from cluster.inventory import Inventory
 from cluster.node.profiles import Profile, get_profile
 from cluster.node.setup_script import (DEFAULT_MIN_FREE_GIB, CheckReport, Event, InstallPlan, changed, check_script,
                                   evaluate_check, install_script, parse_events, prebake_script)
+from node_setup.backends import backend_for
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import each_node
 from node_setup.ssh.wheels import (OUTPUT_TAIL_LINES, ProjectWheel, build_project_wheel,
@@ -187,6 +188,7 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
         project_wheel = build_project_wheel()
     if inventory.wheelhouse:
         fill_wheelhouse(profile, inventory.wheelhouse, lambda msg: progress("controller", msg))
+    copies_wheelhouse = backend_for(inventory.kind).copies_wheelhouse()  # a local cluster's nodes read it here
 
     def one(name: str, conn) -> InstallResult:
         start = time.monotonic()
@@ -198,7 +200,7 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
             progress(name, result.error)
             return result
         try:
-            if inventory.wheelhouse and inventory.kind != "local":
+            if inventory.wheelhouse and copies_wheelhouse:
                 copied = sync_wheelhouse(conn, inventory.wheelhouse)
                 if copied:
                     progress(name, f"wheelhouse: copied {copied} file(s)")

@@ -121,8 +121,7 @@ def start(master, plan: JobPlan) -> int:
         raise JobError(f"the job script did not start on the master {plan.inventory.master.name}: "
                        f"{(result.stdout + result.stderr).strip() or 'no pid written'}; "
                        f"look at ~/{d}/log there")
-    if plan.inventory.kind == "aws":
-        autostop.arm_with_stack_default(master, plan.inventory.name)
+    autostop.arm_default(master, plan.inventory)
     return int(pid)
 
 

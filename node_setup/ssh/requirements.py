@@ -25,6 +25,7 @@ from cluster.inventory import Inventory
 from cluster.node.profiles import NODE_ROOT, get_profile, venv_dir
 from cluster.node.setup_script import InstallPlan
 from cluster.job.userjob import REQUIREMENTS_MARKER_DIR, RequirementsPlan
+from node_setup.backends import backend_for
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import NodeOutcome, each_node
 from node_setup.ssh.wheels import InstallError, sync_wheelhouse, tail
@@ -69,10 +70,11 @@ def install(inventory: Inventory, conns: dict, plan: RequirementsPlan) -> list[N
     if inventory.wheelhouse:
         fill_wheelhouse(plan, inventory.wheelhouse)
     command = f"bash -c {shlex.quote(node_script(inventory, plan))}"
+    copies_wheelhouse = backend_for(inventory.kind).copies_wheelhouse()  # a local cluster's nodes read it here
 
     def one(name: str, conn) -> NodeOutcome:
         try:
-            if inventory.wheelhouse and inventory.kind != "local":
+            if inventory.wheelhouse and copies_wheelhouse:
                 sync_wheelhouse(conn, inventory.wheelhouse)
             result = conn.run(command, hide=True, warn=True, in_stream=False)
         except Exception as exc:  # noqa: BLE001 - reported per node

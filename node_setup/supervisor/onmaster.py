@@ -345,7 +345,7 @@ class Job:
         uri = job_setting(self.spec["training_args"], "--checkpoint_uri") or ""
         if uri.startswith("s3://"):
             return f"The run's spec is in {runspec.spec_uri(uri)} and its checkpoints under {uri}."
-        if self.spec.get("kind") == "local":
+        if self.nodes.inventory.on_shared_disk(self.output_dir):  # the local cluster's output root
             return (f"The output directory {self.output_dir} is on the disk every node shares, with the run's spec "
                     f"in {runspec.spec_path(self.output_dir)}.")
         return (f"The checkpoints were only on the master's disk ({self.output_dir}, no --checkpoint-uri): "

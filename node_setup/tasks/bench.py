@@ -18,26 +18,12 @@ from cluster.cost import calibration as calib
 from cluster.inventory import InventoryError
 from cluster.job.launch import LaunchError
 from cluster.job.layout import LayoutError
+from node_setup.backends import backend_for
 from node_setup.controller import config_root
 from node_setup.ssh import job as jobs
 from node_setup.ssh.fanout import outcome_table
 from node_setup.tasks import common
 from node_setup.tasks.common import CLUSTER_HELP, FAILED, REGION_HELP, UNREACHABLE, Unset, fail, task
-
-
-def _local_link(inventory) -> str:
-    """The local cluster's recorded link limit, as text ("" elsewhere or when not limited)."""
-    if inventory.kind != "local":
-        return ""
-    from node_setup.local import state as local_state
-
-    try:
-        state = local_state.load_state(local_state.paths_for(inventory.name))
-    except local_state.LocalClusterError:
-        return ""
-    if state is None or not state.link_mbit:
-        return ""
-    return local_state.describe_link(state.link_mbit, state.link_delay_ms)
 
 
 @task(help={
@@ -107,7 +93,8 @@ def bench(c, nodes=Unset(int, "every node"), cluster="", region="", model=benchp
     if state != "exited" or detail.strip() != "0" or text is None:
         raise fail(f"bench {plan.job_id} failed ({state} {detail}); its log: `fab logs --job {plan.job_id}`", FAILED)
     try:
-        cal = benchplan.calibration_from(json.loads(text), plan.inventory, link=_local_link(inventory))
+        link = backend_for(inventory.kind).link_limit(inventory)  # a local cluster's --link-mbit
+        cal = benchplan.calibration_from(json.loads(text), plan.inventory, link=link)
     except (ValueError, calib.CalibrationError) as exc:
         raise fail(f"bench {plan.job_id}: unusable figures ({exc})", FAILED) from None
     if layout_runs:

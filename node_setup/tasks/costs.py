@@ -16,6 +16,7 @@ from cluster.stack.config_keys import AUTO_STOP_IDLE
 from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
 from cluster.stack.spec import ClusterSpec, ConfigError
 from node_setup.controller import config_root
+from node_setup.discovery import cluster_name
 from node_setup.stack_config import StackConfigError, choose_stack, load_stack_spec, read_stack_values, stack_files
 from node_setup.tasks.common import FAILED, Unset, duration, duration_or_off, fail, given, task
 
@@ -204,7 +205,7 @@ def load_calibration(calibration_file: str, cluster: str) -> tuple[calib.Calibra
         return calib.parse(path.read_text(), str(path)), ""
     if not cluster:
         return None, ""
-    path = calib.path_for(config_root(), cluster)
+    path = calib.path_for(config_root(), cluster_name(cluster) or cluster)
     if not path.is_file():
         return None, f"calibration: none for cluster {cluster!r} ({path}); `fab bench --cluster {cluster}` measures one"
     return calib.parse(path.read_text(), str(path)), ""

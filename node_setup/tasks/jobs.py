@@ -13,6 +13,7 @@ from cluster.job import joblist
 from cluster.job.jobplan import shown
 from cluster.job.logstream import assemble
 from cluster.job.launch import DEFAULT_LAUNCHER
+from node_setup.backends import backend_for
 from node_setup.ssh import job as jobs
 from node_setup.ssh.autostop import status_report as autostop_report
 from node_setup.ssh.fanout import on_nodes, outcome_table
@@ -85,10 +86,9 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     print(f"  {spent.total_line()}")
     for line in spent.source_lines():
         print(f"  {line}")
-    if inventory.kind == "aws":  # the workers' group: stopped by the auto-stop, short of workers, and why
-        from node_setup.aws.worker_group import status_lines
-
-        group_line, group_problem = status_lines(inventory.name, inventory.region)
+    group = backend_for(inventory.kind).group_status(inventory)  # AWS's workers' group: set to 0, short, why
+    if group is not None:
+        group_line, group_problem = group
         print(group_line)
         if group_problem:
             facts["problems"].append(group_problem)

@@ -74,10 +74,10 @@ def local_down(c, name=local_state.DEFAULT_NAME):
 
 def _cluster_name(cluster: str) -> str:
     """`--cluster local` or `local:NAME` -> the local cluster's name; anything else is bad input."""
-    if cluster == "local":
-        return local_state.DEFAULT_NAME
-    if cluster.startswith("local:"):
-        name = cluster.split(":", 1)[1]
+    from node_setup.backends import local_cluster_name
+
+    name = local_cluster_name(cluster)
+    if name is not None:
         try:
             local_state.validate_name(name)
         except local_state.LocalClusterError:

@@ -120,7 +120,8 @@ def publish_spec(master, spec: dict, *, region: str | None = None, s3=None) -> l
             return [f"the run's spec is beside its checkpoints: {runspec.spec_uri(uri)}"]
         return [f"warning: the run's spec could not be written to {runspec.spec_uri(uri)} ({why}); a lost master's "
                 "run cannot be resumed from the bucket"]
-    if spec["kind"] == "aws":
+    inventory = Inventory.from_mapping(spec["inventory"], default_name=spec["inventory"]["name"])
+    if not inventory.on_shared_disk(spec["output_dir"]):  # the local cluster's output root: on the shared disk
         return ["no --checkpoint-uri: the checkpoints and the run's spec are only on the master's disk, and a lost "
                 "master takes them along"]
     return []
@@ -231,7 +232,7 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
     nodes.start_supervisor(master, spec, systemd=backend_for(inventory.kind).supervisor_as_service())
     say(f"run {plan.job_id} handed to its supervisor on the master {plan.inventory.master.name}: "
         + opts.describe().replace("fab stays attached and recovers", "it recovers"))
-    if inventory.kind == "aws" and plan.inventory.master.spot:
+    if plan.inventory.master.spot:
         say("the master is a spot instance: it is the run's single point of failure (a reclaimed master ends the "
             "run; `fab train --managed --resume` continues it once it is back)")
     deadline = time.time() + START_WAIT_S
@@ -249,7 +250,7 @@ def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, in
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, plan.job_id)
-    if code == INTERRUPTED_BY_RECLAIM and inventory.kind == "aws":  # the run ended master-lost
+    if code == INTERRUPTED_BY_RECLAIM and backend_for(inventory.kind).replaces_lost_master():  # ended master-lost
         recover_master(plan.inventory)
     return code
 

@@ -47,10 +47,10 @@ def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
 def _setup_idle(inventory: Inventory, option: str) -> int | None:
     """The idle time `fab setup` arms (cluster/node/autostop.py setup_idle); bad input exits 2 first."""
     from cluster.node import autostop
-    from node_setup.stack_config import stack_auto_stop_idle
+    from node_setup.backends import backend_for
 
     try:
-        return autostop.setup_idle(inventory.kind, option, lambda: stack_auto_stop_idle(inventory.name))
+        return autostop.setup_idle(option, lambda: backend_for(inventory.kind).default_idle_stop(inventory))
     except autostop.AutostopError as exc:
         raise fail(str(exc)) from None
 
@@ -186,18 +186,12 @@ def distribute(c, cluster="", region="", connect_timeout=float(connections.CONNE
 
 def _cluster_name(cluster: str) -> str:
     """The name the controller's files are kept under, without asking AWS (the cluster may be gone)."""
-    from node_setup.discovery import LOCAL, load_inventory_file, looks_like_path
+    from node_setup.discovery import cluster_name
 
-    if cluster == LOCAL or cluster.startswith(LOCAL + ":"):
-        from node_setup.local.state import DEFAULT_NAME
-
-        return cluster.partition(":")[2] or DEFAULT_NAME
-    if looks_like_path(cluster):
-        try:
-            return load_inventory_file(cluster).name
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-    return cluster
+    try:
+        return cluster_name(cluster) or cluster
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 @task(help={

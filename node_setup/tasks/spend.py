@@ -41,8 +41,7 @@ def cluster_spend(inventory: Inventory, *, now: float | None = None, book=None) 
     rows = []
     for node in inventory.nodes:
         usd, source = backend.node_price(book, node, node.instance_type or inventory.instance_type)
-        rows.append(spend.node_spend(node.name, spend.market(inventory.kind, node.spot), node.launched_at, now,
-                                     usd, source))
+        rows.append(spend.node_spend(node.name, backend.market(node), node.launched_at, now, usd, source))
     return spend.ClusterSpend(tuple(rows))
 
 

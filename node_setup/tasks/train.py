@@ -94,7 +94,7 @@ def _data_inputs(inventory: Inventory, job_id: str, options: dict, *, synthetic_
             uploads[str(Path(path).expanduser())] = remote
             options[key] = remote
     given_data = options["model"] or options["dataset"] or options["train_file"]
-    synthetic = given(synthetic_examples) or (inventory.kind == "local" and not given_data)
+    synthetic = given(synthetic_examples) or (inventory.offline and not given_data)
     if synthetic and given_data:
         raise JobArgsError("--synthetic-examples: the offline demo brings its own model and data; leave out "
                            "--model, --dataset and --train-file, or drop --synthetic-examples")

@@ -414,15 +414,15 @@ def test_train_preflight_passes_on_a_running_cluster(mocked_aws):
     assert "all 3 node(s) running" in report.render()
 
 
-def test_train_preflight_is_none_for_clusters_outside_aws():
-    from dataclasses import replace
+def test_the_aws_backend_runs_the_train_preflight(mocked_aws):
+    """The checks before a run are the AWS backend's `preflight_for_run` (the other backends have none:
+    tests/unit/test_backend_kinds.py)."""
+    from node_setup.backends import backend_for
 
-    from cluster.inventory import Inventory
-
-    inventory = Inventory.from_mapping({"hosts": ["192.0.2.10", "192.0.2.11"]}, default_name="lab")
-    assert train_checks.preflight_for_train(inventory, clients=AwsClients(None, None, None)) is None
-    local = replace(inventory, kind="local")
-    assert train_checks.preflight_for_train(local, clients=AwsClients(None, None, None)) is None
+    inventory = running_cluster(boto3.client("ec2", region_name="us-east-1"))
+    report = backend_for(inventory.kind).preflight_for_run(inventory)
+    assert report is not None and report.ok, report.render()
+    assert "all 3 node(s) running" in report.render()
 
 
 def test_train_preflight_fails_naming_a_terminated_worker(mocked_aws):

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cluster.inventory import Inventory
+from node_setup.backends.files import load_inventory_file
 from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
@@ -80,8 +80,8 @@ class RunningLocalCluster:
 
     @property
     def inventory(self) -> Inventory:
-        data = yaml.safe_load(self.paths.inventory_path.read_text())
-        return Inventory.from_mapping(data, default_name=self.name, kind="local")
+        """As `--cluster` finds it: the local backend's facts (shared cores, the shared output root)."""
+        return load_inventory_file(self.paths.inventory_path)
 
     def env(self) -> dict[str, str]:
         """Environment for a `fab` subprocess that should find this cluster as `--cluster local:NAME`."""

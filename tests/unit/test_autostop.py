@@ -284,19 +284,20 @@ def test_a_stale_exec_record_whose_pid_was_reused_does_not_count_and_is_removed(
         live.wait()
 
 
-def test_setup_arms_on_aws_by_default_elsewhere_only_when_asked():
+def test_setup_arms_the_clusters_default_unless_asked():
+    """The default is the backend's (tests/unit/test_backend_kinds.py: the stack's on AWS, none elsewhere)."""
     asked = []
 
     def stack():
         asked.append(1)
         return 3600
 
-    assert autostop.setup_idle("aws", "", stack) == 3600 and asked == [1]
-    assert autostop.setup_idle("local", "", stack) is None and autostop.setup_idle("inventory", None, stack) is None
-    assert autostop.setup_idle("local", "6s", stack) == 6 and autostop.setup_idle("aws", "off", stack) is None
+    assert autostop.setup_idle("", stack) == 3600 and asked == [1]
+    assert autostop.setup_idle(None, lambda: None) is None
+    assert autostop.setup_idle("6s", stack) == 6 and autostop.setup_idle("off", stack) is None
     assert asked == [1]  # an explicit --auto-stop never reads the stack
     with pytest.raises(autostop.AutostopError, match=r"^--auto-stop: 'soon' .* \(or off\)$"):
-        autostop.setup_idle("aws", "soon", stack)
+        autostop.setup_idle("soon", stack)
 
 
 def test_the_full_node_list_names_every_node_with_its_own_host_keys():

@@ -12,6 +12,7 @@ from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory, Node
 from cluster.job.job_args import DEFAULT_GRAD_COMM
+from node_setup.backends.files import local_facts
 
 PARAMS = 135_618
 
@@ -26,11 +27,12 @@ def _figures(**over) -> dict:
     return figures
 
 
-def _inventory(kind="local") -> Inventory:
+def _inventory() -> Inventory:
+    """A local cluster's, with the facts its backend gives it."""
     nodes = tuple(Node(name=f"node{i}", address=f"10.9.9.{i + 2}", private_address=f"10.9.9.{i + 2}", rank=i,
                        role="master" if i == 0 else "worker") for i in range(3))
-    return Inventory(name="demo", kind=kind, user="root", nodes=nodes, key_path="/k", profile="stock", sockets=1,
-                     physical_cores=2)
+    return local_facts(Inventory(name="demo", kind="local", user="root", nodes=nodes, key_path="/k", profile="stock",
+                                 sockets=1, physical_cores=2))
 
 
 def _cal(**over) -> calib.Calibration:
@@ -86,9 +88,23 @@ def test_an_unusable_calibration_is_refused_with_the_reason(text, message):
 
 
 def test_calibration_path_is_per_cluster_and_refuses_odd_names(tmp_path):
-    assert calib.path_for(tmp_path, "local:demo") == tmp_path / "calibration" / "demo.json"
-    with pytest.raises(calib.CalibrationError, match="--cluster: '../x'"):
-        calib.path_for(tmp_path, "../x")
+    assert calib.path_for(tmp_path, "demo") == tmp_path / "calibration" / "demo.json"
+    for odd in ("../x", "local:demo"):  # a name, never a `--cluster` value: node_setup/discovery.py's cluster_name
+        with pytest.raises(calib.CalibrationError, match=f"--cluster: '{odd}'"):
+            calib.path_for(tmp_path, odd)
+
+
+def test_fab_plan_finds_the_calibration_of_the_cluster_its_cluster_option_names(tmp_path, monkeypatch):
+    from node_setup.tasks import costs
+
+    monkeypatch.setattr(costs, "config_root", lambda: tmp_path)
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "demo.json").write_text(_cal().to_json())
+    (tmp_path / "lab.yaml").write_text("name: demo\nhosts: [192.0.2.10]\n")
+    for given in ("local:demo", "demo", str(tmp_path / "lab.yaml")):
+        found, note = costs.load_calibration("", given)
+        assert found is not None and note == "", given
+    assert costs.load_calibration("", "local")[0] is None
 
 
 def test_plan_with_a_calibration_uses_measured_inputs_and_says_so():

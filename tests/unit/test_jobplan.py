@@ -36,11 +36,11 @@ def test_user_output_dir_is_kept_and_not_duplicated():
 
 
 def test_local_cluster_nodes_share_the_machine_unpinned():
-    inv = inventory(kind="local", nodes=3, instance_type=None, sockets=1, physical_cores=2)
+    inv = inventory(kind="local", nodes=3, instance_type=None, sockets=1, physical_cores=2, shared_cores=True)
     plan = jobs.plan_job(inv, nodes=3, training_args=[])
     assert plan.layout.threads_per_rank == 1 and not plan.layout.pin
     assert plan.launch.rank_env["I_MPI_PIN"] == "0"
-    assert any("share this machine" in n for n in plan.notes)
+    assert any("share one machine" in n for n in plan.notes)
     two = jobs.plan_job(inv, nodes=1, training_args=[])
     assert two.layout.threads_per_rank == 2
 

@@ -34,13 +34,13 @@ def test_importing_every_cluster_module_loads_nothing_that_acts():
 ROOMS = {
     "node_setup/tasks": (("cluster", "node_setup", "training.exit_codes"), ()),
     "node_setup/aws": (("cluster",), ("fabric", "paramiko")),
-    "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.stack_config", "node_setup.local.state",
-                        "node_setup.local.console", "node_setup.aws.console", "node_setup.aws.worker_group",
-                        "node_setup.backends"),
+    "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.local.state",
+                        "node_setup.local.console", "node_setup.aws.console", "node_setup.backends"),
                        ("boto3",)),
     "node_setup/local": (("cluster", "node_setup.controller", "training.imds"), ("boto3",)),
     "node_setup/supervisor": (("cluster", "node_setup.backends"), ("fabric", "paramiko", "invoke")),
-    "node_setup/backends": (("cluster", "node_setup.local", "node_setup.aws"), ("fabric", "paramiko", "invoke")),
+    "node_setup/backends": (("cluster", "node_setup.local", "node_setup.aws", "node_setup.stack_config"),
+                            ("fabric", "paramiko", "invoke")),
 }
 NEVER_IN_NODE_SETUP = ("pulumi", "pulumi_aws", "torch", "transformers")
 PROJECT_PACKAGES = ("cluster", "node_setup", "training", "infra", "xeon_cluster", "bench", "scripts", "tests")

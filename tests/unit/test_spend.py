@@ -42,7 +42,7 @@ def test_the_total_adds_priced_nodes_and_names_the_others():
 
 
 def test_a_local_cluster_costs_nothing_and_says_so():
-    total = spend.ClusterSpend(tuple(row(f"node{i}", spend.LOCAL, NOW - 90, 0.0, spend.LOCAL_NO_PRICE)
+    total = spend.ClusterSpend(tuple(row(f"node{i}", spend.LOCAL_MARKET, NOW - 90, 0.0, spend.LOCAL_NO_PRICE)
                                      for i in range(3)))
     assert total.spent_usd == 0 and total.unpriced == []
     assert total.total_line().endswith(f"$0.00 spent so far ({spend.LOCAL_NO_PRICE})")
@@ -51,9 +51,12 @@ def test_a_local_cluster_costs_nothing_and_says_so():
 
 @pytest.mark.parametrize("kind, spot, expected", [
     ("aws", True, spend.SPOT), ("aws", False, spend.ON_DEMAND), ("aws", None, None),
-    ("local", None, spend.LOCAL), ("file", True, None)])
-def test_market(kind, spot, expected):
-    assert spend.market(kind, spot) == expected
+    ("local", None, spend.LOCAL_MARKET), ("file", True, None)])
+def test_the_market_is_the_backends(kind, spot, expected):
+    from node_setup.backends import backend_for
+
+    node = Node(name="node0", address="10.0.0.2", private_address="10.0.0.2", rank=0, spot=spot)
+    assert backend_for(kind).market(node) == expected
 
 
 def test_status_columns_line_up_with_the_header():
