@@ -54,7 +54,12 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     name = spec.cluster_name
     # The cluster key's public half, from the controller's key store (the pair made there now if absent),
     # for the workers' first boot; the private half never enters the program, its state or a node's user data.
-    cluster_key = keys.ensure_cluster_key(name).public_key
+    # A key store that cannot be used (one half of the pair there) stops the run before anything is made, in
+    # one line: Pulumi shows a RunError's message alone, any other exception with a traceback.
+    try:
+        cluster_key = keys.ensure_cluster_key(name).public_key
+    except keys.KeyStoreError as exc:
+        raise pulumi.RunError(str(exc)) from None
 
     network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags)
     # The workers' credentials (IMDS) may read and write checkpoints in this bucket and nothing else; the

@@ -83,8 +83,11 @@ def ensure_cluster_key(cluster: str) -> ClusterKey:
         key.private_path.chmod(0o600)
         return key
     if key.private_path.exists() != key.public_path.exists():
-        raise KeyStoreError(f"{directory}: only one half of the cluster key is there; remove {key.private_path} and "
-                            f"{key.public_path} and rerun (nodes get the new public key on the next distribute)")
+        there, missing = ((key.private_path, key.public_path) if key.private_path.exists()
+                          else (key.public_path, key.private_path))
+        raise KeyStoreError(f"cluster key of {cluster!r}: {there} is only one half of the pair ({missing.name} is "
+                            f"missing); remove {there} and rerun: a new pair is made, and the nodes get its public "
+                            "half on the next `fab distribute`")
     private = Ed25519PrivateKey.generate()
     private_bytes = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                           serialization.NoEncryption())

@@ -31,6 +31,7 @@ def autostop_(c, idle=autostop.idle_seconds(autostop.DEFAULT_IDLE), poll=float(a
     """Arm (or --cancel) the master's idle auto-stop: every node powers off after --idle without activity."""
     from node_setup.ssh import autostop as remote
     from node_setup.ssh.distribute import DistributionError, distribute
+    from node_setup.ssh.keys import KeyStoreError
 
     try:
         idle_s = autostop.idle_seconds(f"{idle:g}s", "--idle")
@@ -57,6 +58,8 @@ def autostop_(c, idle=autostop.idle_seconds(autostop.DEFAULT_IDLE), poll=float(a
     except DistributionError as exc:
         raise fail(f"the master cannot reach every worker, so it could not power them off: {exc}; "
                    "nothing was armed", UNREACHABLE) from None
+    except KeyStoreError:
+        raise  # the controller's key store: one line and exit 2 (node_setup/tasks/executor.py)
     except Exception as exc:  # noqa: BLE001 - one line, the reason
         raise fail(f"could not record the cluster's nodes on {inventory.master.name}: {exc}; nothing was armed",
                    UNREACHABLE) from None

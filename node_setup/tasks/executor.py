@@ -7,7 +7,9 @@ any other task stops with one line and exit code 2. Only with -H does Fabric's o
 
 A node that cannot be reached while a task runs (no answer, refused, authentication, a changed
 host key) ends the task with one line naming the host and what to check, and exit code 3, never
-paramiko's traceback: every task that connects gets this from here.
+paramiko's traceback: every task that connects gets this from here. So does a controller key store
+that cannot be used (node_setup/ssh/keys.py's KeyStoreError: only one half of the cluster key there, a
+key directory inside the checkout): one line saying what to do, exit code 2.
 
 A task with a `file` option (`fab train -f job.yaml`) takes its options from that YAML mapping
 (cluster/job/jobfile.py decides, by the kinds invoke reports for the task's options): what was given
@@ -90,7 +92,10 @@ class Executor(FabricExecutor):
             return super().execute(*tasks)
         except Exception as exc:
             from node_setup.ssh.connections import explain_opening
+            from node_setup.ssh.keys import KeyStoreError
 
+            if isinstance(exc, KeyStoreError):
+                raise fail(str(exc)) from None
             line = explain_opening(exc)
             if line is None:
                 raise

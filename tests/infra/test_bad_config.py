@@ -130,3 +130,25 @@ def test_a_repeated_network_gets_one_rule_and_a_warning(harness, caplog):
          "(a security group cannot hold two identical rules)"),
         ("adminCidrs: '2001:db8::/48' is listed more than once (the same network as '2001:DB8::/48'); the duplicate "
          "is dropped (a security group cannot hold two identical rules)")]
+
+
+@pytest.mark.parametrize("half", ["id_ed25519", "id_ed25519.pub"])
+def test_a_half_cluster_key_pair_stops_the_program_in_one_line_and_registers_nothing(harness, half):
+    """Only one half of the cluster key pair in the controller's key store: a RunError (Pulumi shows its
+    message alone, no traceback) naming the file to remove; the missing half is not made."""
+    import pulumi
+
+    from cluster.stack.spec import ClusterSpec
+    from node_setup.ssh import keys
+    from tests.infra.conftest import REGION, STACK
+
+    name = ClusterSpec.from_config(minimal_config(), stack=STACK, region=REGION).cluster_name
+    there = keys.cluster_dir(name) / half
+    there.write_text("one half\n")
+    with pytest.raises(pulumi.RunError) as caught:
+        harness.run(minimal_config())
+    line = str(caught.value)
+    assert line.startswith(f"cluster key of {name!r}: ") and f"remove {there} and rerun" in line
+    assert "\n" not in line
+    assert harness.monitor.registrations == []
+    assert sorted(p.name for p in there.parent.iterdir()) == [half]
