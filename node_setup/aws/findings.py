@@ -75,11 +75,13 @@ class AwsClients:
     ec2: object
     quotas: object
     iam: object = None  # preflight's iam:PassRole check (SimulatePrincipalPolicy); None: not checked
+    kms: object = None  # preflight's EBS key check (node_setup/aws/ebs_key.py); None: not checked
 
     @classmethod
     def for_region(cls, region: str) -> "AwsClients":
         return cls(sts=aws.client("sts", region), ec2=aws.client("ec2", region),
-                   quotas=aws.client("service-quotas", region), iam=aws.client("iam", region))
+                   quotas=aws.client("service-quotas", region), iam=aws.client("iam", region),
+                   kms=aws.client("kms", region))
 
 
 def denied(report: Report, check: str, action: str, exc: Exception) -> None:

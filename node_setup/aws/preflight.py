@@ -22,6 +22,9 @@ Checks, in order, each ending in a `Finding` that says what to change:
                instance profile needs): IAM's policy simulator (SimulatePrincipalPolicy) for the
                caller's user or role, on a role named like the one `pulumi up` makes
                (node_setup/aws/pass_role.py)
+  ebs-key      the Auto Scaling service role may use the account's default EBS key, which encrypts
+               the workers' volumes: a customer managed key needs its policy or a grant to name the
+               role, which the dry run (the caller's credentials) cannot show (node_setup/aws/ebs_key.py)
   admin-cidr   the caller's public address is inside adminCidrs (else SSH to the master is refused)
 
 `fab preflight --pick-zone` ranks the region's zones that offer the instance type (`rank_zones`):
@@ -50,6 +53,7 @@ from cluster.stack import subnet_choice
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
 from node_setup.aws import errors
+from node_setup.aws.ebs_key import check_ebs_key
 from node_setup.aws.zones import next_best_zone_fix, offered
 from node_setup.aws.findings import (FAIL, OK, SKIPPED, WARN, AwsClients, Report, check_credentials, check_region,
                                      denied, run_checks)
@@ -331,6 +335,7 @@ def run_preflight(spec: ClusterSpec, *, clients: AwsClients | None = None,
         ("quota", lambda done: check_quotas(report, clients, spec)),
         ("dry-run", lambda done: check_dry_run(report, clients, spec, done.get("offering"))),
         ("pass-role", lambda done: check_pass_role(report, clients, spec)),
+        ("ebs-key", lambda done: check_ebs_key(report, clients, spec)),
     ))
     check_admin_cidr(report, spec, public_ip)
     return report
