@@ -9,9 +9,12 @@ Three scripts, all deterministic for their inputs; their text is in cluster/shel
   profile's index-only packages each from its own index alone, then its pip pins from PyPI alone
   (cluster/node/profiles.py says why), then this project's wheel. Idempotent: the venv holds two markers, the
   profile's fingerprint digest and the project version; matching markers mean "nothing to do".
-  The venv step runs under `flock`, because the nodes of a local cluster share `/opt`: the first
-  node installs, the others wait and then find it done. A rerun after a failure picks up where
-  it stopped (markers are written only after their step succeeded; pip skips what is there).
+  The venv step runs under the setup lock (`setup-lock.sh`, `with_setup_lock`), because the nodes
+  of a local cluster share `/opt`: the first node installs, the others wait, saying who holds it
+  (`lock_holder`: its cluster and checkout, then its node), and then find it done; a lock whose
+  holder is gone (its process, or its node's namespace) is broken instead of waited out. A rerun
+  after a failure picks up where it stopped (markers are written only after their step succeeded;
+  pip skips what is there).
   Last, the idle auto-stop service (cluster/node/autostop.py install_section), so it is in the image.
 - `check_script(profile)`: prints facts (installed versions, markers, CPU flags, tcmalloc, free
   disk); `evaluate_check` compares them with the profile in Python.
@@ -32,7 +35,7 @@ from pathlib import PurePosixPath
 from typing import Iterable, Mapping
 
 from cluster.node import autostop
-from cluster import shell
+from cluster import names, shell
 from cluster.stack.catalog import InstanceType
 from cluster.job.job_args import SYNTHETIC_ROOT
 from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, LOCAL_OUTPUT_ROOT
@@ -64,6 +67,8 @@ PREBAKE_SYSTEM_LEFTOVERS = (LOCAL_OUTPUT_ROOT,)
 # install.sh's last line; the auto-stop section (cluster/node/autostop.py) goes right before it
 INSTALL_DONE_LINE = 'xc "done" "$CHANGED"\n'
 DEFAULT_MIN_FREE_GIB = 10.0
+SETUP_LOCK_FILE = "setup-lock.sh"  # the setup lock's functions, put into the scripts that take it
+LOCK_HOLDER_MAX = 300
 CPU_FLAGS = ("amx_bf16", "amx_tile", "amx_int8", "avx512_bf16", "avx512f", "avx512_vnni")
 
 
@@ -86,6 +91,7 @@ class InstallPlan:
     apt_retry_delay_s: int = 30
     venv_lock_timeout_s: int = 3600  # how long a node waits for another node installing the shared venv
     node_root: str = NODE_ROOT  # where the venv and its lock live (tests point it elsewhere)
+    lock_holder: str = ""  # who takes the setup lock, for a node waiting on it: "cluster C, checkout P"
     venv: str | None = None  # default: cluster.node.profiles.venv_dir(profile)
 
     @property
@@ -101,6 +107,7 @@ class InstallPlan:
         for name in ("apt_lock_timeout_s", "apt_attempts", "apt_retry_delay_s", "venv_lock_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)!r} must not be negative")
+        check_lock_holder(self.lock_holder)
 
 
 def install_script(plan: InstallPlan) -> str:
@@ -139,7 +146,27 @@ def install_script(plan: InstallPlan) -> str:
     head, done, tail = text.rpartition(INSTALL_DONE_LINE)
     if not done:
         raise ValueError(f"install.sh no longer ends with {INSTALL_DONE_LINE.strip()!r}")
-    return head + autostop.install_section(f"{plan.node_root}/bin") + done + tail
+    return with_setup_lock(head + autostop.install_section(f"{plan.node_root}/bin") + done + tail, plan.lock_holder)
+
+
+def check_lock_holder(holder: str) -> str:
+    """`lock_holder` is one line of the lock's record: printable text, no line break."""
+    if not isinstance(holder, str) or names.printable(holder) != holder or len(holder) > LOCK_HOLDER_MAX:
+        raise ValueError(f"lock_holder: {holder!r} is not allowed; allowed: one line of printable text, up to "
+                         f"{LOCK_HOLDER_MAX} characters")
+    return holder
+
+
+def with_setup_lock(script: str, holder: str) -> str:
+    """A rendered bash script with the setup lock's functions (`setup_lock FILE TIMEOUT`, cluster/shell/
+    setup-lock.sh) and LOCK_HOLDER after its header."""
+    head, end, body = script.partition(shell.HEADER_END + "\n")
+    if not end:
+        raise ValueError("with_setup_lock: the script has no rendered header")
+    source = shell.source(SETUP_LOCK_FILE).splitlines(keepends=True)
+    start = next(i for i, line in enumerate(source) if not line.startswith("#"))  # after its comment
+    values = shell.header({"LOCK_HOLDER": check_lock_holder(holder) or "a setup"}, bash=True)
+    return head + end + "".join(line + "\n" for line in values) + "".join(source[start:]) + body
 
 
 def check_script(profile: Profile, project_distribution: str = PROJECT_DISTRIBUTION, venv: str | None = None) -> str:

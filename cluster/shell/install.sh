@@ -2,7 +2,7 @@
 # xeon-cluster install (cluster/node/setup_script.py install_script): the profile's OS packages, the
 # shared venv, this project's wheel. Reports through `::xc::` lines (parse_events).
 # Header: APT_LOCK_TIMEOUT APT_ATTEMPTS APT_RETRY_DELAY VENV_LOCK_TIMEOUT NODE_ROOT VENV OS_PYTHON
-# PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION, and the arrays
+# PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION (and the setup lock's), and the arrays
 # APT_PACKAGES TCMALLOC_PACKAGES PIP_SOURCE (pip's options for the pins: none, PyPI alone; or the
 # wheelhouse) INDEX_URLS INDEX_REQUIREMENTS (the index-only packages: each requirement line, with
 # its hashes, installed from its index alone, first) PINS.
@@ -68,17 +68,15 @@ if [ ! -d "$NODE_ROOT" ] || [ ! -w "$NODE_ROOT" ]; then
     xc step venv failed "cannot create $NODE_ROOT (needs root or passwordless sudo)"; exit 22
   fi
 fi
-exec 9>"$NODE_ROOT/.setup-$PROFILE.lock"
-if ! flock -n 9; then
-  xc progress venv "another setup holds $NODE_ROOT/.setup-$PROFILE.lock (a node sharing /opt); waiting up to ${VENV_LOCK_TIMEOUT}s"
-  flock -w "$VENV_LOCK_TIMEOUT" 9 || { xc step venv failed "timed out waiting for the venv lock"; exit 23; }
-fi
+# the setup lock (setup_lock: cluster/shell/setup-lock.sh, put in by with_setup_lock): nodes sharing /opt
+setup_lock "$NODE_ROOT/.setup-$PROFILE.lock" "$VENV_LOCK_TIMEOUT" \
+  || { xc step venv failed "timed out waiting for the setup lock $NODE_ROOT/.setup-$PROFILE.lock"; exit 23; }
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/$PROFILE_MARKER" 2>/dev/null)" = "$DIGEST" ]; then
   xc step venv unchanged "$VENV already has profile $PROFILE ($DIGEST)"
 else
   if [ ! -x "$VENV/bin/python" ]; then
     xc progress venv "creating $VENV from $OS_PYTHON"
-    "$OS_PYTHON" -m venv "$VENV" || { xc step venv failed "$OS_PYTHON -m venv $VENV failed (is python3-venv installed?)"; exit 24; }
+    "$OS_PYTHON" -m venv "$VENV" 9>&- || { xc step venv failed "$OS_PYTHON -m venv $VENV failed (is python3-venv installed?)"; exit 24; }
   fi
   rm -f "$VENV/$PROFILE_MARKER" "$VENV/$PROJECT_MARKER"
   xc progress venv "pip install (profile $PROFILE): ${PINS[*]}"
@@ -86,11 +84,11 @@ else
     # hashes go in a requirements file; --index-url alone and --no-deps: never PyPI for this name
     printf '%s\n' "${INDEX_REQUIREMENTS[$i]}" > "$VENV/.index-requirement.txt"
     "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps \
-      --index-url "${INDEX_URLS[$i]}" -r "$VENV/.index-requirement.txt" \
+      --index-url "${INDEX_URLS[$i]}" -r "$VENV/.index-requirement.txt" 9>&- \
       || { xc step venv failed "pip install of ${INDEX_REQUIREMENTS[$i]%% *} from ${INDEX_URLS[$i]} failed"; exit 25; }
   done
   rm -f "$VENV/.index-requirement.txt"
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_SOURCE[@]}" "${PINS[@]}" \
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_SOURCE[@]}" "${PINS[@]}" 9>&- \
     || { xc step venv failed "pip install of the profile's pins failed"; exit 25; }
   echo "$DIGEST" > "$VENV/$PROFILE_MARKER.tmp" && mv "$VENV/$PROFILE_MARKER.tmp" "$VENV/$PROFILE_MARKER"
   xc step venv changed "$VENV has profile $PROFILE ($DIGEST)"
@@ -103,7 +101,7 @@ if [ -z "$PROJECT_WHEEL" ]; then
 elif [ "$(cat "$VENV/$PROJECT_MARKER" 2>/dev/null)" = "$PROJECT_VERSION" ]; then
   xc step project unchanged "xeon-cluster $PROJECT_VERSION already installed"
 else
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps --force-reinstall "$PROJECT_WHEEL" \
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps --force-reinstall "$PROJECT_WHEEL" 9>&- \
     || { xc step project failed "pip install $PROJECT_WHEEL failed"; exit 30; }
   echo "$PROJECT_VERSION" > "$VENV/$PROJECT_MARKER.tmp" && mv "$VENV/$PROJECT_MARKER.tmp" "$VENV/$PROJECT_MARKER"
   xc step project changed "xeon-cluster $PROJECT_VERSION installed"

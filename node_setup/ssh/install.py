@@ -30,8 +30,10 @@ from invoke.exceptions import CommandTimedOut, UnexpectedExit
 from cluster.stack.catalog import InstanceType
 from cluster.inventory import Inventory
 from cluster.node.profiles import Profile, get_profile
-from cluster.node.setup_script import (DEFAULT_MIN_FREE_GIB, CheckReport, Event, InstallPlan, changed, check_script,
-                                  evaluate_check, install_script, parse_events, prebake_script)
+from cluster.names import printable
+from cluster.node.setup_script import (DEFAULT_MIN_FREE_GIB, LOCK_HOLDER_MAX, CheckReport, Event, InstallPlan, changed,
+                                       check_script, evaluate_check, install_script, parse_events, prebake_script)
+from node_setup.controller import PROJECT_ROOT
 from node_setup.backends import backend_for
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import each_node
@@ -188,6 +190,7 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
         project_wheel = build_project_wheel()
     if inventory.wheelhouse:
         fill_wheelhouse(profile, inventory.wheelhouse, lambda msg: progress("controller", msg))
+    plan_options.setdefault("lock_holder", lock_holder(inventory))
     copies_wheelhouse = backend_for(inventory.kind).copies_wheelhouse()  # a local cluster's nodes read it here
 
     def one(name: str, conn) -> InstallResult:
@@ -221,6 +224,14 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
 
     with connections.node_connections(inventory, conns, connect_timeout=connect_timeout) as conns:
         return each_node(conns, one)
+
+
+def lock_holder(inventory: Inventory) -> str:
+    """Who this setup is, as the setup lock's record names it to a node that waits for it (the nodes of a
+    local cluster share /opt with every other local cluster on the machine)."""
+    checkout = printable(PROJECT_ROOT)
+    room = LOCK_HOLDER_MAX - len(inventory.name) - 40
+    return f"cluster {inventory.name}, checkout {checkout if len(checkout) <= room else '...' + checkout[-room:]}"
 
 
 @dataclass

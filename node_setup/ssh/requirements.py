@@ -23,11 +23,12 @@ from pathlib import Path
 from cluster import shell
 from cluster.inventory import Inventory
 from cluster.node.profiles import NODE_ROOT, get_profile, venv_dir
-from cluster.node.setup_script import InstallPlan
+from cluster.node.setup_script import InstallPlan, with_setup_lock
 from cluster.job.userjob import REQUIREMENTS_MARKER_DIR, RequirementsPlan
 from node_setup.backends import backend_for
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import NodeOutcome, each_node
+from node_setup.ssh.install import lock_holder
 from node_setup.ssh.wheels import InstallError, sync_wheelhouse, tail
 
 WHEELHOUSE_MARKER = ".xeon-cluster-requirements-{digest}"
@@ -58,11 +59,11 @@ def node_script(inventory: Inventory, plan: RequirementsPlan) -> str:
     # PyPI alone, never the profile's own indexes (cluster/node/profiles.py says why); the profile's
     # pins are installed already and held by the constraints.
     source = ["--no-index", "--find-links", inventory.wheelhouse] if inventory.wheelhouse else []
-    return shell.render("install-requirements.sh", {
+    return with_setup_lock(shell.render("install-requirements.sh", {
         "VENV": venv_dir(profile), "LOCK": f"{NODE_ROOT}/.setup-{profile.name}.lock",
         "LOCK_TIMEOUT": str(InstallPlan(profile).venv_lock_timeout_s), "MARKER_DIR": REQUIREMENTS_MARKER_DIR,
         "DIGEST": plan.digest, "REQUIREMENTS": list(plan.requirements), "CONSTRAINTS": list(plan.constraints),
-        "PIP_SOURCE": source})
+        "PIP_SOURCE": source}), lock_holder(inventory))
 
 
 def install(inventory: Inventory, conns: dict, plan: RequirementsPlan) -> list[NodeOutcome]:
