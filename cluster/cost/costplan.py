@@ -1,7 +1,7 @@
 """The `fab plan` table: predicted time and cost per node count (pure; the stack and price come in).
 
-    plan_inputs(spec, options) -> PlanInputs     what to predict: instance, workload, network, throughput
     plan_rows(inputs, price)   -> [PlanRow]      the prediction and the whole cost per node count
+                                                 (inputs: cluster/cost/plan_options.py's plan_inputs)
     with_on_demand_master(rows, price, ...)      what the master alone on demand adds (its line)
     render_table / render_json                   what `fab plan` prints
 
@@ -10,32 +10,19 @@ master throughout, each worker its boot; cluster/stack/lifecycle.py's documented
 (start-up plus every epoch, cluster/cost/timemodel.py) and the idle tail (after the run, until the idle
 auto-stop powers the nodes off: the stack's autoStopIdle, default cluster/node/autostop.py's).
 
-`spec` is the stack's ClusterSpec (or None: the defaults below); `price` is a Price the caller
-looked up (node_setup/aws/pricing.py) or was given; without spot price history a spot price is
-`spot_estimate`'s, named as an estimate.
+`price` is a Price the caller looked up (node_setup/aws/pricing.py) or was given; without spot
+price history a spot price is `spot_estimate`'s, named as an estimate.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
-from cluster.node import autostop
-from cluster.stack import catalog, lifecycle
-from cluster.cost import models
 from cluster.cost import timemodel as tm
-from cluster.cost.calibration import Calibration
-from cluster.stack.catalog import InstanceType
-from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES
-from cluster.node.profiles import DEFAULT_PROFILE, PROFILES
-from cluster.stack.spec import ClusterSpec
-
-DEFAULT_INSTANCE_TYPE = "r7iz.metal-16xl"
-DEFAULT_MODEL = "distilbert-base-uncased"
-DEFAULT_DATASET = "squad"
-
+from cluster.cost.plan_options import PlanInputs
 
 @dataclass(frozen=True)
 class Price:
@@ -63,298 +50,6 @@ def spot_estimate(on_demand: Price) -> Price:
                  f"spot estimate: {SPOT_ESTIMATE_FRACTION:g} x the on-demand ${on_demand.usd_per_hour:.4f} "
                  f"({on_demand.source}); {SPOT_ESTIMATE_SOURCE}", on_demand.zone, estimate=True,
                  on_demand=on_demand)
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """`fab plan`'s options, parsed (0 and "" mean "not given")."""
-
-    nodes: str = "1,2,4,8"
-    instance_type: str = ""
-    model: str = DEFAULT_MODEL  # "": the calibration's model, else DEFAULT_MODEL
-    dataset: str = DEFAULT_DATASET
-    epochs: float = 1.0
-    single_node_time: str = ""
-    params: str = ""
-    samples: int = 0
-    batch: int | None = 32  # None: the calibration's batch, else 32
-    profile: str = ""
-    ranks_per_node: int = 0
-    flows_per_rank: int = 1
-    placement_group: bool = True
-    on_demand: bool = False
-    grad_comm: str = ""  # fp32 or bf16 on the wire; "": the job's default (DEFAULT_GRAD_COMM)
-    bucket_mb: float = 0  # DDP's bucket size in MB; 0: DDP's default
-    auto_stop_idle: str = ""  # the idle tail: a duration or "off"; "": the stack's autoStopIdle, else the default
-    provisioning: bool = True  # count the first `pulumi up` (False: the cluster is already up)
-    compile: str = "auto"  # torch.compile: on, off, or auto (when the calibration's measurement says it pays)
-
-
-
-Sources = list[tuple[str, str, str]]  # (input, value, where it came from)
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    instance_type: str
-    instance: InstanceType
-    workload: tm.Workload
-    network: tm.Network
-    node_counts: list[int]
-    samples_per_s: float  # one node's throughput
-    ranks_per_node: int
-    spot: bool
-    header: str
-    notes: list[str] = field(default_factory=list)
-    rates: dict[int, float] = field(default_factory=dict)  # per node count, when measured per count
-    networks: dict[int, tm.Network] = field(default_factory=dict)  # per node count, when measured
-    sources: Sources = field(default_factory=list)
-    first_up: lifecycle.FirstUp | None = None  # None: not counted (the cluster is up)
-    idle_tail_s: float | None = None  # None: auto-stop off, the nodes bill until `pulumi destroy`
-    compiled: tm.CompileCost | None = None  # the calibration's torch.compile figures, when they apply
-    compile: str = "auto"  # PlanOptions.compile
-
-    def rate(self, nodes: int) -> float:
-        return self.rates.get(nodes, self.samples_per_s)
-
-    def network_for(self, nodes: int) -> tm.Network:
-        return self.networks.get(nodes, self.network)
-
-
-def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Calibration | None = None, *,
-                stack_auto_stop_idle: str | None = None) -> PlanInputs:
-    """Everything the prediction needs; ValueError naming the option for anything unusable.
-
-    With a `calibration` (`fab bench`), the compute rate per node count and the all-reduce bandwidth
-    and latency are the measured ones, and the model and batch default to those measured.
-    `stack_auto_stop_idle` is the stack file's autoStopIdle (None: not set there).
-    """
-    o = options
-    cal = calibration
-    batch = _checked_batch(o, cal)
-    idle_tail_s, idle_source = _idle_tail(o, stack_auto_stop_idle)
-    itype = o.instance_type or (spec.instance_type if spec else DEFAULT_INSTANCE_TYPE)
-    instance = spec.instance if spec and spec.instance_type == itype else catalog.lookup(itype)
-    if instance is None:
-        raise ValueError(f"--instance-type: {itype!r} is not in the catalog ({', '.join(catalog.known_types())})")
-    profile = o.profile or (spec.software_profile if spec else DEFAULT_PROFILE)
-    if profile not in PROFILES:
-        raise ValueError(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
-    # the wire: the job's --grad_comm; buckets are filled with the gradients as computed (intel's
-    # ipex.optimize keeps bf16 weights, so bf16 gradients; stock computes fp32)
-    grad_comm = o.grad_comm or DEFAULT_GRAD_COMM
-    grad_bytes = tm.GRADIENT_BYTES[grad_comm]
-    bucket_mb = o.bucket_mb or tm.DDP_BUCKET_BYTES / 2**20
-    sources = [("gradient communication", f"{grad_comm} ({grad_bytes} bytes/param on the wire)",
-                "given (--grad-comm)" if o.grad_comm else "the job's default (--grad_comm)"),
-               ("DDP bucket", f"{bucket_mb:g} MB", "given (--ddp-bucket-mb)" if o.bucket_mb else "DDP's default")]
-    (model_name, n_params), (data_name, n_samples), size_sources = _sizes(o, cal)
-    workload = tm.Workload(params=n_params, samples=n_samples, batch_per_rank=batch, gradient_bytes=grad_bytes,
-                           epochs=o.epochs, bucket_bytes=round(bucket_mb * 2**20),
-                           bucket_gradient_bytes=tm.GRADIENT_BYTES["bf16" if profile == "intel" else "fp32"])
-    node_counts = parse_node_counts(o.nodes)
-    rate, rate_source, rates, rate_sources = _compute_rate(o, cal, itype, model_name, data_name, batch, n_samples,
-                                                           node_counts)
-    network, networks, network_sources = _network(o, cal, instance, itype, grad_comm, node_counts)
-    sources += size_sources + rate_sources + network_sources
-    ranks, rate, rates, layout_sources = _ranks(o, cal, instance, rate, rates)
-    compiled, compile_sources = _compiled(o, cal, rates)
-    sources += layout_sources + compile_sources
-    up = lifecycle.first_up(instance) if o.provisioning else None
-    sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up`, each worker "
-                 f"{tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
-                 up.source if up else "given (--no-provisioning: the cluster is up)"),
-                ("idle tail", "auto-stop off: not counted, the nodes bill until `pulumi destroy`"
-                 if idle_tail_s is None else f"{tm.format_duration(idle_tail_s)} until the idle auto-stop",
-                 idle_source)]
-    notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
-    if spec and spec.placement_group != o.placement_group:
-        notes.append(f"the stack sets placementGroup {str(spec.placement_group).lower()} but this plan is "
-                     f"{'with' if o.placement_group else 'without'} a placement group; "
-                     f"{'drop --no-placement-group' if spec.placement_group else 'add --no-placement-group'} "
-                     "to plan the stack's cluster")
-    where = (f"calibrated on {cal.cluster} ({cal.link or 'link not limited'})" if cal
-             else itype)
-    header = (f"{where}, {model_name} ({n_params / 1e6:.0f}M params, {grad_bytes}-byte gradients ({grad_comm}), "
-              f"{bucket_mb:g} MB buckets, profile {profile}), "
-              f"{data_name} ({n_samples} samples) x {o.epochs:g} epoch(s), batch {batch}/rank, {ranks} ranks/node, "
-              f"{'in' if o.placement_group else 'no'} placement group")
-    return PlanInputs(instance_type=itype, instance=instance, workload=workload, network=network,
-                      node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
-                      spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
-                      rates=rates, networks=networks, sources=sources, first_up=up, idle_tail_s=idle_tail_s,
-                      compiled=compiled, compile=o.compile)
-
-
-def _ranks(o: PlanOptions, cal: Calibration | None, instance: InstanceType, rate: float, rates: dict[int, float]
-           ) -> tuple[int, float, dict[int, float], Sources]:
-    """(ranks per node, one node's rate, the rate per node count, sources): given, else the layout `fab bench
-    --layouts` measured fastest (the measured rates, taken with one rank per node, scaled by its speed-up over
-    one rank), else the calibration's, else one per socket."""
-    if o.ranks_per_node:
-        return o.ranks_per_node, rate, rates, [("ranks per node", str(o.ranks_per_node), "given (--ranks-per-node)")]
-    lay = cal.layout if cal else None
-    if lay is None:
-        ranks = cal.ranks_per_node if cal else instance.sockets
-        return ranks, rate, rates, [("ranks per node", str(ranks), "the calibration's" if cal else
-                                     f"the rule: one per socket ({instance.name})")]
-    best = lay.ranks_per_node
-    source = f"measured fastest by fab bench --layouts on {lay.created[:10] or 'an unknown date'} ({lay.summary()})"
-    if rates and 1 in lay.step_s and best != 1:
-        gain = lay.samples_per_s(best) / lay.samples_per_s(1)
-        rates = {n: r * gain for n, r in rates.items()}
-        rate *= gain
-        source += f"; the measured compute x {gain:.2f}, its speed-up over 1 rank per node"
-    return best, rate, rates, [("ranks per node", str(best), source)]
-
-
-def _compiled(o: PlanOptions, cal: Calibration | None, rates: dict[int, float]
-              ) -> tuple[tm.CompileCost | None, Sources]:
-    """The calibration's torch.compile figures when the plan uses its measured compute, and the source line."""
-    if o.compile not in ("auto", "on", "off"):
-        raise ValueError(f"--compile: {o.compile!r} is not allowed; choose auto, on or off")
-    cost = cal.compile_cost() if cal else None
-    if o.compile == "off":
-        return None, [("compile", "off", "given (--compile off)")]
-    if cost is None or not rates:
-        why = ("no compile measurement (`fab bench --compile` measures one)" if cost is None else
-               "measured for another model or batch than this plan's")
-        if o.compile == "on":
-            raise ValueError(f"--compile: on needs the calibration's compile figures; {why}")
-        return None, [("compile", "eager", why)]
-    assert cal is not None  # the cost came from it
-    return cost, [("compile", f"step {cost.eager_step_s:.3f} s eager, {cost.compiled_step_s:.3f} s compiled, "
-                   f"{cost.compile_s:.0f} s to compile", f"measured by fab bench --compile ({cal.source}); "
-                   + ("given (--compile on)" if o.compile == "on" else "auto: compiled where the saving over the "
-                      "run's steps exceeds the compile time"))]
-
-
-def _idle_tail(o: PlanOptions, stack_value: str | None) -> tuple[float | None, str]:
-    """(seconds the nodes idle after the run before the auto-stop powers them off, or None for off; source)."""
-    if o.auto_stop_idle:
-        value, setting, source = o.auto_stop_idle, "--auto-stop-idle", "given (--auto-stop-idle)"
-    elif stack_value not in (None, ""):
-        value, setting, source = stack_value, "autoStopIdle", "the stack's autoStopIdle"
-    else:
-        value, setting, source = None, "autoStopIdle", f"autoStopIdle's default ({autostop.DEFAULT_IDLE})"
-    try:
-        seconds = autostop.stack_idle_seconds(value, setting)
-    except autostop.AutostopError as exc:
-        raise ValueError(str(exc)) from None
-    return (None if seconds is None else float(seconds)), source
-
-
-def _checked_batch(o: PlanOptions, cal: Calibration | None) -> int:
-    """The batch per rank, once every number and choice of the options is usable (ValueError naming
-    the option otherwise: also for an infinite or not-a-number value)."""
-    if not (o.epochs > 0 and _finite(o.epochs)):
-        raise ValueError(f"--epochs: {o.epochs!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
-    batch = o.batch if o.batch is not None else (cal.batch if cal else 32)
-    for name, value in (("batch-size", batch), ("flows-per-rank", o.flows_per_rank)):
-        if not (value >= 1 and _finite(value)):
-            raise ValueError(f"--{name}: {value!r} is not allowed; give 1 or more")
-    for name, value in (("samples", o.samples), ("ranks-per-node", o.ranks_per_node)):
-        if not (value >= 0 and _finite(value)):
-            raise ValueError(f"--{name}: {value!r} is not allowed; give a positive number (0: the default)")
-    if not isinstance(o.placement_group, bool):
-        raise ValueError(f"--placement-group: {o.placement_group!r} is not allowed; give --placement-group "
-                         "or --no-placement-group")
-    if o.grad_comm and o.grad_comm not in GRAD_COMM_CHOICES:
-        raise ValueError(f"--grad-comm: {o.grad_comm!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)}")
-    low, high = tm.BUCKET_MB_RANGE
-    if o.bucket_mb and not low <= o.bucket_mb <= high or o.bucket_mb < 0 or o.bucket_mb != o.bucket_mb:
-        raise ValueError(f"--ddp-bucket-mb: {o.bucket_mb!r} is not allowed; give {low} to {high} (0: DDP's 25)")
-    return batch
-
-
-def _finite(value: float) -> bool:
-    """Not inf and not nan (a whole number always is)."""
-    return isinstance(value, int) or math.isfinite(value)
-
-
-def _sizes(o: PlanOptions, cal: Calibration | None) -> tuple[tuple[str, int], tuple[str, int], Sources]:
-    """((model, parameters), (data set, samples per epoch), their sources): given, measured or the catalog's."""
-    model_arg = o.model or (cal.model if cal else DEFAULT_MODEL)
-    if o.params:
-        model_name, n_params = model_arg, models.parse_count(o.params, "--params")
-        sources = [("parameters", f"{n_params / 1e6:.2f}M", "given (--params)")]
-    elif cal and model_arg == cal.model:
-        model_name, n_params = cal.model, cal.params
-        sources = [("parameters", f"{n_params / 1e6:.2f}M", f"measured ({cal.model}, {cal.source})")]
-    else:
-        size = models.lookup_model(model_arg)
-        model_name, n_params = size.name, size.params
-        sources = [("parameters", f"{n_params / 1e6:.2f}M", f"catalog ({size.source})")]
-    if o.samples:
-        data_name, n_samples = o.dataset, o.samples
-        sources.append(("samples per epoch", str(n_samples), "given (--samples)"))
-    else:
-        data = models.lookup_dataset(o.dataset)
-        data_name, n_samples = data.name, data.train_features
-        sources.append(("samples per epoch", str(n_samples), f"catalog ({data.name})"))
-    return (model_name, n_params), (data_name, n_samples), sources
-
-
-def _compute_rate(o: PlanOptions, cal: Calibration | None, itype: str, model_name: str, data_name: str, batch: int,
-                  n_samples: int, node_counts: list[int]) -> tuple[float, str, dict[int, float], Sources]:
-    """(one node's samples/s, where it came from, the measured rate per node count, the sources):
-    from --single-node-time, the calibration when it measured this model and batch, else the catalog."""
-    rates: dict[int, float] = {}
-    if o.single_node_time:
-        seconds = tm.parse_duration(o.single_node_time)
-        rate = tm.throughput_from_single_node_time(seconds, n_samples)
-        rate_source = f"single-node time {tm.format_duration(seconds)} (given)"
-        return rate, rate_source, rates, [("compute", f"{rate:.1f} samples/s per node", rate_source)]
-    if cal and model_name == cal.model and batch == cal.batch:
-        rate, _ = cal.rate(1)
-        sources = []
-        for n in sorted(set(node_counts) | {1}):
-            rates[n], at = cal.rate(n)
-            sources.append((f"compute, {n} node(s)", f"{rates[n]:.1f} samples/s per node",
-                            f"measured with {at} node(s) busy at once"))
-        return rate, f"measured by fab bench ({cal.source})", rates, sources
-    default = tm.default_throughput(itype, model_name, data_name)
-    rate, rate_source = default.samples_per_s, default.source
-    why = ""
-    if cal:
-        why = (f"; the calibration measured {cal.model} at batch {cal.batch}, not {model_name} at batch {batch}")
-    return rate, rate_source, rates, [("compute", f"{rate:.1f} samples/s per node",
-                                       f"catalog default ({rate_source}){why}")]
-
-
-def _network(o: PlanOptions, cal: Calibration | None, instance: InstanceType, itype: str, grad_comm: str,
-             node_counts: list[int]) -> tuple[tm.Network, dict[int, tm.Network], Sources]:
-    """(the catalog's network, the measured one per node count, the sources): the calibration's
-    all-reduce in this gradient format where it has one, else the instance type's link."""
-    network = tm.Network(instance.network_gbps, placement_group=o.placement_group, flows_per_rank=o.flows_per_rank)
-    networks: dict[int, tm.Network] = {}
-    sources: Sources = []
-    measured_link = cal.link_fit(2, grad_comm) if cal else None
-    if measured_link:
-        for n in node_counts:
-            if n < 2:
-                continue
-            found = cal.link_fit(n, grad_comm) if cal else None
-            assert found is not None  # measured_link: the calibration has this dtype at some count
-            fit, at = found
-            networks[n] = tm.Network(instance.network_gbps, placement_group=o.placement_group,
-                                     flows_per_rank=o.flows_per_rank, latency_s=fit.latency_s, measured_gbps=fit.gbps)
-            sources.append((f"all-reduce, {n} node(s)", f"{fit.gbps:.3f} Gbit/s per node, {fit.latency_s * 1e6:.0f} us "
-                            "per ring step", f"measured in {grad_comm} across {at} node(s)"))
-    else:
-        ranks_guess = o.ranks_per_node or instance.sockets
-        why = f" (the calibration has no {grad_comm} all-reduce)" if cal else ""
-        sources.append(("all-reduce", f"{network.node_gbps(ranks_guess):g} Gbit/s per node, "
-                        f"{network.latency_s * 1e6:.0f} us per ring step",
-                        f"catalog default ({itype}, {'in' if o.placement_group else 'no'} placement group){why}"))
-    return network, networks, sources
-
-
-def render_sources(inputs: PlanInputs) -> str:
-    """Where each input came from: measured, given, catalog default."""
-    width = max(len(name) for name, _, _ in inputs.sources)
-    return "\n".join(["inputs:"] + [f"  {name:<{width}}  {value}  [{source}]"
-                                    for name, value, source in inputs.sources])
 
 
 def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
@@ -466,17 +161,6 @@ class PlanRow:
                 "compile_seconds": round(self.prediction.compile_s, 1),
                 "on_demand_master_extra_usd": None if extra is None else round(extra, 4),
                 "on_demand_master_total_usd": None if extra is None else round(self.total_usd + extra, 4)}
-
-
-def parse_node_counts(text: str | int) -> list[int]:
-    """`1,2,4,8` -> [1, 2, 4, 8] (sorted, unique)."""
-    try:
-        counts = sorted({int(part) for part in str(text).split(",") if part.strip()})
-    except ValueError:
-        raise ValueError(f"--nodes: {text!r} is not a list of node counts; allowed: e.g. 1,2,4,8") from None
-    if not counts or counts[0] < 1:
-        raise ValueError(f"--nodes: {text!r} needs node counts of 1 or more, e.g. 1,2,4,8")
-    return counts
 
 
 def plan(workload: tm.Workload, network: tm.Network, node_counts: list[int], node_samples_per_s: float,

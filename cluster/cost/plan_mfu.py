@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from cluster.cost import costplan, flops, models
+from cluster.cost import flops, models, plan_options
 from cluster.cost.calibration import Calibration
-from cluster.cost.costplan import PlanInputs, PlanOptions, PlanRow, Sources
+from cluster.cost.costplan import PlanRow
+from cluster.cost.plan_options import PlanInputs, PlanOptions, Sources
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def plan_flops(options: PlanOptions, inputs: PlanInputs, cal: Calibration | None
                          "the catalog's cores and clock" if peak else f"the catalog has no clock for "
                                                                       f"{inputs.instance.name}")]
     try:
-        (model_name, _), (data_name, _), _ = costplan._sizes(options, cal)
+        (model_name, _), (data_name, _), _ = plan_options.sizes(options, cal)
         size = models.lookup_model(model_name)
         seq = (cal.seq_len if cal and cal.model == model_name and cal.seq_len
                else models.lookup_dataset(data_name).seq_len)

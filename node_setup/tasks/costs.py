@@ -9,8 +9,9 @@ from pathlib import Path
 from invoke import Exit
 
 from cluster.cost import calibration as calib
-from cluster.cost import costplan, models
-from cluster.cost.costplan import PlanOptions, Price
+from cluster.cost import costplan, models, plan_options
+from cluster.cost.costplan import Price
+from cluster.cost.plan_options import PlanOptions
 from cluster.cost.plan_mfu import plan_flops
 from cluster.stack.config_keys import AUTO_STOP_IDLE
 from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
@@ -153,7 +154,7 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
           "`pulumi up`; a running master keeps its subnet)")
 
 
-def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str
+def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str
            ) -> tuple[Price, str]:
     """The given price, or the best one AWS tells (spot history, Pricing API, static table), and the
     region it is for ("": given with --hourly-usd)."""
@@ -175,7 +176,7 @@ def _price(inputs: costplan.PlanInputs, spec: ClusterSpec | None, hourly_usd: fl
     return price, where
 
 
-def _on_demand_price(inputs: costplan.PlanInputs, price: Price, where: str, *, pricing_client=None
+def _on_demand_price(inputs: plan_options.PlanInputs, price: Price, where: str, *, pricing_client=None
                      ) -> tuple[Price | None, str]:
     """One instance-hour on demand for the on-demand master's line (None and why when not known): the
     spot estimate's basis, else the Pricing API's (else the static table's) for a quoted spot price."""
@@ -229,7 +230,7 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
     check_epochs(options.epochs)
     spec = _stack_spec(stack, required=False)
-    inputs = costplan.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec))
+    inputs = plan_options.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec))
     price, where = _price(inputs, spec, hourly_usd, region)
     on_demand, unknown = _on_demand_price(inputs, price, where)
     rows, master_line = costplan.with_on_demand_master(costplan.plan_rows(inputs, price), price, on_demand,
@@ -240,10 +241,10 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
 
 @task(help={
     "nodes": "comma-separated node counts to compare, e.g. 1,2,4,8",
-    "instance_type": f"instance type (default: the stack's, else {costplan.DEFAULT_INSTANCE_TYPE})",
+    "instance_type": f"instance type (default: the stack's, else {plan_options.DEFAULT_INSTANCE_TYPE})",
     "model": f"model name for its parameter count and default throughput (default: the calibration's, else "
-             f"{costplan.DEFAULT_MODEL})",
-    "dataset": f"data set for its size and default throughput (default {costplan.DEFAULT_DATASET}; "
+             f"{plan_options.DEFAULT_MODEL})",
+    "dataset": f"data set for its size and default throughput (default {plan_options.DEFAULT_DATASET}; "
                f"known: {', '.join(sorted(models.DATASETS))})",
     "epochs": "whole epochs to train (cost and run time scale with it)",
     "single_node_time": "measured time of one epoch on one node (26m, 1h30m, 45s); replaces the default throughput",
@@ -274,7 +275,7 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     "compile": "torch.compile: auto (compiled rows where the calibration's `fab bench --compile` figures say the "
                "saving over the run's steps exceeds the compile time), on or off; compile time goes in the start-up",
 })
-def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAULT_DATASET,
+def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=plan_options.DEFAULT_DATASET,
          epochs=1, single_node_time=Unset(duration), params="", samples=Unset(int, "the data set's"),
          batch_size=Unset(int, "the calibration's, else 32"), profile="",
          ranks_per_node=Unset(int, "the type's sockets"), flows_per_rank=1, placement_group=True, on_demand=False,
@@ -304,7 +305,7 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=costplan.DEFAUL
         print(costplan.render_table(rows, header=header, price_source=source, notes=notes))
         predicted = plan_flops(options, inputs, cal)
         print(predicted.line(inputs, rows))
-        print(costplan.render_sources(inputs))
+        print(plan_options.render_sources(inputs))
         print(predicted.render_sources())
     if plot:
         from node_setup.plan_plot import plot_plan

@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from cluster.stack import catalog
-from cluster.cost import costplan, models
+from cluster.cost import costplan, models, plan_options
 from cluster.cost import spend
-from cluster.cost.costplan import PlanOptions, Price
+from cluster.cost.costplan import Price
+from cluster.cost.plan_options import PlanOptions
 from cluster.inventory import Inventory
 from cluster.job.job_args import OPTION_ARGS, job_setting
 from cluster.job.jobplan import JobPlan
@@ -75,11 +76,11 @@ def plan_seconds(plan: JobPlan, calibration_for: Callable[[str], Any] | None = N
         return None, "the planner does not know the size of your own --train-file"
     defaults = PlanOptions()
     task = given("task_name") or "qa"
-    dataset = given("dataset") or (costplan.DEFAULT_DATASET if task == "qa" else "")
+    dataset = given("dataset") or (plan_options.DEFAULT_DATASET if task == "qa" else "")
     if not dataset:
         return None, f"the planner needs --dataset for the {task} task"
     config = given("dataset_config")
-    model = given("model") or costplan.DEFAULT_MODEL
+    model = given("model") or plan_options.DEFAULT_MODEL
     for name, known, lookup in ((model, models.MODELS, models.lookup_model),
                                 (f"{dataset}-{config}" if config else dataset, models.DATASETS, models.lookup_dataset)):
         try:
@@ -96,7 +97,7 @@ def plan_seconds(plan: JobPlan, calibration_for: Callable[[str], Any] | None = N
                           ranks_per_node=plan.layout.ranks_per_node, grad_comm=given("--grad_comm") or "",
                           bucket_mb=float(given("--ddp_bucket_mb") or 0))
         calibration = calibration_for(inventory.name) if calibration_for else _calibration(inventory.name)
-        inputs = costplan.plan_inputs(None, options, calibration)
+        inputs = plan_options.plan_inputs(None, options, calibration)
         row = costplan.plan_rows(inputs, Price(0.0, spend.SPOT, "not used"))[0]
     except (ValueError, LookupError) as exc:
         return None, str(exc)

@@ -139,10 +139,10 @@ def test_fab_plan_without_spot_history_states_a_spot_estimate_not_the_on_demand_
 
 def test_fab_plan_prices_an_on_demand_master_against_a_quoted_spot_price_from_the_pricing_api():
     """A spot price from the history has no on-demand basis: `fab plan` asks the Pricing API for the master's."""
-    from cluster.cost import costplan
+    from cluster.cost import costplan, plan_options
     from node_setup.tasks.costs import _on_demand_price
 
-    inputs = costplan.plan_inputs(None, costplan.PlanOptions(nodes="4", single_node_time="1h"))
+    inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(nodes="4", single_node_time="1h"))
     spot = pricing.plan_price("r7iz.metal-16xl", "us-east-1", ec2=stubbed_spot_history([("us-east-1b", "2.10", 1)]),
                               pricing=stubbed_pricing(items=[]))
     on_demand, why = _on_demand_price(inputs, spot, "us-east-1",

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cluster.cost import benchplan, costplan
+from cluster.cost import benchplan, costplan, plan_options
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory, Node
@@ -109,8 +109,8 @@ def test_fab_plan_finds_the_calibration_of_the_cluster_its_cluster_option_names(
 
 def test_plan_with_a_calibration_uses_measured_inputs_and_says_so():
     cal = _cal()
-    options = costplan.PlanOptions(nodes="2,3", model="", batch=None, samples=16 * 2 * 40, grad_comm="fp32")
-    inputs = costplan.plan_inputs(None, options, cal)
+    options = plan_options.PlanOptions(nodes="2,3", model="", batch=None, samples=16 * 2 * 40, grad_comm="fp32")
+    inputs = plan_options.plan_inputs(None, options, cal)
     rows = costplan.plan_rows(inputs, costplan.Price(1.0, "spot", "given"))
     two = rows[0].prediction
     # compute: 32 samples per step per node... 16 per node at 600 samples/s
@@ -118,13 +118,14 @@ def test_plan_with_a_calibration_uses_measured_inputs_and_says_so():
     expected_comm = tm.allreduce_seconds(PARAMS * 4, 2, 0.02, 2e-4, wire_efficiency=1.0, buckets=1)
     assert two.comm_s / two.steps == pytest.approx(expected_comm)
     assert rows[1].prediction.compute_s / rows[1].prediction.steps == pytest.approx(16 / 450)
-    text = costplan.render_sources(inputs)
+    text = plan_options.render_sources(inputs)
     assert "measured with 2 node(s) busy at once" in text and "measured in fp32 across 3 node(s)" in text
     assert "given (--grad-comm)" in text and "DDP's default" in text
 
 
 def test_plan_with_a_calibration_of_another_model_keeps_the_catalog_compute():
-    inputs = costplan.plan_inputs(None, costplan.PlanOptions(nodes="1,2", model="distilbert-base-uncased"), _cal())
+    options = plan_options.PlanOptions(nodes="1,2", model="distilbert-base-uncased")
+    inputs = plan_options.plan_inputs(None, options, _cal())
     compute = next(s for s in inputs.sources if s[0] == "compute")
     assert compute[2].startswith("catalog default") and "the calibration measured synthetic" in compute[2]
     link = next(s for s in inputs.sources if s[0].startswith("all-reduce"))
@@ -137,7 +138,7 @@ def test_plan_grad_comm_defaults_to_the_jobs_and_bf16_is_faster_when_communicati
     options = dict(nodes="2", model="", batch=None, samples=1280)
 
     def step_seconds(**extra):
-        inputs = costplan.plan_inputs(None, costplan.PlanOptions(**options, **extra), cal)
+        inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(**options, **extra), cal)
         return costplan.plan_rows(inputs, costplan.Price(1.0, "spot", "given"))[0].prediction.step_seconds
 
     assert step_seconds() == step_seconds(grad_comm=DEFAULT_GRAD_COMM)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cluster.cost import costplan
+from cluster.cost import costplan, plan_options
 from cluster.cost import timemodel as tm
 from cluster.cost.models import lookup_dataset, lookup_model
 from tests.fab_run import ROOT
@@ -46,20 +46,20 @@ def test_json_has_one_object_per_node_count_with_the_documented_keys():
 
 @pytest.mark.parametrize("text,expected", [("1,2,4,8", [1, 2, 4, 8]), ("4", [4]), ("8, 2,2", [2, 8])])
 def test_parse_node_counts(text, expected):
-    assert costplan.parse_node_counts(text) == expected
+    assert plan_options.parse_node_counts(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "0,2", "two", "1;2"])
 def test_parse_node_counts_rejects(text):
     with pytest.raises(ValueError, match="--nodes"):
-        costplan.parse_node_counts(text)
+        plan_options.parse_node_counts(text)
 
 
 def _plan(spec=None, **over):
     """(rows, inputs) of the pure plan for the recipe's case at $5/instance-hour."""
     options = dict(nodes="1,2,4", instance_type="r7iz.metal-16xl", profile="intel", placement_group=False)
     options.update(over)
-    inputs = costplan.plan_inputs(spec, costplan.PlanOptions(**options))
+    inputs = plan_options.plan_inputs(spec, plan_options.PlanOptions(**options))
     return costplan.plan_rows(inputs, costplan.Price(5.0, "spot", "given with --hourly-usd")), inputs
 
 
@@ -75,7 +75,7 @@ def test_fab_plan_task_uses_a_given_price_without_a_stack_file(tmp_path, monkeyp
     from node_setup.tasks.costs import build_plan
 
     monkeypatch.chdir(tmp_path)  # no Pulumi stack file here: the plan's own defaults
-    rows, header, source, notes, _ = build_plan(costplan.PlanOptions(nodes="1,4"), hourly_usd=5.0)
+    rows, header, source, notes, _ = build_plan(plan_options.PlanOptions(nodes="1,4"), hourly_usd=5.0)
     assert [r.nodes for r in rows] == [1, 4] and source.endswith("given with --hourly-usd")
     assert "r7iz.metal-16xl" in header
 
@@ -88,7 +88,7 @@ def test_fab_plan_task_refuses_an_invalid_stack_file_instead_of_ignoring_it(tmp_
     monkeypatch.chdir(tmp_path)
     (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  aws:region: us-east-1\n  xeon-cluster:workerCont: 3\n")
     with pytest.raises(Exit) as stopped:
-        build_plan(costplan.PlanOptions(), hourly_usd=5.0)
+        build_plan(plan_options.PlanOptions(), hourly_usd=5.0)
     assert stopped.value.code == 2 and "workerCont" in stopped.value.message
 
 
@@ -193,7 +193,7 @@ def test_provisioning_bills_the_master_through_the_first_up_and_each_worker_its_
 ])
 def test_the_idle_tail_is_the_auto_stop_idle_time_of_the_whole_cluster(given, stack, seconds, source):
     options = dict(nodes="4", instance_type="r7iz.metal-16xl", auto_stop_idle=given)
-    inputs = costplan.plan_inputs(None, costplan.PlanOptions(**options), stack_auto_stop_idle=stack)
+    inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(**options), stack_auto_stop_idle=stack)
     row = costplan.plan_rows(inputs, costplan.Price(5.0, "spot", "given"))[0]
     assert row.idle_tail_seconds == seconds
     assert row.idle_tail_usd == pytest.approx(4 * 5.0 * seconds / 3600)
@@ -214,7 +214,7 @@ def test_a_bad_auto_stop_idle_is_named():
     with pytest.raises(ValueError, match=r"--auto-stop-idle: 'soon' is not a duration; allowed: "):
         _plan(auto_stop_idle="soon")
     with pytest.raises(ValueError, match=r"autoStopIdle: '0s' is not allowed"):
-        costplan.plan_inputs(None, costplan.PlanOptions(), stack_auto_stop_idle="0s")
+        plan_options.plan_inputs(None, plan_options.PlanOptions(), stack_auto_stop_idle="0s")
 
 
 def test_the_total_is_provisioning_plus_run_plus_idle_tail_and_each_is_shown():
@@ -286,7 +286,7 @@ def test_fab_plan_takes_the_idle_tail_from_the_stack_file(tmp_path, monkeypatch)
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "Pulumi.lab.yaml").write_text(STACK + "  xeon-cluster:autoStopIdle: 2h\n")
-    rows, *_ = build_plan(costplan.PlanOptions(nodes="4"), hourly_usd=5.0)
+    rows, *_ = build_plan(plan_options.PlanOptions(nodes="4"), hourly_usd=5.0)
     assert rows[0].idle_tail_seconds == 7200 and rows[0].idle_tail_usd == pytest.approx(4 * 5.0 * 2)
 
 
@@ -306,7 +306,7 @@ def _master_rows(nodes="1,4", price=None, on_demand=None, **over):
     options = dict(nodes=nodes, instance_type="r7iz.metal-16xl", profile="intel", placement_group=False,
                    single_node_time="1h")
     options.update(over)
-    inputs = costplan.plan_inputs(None, costplan.PlanOptions(**options))
+    inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(**options))
     price = price or costplan.spot_estimate(costplan.Price(STATIC_R7IZ, "on-demand", "static table"))
     return costplan.plan_rows(inputs, price), price
 
@@ -373,9 +373,9 @@ def test_fab_plan_with_a_given_price_does_not_guess_the_on_demand_one(tmp_path, 
     from node_setup.tasks.costs import build_plan
 
     monkeypatch.chdir(tmp_path)
-    rows, _, _, notes, _ = build_plan(costplan.PlanOptions(nodes="4"), hourly_usd=5.0)
+    rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4"), hourly_usd=5.0)
     assert notes[0] == ("on-demand master (recommended for --managed runs): not priced (--hourly-usd gives one "
                         "price for every node, not the master's on-demand price)")
     assert json.loads(costplan.render_json(rows))[0]["on_demand_master_extra_usd"] is None
-    rows, _, _, notes, _ = build_plan(costplan.PlanOptions(nodes="4", on_demand=True), hourly_usd=5.0)
+    rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4", on_demand=True), hourly_usd=5.0)
     assert notes[0].endswith("master already on demand (this plan prices every node on demand)")

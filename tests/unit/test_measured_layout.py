@@ -136,7 +136,7 @@ def test_fab_train_refuses_a_bad_compile_choice_in_one_line(tmp_path):
 
 # ----------------------------------------------------------------------------- fab plan and fab bench (pure)
 
-from cluster.cost import benchplan, costplan  # noqa: E402
+from cluster.cost import benchplan, costplan, plan_options  # noqa: E402
 from cluster.stack.catalog import custom, lookup  # noqa: E402
 from cluster.inventory import Inventory  # noqa: E402
 
@@ -145,8 +145,8 @@ PRICE = costplan.Price(1.0, "spot", "given")
 
 def _plan(cal_data: dict, **options):
     cal = calib.from_mapping(cal_data, "cal.json")
-    o = costplan.PlanOptions(nodes="1,2", model="", batch=None, samples=1_600, instance_type=MACHINE, **options)
-    inputs = costplan.plan_inputs(None, o, cal)
+    o = plan_options.PlanOptions(nodes="1,2", model="", batch=None, samples=1_600, instance_type=MACHINE, **options)
+    inputs = plan_options.plan_inputs(None, o, cal)
     return inputs, costplan.plan_rows(inputs, PRICE)
 
 

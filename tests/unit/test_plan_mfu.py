@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from cluster.cost import costplan, flops
-from cluster.cost.costplan import PlanOptions, Price
+from cluster.cost import costplan, flops, plan_options
+from cluster.cost.costplan import Price
+from cluster.cost.plan_options import PlanOptions
 from cluster.cost.plan_mfu import plan_flops
 
 PRICE = Price(3.0, "spot", "given")
@@ -13,7 +14,7 @@ PRICE = Price(3.0, "spot", "given")
 
 def planned(**options):
     o = PlanOptions(**options)
-    inputs = costplan.plan_inputs(None, o)
+    inputs = plan_options.plan_inputs(None, o)
     return inputs, costplan.plan_rows(inputs, PRICE), plan_flops(o, inputs)
 
 

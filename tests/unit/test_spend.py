@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.cost import costplan, spend
+from cluster.cost import costplan, plan_options, spend
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory, Node
 from cluster.job.job_args import job_setting
@@ -142,9 +142,9 @@ def test_fab_train_plans_the_built_in_job_like_fab_plan():
                            "2"])
     seconds, why = plan_seconds(plan, calibration_for=lambda name: None)
     assert why == ""
-    options = costplan.PlanOptions(nodes="4", instance_type="r7iz.metal-16xl", epochs=2.0,
+    options = plan_options.PlanOptions(nodes="4", instance_type="r7iz.metal-16xl", epochs=2.0,
                                    ranks_per_node=plan.layout.ranks_per_node)
-    expected = costplan.plan_rows(costplan.plan_inputs(None, options), costplan.Price(1, "spot", "t"))[0]
+    expected = costplan.plan_rows(plan_options.plan_inputs(None, options), costplan.Price(1, "spot", "t"))[0]
     assert seconds == pytest.approx(expected.prediction.run_seconds)
     short, _ = plan_seconds(job(inventory, ["--max_steps", "10"]), calibration_for=lambda name: None)
     assert short == pytest.approx(spend.planned_seconds(expected.prediction, 1.0, 10))
