@@ -19,10 +19,17 @@ same `node_setup.ssh.install` functions `fab setup` uses:
 no-reboot snapshot is consistent. Failures carry the remote command's exit code and output, or
 the message of node_setup.ssh.wheels's InstallError for what fails on this machine (the wheel build).
 
-Host keys are pinned as the `fab` tasks pin them (node_setup/ssh/connections.py): the master's
-key is trusted on first use into the cluster's known_hosts that the toolkit keeps
-(`node_setup.ssh.keys.known_hosts_path(cluster)`), and a host that presents another key than the
-one recorded is refused at once with the message `fab` gives, never retried or accepted.
+The master's host key is verified as `fab` verifies a new AWS node's (node_setup/ssh/connections.py),
+never trusted on first use: before the step's first SSH command, the master's EC2 console output is
+read (GetConsoleOutput with the credentials of whoever runs pulumi, node_setup/aws/console.py) until
+it lists the host key fingerprints cloud-init prints at the end of boot, for as long as the master's
+type may take to boot (`ssh_timeout_seconds`, cluster/stack/catalog.py's boot_wait_s: 40 minutes for
+metal); the key the master then presents must be one of them (cluster/node/console.py), and is recorded
+with the instance id in the cluster's known_hosts that the toolkit keeps
+(`node_setup.ssh.keys.known_hosts_path(cluster)`). A console that lists no fingerprints in time (or
+cannot be read), a presented key it does not list, or a host that presents another key than the one
+recorded stop the step at once with one line naming the instance and what to check, never retried or
+accepted. A record of another instance at the master's address (a lost master's) is dropped first.
 
 The provider is pickled into the state by reference (dill records `infra.setup_step.
 ProfileSetupProvider`, not its code), and Pulumi loads it in a separate Python process started
@@ -95,23 +102,60 @@ def _ssh_connections():
     return connections, keys
 
 
-def open_connection(props: dict[str, Any], key_path: str):
-    """A Fabric connection to the master that uses only the given key, no ssh_config, and the
-    cluster's pinned host keys (trust on first use, a mismatch refused), configured as `fab`'s."""
-    from fabric import Connection
+def _boot_wait(props: dict[str, Any]) -> float:
+    """How long the master's type may take to boot (cluster/stack/catalog.py's boot_wait_s, via ssh_timeout_for)."""
+    return float(props.get("ssh_timeout_seconds") or SSH_TIMEOUT_SECONDS)
 
-    connections, keys = _ssh_connections()
-    cluster = props["cluster"]
+
+def master_console(props: dict[str, Any]):
+    """The master's EC2 console output as the source of its host key (node_setup/aws/console.py): its instance
+    at the step's address, read with the caller's credentials in the stack's region, until it lists the
+    fingerprints for as long as the master's type may take to boot."""
+    from cluster.inventory import Inventory, Node
+    from cluster.stack.tags import ROLE_MASTER
+
     try:
-        known_hosts = keys.known_hosts_path(cluster)
+        from node_setup.aws.console import AwsConsole
+    except ImportError as exc:
+        raise SetupError(f"setup step: node_setup.aws is not importable ({exc}); install the project into the Python "
+                         "that runs pulumi (`.venv/bin/pip install -e '.[controller]'`)") from None
+    master = Node("node0", props["host"], props["host"], 0, role=ROLE_MASTER, instance_id=props["instance_id"])
+    inventory = Inventory(name=props["cluster"], kind="aws", user=props["user"], nodes=(master,),
+                          region=props.get("region") or None)
+    return AwsConsole(inventory, wait_s=_boot_wait(props))
+
+
+def master_host_keys(props: dict[str, Any], console=None):
+    """The cluster's known_hosts, a never-seen master verified from its console (`console`, by default
+    master_console's), after the master's console listed its fingerprints: SetupError with one line naming
+    the instance and what to check when it lists none in time or cannot be read. A record of another
+    instance at the master's address (a lost master's) is dropped first."""
+    connections, keys = _ssh_connections()
+    try:
+        known_hosts = keys.known_hosts_path(props["cluster"])
     except keys.KeyStoreError as exc:
         raise SetupError(f"setup step: {exc}") from None
+    store = connections.PinnedHostKeys(known_hosts, props["cluster"], console or master_console(props))
+    store.forget_replaced()
+    try:
+        store.prepare(connections.host_key_name(props["host"], int(props.get("port") or 22)))
+    except connections.HostKeyUnverified as exc:
+        raise SetupError(f"setup step: {exc}") from None
+    return store
+
+
+def open_connection(props: dict[str, Any], key_path: str, host_keys):
+    """A Fabric connection to the master that uses only the given key, no ssh_config, and the
+    cluster's pinned host keys (`host_keys`: master_host_keys's), configured as `fab`'s."""
+    from fabric import Connection
+
+    connections, _ = _ssh_connections()
     conn = Connection(
         props["host"], user=props["user"], port=int(props.get("port") or 22),
-        config=connections.fabric_config(load_ssh_configs=False, cluster=cluster),
+        config=connections.fabric_config(load_ssh_configs=False, cluster=props["cluster"]),
         connect_timeout=CONNECT_TIMEOUT_SECONDS,
         connect_kwargs={"key_filename": key_path, "look_for_keys": False, "allow_agent": False})
-    connections.PinnedHostKeys(known_hosts, cluster).attach(conn.client)
+    host_keys.attach(conn.client)
     return conn
 
 
@@ -238,9 +282,9 @@ def arm_new_master(conn, props: dict[str, Any]) -> str:
 
 def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
                       install: tuple[Callable, Callable] | None = None,
-                      arm: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:
+                      arm: Callable[[Any, dict[str, Any]], str] | None = None, console=None) -> dict[str, Any]:
     """What `create()` does (and `update()` for a new master, with `arm`: arm_new_master); returns the
-    outputs. `connect`/`install`/`arm` are seams for tests."""
+    outputs. `connect`/`install`/`arm`/`console` (the master's console: master_console's) are seams for tests."""
     key_path = os.path.expanduser(str(props["private_key_path"]))
     if not os.path.isfile(key_path):
         raise SetupError(f"privateKeyPath: {props['private_key_path']!r} is not a file on this machine; allowed: "
@@ -251,9 +295,8 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
                          "(cluster/node/profiles.py was edited); run `pulumi up` again")
     install_profile, prepare_for_bake = install or _node_setup_install()
 
-    conn = wait_for_ssh(lambda: connect(props, key_path),
-                        float(props.get("ssh_timeout_seconds") or SSH_TIMEOUT_SECONDS),
-                        retry_every=SSH_RETRY_SECONDS)
+    host_keys = master_host_keys(props, console)  # its console read before the first SSH command
+    conn = wait_for_ssh(lambda: connect(props, key_path, host_keys), _boot_wait(props), retry_every=SSH_RETRY_SECONDS)
     try:
         wait_for_cloud_init(conn, float(props.get("cloud_init_timeout_seconds") or CLOUD_INIT_TIMEOUT_SECONDS))
         _remote(f"installing profile {profile.name!r}", conn.host, lambda: install_profile(conn, profile))

@@ -80,12 +80,62 @@ def stop_sshd(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
 
 
+def cloud_init_console(host_key: Path) -> str:
+    """What cloud-init prints on an EC2 console at the end of boot for this host key (`ssh-keygen -l`'s own
+    fingerprint line behind its syslog tag, then the key), after a kernel line."""
+    pub = host_key.with_name(host_key.name + ".pub")
+    listed = subprocess.run(["ssh-keygen", "-l", "-f", str(pub)], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    tag = "<14>Mar  4 10:00:01 ec2: "
+    return (f"[   12.402114] cloud-init[812]: Cloud-init v. 24.4 running 'modules:final'\n"
+            f"{tag}-----BEGIN SSH HOST KEY FINGERPRINTS-----\n{tag}{listed}\n"
+            f"{tag}-----END SSH HOST KEY FINGERPRINTS-----\n-----BEGIN SSH HOST KEY KEYS-----\n"
+            f"{pub.read_text().strip()}\n-----END SSH HOST KEY KEYS-----\n")
+
+
+def _shown_elsewhere() -> str:
+    """A console listing the fingerprint of tests/infra/conftest.py's public key (the tests with a scripted
+    connection never present a key; the step only needs the console to list one before it connects)."""
+    from cluster.node.console import FINGERPRINTS_BEGIN, FINGERPRINTS_END, fingerprint
+    from tests.infra.conftest import PUBLIC_KEY
+
+    listed = f"256 {fingerprint(PUBLIC_KEY.split()[1])} test@xeon-cluster (ED25519)"
+    return f"{FINGERPRINTS_BEGIN}\n{listed}\n{FINGERPRINTS_END}\n"
+
+
+class ConsoleDouble:
+    """Test double for the master's console (the ConsoleSource the step reads its host key from; on AWS its
+    EC2 console output, tested through moto below): a fixed text, for the instance of make_props."""
+
+    kind = "aws"
+    wait_s, poll_s = 1.0, 0.1
+
+    def __init__(self, text: str, instance: str = "i-0master"):
+        self.text, self.instance_id = text, instance
+
+    def instance(self, address: str) -> str:
+        return self.instance_id
+
+    def read(self, address: str) -> str:
+        return self.text
+
+    def where(self, address: str) -> str:
+        return f"console of {self.instance_id}"
+
+    def advice(self, address: str) -> str:
+        return "compare the two"
+
+
+SHOWN = ConsoleDouble(_shown_elsewhere())
+
+
 def _sshd_home(home: Path) -> SimpleNamespace:
     for name in ("host_key", "other_host_key", "client_key", "other_key"):
         _keygen(home / name)
     shutil.copy(home / "client_key.pub", home / "authorized_keys")
     return SimpleNamespace(port=_free_port(), home=home, key=home / "client_key", other_key=home / "other_key",
-                           host_key=home / "host_key", other_host_key=home / "other_host_key", user=getpass.getuser())
+                           host_key=home / "host_key", other_host_key=home / "other_host_key", user=getpass.getuser(),
+                           console=ConsoleDouble(cloud_init_console(home / "host_key")))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +203,7 @@ class RecordingInstaller:
 def test_setup_installs_then_prepares_over_real_ssh(sshd, tmp_path):
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
-    outs = run_profile_setup(props, install=installer.functions)
+    outs = run_profile_setup(props, install=installer.functions, console=sshd.console)
     assert installer.calls == ["install:stock", "prepare_for_bake"]
     assert (tmp_path / "node-state").read_text() == "installed stock\nprepared\n"  # really ran remotely
     assert outs["bake_tag"] == props["bake_tag"] and "__provider" not in outs
@@ -167,7 +217,7 @@ def test_failed_install_reports_the_remote_command_exit_and_output(sshd, tmp_pat
                                    fail_with="echo 'E: Unable to locate package libfoo' >&2; exit 100")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(props, install=installer.functions)
+        run_profile_setup(props, install=installer.functions, console=sshd.console)
     message = str(caught.value)
     assert "installing profile 'stock' on 127.0.0.1 failed" in message
     assert "exited 100" in message and "E: Unable to locate package libfoo" in message
@@ -182,7 +232,7 @@ def test_wrong_key_is_retried_then_reported_within_the_bound(sshd, tmp_path, mon
                        ssh_timeout_seconds=1.5)
     started = time.monotonic()
     with pytest.raises(SetupError, match=r"did not accept SSH within 2 s .*AuthenticationException.*privateKeyPath"):
-        run_profile_setup(props, install=installer.functions)
+        run_profile_setup(props, install=installer.functions, console=sshd.console)
     assert time.monotonic() - started < 6
     assert installer.calls == []
 
@@ -191,12 +241,13 @@ def test_wrong_key_is_retried_then_reported_within_the_bound(sshd, tmp_path, mon
 def test_first_connect_records_the_masters_host_key(sshd, tmp_path, config_home):
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
-    run_profile_setup(props, install=installer.functions)
+    run_profile_setup(props, install=installer.functions, console=sshd.console)
     keytype, b64 = (sshd.host_key.with_suffix(".pub")).read_text().split()[:2]
-    assert known_hosts(config_home).read_text() == f"[127.0.0.1]:{sshd.port} {keytype} {b64}\n"
+    # verified from the master's console, so recorded with its instance (a later instance there is verified anew)
+    assert known_hosts(config_home).read_text() == f"[127.0.0.1]:{sshd.port} {keytype} {b64} i-0master\n"
     assert oct(known_hosts(config_home).stat().st_mode & 0o777) == "0o600"
     # The same key again: accepted, nothing added (what `fab` then finds recorded too).
-    run_profile_setup(props, install=installer.functions)
+    run_profile_setup(props, install=installer.functions, console=sshd.console)
     assert known_hosts(config_home).read_text().count("\n") == 1
 
 
@@ -213,7 +264,7 @@ def test_another_host_key_on_the_same_address_is_refused_with_fabs_message(tmp_p
                        ssh_timeout_seconds=30)
     first = start_sshd(server.home, server.port, server.host_key)
     try:
-        run_profile_setup(props, install=installer.functions)
+        run_profile_setup(props, install=installer.functions, console=server.console)
     finally:
         stop_sshd(first)
     recorded = known_hosts(config_home).read_text()
@@ -221,7 +272,7 @@ def test_another_host_key_on_the_same_address_is_refused_with_fabs_message(tmp_p
     try:
         started = time.monotonic()
         with pytest.raises(SetupError) as caught:
-            run_profile_setup(props, install=installer.functions)
+            run_profile_setup(props, install=installer.functions, console=server.console)
         elapsed = time.monotonic() - started
     finally:
         stop_sshd(second)
@@ -249,7 +300,7 @@ def test_a_host_key_of_another_type_than_recorded_is_refused(sshd, tmp_path, con
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), ssh_timeout_seconds=30)
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(props, install=installer.functions)
+        run_profile_setup(props, install=installer.functions, console=sshd.console)
     message = str(caught.value)
     assert message.startswith("setup step: host key ") and "ssh-ed25519" in message
     assert "forget the old key with `fab forget --cluster xeon-test --host " in message
@@ -265,8 +316,103 @@ def test_no_sshd_is_reported_within_the_bound(tmp_path, monkeypatch):
     props = make_props(port=_free_port(), private_key_path=str(key), ssh_timeout_seconds=1.2)
     started = time.monotonic()
     with pytest.raises(SetupError, match=r"ubuntu@127.0.0.1:\d+ did not accept SSH within 1 s .*adminCidrs"):
-        run_profile_setup(props, install=(None, None))
+        run_profile_setup(props, install=(None, None), console=SHOWN)
     assert time.monotonic() - started < 5
+
+
+# ------------------------------------------- the master's host key from its EC2 console (moto)
+
+MOTO_EXAMPLE_AMI = "ami-12c6146b"
+
+
+@pytest.fixture
+def ec2_master(aws_credentials):
+    """The master's instance in moto's EC2 (its id and region for the step's props). moto answers its
+    GetConsoleOutput with a canned kernel log and no host keys; a test that needs a cloud-init console
+    replaces that canned text (the module constant moto's answer is built from), so the text still travels
+    through boto3 and moto's base64 as a real answer does."""
+    import boto3
+    import moto
+
+    from tests.conftest import AWS_TEST_REGION
+
+    with moto.mock_aws():
+        ec2 = boto3.client("ec2", region_name=AWS_TEST_REGION)
+        (instance,) = ec2.run_instances(ImageId=MOTO_EXAMPLE_AMI, MinCount=1, MaxCount=1,
+                                        InstanceType="c6i.large")["Instances"]
+        yield SimpleNamespace(id=instance["InstanceId"], region=AWS_TEST_REGION)
+
+
+def ec2_console_shows(monkeypatch, text: str) -> None:
+    from moto.ec2.responses import general
+
+    monkeypatch.setattr(general, "SAMPLE_CONSOLE_OUTPUT", text)
+
+
+@pytest.mark.parametrize("instance_type", ["r7iz.metal-16xl", "c7i.16xlarge"])
+def test_the_masters_console_is_its_instances_and_awaited_as_long_as_its_type_boots(instance_type):
+    from cluster.stack.catalog import boot_wait_s
+
+    props = make_props(ssh_timeout_seconds=setup_step.ssh_timeout_for(instance_type), region="eu-west-1",
+                       host="198.51.100.9")
+    console = setup_step.master_console(props)
+    assert console.wait_s == boot_wait_s(instance_type)  # the one budget the supervisor's replacements get
+    assert console.instance("198.51.100.9") == "i-0master" and console.region == "eu-west-1"
+    assert "--instance-id i-0master --region eu-west-1" in console.advice("198.51.100.9")
+
+
+@pytest.mark.ssh
+def test_the_master_presenting_the_key_its_ec2_console_lists_is_set_up_and_recorded(
+        sshd, tmp_path, config_home, ec2_master, monkeypatch):
+    ec2_console_shows(monkeypatch, cloud_init_console(sshd.host_key))
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), instance_id=ec2_master.id,
+                       region=ec2_master.region)
+    run_profile_setup(props, install=installer.functions)  # the console read through boto3 (moto)
+    assert installer.calls == ["install:stock", "prepare_for_bake"]
+    keytype, b64 = sshd.host_key.with_suffix(".pub").read_text().split()[:2]
+    assert known_hosts(config_home).read_text() == f"[127.0.0.1]:{sshd.port} {keytype} {b64} {ec2_master.id}\n"
+
+
+@pytest.mark.ssh
+def test_a_master_presenting_another_key_than_its_ec2_console_lists_is_refused_before_any_command(
+        sshd, tmp_path, config_home, ec2_master, monkeypatch):
+    ec2_console_shows(monkeypatch, cloud_init_console(sshd.other_host_key))
+    installer = RecordingInstaller(tmp_path / "node-state")
+    props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), instance_id=ec2_master.id,
+                       region=ec2_master.region, ssh_timeout_seconds=30)
+    with pytest.raises(SetupError) as caught:
+        run_profile_setup(props, install=installer.functions)
+    line = str(caught.value)
+    listed = subprocess.run(["ssh-keygen", "-l", "-f", str(sshd.other_host_key) + ".pub"], check=True,
+                            capture_output=True, text=True).stdout.split()[1]
+    assert line.startswith(f"setup step: host key of [127.0.0.1]:{sshd.port} (instance {ec2_master.id}) refused: "
+                           "it presents ssh-ed25519 SHA256:")
+    assert f"its EC2 console output of {ec2_master.id} shows {listed} (ED25519)" in line and "do not connect" in line
+    assert f"aws ec2 get-console-output --latest --instance-id {ec2_master.id} --region {ec2_master.region}" in line
+    assert "\n" not in line
+    assert installer.calls == []  # refused in the handshake: no command ran
+    assert known_hosts(config_home).read_text() == ""
+
+
+def test_a_master_whose_ec2_console_never_lists_its_host_keys_is_refused_without_connecting(
+        tmp_path, config_home, ec2_master):
+    """moto's own canned console (a kernel log, no host keys): refused once the boot's wait is over."""
+    props = _props_with_key(tmp_path, host="198.51.100.9", instance_id=ec2_master.id, region=ec2_master.region,
+                            ssh_timeout_seconds=0.5)
+    console = setup_step.master_console(props)  # the step's own, read through boto3
+    console.poll_s = 0.1  # its 10 s between reads would outlast this test's short boot
+
+    def connect_double(props, key, host_keys):
+        raise AssertionError("must not connect to a master whose host key could not be verified")
+
+    with pytest.raises(SetupError) as caught:
+        run_profile_setup(props, connect=connect_double, install=(None, None), console=console)
+    line = str(caught.value)
+    assert line.startswith(f"setup step: host key of 198.51.100.9 (instance {ec2_master.id}) not verified: its EC2 "
+                           f"console output of {ec2_master.id} shows no SSH host key fingerprints after 0.5 s; refused")
+    assert f"aws ec2 get-console-output --latest --instance-id {ec2_master.id}" in line and "\n" not in line
+    assert known_hosts(config_home).read_text() == ""
 
 
 # ------------------------------------------------------------------------ with test doubles
@@ -310,7 +456,7 @@ def _props_with_key(tmp_path, **overrides):
 def test_cloud_init_done_or_degraded_lets_setup_go_on(tmp_path, exit_code):
     conn = ScriptedConnection({"cloud-init status --wait": (exit_code, "status: done")})
     calls = []
-    run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key: conn,
+    run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key, host_keys: conn, console=SHOWN,
                       install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")))
     assert calls == ["install", "bake"]
     assert "cloud-init status --wait" in conn.commands[0] and conn.commands[-1] == "sync"
@@ -321,7 +467,7 @@ def test_cloud_init_failure_stops_setup_with_its_output(tmp_path):
     conn = ScriptedConnection({"cloud-init status --wait": (1, "status: error\nmodules-final failed")})
     calls = []
     with pytest.raises(SetupError, match=r"(?s)cloud-init on 198.51.100.9 ended with exit 1:\n.*modules-final failed"):
-        run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key: conn,
+        run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key, host_keys: conn, console=SHOWN,
                           install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")))
     assert calls == [] and conn.closed
 
@@ -338,7 +484,7 @@ def test_wheel_build_failure_on_the_controller_is_a_setup_error_with_its_message
                            "error: invalid command 'bdist_wheel'\ninstall setuptools and wheel")
 
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key: conn,
+        run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key, host_keys: conn, console=SHOWN,
                           install=(install_double, lambda c: calls.append("bake")))
     message = str(caught.value)
     assert message.startswith("setup step: installing profile 'stock' for 198.51.100.9 failed on this machine")
