@@ -74,6 +74,8 @@ class MachineGroup(Protocol):
 
     def console(self, member: Member) -> str: ...  # its console's text ("" when there is none)
 
+    def replaces_lost(self) -> bool: ...  # whether a lost machine can be replaced at all (False: go on at once)
+
 
 class ClusterBackend(Protocol):
     """One kind of cluster: everything that differs between local, AWS and an inventory file."""

@@ -48,6 +48,7 @@ class InventoryError(ValueError):
 
 # The SSH key for nodes whose inventory names none (an AWS cluster, an inventory file without `key`).
 KEY_ENV = "XEON_CLUSTER_SSH_KEY"
+DOWN = "down"  # a node's state while it is down and not yet replaced (a local node reclaimed)
 
 
 class ClusterSelectionError(ValueError):
@@ -118,6 +119,11 @@ class Inventory:
     shared_output_root: str | None = None  # a folder on one disk every node shares; None: each node's home
     shared_cores: bool = False  # the nodes are shares of one machine's cores (each gets an equal share, unpinned)
     offline: bool = False  # the nodes cannot reach the internet: a job given no model or data runs the offline demo
+    # Nodes the backend knows are down now, left out of `nodes` (a down master stays there: tasks that need it
+    # say they cannot reach it), and lines every task says on using the inventory (whose cluster it is,
+    # what brings a down node back). Set at discovery; not part of the file format.
+    down: tuple[Node, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -151,7 +157,8 @@ class Inventory:
         if not 1 <= count <= len(self.nodes):
             raise InventoryError(
                 f"--nodes: {count} is not possible on cluster {self.name!r}; allowed 1 to {len(self.nodes)} "
-                f"(nodes available: {', '.join(n.name for n in self.nodes)})")
+                f"(nodes available: {', '.join(n.name for n in self.nodes)}"
+                + (f"; down now: {', '.join(n.name for n in self.down)}" if self.down else "") + ")")
         return replace(self, nodes=self.nodes[:count])
 
     def machine(self) -> InstanceType:

@@ -45,9 +45,7 @@ def cluster_kind(cluster: str | None) -> tuple[str, str | None]:
     if cluster is None:
         return AWS, None  # the only xeon-cluster cluster running in the region
     if cluster == LOCAL or cluster.startswith(LOCAL + ":"):
-        from node_setup.local.state import DEFAULT_NAME
-
-        return LOCAL, cluster.partition(":")[2] or DEFAULT_NAME
+        return LOCAL, cluster.partition(":")[2] or None  # None: a bare `local` (this checkout's cluster named local)
     if looks_like_path(cluster):
         return FILE, cluster
     return AWS, cluster
@@ -59,8 +57,10 @@ def looks_like_path(value: str) -> bool:
 
 def local_cluster_name(cluster: str | None) -> str | None:
     """The NAME of the local cluster `--cluster` names (`local`, `local:NAME`); None when it names another kind."""
+    from node_setup.local.state import DEFAULT_NAME
+
     kind, target = cluster_kind(cluster)
-    return target if kind == LOCAL else None
+    return (target or DEFAULT_NAME) if kind == LOCAL else None
 
 
 def cluster_name(cluster: str | None) -> str | None:
@@ -72,4 +72,4 @@ def cluster_name(cluster: str | None) -> str | None:
         from node_setup.backends.files import load_inventory_file
 
         return load_inventory_file(str(target)).name
-    return target
+    return local_cluster_name(cluster) or target

@@ -74,6 +74,9 @@ class AwsGroup:
         answer = self._client("ec2").get_console_output(InstanceId=member.instance_id, Latest=True)
         return decode_output(answer.get("Output") or "")
 
+    def replaces_lost(self) -> bool:
+        return True  # the group launches a lost worker's replacement
+
 
 class AwsBackend:
     kind = AWS

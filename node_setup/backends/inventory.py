@@ -30,6 +30,9 @@ class StaticGroup:
     def console(self, member: Member) -> str:
         return ""
 
+    def replaces_lost(self) -> bool:
+        return False  # nothing brings a machine of yours back
+
 
 class InventoryFileBackend:
     kind = FILE

@@ -9,13 +9,15 @@ directory, which every node shares; a node's console is a file its start-up writ
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cluster import names
 from cluster.cost import spend
 from cluster.backend import LOCAL, ConsoleSource, NodePrice, PreflightReport
-from cluster.inventory import ClusterSelectionError, Inventory, Node
+from cluster.inventory import DOWN, ClusterSelectionError, Inventory, Node
 from cluster.run.supervision import Member
 from node_setup.backends.members import checked_member
 from node_setup.local.console import CONSOLE_FILE
@@ -54,6 +56,14 @@ class LocalGroup:
                 return str(entry.get("state") or "running")
         return "gone"  # the keeper no longer lists it: replaced
 
+    def replaces_lost(self) -> bool:
+        """While the cluster's group keeper runs (`fab local-up --keeper-delay`): without it nothing comes."""
+        try:
+            cluster = json.loads((self.data_dir / GROUP_FILE).read_text()).get("cluster")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return isinstance(cluster, str) and keeper_of(self.data_dir, cluster) is not None
+
     def console(self, member: Member) -> str:
         # the node's directory is its slot's; its console shows the machine there now, which must be this one
         if self.instance_state(member) != "running":
@@ -64,10 +74,13 @@ class LocalGroup:
             return ""
 
 
-def local_inventory(name: str = local_state.DEFAULT_NAME) -> Inventory:
-    """The inventory `fab local-up --name NAME` wrote, if that cluster is running."""
+def local_inventory(name: str | None = None) -> Inventory:
+    """The inventory `fab local-up --name NAME` wrote, while any node of it is up: the nodes that are up (and
+    the master, up or not), the others in `down`. `name` None: a bare `--cluster local`, which refuses
+    another checkout's cluster (node_setup/local/state.py's owners)."""
     from node_setup.local import cluster as local_cluster
 
+    explicit, name = name is not None, name or local_state.DEFAULT_NAME
     try:
         paths = local_state.paths_for(name)
     except local_state.LocalClusterError as exc:
@@ -79,19 +92,69 @@ def local_inventory(name: str = local_state.DEFAULT_NAME) -> Inventory:
         found = f" (local clusters here: {', '.join(others)}; pick one with --cluster local:NAME)" if others else ""
         raise ClusterSelectionError(f"no local cluster named {name!r} is up{found}: start it with "
                                     f"`fab local-up --nodes 4{flag}`")
-    if not local_cluster.is_running(state):
-        raise ClusterSelectionError(f"local cluster {name!r} is not running (its sshd processes or namespaces are "
-                                    f"gone, "
-                                    f"e.g. after a reboot): restart it with `fab local-up --replace --nodes "
-                                    f"{len(state.nodes)}{flag}`")
-    return load_inventory_file(paths.inventory_path)
+    problem = None if explicit else local_state.implicit_use_problem(state)
+    if problem:
+        raise ClusterSelectionError(problem)
+    names_now = local_cluster.system.namespaces()
+    up = {n.name: local_cluster.node_up(n, names_now) for n in state.nodes}
+    if not any(up.values()):  # nothing runs, so no run is lost: local-up starts it again
+        raise ClusterSelectionError(f"local cluster {name!r} is not running (none of its nodes' sshd processes or "
+                                    f"namespaces is left, e.g. after a reboot): start it again with "
+                                    f"`fab local-up --nodes {len(state.nodes)}{flag}`")
+    inventory = load_inventory_file(paths.inventory_path)
+    owner = local_state.owner_note(state)
+    inventory = replace(inventory, notes=inventory.notes + ((owner,) if owner else ()))
+    return with_down_nodes(inventory, state, up, keeper_of(Path(state.data_dir), state.name))
+
+
+def with_down_nodes(inventory: Inventory, state: local_state.ClusterState, up: dict[str, bool],
+                    keeper: dict | None, now: float | None = None) -> Inventory:
+    """The inventory the tasks work with while nodes are down: the nodes that are up, and the master even
+    when it is down (a task that needs it says it cannot reach it), each down node's state `down`; the down
+    workers in `down`, for `fab status`; one note saying what brings them back (never `--replace`, which
+    would end a run on the nodes that are up)."""
+    down = [n for n in inventory.nodes if not up.get(n.name, False)]
+    if not down:
+        return inventory
+    now = time.time() if now is None else now
+    shown = {n.name: replace(n, state=DOWN, launched_at=None) for n in down}
+    kept = tuple(shown.get(n.name, n) for n in inventory.nodes if n.name not in shown or n is inventory.master)
+    lost = ", ".join(n.name for n in down)
+    if keeper is not None:
+        since = {n.name: n.reclaimed_at for n in state.nodes}
+        due = [f"{n.name} in about {max(0, round(since[n.name] + keeper['delay_s'] - now))} s"
+               for n in down if since.get(n.name) is not None]
+        back = (f"the group keeper (pid {keeper['pid']}) brings each back as a new machine "
+                f"{keeper['delay_s']:g} s after it went down" + (f" ({', '.join(due)})" if due else ""))
+    else:
+        flag = "" if state.name == local_state.DEFAULT_NAME else f" --name {state.name}"
+        back = (f"no group keeper runs, so nothing brings a down node back by itself: `fab local-up --nodes "
+                f"{len(state.nodes)}{flag}` does, as a new machine, and leaves the nodes that are up (and a run "
+                "on them) alone")
+    using = ", ".join(n.name for n in kept if n.state != DOWN) or "none"
+    note = f"local cluster {state.name!r}: {lost} down; {back}; working with the nodes that are up: {using}"
+    return replace(inventory, nodes=kept, down=tuple(d for d in shown.values() if d.name not in {n.name for n in kept}),
+                   notes=inventory.notes + (note,))
+
+
+def keeper_of(data_dir: Path, name: str) -> dict | None:
+    """The cluster's group keeper while it runs ({"pid", "delay_s"}, from its record in the data directory,
+    which the master sees too), else None: no lost node comes back by itself."""
+    from node_setup.local import system
+
+    try:
+        keeper = json.loads((data_dir / GROUP_FILE).read_text()).get("keeper")
+        pid, delay = int(keeper["pid"]), float(keeper["delay_s"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return {"pid": pid, "delay_s": delay} if system.is_keeper(pid, name) else None
 
 
 class LocalBackend:
     kind = LOCAL
 
     def discover(self, target: str | None, region: str | None = None) -> Inventory:
-        return local_inventory(target or local_state.DEFAULT_NAME)
+        return local_inventory(target)  # None: a bare `--cluster local`
 
     def console_source(self, inventory: Inventory) -> ConsoleSource | None:
         from node_setup.local.console import LocalConsole

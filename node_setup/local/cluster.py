@@ -24,7 +24,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import yaml
 
@@ -51,17 +51,20 @@ from node_setup.local.state import (
     hosts_text,
     instance_action_text,
     inventory_mapping,
+    is_ours,
     link_shaping_commands,
     link_unshaping_command,
     load_state,
     namespace_name,
     node_name,
+    owner_text,
     paths_for,
     pick_subnet,
     quiet,
     rebalance_text,
     save_state,
     sshd_config_text,
+    stamp_owner,
     validate_link,
     validate_name,
     validate_node_count,
@@ -82,8 +85,12 @@ def is_running(state: ClusterState) -> bool:
 
 def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None = None, replace: bool = False,
            wheelhouse: str | None = DEFAULT_WHEELHOUSE, progress: Progress = quiet,
-           timeout: float = system.SSHD_START_TIMEOUT, link_mbit: float = 0, link_delay_ms: float = 0) -> ClusterState:
+           timeout: float = system.SSHD_START_TIMEOUT, link_mbit: float = 0, link_delay_ms: float = 0,
+           moved: Collection[str] = ()) -> ClusterState:
     """Start a local cluster of `nodes` nodes; returns its state (also saved, with the inventory).
+
+    On a cluster with nodes down, brings them back (`_bring_back`); those named in `moved` at a new
+    address, not their slot's (the group keeper's lost master, as a new EC2 instance gets its own).
 
     `link_mbit` (with `link_delay_ms`) limits what every node sends with tc inside its namespace
     (0: not limited); the limit is recorded in the state file and removed by `destroy`.
@@ -101,8 +108,10 @@ def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None =
         system.check_tc()
     ensure_run_folder(paths.name)  # where its jobs write: root's own, or a refusal before anything is made
     existing = load_state(paths)
+    if existing is not None and not is_ours(existing):
+        raise LocalClusterError(_not_ours(existing, nodes))
     if existing is not None and not replace and _bridge_up(existing) and not _all_up(existing, nodes):
-        return _bring_back(existing, nodes, paths, wheelhouse, progress, timeout)
+        return _bring_back(existing, nodes, paths, wheelhouse, progress, timeout, moved)
     if existing is not None:
         if is_running(existing) and not replace:
             flag = "" if paths.name == DEFAULT_NAME else f" --name {paths.name}"
@@ -117,6 +126,7 @@ def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None =
                          data_dir=str(paths.data_dir), cluster_dir=str(paths.cluster_dir),
                          key_path=str(paths.key_path), inventory_path=str(paths.inventory_path),
                          created_at=time.time(), link_mbit=mbit, link_delay_ms=delay_ms)
+    stamp_owner(state)
     try:
         _make(state, nodes, paths, progress, timeout)
         sockets, cores = system.machine_topology()
@@ -132,6 +142,18 @@ def create(nodes: int, name: str = DEFAULT_NAME, *, paths: ClusterPaths | None =
         raise
     progress(f"local cluster {paths.name!r}: {nodes} node(s) on {state.subnet}; inventory {paths.inventory_path}")
     return state
+
+
+def _not_ours(state: ClusterState, nodes: int) -> str:
+    """Why local-up leaves another checkout's cluster of that name alone, and what to run instead."""
+    up = any(node_up(n) for n in state.nodes)
+    line = (f"local cluster {state.name!r} {'is up' if up else 'exists'} and is not this checkout's: "
+            f"{owner_text(state)} made it; left alone. Start one of your own under another name: "
+            f"`fab local-up --nodes {nodes} --name NAME`, then --cluster local:NAME")
+    if not up:  # nothing of it runs: no run to lose
+        flag = "" if state.name == DEFAULT_NAME else f" --name {state.name}"
+        line += f"; or, if nobody uses it, remove it: `fab local-down --force{flag}`"
+    return line
 
 
 def _make(state: ClusterState, count: int, paths: ClusterPaths, progress: Progress, timeout: float) -> None:
@@ -167,9 +189,10 @@ def _make(state: ClusterState, count: int, paths: ClusterPaths, progress: Progre
     system.wait_for_imds(state.nodes)
 
 
-def _new_node(paths: ClusterPaths, i: int, hosts: list) -> NodeState:
+def _new_node(paths: ClusterPaths, i: int, hosts: list, address: str | None = None) -> NodeState:
+    """Slot `i`'s machine, at the slot's address (the subnet's (i+2)th) unless given another."""
     return NodeState(name=node_name(i), namespace=namespace_name(paths.name, i), veth=veth_name(paths.name, i),
-                     address=str(hosts[i + 1]), dir=str(paths.data_dir / node_name(i)),
+                     address=address or str(hosts[i + 1]), dir=str(paths.data_dir / node_name(i)),
                      sshd_config=str(paths.data_dir / node_name(i) / "etc" / "sshd_config"))
 
 
@@ -222,11 +245,19 @@ def _all_up(state: ClusterState, count: int) -> bool:
     return len(state.nodes) >= count and all(node_up(n, names) for n in state.nodes)
 
 
+def _free_address(state: ClusterState, hosts: list) -> str:
+    """The highest address of the subnet that neither the bridge nor a recorded node holds (the one being
+    replaced included): slots take theirs from the bottom, so no node added later lands on it."""
+    taken = {state.bridge_address, *(n.address for n in state.nodes)}
+    return next(str(h) for h in reversed(hosts) if str(h) not in taken)
+
+
 def _bring_back(state: ClusterState, count: int, paths: ClusterPaths, wheelhouse: str | None, progress: Progress,
-                timeout: float) -> ClusterState:
+                timeout: float, moved: Collection[str] = ()) -> ClusterState:
     """`fab local-up` on a cluster with nodes down or missing: each comes back as a new machine (new
     host key, instance id and empty home; the same software through the shared venv), at its old
-    name and address; the nodes that are up are left alone."""
+    name and address (those in `moved`: at a free address of the subnet); the nodes that are up are
+    left alone."""
     import ipaddress
 
     subnet = ipaddress.ip_network(state.subnet)
@@ -240,9 +271,11 @@ def _bring_back(state: ClusterState, count: int, paths: ClusterPaths, wheelhouse
         if i < len(state.nodes):
             old = state.nodes[i]
             _clear_node(old, names)
-            node = _new_node(paths, i, hosts)
+            node = _new_node(paths, i, hosts, _free_address(state, hosts) if old.name in moved else None)
             state.nodes[i] = node
-            progress(f"  {old.name}: was down; bringing it back as a new machine")
+            progress(f"  {old.name}: was down; bringing it back as a new machine"
+                     + (f" at a new address, {node.address} (was {old.address})" if node.address != old.address
+                        else ""))
         else:
             node = _new_node(paths, i, hosts)
             if node.namespace in names:
@@ -343,9 +376,10 @@ def _prepare_node_dir(node: NodeState, controller_key: str) -> None:
     (etc / "hosts").write_text(hosts_text(node.name, node.address))
 
 
-def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
+def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = False) -> bool:
     """Remove exactly what the state file lists; False if there was no such cluster (safe twice).
 
+    Another checkout's cluster is left alone (LocalClusterError) unless `force`.
     Every step checks first and goes on after a failure; if anything is left, the state file is
     kept (a rerun finishes the job) and the error lists what could not be removed.
     """
@@ -353,6 +387,11 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet) -> bool:
     if state is None:
         progress(f"no local cluster {paths.name!r} (no state at {paths.state_path}); nothing to remove")
         return False
+    if not force and not is_ours(state):
+        flag = "" if paths.name == DEFAULT_NAME else f" --name {paths.name}"
+        raise LocalClusterError(f"local cluster {paths.name!r} is not this checkout's: {owner_text(state)} made it; "
+                                f"left alone (a run on it would be lost). `fab local-down --force{flag}` removes "
+                                "it anyway")
     system.check_host()
     if stop_keeper(paths):
         progress("  stopped the group keeper")
@@ -420,12 +459,11 @@ def stop_keeper(paths: ClusterPaths) -> int | None:
     pid_file = paths.cluster_dir / KEEPER_PID_FILE
     try:
         pid = int(pid_file.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         pid_file.unlink(missing_ok=True)
         return None
     pid_file.unlink(missing_ok=True)
-    if b"node_setup.local.keeper" in cmdline and paths.name.encode() in cmdline:
+    if system.is_keeper(pid, paths.name):
         os.kill(pid, signal.SIGTERM)
         return pid
     return None

@@ -1,4 +1,5 @@
-"""The local cluster's group keeper: what an Auto Scaling group does for AWS workers, on the host.
+"""The local cluster's group keeper: what an Auto Scaling group does for AWS workers, and what `pulumi up`
+does for a lost master, on the host.
 
 `fab local-up --keeper-delay S` starts it detached (`python -m node_setup.local.keeper NAME S`, its
 pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every POLL_S it
@@ -12,7 +13,13 @@ pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every P
   console file shows the new key), and runs the workers' first-boot script there, the one the launch
   template's user data holds on AWS (cluster/node/boot_script.py): it authorizes the cluster key, `from=` the
   cluster's subnet, so the master can reach the new machine once it has verified its host key from its
-  console.
+  console;
+- brings a lost master (the first node) back as `pulumi up` replaces one: a new machine at the master's
+  name, at a new address (`moved`: a new EC2 instance gets an address of its own, and the stack holds no
+  Elastic IP; the controller finds the master again by its name), with new host keys on its console and
+  without the workers' first-boot script (the master's instance has no such user data: `fab train`
+  distributes the cluster key to it). The controller verifies its host key from its console as any new
+  node's; `fab train --managed --resume` continues the run on it (docs/long-spot-runs.md).
 """
 
 from __future__ import annotations
@@ -50,16 +57,21 @@ def validate_delay(value) -> float:
     return delay
 
 
-def group_record(state: local_state.ClusterState, up: dict[str, bool]) -> dict:
-    return {"cluster": state.name, "desired": len(state.nodes), "members": [
+def group_record(state: local_state.ClusterState, up: dict[str, bool], delay: float | None = None) -> dict:
+    """The group's record; `keeper` says who keeps it (this process, while it runs) and after how long a
+    lost node comes back, so the supervisor and `fab status` know whether a replacement can come."""
+    record = {"cluster": state.name, "desired": len(state.nodes), "members": [
         {"name": n.name, "address": n.address, "instance_id": n.instance_id,
          "state": "running" if up.get(n.name) else "terminated"} for n in state.nodes]}
+    if delay is not None:
+        record["keeper"] = {"pid": os.getpid(), "delay_s": delay}
+    return record
 
 
-def write_group(state: local_state.ClusterState, up: dict[str, bool]) -> None:
+def write_group(state: local_state.ClusterState, up: dict[str, bool], delay: float | None = None) -> None:
     path = Path(state.data_dir) / GROUP_FILE
     partial = path.with_name(path.name + ".xc-new")
-    partial.write_text(json.dumps(group_record(state, up), indent=2) + "\n")
+    partial.write_text(json.dumps(group_record(state, up, delay), indent=2) + "\n")
     partial.chmod(0o644)
     os.replace(partial, path)
 
@@ -103,7 +115,7 @@ def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -
             return
         names = local_cluster.system.namespaces()
         up = {n.name: local_cluster.node_up(n, names) for n in state.nodes}
-        write_group(state, up)
+        write_group(state, up, delay)
         now = time.time()
         for n in state.nodes:
             if up[n.name]:
@@ -115,18 +127,20 @@ def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -
             progress(f"keeper: {', '.join(due)} down for {delay:g} s; bringing back as new machine(s)")
             try:
                 wheelhouse = (yaml.safe_load(paths.inventory_path.read_text()) or {}).get("wheelhouse")
-                after = local_cluster.create(len(state.nodes), name, wheelhouse=wheelhouse, progress=progress)
+                master = state.nodes[0].name
+                after = local_cluster.create(len(state.nodes), name, wheelhouse=wheelhouse, progress=progress,
+                                             moved=[master] if master in due else ())
             except local_state.LocalClusterError as exc:
                 progress(f"keeper: could not bring them back: {exc}")
                 after = None
             if after is not None:
                 user = (yaml.safe_load(paths.inventory_path.read_text()) or {}).get("user", "root")
-                for node in after.nodes:
+                for node in after.nodes[1:]:  # workers: the master's instance has no first-boot script
                     if node.name in due:
                         _authorize_cluster_key(after, node, user, progress)
                 for n in due:
                     down_since.pop(n, None)
-                write_group(after, {n.name: True for n in after.nodes})
+                write_group(after, {n.name: True for n in after.nodes}, delay)
         time.sleep(POLL_S)
 
 
@@ -136,7 +150,8 @@ def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None
 
     local_cluster.stop_keeper(paths)
     with open(paths.cluster_dir / "keeper.log", "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "node_setup.local.keeper", paths.name, f"{delay:g}"],
+        argv = [sys.executable, "-m", local_cluster.system.KEEPER_MODULE, paths.name, f"{delay:g}"]
+        process = subprocess.Popen(argv,
                                    cwd=str(PROJECT_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                    start_new_session=True, env=env)
     (paths.cluster_dir / KEEPER_PID_FILE).write_text(f"{process.pid}\n")

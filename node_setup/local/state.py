@@ -10,6 +10,11 @@ here first (namespace, bridge, veth, subnet, node directories) and recorded in `
     <config dir>/local/<name>/id_ed25519       the controller's key for this cluster (authorized on every node)
     <data root>/<name>/node<i>/                one node: root/ (its /root), etc/ (sshd config, host key, hosts)
 
+Clusters are machine-wide (their namespaces and bridge), and every checkout run by the same user
+shares the config dir, so the state records its owner: the checkout whose `fab local-up` made it
+(node_setup/controller.py's PROJECT_ROOT) and the user who ran it. Another checkout's cluster is
+used only when named explicitly (`--cluster local:NAME`), and removed only with `--force`.
+
 The data root (``/var/lib/xeon-cluster/local`` or ``$XEON_CLUSTER_LOCAL_DATA``) must lie outside
 /root: a node's sshd reads its config after /root has been replaced by the node's own home.
 """
@@ -20,6 +25,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import pwd
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,7 +35,7 @@ from typing import Callable
 from cluster import names
 from cluster.inventory import Inventory, Node
 from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
-from node_setup.controller import config_root
+from node_setup.controller import PROJECT_ROOT, config_root
 
 DEFAULT_NAME = "local"
 MAX_NODES = 64
@@ -309,6 +315,8 @@ class ClusterState:
     version: int = STATE_VERSION
     link_mbit: float | None = None  # each node's sending rate, limited with tc (None: not limited)
     link_delay_ms: float | None = None
+    owner_checkout: str = ""  # the checkout whose `fab local-up` made it ("": a state file older than owners)
+    owner_user: str = ""  # who ran that local-up
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -356,6 +364,53 @@ def build_inventory(state: ClusterState, *, sockets: int, physical_cores: int,
 def inventory_mapping(inventory: Inventory) -> dict:
     """The inventory file content; `kind: local` lets discovery tell a local cluster from a plain file."""
     return {"kind": "local", **inventory.to_mapping()}
+
+
+# ---------------------------------------------------------------- owners
+
+
+def this_checkout() -> str:
+    return str(PROJECT_ROOT)
+
+
+def this_user() -> str:
+    """Who runs this controller: the user behind sudo where there is one (local clusters need root)."""
+    try:
+        own = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        own = str(os.geteuid())
+    behind = os.environ.get("SUDO_USER")
+    return f"{behind} (as {own})" if behind and behind != own else own
+
+
+def stamp_owner(state: ClusterState) -> None:
+    state.owner_checkout, state.owner_user = this_checkout(), this_user()
+
+
+def is_ours(state: ClusterState) -> bool:
+    """Made by this checkout (a state file without an owner counts as anyone's)."""
+    return not state.owner_checkout or state.owner_checkout == this_checkout()
+
+
+def owner_text(state: ClusterState) -> str:
+    return f"checkout {names.printable(state.owner_checkout)} (user {names.printable(state.owner_user or '?')})"
+
+
+def implicit_use_problem(state: ClusterState) -> str | None:
+    """The line that refuses a bare `--cluster local` resolving to another checkout's cluster (None: go on):
+    a job on it would end when its owner tears it down."""
+    if is_ours(state):
+        return None
+    return (f"--cluster local: local cluster {state.name!r} is not this checkout's: {owner_text(state)} made it; "
+            f"to use it anyway name it: --cluster local:{state.name}; for a cluster of your own: "
+            f"`fab local-up --nodes {len(state.nodes) or 4} --name NAME`, then --cluster local:NAME")
+
+
+def owner_note(state: ClusterState) -> str | None:
+    """Said whenever a task uses another checkout's cluster (named explicitly)."""
+    if is_ours(state):
+        return None
+    return f"local cluster {state.name!r} is not this checkout's: {owner_text(state)} made it"
 
 
 def list_clusters(config: Path | str | None = None) -> list[str]:

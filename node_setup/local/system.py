@@ -26,6 +26,7 @@ from node_setup.local.state import LocalClusterError, NodeState, Progress
 SSHD = "/usr/sbin/sshd"
 # Held while a subnet is chosen and its bridge made, so concurrent local-ups pick different subnets.
 LOCK_PATH = "/run/xeon-cluster-local.lock"
+KEEPER_MODULE = "node_setup.local.keeper"  # how the group keeper is started: python -m KEEPER_MODULE NAME DELAY
 SSHD_START_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
 
@@ -150,6 +151,15 @@ def is_our_sshd(pid: int, node: NodeState) -> bool:
     except OSError:
         return False
     return node.sshd_config.encode() in cmdline
+
+
+def is_keeper(pid: int, name: str) -> bool:
+    """`pid` runs the group keeper of local cluster `name` (node_setup/local/keeper.py; not a recycled PID)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return process_alive(pid) and KEEPER_MODULE.encode() in argv and name.encode() in argv
 
 
 def reap(pid: int) -> None:

@@ -230,7 +230,10 @@ class Supervisor:
             self.pending[x.name] = x.instance_id
             self.current.remove(x.name)
         self.verified = {}
-        if self.spec.options.wait_seconds and self.pending:
+        if self.spec.options.wait_seconds and self.pending and not self.backend.replaces_lost():
+            self.say(f"no replacement can come for {', '.join(sorted(self.pending))} (nothing replaces a lost "
+                     "machine of this cluster): going on with the survivors at once")
+        elif self.spec.options.wait_seconds and self.pending:
             self.say(f"awaiting replacement(s) for {', '.join(sorted(self.pending))} from the group (up to "
                      f"{self.spec.options.wait_seconds:g} s)")
             self._replacements_ready(block=True, deadline=ended + self.spec.options.wait_seconds)

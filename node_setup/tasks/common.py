@@ -182,15 +182,21 @@ def whole_number(option: str, value: Any, *, minimum: int | None = None, unset: 
 
 
 def inventory(cluster: str | None, region: str | None) -> Inventory:
-    """The nodes `--cluster` names (node_setup/discovery.py), or exit 2 with what to do."""
+    """The nodes `--cluster` names (node_setup/discovery.py), or exit 2 with what to do; its notes (whose
+    cluster it is, which nodes are down and what brings them back) go to stderr, one line each."""
+    import sys
+
     from node_setup.discovery import resolve_cluster  # boto3 only when an AWS cluster is asked for
 
     try:
-        return resolve_cluster(cluster or None, region or None)
+        found = resolve_cluster(cluster or None, region or None)
     except ValueError as exc:  # ClusterSelectionError, InventoryError
         raise fail(str(exc)) from None
     except Exception as exc:  # AWS credential / region problems carry their own advice
         raise fail(f"cannot find the cluster: {exc}") from None
+    for note in found.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    return found
 
 
 def connect(inventory: Inventory) -> dict:

@@ -13,6 +13,7 @@ from cluster.job import joblist
 from cluster.job.jobplan import shown
 from cluster.job.logstream import assemble
 from cluster.job.launch import DEFAULT_LAUNCHER
+from cluster.inventory import DOWN
 from node_setup.backends import backend_for
 from node_setup.ssh import job as jobs
 from node_setup.ssh.autostop import status_report as autostop_report
@@ -58,18 +59,19 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     """`fab status`'s lines; `facts` collects what they show (nodes, job, problems) for --json."""
     conns = common.connect(inventory)
     master = conns[inventory.master.name]
+    unreached = False
     try:
         job_id = jobs.resolve_job_id(master, job or None)
     except jobs.JobError:
         job_id = None
     except Exception as exc:  # noqa: BLE001 - the table below still shows every node
-        job_id = None
+        job_id, unreached = None, True
         facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
         print(facts["problems"][-1])
     ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
     print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
     print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {spend.SPEND_HEADER} {'reachable':<10} ranks")
-    for node in inventory.nodes:
+    for node in sorted((*inventory.nodes, *inventory.down), key=lambda n: n.rank):  # down: the backend's, not reached
         outcome = ranks.get(node.name)
         reachable = "yes" if outcome and outcome.ok else "NO"
         running = ""
@@ -92,6 +94,13 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         print(group_line)
         if group_problem:
             facts["problems"].append(group_problem)
+    if unreached:  # not "no job": whatever runs there cannot be read
+        print(f"the master {inventory.master.name} cannot be reached, so its jobs and a supervised run's state "
+              "cannot be read" + ("; it is down (the note above says what brings it back)" if inventory.master.state
+                                  == DOWN else "; check that it runs and its sshd answers, then `fab status` again")
+              + ". A run it supervises goes on without fab; one whose master was lost continues with "
+              "`fab train --managed --resume` once a master is back")
+        return
     autostop_line, autostop_problem = autostop_report(master)
     print(autostop_line)
     _supervised(master, facts)

@@ -61,11 +61,15 @@ def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhous
     print(f"done: fab local-down{_name_flag(name)}")
 
 
-@task(help={"name": "local cluster name (default local)"})
-def local_down(c, name=local_state.DEFAULT_NAME):
-    """Stop a local cluster: its sshd and node processes, namespaces, bridge, files (safe to repeat)."""
+@task(help={"name": "local cluster name (default local)",
+            "force": "also remove a cluster another checkout made (a run on it ends)"})
+def local_down(c, name=local_state.DEFAULT_NAME, force=False):
+    """Stop a local cluster this checkout made: its sshd and node processes, namespaces, bridge and files.
+
+    Safe to repeat. Another checkout's cluster is left alone unless --force.
+    """
     try:
-        local_cluster.destroy(local_state.paths_for(name), progress=_progress)
+        local_cluster.destroy(local_state.paths_for(name), progress=_progress, force=force)
     except local_state.LocalClusterError as exc:
         raise fail(str(exc)) from None
     if keys.forget_cluster(name):
@@ -102,6 +106,8 @@ def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), reb
     if node.startswith("-"):  # `fab local-reclaim --help` hands "--help" over as the node
         raise fail(f"node: {node!r} is an option, not a node; allowed: a node as local-up named it (node0 is the "
                    "master); this task's options: fab --help local-reclaim")
+    from node_setup.backends import cluster_kind
+
     name = _cluster_name(cluster)
     try:
         local_state.validate_notice(notice)
@@ -110,6 +116,9 @@ def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), reb
         if state is None:
             raise fail(f"--cluster: no local cluster named {name!r} is up; start one with "
                        f"`fab local-up{_name_flag(name)}`")
+        problem = None if cluster_kind(cluster)[1] else local_state.implicit_use_problem(state)  # a bare `local`
+        if problem:
+            raise fail(problem)
         local_state.find_node(state, node)
     except local_state.LocalClusterError as exc:
         raise fail(str(exc)) from None

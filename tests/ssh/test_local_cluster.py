@@ -201,12 +201,25 @@ def test_cluster_local_resolves_to_the_running_cluster(local_cluster_factory, mo
     assert [(n.name, n.address) for n in inventory.nodes] == [(n.name, n.address) for n in cluster.state.nodes]
     assert inventory.key_path == str(cluster.key_path) and inventory.wheelhouse == local_state.DEFAULT_WHEELHOUSE
     assert inventory.physical_cores == local_system.machine_topology()[1]
-    # a node whose sshd died makes the cluster "not running", with the command that restarts it
+    assert inventory.down == () and inventory.notes == ()
+    # the master's sshd died: the cluster is still found (a run on node1 is not refused, nor wiped by advice
+    # to --replace it); the master stays first, shown down, and `fab status` says it cannot be reached
+    cluster.stop_sshd(0)
+    inventory = resolve_cluster(f"local:{cluster.name}")
+    assert [(n.name, n.state) for n in inventory.nodes] == [("node0", "down"), ("node1", "running")]
+    assert f"`fab local-up --nodes 2 --name {cluster.name}` does" in inventory.notes[0]
+    assert "--replace" not in inventory.notes[0]
+    status = subprocess.run([sys.executable, "-m", "fabric", "status", "--cluster", f"local:{cluster.name}"], cwd=REPO,
+                            env=cluster.env(), capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "the master node0 cannot be reached" in status.stdout and "no job started yet" not in status.stdout
+    assert "note: local cluster" in status.stderr and "node0 down" in status.stderr
+    # with no node left the cluster is not running; starting it again is local-up's, never --replace
     cluster.stop_sshd(1)
-    assert not local_system.port_open(cluster.state.nodes[1].address)
-    with pytest.raises(ClusterSelectionError, match=f"local cluster '{cluster.name}' is not running.*"
-                                                    f"fab local-up --replace --nodes 2 --name {cluster.name}"):
+    with pytest.raises(ClusterSelectionError) as gone:
         resolve_cluster(f"local:{cluster.name}")
+    assert f"local cluster '{cluster.name}' is not running" in str(gone.value)
+    assert f"`fab local-up --nodes 2 --name {cluster.name}`" in str(gone.value) and "--replace" not in str(gone.value)
     cluster.destroy()
     with pytest.raises(ClusterSelectionError, match=f"no local cluster named '{cluster.name}' is up"):
         resolve_cluster(f"local:{cluster.name}")

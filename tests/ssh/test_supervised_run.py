@@ -2,7 +2,10 @@
 returns at once and no fab is left running; node2 is reclaimed with a notice, later node1 is lost
 without one; the supervisor on the master gets each replacement from the keeper, verifies its host
 key from its console, and the run completes its full step count with two recoveries in
-summary.json; `fab status --json` reports it completed.
+summary.json; `fab status --json` reports it completed. On the way: a machine shared with another
+checkout (this run's cluster recorded as that checkout's while it trains: left alone by this
+checkout's local-up and local-down, while a cluster of its own is torn down beside it), and the
+tasks answering while node2 is down (the keeper paused so that it stays down while they are asked).
 
 Budget: one run of the synthetic demo with two recoveries (about four minutes on 2 cores).
 """
@@ -10,7 +13,10 @@ Budget: one run of the synthetic demo with two recoveries (about four minutes on
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from cluster.run import supervision as sv
+from node_setup.local import cluster as lc
 from node_setup.local import keeper
 from node_setup.local import state as local_state
 from tests.ssh.jobs_on_nodes import node_home, wait_for
@@ -28,6 +35,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 800
 KEEPER_DELAY_S = 10
+ELSEWHERE = "/srv/alice/xeon-cluster"  # another checkout, as a cluster's owner record names it
 
 
 def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
@@ -65,7 +73,74 @@ def steps_logged(cluster) -> int:
     return text.count("'loss'")
 
 
-def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path):
+def another_checkouts_cluster_is_left_alone(cluster, local_cluster_factory) -> None:
+    """Two checkouts on one machine: while this run trains, its cluster is recorded as another checkout's (the
+    owner is data); this checkout's local-up of that name and its local-down leave it alone, named
+    explicitly it answers and says whose it is, and this checkout's own cluster is torn down beside it."""
+    state = local_state.load_state(cluster.paths)
+    owner = state.owner_checkout, state.owner_user
+    state.owner_checkout, state.owner_user = ELSEWHERE, "alice"
+    local_state.save_state(cluster.paths, state)
+    try:
+        up = fab(cluster, "local-up", "--nodes", "3", "--name", cluster.name)
+        assert up.returncode == 2 and f"is not this checkout's: checkout {ELSEWHERE}" in up.stderr, up.stderr
+        down = fab(cluster, "local-down", "--name", cluster.name)
+        assert down.returncode == 2 and "left alone" in down.stderr, down.stdout + down.stderr
+        jobs = fab(cluster, "jobs", "--cluster", f"local:{cluster.name}")
+        assert jobs.returncode == 0 and f"checkout {ELSEWHERE} (user alice) made it" in jobs.stderr, jobs.stderr
+        mine = local_cluster_factory(1)
+        gone = fab(mine, "local-down", "--name", mine.name)
+        assert gone.returncode == 0 and f"local cluster {mine.name!r} removed" in gone.stdout, gone.stderr
+    finally:
+        state = local_state.load_state(cluster.paths)
+        state.owner_checkout, state.owner_user = owner
+        local_state.save_state(cluster.paths, state)
+    assert all(lc.node_up(n) for n in local_state.load_state(cluster.paths).nodes)
+    assert run_state(cluster).get("status") == sv.RUNNING
+
+
+def keeper_paused_while_down(cluster, node: str) -> int:
+    """Once the keeper records `node` as terminated, stop it (SIGSTOP; its pid from its pid file) so that the
+    node stays down while the tasks are asked; the caller resumes it (SIGCONT). Returns its pid."""
+    pid = int((cluster.paths.cluster_dir / local_state.KEEPER_PID_FILE).read_text())
+    group = Path(local_state.load_state(cluster.paths).data_dir) / local_state.GROUP_FILE
+
+    def recorded_down() -> bool:
+        try:
+            members = json.loads(group.read_text())["members"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return any(m["name"] == node and m["state"] == "terminated" for m in members)
+
+    wait_for(recorded_down, 60, f"the keeper to record {node} down")
+    os.kill(pid, signal.SIGSTOP)  # it brings a node back KEEPER_DELAY_S after it saw it down: time to stop it
+    assert not lc.node_up(next(n for n in local_state.load_state(cluster.paths).nodes if n.name == node))
+    return pid
+
+
+def tasks_answer_with_a_worker_down(cluster, transcript: list[str]) -> None:
+    """node2 is down during a managed run: status, logs, jobs and exec answer with the nodes that are up,
+    node2 shown down with the keeper's replacement coming, the run's state read from the master, and no
+    advice to --replace (which would wipe the run)."""
+    target = ("--cluster", f"local:{cluster.name}")
+    run_id = run_state(cluster)["run"]
+    asked = {"status": fab(cluster, "status", *target), "logs": fab(cluster, "logs", "--lines", "5", *target),
+             "jobs": fab(cluster, "jobs", *target), "exec": fab(cluster, "exec", "hostname", *target)}
+    transcript += [f"$ fab {task}\n{ran.stdout}{ran.stderr}" for task, ran in asked.items()]
+    for task, ran in asked.items():
+        assert ran.returncode == 0, f"fab {task}: {ran.stdout[-2000:]}{ran.stderr}"
+        assert "--replace" not in ran.stdout + ran.stderr and "not running" not in ran.stderr, task
+        assert "node2 down; the group keeper (pid" in ran.stderr, (task, ran.stderr)
+    status = asked["status"].stdout
+    assert re.search(r"^  node2 +\S+ +down ", status, re.M), status
+    assert re.search(r"^  node1 +\S+ +running .* yes ", status, re.M), status
+    assert f"supervised run {run_id}: " in status, status
+    assert run_id in asked["jobs"].stdout  # the run's first job
+    assert "[node0] node0" in asked["exec"].stdout and "[node1] node1" in asked["exec"].stdout
+    assert "node2" not in asked["exec"].stdout
+
+
+def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path, local_cluster_factory):
     out = f"/var/tmp/xc-supervised-{cluster.name}"
     transcript = []
     old_keys = {n.name: n.host_key for n in local_state.load_state(cluster.paths).nodes}
@@ -80,9 +155,15 @@ def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path):
     assert fab_processes(cluster.name) == []
     try:
         wait_for(lambda: steps_logged(cluster) >= 2, 180, "the first job to train")
+        another_checkouts_cluster_is_left_alone(cluster, local_cluster_factory)
         reclaim = fab(cluster, "local-reclaim", "node2", "--notice", "5s", "--cluster", f"local:{cluster.name}")
         transcript.append(reclaim.stdout + reclaim.stderr)
         assert reclaim.returncode == 0, reclaim.stdout + reclaim.stderr
+        keeper_pid = keeper_paused_while_down(cluster, "node2")
+        try:
+            tasks_answer_with_a_worker_down(cluster, transcript)
+        finally:
+            os.kill(keeper_pid, signal.SIGCONT)
         wait_for(lambda: run_state(cluster).get("recoveries") == 1 and run_state(cluster).get("status") == sv.RUNNING,
                  300, "the first recovery")
         wait_for(lambda: steps_logged(cluster) >= 2, 180, "the resumed job to train")

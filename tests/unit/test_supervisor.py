@@ -64,6 +64,7 @@ class FakeCluster:
         self.final_state: dict = {}
         self.admitted: list[str] = []
         self.next_job_ends = [(100.0, 0)]  # (seconds after launch, exit code) for each launch in turn
+        self.replaceable = True  # whether the group can replace a lost machine at all
 
     # the clock
     def clock(self) -> float:
@@ -165,12 +166,15 @@ class FakeBackend:
     def console(self, member: Member) -> str:
         return self.fake.console(member)
 
+    def replaces_lost(self) -> bool:
+        return self.fake.replaceable
+
 
 def test_the_fake_backend_implements_every_operation_of_the_protocol():
     from cluster.backend import MachineGroup
 
     wanted = {n for n in vars(MachineGroup) if not n.startswith("_")}
-    assert wanted == {"members", "instance_state", "console"}
+    assert wanted == {"members", "instance_state", "console", "replaces_lost"}
     assert all(callable(getattr(FakeBackend, n, None)) for n in wanted)
 
 
@@ -267,6 +271,19 @@ def test_replacement_never_comes_the_survivors_finish_or_too_few_stop():
     fake.next_job_ends = [(15.0, 75)]
     assert supervise(fake, wait=60.0, min_nodes=3) == sv.FAILED
     assert "--min-nodes is 3" in fake.final_state["line"]
+
+
+def test_where_no_replacement_can_come_the_survivors_go_on_at_once():
+    """A group that replaces nothing (a local cluster without its keeper, an inventory file's machines): the
+    run resumes on the survivors right after the job's end instead of waiting out --wait-for-capacity."""
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2"))])
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    fake.replaceable = False
+    assert supervise(fake, wait=900.0, min_nodes=2) == sv.COMPLETED
+    assert fake.launches[1][0] == ["node0", "node1"]
+    assert fake.finished[0]["seconds_waiting"] < 30  # the scripted clock: a few polls, not the 900 s wait
+    assert any("no replacement can come for node2" in line for line in fake.lines), fake.lines
+    assert not any(line.startswith("awaiting replacement") for line in fake.lines)
 
 
 def test_master_notice_ends_the_run_in_a_state_the_controller_can_finish():
