@@ -88,6 +88,7 @@ echo "== README command 1, verbatim: $CMD1"
 log1="$ROOT.command1.log"
 in_chroot "$CMD1" 2>&1 | tee "$log1" | grep -E '^(==|local cluster|layout:|job .* (started|finished|failed)|removed)' || true
 grep -q "finished: exit code 0" "$log1" || { echo "FAILED: command 1 did not train (log: $log1)"; tail -30 "$log1"; exit 1; }
+grep -q "local cluster 'local' removed" "$log1" || { echo "FAILED: command 1 left its cluster (log: $log1)"; exit 1; }
 echo "   command 1: the demo trained on 4 local nodes (exit code 0), cluster removed"
 
 rc=0

@@ -22,7 +22,7 @@ DOCS = ROOT / "docs"
 README_MAX_LINES = 260
 SETUP_COMMANDS = (
     "XEON_CLUSTER_SKIP_IPEX=1 bash scripts/setup-dev.sh && . .venv/bin/activate && fab local-up --nodes 4 && "
-    "fab setup --cluster local && fab train --nodes 4 --cluster local; fab local-down",
+    "{ fab setup --cluster local && fab train --nodes 4 --cluster local; fab local-down; }",
     "bash scripts/setup-dev.sh && .venv/bin/python -m pytest",
 )
 CI_RUN = ROOT / ".ci" / "run"
