@@ -1,8 +1,12 @@
 """A job's start and its inspection on the master, as text: the files, the commands and the scripts.
 
-Built once for the two that start jobs: fab (node_setup/ssh/job.py, over Fabric) and the run
-supervisor on the master (node_setup/supervisor/onmaster.py, plain `ssh` and a local shell in the
-node venv). Each moves the text its own way; what is run is the same. Pure: no I/O.
+Built once for the one job lifecycle (node_setup/job_lifecycle/), which fab runs over Fabric and the
+run supervisor on the master over plain `ssh` and a local shell: each moves the text its own way;
+what is run is the same. Pure: no I/O.
+
+- `prepare_command(plan, refuse_busy=...)`: on every node before a launch: which xeon-cluster its venv
+  holds (`installed_version` reads it back), with `refuse_busy` the other jobs still running there
+  (`busy_jobs`), the job's directory, the plan's preparation (the offline demo's data).
 
 The job's directory is cluster.job.launch.job_dir(job id) under the home; the master's link to the
 newest job is CURRENT. The scripts are cluster/shell/job-*.sh, run as `sh -c SCRIPT xeon-cluster
@@ -14,10 +18,14 @@ from __future__ import annotations
 import json
 import shlex
 
+from typing import Iterable
+
 from cluster import shell
-from cluster.job.jobplan import JobPlan
+from cluster.job.jobplan import JOB_ID_RE, JobPlan
 from cluster.job.launch import JOBS_DIR, job_dir
 from cluster.job.torchrun import AGENT_FILE
+from cluster.node.profiles import get_profile, venv_dir
+from cluster.node.setup_script import PROJECT_MARKER
 
 CURRENT = f"{JOBS_DIR}/current"  # symlink on the master to the newest job's directory
 PID_WAIT_TENTHS = 100  # how long the start command waits for the job script's pid file (0.1 s each)
@@ -30,6 +38,10 @@ STOP_NODE_SH = shell.render("job-stop-node.sh", {"JOBS_DIR": JOBS_DIR, "AGENT_FI
 STOP_MASTER_SH = shell.render("job-stop-master.sh", {"JOBS_DIR": JOBS_DIR})
 # On the master: what a job is doing (one line: running, stopped, exited CODE, ...).
 STATE_SH = shell.render("job-state.sh", {"JOBS_DIR": JOBS_DIR})
+# On every node before a launch: the other jobs still running there (read by busy_jobs()).
+BUSY_SH = shell.render("job-busy.sh", {"JOBS_DIR": JOBS_DIR})
+BUSY = "xeon-cluster busy: "  # the lines BUSY_SH prints, one per running job script or rank
+INSTALLED = "xeon-cluster installed: "  # the line prepare_command starts each node's output with
 
 
 def sh_command(script: str, *args: object) -> str:
@@ -54,3 +66,44 @@ def start_command(plan: JobPlan) -> str:
             f"(setsid nohup {runner} {qd}/run.sh </dev/null >/dev/null 2>&1 &) && "
             f"i=0; while [ ! -s {qd}/pid ] && [ $i -lt {PID_WAIT_TENTHS} ]; do sleep 0.1; i=$((i + 1)); done; "
             f"cat {qd}/pid")
+
+
+def prepare_command(plan: JobPlan, *, refuse_busy: bool) -> str:
+    """On every node before a launch (one round trip; see the module docstring). A node that runs another
+    job stops before the job's directory is made (BUSY_SH exits 4)."""
+    marker = f"{venv_dir(get_profile(plan.inventory.profile))}/{PROJECT_MARKER}"
+    steps = [f'echo "{INSTALLED}$(cat {shlex.quote(marker)} 2>/dev/null)"',
+             *([sh_command(BUSY_SH, plan.job_id)] if refuse_busy else []),
+             f"mkdir -p {shlex.quote(job_dir(plan.job_id))}/ranks", *plan.prepare]
+    return "cd && " + " && ".join(f"( {s} )" for s in steps)
+
+
+def installed_version(output: str) -> str:
+    """The xeon-cluster version a prepared node's venv holds ("" for none), from its prepare_command output."""
+    for line in output.splitlines():
+        if line.startswith(INSTALLED):
+            return line[len(INSTALLED):].strip()
+    return ""
+
+
+def busy_jobs(outputs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """{other job id: ["node0 (job script)", "node1 (rank 1)", ...]} from the (node, output) of every node's
+    prepare_command with refuse_busy."""
+    found: dict[str, list[str]] = {}
+    for node, output in outputs:
+        for line in output.splitlines():
+            if BUSY not in line:
+                continue
+            job_id, _, what = line.split(BUSY, 1)[1].strip().partition(" ")
+            if JOB_ID_RE.match(job_id):
+                found.setdefault(job_id, []).append(f"{node} ({'job script' if what == 'script' else what})")
+    return found
+
+
+def busy_line(busy: dict[str, list[str]]) -> str:
+    """Why a launch stops when a chosen node still runs another job (busy_jobs' answer, not empty)."""
+    other = max(busy)  # the newest running job (ids begin with their start time)
+    more = f" (and {len(busy) - 1} other job(s))" if len(busy) > 1 else ""
+    return (f"cannot launch: job {other} still runs on {', '.join(busy[other])}{more}; follow it with "
+            f"`fab logs --follow --job {other}`, end it with `fab stop --job {other}`, or pass --allow-busy to "
+            "start this job beside it")

@@ -10,11 +10,13 @@ workdir, with the copy plan and the install plan printed by the dry run). `fab t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
+import shlex
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from cluster.stack import catalog
 from cluster.inventory import Inventory
@@ -23,7 +25,11 @@ from cluster.job.launch import (DEFAULT_LAUNCHER, NOTICE_SIGNAL_VARIABLE, OUTPUT
 from cluster.job.layout import Layout, plan_layout
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.job.torchrun import plan_torchrun_launch
+from cluster.job.job_args import BATCH_FLAGS, SYNTHETIC_ARGS, synthetic_data, training_arguments
+from cluster.job.request import RunRequest
 from cluster.job.userjob import NO_SIGNAL, CopyPlan, RequirementsPlan, UserProgram, workdir_on_node
+from cluster.run.recovery import BatchPlan
+from cluster.run.supervision import restart_arguments, resume_words
 
 DEFAULT_OUTPUT_ROOT = "xeon-cluster-runs"  # relative to the SSH user's home on every node
 # The local cluster's nodes each have their own /root but share the rest of the filesystem: a
@@ -173,6 +179,12 @@ def _plan_launch(inv: Inventory, launcher: str, *, job_id: str, layout: Layout, 
                        master_port=master_port, extra_env=extra_env, run_as_root=inv.user == "root", job_env=job_env)
 
 
+def default_output_dir(inventory: Inventory, run_id: str) -> str:
+    """A run's output directory when none is given: under the nodes' shared output root (every node sees
+    it), else DEFAULT_OUTPUT_ROOT in each node's home."""
+    return f"{inventory.shared_output_root or DEFAULT_OUTPUT_ROOT}/{run_id}"
+
+
 def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], job_id: str | None = None,
              ranks_per_node: int | None = None, threads_per_rank: int | None = None,
              ccl_workers: int | None = None, pin: bool | None = None, extra_env: Mapping[str, str] | None = None,
@@ -180,16 +192,45 @@ def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], 
              master_port: int | None = None, user: UserProgram | None = None, copy: CopyPlan | None = None,
              install: RequirementsPlan | None = None, launcher: str = DEFAULT_LAUNCHER,
              min_nodes: int | None = None, max_restarts: int | None = None) -> JobPlan:
-    """Everything `fab train` will do, decided before anything is touched (no I/O).
+    """A job of a program given as its arguments (`fab bench`'s programs, the tests): the built-in job with
+    `training_args` as they are, completed with --instance_type (the catalog's type, unless they name
+    one), --output_dir (unless they name one, which is then the output directory) and, elastic under
+    torchrun, --resume. Every run of `fab train` is planned from its request instead (`plan`).
 
     With `user`, every rank runs the user's program (its arguments are its own; `training_args`
     is ignored) from the job's copy of the workdir, and the output directory reaches it as
     XEON_CLUSTER_OUTPUT_DIR.
+    """
+    job_id = job_id or new_job_id()
+    output_dir = output_dir or default_output_dir(inventory, job_id)
+    args = list(training_args)
+    if user is None:
+        instance_type = inventory.instance_type or ""
+        if catalog.lookup(instance_type) and not any(a.split("=", 1)[0] == "--instance_type" for a in args):
+            args += ["--instance_type", instance_type]
+        given = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+                 for i, a in enumerate(args) if a == "--output_dir" or a.startswith("--output_dir=")]
+        if given:  # the caller's own wins
+            output_dir = given[-1]
+        else:
+            args += ["--output_dir", output_dir]
+        if min_nodes is not None and "--resume" not in args:
+            args.append("--resume")
+    return _plan(inventory, nodes=nodes, job_id=job_id, output_dir=output_dir, args=args, user=user,
+                 layout=dict(ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank, ccl_workers=ccl_workers,
+                             pin=pin, preload=preload),
+                 launcher=launcher, min_nodes=min_nodes, max_restarts=max_restarts, extra_env=extra_env,
+                 prepare=prepare, master_port=master_port, copy=copy, install=install)
+
+
+def _plan(inventory: Inventory, *, nodes: int, job_id: str, output_dir: str, args: Sequence[str],
+          user: UserProgram | None, layout: Mapping, launcher: str, min_nodes: int | None, max_restarts: int | None,
+          extra_env: Mapping[str, str] | None, prepare: Sequence[str], master_port: int | None = None,
+          copy: CopyPlan | None = None, install: RequirementsPlan | None = None) -> JobPlan:
+    """The job of `args` (the built-in job's, complete) or of `user`'s program, decided (no I/O).
 
     `launcher` "torchrun" starts one torchrun per node instead of mpirun (cluster/job/torchrun.py);
-    `min_nodes` makes that elastic (torchrun's MIN:N, `max_restarts`), and then the built-in job
-    always gets `--resume`: torchrun restarts the ranks with the same arguments, and a restarted
-    rank continues from the newest checkpoint every rank can read (a first start finds none).
+    `min_nodes` makes that elastic (torchrun's MIN:N, `max_restarts`).
     """
     check_launcher(launcher)
     if launcher != "torchrun" and (min_nodes is not None or max_restarts is not None):
@@ -198,37 +239,103 @@ def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], 
     inv = inventory.first(nodes)
     profile = get_profile(inv.profile)
     machine, default_pin, notes = machine_for(inventory, nodes)
-    kwargs = {} if preload is None else {"preload": tuple(preload)}
-    layout = plan_layout(machine, backend=profile.backend, ranks_per_node=ranks_per_node,
-                         threads_per_rank=threads_per_rank, ccl_workers=ccl_workers,
-                         pin=default_pin if pin is None else pin, **kwargs)
-    job_id = job_id or new_job_id()
-    output_dir = output_dir or f"{inventory.shared_output_root or DEFAULT_OUTPUT_ROOT}/{job_id}"
+    kwargs = {} if layout.get("preload") is None else {"preload": tuple(layout["preload"])}
+    pin = layout.get("pin")
+    planned = plan_layout(machine, backend=profile.backend, ranks_per_node=layout.get("ranks_per_node"),
+                          threads_per_rank=layout.get("threads_per_rank"), ccl_workers=layout.get("ccl_workers"),
+                          pin=default_pin if pin is None else pin, **kwargs)
     venv = venv_dir(profile)
+    launch_options: dict[str, Any] = dict(job_id=job_id, layout=planned, venv=venv, master_port=master_port,
+                                          extra_env=extra_env, min_nodes=min_nodes, max_restarts=max_restarts)
     if user is not None:
         python = f"{venv}/bin/python"
         job_env = {WORKDIR_VARIABLE: workdir_on_node(job_id), OUTPUT_DIR_VARIABLE: output_dir, PYTHON_VARIABLE: python,
                    NOTICE_SIGNAL_VARIABLE: user.signal or NO_SIGNAL, "PYTHONUNBUFFERED": "1"}
-        launch = _plan_launch(inv, launcher, job_id=job_id, layout=layout, program=user.argv(python), venv=venv,
-                              master_port=master_port, extra_env=extra_env, job_env=job_env, min_nodes=min_nodes,
-                              max_restarts=max_restarts)
-        return JobPlan(inventory=inv, layout=layout, launch=launch, training_args=user.args, output_dir=output_dir,
-                       prepare=tuple(prepare), notes=tuple(notes) + layout.notes, user=user, copy=copy,
+        launch = _plan_launch(inv, launcher, program=user.argv(python), job_env=job_env, **launch_options)
+        return JobPlan(inventory=inv, layout=planned, launch=launch, training_args=user.args, output_dir=output_dir,
+                       prepare=tuple(prepare), notes=tuple(notes) + planned.notes, user=user, copy=copy,
                        install=install)
-    args = list(training_args)
-    instance_type = inv.instance_type or ""
-    if catalog.lookup(instance_type) and not any(a.split("=", 1)[0] == "--instance_type" for a in args):
-        args += ["--instance_type", instance_type]  # the catalog's peak for the summary's MFU (cluster/cost/flops.py)
-    given = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-             for i, a in enumerate(args) if a == "--output_dir" or a.startswith("--output_dir=")]
-    if given:  # the user's own (e.g. through --extra) wins
-        output_dir = given[-1]
-    else:
-        args += ["--output_dir", output_dir]
-    if min_nodes is not None and "--resume" not in args:
-        args.append("--resume")
-    program = [f"{venv}/bin/python", "-m", "training", *args]
-    launch = _plan_launch(inv, launcher, job_id=job_id, layout=layout, program=program, venv=venv,
-                          master_port=master_port, extra_env=extra_env, min_nodes=min_nodes, max_restarts=max_restarts)
-    return JobPlan(inventory=inv, layout=layout, launch=launch, training_args=tuple(args),
-                   output_dir=output_dir, prepare=tuple(prepare), notes=tuple(notes) + layout.notes)
+    launch = _plan_launch(inv, launcher, program=[f"{venv}/bin/python", "-m", "training", *args], **launch_options)
+    return JobPlan(inventory=inv, layout=planned, launch=launch, training_args=tuple(args),
+                   output_dir=output_dir, prepare=tuple(prepare), notes=tuple(notes) + planned.notes)
+
+
+# ------------------------------------------------------------------------------ a run's job, from its request
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What a supervised relaunch changes in the run's request (node_setup/supervisor/): it resumes (the
+    built-in job's --resume), with `batch` (cluster/run/recovery.py's BatchPlan: per-rank batch and
+    accumulation that keep the global batch) and, for your own program, the newest `checkpoint` folder
+    (absolute) filled into --resume-arg's words and XEON_CLUSTER_RESUME_FROM."""
+
+    resume: bool = True
+    batch: BatchPlan | None = None
+    checkpoint: str | None = None
+
+
+def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: str | None,
+                      restart: Restart | None = None) -> list[str]:
+    """`python -m training`'s arguments of the request's built-in job: its typed settings, the offline demo's
+    data and settings, its other arguments, then what the plan adds (the instance type, the output
+    directory, --resume). A `restart`'s batch replaces the per-rank batch and the accumulation."""
+    job = request.builtin
+    assert job is not None  # the caller asked for the built-in job's arguments
+    batch = restart.batch if restart else None
+    demo = synthetic_data(job.demo.task, job.demo.examples, "python") if job.demo else None
+    options: dict[str, Any] = dict(task_name=job.task, model=job.model, dataset=job.dataset,
+                                   dataset_config=job.dataset_config, train_file=job.train_file,
+                                   validation_file=job.validation_file)
+    if demo is not None:
+        options.update(demo.options)
+    extra = [*(SYNTHETIC_ARGS[job.demo.task] if job.demo else ())]
+    extra += [w for arg in job.extra if not (batch and arg.flag in BATCH_FLAGS) for w in arg.words()]
+    args = training_arguments(**options, epochs=f"{job.epochs:g}" if job.epochs is not None else None,
+                              batch_size=batch.per_rank if batch else job.batch_size, bf16=job.bf16,
+                              checkpoint_minutes=(f"{round(request.checkpoint_every_s / 60, 4):g}"
+                                                  if request.checkpoint_every_s is not None else None),
+                              checkpoint_uri=request.checkpoint_uri, max_steps=job.max_steps,
+                              resume=request.resume or bool(restart and restart.resume)
+                              or request.launcher.min_nodes is not None,
+                              grad_comm=job.grad_comm, ddp_bucket_mb=job.ddp_bucket_mb, extra_args=extra)
+    if job.compile is not None:
+        args += ["--compile", job.compile]
+    if job.compile_estimate is not None:
+        args += ["--compile_estimate", ",".join(f"{v:.4f}" if i < 2 else f"{v:.1f}"
+                                                for i, v in enumerate(job.compile_estimate))]
+    if batch:
+        args += ["--gradient_accumulation_steps", str(batch.accumulation)]
+    if catalog.lookup(instance_type or "") and not any(arg.flag == "--instance_type" for arg in job.extra):
+        args += ["--instance_type", str(instance_type)]
+    return args + ["--output_dir", output_dir]
+
+
+def plan(request: RunRequest, inventory: Inventory, *, job_id: str | None = None, nodes: int | None = None,
+         restart: Restart | None = None, python: str | None = None) -> JobPlan:
+    """The job of the run `request` on `inventory` (its first `nodes`, default the request's): every command
+    line made here, from the typed request, the last step before the job's files. `job_id`: the run's first
+    job is the run's id; a supervised relaunch gets a new one with its `restart`."""
+    job_id = job_id or request.run_id
+    nodes = nodes or request.nodes
+    output_dir = request.output_dir or default_output_dir(inventory, request.run_id)
+    layout = dataclasses.asdict(request.layout)
+    launcher = request.launcher
+    common: dict[str, Any] = dict(nodes=nodes, job_id=job_id, output_dir=output_dir, launcher=launcher.name,
+                  min_nodes=launcher.min_nodes, max_restarts=launcher.max_restarts, layout=layout)
+    own = request.own
+    if own is not None:
+        words: tuple[str, ...] = own.args
+        env: dict[str, str] = {}
+        if restart is not None:
+            resume = resume_words(own.resume_arg) if own.resume_arg else ()
+            words, env = restart_arguments(own.args, resume, restart.checkpoint)
+        return _plan(inventory, args=(), user=dataclasses.replace(own.program, args=words),
+                     extra_env={**request.env_map(), **env}, prepare=[f"mkdir -p {shlex.quote(output_dir)}"],
+                     copy=own.copy, install=own.install, **common)
+    job = request.builtin
+    assert job is not None
+    args = builtin_arguments(request, output_dir=output_dir, instance_type=inventory.instance_type, restart=restart)
+    venv_python = python or f"{venv_dir(get_profile(inventory.profile))}/bin/python"
+    prepare = [synthetic_data(job.demo.task, job.demo.examples, venv_python).prepare] if job.demo else []
+    return _plan(inventory, args=args, user=None, extra_env=request.env_map(), prepare=prepare, **common)

@@ -1,12 +1,15 @@
-"""What `fab train` says about a job's outcome, from its summary.json: the figures of a finished
-run, exactly what is saved where after a spot reclaim, and the warning at launch when spot nodes
-train without a checkpoint URI."""
+"""How a job ended and what `fab train` says about it: the one rule for its outcome (`outcome`: fab and
+the run supervisor both read a job's end with it), from its summary.json the figures of a finished run
+and exactly what is saved where after a spot reclaim, and the warnings at launch (spot nodes without a
+checkpoint URI, nodes with another xeon-cluster than this checkout)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from cluster.inventory import Inventory
+from cluster.job.joblog import RankFailure, first_failure
 from cluster.job.jobsummary import PRINTED as SUMMARY_KEYS
 
 
@@ -72,13 +75,47 @@ def software_warning(installed: Mapping[str, str], expected: str) -> str | None:
             "nodes' copy; `fab setup` with the same --cluster installs this one")
 
 
-def spot_warning(inventory: Inventory, args: list[str]) -> str | None:
+def spot_warning(inventory: Inventory, checkpoint_uri: str | None) -> str | None:
     """One line at launch when spot nodes train without --checkpoint-uri, or None."""
     spot = [n.name for n in inventory.nodes if n.spot]  # spot instances: an AWS cluster's (its backend's market)
-    if not spot or any(a == "--checkpoint_uri" or a.startswith("--checkpoint_uri=")
-                                                  for a in args):
+    if not spot or checkpoint_uri:
         return None
     which = f"{spot[0]} is a spot instance" if len(spot) == 1 else f"{', '.join(spot)} are spot instances"
     return (f"warning: {which} and no --checkpoint-uri is given: a reclaim loses the run's progress (checkpoints "
             "stay on the instance's local disk, which goes with it); add --checkpoint-uri "
             "s3://$(pulumi stack output bucketName)/<run name>")
+
+
+# ------------------------------------------------------------------------------ how a job ended: one rule
+
+RUNNING, STOPPED, EXITED = "running", "stopped", "exited"
+NO_EXIT_CODE = 1  # training/exit_codes.py's FAILED: a job that ended without writing its exit code
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended (`outcome`): its state, its exit code (None when stopped) and what the launcher said."""
+
+    state: str  # STOPPED, EXITED, or what job-state.sh said of a job that left no code (lost, missing)
+    code: int | None  # the job's code: the failing rank's program's own where the launcher returned another
+    launcher_code: int | None = None  # what the launcher returned (None: nothing written)
+    detail: str = ""  # when it was stopped, or job-state.sh's words
+    first: RankFailure | None = None  # the rank that failed first on its own
+
+
+def outcome(state_line: str, log: str | None, rank_hosts: Sequence[str]) -> Outcome | None:
+    """The one rule for how a job ended, from the master's job-state.sh line (cluster/job/jobcommands.py's
+    STATE_SH) and, when it failed, its log: None while it runs; stopped (`fab stop`); else its exit code, the
+    first failing rank's own when the launcher returned another (Intel MPI's 255, torchrun's 1), and
+    NO_EXIT_CODE when the job left none."""
+    state, _, detail = state_line.strip().partition(" ")
+    if state == RUNNING:
+        return None
+    if state == STOPPED:
+        return Outcome(STOPPED, None, detail=detail)
+    given = int(detail) if state == EXITED and detail.strip().lstrip("-").isdigit() else None
+    code = NO_EXIT_CODE if given is None else given
+    first = first_failure(log or "", rank_hosts) if code else None
+    if first is not None and first.code is not None:
+        code = first.code
+    return Outcome(state or "lost", code, given, detail, first)

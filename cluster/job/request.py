@@ -86,7 +86,7 @@ def _choice(setting: str, value: object, choices: Iterable[object], *, optional:
     choices = tuple(choices)
     if (value is None and optional) or value in choices:
         return
-    raise _refuse(setting, value, " or ".join(str(c) for c in choices))
+    raise RequestError(f"{setting}: {value!r} is not allowed; choose {' or '.join(str(c) for c in choices)}")
 
 
 def _flag(setting: str, value: object) -> None:
@@ -217,7 +217,10 @@ class BuiltinJob:
         _whole("--max-steps", self.max_steps, 1, 1 << 40)
         _choice("--bf16", self.bf16, BF16_CHOICES, optional=False)
         _choice("--grad-comm", self.grad_comm, GRAD_COMM_CHOICES)
-        _number("--ddp-bucket-mb", self.ddp_bucket_mb, 0, 1e6, above=True)
+        if self.ddp_bucket_mb is not None and not (isinstance(self.ddp_bucket_mb, (int, float)) and not isinstance(
+                self.ddp_bucket_mb, bool) and math.isfinite(self.ddp_bucket_mb) and self.ddp_bucket_mb > 0):
+            raise RequestError(f"--ddp-bucket-mb: {self.ddp_bucket_mb!r} is not allowed; give a positive number of MB "
+                               "(DDP's default is 25)")
         _choice("--compile", self.compile, COMPILE_CHOICES)
         if self.compile_estimate is not None:
             estimate = self.compile_estimate
@@ -357,8 +360,9 @@ class RunRequest:
         _flag("--resume", self.resume)
         _flag("--allow-busy", self.allow_busy)
         _whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
-        if self.launcher.min_nodes is not None and self.launcher.min_nodes > self.nodes:
-            raise _refuse("--min-nodes", self.launcher.min_nodes, f"1 to {self.nodes} (the job's nodes)")
+        min_nodes = self.launcher.min_nodes if self.managed is None else self.managed.min_nodes
+        if min_nodes is not None and not 1 <= min_nodes <= self.nodes:
+            raise RequestError(f"--min-nodes: {min_nodes} is not allowed; allowed 1 to {self.nodes} (the job's nodes)")
         own = self.own
         if own is not None and (self.checkpoint_every_s is not None or self.checkpoint_uri or self.resume):
             which = ("--checkpoint-every" if self.checkpoint_every_s is not None else
@@ -372,9 +376,6 @@ class RunRequest:
         if self.launcher.name != DEFAULT_LAUNCHER:
             raise RequestError(f"--managed: not with --launcher {self.launcher.name}; torchrun's elastic agent "
                                "handles a node that leaves (--min-nodes without --managed)")
-        if not 1 <= self.managed.min_nodes <= self.nodes:
-            raise RequestError(f"--min-nodes: {self.managed.min_nodes} is not allowed; allowed 1 to {self.nodes} "
-                               "(the job's nodes)")
         if own is not None and own.requirements:
             raise RequestError("--requirements: not with --managed: a replacement node would lack them; put them in "
                                "the profile's image or install them from your program")

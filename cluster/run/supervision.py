@@ -30,6 +30,7 @@ from xeon_cluster import RESUME_FROM_VARIABLE
 RUN_ROOT = ".xeon-cluster/supervisor"  # in the SSH user's home on the master
 CURRENT_LINK = f"{RUN_ROOT}/current"  # the newest supervised run
 SPEC_FILE, STATE_FILE, LOG_FILE, STOP_FILE = "spec.json", "state.json", "log", "stop"
+SECRETS_FILE = "secrets.json"  # the run's secret --env values (0600), apart from its spec; removed with the run
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{4}\Z")  # a run is named after its first job's id
 SUPERVISOR_MODULE = "node_setup.supervisor"  # `python -m` on the master, in the node venv
 SYSTEMD_UNIT_PREFIX = "xeon-cluster-supervisor-"  # AWS: a transient unit per run (systemd-run)

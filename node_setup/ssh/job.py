@@ -241,11 +241,18 @@ def read_remote_summary(conn, path: str, say=print) -> dict | None:
     return summary
 
 
-def write_remote_json(conn, path: str, data) -> None:
+def write_remote_json(conn, path: str, data, *, mode: int = 0o644) -> None:
     """Write JSON to `path` on the node atomically (a reader never sees half a file)."""
-    partial = f"{path}.xc-new"
-    conn.put(io.BytesIO((json.dumps(data, indent=2) + "\n").encode()), remote=partial)
-    conn.run(f"mv -f {shlex.quote(partial)} {shlex.quote(path)}", hide=True, in_stream=False)
+    write_remote_text(conn, path, json.dumps(data, indent=2) + "\n", mode=mode)
+
+
+def write_remote_text(conn, path: str, text: str | bytes, *, mode: int = 0o644) -> None:
+    """Write `text` to `path` on the node atomically; a `mode` other than 0644 from its first byte."""
+    partial = shlex.quote(f"{path}.xc-new")
+    if mode != 0o644:
+        conn.run(f"umask 077; : > {partial} && chmod {mode:o} {partial}", hide=True, in_stream=False)
+    conn.put(io.BytesIO(text.encode() if isinstance(text, str) else text), remote=f"{path}.xc-new")
+    conn.run(f"mv -f {partial} {shlex.quote(path)}", hide=True, in_stream=False)
 
 
 def log_text(master, job_id: str) -> str:

@@ -1,9 +1,11 @@
-"""The toolkit's per-cluster files on the controller: the cluster's SSH key pair and known_hosts.
+"""The toolkit's per-cluster files on the controller: the cluster's SSH key pair and known_hosts, and the
+key that signs supervised runs' specs.
 
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/<cluster>/       (0700)
         id_ed25519        private half of the cluster key (0600): goes to the master only
         id_ed25519.pub    public half: in every node's authorized_keys (from= the cluster's addresses)
         known_hosts       every node's host key as the controller verified it (see connections.py)
+    ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/run-spec.key     (0600; `spec_key`: never leaves this machine)
 
 The key pair is made once per cluster by the toolkit (ed25519, with `cryptography`, which
 paramiko already needs) and reused on later runs, so `fab distribute` stays idempotent. It never
@@ -138,3 +140,33 @@ def forget_hint(cluster: str, host: str) -> str:
     return (f"if the node was replaced or cluster {cluster!r} was made again, forget the old key with "
             f"`fab forget --cluster {cluster} --host {host}` (or the whole cluster: `fab forget --cluster {cluster}`) "
             "and rerun; otherwise do not connect")
+
+
+SPEC_KEY_FILE = "run-spec.key"  # in the key store's root: the key that signs supervised runs' specs
+SPEC_KEY_BYTES = 32
+
+
+def spec_key() -> bytes:
+    """The key that signs supervised runs' specs (cluster/run/runspec.py): 32 random bytes made on first use,
+    kept 0600 in the key store (0700) and never sent anywhere, so a spec read back from a bucket the nodes may
+    write is refused unless this controller wrote it."""
+    import secrets
+
+    root = config_root() / "keys"
+    resolved = root.resolve()
+    if resolved == PROJECT_ROOT or PROJECT_ROOT in resolved.parents:
+        raise KeyStoreError(f"key directory {root} lies inside the project checkout {PROJECT_ROOT}; keys must never "
+                            "be in the repository: set XDG_CONFIG_HOME to a directory outside it (default ~/.config)")
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root.chmod(0o700)
+    path = root / SPEC_KEY_FILE
+    _write_new(path, secrets.token_hex(SPEC_KEY_BYTES).encode() + b"\n", 0o600)
+    path.chmod(0o600)
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        key = b""
+    if len(key) != SPEC_KEY_BYTES:
+        raise KeyStoreError(f"{path}: not the {SPEC_KEY_BYTES}-byte key fab writes there; remove it and rerun (a new "
+                            "key is made; specs signed with the old one can no longer be resumed)")
+    return key

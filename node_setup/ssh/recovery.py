@@ -17,27 +17,31 @@ def _run_dir(run_id: str) -> str:
     return f"{sv.RUN_ROOT}/{sv.check_run_id(run_id)}"
 
 
-def start_supervisor(master, spec: dict, *, systemd: bool) -> str:
-    """Put the run's spec on the master and start its supervisor there, detached from this SSH session:
-    a transient systemd unit (`systemd`: a machine of its own), else `setsid nohup` (a local cluster's
-    node: a process inside its namespace). Returns the run directory (relative to the home)."""
+def start_supervisor(master, spec: dict, secrets: dict[str, str], *, systemd: bool) -> str:
+    """Put the run's spec on the master, its secret values in a file of their own beside it (0600 from its
+    first byte; the supervisor removes it when the run ends), and start its supervisor there, detached from
+    this SSH session: a transient systemd unit (`systemd`: a machine of its own), else `setsid nohup` (a local
+    cluster's node: a process inside its namespace). Returns the run directory (relative to the home)."""
     from node_setup.ssh.job import write_remote_json
 
-    d = _run_dir(spec["run_id"])
+    run_id = sv.check_run_id(spec["request"]["run_id"])
+    d = _run_dir(run_id)
     qd = shlex.quote(d)
-    master.run(f"cd && mkdir -p {qd} && chmod 700 {shlex.quote(sv.RUN_ROOT)} {qd} && rm -f {qd}/{sv.STOP_FILE}",
-               hide=True, in_stream=False)
+    master.run(f"cd && mkdir -p {qd} && chmod 700 {shlex.quote(sv.RUN_ROOT)} {qd} && rm -f {qd}/{sv.STOP_FILE} "
+               f"{qd}/{sv.SECRETS_FILE}", hide=True, in_stream=False)
     write_remote_json(master, f"{d}/{sv.SPEC_FILE}", spec)
+    if secrets:
+        write_remote_json(master, f"{d}/{sv.SECRETS_FILE}", secrets, mode=0o600)
     python = shlex.quote(f"{venv_dir(get_profile(spec['inventory'].get('profile') or 'stock'))}/bin/python")
     command = f"{python} -m {sv.SUPERVISOR_MODULE} run \"$HOME\"/{qd}"
     if systemd:
-        unit = shlex.quote(f"{sv.SYSTEMD_UNIT_PREFIX}{spec['run_id']}")
+        unit = shlex.quote(f"{sv.SYSTEMD_UNIT_PREFIX}{run_id}")
         start = (f"sudo systemd-run --quiet --unit {unit} --uid \"$(id -u)\" --gid \"$(id -g)\" "
                  f"--setenv HOME=\"$HOME\" --working-directory \"$HOME\" "
                  f"/bin/sh -c {shlex.quote(f'exec {command} >> {d}/{sv.LOG_FILE} 2>&1')}")
     else:
         start = f"(setsid nohup {command} </dev/null >> {qd}/{sv.LOG_FILE} 2>&1 &)"
-    master.run(f"cd && ln -sfn {shlex.quote(spec['run_id'])} {shlex.quote(sv.CURRENT_LINK)} && {start}",
+    master.run(f"cd && ln -sfn {shlex.quote(run_id)} {shlex.quote(sv.CURRENT_LINK)} && {start}",
                hide=True, in_stream=False)
     return d
 

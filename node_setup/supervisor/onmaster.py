@@ -1,15 +1,20 @@
 """The supervisor's work on the master and, over `ssh`, on the workers (node_setup/supervisor/loop.py's
 collaborators), and its entry point.
 
-- `RunFiles`: the run's directory on the master (cluster/run/supervision.py: spec, state, log, stop).
-- `Shell`: a command on the master itself (bash) or on a worker (`ssh <alias>`: the ssh config,
-  cluster key and known_hosts that `fab distribute` wrote on the master).
+- `RunFiles`: the run's directory on the master (cluster/run/supervision.py: spec, state, log, stop, the
+  secret values kept apart from the spec, removed when the run ends).
+- `ShellTransport`: the job lifecycle's transport on the master (node_setup/job_lifecycle/): a command on
+  the master itself (bash) or on a worker (`ssh <alias>`: the ssh config, cluster key and known_hosts that
+  `fab distribute` wrote on the master); the nodes trusted by the host keys the master holds; your
+  program's workdir copied from the run's (fab pushed it into the run's first job directory).
 - `Nodes`: a node's SSH answer and spot notice (read on the node from its own metadata service), the
-  host key a machine presents (`ssh-keyscan`), and admitting a verified replacement (its key into the
-  master's known_hosts, its address into the ssh config, its software checked).
-- `Job`: the job's plan (cluster/job/jobplan.py, as `fab train` makes it), its preparation on every node,
-  its start detached on the master (the files and `setsid nohup` start of cluster/job/jobcommands.py, as fab's), its
-  outcome, stop, checkpoints and summary.
+  host key a machine presents (`ssh-keyscan`), and admitting a verified replacement (its key and address
+  into the master's known_hosts and ssh config, and into the idle auto-stop's node list, so that the
+  auto-stop powers off the new machine; its software checked).
+- `Job`: each job of the run, planned from the run's request as `fab train` plans it (cluster/job/jobplan.py's
+  `plan`, with a Restart after a recovery: --resume, the batch that keeps the global batch, your program's
+  newest checkpoint) and run by the same lifecycle as fab's: prepare (the busy-node check), hosts, start (the
+  idle auto-stop armed as on every path), outcome (the one rule), stop; its checkpoints and summary.
 """
 
 from __future__ import annotations
@@ -23,22 +28,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
+from cluster.inventory import Inventory
 from cluster.job import jobsummary
+from cluster.job.jobplan import JobPlan, Restart, new_job_id, plan
+from cluster.job.request import RequestError, RunRequest
+from cluster.job.userjob import workdir_on_node
+from cluster.node import autostop
+from cluster.node.profiles import get_profile, venv_dir
+from cluster.node.render import MasterPaths
+from cluster.node.setup_script import PROJECT_MARKER
 from cluster.run import recovery as rc
 from cluster.run import supervision as sv
-from cluster.inventory import Inventory, Node
-from cluster.job.jobcommands import STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files, start_command
-from cluster.job.jobcommands import sh_command as _sh
-from cluster.job.joblog import first_failure
-from cluster.job.jobplan import JobPlan, new_job_id, plan_job
-from cluster.job.launch import job_dir
-from cluster.node.profiles import get_profile, venv_dir
-from cluster.node.render import MasterPaths, hostfile_text, known_hosts_text, replace_managed_block, ssh_config_block
-from cluster.node.setup_script import PROJECT_MARKER
 from cluster.run.supervision import Member
-from cluster.job.userjob import UserProgram, check_module, notice_signal, workdir_on_node
 from node_setup.backends import backend_for
+from node_setup.job_lifecycle.steps import Lifecycle
+from node_setup.job_lifecycle.transport import Answer
 from node_setup.supervisor.loop import LoopSpec, Supervisor
 
 PROBE_TIMEOUT_S = 8
@@ -48,14 +54,31 @@ _NOTICE_PY = ("from training.imds import ImdsClient, endpoint\n"
 
 
 def _home_path(path: str) -> Path:
+    path = path[2:] if path.startswith("~/") else path
     return Path(path) if path.startswith("/") else Path.home() / path
 
 
-def _write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
+def _write_atomically(path: Path, text: str | bytes, mode: int = 0o600) -> None:
     partial = path.with_name(path.name + ".xc-new")
-    partial.write_text(text)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as out:
+        out.write(text.encode() if isinstance(text, str) else text)
     partial.chmod(mode)
     os.replace(partial, path)
+
+
+def known_keys(path: Path) -> dict[str, str]:
+    """alias -> "type base64" from a known_hosts file `fab distribute` (or the auto-stop's list) wrote."""
+    found: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return found
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            found[parts[0].split(",")[0]] = f"{parts[1]} {parts[2]}"
+    return found
 
 
 class RunFiles:
@@ -94,33 +117,70 @@ class RunFiles:
         _write_atomically(path, json.dumps(records, indent=2) + "\n", 0o644)
 
 
-class Shell:
-    """Commands on the run's nodes from the master: the master itself locally, a worker over ssh."""
+class ShellTransport:
+    """The job lifecycle's transport on the master: the master itself locally, a worker over ssh."""
 
-    def __init__(self, master: str):
-        self.master = master
+    def __init__(self, master: str, run_id: str):
+        self.master, self.run_id = master, run_id
 
-    def run(self, node: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run_one(self, node: str, command: str, timeout: float | None = 120, data: bytes | None = None) -> Answer:
         argv = (["bash", "-c", command] if node == self.master else
                 ["ssh", "-o", f"ConnectTimeout={PROBE_TIMEOUT_S}", "-o", "BatchMode=yes", node, command])
         try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                                  cwd=str(Path.home()))
+            done = subprocess.run(argv, capture_output=True, input=data, timeout=timeout, cwd=str(Path.home()),
+                                  **({} if data is not None else {"stdin": subprocess.DEVNULL}))
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(argv, 124, "", f"no answer in {timeout:g} s")
+            return Answer(node, 124, f"no answer in {timeout:g} s")
+        return Answer(node, done.returncode, (done.stdout + done.stderr).decode(errors="replace"))
+
+    def run(self, nodes: Sequence[str], command: str, *, timeout: float | None = 120) -> list[Answer]:
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+            return list(pool.map(lambda node: self.run_one(node, command, timeout), nodes))
+
+    def put(self, node: str, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        if node == self.master:
+            _write_atomically(_home_path(path), data, mode)
+            return
+        partial = shlex.quote(f"{path}.xc-new")
+        answer = self.run_one(node, f"cd && umask 077 && cat > {partial} && chmod {mode:o} {partial} && "
+                                    f"mv -f {partial} {shlex.quote(path)}", data=data)
+        if not answer.ok:
+            raise RuntimeError(f"{node}: writing {path} failed: {answer.out.strip()[-200:]}")
+
+    def trust(self, inventory: Inventory) -> dict[str, str]:
+        """The host keys the master holds for these nodes (`fab distribute`'s, and each admitted replacement's)."""
+        return known_keys(_home_path(MasterPaths(inventory.name).known_hosts))
+
+    def copy_workdir(self, plan: JobPlan) -> list[Answer]:
+        """The run's workdir (pushed by `fab train` into the run's first job directory) copied into this job's,
+        on the master itself or through `ssh` on a worker (a replacement too)."""
+        src, dst = shlex.quote(workdir_on_node(self.run_id)), shlex.quote(workdir_on_node(plan.job_id))
+        remote = shlex.quote(f"cd && mkdir -p {dst} && tar -xf - -C {dst}")
+
+        def one(node: str) -> Answer:
+            command = (f"cd && mkdir -p {dst} && cp -a {src}/. {dst}/" if node == self.master else
+                       f"cd && tar -C {src} -cf - . | ssh -o BatchMode=yes {shlex.quote(node)} {remote}")
+            return replace(self.run_one(self.master, command, timeout=900), node=node)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(plan.inventory.nodes))) as pool:
+            return list(pool.map(one, [n.name for n in plan.inventory.nodes]))
+
+    def install_requirements(self, plan: JobPlan) -> list[Answer]:
+        return [Answer(n.name, 1, "--requirements: not with --managed") for n in plan.inventory.nodes]
 
 
 class Nodes:
-    def __init__(self, shell_: Shell, inventory: Inventory, python: str):
-        self.shell, self.inventory, self.python = shell_, inventory, python
+    def __init__(self, transport: ShellTransport, inventory: Inventory, cluster: Inventory | None, python: str):
+        self.transport, self.inventory, self.cluster, self.python = transport, inventory, cluster, python
         self.paths = MasterPaths(inventory.name)
+        self.life = Lifecycle(transport, lambda line: None)
 
     def probe(self, member: Member) -> tuple[bool, str | None]:
-        result = self.shell.run(member.name, f"{shlex.quote(self.python)} -I -c {shlex.quote(_NOTICE_PY)}",
-                                timeout=PROBE_TIMEOUT_S + 10)
-        if result.returncode != 0:
+        answer = self.transport.run_one(member.name, f"{shlex.quote(self.python)} -I -c {shlex.quote(_NOTICE_PY)}",
+                                        timeout=PROBE_TIMEOUT_S + 10)
+        if not answer.ok:
             return False, None
-        line = next((ln for ln in result.stdout.splitlines() if ln.startswith("notice ")), "notice -")
+        line = next((ln for ln in answer.out.splitlines() if ln.startswith("notice ")), "notice -")
         body = line[len("notice "):].strip()
         return True, None if body == "-" else body
 
@@ -136,45 +196,41 @@ class Nodes:
                 return f"{parts[1]} {parts[2]}"
         return None
 
-    def known_keys(self) -> dict[str, str]:
-        """alias -> "type base64" from the cluster's known_hosts on the master."""
-        found = {}
-        try:
-            text = _home_path(self.paths.known_hosts[2:]).read_text()
-        except OSError:
-            return found
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) >= 3:
-                found[parts[0].split(",")[0]] = f"{parts[1]} {parts[2]}"
-        return found
-
-    def write_hosts(self, nodes: list[Node], keys: dict[str, str]) -> None:
-        """The master's known_hosts, ssh config block and hostfile for `nodes` (as distribution writes them)."""
-        ssh = Path.home() / ".ssh"
-        _write_atomically(_home_path(self.paths.known_hosts[2:]), known_hosts_text(nodes, keys))
-        config = ssh / "config"
-        existing = config.read_text() if config.exists() else ""
-        block = ssh_config_block(self.inventory.name, nodes, self.inventory.user, self.paths)
-        _write_atomically(config, replace_managed_block(existing, block, self.inventory.name))
-        _write_atomically(_home_path(self.paths.hostfile[2:]), hostfile_text(nodes), 0o644)
-
     def admit(self, member: Member, key: str) -> str | None:
-        """A verified replacement: its key and address on the master, then its software checked."""
-        keys = self.known_keys()
-        keys[member.name] = key
-        nodes = [replace(n, address=member.address, private_address=member.address, instance_id=member.instance_id)
-                 if n.name == member.name else n for n in self.inventory.nodes]
-        self.inventory = replace(self.inventory, nodes=tuple(nodes))
-        self.write_hosts(nodes, keys)
-        marker = f"{venv_dir(get_profile(self.inventory.profile))}/{PROJECT_MARKER}"
-        mine = self.shell.run(self.shell.master, f"cat {shlex.quote(marker)}").stdout.strip()
-        theirs = self.shell.run(member.name, f"cat {shlex.quote(marker)}", timeout=60)
-        if theirs.returncode != 0:
-            return f"no xeon-cluster in its venv ({(theirs.stderr or theirs.stdout).strip()[-200:]})"
-        if theirs.stdout.strip() != mine:
-            return f"its venv holds xeon-cluster {theirs.stdout.strip()!r}, the master {mine!r}"
+        """A verified replacement: its key and address in the master's ssh files and in the idle auto-stop's
+        node list (else at idle the auto-stop would look for the old machine and keep the master up), then its
+        software checked."""
+        keys = {**self.transport.trust(self.inventory), member.name: key}
+        self.inventory = _moved(self.inventory, member)
+        self.life.write_hosts(self.inventory, keys)
+        self.record_for_autostop(member, key)
+        marker = shlex.quote(f"{venv_dir(get_profile(self.inventory.profile))}/{PROJECT_MARKER}")
+        mine = self.transport.run_one(self.transport.master, f"cat {marker}").out.strip()
+        theirs = self.transport.run_one(member.name, f"cat {marker}", timeout=60)
+        if not theirs.ok:
+            return f"no xeon-cluster in its venv ({theirs.out.strip()[-200:]})"
+        if theirs.out.strip() != mine:
+            return f"its venv holds xeon-cluster {theirs.out.strip()!r}, the master {mine!r}"
         return None
+
+    def record_for_autostop(self, member: Member, key: str) -> None:
+        """The auto-stop's node list (cluster/node/autostop.py's node_list_files) with the replacement in its
+        slot, when one was recorded (`fab setup`, `fab distribute`, `fab autostop` record the whole cluster)."""
+        listed = _home_path(f"{autostop.STATE_DIR}/{autostop.KNOWN_HOSTS_FILE}")
+        if self.cluster is None or not listed.exists():
+            return
+        self.cluster = _moved(self.cluster, member)
+        keys = {**known_keys(listed), member.name: key}
+        for path, text in autostop.node_list_files(self.cluster.name, self.cluster.nodes, self.cluster.user,
+                                                   keys).items():
+            _write_atomically(_home_path(path), text)
+
+
+def _moved(inventory: Inventory, member: Member) -> Inventory:
+    """`inventory` with `member` (a replacement) in its slot: its address and instance id."""
+    nodes = [replace(n, address=member.address, private_address=member.address, instance_id=member.instance_id)
+             if n.name == member.name else n for n in inventory.nodes]
+    return replace(inventory, nodes=tuple(nodes))
 
 
 @dataclass
@@ -184,98 +240,52 @@ class Batch:
 
 
 class Job:
-    """The run's jobs on the master: each plan as `fab train` makes it, with --resume after a recovery."""
+    """The run's jobs on the master: each planned from the run's request, as `fab train` plans it."""
 
-    def __init__(self, spec: dict, shell_: Shell, nodes: Nodes, run_dir: Path):
-        self.spec, self.shell, self.nodes, self.run_dir = spec, shell_, nodes, run_dir
+    def __init__(self, request: RunRequest, transport: ShellTransport, nodes: Nodes, say=lambda line: None):
+        self.request, self.transport, self.nodes = request, transport, nodes
+        self.life = Lifecycle(transport, say)
         self.plans: dict[str, JobPlan] = {}
         self.reference: dict | None = None
         self.started = 0.0  # when the newest job was launched
-        self.program, self.resume_words = user_program(spec)
-
-    def _user_plan(self, inventory: Inventory, *, resume: bool) -> JobPlan:
-        """The user's program (--script/--module); after a recovery with the newest checkpoint in its
-        arguments (--resume-arg) and environment (cluster/run/supervision.py's restart_arguments)."""
-        checkpoint = self.newest_checkpoint_path() if resume else None
-        args, env = sv.restart_arguments(self.program.args, self.resume_words, checkpoint)
-        layout = dict(self.spec.get("layout", {}))
-        layout["extra_env"] = {**(layout.get("extra_env") or {}), **env}
-        return plan_job(inventory, nodes=len(inventory.nodes), training_args=(), job_id=new_job_id(),
-                        output_dir=self.output_dir, prepare=[f"mkdir -p {shlex.quote(self.output_dir)}"],
-                        user=replace(self.program, args=args), **layout)
-
-    def _copy_workdir(self, node: str, plan: JobPlan) -> str:
-        """On the master: the run's workdir (pushed by `fab train` into the run's first job directory)
-        copied into this job's, on the master itself or through `ssh` on a worker."""
-        src, dst = shlex.quote(workdir_on_node(self.spec["run_id"])), shlex.quote(workdir_on_node(plan.job_id))
-        if node == self.shell.master:
-            return f"cd && mkdir -p {dst} && cp -a {src}/. {dst}/"
-        remote = shlex.quote(f"cd && mkdir -p {dst} && tar -xf - -C {dst}")
-        return f"cd && tar -C {src} -cf - . | ssh -o BatchMode=yes {shlex.quote(node)} {remote}"
+        self.version = transport.run_one(transport.master, "cat " + shlex.quote(
+            f"{venv_dir(get_profile(nodes.inventory.profile))}/{PROJECT_MARKER}")).out.strip()
 
     @property
     def output_dir(self) -> str:
-        return self.spec["output_dir"]
+        return str(self.request.output_dir)
 
     def launch(self, members: list[Member], *, resume: bool, batch: rc.BatchPlan | None) -> str:
         by_name = {n.name: n for n in self.nodes.inventory.nodes}
         chosen = [replace(by_name[m.name], rank=i, address=m.address, private_address=m.address,
                           instance_id=m.instance_id) for i, m in enumerate(members)]
         inventory = replace(self.nodes.inventory, nodes=tuple(chosen))
-        if self.program is not None:
-            plan = self._user_plan(inventory, resume=resume)
-        else:
-            args = list(self.spec["training_args"])
-            if resume and "--resume" not in args:
-                args.append("--resume")
-            plan = plan_job(inventory, nodes=len(chosen), training_args=rc.with_batch(args, batch),
-                            job_id=new_job_id(), output_dir=self.output_dir, prepare=self.spec.get("prepare") or (),
-                            **self.spec.get("layout", {}))
-        self.nodes.write_hosts(chosen, self.nodes.known_keys())
-        d = job_dir(plan.job_id)
-        steps = " && ".join(f"( {s} )" for s in [f"mkdir -p {shlex.quote(d)}/ranks", *plan.prepare])
-        with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
-            results = list(pool.map(lambda n: self.shell.run(n.name, steps, timeout=900), chosen))
-            if self.program is not None:  # the run's workdir, from the master, into this job's (a replacement too)
-                copies = list(pool.map(lambda n: self.shell.run(self.shell.master, self._copy_workdir(n.name, plan),
-                                                                timeout=900), chosen))
-                results = [r if r.returncode else c for r, c in zip(results, copies)]
-        failed = [f"{n.name}: {(r.stderr or r.stdout).strip()[-300:]}" for n, r in zip(chosen, results)
-                  if r.returncode != 0]
-        if failed:
-            raise RuntimeError(f"preparing the nodes failed: {'; '.join(failed)}")
-        for name, text in job_files(plan, supervised_run=self.spec["run_id"]).items():  # as fab's start writes them
-            (Path.home() / d / name).write_text(text)
-        started = self.shell.run(self.shell.master, start_command(plan))
-        if started.returncode != 0 or not started.stdout.strip().isdigit():
-            raise RuntimeError(f"the job script did not start: {(started.stdout + started.stderr).strip()}")
-        self.plans[plan.job_id] = plan
+        restart = None
+        if resume:
+            checkpoint = self.newest_checkpoint_path() if self.request.own is not None else None
+            restart = Restart(resume=True, batch=batch, checkpoint=checkpoint)
+        job = plan(self.request, inventory, job_id=new_job_id(), nodes=len(chosen), restart=restart)
+        try:
+            self.life.launch(job, self.request, expected_version=self.version, supervised_run=self.request.run_id)
+        except Exception as exc:  # noqa: BLE001 - LifecycleError, or the transport's: the run's state says why
+            raise RuntimeError(f"preparing the nodes failed: {exc}") from None
+        self.plans[job.job_id] = job
         self.started = time.time()
-        return plan.job_id
+        return job.job_id
 
     def outcome(self, job_id: str):
-        """None while the job runs, "stopped" after `fab stop`, else its exit code (a rank's own where the
-        launcher returned another)."""
-        state, _, detail = self.shell.run(self.shell.master, _sh(STATE_SH, job_id)).stdout.strip().partition(" ")
-        if state == "running":
+        """None while the job runs, "stopped" after `fab stop`, else its exit code (the one rule: a rank's own
+        where the launcher returned another)."""
+        job = self.plans[job_id]
+        ended = self.life.outcome(job)
+        if ended is None:
             return None
-        if state == "stopped":
-            return "stopped"
-        code = int(detail) if state == "exited" and detail.strip().lstrip("-").isdigit() else 1
-        plan = self.plans.get(job_id)
-        if code and plan is not None:
-            log = (Path.home() / job_dir(job_id) / "log")
-            first = first_failure(log.read_text(errors="replace") if log.exists() else "", list(plan.launch.rank_hosts))
-            if first is not None and first.code is not None:
-                code = first.code
-        return code
+        return "stopped" if ended.code is None else ended.code
 
     def stop(self, job_id: str) -> None:
-        self.shell.run(self.shell.master, _sh(STOP_MASTER_SH, job_id), timeout=60)
-        plan = self.plans.get(job_id)
-        for node in (plan.inventory.nodes if plan else ()):
-            self.shell.run(node.name, _sh(STOP_NODE_SH, job_id, 5), timeout=40)
-
+        job = self.plans.get(job_id)
+        if job is not None:
+            self.life.stop(job, grace=5)
     def _checkpoint_folders(self) -> dict[str, int]:
         """The output directory's candidate checkpoint folders (relative path -> files in it)."""
         root, found = _home_path(self.output_dir), {}
@@ -296,7 +306,7 @@ class Job:
 
     def newest_checkpoint(self) -> tuple[int | None, float | None]:
         best: tuple[int | None, float | None] = (None, None)
-        if self.program is not None:
+        if self.request.own is not None:
             newest = sv.newest_checkpoint_folder(self._checkpoint_folders())
             if newest:
                 best = (newest[1], (_home_path(self.output_dir) / newest[0]).stat().st_mtime)
@@ -322,7 +332,7 @@ class Job:
         ref = self.reference
         if not ref:
             return None
-        ranks = node_count * max(1, int(ref["world_size"]) // max(1, len(self.spec["inventory"]["hosts"])))
+        ranks = node_count * max(1, int(ref["world_size"]) // self.request.nodes)
         if ranks == int(ref["world_size"]):
             return None
         plan = rc.batch_for(per_rank=int(ref["per_rank_batch_size"]),
@@ -340,10 +350,9 @@ class Job:
         """What survives the master, said when its notice ends the run (`fab train --managed` wrote the run's
         spec at the hand-off: cluster/run/runspec.py)."""
         from cluster.run import runspec
-        from cluster.job.job_args import job_setting
 
-        uri = job_setting(self.spec["training_args"], "--checkpoint_uri") or ""
-        if uri.startswith("s3://"):
+        uri = self.request.checkpoint_uri
+        if uri:
             return f"The run's spec is in {runspec.spec_uri(uri)} and its checkpoints under {uri}."
         if self.nodes.inventory.on_shared_disk(self.output_dir):  # the local cluster's output root
             return (f"The output directory {self.output_dir} is on the disk every node shares, with the run's spec "
@@ -352,44 +361,43 @@ class Job:
                 "they go with it.")
 
 
-def user_program(spec: dict) -> tuple[UserProgram | None, tuple[str, ...]]:
-    """The spec's own program (`fab train --managed --script/--module`) and its --resume-arg words, checked."""
-    found = spec.get("program")
-    if not found:
-        return None, ()
-    script, module = found.get("script"), found.get("module")
-    if script is not None and (not isinstance(script, str) or script.startswith("/") or ".." in script.split("/")
-                               or any(c in script for c in "\t\n\r")):
-        raise sv.SupervisionError(f"program script: {script!r} is not allowed; allowed: a path inside the workdir")
-    if script is None:
-        check_module(str(module))
-    args = tuple(str(a) for a in found.get("args") or ())
-    words = sv.resume_words(spec["resume_arg"]) if spec.get("resume_arg") else ()
-    return UserProgram(script, module, args, notice_signal(found.get("signal") or "none")), words
-
-
 # ---------------------------------------------------------------- entry point
+
+
+def read_request(run_dir: Path, spec: dict) -> RunRequest:
+    """The run's request from its spec, every field checked, with its secret values from their own file."""
+    request = RunRequest.from_mapping(spec.get("request"))
+    path = run_dir / sv.SECRETS_FILE
+    secrets = json.loads(path.read_text()) if path.exists() else {}
+    withheld = {name for name, value in request.env if value == "(withheld)"}
+    if not isinstance(secrets, dict) or set(secrets) - withheld:
+        raise RequestError(f"{path}: allowed: the values of the run's withheld --env names ({sorted(withheld)})")
+    return request.with_env(secrets)
 
 
 def build(run_dir: Path) -> Supervisor:
     """The supervisor of the run whose spec is in `run_dir` (every value checked as it enters)."""
     spec = json.loads((run_dir / sv.SPEC_FILE).read_text())
-    run_id = sv.check_run_id(spec.get("run_id"))
-    inventory = Inventory.from_mapping(spec["inventory"], default_name=spec["inventory"]["name"],
-                                       kind=spec.get("kind", "file"))
+    request = read_request(run_dir, spec)
+    managed = request.managed
+    if managed is None:
+        raise RequestError(f"{run_dir / sv.SPEC_FILE}: the run has no --managed settings")
+    kind = spec.get("kind", "file")
+    inventory = Inventory.from_mapping(spec["inventory"], default_name=spec["inventory"]["name"], kind=kind)
+    cluster = (Inventory.from_mapping(spec["cluster"], default_name=spec["cluster"]["name"], kind=kind)
+               if spec.get("cluster") else None)
     ids = dict(spec.get("instance_ids") or {})
     members = [Member(n.name, n.private_address, str(ids.get(n.name) or f"i-{'0' * 8}{i:08x}"))
                for i, n in enumerate(inventory.nodes)]
     # the cluster's group (local: its keeper's record, which has the instance ids a local inventory lacks)
     group, members = backend_for(inventory.kind).machine_group(spec, members)
-    opts = rc.ManagedOptions(int(spec["max_recoveries"]), int(spec["min_nodes"]), float(spec["wait_seconds"]),
-                             len(members))
+    opts = rc.ManagedOptions(managed.max_recoveries, managed.min_nodes, managed.wait_s, len(members))
     python = f"{venv_dir(get_profile(inventory.profile))}/bin/python"
-    shell_ = Shell(inventory.master.name)
-    nodes = Nodes(shell_, inventory, python)
-    files = RunFiles(run_dir, spec["output_dir"], run_id)
-    loop_spec = LoopSpec(run_id, members, opts, float(spec.get("poll_seconds", 5)), bool(spec.get("resume")))
-    return Supervisor(loop_spec, group, nodes, Job(spec, shell_, nodes, run_dir), files)
+    transport = ShellTransport(inventory.master.name, request.run_id)
+    nodes = Nodes(transport, inventory, cluster, python)
+    files = RunFiles(run_dir, str(request.output_dir), request.run_id)
+    loop_spec = LoopSpec(request.run_id, members, opts, float(spec.get("poll_seconds", 5)), request.resume)
+    return Supervisor(loop_spec, group, nodes, Job(request, transport, nodes, files.say), files)
 
 
 def main(argv: list[str]) -> int:
@@ -397,11 +405,14 @@ def main(argv: list[str]) -> int:
         print("usage: python -m node_setup.supervisor run RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(argv[1]).expanduser()
-    supervisor = build(run_dir)
     try:
-        status = supervisor.run()
-    except Exception as exc:  # noqa: BLE001 - the state file says why the run ended, for fab status
-        supervisor.store.say(f"the supervisor failed: {type(exc).__name__}: {exc}")
-        supervisor._state(sv.FAILED, f"the supervisor failed: {exc}")
-        return 1
+        supervisor = build(run_dir)
+        try:
+            status = supervisor.run()
+        except Exception as exc:  # noqa: BLE001 - the state file says why the run ended, for fab status
+            supervisor.store.say(f"the supervisor failed: {type(exc).__name__}: {exc}")
+            supervisor._state(sv.FAILED, f"the supervisor failed: {exc}")
+            return 1
+    finally:  # the run's secret values go with it
+        (run_dir / sv.SECRETS_FILE).unlink(missing_ok=True)
     return 0 if status == sv.COMPLETED else 1

@@ -1,22 +1,27 @@
 """`fab train --managed`: the run handed to its supervisor on the master (`hand_off`, `follow_run`; the
-supervisor is node_setup/supervisor/), with the --managed options checked first (`options`).
+supervisor is node_setup/supervisor/), and `--managed --resume`'s request read back from the run's signed
+spec (`resumed_request`).
 
-The nodes are prepared by node_setup/tasks/train.py (SSH distributed, uploads copied) before
-`hand_off`; the recoveries themselves are the supervisor's (docs/long-spot-runs.md). A run that
-ends master-lost on AWS while fab follows it: the master alone replaced (`recover_master`).
+The nodes are prepared by the job lifecycle (node_setup/tasks/job_run.py) before `hand_off`, as for every
+path; the recoveries themselves are the supervisor's (docs/long-spot-runs.md), which runs the same
+lifecycle on the master. A run that ends master-lost while fab follows it: the master alone replaced
+where the backend can (`recover_master`).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import shlex
 import time
-from dataclasses import dataclass
+from typing import Any
 
-from cluster.run import recovery as rc
 from cluster.backend import BackendError
 from cluster.inventory import Inventory
 from cluster.job.jobplan import JobPlan
+from cluster.job.request import RequestError, RunRequest
+from cluster.run import recovery as rc
+from cluster.run import runspec
+from cluster.run import supervision as sv
 from node_setup.backends import backend_for
 from node_setup.ssh import recovery as nodes
 from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
@@ -45,220 +50,94 @@ def say(line: str) -> None:
     print(f"managed: {line}", flush=True)
 
 
-def options(*, managed: bool, inventory: Inventory, nodes: int, launcher: str, own_program: bool, max_recoveries: str,
-            min_nodes: str, wait: str, detach: bool = False, resume_arg: str = "",
-            requirements: str = "") -> rc.ManagedOptions:
-    """--managed's settings checked before anything starts (exit 2 with one line otherwise)."""
-    from cluster.run import supervision as sv
-    from cluster.job.launch import DEFAULT_LAUNCHER
+def _spec_key() -> bytes:
+    from node_setup.ssh.keys import KeyStoreError, spec_key
 
-    if not managed:
-        given = ("--max-recoveries" if max_recoveries else "--wait-for-capacity" if wait else
-                 "--detach" if detach else "--resume-arg")
-        raise fail(f"{given}: only with --managed (fab supervises the job and recovers it)")
-    if launcher != DEFAULT_LAUNCHER:
-        raise fail(f"--managed: not with --launcher {launcher}; torchrun's elastic agent handles a node that leaves "
-                   "(--min-nodes without --managed)")
-    if resume_arg and not own_program:
-        raise fail("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
-    if own_program and requirements:
-        raise fail("--requirements: not with --managed: a replacement node would lack them; put them in the "
-                   "profile's image or install them from your program")
     try:
-        sv.resume_words(resume_arg) if resume_arg else None
-    except sv.SupervisionError as exc:
-        raise fail(str(exc)) from None
-    try:
-        return rc.managed_options(max_recoveries=max_recoveries, min_nodes=min_nodes, wait=wait,
-                                  nodes=nodes or len(inventory.nodes))
-    except rc.RecoveryError as exc:
+        return spec_key()
+    except KeyStoreError as exc:
         raise fail(str(exc)) from None
 
 
 # ---------------------------------------------------------------- the run handed to the master
 
 
-def run_spec(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, layout: dict,
-             resume_arg: str = "") -> dict:
-    """What the supervisor on the master needs (node_setup/supervisor/onmaster.py reads and checks it)."""
-    from cluster.run import supervision as sv
-
-    spec = {
-        "run_id": sv.check_run_id(plan.job_id), "kind": inventory.kind, "region": inventory.region,
-        "inventory": plan.inventory.to_mapping(),
-        "instance_ids": {n.name: n.instance_id for n in plan.inventory.nodes if n.instance_id},
-        "training_args": list(inputs.args), "prepare": list(inputs.prepare), "layout": dict(layout),
-        "output_dir": plan.output_dir, "max_recoveries": opts.max_recoveries, "min_nodes": opts.min_nodes,
-        "wait_seconds": opts.wait_seconds, "poll_seconds": 5, "resume": "--resume" in inputs.args,
-    }
-    if plan.user is not None:  # --script/--module: restarted with the newest checkpoint (cluster/run/supervision.py)
-        spec.update(program={"script": plan.user.script, "module": plan.user.module, "args": list(plan.user.args),
-                             "signal": plan.user.signal or "none"}, resume_arg=resume_arg)
-    try:  # what the supervisor's group reads back (AWS: the workers' group; local: the keeper's data directory)
-        spec.update(backend_for(inventory.kind).run_context(inventory))
-    except BackendError as exc:
-        raise fail(str(exc), UNREACHABLE if exc.unreachable else BAD_INPUT) from None
-    return spec
-
-
-def publish_spec(master, spec: dict, *, region: str | None = None, s3=None) -> list[str]:
-    """The run's spec where its checkpoints are kept (cluster/run/runspec.py): its output directory on the
-    master, and with --checkpoint-uri beside the checkpoints in S3; the lines to say."""
-    from cluster.run import runspec
-    from cluster.job.job_args import job_setting
+def publish_spec(master, request: RunRequest, inventory: Inventory, output_dir: str, *, key: bytes,
+                 s3=None) -> list[str]:
+    """The run's signed spec where its checkpoints are kept (cluster/run/runspec.py): its output directory
+    on the master, and with --checkpoint-uri beside the checkpoints in S3; the lines to say."""
     from node_setup.aws import run_spec as spec_store
-    from node_setup.ssh.job import write_remote_json
+    from node_setup.ssh.job import write_remote_text
 
-    text = runspec.text(spec)
-    path = runspec.spec_path(spec["output_dir"])
+    text = runspec.signed_text(request, inventory.kind, key)
+    path = runspec.spec_path(output_dir)
     master.run(f"cd && mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", hide=True, in_stream=False)
-    write_remote_json(master, path, json.loads(text))
-    uri = job_setting(spec["training_args"], "--checkpoint_uri")
+    write_remote_text(master, path, text)
+    uri = request.checkpoint_uri
     if uri:
-        why = spec_store.put(runspec.spec_uri(uri), text, s3, region)
+        why = spec_store.put(runspec.spec_uri(uri), text, s3, inventory.region)
         if why is None:
             return [f"the run's spec is beside its checkpoints: {runspec.spec_uri(uri)}"]
         return [f"warning: the run's spec could not be written to {runspec.spec_uri(uri)} ({why}); a lost master's "
                 "run cannot be resumed from the bucket"]
-    inventory = Inventory.from_mapping(spec["inventory"], default_name=spec["inventory"]["name"])
-    if not inventory.on_shared_disk(spec["output_dir"]):  # the local cluster's output root: on the shared disk
+    if not inventory.on_shared_disk(output_dir):  # the local cluster's output root: on the disk every node shares
         return ["no --checkpoint-uri: the checkpoints and the run's spec are only on the master's disk, and a lost "
                 "master takes them along"]
     return []
 
 
-@dataclass
-class ResumedRun:
-    """A supervised run continued from its spec: what `hand_off` needs."""
-
-    opts: rc.ManagedOptions
-    plan: JobPlan
-    inputs: object  # .args, .prepare (train's JobInputs shape)
-    layout: dict
-    where: str
-
-
-@dataclass
-class _Inputs:
-    args: list[str]
-    prepare: list[str]
+def supervisor_spec(request: RunRequest, inventory: Inventory, job: JobPlan) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the supervisor on the master reads (node_setup/supervisor/onmaster.py), and the secret values apart."""
+    try:  # what the supervisor's group reads back (AWS: the workers' group; local: the keeper's data directory)
+        context = backend_for(inventory.kind).run_context(inventory)
+    except BackendError as exc:
+        raise fail(str(exc), UNREACHABLE if exc.unreachable else BAD_INPUT) from None
+    return runspec.handoff(request, kind=inventory.kind,
+                           run_nodes=job.inventory.to_mapping(), cluster=inventory.to_mapping(),
+                           instance_ids={n.name: n.instance_id for n in job.inventory.nodes if n.instance_id},
+                           context=context)
 
 
-def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, master=None, s3=None) -> tuple[dict, str]:
-    """(the run's spec, checked, and where it was read): beside the checkpoints of --checkpoint-uri, else in
-    --output-dir (or the newest job's) on the master. One line and exit 2 when it is missing or malformed."""
-    from cluster.run import runspec
-    from node_setup.aws import run_spec as spec_store
-    from node_setup.ssh import job as jobs
-
-    if checkpoint_uri:
-        from cluster.job.job_args import JobArgsError, parse_s3_uri
-
-        try:
-            parse_s3_uri(checkpoint_uri)
-        except JobArgsError as exc:
-            raise fail(str(exc)) from None
-        where = runspec.spec_uri(checkpoint_uri)
-        text, why = spec_store.get(where, s3, inventory.region)
-    else:
-        directory = output_dir
-        if not directory:
-            try:
-                directory = jobs.read_metadata(master, jobs.resolve_job_id(master, None)).get("output_dir") or ""
-            except jobs.JobError:
-                directory = ""
-        if not directory:
-            raise fail("--resume: with --managed it continues a run from its spec, and none is known here; give "
-                       "--checkpoint-uri s3://... (where the run's checkpoints are) or --output-dir (the run's)")
-        where = f"{inventory.master.name}:{runspec.spec_path(directory)}"
-        text, why = jobs.read_remote_file(master, runspec.spec_path(directory)), "not found"
-    if text is None:
-        raise fail(f"--resume: no run spec at {where} ({why}); `fab train --managed` writes it there when it hands "
-                   "a run over: give the run's --checkpoint-uri or --output-dir, or start the run without --resume")
-    try:
-        return runspec.read(text, where), where
-    except runspec.RunSpecError as exc:
-        raise fail(str(exc)) from None
-
-
-def resumed_run(inventory: Inventory, found: dict, where: str, *, env: str) -> ResumedRun:
-    """The run of `found` (read_spec's) planned again on this cluster with --resume: the same node count,
-    arguments, layout, output directory and --managed settings; one line and exit 2 for what does not fit."""
-    from cluster.run import runspec
-    from cluster.job.jobplan import new_job_id, plan_job
-    from cluster.job.launch import env_pairs
-
-    try:
-        args, layout = runspec.resumed(found, env_pairs(env))
-        plan = plan_job(inventory, nodes=found["nodes"], training_args=args, job_id=new_job_id(),
-                        output_dir=found["output_dir"], prepare=found["prepare"], **layout)
-        opts = rc.managed_options(max_recoveries=found["max_recoveries"], min_nodes=found["min_nodes"],
-                                  wait=f"{found['wait_seconds']:g}s", nodes=found["nodes"])
-    except (ValueError, rc.RecoveryError) as exc:  # the plan's errors (layout, launch, inventory) are ValueErrors
-        raise fail(f"{where}: {exc}") from None
-    return ResumedRun(opts, plan, _Inputs(args, list(found["prepare"])), layout, where)
-
-
-def resume(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, env: str, detach: bool, prepare_nodes,
-           preflight) -> int:
-    """`fab train --managed --resume`: the run's spec read back (read_spec), the run planned again
-    (resumed_run), the nodes prepared (`preflight` on AWS, `prepare_nodes`: train's distribution) and the
-    run handed to a new supervisor that starts with --resume from the newest checkpoint every rank can read."""
-    from node_setup.tasks import common
-
-    master = common.connect(inventory)[inventory.master.name] if not checkpoint_uri else None
-    found, where = read_spec(inventory, checkpoint_uri=checkpoint_uri, output_dir=output_dir, master=master)
-    run = resumed_run(inventory, found, where, env=env)
-    say(f"resuming run {found['run_id']} from its spec at {where}: {found['nodes']} node(s), its arguments with "
-        "--resume, its layout and --managed settings (the other options given now are not used)")
-    if inventory.kind == "aws":
-        preflight(run.plan.inventory)
-    conns = common.connect(run.plan.inventory)
-    prepare_nodes(run.plan.inventory, conns)
-    return hand_off(run.opts, inventory=inventory, plan=run.plan, inputs=run.inputs, conns=conns, layout=run.layout,
-                    detach=detach)
-
-
-def hand_off(opts: rc.ManagedOptions, *, inventory: Inventory, plan: JobPlan, inputs, conns, layout: dict,
-             detach: bool, resume_arg: str = "") -> int:
-    """`fab train --managed` once train has prepared the nodes: the run handed to its supervisor on the
-    master, then its log followed (Ctrl-C detaches) or, with `detach`, fab's return once the first job started."""
-    from cluster.run import supervision as sv
-
-    master = conns[plan.inventory.master.name]
-    spec = run_spec(opts, inventory=inventory, plan=plan, inputs=inputs, layout=layout, resume_arg=resume_arg)
-    for line in publish_spec(master, spec, region=inventory.region):
+def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life) -> int:
+    """`fab train --managed` once the lifecycle prepared the nodes: the run handed to its supervisor on the
+    master, then its log followed (Ctrl-C detaches) or, with --detach, fab's return once the first job started."""
+    assert request.managed is not None  # the --managed path
+    master = life.transport.conns[life.transport.master]
+    request = dataclasses.replace(request, output_dir=job.output_dir)  # every relaunch writes where the first did
+    for line in publish_spec(master, request, inventory, job.output_dir, key=_spec_key()):
         say(line)
-    nodes.start_supervisor(master, spec, systemd=backend_for(inventory.kind).supervisor_as_service())
-    say(f"run {plan.job_id} handed to its supervisor on the master {plan.inventory.master.name}: "
+    spec, secrets = supervisor_spec(request, inventory, job)
+    nodes.start_supervisor(master, spec, secrets, systemd=backend_for(inventory.kind).supervisor_as_service())
+    opts = rc.ManagedOptions(request.managed.max_recoveries, request.managed.min_nodes, request.managed.wait_s,
+                             request.nodes)
+    say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: "
         + opts.describe().replace("fab stays attached and recovers", "it recovers"))
-    if plan.inventory.master.spot:
+    if job.inventory.master.spot:
         say("the master is a spot instance: it is the run's single point of failure (a reclaimed master ends the "
             "run; `fab train --managed --resume` continues it once it is back)")
     deadline = time.time() + START_WAIT_S
     state = None
     while time.time() < deadline:
-        state = nodes.supervised_state(master, plan.job_id)
+        state = nodes.supervised_state(master, request.run_id)
         if state and (state.get("job") or state.get("status") in sv.FINAL):
             break
         time.sleep(0.5)
     if not state:
-        raise fail(f"the supervisor did not start on {plan.inventory.master.name}; see "
-                   f"~/{sv.RUN_ROOT}/{plan.job_id}/{sv.LOG_FILE} there", UNREACHABLE)
+        raise fail(f"the supervisor did not start on {job.inventory.master.name}; see "
+                   f"~/{sv.RUN_ROOT}/{request.run_id}/{sv.LOG_FILE} there", UNREACHABLE)
     say(sv.status_line(state))
-    if detach or state.get("status") in sv.FINAL:
+    if request.managed.detach or state.get("status") in sv.FINAL:
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
-    code = follow_run(master, plan.job_id)
+    code = follow_run(master, request.run_id)
     if code == INTERRUPTED_BY_RECLAIM and backend_for(inventory.kind).replaces_lost_master():  # ended master-lost
-        recover_master(plan.inventory)
+        recover_master(job.inventory)
     return code
 
 
 def run_exit_code(verdict: str, state: dict | None) -> int:
     """fab's exit code for a supervised run that ended (cluster/run/runlog.py's verdict, its last state)."""
     from cluster.run import runlog
-    from cluster.run import supervision as sv
 
     if verdict != runlog.ENDED:
         return FAILED
@@ -286,6 +165,67 @@ def follow_run(master, run_id: str, *, last_lines: int | None = None, all_ranks:
     return run_exit_code(verdict, state)
 
 
+# ---------------------------------------------------------------- --managed --resume
+
+
+def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, master=None, s3=None) -> tuple[str, str]:
+    """(the run's spec text, where it was read): beside the checkpoints of --checkpoint-uri, else in
+    --output-dir (or the newest job's) on the master. One line and exit 2 when it is missing."""
+    from node_setup.aws import run_spec as spec_store
+    from node_setup.ssh import job as jobs
+
+    if checkpoint_uri:
+        from cluster.job.job_args import JobArgsError, parse_s3_uri
+
+        try:
+            parse_s3_uri(checkpoint_uri)
+        except JobArgsError as exc:
+            raise fail(str(exc)) from None
+        where = runspec.spec_uri(checkpoint_uri)
+        text, why = spec_store.get(where, s3, inventory.region)
+    else:
+        directory = output_dir
+        if not directory:
+            try:
+                directory = jobs.read_metadata(master, jobs.resolve_job_id(master, None)).get("output_dir") or ""
+            except jobs.JobError:
+                directory = ""
+        if not directory:
+            raise fail("--resume: with --managed it continues a run from its spec, and none is known here; give "
+                       "--checkpoint-uri s3://... (where the run's checkpoints are) or --output-dir (the run's)")
+        where = f"{inventory.master.name}:{runspec.spec_path(directory)}"
+        text, why = jobs.read_remote_file(master, runspec.spec_path(directory)), "not found"
+    if text is None:
+        raise fail(f"--resume: no run spec at {where} ({why}); `fab train --managed` writes it there when it hands "
+                   "a run over: give the run's --checkpoint-uri or --output-dir, or start the run without --resume")
+    return text, where
+
+
+def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: str, s3=None) -> RunRequest:
+    """`fab train --managed --resume`: the run's request read back from its spec, the signature and every field
+    checked before anything starts (one line naming where, exit 2), then the same run again: a new run id,
+    --resume, the withheld --env values given again (`options`: fab train's, left out as None)."""
+    from cluster.job.launch import LaunchError, env_pairs
+    from cluster.job.request import check_env
+    from node_setup.tasks import common
+
+    uri, output_dir = options.get("checkpoint_uri") or "", options.get("output_dir") or ""
+    master = common.connect(inventory)[inventory.master.name] if not uri else None
+    text, where = read_spec(inventory, checkpoint_uri=uri, output_dir=output_dir, master=master, s3=s3)
+    try:
+        found = runspec.read(text, where, _spec_key())
+        env = dict(check_env(env_pairs(options.get("env") or ""), found.request.allow_env))
+        request = runspec.resumed(found, env, run_id)
+        inventory.first(request.nodes)
+    except (runspec.RunSpecError, RequestError, LaunchError) as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:  # the inventory has fewer nodes than the run
+        raise fail(f"{where}: {exc}") from None
+    say(f"resuming run {found.request.run_id} from its spec at {where}: {request.nodes} node(s), its arguments with "
+        "--resume, its layout and --managed settings (the other options given now are not used)")
+    return request
+
+
 # ---------------------------------------------------------------- a lost master (AWS)
 
 
@@ -301,7 +241,7 @@ def _stack(inventory: Inventory) -> str | None:
 
 
 def recover_master(inventory: Inventory) -> str | None:
-    """After the supervisor ended the run master-lost on AWS: the master alone replaced by a targeted
+    """After the supervisor ended the run master-lost: the master alone replaced by a targeted
     `pulumi up` (node_setup/pulumi_recovery.py: never killed, nothing else applied) when the Pulumi CLI
     and the cluster's stack file are here, else the command said. The workers are the group's: it
     replaces its own. What replace_lost_master returned, or None when fab ran no Pulumi command."""
@@ -319,3 +259,4 @@ def recover_master(inventory: Inventory) -> str | None:
     if result == pulumi_recovery.REPLACED:
         say("the master is back: `fab train --managed --resume` with the same options continues the run")
     return result
+

@@ -533,15 +533,15 @@ def test_train_preflight_fails_on_a_spot_interruption_notice(mocked_aws):
 def test_fab_train_stops_before_connecting_when_a_node_is_gone(mocked_aws, capsys):
     from invoke.exceptions import Exit
 
-    from node_setup.tasks import train as job_tasks
+    from node_setup.tasks import job_run
     from node_setup.tasks.common import BAD_INPUT
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     inventory = running_cluster(ec2, workers=1)
-    job_tasks._aws_preflight(inventory)  # all running: no exit, nothing printed
+    job_run.preflight(inventory)  # all running: no exit, nothing printed
     assert capsys.readouterr().out == ""
     ec2.terminate_instances(InstanceIds=[inventory.nodes[1].instance_id])
     with pytest.raises(Exit) as stopped:
-        job_tasks._aws_preflight(inventory)
+        job_run.preflight(inventory)
     assert stopped.value.code == BAD_INPUT and "preflight failed" in str(stopped.value.message)
     assert "node1 (worker" in capsys.readouterr().out

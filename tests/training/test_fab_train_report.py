@@ -10,7 +10,7 @@ import pytest
 
 from cluster.job import jobreport
 from cluster.inventory import Inventory, Node
-from node_setup.tasks import train as fab_train
+from node_setup.tasks import job_run as fab_train
 
 OUT = "xeon-cluster-runs/job-1"
 URI = "s3://ckpt/run1"
@@ -32,13 +32,13 @@ def record(step, uri=URI, error=None):
 
 def follow_to_end(monkeypatch, capsys, code, text):
     monkeypatch.setattr(fab_train.jobs, "follow", lambda *a, **k: None)
-    monkeypatch.setattr(fab_train.jobs, "job_state", lambda master, job_id: ("exited", str(code)))
     monkeypatch.setattr(fab_train.jobs, "log_text", lambda master, job_id: "")
-    monkeypatch.setattr(fab_train.jobs, "stop", lambda *a, **k: [])
     monkeypatch.setattr(fab_train.jobs, "read_remote_file", lambda conn, path: text)
     plan = NS(job_id="job-1", launch=NS(rank_hosts=["node0", "node1"], launcher="mpirun"), output_dir=OUT, user=None,
               inventory=NS(master=NS(name="node0")))
-    assert fab_train._follow_to_end(object(), {}, plan) == code
+    life = NS(transport=NS(master="node0", conns={"node0": object()}), stop=lambda job, grace=10: [],
+              outcome=lambda job: jobreport.outcome(f"exited {code}", "", job.launch.rank_hosts))  # the job's end
+    assert fab_train.follow_to_end(life, plan) == code
     return capsys.readouterr().out
 
 
@@ -86,12 +86,12 @@ def inventory(kind, spot):
 
 
 def test_a_spot_cluster_without_a_checkpoint_uri_is_warned_at_launch():
-    line = jobreport.spot_warning(inventory("aws", True), ["--task", "qa"])
+    line = jobreport.spot_warning(inventory("aws", True), None)
     assert line.startswith("warning: node1 is a spot instance") and "\n" not in line
     assert "a reclaim loses the run's progress" in line and "--checkpoint-uri s3://" in line
-    assert jobreport.spot_warning(inventory("aws", True), ["--checkpoint_uri", URI]) is None
-    assert jobreport.spot_warning(inventory("aws", False), ["--task", "qa"]) is None
-    assert jobreport.spot_warning(inventory("local", None), []) is None
+    assert jobreport.spot_warning(inventory("aws", True), URI) is None
+    assert jobreport.spot_warning(inventory("aws", False), None) is None
+    assert jobreport.spot_warning(inventory("local", None), None) is None
 
 
 def test_nodes_with_another_xeon_cluster_than_this_checkout_are_named_at_launch():

@@ -14,6 +14,7 @@ from cluster.job import jobcommands
 from cluster.inventory import Inventory
 from cluster.job.jobplan import plan_job
 from cluster.job.launch import job_dir
+from node_setup.job_lifecycle.transport import Answer
 
 
 def _plan():
@@ -25,56 +26,57 @@ def _plan():
 
 
 class MasterDouble:
-    """Fabric's connection to the master, as node_setup/ssh/job.py uses it: files put and commands run."""
+    """Fabric's connection to the master, as the lifecycle's Fabric transport uses it: files put, commands run."""
 
     def __init__(self):
         self.files: dict[str, str] = {}
         self.commands: list[str] = []
 
-    def put(self, data: io.StringIO, remote: str) -> None:
-        self.files[remote] = data.getvalue()
+    def put(self, data: io.BytesIO, remote: str) -> None:
+        self.files[remote.removesuffix(".xc-new")] = data.getvalue().decode()
 
     def run(self, command: str, **_) -> SimpleNamespace:
         self.commands.append(command)
-        return SimpleNamespace(ok=True, stdout="4242\n", stderr="")
+        return SimpleNamespace(ok=True, exited=0, stdout="4242\n" if "setsid nohup" in command else "", stderr="")
 
 
-def test_fab_and_the_supervisor_write_the_same_files_and_run_the_same_start(tmp_path, monkeypatch):
-    from node_setup.ssh import job as fab_job
-    from node_setup.supervisor.onmaster import Job, Nodes
+def test_fab_and_the_supervisor_start_a_job_of_one_request_with_the_same_files_and_command(tmp_path, monkeypatch):
+    from cluster.job.jobplan import plan
+    from cluster.job.request import BuiltinJob, RunRequest
+    from node_setup.job_lifecycle.steps import Lifecycle
+    from node_setup.ssh.transport import FabricTransport
+    from node_setup.supervisor.onmaster import ShellTransport
 
-    plan = _plan()
+    inventory = _plan().inventory
+    request = RunRequest("20261126-101500-ab12", 2, BuiltinJob(max_steps=3), output_dir="runs/r1")
+    job = plan(request, inventory)
     master = MasterDouble()
-    assert fab_job.start(master, plan) == 4242
-    d = job_dir(plan.job_id)
-    assert master.commands == [jobcommands.start_command(plan)]
-    assert master.files == {f"{d}/{name}": text for name, text in jobcommands.job_files(plan).items()}
+    fab = FabricTransport(inventory, {"node0": master, "node1": MasterDouble()})
+    assert Lifecycle(fab, lambda line: None).start(job, request) == 4242
+    d = job_dir(job.job_id)
+    assert master.commands[-1] == jobcommands.start_command(job)
+    assert _unstamped({p.rsplit("/", 1)[1]: t for p, t in master.files.items() if p.startswith(d)}) == \
+        _unstamped(jobcommands.job_files(job))
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    run = []
+    (tmp_path / d).mkdir(parents=True)
+    ran = []
 
-    class Shell:
-        master = "node0"
+    class Shell(ShellTransport):  # test double: the master's commands recorded, the start answered with a pid
+        def run_one(self, node, command, timeout=120, data=None):
+            ran.append(command)
+            return Answer(node, 0, "4242\n")
 
-        def run(self, node, command, timeout=120):
-            run.append(command)
-            if command.startswith("( mkdir -p "):
-                return subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
-            return subprocess.CompletedProcess([], 0, "4242\n", "")
+    assert Lifecycle(Shell("node0", request.run_id), lambda line: None).start(job, request) == 4242
+    assert ran[-1] == jobcommands.start_command(job)
+    written = {name: (tmp_path / d / name).read_text() for name in ("hosts", "run.sh", "job.json")}
+    assert _unstamped(written) == _unstamped(jobcommands.job_files(job))
 
-    spec = {"run_id": "20261126-101500-cd34", "output_dir": "runs/r1", "training_args": ["--max_steps", "3"],
-            "layout": {}, "inventory": plan.inventory.to_mapping()}
-    job = Job(spec, Shell(), Nodes(Shell(), plan.inventory, "/venv/bin/python"), tmp_path)
-    monkeypatch.setattr(Nodes, "known_keys", lambda self: {})
-    monkeypatch.setattr(Nodes, "write_hosts", lambda self, nodes, keys: None)
-    from cluster.run.supervision import Member
 
-    job_id = job.launch([Member(n.name, n.address, None) for n in plan.inventory.nodes], resume=False, batch=None)
-    theirs = job.plans[job_id]
-    assert run[-1] == jobcommands.start_command(theirs)
-    written = {name: (tmp_path / job_dir(job_id) / name).read_text() for name in ("hosts", "run.sh", "job.json")}
-    assert written == jobcommands.job_files(theirs, supervised_run=spec["run_id"])
-    assert json.loads(written["job.json"])["supervised_run"] == spec["run_id"]
+def _unstamped(files: dict[str, str]) -> dict:
+    """The job's files with job.json read and its start time left out (the second it was written)."""
+    return {name: ({k: v for k, v in json.loads(text).items() if k != "started"} if name == "job.json" else text)
+            for name, text in files.items()}
 
 
 def test_the_start_command_sets_the_link_starts_the_script_detached_and_prints_its_pid(tmp_path):

@@ -12,7 +12,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from cluster.job import jobreport, jobsummary
-from node_setup.tasks import train as fab_train
+from node_setup.tasks import job_run as fab_train
 from tests.unit.test_spend import MasterDouble
 
 OUT = "xeon-cluster-runs/job-1"
@@ -86,13 +86,14 @@ def follow_to_end(monkeypatch, code, read):
     Returns the calls of the cleanup (jobs.stop)."""
     stopped = []
     monkeypatch.setattr(fab_train.jobs, "follow", lambda *a, **k: None)
-    monkeypatch.setattr(fab_train.jobs, "job_state", lambda master, job_id: ("exited", str(code)))
     monkeypatch.setattr(fab_train.jobs, "log_text", lambda master, job_id: "")
-    monkeypatch.setattr(fab_train.jobs, "stop", lambda *a, **k: stopped.append(a) or [])
     monkeypatch.setattr(fab_train.jobs, "read_remote_file", lambda conn, path: read(path))
     plan = NS(job_id="job-1", launch=NS(rank_hosts=["node0", "node1"], launcher="mpirun"), output_dir=OUT, user=None,
               inventory=NS(master=NS(name="node0")))
-    assert fab_train._follow_to_end(object(), {}, plan) == code
+    life = NS(transport=NS(master="node0", conns={"node0": object()}),  # the lifecycle: the job ended with `code`
+              outcome=lambda job: jobreport.outcome(f"exited {code}", "", job.launch.rank_hosts),
+              stop=lambda job, grace=10: stopped.append(job) or [])
+    assert fab_train.follow_to_end(life, plan) == code
     return stopped
 
 

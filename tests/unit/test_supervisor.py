@@ -378,25 +378,32 @@ def test_restart_arguments_fill_the_checkpoint_into_the_words_and_the_environmen
         sv.restart_arguments((), words, "/home/u/out/../../etc")
 
 
-class RecordingShell:
-    """Test double of the supervisor's Shell: records each command, answers as the master's job start does."""
+def recording_shell():
+    """Test double of the supervisor's transport (ShellTransport): records each command, runs the master's part
+    of the job's preparation for real (folders in HOME only) and answers the start with a pid."""
+    from node_setup.job_lifecycle.transport import Answer
+    from node_setup.supervisor.onmaster import ShellTransport
 
-    master = "node0"
+    class RecordingShell(ShellTransport):
+        def __init__(self):
+            super().__init__("node0", "20261126-101500-ab12")
+            self.commands: list[tuple[str, str]] = []
 
-    def __init__(self):
-        self.commands: list[tuple[str, str]] = []
+        def run_one(self, node, command, timeout=120, data=None):
+            import subprocess
 
-    def run(self, node, command, timeout=120):
-        import subprocess
+            self.commands.append((node, command))
+            if node == self.master and "/ranks )" in command:  # the job's preparation on the master
+                done = subprocess.run(["bash", "-c", command], cwd=os.environ["HOME"], capture_output=True, text=True)
+                return Answer(node, done.returncode, done.stdout + done.stderr)
+            return Answer(node, 0, "4242\n" if "setsid nohup" in command else "")
 
-        self.commands.append((node, command))
-        if node == self.master and command.startswith("( mkdir -p "):  # the job's preparation: folders only
-            return subprocess.run(["bash", "-c", command], cwd=os.environ["HOME"], capture_output=True, text=True)
-        return subprocess.CompletedProcess([], 0, "4242\n" if "setsid nohup" in command else "", "")
+    return RecordingShell()
 
 
 def _user_job(tmp_path, monkeypatch, resume_arg="--resume_from_checkpoint {checkpoint}"):
     from cluster.inventory import Inventory
+    from cluster.job.request import Managed, OwnProgram, RunRequest
     from node_setup.supervisor.onmaster import Job, Nodes
 
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -409,11 +416,11 @@ def _user_job(tmp_path, monkeypatch, resume_arg="--resume_from_checkpoint {check
     known = tmp_path / MasterPaths("lab").known_hosts[2:]  # the cluster's known_hosts, as distribution wrote it
     known.parent.mkdir(parents=True, exist_ok=True)
     known.write_text("".join(f"node{i} {new_key()}\n" for i in range(3)))
-    spec = {"run_id": "20261126-101500-ab12", "output_dir": "runs/r1", "training_args": [], "layout": {},
-            "inventory": inventory.to_mapping(), "resume_arg": resume_arg,
-            "program": {"script": "train.py", "module": None, "args": ["--lr", "1e-4"], "signal": "SIGUSR1"}}
-    shell_ = RecordingShell()
-    return Job(spec, shell_, Nodes(shell_, inventory, "/venv/bin/python"), tmp_path), shell_, inventory
+    own = OwnProgram(script="train.py", args=("--lr", "1e-4"), signal="SIGUSR1", workdir="/home/u/proj",
+                     resume_arg=resume_arg)
+    request = RunRequest("20261126-101500-ab12", 3, own, output_dir="runs/r1", managed=Managed())
+    shell_ = recording_shell()
+    return Job(request, shell_, Nodes(shell_, inventory, None, "/venv/bin/python")), shell_, inventory
 
 
 def _run_script(tmp_path, job_id) -> str:
@@ -509,20 +516,19 @@ def test_fab_train_managed_takes_your_own_program(tmp_path):
 
 
 def _aws_run_spec(region="us-east-1"):
-    """`run_spec` for an AWS cluster named as tests/aws/test_worker_group.py's (plan and inputs: plain records)."""
-    from types import SimpleNamespace
+    """The supervisor's spec for an AWS cluster named as tests/aws/test_worker_group.py's."""
+    import dataclasses
 
     from cluster.inventory import Inventory
-    from node_setup.tasks.managed import run_spec
-
-    import dataclasses
+    from cluster.job.jobplan import plan
+    from cluster.job.request import BuiltinJob, Managed, RunRequest
+    from node_setup.tasks.managed import supervisor_spec
 
     inventory = dataclasses.replace(Inventory.from_mapping(
         {"name": "xeon-dev", "sockets": 1, "physical_cores": 4, "hosts": ["10.0.1.5", "10.0.1.6"]},
         default_name="xeon-dev", kind="aws"), region=region)
-    plan = SimpleNamespace(job_id="20261126-101500-ab12", inventory=inventory, output_dir="runs/r1", user=None)
-    inputs = SimpleNamespace(args=(), prepare=())
-    return run_spec(rc.ManagedOptions(3, 1, 60.0, 2), inventory=inventory, plan=plan, inputs=inputs, layout={})
+    request = RunRequest("20261126-101500-ab12", 2, BuiltinJob(), output_dir="runs/r1", managed=Managed(3, 1, 60.0))
+    return supervisor_spec(request, inventory, plan(request, inventory))[0]
 
 
 def test_aws_run_spec_names_the_worker_group_so_the_supervisor_waits_for_its_replacements(aws_credentials):
