@@ -10,6 +10,7 @@ fails here. What each backend answers instead is tested below the scan.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -25,12 +26,9 @@ KIND_NAMES = {"LOCAL": LOCAL, "AWS": AWS, "FILE": FILE}  # cluster/backend.py's 
 CLUSTER_WORDS = ("cluster", "cluster_name")  # a `--cluster` value or a cluster's name, whose prefix names a kind
 PREFIXES = {f"{k}:" for k in KINDS}  # `local:NAME`
 
-# file -> how many kind checks it keeps, and why they are not the backends' concerns
-ALLOWED = {
-    "node_setup/tasks/train.py": (3, "the guards before AWS's preflight: they go when every launch path asks the "
-                                     "backend's preflight_for_run (None where there is nothing to check)"),
-    "node_setup/tasks/managed.py": (1, "as node_setup/tasks/train.py's: the guard before `--resume`'s preflight"),
-}
+# file -> how many kind checks it keeps, and why they are not the backends' concerns (none remain: what
+# differs is asked of the backend, or read from the inventory's facts)
+ALLOWED: dict[str, tuple[int, str]] = {}
 
 
 # ---------------------------------------------------------------- the scan
@@ -115,11 +113,11 @@ def _decides(kinds: frozenset[str]) -> bool:
     return bool(kinds) and kinds != frozenset(KINDS)
 
 
-def kind_checks(source: str, names: dict[str, frozenset[str]] | None = None) -> list[int]:
-    """The lines of `source` that check a cluster's kind: a comparison of a kind (or of a cluster's name)
-    with a kind, a `local:` prefix test, a `match` on a kind, a lookup in a dict keyed by kinds. `names`:
-    the names that hold kinds in the other modules (by default only cluster/backend.py's)."""
-    tree = ast.parse(source)
+def kind_checks(source: str | ast.Module, names: dict[str, frozenset[str]] | None = None) -> list[int]:
+    """The lines of `source` (or its syntax tree) that check a cluster's kind: a comparison of a kind (or of
+    a cluster's name) with a kind, a `local:` prefix test, a `match` on a kind, a lookup in a dict keyed by
+    kinds. `names`: the names that hold kinds in the other modules (by default only cluster/backend.py's)."""
+    tree = ast.parse(source) if isinstance(source, str) else source
     names = {**KIND_NAMES_SETS, **(names or {}), **_constants(tree)}
 
     def keyed(node: ast.AST, key: ast.AST) -> bool:
@@ -160,16 +158,20 @@ def _name_of(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
-def _project_files() -> list[Path]:
-    return [p for folder in SCANNED for p in sorted((ROOT / folder).rglob("*.py"))] + [ROOT / "fabfile.py"]
+@functools.cache
+def project_trees() -> dict[Path, ast.Module]:
+    """Every Python module of the project, parsed once for the tests here."""
+    paths = [p for folder in SCANNED for p in sorted((ROOT / folder).rglob("*.py"))] + [ROOT / "fabfile.py"]
+    return {path: ast.parse(path.read_text()) for path in paths}
 
 
+@functools.cache
 def project_constants() -> dict[str, frozenset[str]]:
     """Every module-level name in the project that holds kinds (a kind's constant, a tuple, a kind-keyed
     dict), so that a check against one imported from elsewhere is found too."""
     found: dict[str, frozenset[str]] = {}
-    for path in _project_files():
-        found.update(_constants(ast.parse(path.read_text())))
+    for tree in project_trees().values():
+        found.update(_constants(tree))
     return found
 
 
@@ -217,10 +219,10 @@ ok = {"file": "f", "nodes": "n"}.get(option) or SHORT[option]
 def test_kind_checks_of_the_backends_concerns_live_in_the_backends_folder_only():
     names = project_constants()
     found = Counter()
-    for path in _project_files():
+    for path, tree in project_trees().items():
         if BACKENDS in path.parents:
             continue
-        count = len(kind_checks(path.read_text(), names))
+        count = len(kind_checks(tree, names))
         if count:
             found[str(path.relative_to(ROOT))] = count
     assert len(ALLOWED) <= 3
@@ -237,7 +239,8 @@ def test_the_backends_folder_picks_the_backend_in_one_function():
     whose inventory file's name is in the file); besides them only the inventory file's reader reads which
     kind a file says it is (`kind: local`, and then the local cluster's facts)."""
     names = project_constants()
-    picks = {str(p.relative_to(ROOT)): kind_checks(p.read_text(), names) for p in sorted(BACKENDS.glob("*.py"))}
+    picks = {str(p.relative_to(ROOT)): kind_checks(tree, names) for p, tree in project_trees().items()
+             if p.parent == BACKENDS}
     assert {f: len(lines) for f, lines in picks.items() if lines} == {"node_setup/backends/__init__.py": 6,
                                                                      "node_setup/backends/files.py": 2}
 
