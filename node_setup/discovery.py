@@ -20,11 +20,11 @@ the other's caller).
 from __future__ import annotations
 
 from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory
-from node_setup.backends import backend_for, cluster_kind, cluster_name, looks_like_path
+from node_setup.backends import backend_for, cluster_kind, cluster_name
 from node_setup.backends.files import load_inventory_file, process_started_at
 
-__all__ = ["KEY_ENV", "ClusterSelectionError", "resolve_cluster", "cluster_kind", "cluster_name", "looks_like_path",
-           "load_inventory_file", "process_started_at"]
+__all__ = ["KEY_ENV", "ClusterSelectionError", "resolve_cluster", "cluster_kind", "cluster_name", "load_inventory_file",
+           "process_started_at"]
 
 
 def resolve_cluster(cluster: str | None, region: str | None = None) -> Inventory:
