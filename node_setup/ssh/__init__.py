@@ -5,7 +5,8 @@ training job's life on the master (`job`), a user program's workdir and requirem
 `requirements`), idle auto-stop (`autostop`) and `fab train --managed`'s node work (`recovery`).
 
 May import `cluster/`, Fabric, invoke and paramiko; node_setup.controller (the project checkout
-and the config directory); node_setup.stack_config (the stack's idle auto-stop, in `autostop`);
-and node_setup.local.state, whose state file holds the host keys a local cluster generated, which
-`connections` pins before connecting. Never boto3 (AWS work lives in node_setup/aws).
+and the config directory); node_setup.backends (what differs by the cluster's kind: a new node's
+console, the idle auto-stop's default and group, the wheelhouse); and node_setup.local.state, whose
+state file holds the host keys a local cluster generated, which `connections` pins before
+connecting. Never boto3 (AWS work lives in node_setup/aws).
 """
