@@ -58,11 +58,7 @@ class LocalGroup:
 
     def replaces_lost(self) -> bool:
         """While the cluster's group keeper runs (`fab local-up --keeper-delay`): without it nothing comes."""
-        try:
-            cluster = json.loads((self.data_dir / GROUP_FILE).read_text()).get("cluster")
-        except (OSError, ValueError, AttributeError):
-            return False
-        return isinstance(cluster, str) and keeper_of(self.data_dir, cluster) is not None
+        return keeper_of(self.data_dir) is not None
 
     def console(self, member: Member) -> str:
         # the node's directory is its slot's; its console shows the machine there now, which must be this one
@@ -104,7 +100,7 @@ def local_inventory(name: str | None = None) -> Inventory:
     inventory = load_inventory_file(paths.inventory_path)
     owner = local_state.owner_note(state)
     inventory = replace(inventory, notes=inventory.notes + ((owner,) if owner else ()))
-    return with_down_nodes(inventory, state, up, keeper_of(Path(state.data_dir), state.name))
+    return with_down_nodes(inventory, state, up, keeper_of(Path(state.data_dir)))
 
 
 def with_down_nodes(inventory: Inventory, state: local_state.ClusterState, up: dict[str, bool],
@@ -137,17 +133,17 @@ def with_down_nodes(inventory: Inventory, state: local_state.ClusterState, up: d
                    notes=inventory.notes + (note,))
 
 
-def keeper_of(data_dir: Path, name: str) -> dict | None:
-    """The cluster's group keeper while it runs ({"pid", "delay_s"}, from its record in the data directory,
-    which the master sees too), else None: no lost node comes back by itself."""
+def keeper_of(data_dir: Path) -> dict | None:
+    """The group keeper of the cluster whose data directory this is, while it runs ({"pid", "delay_s"}, from
+    its record there, which the master sees too), else None: no lost node comes back by itself."""
     from node_setup.local import system
 
     try:
-        keeper = json.loads((data_dir / GROUP_FILE).read_text()).get("keeper")
-        pid, delay = int(keeper["pid"]), float(keeper["delay_s"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        record = json.loads((data_dir / GROUP_FILE).read_text())
+        cluster, pid, delay = str(record["cluster"]), int(record["keeper"]["pid"]), float(record["keeper"]["delay_s"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    return {"pid": pid, "delay_s": delay} if system.is_keeper(pid, name) else None
+    return {"pid": pid, "delay_s": delay} if system.is_keeper(pid, cluster) else None
 
 
 class LocalBackend:

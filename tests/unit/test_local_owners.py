@@ -187,8 +187,10 @@ def test_the_local_group_replaces_a_lost_node_only_while_its_keeper_runs(tmp_pat
     (tmp_path / local_state.GROUP_FILE).write_text(json.dumps({**record, "keeper": {"pid": a_keeper.pid,
                                                                                      "delay_s": 30.0}}))
     assert group.replaces_lost()
-    assert keeper_of(tmp_path, "demo") == {"pid": a_keeper.pid, "delay_s": 30.0}
-    assert keeper_of(tmp_path, "other") is None  # another cluster's keeper is not this one's
+    assert keeper_of(tmp_path) == {"pid": a_keeper.pid, "delay_s": 30.0}
+    (tmp_path / local_state.GROUP_FILE).write_text(json.dumps({**record, "cluster": "other",
+                                                                "keeper": {"pid": a_keeper.pid, "delay_s": 30.0}}))
+    assert keeper_of(tmp_path) is None  # that pid keeps another cluster than the record's
     a_keeper.kill()
     a_keeper.wait()
     assert not group.replaces_lost()  # a keeper that ended replaces nothing
