@@ -152,5 +152,6 @@ class ClusterBackend(Protocol):
 
     def replaces_lost_master(self) -> bool:
         """Whether fab replaces a lost master itself (AWS: a targeted `pulumi up` of the cluster's stack);
-        False: nothing does (a local cluster's keeper replaces workers only; your own machines are yours)."""
+        False: fab does not (a local cluster's group keeper brings a lost master back itself; your own machines
+        are yours)."""
         ...

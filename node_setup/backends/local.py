@@ -209,4 +209,4 @@ class LocalBackend:
         return local_state.describe_link(state.link_mbit, state.link_delay_ms)
 
     def replaces_lost_master(self) -> bool:
-        return False  # the keeper replaces workers only
+        return False  # fab does not: the group keeper brings a lost master back itself (node_setup/local/keeper.py)
