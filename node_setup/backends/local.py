@@ -129,7 +129,7 @@ def with_down_nodes(inventory: Inventory, state: local_state.ClusterState, up: d
                 "on them) alone")
     using = ", ".join(n.name for n in kept if n.state != DOWN) or "none"
     note = f"local cluster {state.name!r}: {lost} down; {back}; working with the nodes that are up: {using}"
-    return replace(inventory, nodes=kept, down=tuple(d for d in shown.values() if d.name not in {n.name for n in kept}),
+    return replace(inventory, nodes=kept, down=tuple(d for d in shown.values() if d.name != inventory.master.name),
                    notes=inventory.notes + (note,))
 
 
