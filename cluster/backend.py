@@ -76,6 +76,11 @@ class MachineGroup(Protocol):
 
     def replaces_lost(self) -> bool: ...  # whether a lost machine can be replaced at all (False: go on at once)
 
+    # A replacement the supervisor cannot admit (no host key its console lists in time, another key, its
+    # software not ready), handed back so that the group launches another rather than keep it, billed and
+    # idle; what was done, in words for the run's log (never raises).
+    def hand_back(self, member: Member) -> str: ...
+
 
 class ClusterBackend(Protocol):
     """One kind of cluster: everything that differs between local, AWS and an inventory file."""

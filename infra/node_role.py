@@ -19,6 +19,10 @@
     and never start or add one. The other fields of the same call cannot all be conditioned; with a
     maximum of 0 the group launches nothing whatever they are, a new launch template needs
     `ec2:RunInstances` (not granted), and `fab up` (`pulumi up --refresh`) sets the program's values back.
+    And `autoscaling:TerminateInstanceInAutoScalingGroup` on the same group: the run supervisor hands
+    back a replacement it cannot admit (no host key its console lists in time, another key), so that the
+    group launches another instead of keeping it, billed and idle. The call cannot lower the group's
+    size: AWS refuses to decrement a desired capacity that equals the minimum, as the program sets it.
   - `supervisor_read_policy`: what the run supervisor (node_setup/backends/aws.py, `AwsGroup`) reads to
     follow its workers: the group's instances (`autoscaling:DescribeAutoScalingGroups`), their states
     and addresses (`ec2:DescribeInstances`), both only in the stack's region (`aws:RequestedRegion`:
@@ -52,6 +56,7 @@ EC2_SERVICE = "ec2.amazonaws.com"
 BUCKET_ACTIONS = ("s3:ListBucket",)
 OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
 GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)
+HAND_BACK_ACTIONS = ("autoscaling:TerminateInstanceInAutoScalingGroup",)
 # The sizes the auto-stop's call must set (cluster/shell/autostop-stop-group.sh sets all three to 0); IAM's
 # condition values are strings, also for the numeric operators.
 STOPPED_SIZES = {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}
@@ -86,11 +91,14 @@ def checkpoint_policy(bucket_arn: str) -> str:
 
 
 def group_capacity_policy(group_arn: str) -> str:
-    """The auto-stop's one permission: set the cluster's own worker group to 0, nothing else."""
+    """The master's permissions on the cluster's own worker group: set it to 0 (the auto-stop) and hand back
+    one of its instances (the supervisor), nothing else."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [{"Sid": "StopOwnWorkerGroup", "Effect": "Allow", "Action": list(GROUP_ACTIONS),
-                       "Resource": group_arn, "Condition": {"NumericEquals": dict(STOPPED_SIZES)}}],
+                       "Resource": group_arn, "Condition": {"NumericEquals": dict(STOPPED_SIZES)}},
+                      {"Sid": "HandBackOwnWorker", "Effect": "Allow", "Action": list(HAND_BACK_ACTIONS),
+                       "Resource": group_arn}],
     })
 
 
@@ -146,7 +154,7 @@ class NodeRole(pulumi.ComponentResource):
         return role, profile
 
     def allow_group_capacity(self, group_arn: pulumi.Input[str]) -> aws.iam.RolePolicy:
-        """The master's inline policy that lets it set its own worker group to 0 (the auto-stop), no other."""
+        """The master's inline policy on its own worker group (the auto-stop's stop, the supervisor's hand-back)."""
         self.group_policy = aws.iam.RolePolicy(
             f"{self._name}{MASTER_SUFFIX}-worker-group",
             role=self.master_role.id,

@@ -12,8 +12,11 @@ so that the same rules hold on a local cluster, on AWS and in the tests' fake ba
 - `replacement(...)`: the member of the group that stands in for a lost node: the same name (slot),
   another instance id, running.
 - `host_key_verdict(...)`: a replacement joins only with the host key its own console lists
-  (cluster/node/console.py): no fingerprints yet is a wait (bounded), none by the deadline or another key
-  is a refusal, one line each.
+  (cluster/node/console.py): no key or no fingerprints yet is a wait, for as long as its instance type
+  may take to boot (`boot_wait_s`: cluster/stack/catalog.py's budget, 40 minutes for a metal type) and,
+  while a recovery waits for it, until --wait-for-capacity runs out (`replacement_wait_s`); none by then,
+  or another key, is a refusal, one line each. A refused replacement is handed back to the group (the
+  loop: node_setup/supervisor/loop.py), which launches another.
 - `steps_redone(...)`: the work a recovery repeats.
 - The run's record on the master (RUN_ROOT/<run id>/): SPEC_FILE (what the controller handed over),
   STATE_FILE (what `fab status` reads), LOG_FILE (what `fab train --managed` and `fab logs` follow).
@@ -25,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.node.console import describe, fingerprint, parse_console
+from cluster.stack.catalog import boot_wait_s
 from xeon_cluster import RESUME_FROM_VARIABLE
 
 RUN_ROOT = ".xeon-cluster/supervisor"  # in the SSH user's home on the master
@@ -38,7 +42,6 @@ SYSTEMD_UNIT_PREFIX = "xeon-cluster-supervisor-"  # AWS: a transient unit per ru
 NOTICE, SILENT = "spot notice", "unreachable"  # a recovery's cause
 SILENT_PROBES = 3  # unanswered SSH probes in a row before the instance's state is asked
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped", "gone")
-CONSOLE_WAIT_S = 300.0  # cloud-init prints the fingerprints at the end of boot
 
 # What a run's state file says (`fab status --json`'s "supervised" object).
 STARTING, RUNNING, RECOVERING, COMPLETED, FAILED, STOPPED, MASTER_LOST = (
@@ -69,6 +72,7 @@ class Member:
     address: str
     instance_id: str
     state: str = "running"
+    instance_type: str = ""  # its EC2 type, when the group says ("": not known, waited for as long as metal)
 
 
 def check_run_id(run_id: str) -> str:
@@ -105,10 +109,19 @@ class KeyVerdict:
         return self.outcome == "verified"
 
 
+def replacement_wait_s(member: Member, *, recovery_left_s: float = 0.0) -> float:
+    """How long a replacement may take to present a host key its console lists: its instance type's boot
+    (a type not known: a metal type's), or what is left of a recovery's --wait-for-capacity when longer
+    (cloud-init prints the fingerprints at the end of boot, after sshd answers)."""
+    return max(float(boot_wait_s(member.instance_type)), recovery_left_s)
+
+
 def host_key_verdict(member: Member, presented: str | None, console_text: str, *, waited_s: float,
-                     wait_s: float = CONSOLE_WAIT_S) -> KeyVerdict:
+                     wait_s: float | None = None) -> KeyVerdict:
     """Whether the replacement's presented host key ("type base64", from ssh-keyscan) is one its
-    console lists; a wait while the console lists none yet and time is left."""
+    console lists; a wait while it presents none or the console lists none yet and `wait_s` (default: its
+    type's boot, replacement_wait_s) is not over."""
+    wait_s = replacement_wait_s(member) if wait_s is None else wait_s
     console = parse_console(console_text)
     who = f"{member.name} ({member.instance_id})"
     if not presented:

@@ -23,7 +23,9 @@ from node_setup.backends.members import checked_group, checked_member
 class AwsGroup:
     """The workers' Auto Scaling group, read with the node role (boto3 in the node venv).
 
-    A lost worker's slot is filled by the group's newest in-service instance that is no member yet.
+    A lost worker's slot is filled by the group's newest in-service instance that is no member yet; a
+    replacement the supervisor refuses is handed back (`hand_back`: terminated through the group, which
+    launches another; the master's role may make that call on its own group only).
     """
 
     def __init__(self, region: str, group_name: str, members: list[Member]):
@@ -56,7 +58,8 @@ class AwsGroup:
         for instance, slot in zip(sorted(new, key=lambda i: str(i.get("LaunchTime"))), free):
             member = checked_member({"name": slot, "address": instance["PrivateIpAddress"],
                                      "instance_id": instance["InstanceId"],
-                                     "state": instance.get("State", {}).get("Name")}, "EC2 instance")
+                                     "state": instance.get("State", {}).get("Name"),
+                                     "instance_type": instance.get("InstanceType")}, "EC2 instance")
             self._known[member.instance_id] = member
             found[slot] = member
         return found
@@ -76,6 +79,17 @@ class AwsGroup:
 
     def replaces_lost(self) -> bool:
         return True  # the group launches a lost worker's replacement
+
+    def hand_back(self, member: Member) -> str:
+        try:  # without lowering the group's desired capacity: it launches another in its place
+            self._client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=member.instance_id, ShouldDecrementDesiredCapacity=False)
+        except Exception as exc:  # noqa: BLE001 - botocore's errors, said in the run's log
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            return (f"could not hand it back to the group {self.group_name} ({why}): it runs, "
+                    f"billed, until it is terminated (`aws ec2 terminate-instances --instance-ids "
+                    f"{member.instance_id}`)")
+        return f"handed back: terminated through the group {self.group_name}, which launches another"
 
 
 class AwsBackend:

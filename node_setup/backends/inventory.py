@@ -33,6 +33,9 @@ class StaticGroup:
     def replaces_lost(self) -> bool:
         return False  # nothing brings a machine of yours back
 
+    def hand_back(self, member: Member) -> str:
+        return "nothing to hand it back to: no group replaces a machine of an inventory file; it is left out"
+
 
 class InventoryFileBackend:
     kind = FILE

@@ -23,7 +23,7 @@ from node_setup.backends.members import checked_member
 from node_setup.local.console import CONSOLE_FILE
 from node_setup.backends.files import load_inventory_file
 from node_setup.local import state as local_state
-from node_setup.local.state import GROUP_FILE
+from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX
 
 
 class LocalGroup:
@@ -59,6 +59,17 @@ class LocalGroup:
     def replaces_lost(self) -> bool:
         """While the cluster's group keeper runs (`fab local-up --keeper-delay`): without it nothing comes."""
         return keeper_of(self.data_dir) is not None
+
+    def hand_back(self, member: Member) -> str:
+        """A request to the keeper, in the data directory it shares with the master: it takes the machine
+        down and brings another in its slot after its delay, as a group terminates one and launches another."""
+        if not self.replaces_lost():
+            return "nothing to hand it back to: no group keeper runs for this cluster; it is left out"
+        try:
+            (self.data_dir / f"{HANDBACK_PREFIX}{member.instance_id}").write_text(f"{member.name}\n")
+        except OSError as exc:
+            return f"could not hand it back to the group keeper ({exc}); it is left out"
+        return "handed back: the group keeper takes it down and brings a new machine in its place"
 
     def console(self, member: Member) -> str:
         # the node's directory is its slot's; its console shows the machine there now, which must be this one

@@ -9,6 +9,7 @@ from cluster import names
 from cluster.run.supervision import Member
 
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}\Z")
+_INSTANCE_TYPE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,63}\Z")  # an EC2 type (r7iz.metal-16xl), or none
 # The worker group's name and region as the spec carries them (node_setup/tasks/managed.py writes them):
 # an Auto Scaling group name as the Pulumi program makes it, and an AWS region name.
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}\Z")
@@ -24,11 +25,15 @@ def checked_member(entry: dict, where: str) -> Member:
     except names.UnsafeValue as exc:
         raise ValueError(str(exc)) from None
     instance_id, state = str(entry.get("instance_id")), str(entry.get("state") or "running")
+    instance_type = str(entry.get("instance_type") or "")
     if not _INSTANCE_ID.match(instance_id):
         raise ValueError(f"{where} instance_id: {instance_id!r} is not allowed; allowed: i- and 8 to 17 hex digits")
     if state not in STATES:
         raise ValueError(f"{where} state: {state!r} is not allowed; allowed: {', '.join(STATES)}")
-    return Member(name, address, instance_id, state)
+    if instance_type and not _INSTANCE_TYPE.match(instance_type):
+        raise ValueError(f"{where} instance_type: {instance_type[:80]!r} is not allowed; allowed: an EC2 type such "
+                         "as r7iz.metal-16xl")
+    return Member(name, address, instance_id, state, instance_type)
 
 
 def checked_group(group_name: object, region: object) -> tuple[str, str]:

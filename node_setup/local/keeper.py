@@ -14,6 +14,12 @@ pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every P
   template's user data holds on AWS (cluster/node/boot_script.py): it authorizes the cluster key, `from=` the
   cluster's subnet, so the master can reach the new machine once it has verified its host key from its
   console;
+- takes down a worker the run supervisor handed back (a request file, HANDBACK_PREFIX + its instance id, in
+  the data directory: node_setup/backends/local.py's `hand_back`), as terminating it through an Auto
+  Scaling group does, so that it comes back as another new machine after S seconds;
+- with a console delay C (`fab local-up --keeper-console-delay C`), holds a new worker's console (its host
+  keys) back for C seconds, as a metal instance's console lists them only at the end of a long boot: the
+  supervisor must wait for them (cluster/run/supervision.py);
 - brings a lost master (the first node) back as `pulumi up` replaces one: a new machine at the master's
   name, at a new address (`moved`: a new EC2 instance gets an address of its own, and the stack holds no
   Elastic IP; the controller finds the master again by its name), with new host keys on its console and
@@ -38,23 +44,64 @@ from cluster.node.render import RenderError
 from node_setup.controller import config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
-from node_setup.local.state import GROUP_FILE, KEEPER_PID_FILE
+from node_setup.local.console import console_path
+from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_PID_FILE
 
 POLL_S = 1.0
 MAX_DELAY_S = 3600.0
+HELD_SUFFIX = ".held"  # a new worker's console while the keeper holds it back (its boot, on AWS)
 # How long the first-boot script may take on a new machine (it writes one file).
 BOOT_TIMEOUT_S = 30
 
 
-def validate_delay(value) -> float:
+def validate_delay(value, option: str = "--keeper-delay",
+                   what: str = "before a lost node comes back (0: no keeper)") -> float:
     try:
         delay = float(value)
     except (TypeError, ValueError):
         delay = -1.0
     if not 0 <= delay <= MAX_DELAY_S:
-        raise local_state.LocalClusterError(f"--keeper-delay: {value!r} is not allowed; allowed: seconds from 0 "
-                                            f"to {MAX_DELAY_S:g} before a lost node comes back (0: no keeper)")
+        raise local_state.LocalClusterError(f"{option}: {value!r} is not allowed; allowed: seconds from 0 "
+                                            f"to {MAX_DELAY_S:g} {what}")
     return delay
+
+
+def validate_console_delay(value) -> float:
+    return validate_delay(value, "--keeper-console-delay", "that a new machine's console host keys are held back")
+
+
+def take_down_handed_back(paths: local_state.ClusterPaths, state: local_state.ClusterState, progress=print) -> bool:
+    """Take down each worker the supervisor handed back (its request file names its instance id); True when
+    one went down. A request for a machine no longer in the group (already replaced) is dropped."""
+    went = False
+    for request in sorted(Path(state.data_dir).glob(f"{HANDBACK_PREFIX}i-*")):
+        instance_id = request.name[len(HANDBACK_PREFIX):]
+        request.unlink(missing_ok=True)
+        node = next((n for n in state.nodes[1:] if n.instance_id == instance_id), None)  # a worker's
+        if node is None:
+            progress(f"keeper: {instance_id} was handed back, but no worker is that machine now")
+            continue
+        try:
+            local_cluster.reclaim(paths, node.name, silent=True, progress=progress)
+            progress(f"keeper: {node.name} ({instance_id}) handed back by the supervisor: taken down")
+            went = True
+        except local_state.LocalClusterError as exc:
+            progress(f"keeper: {node.name} ({instance_id}) handed back, not taken down: {exc}")
+    return went
+
+
+def hold_console(node: local_state.NodeState) -> None:
+    """Move a new machine's console aside (its host keys not listed yet), as a long boot shows them late."""
+    path = console_path(node)
+    if path.exists():
+        os.replace(path, path.with_name(path.name + HELD_SUFFIX))
+
+
+def release_console(node: local_state.NodeState) -> None:
+    path = console_path(node)
+    held = path.with_name(path.name + HELD_SUFFIX)
+    if held.exists():
+        os.replace(held, path)
 
 
 def group_record(state: local_state.ClusterState, up: dict[str, bool], delay: float | None = None) -> dict:
@@ -103,16 +150,25 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
     progress(f"keeper: {node.name}: {line[0]}" + ("" if done.returncode == 0 else f" (exit {done.returncode})"))
 
 
-def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -> None:
+def keep(name: str, delay: float, *, console_delay: float = 0.0, polls: int | None = None,
+         progress=print) -> None:
     """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone)."""
     paths = local_state.paths_for(name)
     down_since: dict[str, float] = {}
+    held: dict[str, tuple[float, local_state.NodeState]] = {}  # name -> (when its console is shown, the node)
     done = 0
     while polls is None or done < polls:
         done += 1
         state = local_state.load_state(paths)
         if state is None:
             return
+        if take_down_handed_back(paths, state, progress):
+            state = local_state.load_state(paths) or state
+        for node_name, (due_at, node) in list(held.items()):
+            if time.time() >= due_at:
+                release_console(node)
+                held.pop(node_name)
+                progress(f"keeper: {node_name}: its console lists its host keys now (held {console_delay:g} s)")
         names = local_cluster.system.namespaces()
         up = {n.name: local_cluster.node_up(n, names) for n in state.nodes}
         write_group(state, up, delay)
@@ -138,19 +194,23 @@ def keep(name: str, delay: float, *, polls: int | None = None, progress=print) -
                 for node in after.nodes[1:]:  # workers: the master's instance has no first-boot script
                     if node.name in due:
                         _authorize_cluster_key(after, node, user, progress)
+                        if console_delay:  # before the group's record shows the new machine
+                            hold_console(node)
+                            held[node.name] = (time.time() + console_delay, node)
                 for n in due:
                     down_since.pop(n, None)
                 write_group(after, {n.name: True for n in after.nodes}, delay)
         time.sleep(POLL_S)
 
 
-def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None) -> int:
+def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None, console_delay: float = 0.0) -> int:
     """Start the keeper detached from this process (its own session; its log beside the state file)."""
     from node_setup.controller import PROJECT_ROOT
 
     local_cluster.stop_keeper(paths)
     with open(paths.cluster_dir / "keeper.log", "ab") as log:
-        argv = [sys.executable, "-m", local_cluster.system.KEEPER_MODULE, paths.name, f"{delay:g}"]
+        argv = [sys.executable, "-m", local_cluster.system.KEEPER_MODULE, paths.name, f"{delay:g}",
+                f"{console_delay:g}"]
         process = subprocess.Popen(argv,
                                    cwd=str(PROJECT_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                    start_new_session=True, env=env)
@@ -160,8 +220,9 @@ def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None
 
 def main(argv: list[str]) -> int:
     name, delay = argv[0], validate_delay(argv[1])
+    console_delay = validate_console_delay(argv[2]) if len(argv) > 2 else 0.0
     local_state.validate_name(name)
-    keep(name, delay, progress=lambda line: print(line, flush=True))
+    keep(name, delay, console_delay=console_delay, progress=lambda line: print(line, flush=True))
     return 0
 
 

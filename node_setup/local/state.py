@@ -69,6 +69,7 @@ NODE_INTERFACE = "eth0"  # the node's end of its veth, inside its namespace
 # The group keeper's files (node_setup/local/keeper.py): its record of the group, in the data directory
 # (node_setup/backends/local.py reads it on the master), and its pid, in the cluster's config directory.
 GROUP_FILE = "group.json"
+HANDBACK_PREFIX = "handback-"  # + an instance id: a worker the supervisor hands back to the keeper
 KEEPER_PID_FILE = "keeper.pid"
 
 

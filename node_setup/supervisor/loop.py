@@ -9,9 +9,11 @@ The order (every decision is cluster/run/supervision.py's or cluster/run/recover
    master's notice ends the run as MASTER_LOST (the controller continues it with
    `fab train --managed --resume` once the master is back);
 3. replacements awaited up to --wait-for-capacity: a member of the group in the lost node's slot,
-   another instance, whose presented host key its console lists (a wait while the console lists
-   none yet, a refusal for none by the deadline or another key), then admitted (known_hosts, the
-   software check, the job's preparation);
+   another instance, whose presented host key its console lists (a wait while it presents none or
+   the console lists none yet, for as long as its type boots and the recovery waits; a refusal for
+   none by then or another key), then admitted (known_hosts, the software check, the job's
+   preparation). A replacement refused or not admitted is handed back to the group (`hand_back`:
+   terminated through it, so that it launches another, not left billing idle), one line saying why;
 4. relaunched with --resume from the newest checkpoint every rank can read, on the full set, or on
    at least --min-nodes survivors with the global batch kept; a replacement that arrives later
    joins at the next checkpoint (the job is stopped after it and relaunched on the full set);
@@ -20,7 +22,7 @@ The order (every decision is cluster/run/supervision.py's or cluster/run/recover
 
 The collaborators are passed in, so the tests drive this loop in-process with a fake backend
 (tests/unit/test_supervisor.py): `backend` (cluster/backend.py's MachineGroup, the kind's from
-node_setup/backends/: members, instance state, console), `nodes` (probe, host key, admit), `job`
+node_setup/backends/: members, instance state, console, hand back), `nodes` (probe, host key, admit), `job`
 (launch, outcome, stop, checkpoint, summary, finish) and `store` (the run's files: log lines, state,
 records, stop request).
 """
@@ -71,8 +73,9 @@ class Supervisor:
     members: dict[str, Member] = field(default_factory=dict)
     current: list[str] = field(default_factory=list)
     pending: dict[str, str] = field(default_factory=dict)  # slot -> the lost instance id
-    refused: set[str] = field(default_factory=set)  # instance ids whose host key was refused
+    refused: set[str] = field(default_factory=set)  # instance ids refused and handed back to the group
     first_seen: dict[str, float] = field(default_factory=dict)  # instance id -> when first seen
+    awaited: set[str] = field(default_factory=set)  # instance ids said to be awaited (their boot)
     verified: dict[str, str] = field(default_factory=dict)  # slot -> the verified key line, this recovery
     admitted: dict[str, Member] = field(default_factory=dict)  # replacements ready to join
     records: list[dict] = field(default_factory=list)
@@ -278,18 +281,23 @@ class Supervisor:
                 if found is None or found.instance_id in self.refused:
                     continue
                 first = self.first_seen.setdefault(found.instance_id, self.clock())
+                wait_s = sv.replacement_wait_s(found, recovery_left_s=deadline - first)
                 verdict = sv.host_key_verdict(found, self.nodes.host_key(found), self.backend.console(found),
-                                              waited_s=self.clock() - first)
+                                              waited_s=self.clock() - first, wait_s=wait_s)
                 if verdict.outcome == "wait":
+                    if found.instance_id not in self.awaited:
+                        self.awaited.add(found.instance_id)
+                        self.say(f"{verdict.line}: awaited up to {wait_s:g} s (its instance type's boot"
+                                 + (", or the recovery's wait" if wait_s > sv.replacement_wait_s(found) else "")
+                                 + ")")
+                    continue
+                if not verdict.verified:
+                    self._hand_back(found, verdict.line)
                     continue
                 self.say(verdict.line)
-                if not verdict.verified:
-                    self.refused.add(found.instance_id)
-                    continue
                 problem = self.nodes.admit(found, verdict.key)
                 if problem:
-                    self.say(f"{name} ({found.instance_id}): not ready ({problem}); leaving it out")
-                    self.refused.add(found.instance_id)
+                    self._hand_back(found, f"{name} ({found.instance_id}): not ready ({problem})")
                     continue
                 self.verified[name] = f"{verdict.key.split()[0]} {sv.fingerprint(verdict.key.split()[1])}"
                 self.admitted[name] = found
@@ -298,6 +306,12 @@ class Supervisor:
             if done or not block or self.clock() >= deadline:
                 return done
             self.sleep(self.spec.poll_s)
+
+    def _hand_back(self, member: Member, why: str) -> None:
+        """A replacement that cannot join: never considered again, and handed back to the group (which
+        launches another in its slot) rather than left running idle, billed; one line says why and what."""
+        self.refused.add(member.instance_id)
+        self.say(f"{why}; {self.backend.hand_back(member)}")
 
     def _join_admitted(self) -> list[str]:
         joined = []

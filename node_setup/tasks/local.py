@@ -32,9 +32,12 @@ def _name_flag(name: str) -> str:
     "link_delay_ms": "with --link-mbit: also delay each node's packets by D ms (netem)",
     "keeper_delay": "start the group keeper: a node that goes down comes back as a new machine after this long, "
                     "e.g. 30s, as an Auto Scaling group replaces a worker (0, the default: no keeper)",
-}, kinds={"keeper-delay": duration_or_off})
+    "keeper_console_delay": "with --keeper-delay: each worker the keeper brings back lists its host keys on its "
+                            "console only this long after, e.g. 10m, as a metal instance's long boot does "
+                            "(0, the default: at once)",
+}, kinds={"keeper-delay": duration_or_off, "keeper-console-delay": duration_or_off})
 def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhouse=local_state.DEFAULT_WHEELHOUSE,
-             link_mbit=0.0, link_delay_ms=0.0, keeper_delay=0.0):
+             link_mbit=0.0, link_delay_ms=0.0, keeper_delay=0.0, keeper_console_delay=0.0):
     """Start N local nodes (own network namespace, hostname, /root, sshd and metadata service each); Linux, root.
 
     Run again on a cluster with nodes down (`fab local-reclaim`) or missing, it brings them back as
@@ -44,13 +47,18 @@ def local_up(c, nodes=3, name=local_state.DEFAULT_NAME, replace=False, wheelhous
 
     try:
         delay = keeper.validate_delay(keeper_delay)
+        console_delay = keeper.validate_console_delay(keeper_console_delay)
+        if console_delay and not delay:
+            raise local_state.LocalClusterError(f"--keeper-console-delay: {console_delay:g} s given without "
+                                                "--keeper-delay; allowed only with the keeper, e.g. --keeper-delay 30s")
         state = local_cluster.create(nodes, name, replace=replace, wheelhouse=wheelhouse or None, progress=_progress,
                                      link_mbit=link_mbit, link_delay_ms=link_delay_ms)
     except local_state.LocalClusterError as exc:
         raise fail(str(exc)) from None
     if delay:
-        pid = keeper.start(local_state.paths_for(name), delay)
-        _progress(f"group keeper (pid {pid}): a node that goes down comes back as a new machine after {delay:g} s")
+        pid = keeper.start(local_state.paths_for(name), delay, console_delay=console_delay)
+        _progress(f"group keeper (pid {pid}): a node that goes down comes back as a new machine after {delay:g} s"
+                  + (f", its console's host keys {console_delay:g} s later" if console_delay else ""))
     target = _target(name)
     print("\nnodes: " + ", ".join(f"{n.name} {n.address}" for n in state.nodes))
     print(f"controller key: {state.key_path}")

@@ -95,19 +95,23 @@ def test_the_workers_profile_holds_the_bucket_alone_and_the_master_its_own(harne
         assert at_boot and all(p.urn in profile.dependencies for p in at_boot), kind
 
 
-def test_the_master_may_set_its_worker_group_to_zero_and_to_nothing_else(harness):
+def test_the_master_may_set_its_worker_group_to_zero_and_hand_back_one_of_its_workers_and_nothing_else(harness):
     harness.run(minimal_config())
     monitor = harness.monitor
     (group,) = monitor.of_type(GROUP)
     _, _, policies = _roles(monitor)["master"]
     (policy,) = [p for p in policies if p.name.endswith("-worker-group")]
-    (statement,) = json.loads(policy.inputs["policy"])["Statement"]
+    statement, hand_back = json.loads(policy.inputs["policy"])["Statement"]
     # Both sizes of the request must be 0 (a request without one fails NumericEquals), so the desired
     # capacity, which AWS keeps between them, is 0 too: no request can start, add or keep a worker.
     assert statement == {"Sid": "StopOwnWorkerGroup", "Effect": "Allow",
                          "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group.state["arn"],
                          "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}}}
     assert group.urn in policy.dependencies and "*" not in statement["Resource"]
+    # The supervisor's hand-back of a replacement it cannot admit, on this group alone (min = max = desired,
+    # so AWS refuses a call that would lower the group's size: another worker comes instead).
+    assert hand_back == {"Sid": "HandBackOwnWorker", "Effect": "Allow",
+                         "Action": ["autoscaling:TerminateInstanceInAutoScalingGroup"], "Resource": group.state["arn"]}
 
 
 def test_docs_security_states_what_each_role_allows_as_the_program_builds_it(harness):

@@ -1,7 +1,8 @@
 """A supervised run on a 3-node local cluster with its group keeper: `fab train --managed --detach`
 returns at once and no fab is left running; node2 is reclaimed with a notice, later node1 is lost
-without one; the supervisor on the master gets each replacement from the keeper, verifies its host
-key from its console, and the run completes its full step count with two recoveries in
+without one; the supervisor on the master gets each replacement from the keeper, waits for its console's
+host keys (the keeper holds them back KEEPER_CONSOLE_DELAY_S, as a metal instance's boot lists them late),
+verifies its host key from its console, and the run completes its full step count with two recoveries in
 summary.json; `fab status --json` reports it completed. On the way: a machine shared with another
 checkout (this run's cluster recorded as that checkout's while it trains: left alone by this
 checkout's local-up and local-down, while a cluster of its own is torn down beside it), and the
@@ -35,6 +36,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 800
 KEEPER_DELAY_S = 10
+KEEPER_CONSOLE_DELAY_S = 15  # a replacement's console lists its host keys late, as a metal boot's does
 ELSEWHERE = "/srv/alice/xeon-cluster"  # another checkout, as a cluster's owner record names it
 
 
@@ -54,7 +56,7 @@ def cluster(local_cluster_factory):
     made = local_cluster_factory(3)
     setup = fab(made, "setup", "--cluster", f"local:{made.name}", timeout=900)
     assert setup.returncode == 0, setup.stdout[-2000:] + setup.stderr
-    keeper.start(made.paths, KEEPER_DELAY_S, env=made.env())
+    keeper.start(made.paths, KEEPER_DELAY_S, env=made.env(), console_delay=KEEPER_CONSOLE_DELAY_S)
     yield made
     made.destroy()  # ends the keeper too (its recorded pid)
 
@@ -199,6 +201,9 @@ def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path, lo
     assert len(started) == 3, whole.stdout[-3000:]
     for begin, end in zip(started, started[1:] + [len(lines)]):  # each job's own log after its start line
         assert any(line.startswith("[node") for line in lines[begin:end]), lines[begin:begin + 5]
-    assert any("verified from its console" in line for line in lines[started[0]:started[1]])
+    recovery = lines[started[0]:started[1]]
+    awaited = [i for i, line in enumerate(recovery) if "no host key fingerprints yet: awaited up to" in line]
+    verified = [i for i, line in enumerate(recovery) if "verified from its console" in line]
+    assert awaited and verified and awaited[0] < verified[0], recovery  # waited for the held console, then joined
     assert lines[-1] == f"run {run_id}: {sv.COMPLETED}"
     shutil.rmtree(out, ignore_errors=True)

@@ -65,6 +65,8 @@ class FakeCluster:
         self.admitted: list[str] = []
         self.next_job_ends = [(100.0, 0)]  # (seconds after launch, exit code) for each launch in turn
         self.replaceable = True  # whether the group can replace a lost machine at all
+        self.handed_back: list[str] = []  # instance ids the supervisor handed back to the group
+        self.after_hand_back = None  # an event the group makes happen a minute after a hand-back
 
     # the clock
     def clock(self) -> float:
@@ -169,12 +171,21 @@ class FakeBackend:
     def replaces_lost(self) -> bool:
         return self.fake.replaceable
 
+    def hand_back(self, member: Member) -> str:
+        """The group terminates it (its state) and, with `after_hand_back`, launches another a minute later."""
+        self.fake.handed_back.append(member.instance_id)
+        self.fake.states[member.instance_id] = "terminated"
+        if self.fake.after_hand_back:
+            self.fake.events = sorted(self.fake.events + [(self.fake.now + 60, self.fake.after_hand_back)],
+                                      key=lambda e: e[0])
+        return "handed back: terminated through the group, which launches another"
+
 
 def test_the_fake_backend_implements_every_operation_of_the_protocol():
     from cluster.backend import MachineGroup
 
     wanted = {n for n in vars(MachineGroup) if not n.startswith("_")}
-    assert wanted == {"members", "instance_state", "console", "replaces_lost"}
+    assert wanted == {"members", "instance_state", "console", "replaces_lost", "hand_back"}
     assert all(callable(getattr(FakeBackend, n, None)) for n in wanted)
 
 
@@ -200,16 +211,24 @@ def silent(name):
     return lambda f: f.silent.add(f.members[name].instance_id)
 
 
-def replaced(name, *, console=True, presented=None):
+def replaced(name, *, console=True, presented=None, instance_type=""):
     def act(f):
         old = f.members[name]
-        new = Member(name, old.address, f"i-{len(f.states) + 100:016x}")
+        new = Member(name, old.address, f"i-{len(f.states) + 100:016x}", instance_type=instance_type)
         key = new_key()
         f.members[name] = new
         f.states[new.instance_id] = "running"
         f.keys[new.instance_id] = presented or key
         if console:
             f.consoles[new.instance_id] = console_of(key)
+    return act
+
+
+def console_shown(name):
+    """The replacement in `name`'s slot prints its host keys on its console now (the end of its boot)."""
+    def act(f):
+        member = f.members[name]
+        f.consoles[member.instance_id] = console_of(f.keys[member.instance_id])
     return act
 
 
@@ -294,15 +313,61 @@ def test_master_notice_ends_the_run_in_a_state_the_controller_can_finish():
     assert len(fake.launches) == 1
 
 
-def test_console_without_fingerprints_is_waited_for_then_refused():
-    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")), (40, replaced("node2", console=False))])
-    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+def test_console_without_fingerprints_is_waited_for_then_refused_and_handed_back():
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")),
+                        (40, replaced("node2", console=False, instance_type="r7iz.metal-16xl"))])
+    fake.next_job_ends = [(15.0, 75), (4000.0, 0)]
     assert supervise(fake, wait=900.0, min_nodes=2) == sv.COMPLETED
-    refusals = [line for line in fake.lines if "refused" in line]
-    assert len(refusals) == 1 and "listed no host key fingerprints" in refusals[0]
-    assert fake.admitted == []
     assert fake.launches[1][0] == ["node0", "node1"]
     assert fake.finished[0]["seconds_waiting"] >= 900 - 15  # the whole wait: nothing usable came
+    # refused only once the metal type's boot is over (2400 s after it came), then handed back to the group
+    refusals = [line for line in fake.lines if "refused" in line]
+    assert len(refusals) == 1 and "listed no host key fingerprints in 2400 s" in refusals[0]
+    assert "handed back: terminated through the group" in refusals[0]
+    assert fake.admitted == [] and len(fake.handed_back) == 1
+
+
+def test_a_metal_replacement_is_awaited_as_long_as_it_boots_and_joins_when_its_console_lists_its_keys():
+    """A metal worker's console lists its host keys only at the end of a boot that can take over 20 minutes:
+    the survivors go on after --wait-for-capacity, and the replacement joins at the next checkpoint once its
+    keys are there (refused after 300 s before, and left running, billed, for the rest of the run)."""
+    def later_checkpoint(f):
+        f.checkpoint = 40
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")),
+                        (60, replaced("node2", console=False, instance_type="r7iz.metal-16xl")),
+                        (1260, console_shown("node2")), (1300, later_checkpoint)])
+    fake.next_job_ends = [(15.0, 75), (10_000.0, 0), (100.0, 0)]
+    assert supervise(fake, wait=600.0, min_nodes=2) == sv.COMPLETED
+    assert [n for n, _, _ in fake.launches] == [["node0", "node1", "node2"], ["node0", "node1"],
+                                                ["node0", "node1", "node2"]]
+    assert not any("refused" in line for line in fake.lines) and fake.handed_back == []
+    assert any("awaited up to 2400 s" in line for line in fake.lines), fake.lines
+    assert fake.finished[-1]["cause"] == "grown back" and fake.finished[-1]["host_keys"]["node2"]
+
+
+def test_no_fingerprints_yet_is_awaited_until_wait_for_capacity_runs_out():
+    """--min-nodes 3: the run waits for its replacement as long as --wait-for-capacity allows, longer than
+    the type's boot (c6i.16xlarge: 15 minutes), rather than refuse it and stop with too few nodes."""
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")),
+                        (40, replaced("node2", console=False, instance_type="c6i.16xlarge")),
+                        (1500, console_shown("node2"))])
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    assert supervise(fake, wait=2000.0, min_nodes=3) == sv.COMPLETED
+    assert fake.launches[1][0] == ["node0", "node1", "node2"] and fake.handed_back == []
+    assert any("awaited up to 1975 s (its instance type's boot, or the recovery's wait)" in line
+               for line in fake.lines), fake.lines
+
+
+def test_a_replacement_that_cannot_be_admitted_is_handed_back_and_the_next_one_joins():
+    fake = FakeCluster([(10, notice("node2")), (20, gone("node2")), (40, replaced("node2", presented=new_key()))])
+    fake.after_hand_back = replaced("node2")  # the group launches another: this one's console is right
+    fake.next_job_ends = [(15.0, 75), (100.0, 0)]
+    assert supervise(fake, wait=600.0, min_nodes=3) == sv.COMPLETED
+    (refusal,) = [line for line in fake.lines if "refused" in line]
+    assert "but its console lists SHA256:" in refusal and refusal.endswith(
+        "; handed back: terminated through the group, which launches another")
+    assert len(fake.handed_back) == 1 and fake.launches[1][0] == ["node0", "node1", "node2"]
+    assert fake.finished[0]["host_keys"]["node2"].startswith("ssh-ed25519 SHA256:")
 
 
 def test_changed_key_is_refused_at_once():
@@ -334,7 +399,12 @@ def test_key_verdict_waits_while_time_is_left(presented, console, outcome):
     member = Member("node1", "10.0.0.3", "i-00000000000000aa")
     key = new_key() if presented else None
     assert sv.host_key_verdict(member, key, console, waited_s=1).outcome == outcome
-    assert sv.host_key_verdict(member, key, console, waited_s=sv.CONSOLE_WAIT_S).outcome == "refused"
+    assert sv.host_key_verdict(member, key, console, waited_s=sv.replacement_wait_s(member)).outcome == "refused"
+    # a type's boot: metal (and a type not known) 40 minutes, others 15; longer while a recovery waits
+    assert sv.replacement_wait_s(member) == sv.replacement_wait_s(
+        Member("node1", "10.0.0.3", "i-00000000000000aa", instance_type="r7iz.metal-16xl")) == 2400
+    assert sv.replacement_wait_s(Member("node1", "10.0.0.3", "i-0a", instance_type="c6i.16xlarge")) == 900
+    assert sv.replacement_wait_s(member, recovery_left_s=3000) == 3000
 
 
 def test_a_job_that_ended_75_lost_its_node_to_a_notice_even_when_no_probe_read_it():
