@@ -46,13 +46,13 @@ def _volume(volume: k8s.Volume):
     return k.V1Volume(name=volume.name, empty_dir=k.V1EmptyDirVolumeSource())
 
 
-def _pod_parts(pod: PodPlan, workdir_items: bool = True) -> dict[str, Any]:
+def _pod_parts(pod: PodPlan) -> dict[str, Any]:
     """The kubernetes models of the pod both APIs run: volumes, mounts, resources, environment."""
     from kubernetes import client as k
 
     quantities = {"cpu": pod.resources.cpu, "memory": pod.resources.memory}
     volumes = [_volume(v) for v in pod.volumes]
-    if pod.workdir is not None and workdir_items:
+    if pod.workdir is not None:
         source = next(v.config_map for v in volumes if v.config_map is not None)
         source.items = [k.V1KeyToPath(key=key, path=path, mode=mode) for key, path, mode in pod.workdir.items]
     return dict(

@@ -341,7 +341,6 @@ class PodPlan:
     volumes: tuple[Volume, ...]
     prepare: str = ""  # shell run in SCRATCH_MOUNT before torchrun in every pod: the demo's data, the workdir's copy
     workdir: WorkdirConfigMap | None = None
-    user: UserProgram | None = None
 
     @property
     def pvc(self) -> str | None:
@@ -371,7 +370,7 @@ def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...
     pvc = check_pvc(pvc) if pvc else None
     env_given = check_env(dict(extra_env or {}))
     if (user is None) != (copy is None):
-        raise K8sJobError("--script/--module: your program needs its workdir's copy plan (and only it has one)")
+        raise K8sJobError("--script/--module: your program and its workdir's copy plan come together")
     resources = pod_resources(instance_type(instance), cores)
     prof = get_profile(profile)
     venv = venv_dir(prof)
@@ -407,7 +406,7 @@ def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...
     env = {**torchrun_env(layout, env_given), "HF_HOME": HF_HOME, **own_env}
     return PodPlan(image=image, resources=resources, layout=layout, torchrun=f"{venv}/bin/torchrun", program=program,
                    env=env, working_dir=working_dir, output_dir=output_dir, volumes=tuple(volumes), prepare=prepare,
-                   workdir=workdir, user=user)
+                   workdir=workdir)
 
 
 @dataclass(frozen=True)

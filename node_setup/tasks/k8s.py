@@ -126,11 +126,12 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
     try:
         k8s.check_api(api)
         user = copy = demo = None
-        args_ = []
+        training_args: list[str] = []
         if script or module:
             conflicting_builtin_options(dict(zip(BUILTIN_ONLY, (
                 task, model, dataset, dataset_config, train_file, validation_file, given(epochs), given(batch_size),
-                given(max_steps), bf16 != "auto", given(checkpoint_every), checkpoint_uri, False, examples))))
+                given(max_steps), bf16 != "auto", given(checkpoint_every), checkpoint_uri, False,
+                given(synthetic_examples)))))
             user, copy = own_program(script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir)
         else:
             if examples is not None:
@@ -141,10 +142,11 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
                 options.update(demo.options)
                 epochs, batch_size = epochs or SYNTHETIC_EPOCHS, batch_size or SYNTHETIC_BATCH_SIZE
                 extra = f"{demo.recommended} {extra}".strip()
-            args_ = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None, bf16=bf16,
-                                       checkpoint_minutes=_minutes(checkpoint_every),
-                                       checkpoint_uri=checkpoint_uri, max_steps=max_steps or None, extra=extra)
-        common = dict(image=image, nodes=nodes, training_args=args_, name=name, namespace=namespace,
+            training_args = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None,
+                                               bf16=bf16, checkpoint_minutes=_minutes(checkpoint_every),
+                                               checkpoint_uri=checkpoint_uri, max_steps=max_steps or None,
+                                               extra=extra)
+        common = dict(image=image, nodes=nodes, training_args=training_args, name=name, namespace=namespace,
                       instance=instance_type, profile=profile, synthetic=demo, cores=cores or None,
                       ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
                       ccl_workers=ccl_workers if given(ccl_workers) else None, pvc=pvc or None,
