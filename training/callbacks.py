@@ -21,12 +21,14 @@ import time
 from transformers import TrainerCallback
 
 from training import checkpoint_s3, checkpoints, distributed
+from xeon_cluster.progress import ProgressRecorder
 
 log = logging.getLogger(__name__)
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of every optimizer step (between consecutive step ends, data loading included)."""
+    """Wall time of every optimizer step (between consecutive step ends, data loading included), and the
+    job's progress record that `fab status` reads (xeon_cluster/progress.py: rank 0 writes it)."""
 
     def __init__(self):
         self.train_begin: float | None = None
@@ -34,10 +36,13 @@ class StepTimer(TrainerCallback):
         self.last_step_end: float | None = None
         self.step_seconds: list[float] = []
         self.start_step = 0
+        self.progress: ProgressRecorder | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_begin = time.time()
         self.start_step = state.global_step
+        batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        self.progress = ProgressRecorder(state.max_steps or None, batch, args.output_dir)
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.time()
@@ -47,6 +52,12 @@ class StepTimer(TrainerCallback):
         if self.first_step_end is None:
             self.first_step_end = now
             self.start_step = state.global_step - 1
+        if self.progress is not None:
+            self.progress.step(state.global_step, state.max_steps or None)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.finish()
 
 
 class SpotCheckpointCallback(TrainerCallback):

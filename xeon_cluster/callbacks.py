@@ -1,7 +1,8 @@
-"""A Hugging Face `Trainer` callback that saves a checkpoint and stops on a spot interruption notice.
+"""Hugging Face `Trainer` callbacks: a checkpoint and a stop on a spot interruption notice, and the progress
+record `fab status` shows (step out of total, samples per second, time left).
 
-    from xeon_cluster.callbacks import SpotNoticeCallback
-    trainer = Trainer(..., callbacks=[SpotNoticeCallback()])
+    from xeon_cluster.callbacks import ProgressCallback, SpotNoticeCallback
+    trainer = Trainer(..., callbacks=[SpotNoticeCallback(), ProgressCallback()])
 
 On a notice (the node's watcher signals the rank with the signal the launch configured,
 XEON_CLUSTER_NOTICE_SIGNAL, or the notice file appears) the callback asks
@@ -18,6 +19,7 @@ import signal
 from transformers import TrainerCallback
 
 from xeon_cluster import NO_SIGNAL, notice, notice_signal
+from xeon_cluster.progress import ProgressRecorder
 
 
 class SpotNoticeCallback(TrainerCallback):
@@ -56,3 +58,24 @@ class SpotNoticeCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+class ProgressCallback(TrainerCallback):
+    """Rank 0 keeps <output dir>/progress.json current (xeon_cluster/progress.py): the Trainer's step, its
+    max_steps and the samples of one step (the global batch)."""
+
+    def __init__(self, directory: str | None = None):
+        self.directory = directory
+        self.recorder: ProgressRecorder | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        self.recorder = ProgressRecorder(state.max_steps or None, batch, self.directory or args.output_dir)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.recorder is not None:
+            self.recorder.step(state.global_step, state.max_steps or None)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.recorder is not None:
+            self.recorder.finish()

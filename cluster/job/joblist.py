@@ -1,26 +1,38 @@
-"""`fab jobs`: the master's job records (cluster/shell/job-list.sh's answer) as rows, newest first.
+"""`fab jobs`: the master's job records (cluster/shell/job-list.sh's JSON answer) as rows, newest first.
 
-Pure: `parse(text)` reads the one answer the master gave, `table(rows)` and `as_json(rows)` show
-it. A record that is missing or malformed (no job.json, a job.json that is not a JSON object, a
-field of the wrong type, an exit code that is no number) shows as "unknown", never an exception.
+Pure. Everything here was read from a node, so nothing is trusted: `parse(answer, node)` decodes the one
+JSON answer the master gave and checks every record (`job_record` checks a job.json, which
+node_setup/ssh/job.py's read_metadata uses too); a record that is malformed (a job.json that is not JSON,
+not an object or has a field of the wrong type, an exit code that is no number) is one line naming the
+node and the file, and its row shows what could be read ("unknown" for the rest), never an exception.
+`table(rows)` and `as_json(rows)` show the rows; every text in the table goes through cluster/names.py's
+`printable` (no escape sequence or control character from a node reaches the terminal).
 
 States: running, completed (exit code 0), failed (another code), interrupted (the code of a spot
-reclaim: training/exit_codes.py INTERRUPTED), stopped (`fab stop` ended it) and unknown (the job
-script is gone without an exit code, e.g. the master restarted, or its records cannot be read).
+reclaim: training/exit_codes.py INTERRUPTED), stopped (`fab stop` ended it; its exit code is the
+launcher's, once it returned) and unknown (the job script is gone without an exit code, e.g. the master
+restarted, or its records cannot be read).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import calendar
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
+from cluster.job.launch import JOBS_DIR, LAUNCHERS
+from cluster.names import printable
+from xeon_cluster import run as runner
 
 INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 UNKNOWN = "unknown"
 STATES = ("running", "completed", "failed", "interrupted", "stopped", UNKNOWN)
+_MASTER_STATES = ("running", "stopped", "exited", "lost")  # what job-list.sh says of a job
 
 
 @dataclass(frozen=True)
@@ -34,9 +46,12 @@ class JobRow:
     exit_code: int | None
     output_dir: str | None
     launcher: str | None
+    program: str | None = None  # "built-in qa", "script train.py", "module pkg.train"
+    checkpoint_uri: str | None = None  # where the built-in job uploads its checkpoints
+    master: str | None = None  # the master that held its records (the job history: cluster/job/jobhistory.py)
 
 
-def _epoch(stamp) -> int | None:
+def epoch(stamp) -> int | None:
     if not isinstance(stamp, str):
         return None
     try:
@@ -47,73 +62,132 @@ def _epoch(stamp) -> int | None:
 
 def _int(text) -> int | None:
     text = str(text).strip()
-    return int(text) if text.lstrip("-").isdigit() else None
+    return int(text) if text.lstrip("-").isdigit() and len(text) < 12 else None
 
 
 def _count(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _row(job_id: str, lines: list[str], meta_text: str, now: int | None) -> JobRow:
-    fields = dict(line.partition(" ")[::2] for line in lines)
-    state, code = UNKNOWN, None
-    if "running" in fields:
-        state = "running"
-    elif "stopped" in fields:
-        state = "stopped"
-    elif "exited" in fields:
-        code = _int(fields["exited"])
-        if code is not None:
-            state = "completed" if code == 0 else "interrupted" if code == INTERRUPTED_CODE else "failed"
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# job.json's fields that fab reads, and what each must be.
+_CHECKS = {
+    "started": (lambda v: epoch(v) is not None, "a time such as 2026-01-02T03:04:05Z"),
+    "hosts": (lambda v: _strings(v) and bool(v), "a list of node names"),
+    "rank_hosts": (_strings, "a list of node names"),
+    "world_size": (lambda v: _count(v) is not None, "a whole number"),
+    "output_dir": (lambda v: isinstance(v, str) and bool(v), "a path"),
+    "launcher": (lambda v: v in LAUNCHERS, f"one of {', '.join(LAUNCHERS)}"),
+    "program": (_strings, "a command line (a list of words)"),
+    "training_args": (_strings, "a command line (a list of words)"),
+    "supervised_run": (lambda v: isinstance(v, str), "a run id"),
+}
+
+
+def job_file(job_id: str, name: str = "job.json") -> str:
+    """A file of the job's directory on the master, as a line names it."""
+    return f"~/{JOBS_DIR}/{job_id}/{name}"
+
+
+def job_record(text: str | None, where: str) -> tuple[dict, str | None]:
+    """A job.json's fields, checked: (every field, those fab reads only when they are what they must be; the
+    first problem as one line naming `where`, or None). Missing text is no problem (an empty record)."""
+    if text is None or not text.strip():
+        return {}, None
     try:
-        meta = json.loads(meta_text) if meta_text.strip() else {}
-    except ValueError:
-        meta = {}
-    if not isinstance(meta, dict):
-        meta = {}
-    started = meta.get("started") if _epoch(meta.get("started")) is not None else None
-    start = _epoch(started)
-    end = now if state == "running" else _int(fields.get("ended", ""))
+        value = json.loads(text)
+    except ValueError as exc:
+        return {}, f"{where}: not JSON ({exc})"
+    if not isinstance(value, dict):
+        return {}, f"{where}: not a JSON object"
+    problem = None
+    for key, (check, allowed) in _CHECKS.items():
+        if key in value and not check(value[key]):
+            problem = problem or f"{where}: {key} is {printable(repr(value[key]))[:60]}, not {allowed}"
+            del value[key]
+    return value, problem
+
+
+def program_of(record: dict) -> str | None:
+    """What the job ran, in a few words: the built-in job and its task, or your script or module."""
+    program = record.get("program")
+    if program:
+        for option in (runner.SCRIPT_OPTION, runner.MODULE_OPTION):
+            if option in program[:-1]:
+                return f"{option.lstrip('-')} {program[program.index(option) + 1]}"
+        return "your program"
+    args = record.get("training_args")
+    if args is None:
+        return None
+    task = args[args.index("--task") + 1] if "--task" in args[:-1] else None
+    return f"built-in {task}" if task else "built-in"
+
+
+def _setting(args, name: str) -> str | None:
+    return args[args.index(name) + 1] if isinstance(args, list) and name in args[:-1] else None
+
+
+def _decoded(value, field: str, where: str, problems: list[str]) -> str | None:
+    if value in (None, ""):
+        return None
+    try:
+        return base64.b64decode(str(value), validate=True).decode("utf-8", errors="replace")
+    except (binascii.Error, ValueError):
+        problems.append(f"{where}: its {field} is not what job-list.sh sends (base64)")
+        return None
+
+
+def _row(item: dict, now: int | None, node: str, problems: list[str]) -> JobRow | None:
+    job_id = item.get("id")
+    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+        problems.append(f"{node}: a job record with no job id ({printable(repr(job_id))[:40]}) left out")
+        return None
+    where = f"{node}: {job_file(job_id)}"
+    state, code = UNKNOWN, None
+    exit_text = _decoded(item.get("exit_code"), "exit_code", f"{node}: {job_file(job_id, 'exit_code')}", problems)
+    if exit_text is not None:
+        code = _int(exit_text.partition("\n")[0])
+        if code is None:
+            problems.append(f"{node}: {job_file(job_id, 'exit_code')}: {printable(exit_text)[:30]!r} is no exit code")
+    said = item.get("state")
+    if said == "running":
+        state = "running"
+    elif said == "stopped":
+        state = "stopped"
+    elif said == "exited" and code is not None:
+        state = "completed" if code == 0 else "interrupted" if code == INTERRUPTED_CODE else "failed"
+    elif said not in _MASTER_STATES:
+        problems.append(f"{where}: state {printable(repr(said))[:30]} is not one job-list.sh says")
+    meta, problem = job_record(_decoded(item.get("job_json"), "job.json", where, problems), where)
+    if problem:
+        problems.append(problem)
+    start = epoch(meta.get("started"))
+    ended = _count(item.get("ended"))
+    end = now if state == "running" else ended
     duration = end - start if start is not None and end is not None and end >= start else None
-    hosts = meta.get("hosts")
-    nodes = len(hosts) if isinstance(hosts, list) and hosts else None
-    output = meta.get("output_dir") if isinstance(meta.get("output_dir"), str) and meta.get("output_dir") else None
-    launcher = meta.get("launcher") if isinstance(meta.get("launcher"), str) else None
-    return JobRow(job_id, state, started, duration, nodes, _count(meta.get("world_size")), code, output, launcher)
+    return JobRow(job_id, state, meta.get("started"), duration, len(meta["hosts"]) if "hosts" in meta else None,
+                  meta.get("world_size"), None if state == "running" else code, meta.get("output_dir"),
+                  meta.get("launcher"), program_of(meta), _setting(meta.get("training_args"), "--checkpoint_uri"),
+                  node)
 
 
-def parse(text: str) -> list[JobRow]:
-    """The rows of job-list.sh's answer, newest first (job ids begin with their start time).
-
-    A directory whose name is no job id (cluster/job/jobplan.py JOB_ID_RE) is left out: no `fab train` made it.
-    """
-    now: int | None = None
-    rows: list[JobRow] = []
-    job_id: str | None = None
-    lines: list[str] = []
-    meta: list[str] = []
-    in_json = False
-
-    def flush():
-        if job_id is not None and JOB_ID_RE.match(job_id):
-            rows.append(_row(job_id, lines, "\n".join(meta), now))
-
-    for line in text.splitlines():
-        if line.startswith("@@job "):
-            flush()
-            job_id, lines, meta, in_json = line[6:].strip(), [], [], False
-        elif line == "@@json":
-            in_json = True
-        elif line == "@@end":
-            in_json = False
-        elif in_json:
-            meta.append(line)
-        elif job_id is None and line.startswith("now "):
-            now = _int(line[4:])
-        elif job_id is not None:
-            lines.append(line.strip())
-    flush()
-    return sorted(rows, key=lambda r: r.id, reverse=True)
+def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:
+    """(the rows of job-list.sh's answer from `node`, newest first (job ids begin with their start time); the
+    problems found, one line each, naming the node and the file)."""
+    try:
+        value = json.loads(answer)
+    except ValueError as exc:
+        return [], [f"{node}: the job list is not JSON ({exc}); is this project's job-list.sh what ran there?"]
+    if not isinstance(value, dict) or not isinstance(value.get("jobs"), list):
+        return [], [f"{node}: the job list is not the object job-list.sh writes"]
+    now = _count(value.get("now"))
+    problems: list[str] = []
+    rows = [row for item in value["jobs"] if isinstance(item, dict)
+            for row in [_row(item, now, node, problems)] if row is not None]
+    return sorted(rows, key=lambda r: r.id, reverse=True), problems
 
 
 def duration_text(seconds: int | None) -> str:
@@ -125,22 +199,31 @@ def duration_text(seconds: int | None) -> str:
 
 
 def _shown(value) -> str:
-    return UNKNOWN if value is None else str(value)
+    return UNKNOWN if value is None else printable(value)
 
 
-def table(rows: list[JobRow], cluster: str) -> str:
+def table(rows: list[JobRow], cluster: str, master: str | None = None) -> str:
+    """The rows as `fab jobs` prints them. A row from the job history whose records are not on `master`
+    (the master was replaced) says so in its output column."""
     if not rows:
-        return f"no job on cluster {cluster} yet (fab train starts one)"
+        return f"no job on cluster {printable(cluster)} yet (fab train starts one)"
+    width = max([len(_shown(r.program)) for r in rows] + [7])
     header = (f"  {'job':<20} {'state':<12} {'started (UTC)':<21} {'duration':<9} {'nodes':>5} {'ranks':>5} "
-              f"{'exit':>7}  output")
-    lines = [f"jobs on cluster {cluster}, newest first:", header]
+              f"{'exit':>7}  {'program':<{width}}  output")
+    lines = [f"jobs on cluster {printable(cluster)}, newest first:", header]
     for r in rows:
+        output = shown(printable(r.output_dir)) if r.output_dir else UNKNOWN
+        if master is not None and r.master not in (None, master):
+            output += f" (on {printable(r.master)}, a master since replaced: `fab get --job {r.id}` says where)"
         lines.append(f"  {r.id:<20} {r.state:<12} {_shown(r.started):<21} {duration_text(r.duration_s):<9} "
                      f"{_shown(r.nodes):>5} {_shown(r.ranks):>5} {_shown(r.exit_code):>7}  "
-                     f"{shown(r.output_dir) if r.output_dir else UNKNOWN}")
+                     f"{_shown(r.program):<{width}}  {output}")
     return "\n".join(lines)
 
 
-def as_json(rows: list[JobRow], cluster: str) -> str:
-    """One JSON object: the cluster and its jobs, newest first (null where a record is missing)."""
-    return json.dumps({"cluster": cluster, "jobs": [asdict(r) for r in rows]}, indent=2)
+def as_json(rows: list[JobRow], cluster: str, problems: Sequence[str] = ()) -> str:
+    """One JSON object: the cluster, its jobs, newest first (null where a record is missing), and the problems."""
+    return json.dumps({"cluster": cluster, "jobs": [asdict(r) for r in rows], "problems": list(problems)}, indent=2)
+
+
+ROW_FIELDS = tuple(f.name for f in fields(JobRow))

@@ -158,7 +158,8 @@ class LogAssembler:
                 continue
             if newline < 0:
                 cut = text.rfind("[", pos)
-                if self._source.mpi and cut >= 0 and (_OPEN_PREFIX.match(text, cut) or _JOB_LINE.startswith(text[cut:])):
+                if self._source.mpi and cut >= 0 and (_OPEN_PREFIX.match(text, cut)
+                                                      or _JOB_LINE.startswith(text[cut:])):
                     end = cut  # perhaps the next piece's start: decided with the next chunk
                     self._raw = text[cut:]
                 self._hold(text[pos:end])

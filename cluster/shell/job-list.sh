@@ -1,25 +1,36 @@
 #!/bin/sh
 # On the master, as `sh -c <this> xeon-cluster` (node_setup/ssh/job.py list_jobs): every job
-# directory's records in one answer, read by cluster/job/joblist.py. First "now <epoch seconds>", then
-# per job "@@job <id>", its state as job-state.sh says it ("running <pid>", "stopped <when>",
-# "exited <code>" or "lost"), "ended <epoch>" (when exit_code or stopped was written), its
-# job.json between "@@json" and "@@end".
+# directory's records as one JSON object, read by cluster/job/joblist.py:
+#   {"now": <epoch seconds>, "jobs": [{"id", "state", "pid", "ended", "stopped", "exit_code", "job_json"}, ...]}
+# "state" is running, stopped, exited or lost (as job-state.sh says it); "ended" the epoch seconds
+# when exit_code (else stopped) was written, or null; "stopped", "exit_code" and "job_json" are the
+# first bytes of those files in base64 ("" when there is none). Only a directory whose name can be a
+# job id is listed, so every value written here is digits, a fixed word or base64: whatever a file
+# holds, the answer stays JSON and one job's record cannot make another's.
 # Header: JOBS_DIR.
-echo "now $(date +%s)"
+digits() { head -c 32 "$1" 2>/dev/null | tr -cd 0-9; }
+b64() { if [ -f "$1" ]; then head -c "$2" "$1" | base64 | tr -d '\n'; fi; }
+printf '{"now": %s, "jobs": [' "$(date +%s)"
+sep=""
 for d in "$HOME/$JOBS_DIR"/*/; do
   d="${d%/}"; job="${d##*/}"
   if [ ! -d "$d" ] || [ -L "$d" ]; then continue; fi
-  echo "@@job $job"
-  pid=$(cat "$d/pid" 2>/dev/null)
-  if [ -n "$pid" ] && grep -qF "$job" "/proc/$pid/cmdline" 2>/dev/null; then echo "running $pid"
-  elif [ -f "$d/stopped" ]; then echo "stopped $(head -c 64 "$d/stopped" | head -n 1)"
-  elif [ -f "$d/exit_code" ]; then echo "exited $(head -c 64 "$d/exit_code" | head -n 1)"
-  else echo "lost"; fi
-  for f in "$d/stopped" "$d/exit_code"; do
-    if [ -f "$f" ]; then echo "ended $(date -r "$f" +%s 2>/dev/null)"; break; fi
+  case "$job" in
+    [0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9][0-9][0-9][0-9]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]) ;;
+    *) continue ;;
+  esac
+  pid=$(digits "$d/pid")
+  if [ -n "$pid" ] && grep -qF "$job" "/proc/$pid/cmdline" 2>/dev/null; then state=running
+  elif [ -f "$d/stopped" ]; then state=stopped
+  elif [ -f "$d/exit_code" ]; then state=exited
+  else state=lost; fi
+  ended=""
+  for f in "$d/exit_code" "$d/stopped"; do
+    if [ -f "$f" ]; then ended=$(date -r "$f" +%s 2>/dev/null | tr -cd 0-9); break; fi
   done
-  echo "@@json"
-  head -c 65536 "$d/job.json" 2>/dev/null
-  echo
-  echo "@@end"
+  printf '%s{"id": "%s", "state": "%s", "pid": "%s", "ended": %s, "stopped": "%s", "exit_code": "%s", "job_json": "%s"}' \
+    "$sep" "$job" "$state" "$pid" "${ended:-null}" "$(b64 "$d/stopped" 64)" "$(b64 "$d/exit_code" 64)" \
+    "$(b64 "$d/job.json" 65536)"
+  sep=", "
 done
+printf ']}\n'

@@ -27,6 +27,7 @@ echo "[xeon-cluster] job $XEON_CLUSTER_JOB started $(date -u +%Y-%m-%dT%H:%M:%SZ
 on_node() {
   if [ "$1" = 0 ]; then sh -c "$2"; else ssh -o BatchMode=yes -o ConnectTimeout=10 -- "${NODES[$1]}" "$2"; fi
 }
+trap ':' TERM  # `fab stop` ends the session: the nodes' codes are still collected and recorded (fab jobs)
 pids=()
 for i in "${!NODES[@]}"; do
   { on_node "$i" "${COMMANDS[$i]}" </dev/null 2>&1 | label "${NODES[$i]}"; exit "${PIPESTATUS[0]}"; } &

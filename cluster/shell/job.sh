@@ -38,6 +38,7 @@ if [ "$HYDRA_IFACE" = yes ] && [ -z "${I_MPI_HYDRA_IFACE:-}" ] && command -v ip 
 fi
 
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB started $(date -u +%Y-%m-%dT%H:%M:%SZ): $WORLD_SIZE ranks, $RANKS_PER_NODE per node, MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+trap ':' TERM  # `fab stop` ends the session: the launcher's code is still recorded (fab jobs shows it)
 "$@"
 code=$?
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB exited with code $code"

@@ -24,21 +24,18 @@ import sys
 import time
 from typing import Mapping, Sequence, TextIO
 
-from cluster.job import jobsummary
+from cluster.job import joblist, jobsummary
 from cluster import shell
 from cluster.job.jobplan import JOB_ID_RE, JobPlan, check_job_id
 from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
-                                  start_command)
+                                  prepare_command, start_command)
 from cluster.job.jobcommands import sh_command as _sh
 from cluster.job.logstream import LogAssembler, LogSink
 from cluster.job.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
-from cluster.node.profiles import get_profile, venv_dir
 from cluster.names import printable
-from cluster.node.setup_script import PROJECT_MARKER
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
-_INSTALLED = "xeon-cluster installed: "  # the line prepare_nodes starts each node's output with
 STOP_GRACE_SECONDS = 10
 POLL_SECONDS = 0.2  # how often the log stream checks for its end (and lets Ctrl-C in)
 # `--lines N` reads this many raw lines of the log's end per line shown, and this many more: a rank's line may
@@ -54,44 +51,14 @@ class JobError(RuntimeError):
 
 # The scripts are cluster/shell/job-*.sh, run as `sh -c SCRIPT xeon-cluster JOB [GRACE]`; those the
 # run supervisor runs too (ranks, stop, state) are cluster/job/jobcommands.py's.
-# On every node before a launch: the other jobs still running there (read by busy_jobs()).
-BUSY_SH = shell.render("job-busy.sh", {"JOBS_DIR": JOBS_DIR})
-_BUSY = "xeon-cluster busy: "  # the lines BUSY_SH prints, one per running job script or rank
 # On the master: every job's records in one answer (cluster/job/joblist.py reads it).
 LIST_SH = shell.render("job-list.sh", {"JOBS_DIR": JOBS_DIR})
 
 
-def prepare_nodes(conns: Mapping[str, object], plan: JobPlan, *, refuse_busy: bool = False) -> list[NodeOutcome]:
-    """Make the job directory on every node (also proves each node is reachable), run `prepare`.
-
-    In the same command each node says which xeon-cluster its venv holds (`installed_version`)
-    and, with `refuse_busy`, which other jobs still run there (`busy_jobs`): a node that runs one
-    stops before its job directory is made (its outcome fails, with the busy lines).
-    """
-    d = job_dir(plan.job_id)
-    marker = f"{venv_dir(get_profile(plan.inventory.profile))}/{PROJECT_MARKER}"
-    steps = [f'echo "{_INSTALLED}$(cat {shlex.quote(marker)} 2>/dev/null)"',
-             *([_sh(BUSY_SH, plan.job_id)] if refuse_busy else []),
-             f"mkdir -p {shlex.quote(d)}/ranks", *plan.prepare]
-    return on_nodes(conns, " && ".join(f"( {s} )" for s in steps))
-
-
-def busy_jobs(outcomes: Sequence[NodeOutcome]) -> dict[str, list[str]]:
-    """{other job id: ["node0 (job script)", "node1 (rank 1)", ...]} from `prepare_nodes(refuse_busy=True)`."""
-    found: dict[str, list[str]] = {}
-    for outcome in outcomes:
-        for line in outcome.detail.splitlines():
-            if _BUSY not in line:
-                continue
-            job_id, _, what = line.split(_BUSY, 1)[1].strip().partition(" ")
-            if JOB_ID_RE.match(job_id):
-                found.setdefault(job_id, []).append(f"{outcome.node} ({'job script' if what == 'script' else what})")
-    return found
-
-
-def remove_job_dir(conns: Mapping[str, object], job_id: str) -> list[NodeOutcome]:
-    """Remove a job's directory on every node (a launch refused after prepare_nodes made it on some)."""
-    return on_nodes(conns, f"rm -rf {shlex.quote(job_dir(check_job_id(job_id)))}", timeout=30)
+def prepare_nodes(conns: Mapping[str, object], plan: JobPlan) -> list[NodeOutcome]:
+    """`fab bench`'s preparation: the job directory on every node (also proves each node is reachable) and the
+    plan's `prepare` (cluster/job/jobcommands.py's prepare_command; fab train's jobs: node_setup/job_lifecycle/)."""
+    return on_nodes(conns, prepare_command(plan, refuse_busy=False))
 
 
 def list_jobs(master) -> str:
@@ -100,14 +67,6 @@ def list_jobs(master) -> str:
     if not result.ok:
         raise JobError(f"cannot list the jobs on the master: {(result.stdout + result.stderr).strip() or 'no answer'}")
     return result.stdout
-
-
-def installed_version(outcome: NodeOutcome) -> str:
-    """The xeon-cluster version a prepared node's venv holds ("" for none) from its `prepare_nodes` outcome."""
-    for line in outcome.detail.splitlines():
-        if line.startswith(_INSTALLED):
-            return line[len(_INSTALLED):].strip()
-    return ""
 
 
 def start(master, plan: JobPlan) -> int:
@@ -143,12 +102,18 @@ def resolve_job_id(master, job_id: str | None) -> str:
 
 
 def read_metadata(master, job_id: str) -> dict:
+    """The job's job.json on the master, checked (cluster/job/joblist.py `job_record`: a field fab reads that is
+    malformed is left out); JobError with one line naming the node and the file when it is not a JSON object."""
     out = io.BytesIO()
     try:
         master.get(f"{job_dir(job_id)}/job.json", local=out)
     except (OSError, IOError) as exc:
         raise JobError(f"job {job_id!r} not found on the master ({exc}); `fab status` lists the newest job") from None
-    return json.loads(out.getvalue().decode())
+    record, problem = joblist.job_record(out.getvalue().decode(errors="replace"),
+                                         f"{getattr(master, 'host', 'the master')}: {joblist.job_file(job_id)}")
+    if problem and not record:
+        raise JobError(printable(problem))
+    return record
 
 
 def job_state(master, job_id: str) -> tuple[str, str]:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import json as _json
+import dataclasses
 import io
+import json as _json
 
 from invoke import Exit
 
 from cluster.cost import flops, spend
-from cluster.job import joblist
+from cluster.job import jobprogress, joblist
 from cluster.job.jobplan import shown
 from cluster.job.logstream import assemble
 from cluster.job.launch import DEFAULT_LAUNCHER
 from cluster.inventory import DOWN
+from cluster.names import printable
+from node_setup import job_history
 from node_setup.backends import backend_for
 from node_setup.ssh import job as jobs
 from node_setup.ssh.autostop import status_report as autostop_report
@@ -41,8 +44,11 @@ def _job_on_master(cluster: str, region: str, job: str):
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP, "job": JOB_HELP,
             "json": "print the nodes (with their spend), the total and the job as one JSON object, nothing else"})
 def status(c, cluster="", region="", job="", json=False):
-    """Show nodes (state, type, market, uptime, hourly price, spend so far) and the cluster's total, the job
-    running on them and its last log line; --json prints the same as one JSON object."""
+    """Show the nodes with their spend so far, and the job on them with its progress.
+
+    The nodes' state, type, market, uptime, hourly price and spend so far and the cluster's total; the job's
+    state, program, progress (step of total, samples/s, time left, cost so far) and last log line; --json
+    prints the same as one JSON object."""
     inventory = common.inventory(cluster, region)
     spent = node_spend.cluster_spend(inventory)
     facts: dict = {"nodes": [], "job": None, "problems": []}
@@ -110,20 +116,25 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         print("no job started yet (fab train starts one)")
         return
     state, detail = jobs.job_state(master, job_id)
+    detail = printable(detail)  # read from the master: shown as text, nothing a terminal would act on
     try:
         meta = jobs.read_metadata(master, job_id)
-    except jobs.JobError:
+    except jobs.JobError as exc:
         meta = {}
+        facts["problems"].append(str(exc))
+        print(facts["problems"][-1])
     described = {"running": f"running (job script pid {detail})", "exited": f"finished, exit code {detail}",
                  "stopped": f"stopped by fab stop at {detail}", "lost": "ended without an exit code (node restarted?)",
-                 "missing": "not found"}.get(state, state)
+                 "missing": "not found"}.get(state, printable(state))
     facts["job"] = {"id": job_id, "state": state, "detail": detail, "described": described,
                     **{key: meta.get(key) for key in ("started", "world_size", "hosts", "output_dir")},
-                    "last_log_line": None}
+                    "last_log_line": None, "progress": None}
     print(f"job {job_id}: {described}")
     if meta:
-        print(f"  started {meta.get('started')}, {meta.get('world_size')} ranks on {', '.join(meta.get('hosts', []))}, "
-              f"output {shown(meta.get('output_dir') or '?')}")
+        print(f"  {printable(joblist.program_of(meta) or 'program unknown')}, started {meta.get('started')}, "
+              f"{meta.get('world_size')} ranks on {printable(', '.join(meta.get('hosts', [])))}, "
+              f"output {shown(printable(meta.get('output_dir') or '?'))}")
+    _progress(master, meta, spent, running=state == "running", facts=facts)
     tail = assemble(jobs.log_tail(master, job_id, lines=MFU_LOG_LINES), meta.get("rank_hosts", []),
                     meta.get("launcher", DEFAULT_LAUNCHER), notes=False)  # as `fab logs` shows them
     if tail:
@@ -133,6 +144,40 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     facts["job"]["mfu"] = progress["mfu"] if progress else None
     if progress:
         print(f"  MFU: {progress['line']}")
+    _remember(inventory, master, facts)
+
+
+def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, facts: dict) -> None:
+    """The job's progress record (cluster/job/jobprogress.py): step of total, samples/s, time left, cost so far."""
+    if not meta.get("output_dir"):
+        return
+    path = f"{meta['output_dir']}/{jobprogress.FILE}"
+    record, problem = jobprogress.parse(jobs.read_remote_file(master, path),
+                                        f"{getattr(master, 'host', 'the master')}: {shown(path)}")
+    if problem:
+        facts["problems"].append(problem)
+        print(f"  progress: {printable(problem)}")
+    if record is None:
+        return
+    now = node_spend.clock()
+    started = joblist.epoch(meta.get("started"))
+    running_s = (now if running else record.updated) - started if started is not None else None
+    prices = [spent.node(host) for host in meta.get("hosts", [])]
+    usd_per_hour = (sum(p.usd_per_hour for p in prices if p is not None and p.usd_per_hour is not None)
+                    if prices and all(p is not None and p.usd_per_hour is not None for p in prices) else None)
+    if not running:
+        record = dataclasses.replace(record, steps_per_second=None)  # no time left for a job that ended
+    facts["job"]["progress"] = jobprogress.as_json(record, running_s=running_s, usd_per_hour=usd_per_hour)
+    print(f"  progress: {jobprogress.line(record, now=now, running_s=running_s, usd_per_hour=usd_per_hour)}")
+
+
+def _remember(inventory, master, facts: dict) -> None:
+    """The master's job records into the controller's job history (node_setup/job_history.py)."""
+    try:
+        rows, _ = joblist.parse(jobs.list_jobs(master), inventory.master.name)
+    except Exception:  # noqa: BLE001 - the history waits for the next read; the status stands
+        return
+    job_history.record(inventory.name, rows, say=lambda line: facts["problems"].append(line))
 
 
 def _supervised(master, facts: dict) -> None:
@@ -154,9 +199,11 @@ def _supervised(master, facts: dict) -> None:
             "lines": "show only the last N lines first (default: the whole log)",
             "all-ranks": "show the metrics every rank prints, not rank 0's only"})
 def logs(c, cluster="", region="", job="", follow=False, lines=Unset(int, "the whole log"), all_ranks=False):
-    """Print a job's log with node/rank prefixes; --follow reattaches to a running job. Without --job, the newest
-    job of a supervised run (`fab train --managed`) shows the whole run: every job in order, the supervisor's
-    lines between them, and with --follow on until the run ends, with the run's exit code."""
+    """Print a job's log, whole lines labelled by node and rank; --follow reattaches to a running job.
+
+    Without --job, the newest job of a supervised run (`fab train --managed`) shows the whole run: every job in
+    order, the supervisor's lines between them, and with --follow on until the run ends, with the run's exit
+    code. Other ranks' metrics are shown with --all-ranks; --lines N counts the lines as shown."""
     _, _, master, job_id = _job_on_master(cluster, region, job)
     try:
         meta = jobs.read_metadata(master, job_id)
@@ -223,15 +270,23 @@ def stop(c, cluster="", region="", job="", grace=float(jobs.STOP_GRACE_SECONDS))
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP,
             "json": "print the jobs as one JSON object, nothing else"})
 def list_jobs(c, cluster="", region="", json=False):
-    """List the cluster's jobs, newest first: id, state, start, duration, nodes, ranks, exit code and
-    output folder on the master (read from the master's job records in one SSH round)."""
+    """List the cluster's jobs, newest first, with their state, exit code, program and output folder.
+
+    Also the start, duration, nodes and ranks: read from the master's job records in one SSH round, and from
+    the controller's job history for the jobs of a master since replaced."""
     inventory = common.inventory(cluster, region)
     master = common.connect(inventory)[inventory.master.name]
     try:
-        rows = joblist.parse(jobs.list_jobs(master))
+        rows, problems = joblist.parse(jobs.list_jobs(master), inventory.master.name)
     except jobs.JobError as exc:
         raise fail(str(exc)) from None
-    print(joblist.as_json(rows, inventory.name) if json else joblist.table(rows, inventory.name))
+    rows = job_history.record(inventory.name, rows, say=problems.append)
+    if json:
+        print(joblist.as_json(rows, inventory.name, problems))
+        return
+    print(joblist.table(rows, inventory.name, master=inventory.master.name))
+    for line in problems:
+        print(printable(line))
 
 
 TASKS = [list_jobs, status, logs, stop]

@@ -98,6 +98,9 @@ def check_remote_path(path: str) -> str:
 })
 def get(c, job="", path="", to="", cluster="", region=""):
     """Copy a job's output folder (or a path under it) from the master to this machine, resumably."""
+    from cluster.job import jobhistory
+    from cluster.names import printable
+    from node_setup import job_history
     from node_setup.ssh import fetch
     from node_setup.ssh import job as jobs
 
@@ -107,11 +110,15 @@ def get(c, job="", path="", to="", cluster="", region=""):
         raise fail(f"--to: {to!r} is a symbolic link; allowed: a real folder (fab get never writes through a link)")
     inventory = common.inventory(cluster, region)
     master = common.connect(inventory)[inventory.master.name]
+    past = None  # the job as the controller's job history knows it, when its master is gone
     try:
         job_id = jobs.resolve_job_id(master, job or None)
         output_dir = jobs.read_metadata(master, job_id).get("output_dir")
     except jobs.JobError as exc:
-        raise fail(str(exc)) from None
+        past = jobhistory.find(job_history.read(inventory.name), job) if job else None
+        if past is None:
+            raise fail(str(exc)) from None
+        job_id, output_dir = past.id, past.output_dir  # still there if the nodes share the disk it was on
     if not isinstance(output_dir, str) or not output_dir:
         raise fail(f"--job: job {job_id} records no output folder on {inventory.master.name}", FAILED)
     root = output_dir if rel == "." else f"{output_dir.rstrip('/')}/{rel}"
@@ -120,8 +127,14 @@ def get(c, job="", path="", to="", cluster="", region=""):
         sftp.lstat(root)
         link = fetch.first_link(sftp, output_dir, rel)
     except OSError as exc:
+        if past is not None:
+            raise fail("; ".join(jobhistory.whereabouts(past)) + f"; {shown(root)!r} is not on "
+                       f"{inventory.master.name}, the master now", FAILED) from None
         raise fail(f"--path: {shown(root)!r} is not on {inventory.master.name} ({exc.strerror or exc})",
                    FAILED) from None
+    if past is not None:
+        print(f"job {job_id}: its master {printable(past.master or '?')} no longer has it; its output folder "
+              f"{shown(printable(output_dir))} is on {inventory.master.name} (a disk the nodes share)", flush=True)
     if link:
         raise fail(f"--path: {shown(link)!r} on {inventory.master.name} is a symbolic link; fab get never follows one",
                    FAILED)

@@ -93,6 +93,7 @@ def job_on_master(monkeypatch, unreachable_nodes):
         "started": "2026-05-01T11:50:00Z", "world_size": 3, "hosts": ["node0", "node1", "node2"],
         "output_dir": "xeon-cluster-runs/job-7", "rank_hosts": ["node0", "node1", "node2"], "launcher": "mpirun"})
     monkeypatch.setattr(ssh_job, "log_tail", lambda master, job_id, lines=20: "[0] step 12/40 loss 1.25\n")
+    monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: None)  # no progress record yet
 
 
 def status(capsys, *flags):
@@ -168,3 +169,21 @@ def test_status_shows_a_running_job_s_latest_mfu(cluster, job_on_master, capsys,
     assert "  MFU: step 40: model FLOP/s per node 0.717 TFLOP/s, MFU 10.00% of 7.168 TFLOP/s" in out, out
     data = json.loads(status(capsys, "json"))
     assert data["job"]["mfu"] == pytest.approx(0.1) and "loss 1.1" in data["job"]["last_log_line"]
+
+
+def test_status_shows_a_running_job_s_progress_and_its_cost_so_far(cluster, job_on_master, capsys, monkeypatch):
+    """The job's progress record (xeon_cluster/progress.py's, read from its output folder on the master): step of
+    total, samples/s, the time left at that pace, and its 3 nodes' $7.00/hour since it started 10 minutes ago."""
+    record = {"format": 1, "step": 120, "total": 400, "steps_per_second": 0.5, "samples_per_second": 48.0,
+              "updated": NOW.timestamp() - 3}
+    read = {"xeon-cluster-runs/job-7/progress.json": json.dumps(record)}
+    monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: read.get(path))
+    out = status(capsys)
+    assert "  progress: step 120 of 400 (30%), 48 samples/s, about 9m20s left, $1.17 so far (record 3s old)" in out
+    data = json.loads(status(capsys, "json"))
+    assert data["job"]["progress"] == {"step": 120, "total": 400, "samples_per_second": 48.0, "seconds_left": 560,
+                                       "cost_so_far_usd": 1.1667}
+    read["xeon-cluster-runs/job-7/progress.json"] = '{"format": 1, "step": "\u001b[2J"}'
+    out = status(capsys)
+    assert "  progress: the master: ~/xeon-cluster-runs/job-7/progress.json: not JSON (Invalid control" in out
+    assert "\x1b" not in out

@@ -103,6 +103,7 @@ def test_fab_jobs_json_lists_a_completed_a_failed_and_a_running_job(cluster, thr
     assert jobs[running]["state"] == "running" and jobs[running]["exit_code"] is None
     assert (jobs[running]["nodes"], jobs[running]["ranks"], jobs[done]["nodes"]) == (2, 2, 1)
     assert jobs[running]["output_dir"].endswith(running) and jobs[done]["duration_s"] >= 0
+    assert (jobs[running]["program"], jobs[failed]["program"]) == ("script sleep.py", "script fail.py")
     assert jobs[running]["started"] and jobs[running]["duration_s"] >= 0
     ids = list(jobs)
     assert ids == sorted(ids, reverse=True) and ids.index(running) < ids.index(failed) < ids.index(done)
@@ -114,7 +115,8 @@ def test_fab_jobs_table_after_the_stop(cluster, three_jobs):
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
     assert rows[done][1] == "completed" and rows[failed][1] == "failed" and rows[running][1] == "stopped"
-    assert rows[failed][6] not in ("0", "unknown") and rows[running][6] == "unknown"
+    assert rows[failed][6] not in ("0", "unknown")
+    assert rows[running][6].isdigit() and rows[running][6] != "0"  # a stopped job's code: the launcher's, after TERM
 
 
 def test_a_second_job_on_busy_nodes_is_refused_naming_the_running_one(cluster, three_jobs):

@@ -117,7 +117,7 @@ def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
     result = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "6")
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr
-    assert "[node1 r1]" in out and "[node2 r2]" in out  # every rank's lines, labelled with its node
+    assert "[node0 r0]" in out and "hidden: 2 line(s) of the other ranks' metrics" in out  # 1 and 2: metrics only
     assert "finished: exit code 0" in out
     started = re.search(r"^job (\S+) started on node0 .*; output (\S+)$", out, re.M)
     job_id, output_dir = started.group(1), Path(started.group(2))
@@ -153,6 +153,9 @@ def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
         assert report["job"]["id"] == job_id and report["job"]["described"] == "finished, exit code 0"
         logs = fab(train_cluster, "logs", "--lines", "3", timeout=60)
         assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
+        assert len(logs.stdout.splitlines()) == 3  # the lines as shown, progress bars and pieces joined
+        every = fab(train_cluster, "logs", "--all-ranks", timeout=60)  # every rank's lines, labelled with its node
+        assert "[node1 r1] {'train_runtime'" in every.stdout and "[node2 r2] {'train_runtime'" in every.stdout
         # --resume continues in the newest job's output directory from its last checkpoint
         resumed = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "9", "--resume")
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr

@@ -1,59 +1,182 @@
-"""`fab jobs`'s reading of the master's records (cluster/job/joblist.py): states, durations, and "unknown"
-for whatever is missing or malformed, never an exception. The text is what cluster/shell/job-list.sh
-prints; the script itself runs against real job directories in tests/ssh/test_jobs_list.py."""
+"""`fab jobs`'s reading of the master's records: cluster/shell/job-list.sh run here against job directories
+made in a temporary home (as the master has them), its JSON answer read by cluster/job/joblist.py; states,
+durations, the program, and for whatever is missing, malformed or hostile: "unknown", one line naming the
+node and the file, never a forged row, an escape sequence on the terminal or an exception. The controller's
+job history (cluster/job/jobhistory.py, node_setup/job_history.py) keeps the rows of a master since replaced.
+The script also runs against a real cluster's jobs in tests/ssh/test_jobs_list.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from cluster.job.joblist import as_json, parse, table
+import pytest
 
+from cluster import shell
+from cluster.job import jobhistory
+from cluster.job.joblist import JobRow, as_json, parse, program_of, table
+from cluster.job.launch import JOBS_DIR
+from node_setup import job_history
+from node_setup.ssh import job as jobs
+from tests.unit.test_runlog import LocalMaster
+
+START = 1767323045  # 2026-01-02T03:04:05Z
 META = {"started": "2026-01-02T03:04:05Z", "hosts": ["node0", "node1"], "world_size": 4,
-        "output_dir": "xeon-cluster-runs/20260102-030405-aaaa", "launcher": "mpirun"}
+        "output_dir": "xeon-cluster-runs/20260102-030405-aaaa", "launcher": "mpirun",
+        "training_args": ["--task", "qa", "--checkpoint_uri", "s3://bucket/runs"]}
 
 
-def record(job_id: str, *lines: str, meta: str | None = None) -> str:
-    return "\n".join([f"@@job {job_id}", *lines, "@@json", json.dumps(META) if meta is None else meta, "@@end"])
+def job(home: Path, job_id: str, *, meta=None, exit_code: str | None = None, stopped: str | None = None,
+        ended: int | None = None) -> Path:
+    d = home / JOBS_DIR / job_id
+    d.mkdir(parents=True)
+    if meta is not None:
+        (d / "job.json").write_bytes(meta.encode() if isinstance(meta, str) else json.dumps(meta).encode())
+    for name, text in (("exit_code", exit_code), ("stopped", stopped)):
+        if text is not None:
+            (d / name).write_text(text)
+            if ended is not None:
+                os.utime(d / name, (ended, ended))
+    return d
 
 
-def test_states_durations_and_newest_first():
-    start = 1767323045  # 2026-01-02T03:04:05Z
-    text = "\n".join([f"now {start + 3700}",
-                      record("20260102-030405-aaaa", "exited 0", f"ended {start + 65}"),
-                      record("20260102-030406-bbbb", "exited 1", f"ended {start + 5}"),
-                      record("20260102-030407-cccc", "exited 75", f"ended {start + 5}"),
-                      record("20260102-030408-dddd", "stopped 2026-01-02T03:05:00Z", f"ended {start + 55}"),
-                      record("20260102-030409-eeee", "running 123")])
-    rows = parse(text)
-    assert [(r.id[-4:], r.state, r.exit_code, r.duration_s) for r in rows] == [
-        ("eeee", "running", None, 3700), ("dddd", "stopped", None, 55), ("cccc", "interrupted", 75, 5),
-        ("bbbb", "failed", 1, 5), ("aaaa", "completed", 0, 65)]
-    assert (rows[0].nodes, rows[0].ranks, rows[0].started) == (2, 4, "2026-01-02T03:04:05Z")
+def listed(home: Path) -> str:
+    """job-list.sh's answer, run as the master runs it (sh -c SCRIPT xeon-cluster), HOME at `home`."""
+    done = subprocess.run(["sh", "-c", shell.render("job-list.sh", {"JOBS_DIR": JOBS_DIR}), "xeon-cluster"],
+                          env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_states_durations_exit_codes_programs_newest_first(tmp_path):
+    job(tmp_path, "20260102-030405-aaaa", meta=META, exit_code="0\n", ended=START + 65)
+    job(tmp_path, "20260102-030406-bbbb", meta={**META, "program": ["py", "-m", "xeon_cluster.run", "--script",
+                                                                   "train.py", "--", "--lr", "1"]},
+        exit_code="1\n", ended=START + 5)
+    job(tmp_path, "20260102-030407-cccc", meta=META, exit_code="75\n", ended=START + 5)
+    job(tmp_path, "20260102-030408-dddd", meta=META, stopped="2026-01-02T03:05:00Z\n", exit_code="143\n",
+        ended=START + 55)
+    running = job(tmp_path, "20260102-030409-eeee", meta={**META, "training_args": []})
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "20260102-030409-eeee"])
+    try:
+        (running / "pid").write_text(f"{sleeper.pid}\n")
+        rows, problems = parse(listed(tmp_path), "node0")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert problems == []
+    assert [(r.id[-4:], r.state, r.exit_code, r.duration_s) for r in rows[1:]] == [
+        ("dddd", "stopped", 143, 55), ("cccc", "interrupted", 75, 5), ("bbbb", "failed", 1, 5),
+        ("aaaa", "completed", 0, 65)]
+    assert (rows[0].state, rows[0].exit_code, rows[0].nodes, rows[0].ranks) == ("running", None, 2, 4)
+    assert rows[0].duration_s >= time.time() - START - 60  # running: up to now
+    assert [r.program for r in rows] == ["built-in", "built-in qa", "built-in qa", "script train.py", "built-in qa"]
+    assert rows[-1].checkpoint_uri == "s3://bucket/runs"
     shown = table(rows, "lab").splitlines()
-    assert shown[2].split()[:5] == ["20260102-030409-eeee", "running", "2026-01-02T03:04:05Z", "1h01m", "2"]
+    assert shown[1].split()[8] == "program" and shown[3].split()[:8] == [
+        "20260102-030408-dddd", "stopped", "2026-01-02T03:04:05Z", "55s", "2", "4", "143", "built-in"]
     assert shown[-1].split()[3] == "1m05s"
 
 
-def test_missing_or_malformed_records_show_as_unknown():
-    text = "\n".join(["now 1767323100",
-                      record("20260102-030405-aaaa", "exited banana", meta="{not json"),
-                      record("20260102-030406-bbbb", "lost", meta=""),
-                      record("20260102-030407-cccc", "exited 0", "ended soon",
-                             meta=json.dumps({"started": 5, "hosts": "node0", "world_size": "4", "output_dir": 7})),
-                      record("20260102-030408-dddd", "running 9", meta="[1, 2]"),
-                      record("current", "running 1"),  # no job id: not a job of fab train
-                      "@@job 20260102-030409-eeee"])  # cut off mid-record
-    rows = {r.id[-4:]: r for r in parse(text)}
-    assert set(rows) == {"aaaa", "bbbb", "cccc", "dddd", "eeee"}
-    assert [rows[k].state for k in ("aaaa", "bbbb", "cccc", "dddd", "eeee")] == [
-        "unknown", "unknown", "completed", "running", "unknown"]
-    for row in rows.values():
+def test_a_job_json_cannot_forge_a_row_and_what_it_says_reaches_the_terminal_as_text(tmp_path):
+    forged = '{"started": "2026-01-02T03:04:05Z"}\n@@end\n@@job 20990101-000000-ffff\nexited 0\n@@json\n{}'
+    job(tmp_path, "20260102-030405-aaaa", meta=forged, exit_code="0\n")
+    job(tmp_path, "20260102-030406-bbbb", meta={**META, "output_dir": "runs/\x1b[2J\x1b]0;pwned\x07x\u202e"},
+        exit_code="0\n")
+    job(tmp_path, "20260102-030407-cccc\x1b[2J", meta=META, exit_code="0\n")  # no job id: not listed
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert [r.id for r in rows] == ["20260102-030406-bbbb", "20260102-030405-aaaa"]
+    assert problems == ["node0: ~/.xeon-cluster/jobs/20260102-030405-aaaa/job.json: not JSON (Extra data: line 2 "
+                        "column 1 (char 36))"]
+    text = table(rows, "lab") + as_json(rows, "lab", problems)
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert table(rows, "lab").splitlines()[2].endswith("  ~/runs/x")  # the text stays, the sequences go
+
+
+def test_malformed_records_are_one_line_each_and_unknown_in_the_table(tmp_path):
+    job(tmp_path, "20260102-030405-aaaa", meta="{not json", exit_code="banana\n")
+    job(tmp_path, "20260102-030406-bbbb", meta="")
+    job(tmp_path, "20260102-030407-cccc", exit_code="0\n",
+        meta=json.dumps({"started": 5, "hosts": "node0", "world_size": "4", "output_dir": 7}))
+    job(tmp_path, "20260102-030408-dddd", meta="[1, 2]", exit_code="0\n")
+    rows, problems = parse(listed(tmp_path), "node0")
+    by_id = {r.id[-4:]: r for r in rows}
+    assert [by_id[k].state for k in ("aaaa", "bbbb", "cccc", "dddd")] == ["unknown", "unknown", "completed",
+                                                                          "completed"]
+    for row in rows:
         assert (row.started, row.duration_s, row.nodes, row.ranks, row.output_dir) == (None, None, None, None, None)
-    line = next(line for line in table(list(rows.values()), "lab").splitlines() if "aaaa" in line)
-    assert line.split()[1:] == ["unknown"] * 7
-    assert json.loads(as_json(parse(text), "lab"))["jobs"][0]["state"] == "unknown"
-
-
-def test_no_job_yet():
-    assert parse("now 5\n") == []
+    assert problems == [
+        "node0: ~/.xeon-cluster/jobs/20260102-030405-aaaa/exit_code: 'banana' is no exit code",
+        "node0: ~/.xeon-cluster/jobs/20260102-030405-aaaa/job.json: not JSON (Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1))",
+        "node0: ~/.xeon-cluster/jobs/20260102-030407-cccc/job.json: started is 5, not a time such as "
+        "2026-01-02T03:04:05Z",
+        "node0: ~/.xeon-cluster/jobs/20260102-030408-dddd/job.json: not a JSON object"]
+    assert parse("@@job x\n", "node0") == ([], [
+        "node0: the job list is not JSON (Expecting value: line 1 column 1 (char 0)); is this project's "
+        "job-list.sh what ran there?"])
+    assert parse('{"now": 5, "jobs": []}', "node0") == ([], [])
     assert table([], "lab") == "no job on cluster lab yet (fab train starts one)"
+
+
+def test_fab_status_reads_a_malformed_job_json_as_one_line_naming_node_and_file(tmp_path):
+    job(tmp_path, "20260102-030405-aaaa", meta="{not json")
+    with pytest.raises(jobs.JobError, match=r"^the master: ~/.xeon-cluster/jobs/20260102-030405-aaaa/job.json: "
+                                            r"not JSON \(Expecting property name"):
+        jobs.read_metadata(LocalMaster(tmp_path), "20260102-030405-aaaa")
+    job(tmp_path, "20260102-030406-bbbb", meta={**META, "hosts": "\x1b[2Jnode0"})
+    assert "hosts" not in jobs.read_metadata(LocalMaster(tmp_path), "20260102-030406-bbbb")  # left out, not shown
+
+
+def test_program_of_a_job():
+    assert program_of({"training_args": ["--task", "classification"]}) == "built-in classification"
+    assert program_of({"program": ["py", "-m", "xeon_cluster.run", "--module", "pkg.train", "--"]}) == \
+        "module pkg.train"
+    assert program_of({}) is None
+
+
+def row(job_id: str, state: str = "completed", **fields) -> JobRow:
+    return JobRow(job_id, state, None, None, None, None, fields.pop("exit_code", 0), fields.pop("output_dir", None),
+                  None, **fields)
+
+
+def test_the_history_keeps_the_jobs_of_a_master_since_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    old = [row("20260102-030405-aaaa", output_dir="/var/tmp/runs/aaaa", master="node0"),
+           row("20260102-030406-bbbb", "running", exit_code=None, master="node0",
+               checkpoint_uri="s3://bucket/runs", program="built-in qa", output_dir="runs/bbbb")]
+    job_history.record("lab", old)
+    new_master = [row("20260103-000000-cccc", master="node3")]
+    rows = job_history.record("lab", new_master)
+    assert [(r.id[-4:], r.state, r.master) for r in rows] == [("cccc", "completed", "node3"),
+                                                              ("bbbb", "unknown", "node0"),
+                                                              ("aaaa", "completed", "node0")]
+    assert job_history.read("lab") == rows
+    shown = table(rows, "lab", master="node3").splitlines()
+    assert "a master since replaced" in shown[3] and "a master since replaced" not in shown[2]
+    assert jobhistory.whereabouts(rows[1]) == [
+        "job 20260102-030406-bbbb (built-in qa, unknown) ran on master node0, which no longer has it",
+        "its output folder was ~/runs/bbbb on that master: on a disk the nodes share, any node has it still; on "
+        "the master's own disk it went with the master",
+        "its checkpoints were uploaded to s3://bucket/runs (`aws s3 cp --recursive s3://bucket/runs DIR` copies "
+        "them)"]
+
+
+def test_a_malformed_history_is_one_line_and_a_new_one_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    path = job_history.path("lab")
+    path.parent.mkdir(parents=True)
+    good = json.loads(jobhistory.dumps([row("20260102-030405-aaaa")]))
+    good["jobs"].append({**good["jobs"][0], "id": "../../x"})
+    path.write_text(json.dumps(good))
+    said: list[str] = []
+    assert [r.id for r in job_history.read("lab", say=said.append)] == ["20260102-030405-aaaa"]
+    assert said == [f"{path}: 1 malformed entry left out"]
+    path.write_text("{")
+    said.clear()
+    assert job_history.record("lab", [row("20260103-000000-cccc")], say=said.append)[0].id == "20260103-000000-cccc"
+    assert said[0].startswith(f"{path}: not JSON") and json.loads(path.read_text())["format"] == jobhistory.FORMAT

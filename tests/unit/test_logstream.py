@@ -66,7 +66,8 @@ def rank_lines(rank: int, *, metrics: bool) -> list[str]:
     label = f"[node{rank} r{rank}] "
     lines = [f"rank {rank} of 3 starting",
              *([f"{{'loss': 1.2345, 'grad_norm': 0.5, 'rank': {rank}}}"] if metrics else []),
-             "progress 100%|##########| 10/10", f"ok rank {rank} bold", f"{rank} 0 {rank} 1 {rank} 2 {rank} 3 {rank} 4 done",
+             "progress 100%|##########| 10/10", f"ok rank {rank} bold",
+             f"{rank} 0 {rank} 1 {rank} 2 {rank} 3 {rank} 4 done",
              f"chunk a {rank}", f"chunk b {rank}", f"chunk c {rank}", "5/5 steps [=====]",
              f"rank {rank} warning on stderr"]
     return [label + line for line in lines]
@@ -135,7 +136,8 @@ def test_the_demo_jobs_log_shows_the_summary_once_rank_0s_metrics_and_counts_the
         "warning", "[xeon-cluster] hidden: 2 line(s) of the other ranks' metrics (fab logs --all-ranks shows them)"]
     labels = {line.split("] ", 1)[0] + "]" for line in lines if not line.startswith("[xeon-cluster]")}
     assert labels == {"[node0 r0]"}  # every line is rank 0's: none labelled by the launcher, none cut in two
-    assert len(streamed([log], launcher=launcher, all_ranks=True)) == len(lines) + 2 - 1  # 2 more, 1 count line less  # every rank's metrics when asked
+    # every rank's metrics when asked: 2 lines more, 1 count line less
+    assert len(streamed([log], launcher=launcher, all_ranks=True)) == len(lines) + 2 - 1
 
 
 def test_a_json_block_that_is_not_the_summary_is_shown_as_it_is():

@@ -1,10 +1,12 @@
 """What a user's program imports on a node (xeon_cluster/): the notice signal the launch configured,
-and the Trainer callback that handles it."""
+and the Trainer callbacks: the one that handles it, the one that records the job's progress."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,3 +64,22 @@ def test_a_signal_named_by_the_program_wins_over_the_launchs(monkeypatch, handle
     monkeypatch.setenv(xeon_cluster.NOTICE_SIGNAL_VARIABLE, "SIGUSR2")
     assert SpotNoticeCallback("SIGUSR1").signal_name == "SIGUSR1"
     assert SpotNoticeCallback("none").signal_name is None
+
+
+def test_the_trainer_callback_records_the_trainers_steps(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from xeon_cluster.callbacks import ProgressCallback
+
+    monkeypatch.delenv("RANK", raising=False)
+    args = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=2, world_size=4,
+                           output_dir=str(tmp_path))
+    state = SimpleNamespace(max_steps=50, global_step=0)
+    callback = ProgressCallback()
+    callback.on_train_begin(args, state, None)
+    for step in (1, 2, 3):
+        state.global_step = step
+        callback.on_step_end(args, state, None)
+    callback.on_train_end(args, state, None)
+    record = json.loads((tmp_path / "progress.json").read_text())
+    assert (record["step"], record["total"]) == (3, 50)
+    assert callback.recorder.samples_per_step == 64  # the global batch
