@@ -277,6 +277,7 @@ class Status:
     installed: bool = True
     unstopped: tuple[str, ...] = field(default_factory=tuple)  # workers the last power-off could not stop
     unstopped_at: float | None = None
+    nodes: tuple[str, ...] = field(default_factory=tuple)  # the full node list it powers off (NODES_FILE)
 
     @property
     def idle_since(self) -> float | None:
@@ -307,7 +308,8 @@ def parse_status(text: str) -> Status:
                   mode=facts.get("mode", ""), since=_number(facts.get("since")), last=_number(facts.get("last")),
                   running=int(_number(facts.get("running")) or 0), now=_number(facts.get("now")),
                   deadline=_number(facts.get("deadline")), powered_off=_number(facts.get("powered_off")),
-                  unstopped=tuple(facts.get("unstopped", "").split()), unstopped_at=_number(facts.get("unstopped_at")))
+                  unstopped=tuple(facts.get("unstopped", "").split()), unstopped_at=_number(facts.get("unstopped_at")),
+                  nodes=tuple(facts.get("nodes", "").split()))
 
 
 def short_duration(seconds: float) -> str:
@@ -334,6 +336,8 @@ def status_line(status: Status) -> str:
     if not status.armed:
         return "auto-stop: off"
     head = f"auto-stop: armed, {short_duration(status.idle_s or 0)} idle"
+    if status.nodes:  # the machines it powers off (a replacement's once the supervisor admitted it)
+        head += f" (powers off {', '.join(status.nodes)})"
     if status.running:
         return f"{head}; {status.running} job(s)/exec(s) running, the clock starts when they end"
     left = status.left_s

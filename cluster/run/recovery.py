@@ -7,7 +7,8 @@
 - `next_step(...)`: after the wait, go on with the full cluster, on the survivors, or stop.
 - `batch_for(...)`: the per-rank batch and gradient accumulation that keep the global batch
   (per-rank batch x ranks x accumulation) exact on a new number of ranks, or the nearest one and
-  one line saying what changed.
+  one line saying what changed; a relaunch applies it as a typed override when its command line is
+  made (cluster/job/jobplan.py's Restart).
 - `work_lost_seconds(...)`, `recovery_record(...)`: what summary.json's "recoveries" list holds.
 
 The run supervisor on the master (node_setup/supervisor/) runs the loop; fab's --managed options are
@@ -104,10 +105,6 @@ class BatchPlan:
     def exact(self) -> bool:
         return self.global_batch == self.wanted
 
-    def arguments(self) -> list[str]:
-        return ["--per_device_train_batch_size", str(self.per_rank),
-                "--gradient_accumulation_steps", str(self.accumulation)]
-
     def describe(self, per_rank_before: int, accumulation_before: int) -> str:
         how = (f"per-rank batch {per_rank_before} -> {self.per_rank}, gradient accumulation "
                f"{accumulation_before} -> {self.accumulation} on {self.ranks} rank(s)")
@@ -169,24 +166,3 @@ def recovery_record(*, number: int, at: float, cause: str, step: int | None, exi
 def merge_recoveries(summary: dict, records: list[dict]) -> dict:
     """`summary` with "recoveries" holding `records` (the job's summary never has its own)."""
     return {**summary, RECOVERIES_KEY: list(records)}
-
-
-_BATCH_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size")
-
-
-def with_batch(args: list[str] | tuple[str, ...], batch: BatchPlan | None) -> list[str]:
-    """The job's arguments with its batch settings replaced by `batch`'s (None: as they are)."""
-    if batch is None:
-        return list(args)
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        flag = arg.split("=", 1)[0]
-        if flag in _BATCH_FLAGS:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out + batch.arguments()

@@ -85,6 +85,7 @@ status() {
   printf 'powered_off=%s\nloop=%s\n' "$(cat "$S/powered-off" 2>/dev/null)" "$(loop_pid)"
   printf 'unstopped=%s\nunstopped_at=%s\n' "$(sed -n 's/^node=\([^ ]*\).*/\1/p' "$S/$UNSTOPPED_FILE" 2>/dev/null | tr '\n' ' ')" \
     "$(sed -n 's/^at=//p' "$S/$UNSTOPPED_FILE" 2>/dev/null)"
+  printf 'nodes=%s\n' "$(tr '\n' ' ' < "$S/$NODES_FILE" 2>/dev/null)"
 }
 
 workers() {  # every worker to stop: the full list's (tagged L) and ~/HOSTS_FILE's (tagged H), once each

@@ -95,3 +95,63 @@ def test_resume_takes_the_newest_checkpoint_every_node_can_read(installed_cluste
     finally:
         for i in range(len(cluster.state.nodes)):
             shutil.rmtree(node_home(cluster, i) / output_dir, ignore_errors=True)
+
+
+def _started(cluster) -> dict[str, list[str]]:
+    """Every job and supervised run each node holds (what a launch would add)."""
+    found = {}
+    for i in range(len(cluster.state.nodes)):
+        home = node_home(cluster, i) / ".xeon-cluster"
+        found[f"node{i}"] = sorted(str(p.relative_to(home)) for folder in ("jobs", "supervisor")
+                                   for p in (home / folder).glob("*"))
+    return found
+
+
+def test_a_spec_anyone_else_wrote_or_changed_is_refused_before_anything_starts(installed_cluster, s3_on_bridge,
+                                                                                 monkeypatch):
+    """`fab train --managed --resume` on a spec in the bucket (moto) that was changed after fab signed it: an
+    added environment variable, an interpreter named, an added training argument, the signature removed. One
+    line naming the file, exit 2, no job and no supervisor started on any node; the spec as signed is taken."""
+    import copy
+
+    from cluster.job.train_options import request_from_options
+    from cluster.run import runspec
+    from node_setup.ssh.keys import spec_key
+
+    cluster = installed_cluster
+    s3, endpoint = s3_on_bridge
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cluster.config_home))  # fab's key store: the cluster's config home
+    uri = f"s3://{BUCKET}/signed-{secrets.token_hex(3)}"
+    options = dict(nodes=3, synthetic_examples=200, max_steps=6, checkpoint_uri=uri, managed=True)
+    request, _ = request_from_options(options, cluster.inventory, run_id="20261127-101500-ab12")
+    signed = json.loads(runspec.signed_text(request, "local", spec_key()))
+    key = f"{uri.split('/', 3)[3]}/{runspec.RUN_FOLDER}/spec.json"
+    env = {**cluster.env(), "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def resume(*more):
+        return subprocess.run([sys.executable, "-m", "fabric", "train", "--managed", "--resume", "--checkpoint-uri",
+                               uri, "--cluster", cluster.cluster_arg, *more], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    changes = {
+        "an added environment variable": lambda d: d["request"]["env"].append(["PYTHONWARNINGS", "ignore"]),
+        "an interpreter named": lambda d: d["request"]["program"].update(python="/tmp/evil/bin/python"),
+        "an added training argument": lambda d: d["request"]["program"]["extra"].append(["--push_to_hub"]),
+        "the signature removed": lambda d: d.pop(runspec.SIGNATURE),
+    }
+    before = _started(cluster)
+    for what, change in changes.items():
+        data = copy.deepcopy(signed)
+        change(data)
+        s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(data).encode())
+        refused = resume()
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, (what, refused.stdout, refused.stderr)
+        assert lines[0].startswith(f"error: {uri}/{runspec.RUN_FOLDER}/spec.json: "), (what, lines)
+        assert _started(cluster) == before, what
+    s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(signed).encode())
+    taken = resume("--dry-run")
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    assert "resuming run 20261127-101500-ab12 from its spec" in taken.stdout and " --resume" in taken.stdout
+    assert _started(cluster) == before

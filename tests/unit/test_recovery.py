@@ -46,13 +46,25 @@ def test_batch_refuses_nonsense():
         rc.batch_for(per_rank=0, accumulation=1, ranks_before=2, ranks=1)
 
 
-def test_batch_arguments_replace_the_jobs_own():
-    plan = rc.batch_for(per_rank=16, accumulation=1, ranks_before=3, ranks=2)
-    args = ["--task", "qa", "--per_device_train_batch_size", "16", "--global_batch_size=48",
-            "--gradient_accumulation_steps", "1", "--resume"]
-    assert rc.with_batch(args, plan) == ["--task", "qa", "--resume", "--per_device_train_batch_size", "12",
-                                         "--gradient_accumulation_steps", "2"]
-    assert rc.with_batch(args, None) == args
+def test_a_relaunchs_batch_replaces_the_jobs_own_when_its_command_line_is_made():
+    """The typed override (cluster/job/jobplan.py's Restart): the per-rank batch and the accumulation replace
+    --batch-size and the batch settings of --extra, nothing else of the job's arguments changes."""
+    from cluster.inventory import Inventory
+    from cluster.job.jobplan import Restart, plan
+    from cluster.job.train_options import request_from_options
+
+    inventory = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4,
+                                        "hosts": ["192.0.2.10", "192.0.2.11", "192.0.2.12"]}, default_name="lab")
+    request = request_from_options(dict(batch_size=16, extra="--global_batch_size=48 --gradient_accumulation_steps 1 "
+                                        "--learning_rate 3e-5"), inventory, run_id="20261126-101500-ab12")[0]
+    batch = rc.batch_for(per_rank=16, accumulation=1, ranks_before=3, ranks=2)
+    args = list(plan(request, inventory, nodes=2, restart=Restart(batch=batch)).training_args)
+    assert args[args.index("--per_device_train_batch_size") + 1] == "12"
+    assert args[args.index("--gradient_accumulation_steps") + 1] == "2"
+    assert "--global_batch_size=48" not in " ".join(args) and args.count("--gradient_accumulation_steps") == 1
+    assert "--learning_rate" in args and "--resume" in args
+    unchanged = list(plan(request, inventory, nodes=2).training_args)
+    assert unchanged[unchanged.index("--per_device_train_batch_size") + 1] == "16" and "--resume" not in unchanged
 
 
 # ---------------------------------------------------------------- after the wait: full, survivors or stop

@@ -172,3 +172,20 @@ def test_options_that_cannot_make_a_run_are_one_line(options, said):
 def test_the_request_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         builtin_request().nodes = 3  # type: ignore[misc]
+
+
+def test_fab_train_and_a_job_file_refuse_a_start_up_variable_in_one_line_unless_allowed(tmp_path):
+    """The environment's entry points on the controller: --env, a job file's env (the spec's: test_runspec.py)."""
+    from tests.fab_run import fab_in_process
+
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text("name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\nhosts: [192.0.2.10, 192.0.2.11]\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("env: LD_PRELOAD=/tmp/x.so\nnodes: 2\n")
+    for argv in (["--env", "PYTHONPATH=/tmp/evil"], ["-f", str(job)]):
+        result = fab_in_process("train", "-c", str(inventory), "--dry-run", *argv)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
+        assert "changes how an interpreter, a shell or the loader starts on every node" in lines[0]
+    allowed = fab_in_process("train", "-c", str(inventory), "--dry-run", "-f", str(job), "--allow-env", "LD_PRELOAD")
+    assert allowed.returncode == 0 and "LD_PRELOAD=/tmp/x.so" in allowed.stdout, allowed.stdout + allowed.stderr

@@ -631,3 +631,50 @@ def test_worker_group_and_region_from_the_spec_are_checked_whole(group_name, reg
     assert str(err.value).startswith(refused) and "allowed:" in str(err.value)
     with pytest.raises(ValueError):
         AwsGroup(region, group_name, [])
+
+
+# ---------------------------------------------------------------- a replacement in the master's files
+
+
+def test_an_admitted_replacement_is_named_in_the_masters_ssh_files_and_the_auto_stops_node_list(tmp_path,
+                                                                                                monkeypatch):
+    """Else the auto-stop, at idle, would look for the old machine, find it gone and keep the master up for good;
+    `fab status` names the nodes it powers off (cluster/node/autostop.py's status line)."""
+    import subprocess
+
+    from cluster.inventory import Inventory
+    from cluster.node import autostop
+    from node_setup.supervisor.onmaster import Nodes, known_keys
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    hosts = [{"name": f"node{i}", "address": f"10.0.0.{i + 2}"} for i in range(4)]
+    cluster = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4, "hosts": hosts},
+                                     default_name="lab")
+    keys = {f"node{i}": new_key() for i in range(4)}
+    (tmp_path / ".ssh/xeon-cluster-lab.known_hosts").write_text("".join(f"node{i} {keys[f'node{i}']}\n"
+                                                                        for i in range(3)))
+    (tmp_path / autostop.STATE_DIR).mkdir(parents=True)
+    for path, text in autostop.node_list_files("lab", cluster.nodes, "root", keys).items():  # what fab setup wrote
+        (tmp_path / path).write_text(text)
+    shell = recording_shell()
+    nodes = Nodes(shell, cluster.first(3), cluster, "/venv/bin/python")  # the run uses 3 of the cluster's 4 nodes
+    new = new_key()
+    assert nodes.admit(Member("node2", "10.0.0.99", "i-00000000000000ff"), new) is None
+    for listed in (tmp_path / autostop.STATE_DIR / autostop.KNOWN_HOSTS_FILE,
+                   tmp_path / ".ssh/xeon-cluster-lab.known_hosts"):
+        found = known_keys(listed)
+        assert found["node2"] == new and found["node1"] == keys["node1"]
+    listed = known_keys(tmp_path / autostop.STATE_DIR / autostop.KNOWN_HOSTS_FILE)
+    assert listed["node3"] == keys["node3"]  # the node the run does not use stays on the list
+    for config in (tmp_path / autostop.STATE_DIR / autostop.SSH_CONFIG_FILE, tmp_path / ".ssh/config"):
+        block = config.read_text().split("Host node2")[1].split("Host ")[0]
+        assert "HostName 10.0.0.99" in block
+    assert (tmp_path / autostop.STATE_DIR / autostop.NODES_FILE).read_text().split() == [f"node{i}" for i in range(4)]
+    script = autostop.service_script()
+    said = subprocess.run(["bash", "-c", script, "xeon-cluster-autostop", "status"], env={**os.environ},
+                          capture_output=True, text=True, timeout=30).stdout
+    status = autostop.parse_status(said)
+    assert status.nodes == ("node0", "node1", "node2", "node3")
+    armed = autostop.Status(armed=True, idle_s=1800, nodes=status.nodes)
+    assert autostop.status_line(armed).startswith("auto-stop: armed, 30m idle (powers off node0, node1, node2, node3)")
