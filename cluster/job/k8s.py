@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from cluster.stack import catalog
 from cluster.stack.catalog import InstanceType
+from cluster.job import request
 from cluster.job.job_args import SyntheticData, job_setting
 from cluster.job.launch import OUTPUT_DIR_VARIABLE, RESERVED_VARIABLES
 from cluster.job.layout import Layout, plan_layout
@@ -158,9 +159,12 @@ def check_nodes(nodes: int) -> int:
     return nodes
 
 
-def check_env(env: dict[str, str]) -> dict[str, str]:
-    """--env without what the launch sets itself: the ranks' variables torchrun gives (RANK ...), the
-    program's (XEON_CLUSTER_*), and torchrun's PET_* options (the operators set those)."""
+def check_env(env: dict[str, str], allow: tuple[str, ...] = ()) -> dict[str, str]:
+    """--env checked as `fab train` checks it (cluster/job/request.py: variable names, one-line values, names
+    that change how an interpreter, a shell or the loader starts only if `allow` names them), and without
+    what the launch sets itself: the ranks' variables torchrun gives (RANK ...), the program's
+    (XEON_CLUSTER_*), and torchrun's PET_* options (the operators set those)."""
+    request.check_env(env, allow)
     for name in env:
         if name in RESERVED_VARIABLES or name.startswith(TORCHRUN_ENV_PREFIX):
             raise K8sJobError(f"--env: {name} is set by the launch itself (torchrun and the Kubeflow operators); "
@@ -356,7 +360,8 @@ def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...
              profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,
              ranks_per_node: int | None = None, threads_per_rank: int | None = None,
              ccl_workers: int | None = None, pvc: str | None = None, extra_env: dict[str, str] | None = None,
-             user: UserProgram | None = None, copy: CopyPlan | None = None) -> PodPlan:
+             allow_env: tuple[str, ...] = (), user: UserProgram | None = None,
+             copy: CopyPlan | None = None) -> PodPlan:
     """The pod of the built-in job (`python -m training` + `training_args`), or with `user` and `copy` of
     your own program (its workdir in a ConfigMap, WorkdirConfigMap), on a node of type `instance`.
 
@@ -368,7 +373,7 @@ def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...
     """
     image = check_image(image)
     pvc = check_pvc(pvc) if pvc else None
-    env_given = check_env(dict(extra_env or {}))
+    env_given = check_env(dict(extra_env or {}), allow_env)
     if (user is None) != (copy is None):
         raise K8sJobError("--script/--module: your program and its workdir's copy plan come together")
     resources = pod_resources(instance_type(instance), cores)
@@ -457,8 +462,8 @@ def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str] | tuple[
                     ranks_per_node: int | None = None, threads_per_rank: int | None = None,
                     ccl_workers: int | None = None, min_nodes: int | None = None, max_restarts: int | None = None,
                     pvc: str | None = None, restart_limit: int | None = None,
-                    extra_env: dict[str, str] | None = None, user: UserProgram | None = None,
-                    copy: CopyPlan | None = None) -> K8sJobPlan:
+                    extra_env: dict[str, str] | None = None, allow_env: tuple[str, ...] = (),
+                    user: UserProgram | None = None, copy: CopyPlan | None = None) -> K8sJobPlan:
     """The whole PyTorchJob on `nodes` pods: the pod (plan_pod: the built-in job, or your program with
     `user` and `copy`) and torchrun's rendezvous; `min_nodes` makes it elastic."""
     name, namespace = check_name(name), check_namespace(namespace)
@@ -466,7 +471,7 @@ def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str] | tuple[
     limit = check_restart_limit(restart_limit)
     pod = plan_pod(name=name, image=image, training_args=training_args, instance=instance, profile=profile,
                    synthetic=synthetic, cores=cores, ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
-                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, user=user, copy=copy)
+                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, allow_env=allow_env, user=user, copy=copy)
     run = plan_torchrun(layout=pod.layout, nodes=nodes, program=pod.program, rdzv_host=pod_name(name, 0),
                         rdzv_id=name, min_nodes=min_nodes, max_restarts=max_restarts, torchrun=pod.torchrun)
     return K8sJobPlan(name=name, namespace=namespace, nodes=nodes, min_nodes=min_nodes, pod=pod, torchrun=run,

@@ -89,7 +89,7 @@ def plan_trainjob(*, image: str, nodes: int, training_args: list[str] | tuple[st
                   synthetic: SyntheticData | None = None, cores: int | None = None,
                   ranks_per_node: int | None = None, threads_per_rank: int | None = None,
                   ccl_workers: int | None = None, min_nodes: int | None = None, max_restarts: int | None = None,
-                  pvc: str | None = None, extra_env: dict[str, str] | None = None,
+                  pvc: str | None = None, extra_env: dict[str, str] | None = None, allow_env: tuple[str, ...] = (),
                   user: UserProgram | None = None, copy: CopyPlan | None = None) -> TrainJobPlan:
     """The whole TrainJob on `nodes` pods: the pod (cluster/job/k8s.py plan_pod: the built-in job, or
     your program with `user` and `copy`) under the torch-distributed runtime."""
@@ -103,5 +103,5 @@ def plan_trainjob(*, image: str, nodes: int, training_args: list[str] | tuple[st
     nodes = check_nodes(nodes)
     pod = plan_pod(name=name, image=image, training_args=training_args, instance=instance, profile=profile,
                    synthetic=synthetic, cores=cores, ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
-                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, user=user, copy=copy)
+                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, allow_env=allow_env, user=user, copy=copy)
     return TrainJobPlan(name=name, namespace=namespace, nodes=nodes, pod=pod)

@@ -21,6 +21,7 @@ from cluster.job.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArg
 from cluster.job.k8s import K8sJobError
 from cluster.job.launch import LaunchError, env_pairs
 from cluster.job.layout import LayoutError
+from cluster.job.request import parse_allow_env
 from cluster.job.userjob import (BUILTIN_ONLY, CopyPlan, UserJobError, UserProgram, check_module,
                                  conflicting_builtin_options, human_bytes, script_in_workdir, split_args)
 from cluster.node.profiles import PROFILES, get_profile, venv_dir
@@ -102,7 +103,11 @@ def _minutes(every) -> str | None:
     "threads": "override OpenMP threads per rank (default the rank's share of the pod's cores minus CCL workers)",
     "ccl-workers": "override oneCCL workers per rank (intel profile only)",
     "env": "extra environment for every rank, e.g. --env 'CCL_LOG_LEVEL=info' (in clear text in the manifest: "
-           "never a secret; what cluster/job/secrets.py takes for one, by name or value, gets a warning)",
+           "never a secret; what cluster/job/secrets.py takes for one, by name or value, gets a warning); names "
+           "that change how an interpreter, a shell or the loader starts (PYTHON*, LD_*, PATH ...) only with "
+           "--allow-env",
+    "allow-env": "names --env may set although they change how a program starts, e.g. --allow-env PYTHONHASHSEED "
+                 "(comma-separated)",
     "synthetic-examples": "train the offline demo (a tiny model and data every pod makes first) with N examples",
 })
 def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE,
@@ -112,7 +117,7 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
             train_file="", validation_file="", epochs=Unset(int, "the job's"), batch_size=Unset(int, "the job's"),
             bf16="auto", checkpoint_every=Unset(duration_or_off), checkpoint_uri="", max_steps=Unset(int), extra="",
             ranks_per_node=Unset(int, "one per socket"), threads=Unset(int, "the rank's cores"), ccl_workers=Unset(int),
-            env="", synthetic_examples=Unset(int)):
+            env="", allow_env="", synthetic_examples=Unset(int)):
     """Write a Kubeflow PyTorchJob or TrainJob (torchrun in every pod) for the training job; connects to nothing."""
     from node_setup import kubeflow
 
@@ -150,7 +155,8 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
                       instance=instance_type, profile=profile, synthetic=demo, cores=cores or None,
                       ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
                       ccl_workers=ccl_workers if given(ccl_workers) else None, pvc=pvc or None,
-                      extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"), user=user, copy=copy)
+                      extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"), allow_env=parse_allow_env(allow_env),
+                      user=user, copy=copy)
         plan: k8s.K8sJobPlan | trainjob.TrainJobPlan
         if api == k8s.API_TRAINJOB:
             plan = trainjob.plan_trainjob(**common, min_nodes=min_nodes if given(min_nodes) else None,
@@ -188,7 +194,7 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
 # `fab --help k8s-job` in these groups (node_setup/tasks/parsing.py), each sorted.
 k8s_job.option_groups = {
     "cluster": ("api", "nodes", "image", "instance-type", "cores", "profile", "name", "namespace", "pvc"),
-    "program": ("script", "module", "args", "workdir", "ranks-per-node", "threads", "ccl-workers", "env"),
+    "program": ("script", "module", "args", "workdir", "ranks-per-node", "threads", "ccl-workers", "env", "allow-env"),
     "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
                  "max-steps", "bf16", "synthetic-examples", "extra"),
     "spot and recovery": ("min-nodes", "max-restarts"),

@@ -268,3 +268,18 @@ def test_a_secret_looking_env_gets_one_warning_line_that_names_it_and_says_to_us
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"warning: --env {flagged}: looks like a secret") and "Kubernetes Secret" in line
     assert "hf_abc123" not in line and "AKIAIOSFODNN7EXAMPLE" not in line  # never the value itself
+
+
+@pytest.mark.parametrize("api", k8s.APIS)
+def test_an_env_name_that_changes_how_a_program_starts_needs_allow_env_and_a_launch_variable_is_refused(api):
+    for env, message in (("LD_PRELOAD=/tmp/x.so", "--env: LD_PRELOAD changes how an interpreter"),
+                         ("RANK=3", "--env: RANK is set by the launch itself"),
+                         ("PET_NPROC_PER_NODE=8", "--env: PET_NPROC_PER_NODE is set by the launch itself")):
+        result = fab_in_process("k8s-job", "--api", api, "--image", IMAGE, "--env", env)
+        assert result.returncode == 2 and not result.stdout
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: {message}"), line
+    allowed = fab_in_process("k8s-job", "--api", api, "--image", IMAGE, "--env", "PYTHONHASHSEED=0",
+                             "--allow-env", "PYTHONHASHSEED")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "- name: PYTHONHASHSEED\n" in allowed.stdout
