@@ -17,9 +17,9 @@ import binascii
 
 from cluster.node.console import ConsoleUnreadable
 from cluster.inventory import Inventory, Node
+from cluster.stack.catalog import boot_wait_s
 from node_setup.aws import clients, errors
 
-WAIT_S = 300.0  # cloud-init prints the fingerprints at the end of boot, after sshd is up
 POLL_S = 10.0
 
 
@@ -28,9 +28,13 @@ class AwsConsole:
 
     kind = "aws"
 
-    def __init__(self, inventory: Inventory, ec2=None, *, wait_s: float = WAIT_S, poll_s: float = POLL_S):
+    def __init__(self, inventory: Inventory, ec2=None, *, wait_s: float | None = None, poll_s: float = POLL_S):
+        """`wait_s`: how long a node's console may take to list its fingerprints (cloud-init prints them at
+        the end of boot, after sshd is up): by default as long as the cluster's type boots (a worker that
+        `fab up` found in service may still be booting: a metal type's boot takes over 20 minutes)."""
         self.region = inventory.region
-        self.wait_s, self.poll_s = wait_s, poll_s
+        self.wait_s = float(boot_wait_s(inventory.instance_type or "")) if wait_s is None else wait_s
+        self.poll_s = poll_s
         self._ec2 = ec2
         self.nodes: dict[str, Node] = {}
         for node in inventory.nodes:

@@ -130,3 +130,17 @@ def test_a_failed_pulumi_up_names_the_groups_reason_and_arms_once_the_group_exis
     assert failed.value.code == 255 and "`pulumi up` exited with code 255" in failed.value.message
     assert "2 of 3 worker(s) in service after `pulumi up`" in out and REFUSED in out
     assert len(site) == 1 and "auto-stop: armed" in out
+
+
+def test_a_workers_console_is_read_as_long_as_the_clusters_type_boots():
+    """`fab up` arms the auto-stop once the group's workers are in service, which a metal instance is long
+    before its boot ends and its console lists its host keys: the controller waits for them as long."""
+    from cluster.inventory import Inventory, Node
+    from node_setup.aws.console import AwsConsole
+
+    def console(itype):
+        return AwsConsole(Inventory(name="xeon-dev", kind="aws", user="ubuntu", region=REGION, instance_type=itype,
+                                    nodes=(Node("node0", "10.0.0.10", "10.0.0.10", 0, role="master",
+                                                instance_id="i-0123456789abcdef0"),)))
+
+    assert console("r7iz.metal-16xl").wait_s == 2400 and console("c6i.16xlarge").wait_s == 900
