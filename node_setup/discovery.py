@@ -19,7 +19,10 @@ the other's caller).
 
 from __future__ import annotations
 
+import difflib
+
 from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory
+from cluster.backend import LOCAL
 from node_setup.backends import backend_for, cluster_kind, cluster_name
 from node_setup.backends.files import load_inventory_file, process_started_at
 
@@ -28,6 +31,27 @@ __all__ = ["KEY_ENV", "ClusterSelectionError", "resolve_cluster", "cluster_kind"
 
 
 def resolve_cluster(cluster: str | None, region: str | None = None) -> Inventory:
-    """The Inventory that `--cluster` names (see the module docstring); master first."""
+    """The Inventory that `--cluster` names (see the module docstring); master first. A name that names no
+    cluster but is close to a local one's (`lokal`, `local:bench9` beside `local:bench8`) gets the suggestion
+    with its error."""
     kind, target = cluster_kind(cluster)
-    return backend_for(kind).discover(target, region)
+    try:
+        return backend_for(kind).discover(target, region)
+    except ClusterSelectionError as exc:
+        hint = local_suggestion(cluster.strip()) if cluster else ""
+        if not hint:
+            raise
+        raise ClusterSelectionError(f"{exc}{hint}") from None
+
+
+def local_suggestion(name: str) -> str:
+    """'; did you mean `--cluster local:NAME`?' for a name close to a local cluster's (`local`, `local:NAME` or
+    NAME of one this machine has), else ''."""
+    from node_setup.local.state import DEFAULT_NAME, paths_for
+
+    root = paths_for(DEFAULT_NAME).cluster_dir.parent
+    names = sorted(p.name for p in root.iterdir() if (p / "state.json").is_file()) if root.is_dir() else []
+    choices = {LOCAL: LOCAL, **{f"{LOCAL}:{n}": f"{LOCAL}:{n}" for n in names},
+               **{n: f"{LOCAL}:{n}" for n in names if n != DEFAULT_NAME}}
+    close = difflib.get_close_matches(name, [c for c in choices if c != name], n=1, cutoff=0.6)
+    return f"; did you mean `--cluster {choices[close[0]]}`?" if close else ""

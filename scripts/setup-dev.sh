@@ -8,13 +8,34 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 VENV="${XEON_CLUSTER_VENV:-.venv}"
+
+# apt-get ARGS, waiting while another apt or dpkg holds its lock (an unattended upgrade, another set-up),
+# with one line saying so; its output is shown only when it fails.
+apt_get() {
+  local out start=$SECONDS said=""
+  while ! out=$($SUDO apt-get "$@" 2>&1); do
+    if ! printf '%s\n' "$out" | grep -q "Could not get lock"; then printf '%s\n' "$out" >&2; return 1; fi
+    if [ $((SECONDS - start)) -ge "${APT_LOCK_WAIT_S:-1800}" ]; then
+      echo "== gave up after ${APT_LOCK_WAIT_S:-1800} s waiting for the dpkg lock:" >&2; printf '%s\n' "$out" >&2
+      return 1
+    fi
+    if [ -z "$said" ]; then
+      said=$(printf '%s\n' "$out" | sed -n 's/.*held by process \([0-9]*\).*/\1/p' | head -n 1)
+      echo "== waiting for the dpkg lock: another apt or dpkg (pid ${said:-unknown}) holds it; trying again every" \
+           "${APT_LOCK_POLL_S:-5} s, up to ${APT_LOCK_WAIT_S:-1800} s"
+      said=${said:-yes}
+    fi
+    sleep "${APT_LOCK_POLL_S:-5}"
+  done
+}
+
 echo "== apt packages (sshd for the local nodes, tcmalloc, iproute2, Debian's python3 and venv, shellcheck)"
-$SUDO apt-get update -qq
+apt_get update -qq
 tcmalloc=libgoogle-perftools4t64
 apt-cache show "$tcmalloc" >/dev/null 2>&1 || tcmalloc=libgoogle-perftools4
-$SUDO apt-get install -y -qq --no-install-recommends \
+apt_get install -y -qq --no-install-recommends \
   openssh-server openssh-client iproute2 util-linux procps "$tcmalloc" \
-  python3 python3-venv python3-dev gcc numactl shellcheck ca-certificates >/dev/null
+  python3 python3-venv python3-dev gcc numactl shellcheck ca-certificates
 echo "== virtual environment $VENV (from /usr/bin/python3)"
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
 echo "== python packages into $VENV (torch pinned to the CPU wheel)"

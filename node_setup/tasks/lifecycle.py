@@ -120,8 +120,10 @@ def _arm_autostop(spec: ClusterSpec) -> str | None:
                          "check once); short of workers then, fab up fails with the group's reason",
 }, kinds={"wait-for-capacity": duration_or_off})
 def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S)):
-    """Preflight, `pulumi up --refresh` for the stack (its output streamed), then wait for the workers' group
-    to be full and arm the idle auto-stop; exits with Pulumi's code when it fails, 1 when workers are missing.
+    """Preflight, then `pulumi up --refresh` for the stack, its output streamed.
+
+    Then waits for the workers' group to be full and arms the idle auto-stop; exits with Pulumi's code when
+    it fails, 1 when workers are missing.
 
     A first up takes about an hour, two on metal types (docs/aws-lifecycle.md). Ctrl-C is passed to
     Pulumi once (it cancels cleanly) and `fab` waits for it to exit: Pulumi is never killed.
@@ -170,8 +172,10 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
     "yes": "do not ask before destroying",
 })
 def down(c, stack="", yes=False):
-    """`pulumi destroy` for the stack, its output streamed; after it succeeded, forget the cluster's keys
-    and list what is left with the toolkit's tags (`fab sweep`). Exits with Pulumi's code when it fails.
+    """`pulumi destroy` for the stack, its output streamed, then what is left listed.
+
+    After it succeeded, forgets the cluster's keys and lists what is left with the toolkit's tags (`fab
+    sweep`). Exits with Pulumi's code when it fails.
 
     Ctrl-C is passed to Pulumi once (it cancels cleanly) and `fab` waits for it to exit.
     """

@@ -60,6 +60,24 @@ def _error(machine: invoke_parser.ParseMachine, msg: str) -> None:
     raise fail(msg)
 
 
+_see_value = invoke_parser.ParseMachine.see_value
+
+
+def _value(machine: invoke_parser.ParseMachine, value) -> None:
+    """An option's value that its kind refuses (Fabric's own `--connect-timeout 3s`, an int): one line, not
+    invoke's ValueError. The project's options check their own values first (common.CheckedArgument)."""
+    try:
+        _see_value(machine, value)
+    except (TypeError, ValueError):
+        flag = machine.flag
+        name = max(flag.names, key=len).replace("_", "-") if flag is not None else "option"
+        word = _KIND_WORDS.get(flag.kind, "a value") if flag is not None else "a value"
+        core = machine.context is None or machine.context.name is None or \
+            (flag is not None and flag not in set(machine.context.flags.values()))
+        raise fail(f"--{name}: {value!r} is not {word}" + (" (an option of fab itself, given before the task: "
+                                                           "`fab --help` lists them)" if core else "")) from None
+
+
 _parse_cleanup = Program.parse_cleanup
 
 
@@ -134,5 +152,6 @@ def install() -> None:
     """Route every parse error through `_error`, and `--help <unknown task>` too, and print a task's help in
     its option groups (idempotent)."""
     invoke_parser.ParseMachine.error = _error
+    invoke_parser.ParseMachine.see_value = _value
     Program.parse_cleanup = _cleanup
     Program.print_task_help = _print_task_help

@@ -24,7 +24,8 @@ from node_setup.tasks.common import (CLUSTER_HELP, FAILED, REGION_HELP, UNREACHA
                                      fail, given, task)
 
 TIMEOUT_HELP = f"SSH connect timeout per node, e.g. 30s (default {connections.CONNECT_TIMEOUT}s)"
-TIMEOUT_KIND = {"connect-timeout": duration}
+# Not --connect-timeout: that is Fabric's own core option (whole seconds), which a task option must not shadow.
+TIMEOUT_KIND = {"ssh-timeout": duration}
 
 
 def _inventory(cluster: str | None, region: str | None, profile: str | None = None) -> Inventory:
@@ -74,14 +75,15 @@ def _arm_autostop(inventory: Inventory, idle_s: int, forced: bool) -> None:
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
     "profile": "software profile to install instead of the cluster's (stock or intel)",
-    "connect-timeout": TIMEOUT_HELP,
+    "ssh-timeout": TIMEOUT_HELP,
     "auto-stop": "arm the idle auto-stop for this long without a job or fab exec (30m, 2h, 90s) or `off`; "
                  "default: on an AWS cluster the stack's autoStopIdle (30m), elsewhere off",
 }, kinds={**TIMEOUT_KIND, "auto-stop": duration_or_off})
-def setup(c, cluster="", region="", profile="", connect_timeout=float(connections.CONNECT_TIMEOUT),
+def setup(c, cluster="", region="", profile="", ssh_timeout=float(connections.CONNECT_TIMEOUT),
           auto_stop=Unset(duration_or_off)):
-    """Install the software profile and this project on every node, in parallel (idempotent); then arm
-    the idle auto-stop (on AWS by default), so a cluster that never runs a job still powers off."""
+    """Install the software profile and this project on every node, in parallel (idempotent).
+
+    Then arms the idle auto-stop (on AWS by default), so a cluster that never runs a job still powers off."""
     from node_setup.ssh import install, wheels
 
     inventory = _inventory(cluster, region, profile)
@@ -96,7 +98,7 @@ def setup(c, cluster="", region="", profile="", connect_timeout=float(connection
           f"({fingerprint_digest(prof)}), xeon-cluster {wheel.version}", flush=True)
     try:
         results = install.setup_nodes(inventory, profile=prof, project_wheel=wheel, progress=install.print_progress,
-                                      connect_timeout=float(connect_timeout))
+                                      connect_timeout=float(ssh_timeout))
     except wheels.InstallError as exc:
         raise fail(str(exc)) from None
     rows = [(r.node, "ok" if r.ok else "failed", "-" if r.changed is None else ("yes" if r.changed else "no"),
@@ -120,10 +122,10 @@ def setup(c, cluster="", region="", profile="", connect_timeout=float(connection
     "region": REGION_HELP,
     "profile": "software profile to check against instead of the cluster's",
     "min-free-gib": f"least free disk (GiB) where the venv lives (default {DEFAULT_MIN_FREE_GIB:g})",
-    "connect-timeout": TIMEOUT_HELP,
+    "ssh-timeout": TIMEOUT_HELP,
 }, kinds=TIMEOUT_KIND)
 def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GIB,
-          connect_timeout=float(connections.CONNECT_TIMEOUT)):
+          ssh_timeout=float(connections.CONNECT_TIMEOUT)):
     """Verify every node: package versions match the profile, bf16 CPU flags, tcmalloc, free disk."""
     from node_setup.ssh import install
 
@@ -131,7 +133,7 @@ def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GI
     prof = get_profile(inventory.profile)
     version = project_version() if (PROJECT_ROOT / "pyproject.toml").exists() else None
     results = install.check_nodes(inventory, profile=prof, project_version=version,
-                                  min_free_gib=float(min_free_gib), connect_timeout=float(connect_timeout))
+                                  min_free_gib=float(min_free_gib), connect_timeout=float(ssh_timeout))
     names = None
     rows = []
     for r in results:
@@ -154,9 +156,9 @@ def check(c, cluster="", region="", profile="", min_free_gib=DEFAULT_MIN_FREE_GI
 @task(help={
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
-    "connect-timeout": TIMEOUT_HELP,
+    "ssh-timeout": TIMEOUT_HELP,
 }, kinds=TIMEOUT_KIND)
-def distribute(c, cluster="", region="", connect_timeout=float(connections.CONNECT_TIMEOUT)):
+def distribute(c, cluster="", region="", ssh_timeout=float(connections.CONNECT_TIMEOUT)):
     """Cluster SSH key to every node; ssh config, known_hosts and hostfile on the master."""
     from node_setup.ssh import install
     from node_setup.ssh.distribute import distribute as run_distribution
@@ -164,7 +166,7 @@ def distribute(c, cluster="", region="", connect_timeout=float(connections.CONNE
     from node_setup.ssh import autostop as remote_autostop
 
     inventory = _inventory(cluster, region)
-    conns = connections.connections_for(inventory, connect_timeout=float(connect_timeout))
+    conns = connections.connections_for(inventory, connect_timeout=float(ssh_timeout))
     try:
         result = run_distribution(inventory, conns=conns, progress=install.print_progress, raise_on_failure=False)
         if result.ok:  # the whole cluster: the idle auto-stop's node list follows it (a replaced node, too)

@@ -129,7 +129,7 @@ def test_unreachable_node_fails_distribution_with_exit_3(local_cluster_factory):
 
     cluster = local_cluster_factory(2)
     cluster.stop_sshd(1)
-    result = run_fab(cluster, "distribute", "--connect-timeout", "5s", timeout=120)
+    result = run_fab(cluster, "distribute", "--ssh-timeout", "5s", timeout=120)
     assert result.returncode == 3, result.stdout + result.stderr
     assert re.search(r"^node1\s+failed\s+unreachable", result.stdout, re.M), result.stdout
     assert "the master's files were not written" in result.stdout

@@ -94,7 +94,7 @@ def test_unreachable_node_is_named_and_the_others_finish(installed_cluster, loca
     cluster = local_cluster_factory(2)
     cluster.stop_sshd(1)
     start = time.monotonic()
-    result = run_fab(cluster, "setup", "--connect-timeout", "5s", timeout=300)
+    result = run_fab(cluster, "setup", "--ssh-timeout", "5s", timeout=300)
     assert result.returncode == 3, result.stdout + result.stderr
     table = rows(result.stdout, ("node0", "node1"))
     assert re.match(r"^node0\s+ok\s", table["node0"]), result.stdout

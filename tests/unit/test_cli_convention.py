@@ -20,7 +20,7 @@ COUNTS = {"nodes", "min-nodes", "max-restarts", "max-recoveries", "epochs", "bat
 # Money, rates and sizes: decimals.
 FLOATS = {"hourly-usd", "min-free-gib", "link-mbit", "link-delay-ms", "ddp-bucket-mb"}
 DURATIONS = {"idle", "poll", "grace", "notice", "auto-stop", "auto-stop-idle", "wait-for-capacity",
-             "checkpoint-every", "single-node-time", "connect-timeout", "keeper-delay", "keeper-console-delay"}
+             "checkpoint-every", "single-node-time", "ssh-timeout", "keeper-delay", "keeper-console-delay"}
 # One name per idea: the names that were retired for the one kept.
 RETIRED = {"batch": "batch-size", "restart-limit": "max-restarts", "checkpoint-minutes": "checkpoint-every"}
 # A list of counts, not one count: `fab plan --nodes 1,2,4,8`.
