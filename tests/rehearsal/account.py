@@ -1,7 +1,7 @@
 """The rehearsal's AWS account: a moto server on 127.0.0.1 that the unmodified `fab` reaches through
 boto3's standard endpoint setting (`AWS_ENDPOINT_URL`), and the Pulumi mocks reach the same way.
 
-moto 5.2 lacks five APIs the toolkit calls. Each is answered by a named test double that sits in
+moto 5.2 lacks six APIs the toolkit calls. Each is answered by a named test double that sits in
 front of moto's server app (a WSGI middleware) and lets every other request through to moto:
 
 - `PlacementGroupsDouble`: EC2 CreatePlacementGroup / DescribePlacementGroups / DeletePlacementGroup
@@ -16,6 +16,8 @@ front of moto's server app (a WSGI middleware) and lets every other request thro
 - `ConsoleOutputDouble`: EC2 GetConsoleOutput (moto's is a canned kernel log without host keys),
   answered with the console file of the local node at the instance's private address, where a new
   node's host key is verified.
+- `EbsDefaultKeyDouble`: EC2 GetEbsDefaultKmsKeyId, which `fab preflight` reads (moto implements
+  ModifyEbsDefaultKmsKeyId only): the key that call set, else alias/aws/ebs, as AWS answers.
 
 One more double sits behind moto's API, on its EC2 backend: `GroupLaunchDouble`
 (tests/rehearsal/group_launches.py) gives the instances the workers' Auto Scaling group launches
@@ -243,6 +245,22 @@ class ConsoleOutputDouble:
                     f"<output>{output}</output></GetConsoleOutputResponse>")
 
 
+class EbsDefaultKeyDouble:
+    """Test double: EC2 GetEbsDefaultKmsKeyId (moto 5.2 lacks it): the key moto's ModifyEbsDefaultKmsKeyId
+    recorded, else the AWS managed key, as AWS answers an account that never set one."""
+
+    ACTIONS = ("GetEbsDefaultKmsKeyId",)
+
+    def handle(self, action: str, form: dict[str, str]) -> Response:
+        from moto.ec2.models import ec2_backends
+
+        from node_setup.aws.ebs_key import AWS_MANAGED_KEY
+
+        key = ec2_backends[ACCOUNT][REGION].default_kms_key_id or AWS_MANAGED_KEY
+        return _xml("200 OK", f'<GetEbsDefaultKmsKeyIdResponse xmlns="{EC2_XMLNS}"><requestId>{secrets.token_hex(8)}'
+                    f"</requestId><kmsKeyId>{escape(key)}</kmsKeyId></GetEbsDefaultKmsKeyIdResponse>")
+
+
 class MissingApiDoubles:
     """WSGI middleware in front of moto's server app: the doubles above answer their calls, moto the rest."""
 
@@ -253,6 +271,7 @@ class MissingApiDoubles:
         self.quotas = Ec2QuotasDouble()
         self.policy_simulator = PolicySimulatorDouble()
         self.console = ConsoleOutputDouble()
+        self.ebs_key = EbsDefaultKeyDouble()
         self.answered: dict[str, int] = {}  # action -> how often a double answered it (for the report)
 
     def __call__(self, environ, start_response):
@@ -275,6 +294,8 @@ class MissingApiDoubles:
                 answer = self.policy_simulator.handle(action, form)
             elif action in ConsoleOutputDouble.ACTIONS:
                 answer = self.console.handle(action, form)
+            elif action in EbsDefaultKeyDouble.ACTIONS:
+                answer = self.ebs_key.handle(action, form)
         if answer is None:
             return self.app(environ, start_response)
         self.answered[action] = self.answered.get(action, 0) + 1

@@ -315,9 +315,12 @@ class Sitting:
     @contextmanager
     def controller_env(self) -> Iterator[None]:
         """The setup step runs in this process: it keeps the master's host key where `fab` will look,
-        and builds its project wheel in the rehearsal's cache."""
-        saved = {k: os.environ.get(k) for k in self.controller_places()}
-        os.environ.update(self.controller_places())
+        builds its project wheel in the rehearsal's cache, and reads the master's console (and, for a new
+        master, finds the workers' group) with the caller's credentials: the rehearsal's account's."""
+        places = {**self.controller_places(), **{k: v for k, v in self.account.fab_env({}).items()
+                                                  if k.startswith("AWS_")}}
+        saved = {k: os.environ.get(k) for k in places}
+        os.environ.update(places)
         try:
             yield
         finally:
