@@ -296,8 +296,6 @@ def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: st
                               checkpoint_minutes=(f"{round(request.checkpoint_every_s / 60, 4):g}"
                                                   if request.checkpoint_every_s is not None else None),
                               checkpoint_uri=request.checkpoint_uri, max_steps=job.max_steps,
-                              resume=request.resume or bool(restart and restart.resume)
-                              or request.launcher.min_nodes is not None,
                               grad_comm=job.grad_comm, ddp_bucket_mb=job.ddp_bucket_mb, extra_args=extra)
     if job.compile is not None:
         args += ["--compile", job.compile]
@@ -308,7 +306,10 @@ def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: st
         args += ["--gradient_accumulation_steps", str(batch.accumulation)]
     if catalog.lookup(instance_type or "") and not any(arg.flag == "--instance_type" for arg in job.extra):
         args += ["--instance_type", str(instance_type)]
-    return args + ["--output_dir", output_dir]
+    args += ["--output_dir", output_dir]
+    if request.resume or (restart is not None and restart.resume) or request.launcher.min_nodes is not None:
+        args.append("--resume")  # elastic: a restarted rank continues the newest checkpoint (a first start finds none)
+    return args
 
 
 def plan(request: RunRequest, inventory: Inventory, *, job_id: str | None = None, nodes: int | None = None,

@@ -39,11 +39,12 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from cluster.stack import catalog
 from cluster.stack.catalog import InstanceType
 from cluster.job import request
-from cluster.job.job_args import SyntheticData, job_setting
+from cluster.job.job_args import SyntheticData, job_setting, synthetic_data
 from cluster.job.launch import OUTPUT_DIR_VARIABLE, RESERVED_VARIABLES
 from cluster.job.layout import Layout, plan_layout
 from cluster.job.userjob import CopyPlan, FileEntry, UserProgram, human_bytes
@@ -455,24 +456,43 @@ def check_restart_limit(value: int | None) -> int:
     return limit
 
 
-def plan_pytorchjob(*, image: str, nodes: int, training_args: list[str] | tuple[str, ...] = (),
-                    name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
-                    instance: str = DEFAULT_INSTANCE_TYPE, profile: str = "stock",
-                    synthetic: SyntheticData | None = None, cores: int | None = None,
-                    ranks_per_node: int | None = None, threads_per_rank: int | None = None,
-                    ccl_workers: int | None = None, min_nodes: int | None = None, max_restarts: int | None = None,
-                    pvc: str | None = None, restart_limit: int | None = None,
-                    extra_env: dict[str, str] | None = None, allow_env: tuple[str, ...] = (),
-                    user: UserProgram | None = None, copy: CopyPlan | None = None) -> K8sJobPlan:
-    """The whole PyTorchJob on `nodes` pods: the pod (plan_pod: the built-in job, or your program with
-    `user` and `copy`) and torchrun's rendezvous; `min_nodes` makes it elastic."""
+def pod_options(run: request.RunRequest, *, name: str, profile: str) -> dict[str, Any]:
+    """plan_pod's program, layout and environment for the run request `run` (cluster/job/request.py; both
+    APIs): the built-in job's arguments as `fab train` makes them (cluster/job/jobplan.py's builtin_arguments,
+    with its output directory, default WORK_MOUNT/RUNS_DIR/<name>, and --resume: a restarted pod continues
+    the newest checkpoint) and its offline demo made with the image's Python; or your program and its
+    workdir's copy plan."""
+    from cluster.job.jobplan import Restart, builtin_arguments
+
+    layout = run.layout
+    common: dict[str, Any] = dict(ranks_per_node=layout.ranks_per_node, threads_per_rank=layout.threads_per_rank,
+                                  ccl_workers=layout.ccl_workers, extra_env=run.env_map(), allow_env=run.allow_env)
+    own = run.own
+    if own is not None:
+        return {**common, "user": own.program, "copy": own.copy}
+    job = run.builtin
+    assert job is not None  # a request runs the built-in job or your program
+    args = builtin_arguments(run, output_dir=run.output_dir or f"{WORK_MOUNT}/{RUNS_DIR}/{name}", instance_type=None,
+                             restart=Restart(resume=True))
+    demo = synthetic_data(job.demo.task, job.demo.examples, f"{venv_dir(get_profile(profile))}/bin/python") \
+        if job.demo else None
+    return {**common, "training_args": args, "synthetic": demo}
+
+
+def plan_pytorchjob(run: request.RunRequest, *, image: str, name: str = DEFAULT_NAME,
+                    namespace: str = DEFAULT_NAMESPACE, instance: str = DEFAULT_INSTANCE_TYPE, profile: str = "stock",
+                    cores: int | None = None, pvc: str | None = None,
+                    restart_limit: int | None = None) -> K8sJobPlan:
+    """The whole PyTorchJob of the run request `run` on its node count of pods: the pod (plan_pod, from
+    `pod_options`) and torchrun's rendezvous; the request's launcher's minimum node count makes it elastic."""
     name, namespace = check_name(name), check_namespace(namespace)
-    nodes = check_nodes(nodes)
+    nodes = check_nodes(run.nodes)
     limit = check_restart_limit(restart_limit)
-    pod = plan_pod(name=name, image=image, training_args=training_args, instance=instance, profile=profile,
-                   synthetic=synthetic, cores=cores, ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
-                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, allow_env=allow_env, user=user, copy=copy)
-    run = plan_torchrun(layout=pod.layout, nodes=nodes, program=pod.program, rdzv_host=pod_name(name, 0),
-                        rdzv_id=name, min_nodes=min_nodes, max_restarts=max_restarts, torchrun=pod.torchrun)
-    return K8sJobPlan(name=name, namespace=namespace, nodes=nodes, min_nodes=min_nodes, pod=pod, torchrun=run,
+    pod = plan_pod(name=name, image=image, instance=instance, profile=profile, cores=cores, pvc=pvc,
+                   **pod_options(run, name=name, profile=profile))
+    min_nodes = run.launcher.min_nodes
+    run_ = plan_torchrun(layout=pod.layout, nodes=nodes, program=pod.program, rdzv_host=pod_name(name, 0),
+                         rdzv_id=name, min_nodes=min_nodes, max_restarts=run.launcher.max_restarts,
+                         torchrun=pod.torchrun)
+    return K8sJobPlan(name=name, namespace=namespace, nodes=nodes, min_nodes=min_nodes, pod=pod, torchrun=run_,
                       restart_limit=limit)

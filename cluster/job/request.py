@@ -94,7 +94,8 @@ def _flag(setting: str, value: object) -> None:
         raise _refuse(setting, value, "true or false")
 
 
-def _node_path(setting: str, value: object) -> None:
+def check_node_path(setting: str, value: object) -> None:
+    """A folder on the nodes: letters, digits and _./+@- (it reaches shells quoted), no '..'."""
     _line(setting, value, pattern=_NODE_PATH_RE)
     if isinstance(value, str) and ".." in value.split("/"):
         raise _refuse(setting, value, "a path without '..'")
@@ -350,7 +351,7 @@ class RunRequest:
             raise _refuse("--env", [name for name, _ in self.env], "each name once")
         check_env(dict(self.env), self.allow_env)
         if self.output_dir is not None:
-            _node_path("--output-dir", self.output_dir)
+            check_node_path("--output-dir", self.output_dir)
         _number("--checkpoint-every", self.checkpoint_every_s, 0, 10 * 365 * 86400)
         if self.checkpoint_uri is not None:
             try:

@@ -90,6 +90,9 @@ def _from_extra(typed: dict[str, str], options: dict[str, Any]) -> dict[str, Any
             found[target] = _switch(flag, text)
         elif name == "compile_estimate":
             found[target] = _estimate(text)
+        elif name == "output_dir":
+            rq.check_node_path(flag, text)
+            found[target] = text
         else:
             found[target] = text
     return found
@@ -111,7 +114,7 @@ def _data_files(options: Mapping[str, Any], run_id: str, local_file: Callable[[s
     return paths, tuple(files)
 
 
-def _builtin(options: dict[str, Any], inventory: Inventory, nodes: int, run_id: str, *, calibration: Any,
+def _builtin(options: dict[str, Any], offline: bool, run_id: str, *, calibration: Any,
              local_file: Callable[[str], str | None]) -> tuple[rq.BuiltinJob, tuple[rq.DataFile, ...], list[str]]:
     try:
         words = shlex.split(options.get("extra") or "")
@@ -127,7 +130,7 @@ def _builtin(options: dict[str, Any], inventory: Inventory, nodes: int, run_id: 
     given_data = options.get("model") or options.get("dataset") or paths["train_file"]
     examples = options.get("synthetic_examples")
     demo = None
-    if examples is not None or (inventory.offline and not given_data):
+    if examples is not None or (offline and not given_data):
         task = options.get("task") or TASKS[0]
         if task not in TASKS:
             raise rq.RequestError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
@@ -205,7 +208,7 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
     files: tuple[rq.DataFile, ...] = ()
     program: rq.BuiltinJob | rq.OwnProgram
     if own is None:
-        program, files, more = _builtin(options, inventory, nodes, run_id, calibration=calibration,
+        program, files, more = _builtin(options, inventory.offline, run_id, calibration=calibration,
                                         local_file=local_file)
         lines += more
     else:
@@ -234,3 +237,24 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
         resume=resume, managed=supervision, allow_busy=bool(options.get("allow_busy")), idle_stop_s=idle_stop_s,
         data_files=files)
     return request, [line for line in lines if line]
+
+
+def k8s_request(options: Mapping[str, Any], *, run_id: str, own: rq.OwnProgram | None = None) -> rq.RunRequest:
+    """`fab k8s-job`'s options (those it shares with fab train, left out as None) as a run request: one pod
+    per node, torchrun in each (elastic with --min-nodes), the built-in job's settings and --extra checked as
+    fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`)."""
+    options = dict(options)
+    try:
+        pairs = env_pairs(options.get("env") or "", "CCL_LOG_LEVEL=info")
+    except LaunchError as exc:
+        raise rq.RequestError(str(exc)) from None
+    allow = rq.parse_allow_env(options.get("allow_env") or "")
+    program: rq.BuiltinJob | rq.OwnProgram = own if own is not None else _builtin(
+        options, False, run_id, calibration=None, local_file=lambda path: None)[0]
+    min_nodes = options.get("min_nodes")
+    return rq.RunRequest(
+        run_id=run_id, nodes=options.get("nodes") or 1, program=program,
+        launcher=rq.Launcher("torchrun", min_nodes, options.get("max_restarts") if min_nodes is not None else None),
+        layout=rq.LayoutRequest(options.get("ranks_per_node"), options.get("threads"), options.get("ccl_workers")),
+        env=rq.check_env(pairs, allow), allow_env=allow, output_dir=options.get("output_dir") or None,
+        checkpoint_every_s=options.get("checkpoint_every"), checkpoint_uri=options.get("checkpoint_uri") or None)

@@ -21,7 +21,6 @@ answers of every node.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass
@@ -191,7 +190,3 @@ class Lifecycle:
         first = Answer("job script", 0 if script.code in (0, 3) else script.code, script.out)
         return [first, *self.transport.run(self.nodes(plan), jc.sh_command(jc.STOP_NODE_SH, plan.job_id, grace),
                                            timeout=grace + 30)]
-
-    def record(self, path: str, data: object) -> None:
-        """JSON on the master (a reader never sees half of it)."""
-        self.transport.put(self.transport.master, path, (json.dumps(data, indent=2) + "\n").encode())

@@ -18,7 +18,7 @@ from cluster.job.job_args import BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICE
 from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
 from node_setup.tasks.common import Unset, duration_or_off, given
 
-# The shared options' help, by option name.
+# The shared options' help, by option name (a task overrides a text where its option means more).
 HELP = {
     "task": f"training task: {' or '.join(TASKS)} (training default {TASKS[0]})",
     "dataset": "hub dataset name (default squad for qa, glue/mrpc for classification)",
@@ -40,6 +40,9 @@ HELP = {
     "synthetic-examples": "train the offline demo (a tiny model and data made on every node first) with N examples",
     "max-restarts": f"torchrun with --min-nodes: restarts of the ranks before the job fails (default "
                     f"{DEFAULT_MAX_RESTARTS})",
+}
+# fab train's built-in job settings that fab k8s-job does not take.
+TRAIN_HELP = {
     "grad-comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's --grad_comm; bf16 compresses "
                  "DDP's buckets)",
     "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default "

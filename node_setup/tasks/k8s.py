@@ -16,17 +16,20 @@ import sys
 from pathlib import Path
 
 from cluster.job import k8s, trainjob
-from cluster.job.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, JobArgsError, synthetic_data,
-                                  training_arguments)
+from cluster.job.job_args import JobArgsError
+from cluster.job.jobplan import new_job_id
 from cluster.job.k8s import K8sJobError
 from cluster.job.launch import LaunchError, env_pairs
 from cluster.job.layout import LayoutError
-from cluster.job.request import parse_allow_env
+from cluster.job.request import OwnProgram, RequestError
+from cluster.job.train_options import k8s_request
 from cluster.job.userjob import (BUILTIN_ONLY, CopyPlan, UserJobError, UserProgram, check_module,
                                  conflicting_builtin_options, human_bytes, script_in_workdir, split_args)
-from cluster.node.profiles import PROFILES, get_profile, venv_dir
+from cluster.node.profiles import PROFILES
 from cluster.job.torchrun import DEFAULT_MAX_RESTARTS, TorchrunError
-from node_setup.tasks.common import Unset, duration_or_off, fail, given, task
+from node_setup.tasks import job_options
+from node_setup.tasks.common import Unset, fail, given, task
+from node_setup.tasks.job_options import DEFAULTS as D
 
 
 def own_program(*, script: str, module: str, args: str, workdir: str) -> tuple[UserProgram, CopyPlan]:
@@ -52,12 +55,8 @@ def own_program(*, script: str, module: str, args: str, workdir: str) -> tuple[U
     return UserProgram(rel, module or None, tuple(words), None), scan(root)
 
 
-def _minutes(every) -> str | None:
-    """`--checkpoint-every` (seconds; 0: only at the end) as the job's --checkpoint_minutes (None: not given)."""
-    return f"{round(every / 60, 4):g}" if given(every) else None
-
-
 @task(help={
+    **job_options.HELP,
     "api": f"which Kubeflow API: {k8s.API_PYTORCHJOB} (the training operator's kubeflow.org/v1 PyTorchJob, the "
            f"default) or {k8s.API_TRAINJOB} (Kubeflow Trainer v2.3+'s TrainJob on the {trainjob.RUNTIME} runtime)",
     "nodes": "worker pods, one per node (default 1)",
@@ -85,39 +84,28 @@ def _minutes(every) -> str | None:
     "args": "arguments of your --script/--module, split like a shell would (arguments after `--` are added)",
     "workdir": "folder of your program, copied into every pod (default: the script's folder; with --module the "
                "current folder); what `fab train` withholds (dot-files, credentials, links out) stays here",
-    "task": "training task: qa or classification (training default qa)",
     "model": "model id, or a directory relative to the volume (--model_name_or_path)",
-    "dataset": "hub dataset name (default squad for qa, glue/mrpc for classification)",
-    "dataset-config": "hub dataset configuration (e.g. mrpc)",
     "train-file": f"training data (.json/.jsonl), a path relative to {k8s.WORK_MOUNT}",
     "validation-file": "evaluation data, like --train-file",
-    "epochs": "number of training epochs, a whole number (--num_train_epochs; for part of one: --max-steps)",
-    "batch-size": "batch size per rank (--per_device_train_batch_size)",
-    "bf16": "auto (on when the CPU has AMX/AVX512-BF16), on or off",
-    "checkpoint-every": "save a checkpoint this often, e.g. 30m or 1h (off: only at the end)",
     "checkpoint-uri": "s3://bucket/prefix every checkpoint is uploaded to (and a restarted pod resumes from)",
-    "max-steps": "stop after N optimizer steps",
     "extra": "more `python -m training` arguments (with --script/--module: your program's), verbatim, e.g. "
              "--extra '--learning_rate 3e-5' (arguments after `--` are added here)",
     "ranks-per-node": "override ranks per pod (default one per socket)",
     "threads": "override OpenMP threads per rank (default the rank's share of the pod's cores minus CCL workers)",
-    "ccl-workers": "override oneCCL workers per rank (intel profile only)",
     "env": "extra environment for every rank, e.g. --env 'CCL_LOG_LEVEL=info' (in clear text in the manifest: "
            "never a secret; what cluster/job/secrets.py takes for one, by name or value, gets a warning); names "
            "that change how an interpreter, a shell or the loader starts (PYTHON*, LD_*, PATH ...) only with "
            "--allow-env",
-    "allow-env": "names --env may set although they change how a program starts, e.g. --allow-env PYTHONHASHSEED "
-                 "(comma-separated)",
-    "synthetic-examples": "train the offline demo (a tiny model and data every pod makes first) with N examples",
 })
 def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT_INSTANCE_TYPE,
             cores=Unset(int, "all but the kubelet's"), profile="stock", name=k8s.DEFAULT_NAME,
-            namespace=k8s.DEFAULT_NAMESPACE, pvc="", min_nodes=Unset(int), max_restarts=Unset(int), output="",
+            namespace=k8s.DEFAULT_NAMESPACE, pvc="", min_nodes=D["min_nodes"], max_restarts=D["max_restarts"],
+            output="",
             script="", module="", args="", workdir="", task="", model="", dataset="", dataset_config="",
-            train_file="", validation_file="", epochs=Unset(int, "the job's"), batch_size=Unset(int, "the job's"),
-            bf16="auto", checkpoint_every=Unset(duration_or_off), checkpoint_uri="", max_steps=Unset(int), extra="",
-            ranks_per_node=Unset(int, "one per socket"), threads=Unset(int, "the rank's cores"), ccl_workers=Unset(int),
-            env="", allow_env="", synthetic_examples=Unset(int)):
+            train_file="", validation_file="", epochs=D["epochs"], batch_size=D["batch_size"], bf16=D["bf16"],
+            checkpoint_every=D["checkpoint_every"], checkpoint_uri="", max_steps=D["max_steps"], extra=D["extra"],
+            ranks_per_node=D["ranks_per_node"], threads=D["threads"], ccl_workers=D["ccl_workers"], env=D["env"],
+            allow_env=D["allow_env"], synthetic_examples=D["synthetic_examples"]):
     """Write a Kubeflow PyTorchJob or TrainJob (torchrun in every pod) for the training job; connects to nothing."""
     from node_setup import kubeflow
 
@@ -125,49 +113,36 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
         raise fail(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
     if not (script or module) and (args or workdir):
         raise fail(f"{'--args' if args else '--workdir'}: only with --script or --module (your own program)")
-    options = dict(task_name=task, model=model, dataset=dataset, dataset_config=dataset_config,
-                   train_file=train_file, validation_file=validation_file)
-    examples = synthetic_examples if given(synthetic_examples) else None
     try:
         k8s.check_api(api)
-        user = copy = demo = None
-        training_args: list[str] = []
+        own = None
         if script or module:
             conflicting_builtin_options(dict(zip(BUILTIN_ONLY, (
                 task, model, dataset, dataset_config, train_file, validation_file, given(epochs), given(batch_size),
                 given(max_steps), bf16 != "auto", given(checkpoint_every), checkpoint_uri, False,
                 given(synthetic_examples)))))
             user, copy = own_program(script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir)
-        else:
-            if examples is not None:
-                if model or dataset or train_file:
-                    raise JobArgsError("--synthetic-examples: the offline demo brings its own model and data; leave "
-                                       "out --model, --dataset and --train-file, or drop --synthetic-examples")
-                demo = synthetic_data(task, examples, f"{venv_dir(get_profile(profile))}/bin/python")
-                options.update(demo.options)
-                epochs, batch_size = epochs or SYNTHETIC_EPOCHS, batch_size or SYNTHETIC_BATCH_SIZE
-                extra = f"{demo.recommended} {extra}".strip()
-            training_args = training_arguments(**options, epochs=epochs or None, batch_size=batch_size or None,
-                                               bf16=bf16, checkpoint_minutes=_minutes(checkpoint_every),
-                                               checkpoint_uri=checkpoint_uri, max_steps=max_steps or None,
-                                               extra=extra)
-        common = dict(image=image, nodes=nodes, training_args=training_args, name=name, namespace=namespace,
-                      instance=instance_type, profile=profile, synthetic=demo, cores=cores or None,
-                      ranks_per_node=ranks_per_node or None, threads_per_rank=threads or None,
-                      ccl_workers=ccl_workers if given(ccl_workers) else None, pvc=pvc or None,
-                      extra_env=env_pairs(env, "CCL_LOG_LEVEL=info"), allow_env=parse_allow_env(allow_env),
-                      user=user, copy=copy)
+            own = OwnProgram(script=user.script, module=user.module, args=user.args, signal=None,
+                             workdir=copy.workdir, copy=copy)
+        shared = dict(nodes=nodes, task=task, model=model, dataset=dataset, dataset_config=dataset_config,
+                      train_file=train_file, validation_file=validation_file, epochs=epochs, batch_size=batch_size,
+                      bf16=bf16, checkpoint_every=checkpoint_every, checkpoint_uri=checkpoint_uri, max_steps=max_steps,
+                      extra=extra, ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, env=env,
+                      allow_env=allow_env, synthetic_examples=synthetic_examples, min_nodes=min_nodes,
+                      max_restarts=max_restarts)
+        run = k8s_request(job_options.plain(shared), run_id=new_job_id(), own=own)
+        common = dict(image=image, name=name, namespace=namespace, instance=instance_type, profile=profile,
+                      cores=cores or None, pvc=pvc or None)
         plan: k8s.K8sJobPlan | trainjob.TrainJobPlan
         if api == k8s.API_TRAINJOB:
-            plan = trainjob.plan_trainjob(**common, min_nodes=min_nodes if given(min_nodes) else None,
-                                          max_restarts=max_restarts if given(max_restarts) else None)
+            plan = trainjob.plan_trainjob(**common, nodes=run.nodes, min_nodes=min_nodes if given(min_nodes) else None,
+                                          max_restarts=max_restarts if given(max_restarts) else None,
+                                          **k8s.pod_options(run, name=name, profile=profile))
         else:
-            plan = k8s.plan_pytorchjob(
-                **common, min_nodes=min_nodes or None,
-                max_restarts=max_restarts if given(max_restarts) and given(min_nodes) else None,
-                restart_limit=max_restarts if given(max_restarts) else None)
+            plan = k8s.plan_pytorchjob(run, **common, restart_limit=max_restarts if given(max_restarts) else None)
         text = kubeflow.to_yaml(*kubeflow.manifests(plan))
-    except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, UserJobError, ValueError) as exc:
+    except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, UserJobError, RequestError,
+            ValueError) as exc:
         raise fail(str(exc)) from None
     kind = k8s.KIND if api == k8s.API_PYTORCHJOB else trainjob.KIND
     secrets = k8s.secret_looking(env_pairs(env))
@@ -192,13 +167,10 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
 
 
 # `fab --help k8s-job` in these groups (node_setup/tasks/parsing.py), each sorted.
-k8s_job.option_groups = {
-    "cluster": ("api", "nodes", "image", "instance-type", "cores", "profile", "name", "namespace", "pvc"),
-    "program": ("script", "module", "args", "workdir", "ranks-per-node", "threads", "ccl-workers", "env", "allow-env"),
-    "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
-                 "max-steps", "bf16", "synthetic-examples", "extra"),
-    "spot and recovery": ("min-nodes", "max-restarts"),
-    "output": ("output", "checkpoint-every", "checkpoint-uri"),
-}
+k8s_job.option_groups = job_options.groups(
+    cluster=("api", "nodes", "image", "instance-type", "cores", "profile", "name", "namespace", "pvc"),
+    program=("script", "module", "args", "workdir"),
+    output=("output",),
+)
 
 TASKS = [k8s_job]

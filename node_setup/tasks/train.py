@@ -40,6 +40,7 @@ REFUSED = (RequestError, UserJobError, SupervisionError, InventoryError, LayoutE
 
 @task(help={
     **job_options.HELP,
+    **job_options.TRAIN_HELP,
     "nodes": "how many nodes to use, master first (1 to the nodes available; left out: all)",
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,

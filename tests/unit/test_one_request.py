@@ -106,3 +106,21 @@ def test_the_interpreter_is_the_profiles_never_the_specs(path, tmp_path):
     job = plan(read, inventory())
     assert job.launch.program[0] == "/opt/xeon-cluster/venv-stock/bin/python"
     assert job.prepare[0].split("|| ")[1].startswith("/opt/xeon-cluster/venv-stock/bin/python -m training.synthetic")
+
+
+def test_the_pytorchjob_runs_the_program_fab_train_runs_under_torchrun():
+    """The PyTorchJob's entry point takes the request: each pod's torchrun runs `-m training` with the arguments
+    fab train's torchrun runs (nodes without a catalogued type, so neither adds --instance_type), read back or not."""
+    from cluster.job import k8s
+
+    nodes = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4,
+                                    "hosts": [f"192.0.2.{10 + i}" for i in range(3)]}, default_name="lab")
+    options = dict(nodes=3, synthetic_examples=200, max_steps=6, output_dir="runs/r1", launcher="torchrun",
+                   min_nodes=2, env="FI_PROVIDER=tcp", extra="--learning_rate 3e-5")
+    run = request_from_options(options, nodes, run_id=RUN)[0]
+    read = type(run).from_mapping(json.loads(json.dumps(run.to_mapping())))
+    on_nodes = plan(run, nodes).launch.program
+    for each in (run, read):
+        job = k8s.plan_pytorchjob(each, image="registry.example.com/xeon-cluster:0.1.0")
+        assert job.pod.program == ("-m", "training", *on_nodes[3:]) and on_nodes[1:3] == ("-m", "training")
+        assert job.min_nodes == 2 and job.pod.env["FI_PROVIDER"] == "tcp"
