@@ -251,7 +251,8 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     "params": "parameter count for a model not in the list (66M, 1.3B)",
     "samples": "training samples (features) per epoch for a data set not in the list",
     "batch_size": "batch size per rank (default: the calibration's, else 32)",
-    "profile": "software profile (intel: bf16 gradients, 2 bytes; stock: fp32 gradients, 4 bytes); default the stack's",
+    "profile": "software profile, stock or intel: the gradients DDP's buckets hold (stock fp32, intel bf16; what "
+               "goes on the wire is --grad-comm's); default the stack's",
     "ranks_per_node": "training processes per node in multi-node runs (default: the type's sockets)",
     "flows_per_rank": "TCP flows per rank for the all-reduce (CCL workers under the intel profile)",
     "placement_group": "nodes share a cluster placement group (10 Gbps per flow instead of 5); on by default, "

@@ -9,7 +9,6 @@ on an installed machine the tests here take ~15 s.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -60,9 +59,7 @@ def test_setup_installed_the_profile_on_every_node(installed_cluster, setup_runs
 
 def test_second_setup_changes_nothing_and_says_so(installed_cluster):
     markers = {p: p.stat().st_mtime_ns for p in (VENV / PROFILE_MARKER, VENV / PROJECT_MARKER)}
-    start = time.monotonic()
-    result = run_fab(installed_cluster, "setup", timeout=300)
-    took = time.monotonic() - start
+    result = run_fab(installed_cluster, "setup", timeout=300)  # how long it takes: bench/bench_fab_setup.py
     assert result.returncode == 0, result.stdout + result.stderr
     table = rows(result.stdout)
     assert len(table) == 3
@@ -71,7 +68,6 @@ def test_second_setup_changes_nothing_and_says_so(installed_cluster):
     for name in table:
         assert f"{name}: venv unchanged" in result.stdout and f"{name}: project unchanged" in result.stdout
     assert {p: p.stat().st_mtime_ns for p in markers} == markers  # nothing rewritten
-    assert took < 60, f"a no-op setup took {took:.0f} s"
 
 
 def test_check_passes_and_names_a_mismatch(installed_cluster):
@@ -93,8 +89,7 @@ def test_check_passes_and_names_a_mismatch(installed_cluster):
 def test_unreachable_node_is_named_and_the_others_finish(installed_cluster, local_cluster_factory):
     cluster = local_cluster_factory(2)
     cluster.stop_sshd(1)
-    start = time.monotonic()
-    result = run_fab(cluster, "setup", "--ssh-timeout", "5s", timeout=300)
+    result = run_fab(cluster, "setup", "--ssh-timeout", "5s", timeout=300)  # its time: bench/bench_daily_loop.py
     assert result.returncode == 3, result.stdout + result.stderr
     table = rows(result.stdout, ("node0", "node1"))
     assert re.match(r"^node0\s+ok\s", table["node0"]), result.stdout
@@ -102,7 +97,6 @@ def test_unreachable_node_is_named_and_the_others_finish(installed_cluster, loca
     address = cluster.state.nodes[1].address
     assert f"unreachable: root@{address}:22" in table["node1"] and "refused" in table["node1"].lower()
     assert "failed: node1 (rerun `fab setup` to pick up)" in result.stdout
-    assert time.monotonic() - start < 120
 
     check = run_fab(cluster, "check", timeout=120)
     assert check.returncode == 3 and "unreachable" in rows(check.stdout, ("node1",))["node1"]

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -146,14 +145,13 @@ def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path, lo
     out = f"/var/tmp/xc-supervised-{cluster.name}"
     transcript = []
     old_keys = {n.name: n.host_key for n in local_state.load_state(cluster.paths).nodes}
-    started = time.monotonic()
     run = fab(cluster, "train", "--managed", "--detach", "--cluster", f"local:{cluster.name}", "--synthetic-examples",
               "3000", "--max-steps", str(STEPS), "--checkpoint-every", "10s", "--output-dir", out,
               "--extra", "--spot_poll_seconds 1 --logging_steps 20", timeout=120)
-    took = time.monotonic() - started
     transcript.append(run.stdout + run.stderr)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
-    assert took < 30, f"fab train --managed --detach took {took:.0f} s"
+    assert "detached: `fab status` shows the run" in run.stdout  # returned once the run started: its time is
+    # bench/bench_daily_loop.py's; the run goes on without fab (below)
     assert fab_processes(cluster.name) == []
     try:
         wait_for(lambda: steps_logged(cluster) >= 2, 180, "the first job to train")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,150 @@ def test_every_markdown_file_named_in_code_tests_or_docs_is_in_the_repository():
 ])
 def test_slugs_follow_github(heading, expected):
     assert slug(heading) == expected
+
+
+# ---------------------------------------------------------------- every `fab` command line the docs show
+
+
+FAB_WORDS = ("fab", "xeon-cluster")
+COMMAND_RE = re.compile(r"(?:^|[\s;&|{(])(?:fab|xeon-cluster)(?:\s|$)")
+# A synopsis, not a command line: `[--detach]`, `<the usual options>`, `...`, a placeholder in capitals (`--job ID`,
+# `-c NAME`), options written as alternatives (`--script/--module`); tasks as alternatives: `synopsis`.
+SYNOPSIS_RE = re.compile(r"\[-|<[^>]*>|\.\.\.|…|(?<![\w/.:=-])[A-Z][A-Z_]*(?![\w/.-])|\S/-")
+# What a reference to an option in prose leaves out (`fab train --script`, `fab exec`): not a command line.
+REFERENCE_ONLY = ("needs a value", "did not receive required positional arguments")
+
+
+def command_lines(line: str) -> list[list[str]]:
+    """The `fab` command lines of one line of shell, as words: split where `&&`, `||`, `;`, `|` or a `{ ... }`
+    group starts or ends; `$(...)` stands for one value. ValueError: not a whole line of shell."""
+    lexer = shlex.shlex(re.sub(r"\$\([^)]*\)", "VALUE", line), posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    found, words = [], []
+    for token in [*lexer, ";"]:
+        if token in ("{", "}") or set(token) <= set(";&|"):
+            if words[:1] and words[0] in FAB_WORDS:
+                found.append(words)
+            words = []
+        else:
+            words.append(token)
+    return found
+
+
+def block_commands(block: list[tuple[int, str]]) -> list[tuple[int, list[str]]]:
+    """The command lines of one fenced block: after a `$ ` prompt when it has prompts (the rest is output),
+    else every line; `\\` continues a line, `# ...` ends it."""
+    prompted = any(line.lstrip().startswith("$ ") for _, line in block)
+    found, pending, start = [], "", None
+    for number, line in block:
+        text = line.strip()
+        if prompted and not pending:
+            if not text.startswith("$ "):
+                continue
+            text = text[2:]
+        text = re.sub(r"\s+#.*$", "", text)
+        if text.endswith("\\"):
+            pending, start = pending + text[:-1] + " ", start or number
+            continue
+        text, number, pending, start = pending + text, start or number, "", None
+        if not COMMAND_RE.search(text):
+            continue
+        try:
+            found += [(number, words) for words in command_lines(text)]
+        except ValueError:  # a quote left open: only a fault in a line that is a command itself
+            if text.split()[0] in FAB_WORDS:
+                found.append((number, [text.split()[0], "<a quote left open>"]))
+    return found
+
+
+def documented_commands(path: Path) -> list[tuple[int, list[str], bool]]:
+    """(line, words, in a code block) of every `fab` command line of a page: in fenced code blocks, and in
+    inline code that starts with `fab `."""
+    found, fence, block = [], None, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        marker = line.strip()[:3]
+        if marker in ("```", "~~~"):
+            if fence is None:
+                fence = marker
+            elif marker == fence:
+                found += [(n, words, True) for n, words in block_commands(block)]
+                fence, block = None, []
+            continue
+        if fence is not None:
+            block.append((number, line))
+            continue
+        for span in re.findall(r"`((?:fab|xeon-cluster) [^`]+)`", line):
+            try:
+                found += [(number, words, False) for words in command_lines(span)]
+            except ValueError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def parse_only():
+    """`fab ARGS` through the real parser, as fab parses it (its core options, then the tasks'), nothing run:
+    None, or the line fab would print. Only the named tasks' contexts are given to the second parse (the
+    parser copies what it is given; all of them for a line that names none)."""
+    from invoke.exceptions import Exit, ParseError
+    from invoke.parser import Parser
+
+    from node_setup.tasks import ns
+    from node_setup.tasks.program import program
+
+    contexts = ns.to_contexts()
+    by_name = {name: context for context in contexts for name in (context.name, *context.aliases)}
+
+    def parse(args: tuple[str, ...]) -> str | None:
+        try:
+            core = Parser(initial=program.initial_context, ignore_unknown=True).parse_argv(list(args))
+            named = list(dict.fromkeys(by_name[w] for w in core.unparsed if w in by_name)) or contexts
+            Parser(initial=program.initial_context, contexts=named).parse_argv(core.unparsed)
+        except (ParseError, Exit) as exc:
+            return str(getattr(exc, "message", None) or exc)
+        return None
+
+    return parse
+
+
+def synopsis(words: list[str]) -> bool:
+    """A synopsis, not a command line: SYNOPSIS_RE's marks, or tasks as alternatives (`fab setup/check`)."""
+    return bool(SYNOPSIS_RE.search(" ".join(words).replace("VALUE", "v"))) or "/" in "".join(words[1:2])
+
+
+@pytest.mark.parametrize("page", pages(), ids=page_id)
+def test_every_fab_command_line_in_the_docs_parses(page, parse_only):
+    refused = []
+    for number, words, in_block in documented_commands(page):
+        if synopsis(words):
+            continue
+        problem = parse_only(tuple(words[1:]))
+        if problem and (in_block or not any(word in problem for word in REFERENCE_ONLY)):
+            refused.append(f"{page_id(page)}:{number}: `{' '.join(words)}`: {problem}")
+    assert not refused, "\n".join(refused)
+
+
+def test_the_docs_parse_check_catches_what_drifted(parse_only, tmp_path):
+    """What the docs said before: a bare number of seconds, an option renamed, a value the option refuses."""
+    page = tmp_path / "page.txt"
+    page.write_text("Run `fab autostop --idle 1800` or\n\n```\n$ fab setup --connect-timeout 5s && fab jobs\n"
+                    "output: fab status --nodes 0\n$ fab train --nodes 4 \\\n    --epochs two  # a comment\n```\n"
+                    "`fab train --script` is a reference; `fab logs --job ID` a synopsis.\n")
+    found = [(n, words) for n, words, _ in documented_commands(page)]
+    assert found == [(1, ["fab", "autostop", "--idle", "1800"]), (4, ["fab", "setup", "--connect-timeout", "5s"]),
+                     (4, ["fab", "jobs"]), (6, ["fab", "train", "--nodes", "4", "--epochs", "two"]),
+                     (9, ["fab", "train", "--script"]), (9, ["fab", "logs", "--job", "ID"])]
+    assert [parse_only(tuple(words[1:])) for _, words in found[:4]] == [
+        "error: --idle: '1800' has no unit; add a unit: 1800s, 1800m or 1800h (durations are written like 90s, 30m, "
+        "2h or 1h30m)",
+        "error: --connect-timeout: '5s' is not a whole number (an option of fab itself, given before the task: "
+        "`fab --help` lists them)",
+        None, "error: --epochs: 'two' is not a whole number"]
+
+
+def test_readmes_task_table_names_every_task():
+    from node_setup.tasks import ns
+
+    table = set(re.findall(r"^\| `fab ([a-z0-9-]+)` \|", README.read_text(), re.M))
+    assert table == set(ns.task_names), f"README's task table: missing {sorted(set(ns.task_names) - table)}, " \
+                                        f"not tasks {sorted(table - set(ns.task_names))}"

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -73,7 +72,7 @@ def test_states_durations_exit_codes_programs_newest_first(tmp_path):
         ("dddd", "stopped", 143, 55), ("cccc", "interrupted", 75, 5), ("bbbb", "failed", 1, 5),
         ("aaaa", "completed", 0, 65)]
     assert (rows[0].state, rows[0].exit_code, rows[0].nodes, rows[0].ranks) == ("running", None, 2, 4)
-    assert rows[0].duration_s >= time.time() - START - 60  # running: up to now
+    assert rows[0].duration_s > 3600 * 24 * 300  # running: from its start (START, in the past) up to the answer's now
     assert [r.program for r in rows] == ["built-in", "built-in qa", "built-in qa", "script train.py", "built-in qa"]
     assert rows[-1].checkpoint_uri == "s3://bucket/runs"
     shown = table(rows, "lab").splitlines()

@@ -10,7 +10,6 @@ import select
 import socket
 import subprocess
 import sys
-import time
 
 from training.imds import ENDPOINT_VARIABLE
 
@@ -40,10 +39,8 @@ def test_a_rank_that_ended_before_the_watcher_looked_ends_the_watcher_at_once(tm
     ended = subprocess.Popen(["true"])
     ended.wait()
     record_rank(job_dir, ended.pid)  # the rank ran and ended before the watcher's first look
-    started = time.monotonic()
     watcher = start_watcher(job_dir)
-    assert watcher.wait(timeout=30) == 0
-    assert time.monotonic() - started < 10  # not the minute it waits for a first rank record
+    assert watcher.wait(timeout=30) == 0  # not the minute it waits for a first rank record (it would time out)
 
 
 def test_the_watcher_keeps_no_descriptor_of_the_launch_and_ends_with_the_rank(tmp_path):

@@ -251,7 +251,7 @@ def test_a_local_node_s_start_is_its_sshd_s_else_local_up_s(tmp_path):
     (tmp_path / "state.json").write_text(state.to_json())
     inventory = resolve_cluster(str(tmp_path / "inventory.yaml"))
     own = process_started_at(os.getpid())
-    assert own is not None and 0 <= time.time() - own < HOUR  # this test's own process started just now
+    assert own is not None and 0 < own <= time.time()  # this test's own process: started before now
     assert [n.launched_at for n in inventory.nodes] == [own, NOW - HOUR, None]
     (tmp_path / "state.json").unlink()  # no state file: start times not known
     assert [n.launched_at for n in resolve_cluster(str(tmp_path / "inventory.yaml")).nodes] == [None] * 3
