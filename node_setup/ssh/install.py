@@ -42,6 +42,7 @@ from node_setup.ssh.wheels import (OUTPUT_TAIL_LINES, ProjectWheel, build_projec
 
 REMOTE_DIR = ".cache/xeon-cluster"  # relative to the SSH user's home (where ssh commands start)
 INSTALL_TIMEOUT_S = 3600
+HEARTBEAT_S = 30.0  # a step that long without a line of news gets one saying it still runs
 
 Progress = Callable[[str], None]
 
@@ -51,11 +52,14 @@ Progress = Callable[[str], None]
 
 class _LineSink(io.TextIOBase):
     """Where the remote output goes: `::xc::` progress/step lines to `progress`; the rest is dropped
-    here (invoke still captures all of it in result.stdout/stderr, which the failure report reads)."""
+    here (invoke still captures all of it in result.stdout/stderr, which the failure report reads).
+    It remembers the last progress line and when it came, for `_heartbeat`."""
 
     def __init__(self, progress: Progress | None):
         self.progress = progress
         self._partial = ""
+        self.last: str | None = None  # the step under way (its progress line), None after a step ended
+        self.since = time.monotonic()
 
     def write(self, text: str) -> int:
         self._partial += text
@@ -69,9 +73,12 @@ class _LineSink(io.TextIOBase):
         if not events:
             return
         event = events[0]
-        if self.progress and event.kind in ("progress", "step"):
+        if event.kind in ("progress", "step"):
             status = f" {event.status}" if event.status else ""
-            self.progress(f"{event.name}{status}: {event.detail}".rstrip(": "))
+            line = f"{event.name}{status}: {event.detail}".rstrip(": ")
+            self.last, self.since = (line if event.kind == "progress" else None), time.monotonic()
+            if self.progress:
+                self.progress(line)
 
     def flush(self) -> None:
         pass
@@ -141,11 +148,32 @@ def install_profile(conn, profile: Profile, *, wheelhouse: str | None = None,
     script = f"{REMOTE_DIR}/install-{profile.name}.sh"
     conn.put(io.StringIO(install_script(plan)), remote=script)
     sink = _LineSink(progress)
-    result = conn.run(f"bash {script}", hide=False, out_stream=sink, err_stream=sink, warn=True, timeout=timeout,
-                      in_stream=False, pty=False)
+    done = threading.Event()
+    if progress is not None:
+        threading.Thread(target=_heartbeat, args=(sink, progress, done), daemon=True).start()
+    try:
+        result = conn.run(f"bash {script}", hide=False, out_stream=sink, err_stream=sink, warn=True, timeout=timeout,
+                          in_stream=False, pty=False)
+    finally:
+        done.set()
     if result.failed:
         raise UnexpectedExit(result)
     return _result_from(getattr(conn, "host", "?"), result.stdout + result.stderr, time.monotonic() - start, True)
+
+
+def _heartbeat(sink: _LineSink, progress: Progress, done: threading.Event) -> None:
+    """While a step runs without news (pip installing torch, apt unpacking), say every HEARTBEAT_S that it
+    still runs and for how long, so a long setup is never silent for minutes."""
+    every = HEARTBEAT_S
+    while not done.wait(every):
+        quiet = time.monotonic() - sink.since
+        if sink.last is not None and quiet >= every:
+            progress(f"{sink.last.split(':')[0]}: still working, {_elapsed(quiet)} since: {sink.last}")
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
 def check_node(conn, profile: Profile, *, project_version: str | None = None, instance: InstanceType | None = None,
