@@ -1,17 +1,20 @@
 """The controller's job history of each cluster: a file in the controller's config directory
 (node_setup/controller.py), `<config>/job-history/<cluster>.json`, merged and read by
-cluster/job/jobhistory.py. `fab jobs`, `fab status` and `fab get` record what they read from the master,
-so that a master replaced or auto-stopped does not take the cluster's job list with it.
+cluster/job/jobhistory.py. `fab train` adds the job it starts (`started`); `fab jobs` and `fab status` merge
+in what they read from the master (`record`), so that a master replaced or auto-stopped does not take the
+cluster's job list with it; `fab get --job` reads it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Sequence
 
-from cluster.job import jobhistory
+from cluster.job import jobhistory, joblist
 from cluster.job.joblist import JobRow
+from cluster.job.jobplan import JobPlan
 from cluster import names
 from node_setup.controller import config_root
 
@@ -38,7 +41,18 @@ def read(cluster: str, say=print) -> list[JobRow]:
 
 def record(cluster: str, master_rows: Sequence[JobRow], say=print) -> list[JobRow]:
     """Merge what the master listed into the cluster's history and keep it; returns the merged rows."""
-    rows = jobhistory.merged(read(cluster, say), master_rows)
+    return _write(cluster, jobhistory.merged(read(cluster, say), master_rows), say)
+
+
+def started(plan: JobPlan, say=print) -> None:
+    """A job `fab train` just started, into its cluster's history (found there if its master goes before any
+    `fab jobs` read it)."""
+    row = joblist.row_of(plan.job_id, joblist.job_record(json.dumps(plan.metadata()), "job.json")[0],
+                         plan.inventory.master.name)
+    _write(plan.inventory.name, jobhistory.added(read(plan.inventory.name, say), row), say)
+
+
+def _write(cluster: str, rows: list[JobRow], say) -> list[JobRow]:
     file = path(cluster)
     try:
         file.parent.mkdir(parents=True, exist_ok=True)

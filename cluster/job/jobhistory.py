@@ -3,10 +3,10 @@ when the master that held a job's records was replaced or auto-stopped.
 
 The master's records (cluster/job/joblist.py) are the truth while the master has them; every time fab
 reads them they are merged into the history (`merged`), and the history's jobs that the master no longer
-lists stay, marked with the master that had them. `loads`/`dumps` are the history file's text
-(node_setup/job_history.py keeps it in the controller's config directory); the file is checked when it
-is read, as anything else is. `whereabouts` says where a job's output may still be when its master is
-gone.
+lists stay, marked with the master that had them. A job `fab train` starts goes in at once (`added`).
+`loads`/`dumps` are the history file's text (node_setup/job_history.py keeps it in the controller's config
+directory); the file is checked when it is read, as anything else is. `whereabouts` says where a job's
+output may still be when its master is gone.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ def merged(history: Sequence[JobRow], master_rows: Sequence[JobRow]) -> list[Job
     listed = {row.id for row in master_rows}
     gone = [replace(row, state=UNKNOWN) if row.state == "running" else row for row in history if row.id not in listed]
     return sorted([*master_rows, *gone], key=lambda row: row.id, reverse=True)[:KEEP]
+
+
+def added(history: Sequence[JobRow], row: JobRow) -> list[JobRow]:
+    """The history with `row` in it (a job just started: the others are as they were), newest first."""
+    return sorted([row, *(r for r in history if r.id != row.id)], key=lambda r: r.id, reverse=True)[:KEEP]
 
 
 def dumps(rows: Sequence[JobRow]) -> str:

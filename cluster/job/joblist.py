@@ -164,14 +164,18 @@ def _row(item: dict, now: int | None, node: str, problems: list[str]) -> JobRow 
     meta, problem = job_record(_decoded(item.get("job_json"), "job.json", where, problems), where)
     if problem:
         problems.append(problem)
+    return row_of(job_id, meta, node, state=state, exit_code=None if state == "running" else code,
+                  end=now if state == "running" else _count(item.get("ended")))
+
+
+def row_of(job_id: str, meta: dict, master: str, *, state: str = "running", exit_code: int | None = None,
+           end: int | None = None) -> JobRow:
+    """The row of a job from its checked job.json (`job_record`), kept on `master`; `end`: epoch seconds."""
     start = epoch(meta.get("started"))
-    ended = _count(item.get("ended"))
-    end = now if state == "running" else ended
     duration = end - start if start is not None and end is not None and end >= start else None
     return JobRow(job_id, state, meta.get("started"), duration, len(meta["hosts"]) if "hosts" in meta else None,
-                  meta.get("world_size"), None if state == "running" else code, meta.get("output_dir"),
-                  meta.get("launcher"), program_of(meta), _setting(meta.get("training_args"), "--checkpoint_uri"),
-                  node)
+                  meta.get("world_size"), exit_code, meta.get("output_dir"), meta.get("launcher"), program_of(meta),
+                  _setting(meta.get("training_args"), "--checkpoint_uri"), master)
 
 
 def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:

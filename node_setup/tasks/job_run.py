@@ -22,6 +22,7 @@ from cluster.job import jobreport, jobsummary, worldcheck
 from cluster.job.joblog import failure_report
 from cluster.job.jobplan import JobPlan, plan, shown
 from cluster.job.request import RunRequest
+from node_setup import job_history
 from node_setup.job_lifecycle.steps import BUSY, UNREACHABLE, Lifecycle, LifecycleError, table
 from node_setup.ssh import job as jobs
 from node_setup.tasks.common import CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, STOPPED, fail
@@ -92,6 +93,7 @@ def run(request: RunRequest, inventory: Inventory, job: JobPlan) -> int:
     say(f"layout: {job.layout.describe()[1]}")
     say(f"job {job.job_id} started on {job.inventory.master.name} (pid {pid}): {job.launch.world_size} ranks on "
         f"{', '.join(job.launch.hosts)}; output {shown(job.output_dir)}")
+    job_history.started(job)  # fab jobs and fab get find it even if its master goes before they ask
     master = life.transport.conns[life.transport.master]
     cost = RunCostClock.at_launch(job)  # prints the planned time and cost
     code = follow_to_end(life, job)

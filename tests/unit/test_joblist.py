@@ -179,3 +179,23 @@ def test_a_malformed_history_is_one_line_and_a_new_one_is_kept(tmp_path, monkeyp
     said.clear()
     assert job_history.record("lab", [row("20260103-000000-cccc")], say=said.append)[0].id == "20260103-000000-cccc"
     assert said[0].startswith(f"{path}: not JSON") and json.loads(path.read_text())["format"] == jobhistory.FORMAT
+
+
+def test_a_job_fab_train_starts_is_in_the_history_before_any_fab_jobs(tmp_path, monkeypatch):
+    """node_setup/tasks/job_run.py adds the job it started: a master lost before anyone listed its jobs does not
+    take it along."""
+    from cluster.job.jobplan import plan
+    from cluster.job.train_options import request_from_options
+    from tests.unit.test_job_run import RUN, inventory
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    request = request_from_options(dict(nodes=3, synthetic_examples=200, max_steps=6,
+                                        checkpoint_uri="s3://ckpt-bucket/r1"), inventory(), run_id=RUN)[0]
+    job_history.record("lab", [row("20261127-090000-aaaa", master="node0")])
+    job_history.started(plan(request, inventory()))
+    rows = job_history.read("lab")
+    assert [(r.id, r.state, r.master, r.nodes, r.program, r.checkpoint_uri) for r in rows] == [
+        (RUN, "running", "node0", 3, "built-in qa", "s3://ckpt-bucket/r1"),
+        ("20261127-090000-aaaa", "completed", "node0", None, None, None)]  # the others as they were
+    after = job_history.record("lab", [])  # a new master lists none of them
+    assert [(r.id, r.state) for r in after] == [(RUN, "unknown"), ("20261127-090000-aaaa", "completed")]
