@@ -1,214 +1,174 @@
-"""The Kubeflow CRD schemas the tests validate `fab k8s-job`'s manifests against (tests/k8s_crds/).
+"""The schemas the tests validate `fab k8s-job`'s manifests against, built at test time from the Kubeflow
+projects' own Python models (the PyPI packages node_setup/kubeflow.py builds the manifests with):
 
-Each file of tests/k8s_crds/ is the `openAPIV3Schema` of one published CustomResourceDefinition,
-the schema the Kubernetes API server validates that kind with, with its `description` texts
-removed (they validate nothing) and where it came from (`source`: the project, release, file and
-the SHA-256 of that file as released):
+    TrainJob    kubeflow-trainer-api 2.3.0: pydantic models generated from Kubeflow Trainer's OpenAPI
+                spec, Kubernetes' own types (pod spec, quantities, ObjectMeta) included. Their
+                `model_json_schema(by_alias=True)`, with each model closed to fields it does not
+                have; a oneOf wrapper (a Quantity: a string or a number, an IntOrString) made the
+                choice of its alternatives (pydantic renders it as an object of its validators); an
+                enum, which these models check in a field validator the JSON schema does not show,
+                read from that validator's own refusal.
+    PyTorchJob  kubeflow-training 1.9.4: openapi-generator models generated from the training operator's
+                OpenAPI spec, with the `kubernetes` client's models (generated the same way from
+                Kubernetes' spec) below the pod template. Each class's `openapi_types` (the type) and
+                `attribute_map` (the name), closed to other fields; a field is required when its setter
+                refuses None ("must not be `None`"); a type the package lacks (elasticPolicy's metrics)
+                admits nothing.
+    ConfigMap   the `kubernetes` client's V1ConfigMap, built the same way.
 
-    pytorchjob.json   kubeflow.org/v1 PyTorchJob, the training operator v1.9.4
-                      (manifests/base/crds/kubeflow.org_pytorchjobs.yaml), the release of the SDK
-                      node_setup/kubeflow.py builds it with (kubeflow-training 1.9.4)
-    trainjob.json     trainer.kubeflow.org/v1alpha1 TrainJob, Kubeflow Trainer v2.3.0
-                      (manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml), the release of the
-                      models node_setup/kubeflow.py builds it with (kubeflow-trainer-api 2.3.0)
-
-Neither project ships its CRDs in a package this project can install (PyPI's kubeflow-training and
-kubeflow-trainer-api hold generated Python models only), so the schemas are kept here as data. To
-refresh one from a release's CRD file: `python -m tests.k8s_schema CRD.yaml PROJECT RELEASE PATH >
-tests/k8s_crds/KIND.json` (and move the pin in pyproject.toml with it: tests/unit/test_k8s_schemas.py
-checks that the installed models are of the schemas' release).
-
-`problems(manifest)` checks a manifest as the API server would on create, strictly (kubectl's
-default `--validate=strict`: a field the schema does not know is an error, not dropped):
-- the structural schema as JSON Schema (draft 4, what OpenAPI v3.0 schemas are): types, required
-  fields, enums, patterns, lengths, item counts, minimum and maximum; `nullable`,
-  `x-kubernetes-int-or-string` (an integer or a string), `x-kubernetes-preserve-unknown-fields`
-  (anything goes below);
-- `x-kubernetes-list-type`: `map` lists have one item per key (`x-kubernetes-list-map-keys`), `set`
-  lists no repeated item;
-- the CEL rules (`x-kubernetes-validations`) of the forms these CRDs use: `self == oldSelf` only
-  applies to an update (skipped); `X.matches('RE')`, `size(X) <= N`, `self == '' || ...`,
-  `self in [...]` and `has(X)` are evaluated; any other rule is reported as not understood, so a
-  refreshed schema cannot pass by being skipped.
-What it cannot check is the API server's own: metadata (ObjectMeta: the name's form), and whatever
-the operators' admission webhooks refuse (tests/k8s_trainer.py holds what the tests check of
-Trainer's).
+Strict as kubectl's default `--validate=strict`: a field the models do not know is an error, as are
+a wrong type, a missing required field, a value outside an enum and a null (the models write none).
+A check of a model the walkers do not understand (a setter or validator refusing anything but None
+or an enum's outsider) stops the build rather than being skipped. Each schema is built once per
+process. What the models do not carry, and so is not checked here (the CRDs' CEL rules, bounds,
+patterns and list-map keys, ObjectMeta's rules, the webhooks): docs/kubernetes.md, "What the tests
+check, against what".
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import ast
 import re
-import sys
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Iterator
+from types import SimpleNamespace
+from typing import Any
 
-CRDS = Path(__file__).resolve().parent / "k8s_crds"
-FILES = ("pytorchjob.json", "trainjob.json")
+from cluster.job import k8s, trainjob
 
-
-def trimmed(value: Any) -> Any:
-    """A schema without its `description` texts."""
-    if isinstance(value, dict):
-        return {k: trimmed(v) for k, v in value.items() if k != "description"}
-    if isinstance(value, list):
-        return [trimmed(v) for v in value]
-    return value
-
-
-def from_crd(text: str, project: str, release: str, path: str) -> dict:
-    """The data file of a CRD file's text: its first served version's schema, trimmed, and its source."""
-    import yaml
-
-    crd = yaml.safe_load(text)
-    version = next(v for v in crd["spec"]["versions"] if v.get("served", True))
-    return {"source": {"project": project, "release": release, "file": path,
-                       "sha256": hashlib.sha256(text.encode()).hexdigest()},
-            "group": crd["spec"]["group"], "version": version["name"], "kind": crd["spec"]["names"]["kind"],
-            "openAPIV3Schema": trimmed(version["schema"]["openAPIV3Schema"])}
+# (apiVersion, kind) -> the package whose models say what the kind is, and its model of the kind
+MODELS = {
+    (trainjob.API_VERSION, trainjob.KIND): ("kubeflow-trainer-api", "TrainerV1alpha1TrainJob"),
+    (k8s.API_VERSION, k8s.KIND): ("kubeflow-training", "KubeflowOrgV1PyTorchJob"),
+    ("v1", "ConfigMap"): ("kubernetes", "V1ConfigMap"),
+}
+_NOTES = ("title", "description", "default")  # JSON Schema annotations: they validate nothing
+_NAMED = ("properties",)  # maps of names to schemas: a property may be called "default"
+_ENUM = re.compile(r"^(each list item )?must be one of (?:enum values )?\((.*)\)$")
+_PROBE = "\x00"  # a value no enum, pattern or format of Kubernetes admits
 
 
-def load(name: str) -> dict:
-    return json.loads((CRDS / name).read_text())
-
-
-@lru_cache(maxsize=None)
-def schemas() -> dict[tuple[str, str], dict]:
-    """(apiVersion, kind) -> the data file's content."""
-    out = {}
-    for name in FILES:
-        crd = load(name)
-        out[(f"{crd['group']}/{crd['version']}", crd["kind"])] = crd
-    return out
-
-
-def json_schema(node: Any) -> Any:
-    """A structural schema node as JSON Schema (draft 4), strict about unknown fields."""
+def _tidy(node: Any) -> Any:
+    """A pydantic JSON schema without annotations, and an Optional's `null` alternative dropped."""
     if isinstance(node, list):
-        return [json_schema(v) for v in node]
+        return [_tidy(v) for v in node]
     if not isinstance(node, dict):
         return node
-    names = ("properties", "patternProperties")  # maps of names to schemas: convert their values only
-    out = {k: {name: json_schema(sub) for name, sub in v.items()} if k in names else json_schema(v)
-           for k, v in node.items() if not k.startswith("x-kubernetes-") and k not in ("nullable", "default", "format")}
-    if node.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out = {"anyOf": [{"type": "integer"}, {"type": "string"}], **{k: v for k, v in out.items() if k != "anyOf"}}
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    if ("properties" in node and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
-        out["additionalProperties"] = False
+    out = {k: {name: _tidy(sub) for name, sub in v.items()} if k in _NAMED else _tidy(v)
+           for k, v in node.items() if k not in _NOTES}
+    if "anyOf" in out:
+        members = [m for m in out.pop("anyOf") if m != {"type": "null"}]
+        out.update(members[0] if len(members) == 1 else {"anyOf": members})
     return out
 
 
-_PATH = r"self((?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
-_STRING = r"'((?:[^'\\]|\\.)*)'"
-_RULES = [
-    (re.compile(rf"^{_PATH}\.matches\({_STRING}\)$"), "matches"),
-    (re.compile(rf"^size\({_PATH}\) <= (\d+)$"), "size"),
-    (re.compile(rf"^self == '' \|\| self\.matches\({_STRING}\)$"), "empty-or-matches"),
-    (re.compile(rf"^self in \[((?:{_STRING}(?:, )?)+)\]$"), "in"),
-    (re.compile(rf"^has\({_PATH}\)$"), "has"),
-]
-_MISSING = object()
+def _refusal(check, value) -> str:
+    """The ValueError `check(value)` raises, as text ('' when it admits the value)."""
+    try:
+        check(value)
+    except ValueError as refusal:
+        return str(refusal)
+    return ""
 
 
-def _field(value: Any, dotted: str) -> Any:
-    for name in filter(None, dotted.split(".")):
-        if not isinstance(value, dict) or name not in value:
-            return _MISSING
-        value = value[name]
-    return value
+def _not_understood(where: str, refusal: str) -> ValueError:
+    return ValueError(f"{where}: a check of the models not understood: {refusal or 'it admits anything'}")
 
 
-def cel_holds(rule: str, value: Any) -> bool | None:
-    """Whether a CEL rule of the forms above holds for `value` (`self`); None: a transition rule
-    (`oldSelf`), which applies to updates only. ValueError for a rule of any other form."""
-    if "oldSelf" in rule:
-        if rule != "self == oldSelf":
-            raise ValueError(f"CEL rule not understood: {rule!r}")
-        return None
-    for pattern, form in _RULES:
-        found = pattern.match(rule)
+def _pydantic_model(cls, node: dict) -> dict:
+    """One Trainer model's schema (tidied): closed, its enums added; a oneOf wrapper as its alternatives."""
+    fields = node.get("properties", {})
+    if "actual_instance" in fields:  # oneof_schema_<n>_validator: one per alternative
+        return {"anyOf": [schema for name, schema in fields.items() if name.startswith("oneof_schema_")]}
+    for validator in cls.__pydantic_decorators__.field_validators.values():
+        refusal = _refusal(validator.func, _PROBE)
+        found = _ENUM.match(refusal)
         if not found:
-            continue
-        if form == "matches":
-            target = _field(value, found.group(1))
-            return isinstance(target, str) and re.search(found.group(2), target) is not None
-        if form == "size":
-            target = _field(value, found.group(1))
-            return target is not _MISSING and len(target) <= int(found.group(2))
-        if form == "empty-or-matches":
-            return value == "" or re.search(found.group(1), value) is not None
-        if form == "in":
-            return value in re.findall(_STRING, found.group(1))
-        return _field(value, found.group(1)) is not _MISSING
-    raise ValueError(f"CEL rule not understood: {rule!r}")
+            raise _not_understood(f"{cls.__name__}.{validator.cls_var_name}", refusal)
+        for field in validator.info.fields:
+            schema = fields[cls.model_fields[field].alias or field]
+            (schema["items"] if found.group(1) else schema)["enum"] = ast.literal_eval(f"[{found.group(2)}]")
+    return {**node, "additionalProperties": False}
 
 
-def _pairs(schema: dict, value: Any, where: str) -> Iterator[tuple[dict, Any, str]]:
-    """Every (schema node, value, path) below and including this one, where the value is present."""
-    yield schema, value, where
-    if isinstance(value, dict):
-        for name, sub in value.items():
-            node = (schema.get("properties") or {}).get(name)
-            if node is None and isinstance(schema.get("additionalProperties"), dict):
-                node = schema["additionalProperties"]
-            if node is not None:
-                yield from _pairs(node, sub, f"{where}.{name}")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for index, item in enumerate(value):
-            yield from _pairs(schema["items"], item, f"{where}[{index}]")
+def trainer_schema(root: str) -> dict:
+    """The JSON Schema of Trainer's model `root` (kubeflow_trainer_api.models)."""
+    from kubeflow_trainer_api import models
+
+    schema = getattr(models, root).model_json_schema(by_alias=True)
+    defs = schema.pop("$defs", {})
+    defs.setdefault(root, schema)
+    return {"$ref": f"#/$defs/{root}",
+            "$defs": {name: _pydantic_model(getattr(models, name), _tidy(node)) for name, node in defs.items()}}
 
 
-def kubernetes_extensions(schema: dict, manifest: dict) -> list[str]:
-    """What the x-kubernetes-* keywords refuse in `manifest`: repeated list keys, CEL rules that fail."""
-    out = []
-    for node, value, where in _pairs(schema, manifest, "$"):
-        kind = node.get("x-kubernetes-list-type")
-        if kind in ("map", "set") and isinstance(value, list):
-            keys = node.get("x-kubernetes-list-map-keys", ())
-            seen = [json.dumps([i.get(k) for k in keys] if kind == "map" else i, sort_keys=True) for i in value]
-            repeated = sorted({s for s in seen if seen.count(s) > 1})
-            if repeated:
-                out.append(f"{where}: {kind} list repeats {', '.join(repeated)}")
-        for rule in node.get("x-kubernetes-validations", ()):
-            holds = cel_holds(rule["rule"], value)
-            if holds is False:
-                out.append(f"{where}: {rule.get('message') or rule['rule']}")
-    return out
+_SCALARS = {"str": {"type": "string"}, "int": {"type": "integer"}, "float": {"type": "number"},
+            "bool": {"type": "boolean"}, "datetime": {"type": "string"}, "date": {"type": "string"},
+            "object": {}}  # object: any JSON value (an IntOrString, a RawExtension)
+
+
+def _required(cls, attr: str) -> bool:
+    """Whether `cls`'s setter of `attr` refuses None; ValueError when it refuses anything else."""
+    probe = cls.__new__(cls)
+    probe.local_vars_configuration = SimpleNamespace(client_side_validation=True)
+
+    def check(value):
+        setattr(probe, attr, value)
+
+    refusal = _refusal(check, _PROBE) or _refusal(check, None)
+    if refusal and not refusal.endswith("must not be `None`"):
+        raise _not_understood(f"{cls.__name__}.{attr}", refusal)
+    return bool(refusal)
+
+
+def _openapi_type(name: str, models, defs: dict) -> dict:
+    if name in _SCALARS:
+        return dict(_SCALARS[name])
+    if name.startswith("list[") and name.endswith("]"):
+        return {"type": "array", "items": _openapi_type(name[len("list["):-1], models, defs)}
+    if name.startswith("dict(str, ") and name.endswith(")"):
+        return {"type": "object", "additionalProperties": _openapi_type(name[len("dict(str, "):-1], models, defs)}
+    if name not in defs:
+        cls = getattr(models, name, None)
+        if cls is None:  # a type the package lacks (the SDK could not read such a field back either)
+            return {"not": {}}
+        defs[name] = {}  # while its fields are walked (a model may contain itself)
+        defs[name] = {"type": "object", "additionalProperties": False,
+                      "properties": {cls.attribute_map[attr]: _openapi_type(kind, models, defs)
+                                     for attr, kind in cls.openapi_types.items()},
+                      "required": [cls.attribute_map[attr] for attr in cls.openapi_types if _required(cls, attr)]}
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def openapi_schema(models, root: str) -> dict:
+    """The JSON Schema of the openapi-generator model `root` of the module `models`."""
+    defs: dict[str, dict] = {}
+    return {**_openapi_type(root, models, defs), "$defs": defs}
 
 
 @lru_cache(maxsize=None)
-def _converted(key: tuple[str, str]) -> dict:
-    return json_schema(schemas()[key]["openAPIV3Schema"])
+def schema(api_version: str, kind: str) -> dict:
+    """The JSON Schema of a kind `fab k8s-job` writes, from its package's models."""
+    package, root = MODELS[(api_version, kind)]
+    if package == "kubeflow-trainer-api":
+        return trainer_schema(root)
+    if package == "kubeflow-training":
+        from kubeflow.training import models  # the kubernetes client's models too (it imports them)
+    else:
+        from kubernetes.client import models
+    return openapi_schema(models, root)
+
+
+@lru_cache(maxsize=None)
+def _validator(api_version: str, kind: str):
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema(api_version, kind))
 
 
 def problems(manifest: dict) -> list[str]:
-    """Everything the published schema of the manifest's kind refuses in it ([] when it validates)."""
-    from jsonschema import Draft4Validator
-
+    """Everything the models of the manifest's kind refuse in it ([] when it validates)."""
     key = (manifest.get("apiVersion"), manifest.get("kind"))
-    crd = schemas().get(key)  # type: ignore[arg-type]
-    if crd is None:
-        return [f"no published schema here for apiVersion {key[0]!r}, kind {key[1]!r}"]
-    schema = crd["openAPIV3Schema"]
-    validator = Draft4Validator(_converted(key))
-    found = [f"$.{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(manifest)]
-    return found + kubernetes_extensions(schema, manifest)
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        print("usage: python -m tests.k8s_schema CRD.yaml PROJECT RELEASE PATH-IN-THE-RELEASE", file=sys.stderr)
-        return 2
-    crd, project, release, path = argv
-    print(json.dumps(from_crd(Path(crd).read_text(), project, release, path), indent=1, sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    if key not in MODELS:
+        return [f"no models here for apiVersion {key[0]!r}, kind {key[1]!r}"]
+    errors = _validator(*key).iter_errors(manifest)
+    return sorted("$" + "".join(f".{p}" for p in e.absolute_path) + f": {e.message}" for e in errors)
