@@ -277,10 +277,9 @@ class LogSink:
     lines it completes go to `out`. `flush()` flushes `out` only (the command's reader calls it after
     every chunk: an unfinished line stays held); `close()` shows what is held and the count lines."""
 
-    def __init__(self, assembler: LogAssembler, out: TextIO, *, notes: bool = True):
+    def __init__(self, assembler: LogAssembler, out: TextIO):
         self.assembler = assembler
         self.out = out
-        self.notes = notes
 
     def write(self, data: str) -> int:
         for line in self.assembler.feed(data):
@@ -291,7 +290,7 @@ class LogSink:
         self.out.flush()
 
     def close(self) -> None:
-        for line in self.assembler.finish() + (self.assembler.notes() if self.notes else []):
+        for line in self.assembler.finish() + self.assembler.notes():
             self.out.write(line + "\n")
         self.out.flush()
 
