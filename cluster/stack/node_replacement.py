@@ -123,8 +123,8 @@ def _shown(key: str, value: Any) -> str:
         return "(not set)"
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, list):
-        return ",".join("=".join(map(str, v)) if isinstance(v, list) else str(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return ",".join("=".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v) for v in value)
     return str(value)
 
 

@@ -37,6 +37,9 @@ def test_each_replacing_change_is_named_with_what_it_replaces():
     assert ("workerSpot: true -> false; `pulumi up` replaces every worker (the group is replaced, deleting first)"
             in lines)
     assert PUBLIC_KEY.split()[1] not in json.dumps(deployed)  # a digest, not the key
+    tagged = json.loads(json.dumps(nr.node_settings(spec(tags=["team=ml"]))))  # as the stack output returns it
+    assert nr.replacements(nr.node_settings(spec(tags=["team=ml", "env=dev"])), tagged) == [
+        "tags: team=ml -> env=dev,team=ml; `pulumi up` replaces every worker (the group is replaced, deleting first)"]
 
 
 def test_no_change_and_settings_that_replace_nothing_give_no_line():
