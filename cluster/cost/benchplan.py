@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory
-from cluster.job.job_args import SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE, synthetic_data, training_arguments
-from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id, plan_job
+from cluster.job.job_args import (SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE, SYNTHETIC_SEQ_LENGTHS, parse_extra,
+                                  synthetic_data)
+from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id, plan
 from cluster.job.launch import plan_launch
 from cluster.job.layout import LayoutError, plan_layout
+from cluster.job.request import BuiltinJob, LayoutRequest, RunRequest
 from cluster.node.profiles import get_profile, venv_dir
 
 SYNTHETIC_MODEL = "synthetic"  # training/bench.py's name for the offline demo's tiny model
-_DEMO_ARGS = SYNTHETIC_ARGS["qa"]  # the demo's arguments for the job's default task
-SYNTHETIC_SEQ_LEN = int(_DEMO_ARGS[_DEMO_ARGS.index("--max_seq_length") + 1])  # the demo's --max_seq_length
+SYNTHETIC_SEQ_LEN = SYNTHETIC_SEQ_LENGTHS["qa"]  # the demo's --max_seq_length for the job's default task
 DEFAULT_BATCH = SYNTHETIC_BATCH_SIZE  # the demo's batch per rank
 DEFAULT_STEPS = 10
 DEFAULT_REPEATS = 5
@@ -109,22 +109,30 @@ def layout_candidates(machine, backend: str) -> list[int]:
     return found
 
 
+def layout_request(o: BenchOptions, nodes: int, ranks_per_node: int, python: str) -> tuple[RunRequest, str]:
+    """(the run request of one layout run, the command that writes the offline demo's data first): the built-in
+    job on the demo's data with the demo's model (or `o.model`), `o.batch` per rank, `o.steps` + 1 steps,
+    `o.seq_len` tokens, eager, no evaluation (only the steps are timed), `ranks_per_node` ranks per node."""
+    demo = synthetic_data("qa", None, python)
+    data = demo.options
+    _, extra = parse_extra([*SYNTHETIC_ARGS[demo.task], "--max_seq_length", str(o.seq_len),
+                            "--doc_stride", str(max(1, o.seq_len // 4))])
+    job = BuiltinJob(task=demo.task, model=data["model"] if o.model == SYNTHETIC_MODEL else o.model,
+                     train_file=data["train_file"], batch_size=o.batch, max_steps=o.steps + 1, compile="off",
+                     extra=tuple({arg.flag: arg for arg in extra}.values()))  # the bench's seq len, not the demo's
+    return RunRequest(new_job_id(), nodes, job, layout=LayoutRequest(ranks_per_node=ranks_per_node)), demo.prepare
+
+
 def plan_layout_runs(inventory: Inventory, o: BenchOptions) -> tuple[str, list[JobPlan]]:
     """(the node's machine name, one launch of the real job per candidate layout), each `o.steps` + 1 steps of
     the offline demo (or `o.model` on its data) at `o.batch` per rank, eager, on the first `o.nodes` nodes."""
     nodes = o.nodes or len(inventory.nodes)
     machine = machine_for(inventory, nodes)[0]
     profile = get_profile(inventory.profile)
-    demo = synthetic_data("qa", None, f"{venv_dir(profile)}/bin/python")
-    options: dict[str, Any] = dict(demo.options)
-    if o.model != SYNTHETIC_MODEL:
-        options["model"] = o.model
-    options.pop("validation_file")  # no evaluation: only the steps are timed
-    args = training_arguments(**options, batch_size=o.batch, max_steps=o.steps + 1,
-                              extra=f"{demo.recommended} --max_seq_length {o.seq_len} "
-                                    f"--doc_stride {max(1, o.seq_len // 4)} --compile off")
-    plans = [plan_job(inventory, nodes=nodes, training_args=args, ranks_per_node=ranks, prepare=[demo.prepare])
-             for ranks in layout_candidates(machine, profile.backend)]
+    plans = []
+    for ranks in layout_candidates(machine, profile.backend):
+        request, write_demo = layout_request(o, nodes, ranks, f"{venv_dir(profile)}/bin/python")
+        plans.append(replace(plan(request, inventory), prepare=(write_demo,)))
     return machine.name, plans
 
 

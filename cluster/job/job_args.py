@@ -34,10 +34,12 @@ BF16_CHOICES = ("auto", "on", "off")
 SYNTHETIC_ROOT = "xeon-cluster-data"
 # Settings under which the tiny demo model learns in a few dozen steps (with 16 per rank). No batch
 # size here: callers add their own before these.
+SYNTHETIC_SEQ_LENGTHS = {"qa": 64, "classification": 48}  # the demo's tokens per sample
 SYNTHETIC_ARGS = {
-    "qa": ("--max_seq_length", "64", "--doc_stride", "16", "--learning_rate", "0.005",
+    "qa": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["qa"]), "--doc_stride", "16", "--learning_rate", "0.005",
            "--warmup_steps", "5", "--weight_decay", "0.0"),
-    "classification": ("--max_seq_length", "48", "--learning_rate", "0.005", "--warmup_steps", "5"),
+    "classification": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["classification"]), "--learning_rate", "0.005",
+                       "--warmup_steps", "5"),
 }
 SYNTHETIC_EPOCHS = "1"
 SYNTHETIC_BATCH_SIZE = 16

@@ -27,7 +27,6 @@ from typing import Sequence
 from cluster.job.jobplan import JOB_ID_RE, shown
 from cluster.job.launch import JOBS_DIR, LAUNCHERS
 from cluster.names import printable
-from xeon_cluster import run as runner
 
 INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 UNKNOWN = "unknown"
@@ -81,8 +80,10 @@ _CHECKS = {
     "world_size": (lambda v: _count(v) is not None, "a whole number"),
     "output_dir": (lambda v: isinstance(v, str) and bool(v), "a path"),
     "launcher": (lambda v: v in LAUNCHERS, f"one of {', '.join(LAUNCHERS)}"),
-    "program": (_strings, "a command line (a list of words)"),
-    "training_args": (_strings, "a command line (a list of words)"),
+    "task": (lambda v: isinstance(v, str), "a task name"),
+    "script": (lambda v: isinstance(v, str) and bool(v), "a script's path"),
+    "module": (lambda v: isinstance(v, str) and bool(v), "a module name"),
+    "checkpoint_uri": (lambda v: isinstance(v, str), "an s3:// URI"),
     "supervised_run": (lambda v: isinstance(v, str), "a run id"),
 }
 
@@ -112,22 +113,14 @@ def job_record(text: str | None, where: str) -> tuple[dict, str | None]:
 
 
 def program_of(record: dict) -> str | None:
-    """What the job ran, in a few words: the built-in job and its task, or your script or module."""
-    program = record.get("program")
-    if program:
-        for option in (runner.SCRIPT_OPTION, runner.MODULE_OPTION):
-            if option in program[:-1]:
-                return f"{option.lstrip('-')} {program[program.index(option) + 1]}"
-        return "your program"
-    args = record.get("training_args")
-    if args is None:
+    """What the job ran, in a few words: the built-in job and its task, or your script or module (job.json's
+    fields, which cluster/job/jobplan.py writes from the run's request)."""
+    for kind in ("script", "module"):
+        if record.get(kind):
+            return f"{kind} {record[kind]}"
+    if "task" not in record:
         return None
-    task = args[args.index("--task") + 1] if "--task" in args[:-1] else None
-    return f"built-in {task}" if task else "built-in"
-
-
-def _setting(args, name: str) -> str | None:
-    return args[args.index(name) + 1] if isinstance(args, list) and name in args[:-1] else None
+    return f"built-in {record['task']}" if record["task"] else "built-in"
 
 
 def _decoded(value, field: str, where: str, problems: list[str]) -> str | None:
@@ -175,7 +168,7 @@ def row_of(job_id: str, meta: dict, master: str, *, state: str = "running", exit
     duration = end - start if start is not None and end is not None and end >= start else None
     return JobRow(job_id, state, meta.get("started"), duration, len(meta["hosts"]) if "hosts" in meta else None,
                   meta.get("world_size"), exit_code, meta.get("output_dir"), meta.get("launcher"), program_of(meta),
-                  _setting(meta.get("training_args"), "--checkpoint_uri"), master)
+                  meta.get("checkpoint_uri"), master)
 
 
 def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:

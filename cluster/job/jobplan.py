@@ -1,11 +1,13 @@
 """A training job, decided before anything is touched: nodes, layout, launch, output directory.
 
-`plan_job(inventory, ...)` returns a JobPlan: the inventory cut to the job's nodes, the rank
-layout (cluster/job/layout.py), the launch (cluster/job/launch.py), the arguments of the program every
-rank runs, and the output directory. The program is the built-in job (`python -m training`), or
-the user's own (`user=`, cluster/job/userjob.py: a script or module run from the job's copy of the
-workdir, with the copy plan and the install plan printed by the dry run). `fab train --dry-run` prints
-`JobPlan.describe()`; node_setup/ssh/job.py carries the plan out on the master.
+`plan(request, inventory, ...)` returns the JobPlan of a run request (cluster/job/request.py): the
+inventory cut to the job's nodes, the rank layout (cluster/job/layout.py), the launch
+(cluster/job/launch.py, or cluster/job/torchrun.py), the arguments of the program every rank runs, and
+the output directory. Every command line is made here, from the typed request, and never read back.
+The program is the built-in job (`python -m training`), or your own (cluster/job/userjob.py: a script
+or module run from the job's copy of the workdir, with the copy plan and the install plan printed by
+the dry run). `fab train --dry-run` prints `JobPlan.describe()`; node_setup/job_lifecycle/ carries the
+plan out.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from typing import Any, Mapping, Sequence
 
 from cluster.stack import catalog
 from cluster.inventory import Inventory
-from cluster.job.launch import (DEFAULT_LAUNCHER, NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE, PYTHON_VARIABLE,
-                            WORKDIR_VARIABLE, LaunchError, LaunchPlan, check_launcher, job_dir, plan_launch)
+from cluster.job.launch import (NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE, PYTHON_VARIABLE, WORKDIR_VARIABLE,
+                                LaunchPlan, job_dir, plan_launch)
 from cluster.job.layout import Layout, plan_layout
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.job.torchrun import plan_torchrun_launch
 from cluster.job.job_args import BATCH_FLAGS, SYNTHETIC_ARGS, synthetic_data, training_arguments
-from cluster.job.request import RunRequest
+from cluster.job.request import Launcher, RunRequest
 from cluster.job.userjob import NO_SIGNAL, CopyPlan, RequirementsPlan, UserProgram, workdir_on_node
 from cluster.run.recovery import BatchPlan
 from cluster.run.supervision import restart_arguments, resume_words
@@ -72,6 +74,7 @@ class JobPlan:
     user: UserProgram | None = None  # the user's own program instead of `python -m training`
     copy: CopyPlan | None = None  # the user's workdir, copied to every node
     install: RequirementsPlan | None = None  # the user's --requirements
+    request: RunRequest | None = None  # the run's request (None: a program of its own, fab bench's)
 
     @property
     def job_id(self) -> str:
@@ -86,8 +89,22 @@ class JobPlan:
             "training_args": list(self.training_args), "master_port": self.launch.master_port,
             "flavour": self.launch.flavour, "launcher": self.launch.launcher,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **({"program": list(self.launch.program)} if self.user else {}),
+            **({"program": list(self.launch.program)} if self.user else {}), **self._what_runs(),
         }
+
+    def _what_runs(self) -> dict:
+        """What `fab jobs` shows of the job, from its request (never read back from a command line): the
+        built-in job's task ("" when not given) and checkpoint URI, or your script or module."""
+        request = self.request
+        if request is None:
+            return {}
+        own = request.own
+        if own is not None:
+            return {"script": own.script} if own.script else {"module": own.module}
+        job = request.builtin
+        assert job is not None  # a request runs the built-in job or your own program
+        uri = {"checkpoint_uri": request.checkpoint_uri} if request.checkpoint_uri else {}
+        return {"task": job.task or "", **uri}
 
     def _describe_torchrun(self) -> list[str]:
         launch, run = self.launch, self.launch.torchrun
@@ -165,99 +182,22 @@ def machine_for(inventory: Inventory, nodes: int) -> tuple[catalog.InstanceType,
     return catalog.custom(f"local node (a 1/{nodes} share of this machine)", 1, share), False, [note]
 
 
-def _plan_launch(inv: Inventory, launcher: str, *, job_id: str, layout: Layout, program: Sequence[str], venv: str,
-                 master_port: int | None, extra_env: Mapping[str, str] | None, job_env: Mapping[str, str] | None = None,
-                 min_nodes: int | None = None, max_restarts: int | None = None) -> LaunchPlan:
+def _plan_launch(inv: Inventory, launcher: Launcher, *, job_id: str, layout: Layout, program: Sequence[str],
+                 venv: str, extra_env: Mapping[str, str], job_env: Mapping[str, str] | None = None) -> LaunchPlan:
     hosts = [n.name for n in inv.nodes]
-    if launcher == "torchrun":
+    if launcher.name == "torchrun":
         return plan_torchrun_launch(job_id=job_id, hosts=hosts, addresses=[n.private_address for n in inv.nodes],
-                                    layout=layout, program=program, venv=venv, min_nodes=min_nodes,
-                                    max_restarts=max_restarts, extra_env=extra_env, job_env=job_env,
-                                    rdzv_port=master_port)
+                                    layout=layout, program=program, venv=venv, min_nodes=launcher.min_nodes,
+                                    max_restarts=launcher.max_restarts, extra_env=extra_env, job_env=job_env)
     return plan_launch(flavour=get_profile(inv.profile).launcher, job_id=job_id, hosts=hosts,
                        master_addr=inv.master.private_address, layout=layout, program=program, venv=venv,
-                       master_port=master_port, extra_env=extra_env, run_as_root=inv.user == "root", job_env=job_env)
+                       extra_env=extra_env, run_as_root=inv.user == "root", job_env=job_env)
 
 
 def default_output_dir(inventory: Inventory, run_id: str) -> str:
     """A run's output directory when none is given: under the nodes' shared output root (every node sees
     it), else DEFAULT_OUTPUT_ROOT in each node's home."""
     return f"{inventory.shared_output_root or DEFAULT_OUTPUT_ROOT}/{run_id}"
-
-
-def plan_job(inventory: Inventory, *, nodes: int, training_args: Sequence[str], job_id: str | None = None,
-             ranks_per_node: int | None = None, threads_per_rank: int | None = None,
-             ccl_workers: int | None = None, pin: bool | None = None, extra_env: Mapping[str, str] | None = None,
-             output_dir: str | None = None, prepare: Sequence[str] = (), preload: Sequence[str] | None = None,
-             master_port: int | None = None, user: UserProgram | None = None, copy: CopyPlan | None = None,
-             install: RequirementsPlan | None = None, launcher: str = DEFAULT_LAUNCHER,
-             min_nodes: int | None = None, max_restarts: int | None = None) -> JobPlan:
-    """A job of a program given as its arguments (`fab bench`'s programs, the tests): the built-in job with
-    `training_args` as they are, completed with --instance_type (the catalog's type, unless they name
-    one), --output_dir (unless they name one, which is then the output directory) and, elastic under
-    torchrun, --resume. Every run of `fab train` is planned from its request instead (`plan`).
-
-    With `user`, every rank runs the user's program (its arguments are its own; `training_args`
-    is ignored) from the job's copy of the workdir, and the output directory reaches it as
-    XEON_CLUSTER_OUTPUT_DIR.
-    """
-    job_id = job_id or new_job_id()
-    output_dir = output_dir or default_output_dir(inventory, job_id)
-    args = list(training_args)
-    if user is None:
-        instance_type = inventory.instance_type or ""
-        if catalog.lookup(instance_type) and not any(a.split("=", 1)[0] == "--instance_type" for a in args):
-            args += ["--instance_type", instance_type]
-        given = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-                 for i, a in enumerate(args) if a == "--output_dir" or a.startswith("--output_dir=")]
-        if given:  # the caller's own wins
-            output_dir = given[-1]
-        else:
-            args += ["--output_dir", output_dir]
-        if min_nodes is not None and "--resume" not in args:
-            args.append("--resume")
-    return _plan(inventory, nodes=nodes, job_id=job_id, output_dir=output_dir, args=args, user=user,
-                 layout=dict(ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank, ccl_workers=ccl_workers,
-                             pin=pin, preload=preload),
-                 launcher=launcher, min_nodes=min_nodes, max_restarts=max_restarts, extra_env=extra_env,
-                 prepare=prepare, master_port=master_port, copy=copy, install=install)
-
-
-def _plan(inventory: Inventory, *, nodes: int, job_id: str, output_dir: str, args: Sequence[str],
-          user: UserProgram | None, layout: Mapping, launcher: str, min_nodes: int | None, max_restarts: int | None,
-          extra_env: Mapping[str, str] | None, prepare: Sequence[str], master_port: int | None = None,
-          copy: CopyPlan | None = None, install: RequirementsPlan | None = None) -> JobPlan:
-    """The job of `args` (the built-in job's, complete) or of `user`'s program, decided (no I/O).
-
-    `launcher` "torchrun" starts one torchrun per node instead of mpirun (cluster/job/torchrun.py);
-    `min_nodes` makes that elastic (torchrun's MIN:N, `max_restarts`).
-    """
-    check_launcher(launcher)
-    if launcher != "torchrun" and (min_nodes is not None or max_restarts is not None):
-        raise LaunchError(f"{'--min-nodes' if min_nodes is not None else '--max-restarts'}: only with "
-                          "--launcher torchrun (its elastic agent handles a node that leaves)")
-    inv = inventory.first(nodes)
-    profile = get_profile(inv.profile)
-    machine, default_pin, notes = machine_for(inventory, nodes)
-    kwargs = {} if layout.get("preload") is None else {"preload": tuple(layout["preload"])}
-    pin = layout.get("pin")
-    planned = plan_layout(machine, backend=profile.backend, ranks_per_node=layout.get("ranks_per_node"),
-                          threads_per_rank=layout.get("threads_per_rank"), ccl_workers=layout.get("ccl_workers"),
-                          pin=default_pin if pin is None else pin, **kwargs)
-    venv = venv_dir(profile)
-    launch_options: dict[str, Any] = dict(job_id=job_id, layout=planned, venv=venv, master_port=master_port,
-                                          extra_env=extra_env, min_nodes=min_nodes, max_restarts=max_restarts)
-    if user is not None:
-        python = f"{venv}/bin/python"
-        job_env = {WORKDIR_VARIABLE: workdir_on_node(job_id), OUTPUT_DIR_VARIABLE: output_dir, PYTHON_VARIABLE: python,
-                   NOTICE_SIGNAL_VARIABLE: user.signal or NO_SIGNAL, "PYTHONUNBUFFERED": "1"}
-        launch = _plan_launch(inv, launcher, program=user.argv(python), job_env=job_env, **launch_options)
-        return JobPlan(inventory=inv, layout=planned, launch=launch, training_args=user.args, output_dir=output_dir,
-                       prepare=tuple(prepare), notes=tuple(notes) + planned.notes, user=user, copy=copy,
-                       install=install)
-    launch = _plan_launch(inv, launcher, program=[f"{venv}/bin/python", "-m", "training", *args], **launch_options)
-    return JobPlan(inventory=inv, layout=planned, launch=launch, training_args=tuple(args),
-                   output_dir=output_dir, prepare=tuple(prepare), notes=tuple(notes) + planned.notes)
 
 
 # ------------------------------------------------------------------------------ a run's job, from its request
@@ -316,14 +256,22 @@ def plan(request: RunRequest, inventory: Inventory, *, job_id: str | None = None
          restart: Restart | None = None, python: str | None = None) -> JobPlan:
     """The job of the run `request` on `inventory` (its first `nodes`, default the request's): every command
     line made here, from the typed request, the last step before the job's files. `job_id`: the run's first
-    job is the run's id; a supervised relaunch gets a new one with its `restart`."""
+    job is the run's id; a supervised relaunch gets a new one with its `restart`. `python`: the interpreter
+    that writes the offline demo's data (default the profile's venv)."""
     job_id = job_id or request.run_id
     nodes = nodes or request.nodes
     output_dir = request.output_dir or default_output_dir(inventory, request.run_id)
-    layout = dataclasses.asdict(request.layout)
-    launcher = request.launcher
-    common: dict[str, Any] = dict(nodes=nodes, job_id=job_id, output_dir=output_dir, launcher=launcher.name,
-                  min_nodes=launcher.min_nodes, max_restarts=launcher.max_restarts, layout=layout)
+    inv = inventory.first(nodes)
+    profile = get_profile(inv.profile)
+    machine, default_pin, notes = machine_for(inventory, nodes)
+    asked = request.layout
+    layout = plan_layout(machine, backend=profile.backend, ranks_per_node=asked.ranks_per_node,
+                         threads_per_rank=asked.threads_per_rank, ccl_workers=asked.ccl_workers,
+                         pin=default_pin if asked.pin is None else asked.pin)
+    venv = venv_dir(profile)
+    venv_python = f"{venv}/bin/python"
+    common: dict[str, Any] = dict(inventory=inv, layout=layout, output_dir=output_dir, request=request,
+                                  notes=tuple(notes) + layout.notes)
     own = request.own
     if own is not None:
         words: tuple[str, ...] = own.args
@@ -331,12 +279,18 @@ def plan(request: RunRequest, inventory: Inventory, *, job_id: str | None = None
         if restart is not None:
             resume = resume_words(own.resume_arg) if own.resume_arg else ()
             words, env = restart_arguments(own.args, resume, restart.checkpoint)
-        return _plan(inventory, args=(), user=dataclasses.replace(own.program, args=words),
-                     extra_env={**request.env_map(), **env}, prepare=[f"mkdir -p {shlex.quote(output_dir)}"],
-                     copy=own.copy, install=own.install, **common)
+        user = dataclasses.replace(own.program, args=words)
+        job_env = {WORKDIR_VARIABLE: workdir_on_node(job_id), OUTPUT_DIR_VARIABLE: output_dir,
+                   PYTHON_VARIABLE: venv_python, NOTICE_SIGNAL_VARIABLE: user.signal or NO_SIGNAL,
+                   "PYTHONUNBUFFERED": "1"}
+        launch = _plan_launch(inv, request.launcher, job_id=job_id, layout=layout, program=user.argv(venv_python),
+                              venv=venv, extra_env={**request.env_map(), **env}, job_env=job_env)
+        return JobPlan(launch=launch, training_args=user.args, prepare=(f"mkdir -p {shlex.quote(output_dir)}",),
+                       user=user, copy=own.copy, install=own.install, **common)
     job = request.builtin
-    assert job is not None
+    assert job is not None  # a request runs the built-in job or your own program
     args = builtin_arguments(request, output_dir=output_dir, instance_type=inventory.instance_type, restart=restart)
-    venv_python = python or f"{venv_dir(get_profile(inventory.profile))}/bin/python"
-    prepare = [synthetic_data(job.demo.task, job.demo.examples, venv_python).prepare] if job.demo else []
-    return _plan(inventory, args=args, user=None, extra_env=request.env_map(), prepare=prepare, **common)
+    prepare = (synthetic_data(job.demo.task, job.demo.examples, python or venv_python).prepare,) if job.demo else ()
+    launch = _plan_launch(inv, request.launcher, job_id=job_id, layout=layout,
+                          program=[venv_python, "-m", "training", *args], venv=venv, extra_env=request.env_map())
+    return JobPlan(launch=launch, training_args=tuple(args), prepare=prepare, **common)

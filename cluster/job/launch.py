@@ -111,13 +111,6 @@ class LaunchError(ValueError):
     """A launch setting that cannot work; the message says what is allowed."""
 
 
-def check_launcher(launcher: str) -> str:
-    """`launcher` if it is one of LAUNCHERS; LaunchError naming --launcher otherwise."""
-    if launcher not in LAUNCHERS:
-        raise LaunchError(f"--launcher: {launcher!r} is not allowed; choose {' or '.join(LAUNCHERS)}")
-    return launcher
-
-
 def env_pairs(text: str, example: str = "FI_PROVIDER=tcp CCL_LOG_LEVEL=info") -> dict[str, str]:
     """`--env 'K=V K2=V2'` as a mapping (split like a shell would); LaunchError naming --env otherwise."""
     try:

@@ -164,11 +164,11 @@ def plan_torchrun(*, layout: Layout, nodes: int, program: Sequence[str], rdzv_ho
 
 
 def node_argv(plan: TorchrunPlan, local_addr: str) -> tuple[str, ...]:
-    """`plan.argv` for one node: `--local-addr` (the address the other agents reach it at) added."""
+    """`plan.argv` for one node: `--local-addr` (the address the other agents reach it at) added after the
+    torchrun executable, `plan.argv[0]`."""
     if not _HOST.match(local_addr or ""):
         raise TorchrunError(f"node address: {local_addr!r} is not a host name or address")
-    at = plan.argv.index("--rdzv-id") + 2
-    return (*plan.argv[:at], "--local-addr", local_addr, *plan.argv[at:])
+    return (plan.argv[0], "--local-addr", local_addr, *plan.argv[1:])
 
 
 def plan_torchrun_launch(*, job_id: str, hosts: Sequence[str], addresses: Sequence[str], layout: Layout,

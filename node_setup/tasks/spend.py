@@ -24,11 +24,9 @@ from cluster.cost import spend
 from cluster.cost.costplan import Price
 from cluster.cost.plan_options import PlanOptions
 from cluster.inventory import Inventory
-from cluster.job.job_args import OPTION_ARGS, job_setting
 from cluster.job.jobplan import JobPlan
 from node_setup.tasks.common import CTRL_C
 
-JOB_FLAGS = dict(OPTION_ARGS)  # fab train option -> the job's argument (cluster/job/job_args.py)
 clock: Callable[[], float] = time.time  # what "now" is for the spend so far
 
 
@@ -58,50 +56,47 @@ def status_json(inventory: Inventory, spent: spend.ClusterSpend, nodes: list[dic
 
 
 def plan_seconds(plan: JobPlan, calibration_for: Callable[[str], Any] | None = None) -> tuple[float | None, str]:
-    """(the planner's run time of this job, "") or (None, why it cannot be planned)."""
+    """(the planner's run time of this job, "") or (None, why it cannot be planned), from the typed settings of
+    its run request (cluster/job/request.py)."""
     inventory = plan.inventory
-    if plan.user:
+    job = plan.request.builtin if plan.request is not None else None
+    if job is None:
         return None, "the planner knows the built-in job only, not your own --script/--module"
     itype = inventory.instance_type or inventory.master.instance_type
     if not catalog.lookup(itype or ""):
         if itype:
             return None, f"instance type {itype!r} is not in the planner's catalog"
         return None, f"the machines of cluster {inventory.name!r} have no instance type from the planner's catalog"
-    args = plan.training_args
-
-    def given(option: str) -> str | None:  # a fab train option's value in the job's arguments
-        return job_setting(args, JOB_FLAGS.get(option, option))
-
-    if given("train_file"):
+    if job.demo is not None:
+        return None, "the planner does not know the offline demo's size"
+    if job.train_file:
         return None, "the planner does not know the size of your own --train-file"
     defaults = PlanOptions()
-    task = given("task_name") or "qa"
-    dataset = given("dataset") or (plan_options.DEFAULT_DATASET if task == "qa" else "")
+    task = job.task or "qa"
+    dataset = job.dataset or (plan_options.DEFAULT_DATASET if task == "qa" else "")
     if not dataset:
         return None, f"the planner needs --dataset for the {task} task"
-    config = given("dataset_config")
-    model = given("model") or plan_options.DEFAULT_MODEL
+    config = job.dataset_config
+    model = job.model or plan_options.DEFAULT_MODEL
     for name, known, lookup in ((model, models.MODELS, models.lookup_model),
                                 (f"{dataset}-{config}" if config else dataset, models.DATASETS, models.lookup_dataset)):
         try:
             lookup(name)
         except ValueError:
             return None, f"{name!r} has no known size (the planner knows {', '.join(sorted(known))})"
+    epochs = job.epochs or defaults.epochs
     try:
-        epochs = float(given("epochs") or defaults.epochs)
-        max_steps = int(given("max_steps") or 0)
-        options = replace(defaults, nodes=str(len(inventory.nodes)), instance_type=itype,
-                          model=model,
+        options = replace(defaults, nodes=str(len(inventory.nodes)), instance_type=itype, model=model,
                           dataset=f"{dataset}-{config}" if config else dataset, epochs=epochs,
-                          batch=int(given("batch_size") or defaults.batch), profile=inventory.profile,
-                          ranks_per_node=plan.layout.ranks_per_node, grad_comm=given("--grad_comm") or "",
-                          bucket_mb=float(given("--ddp_bucket_mb") or 0))
+                          batch=job.batch_size or defaults.batch, profile=inventory.profile,
+                          ranks_per_node=plan.layout.ranks_per_node, grad_comm=job.grad_comm or "",
+                          bucket_mb=job.ddp_bucket_mb or 0.0)
         calibration = calibration_for(inventory.name) if calibration_for else _calibration(inventory.name)
         inputs = plan_options.plan_inputs(None, options, calibration)
         row = costplan.plan_rows(inputs, Price(0.0, spend.SPOT, "not used"))[0]
     except (ValueError, LookupError) as exc:
         return None, str(exc)
-    return spend.planned_seconds(row.prediction, epochs, max_steps or None), ""
+    return spend.planned_seconds(row.prediction, epochs, job.max_steps), ""
 
 
 def _calibration(cluster: str):

@@ -308,13 +308,14 @@ def test_planning_reads_the_facts_not_the_kind():
     """The same file's machines planned twice: with the local facts, shares of one machine, unpinned, writing
     to the shared root; without, whole machines, pinned, under each node's home. The kind is not read."""
     from cluster.cost import benchplan
-    from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, plan_job
+    from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT
+    from tests.unit.test_jobplan import RUN, job_plan
 
     shared = _inventory(FILE, shared_output_root="/srv/runs", shared_cores=True)
     own = _inventory(LOCAL)
-    a, b = (plan_job(inv, nodes=2, training_args=(), job_id="j1") for inv in (shared, own))
-    assert (a.output_dir, a.layout.pin, a.layout.physical_cores) == ("/srv/runs/j1", False, 2)
-    assert (b.output_dir, b.layout.pin, b.layout.physical_cores) == (f"{DEFAULT_OUTPUT_ROOT}/j1", True, 4)
+    a, b = (job_plan(inv, 2) for inv in (shared, own))
+    assert (a.output_dir, a.layout.pin, a.layout.physical_cores) == (f"/srv/runs/{RUN}", False, 2)
+    assert (b.output_dir, b.layout.pin, b.layout.physical_cores) == (f"{DEFAULT_OUTPUT_ROOT}/{RUN}", True, 4)
     bench = benchplan.plan_bench(shared, benchplan.BenchOptions(nodes=2), job_id="j2")
     assert bench.output_dir == "/srv/runs/bench-j2"
 

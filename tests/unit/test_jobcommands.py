@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 from cluster.job import jobcommands
 from cluster.inventory import Inventory
-from cluster.job.jobplan import plan_job
+from cluster.job.jobplan import plan
+from cluster.job.request import BuiltinJob, RunRequest
 from cluster.job.launch import job_dir
 from node_setup.job_lifecycle.transport import Answer
 
@@ -21,8 +22,7 @@ def _plan():
     inventory = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4,
                                         "hosts": [{"name": f"node{i}", "address": f"10.0.0.{i + 2}"}
                                                   for i in range(2)]}, default_name="lab")
-    return plan_job(inventory, nodes=2, training_args=["--max_steps", "3"], job_id="20261126-101500-ab12",
-                    output_dir="runs/r1")
+    return plan(RunRequest("20261126-101500-ab12", 2, BuiltinJob(max_steps=3), output_dir="runs/r1"), inventory)
 
 
 class MasterDouble:
@@ -41,8 +41,6 @@ class MasterDouble:
 
 
 def test_fab_and_the_supervisor_start_a_job_of_one_request_with_the_same_files_and_command(tmp_path, monkeypatch):
-    from cluster.job.jobplan import plan
-    from cluster.job.request import BuiltinJob, RunRequest
     from node_setup.job_lifecycle.steps import Lifecycle
     from node_setup.ssh.transport import FabricTransport
     from node_setup.supervisor.onmaster import ShellTransport

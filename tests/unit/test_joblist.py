@@ -26,7 +26,7 @@ from tests.unit.test_runlog import LocalMaster
 START = 1767323045  # 2026-01-02T03:04:05Z
 META = {"started": "2026-01-02T03:04:05Z", "hosts": ["node0", "node1"], "world_size": 4,
         "output_dir": "xeon-cluster-runs/20260102-030405-aaaa", "launcher": "mpirun",
-        "training_args": ["--task", "qa", "--checkpoint_uri", "s3://bucket/runs"]}
+        "task": "qa", "checkpoint_uri": "s3://bucket/runs"}
 
 
 def job(home: Path, job_id: str, *, meta=None, exit_code: str | None = None, stopped: str | None = None,
@@ -53,13 +53,11 @@ def listed(home: Path) -> str:
 
 def test_states_durations_exit_codes_programs_newest_first(tmp_path):
     job(tmp_path, "20260102-030405-aaaa", meta=META, exit_code="0\n", ended=START + 65)
-    job(tmp_path, "20260102-030406-bbbb", meta={**META, "program": ["py", "-m", "xeon_cluster.run", "--script",
-                                                                   "train.py", "--", "--lr", "1"]},
-        exit_code="1\n", ended=START + 5)
+    job(tmp_path, "20260102-030406-bbbb", meta={**META, "script": "train.py"}, exit_code="1\n", ended=START + 5)
     job(tmp_path, "20260102-030407-cccc", meta=META, exit_code="75\n", ended=START + 5)
     job(tmp_path, "20260102-030408-dddd", meta=META, stopped="2026-01-02T03:05:00Z\n", exit_code="143\n",
         ended=START + 55)
-    running = job(tmp_path, "20260102-030409-eeee", meta={**META, "training_args": []})
+    running = job(tmp_path, "20260102-030409-eeee", meta={**META, "task": ""})
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "20260102-030409-eeee"])
     try:
         (running / "pid").write_text(f"{sleeper.pid}\n")
@@ -132,9 +130,11 @@ def test_fab_status_reads_a_malformed_job_json_as_one_line_naming_node_and_file(
 
 
 def test_program_of_a_job():
-    assert program_of({"training_args": ["--task", "classification"]}) == "built-in classification"
-    assert program_of({"program": ["py", "-m", "xeon_cluster.run", "--module", "pkg.train", "--"]}) == \
-        "module pkg.train"
+    """job.json's typed fields, as cluster/job/jobplan.py writes them from the run's request."""
+    assert program_of({"task": "classification"}) == "built-in classification"
+    assert program_of({"task": ""}) == "built-in"
+    assert program_of({"module": "pkg.train"}) == "module pkg.train"
+    assert program_of({"training_args": ["--task", "qa"]}) is None  # a command line is never read back
     assert program_of({}) is None
 
 

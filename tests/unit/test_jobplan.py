@@ -4,10 +4,13 @@ reports (cluster/job/joblog.py), and the job's arguments (cluster/job/job_args.p
 
 import pytest
 
-from cluster.job import jobplan as jobs
 from cluster.inventory import Inventory
-from cluster.job.job_args import JobArgsError, training_arguments
+from cluster.job.job_args import ExtraArg, JobArgsError, training_arguments
 from cluster.job.joblog import failure_report
+from cluster.job.jobplan import JobPlan, plan
+from cluster.job.request import BuiltinJob, Launcher, OwnProgram, RunRequest
+
+RUN = "20260101-000000-aaaa"
 
 
 def inventory(kind="file", nodes=4, instance_type="r7iz.metal-16xl", **kw):
@@ -17,44 +20,59 @@ def inventory(kind="file", nodes=4, instance_type="r7iz.metal-16xl", **kw):
     return Inventory.from_mapping(data, default_name="lab", kind=kind)
 
 
+def job_request(nodes: int, *, run_id: str = RUN, program: OwnProgram | None = None, launcher: str = "mpirun",
+                min_nodes: int | None = None, env: dict[str, str] | None = None, output_dir: str | None = None,
+                **job) -> RunRequest:
+    """A run request from a few settings: on `nodes` nodes, the built-in job with `job`'s settings (BuiltinJob's
+    fields) or your own `program`."""
+    return RunRequest(run_id, nodes, program or BuiltinJob(**job), launcher=Launcher(launcher, min_nodes),
+                      env=tuple((env or {}).items()), output_dir=output_dir)
+
+
+def job_plan(inventory_: Inventory, nodes: int, **settings) -> JobPlan:
+    """The job of `job_request(nodes, **settings)` on `inventory_`."""
+    return plan(job_request(nodes, **settings), inventory_)
+
+
 def test_plan_uses_first_nodes_master_private_address_and_default_output_dir():
-    plan = jobs.plan_job(inventory(), nodes=2, training_args=["--task", "qa"], job_id="20260101-000000-aaaa")
-    assert [n.name for n in plan.inventory.nodes] == ["node0", "node1"]
-    assert plan.launch.master_addr == "10.0.0.10"
-    assert plan.launch.world_size == 4  # r7iz.metal-16xl: two sockets, one rank each
-    assert plan.output_dir == "xeon-cluster-runs/20260101-000000-aaaa"
-    assert plan.launch.program[-2:] == ("--output_dir", plan.output_dir)
-    assert plan.launch.program[:3] == ("/opt/xeon-cluster/venv-stock/bin/python", "-m", "training")
-    text = plan.describe()
+    job = job_plan(inventory(), 2, task="qa")
+    assert [n.name for n in job.inventory.nodes] == ["node0", "node1"]
+    assert job.launch.master_addr == "10.0.0.10"
+    assert job.launch.world_size == 4  # r7iz.metal-16xl: two sockets, one rank each
+    assert job.output_dir == "xeon-cluster-runs/20260101-000000-aaaa"
+    assert job.launch.program[-2:] == ("--output_dir", job.output_dir)
+    assert job.launch.program[:3] == ("/opt/xeon-cluster/venv-stock/bin/python", "-m", "training")
+    text = job.describe()
     assert "node1" in text and "ranks 2,3" in text and "MASTER_ADDR=10.0.0.10" in text
     assert "mpirun -f .xeon-cluster/jobs/20260101-000000-aaaa/hosts -n 4 -ppn 2" in text
 
 
 def test_user_output_dir_is_kept_and_not_duplicated():
-    plan = jobs.plan_job(inventory(), nodes=1, training_args=["--output_dir", "/data/run1"])
-    assert plan.training_args.count("--output_dir") == 1
+    job = job_plan(inventory(), 1, output_dir="/data/run1")
+    assert job.output_dir == "/data/run1" and job.training_args.count("--output_dir") == 1
+    assert job.launch.program[-2:] == ("--output_dir", "/data/run1")
 
 
 def test_local_cluster_nodes_share_the_machine_unpinned():
     inv = inventory(kind="local", nodes=3, instance_type=None, sockets=1, physical_cores=2, shared_cores=True)
-    plan = jobs.plan_job(inv, nodes=3, training_args=[])
-    assert plan.layout.threads_per_rank == 1 and not plan.layout.pin
-    assert plan.launch.rank_env["I_MPI_PIN"] == "0"
-    assert any("share one machine" in n for n in plan.notes)
-    two = jobs.plan_job(inv, nodes=1, training_args=[])
+    job = job_plan(inv, 3)
+    assert job.layout.threads_per_rank == 1 and not job.layout.pin
+    assert job.launch.rank_env["I_MPI_PIN"] == "0"
+    assert any("share one machine" in n for n in job.notes)
+    two = job_plan(inv, 1)
     assert two.layout.threads_per_rank == 2
 
 
 def test_intel_profile_plans_ccl_workers_and_the_oneccl_launcher():
-    plan = jobs.plan_job(inventory(profile="intel"), nodes=4, training_args=[])
-    assert plan.launch.flavour == "intel-mpi-oneccl"
-    assert plan.launch.rank_env["CCL_WORKER_COUNT"] == "2"
-    assert plan.launch.program[0] == "/opt/xeon-cluster/venv-intel/bin/python"
+    job = job_plan(inventory(profile="intel"), 4)
+    assert job.launch.flavour == "intel-mpi-oneccl"
+    assert job.launch.rank_env["CCL_WORKER_COUNT"] == "2"
+    assert job.launch.program[0] == "/opt/xeon-cluster/venv-intel/bin/python"
 
 
 def test_too_many_nodes_is_a_clear_error():
     with pytest.raises(ValueError, match="allowed 1 to 4"):
-        jobs.plan_job(inventory(), nodes=5, training_args=[])
+        job_plan(inventory(), 5)
 
 
 HYDRA_KILLED = """[0] step 3
@@ -122,11 +140,9 @@ def test_reclaim_report_says_what_resumes_the_run():
 
 def test_a_catalogued_instance_type_reaches_the_job_for_its_peak():
     """The job measures MFU against the catalog's peak of the nodes' type (cluster/cost/flops.py)."""
-    plan = jobs.plan_job(inventory(), nodes=2, training_args=["--max_steps", "3"])
-    args = list(plan.training_args)
+    args = list(job_plan(inventory(), 2, max_steps=3).training_args)
     assert args[args.index("--instance_type") + 1] == "r7iz.metal-16xl"
-    mine = jobs.plan_job(inventory(), nodes=2, training_args=["--instance_type=c6i.16xlarge"])
-    assert [a for a in mine.training_args if a.startswith("--instance_type")] == ["--instance_type=c6i.16xlarge"]
-    local = jobs.plan_job(inventory(kind="local", nodes=2, instance_type=None, sockets=1, physical_cores=2), nodes=2,
-                          training_args=[])
+    mine = list(job_plan(inventory(), 2, extra=(ExtraArg("--instance_type", ("c6i.16xlarge",)),)).training_args)
+    assert mine.count("--instance_type") == 1 and mine[mine.index("--instance_type") + 1] == "c6i.16xlarge"
+    local = job_plan(inventory(kind="local", nodes=2, instance_type=None, sockets=1, physical_cores=2), 2)
     assert "--instance_type" not in local.training_args  # no catalogued type: the job reads lscpu

@@ -204,6 +204,11 @@ def test_each_layout_run_is_the_real_job_in_that_layout():
         args = list(p.training_args)
         assert args[args.index("--max_steps") + 1] == "4" and args[args.index("--compile") + 1] == "off"
     assert len({p.job_id for p in plans}) == 4
+    assert plans[0].prepare[0].endswith("training.synthetic --out xeon-cluster-data/synthetic-qa --task qa >/dev/null")
+    mine = benchplan.check_options(benchplan.BenchOptions(nodes=1, model="/models/m", seq_len=128, layouts=True))
+    args = list(benchplan.plan_layout_runs(inv, mine)[1][0].training_args)  # a model of the nodes on the demo's data
+    assert args[args.index("--model_name_or_path") + 1] == "/models/m" and "--validation_file" not in args
+    assert args[args.index("--max_seq_length") + 1] == "128" and args.count("--max_seq_length") == 1
     assert len(benchplan.plan_bench(inv, o).launch.hosts) == 1  # --layouts allows one node
     with pytest.raises(ValueError, match="an all-reduce needs two"):
         benchplan.plan_bench(inv, benchplan.BenchOptions(nodes=1))

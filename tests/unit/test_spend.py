@@ -7,10 +7,11 @@ import pytest
 from cluster.cost import costplan, plan_options, spend
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory, Node
-from cluster.job.job_args import job_setting
-from cluster.job.jobplan import plan_job
+from cluster.job.request import Demo, OwnProgram
+from tests.unit.test_jobplan import job_plan
 
 NOW = 1_800_000_000.0
+JOB = "20260101-000000-0009"
 HOUR = 3600.0
 
 
@@ -113,14 +114,6 @@ def test_run_price_is_unknown_when_one_node_has_none():
     assert spend.run_price(spend.ClusterSpend((row(price=1.0), row("node1", price=None, source="x"))))[0] is None
 
 
-def test_job_setting_reads_the_last_value_in_either_form():
-    args = ["--task", "qa", "--num_train_epochs", "2", "--extra", "--num_train_epochs=3", "--max_steps", "7"]
-    assert job_setting(args, "--num_train_epochs") == "3"
-    assert job_setting(args, "--max_steps") == "7"
-    assert job_setting(args, "--model_name_or_path") is None
-    assert job_setting(["--max_steps"], "--max_steps") is None
-
-
 # ---------------------------------------------------------------- what fab train plans (node_setup/tasks/spend.py)
 
 
@@ -130,50 +123,49 @@ def aws_inventory(itype="r7iz.metal-16xl", nodes=4):
     return Inventory(name="demo", kind="aws", user="ubuntu", nodes=hosts, instance_type=itype)
 
 
-def job(inventory, args):
-    return plan_job(inventory, nodes=len(inventory.nodes), training_args=tuple(args), job_id="job-1")
+def job(inventory, **settings):
+    """The built-in job with these typed settings (cluster/job/request.py's BuiltinJob) on every node."""
+    return job_plan(inventory, len(inventory.nodes), **settings)
 
 
 def test_fab_train_plans_the_built_in_job_like_fab_plan():
     from node_setup.tasks.spend import plan_seconds
 
     inventory = aws_inventory()
-    plan = job(inventory, ["--task", "qa", "--model_name_or_path", "distilbert-base-uncased", "--num_train_epochs",
-                           "2"])
+    plan = job(inventory, task="qa", model="distilbert-base-uncased", epochs=2.0)
     seconds, why = plan_seconds(plan, calibration_for=lambda name: None)
     assert why == ""
     options = plan_options.PlanOptions(nodes="4", instance_type="r7iz.metal-16xl", epochs=2.0,
                                    ranks_per_node=plan.layout.ranks_per_node)
     expected = costplan.plan_rows(plan_options.plan_inputs(None, options), costplan.Price(1, "spot", "t"))[0]
     assert seconds == pytest.approx(expected.prediction.run_seconds)
-    short, _ = plan_seconds(job(inventory, ["--max_steps", "10"]), calibration_for=lambda name: None)
+    short, _ = plan_seconds(job(inventory, max_steps=10), calibration_for=lambda name: None)
     assert short == pytest.approx(spend.planned_seconds(expected.prediction, 1.0, 10))
     assert short < seconds / 10
 
 
-@pytest.mark.parametrize("args, itype, expected", [
-    (["--model_name_or_path", "my-own/model"], "r7iz.metal-16xl", "'my-own/model' has no known size (the planner knows "
-                                                                  "all-minilm-l6-v2, bert-base-uncased"),
-    (["--task", "qa"], "m5.large", "instance type 'm5.large' is not in the planner's catalog"),
-    (["--train_file", "data.json"], "r7iz.metal-16xl", "size of your own --train-file"),
+@pytest.mark.parametrize("settings, itype, expected", [
+    (dict(model="my-own/model"), "r7iz.metal-16xl", "'my-own/model' has no known size (the planner knows "
+                                                    "all-minilm-l6-v2, bert-base-uncased"),
+    (dict(task="qa"), "m5.large", "instance type 'm5.large' is not in the planner's catalog"),
+    (dict(train_file="data.json"), "r7iz.metal-16xl", "size of your own --train-file"),
+    (dict(demo=Demo("qa", 200)), "r7iz.metal-16xl", "the offline demo's size"),
 ])
-def test_fab_train_says_why_it_cannot_plan(args, itype, expected):
+def test_fab_train_says_why_it_cannot_plan(settings, itype, expected):
     from node_setup.tasks.spend import plan_seconds
 
     inventory = aws_inventory(itype, nodes=2)
     if itype == "m5.large":
         inventory = Inventory(name="lab", kind="file", user="u", nodes=inventory.nodes, instance_type=itype,
                               sockets=1, physical_cores=2)
-    seconds, why = plan_seconds(job(inventory, args), calibration_for=lambda name: None)
+    seconds, why = plan_seconds(job(inventory, **settings), calibration_for=lambda name: None)
     assert seconds is None and expected in why and "\n" not in why
 
 
 def test_a_user_s_own_program_is_not_planned():
-    from dataclasses import replace
-
     from node_setup.tasks.spend import plan_seconds
 
-    plan = replace(job(aws_inventory(), []), user=object())
+    plan = job(aws_inventory(), program=OwnProgram(script="train.py"))
     assert plan_seconds(plan, calibration_for=lambda name: None) == (
         None, "the planner knows the built-in job only, not your own --script/--module")
 
@@ -204,7 +196,7 @@ def local_plan():
     hosts = tuple(Node(name=f"node{i}", address=f"10.9.0.{i + 2}", private_address=f"10.9.0.{i + 2}", rank=i)
                   for i in range(2))
     inventory = Inventory(name="local", kind="local", user="root", nodes=hosts, sockets=1, physical_cores=2)
-    return plan_job(inventory, nodes=2, training_args=("--max_steps", "5"), job_id="job-9", output_dir="/out/job-9")
+    return job_plan(inventory, 2, run_id=JOB, max_steps=5, output_dir=f"/out/{JOB}")
 
 
 @pytest.mark.parametrize("state, code, recorded", [("exited", 0, True), ("running", 1, False),
@@ -220,17 +212,17 @@ def test_fab_train_prints_the_actual_cost_and_records_it_in_summary_json(monkeyp
     plan = local_plan()
     clock = RunCostClock.at_launch(plan, clock=lambda: next(times))
     assert capsys.readouterr().out.startswith("planned: cannot plan this run: the machines of cluster 'local'")
-    master = MasterDouble({"/out/job-9/summary.json": json.dumps({"status": "completed", "steps": 5})})
+    master = MasterDouble({f"/out/{JOB}/summary.json": json.dumps({"status": "completed", "steps": 5})})
     cost = clock.at_end(master, plan, code)
     out = capsys.readouterr().out
-    summary = json.loads(master.files["/out/job-9/summary.json"])
+    summary = json.loads(master.files[f"/out/{JOB}/summary.json"])
     if not recorded:  # the job goes on (Ctrl-C detached, or the stream was lost): nothing is final yet
         assert cost is None and out == "" and spend.COST_KEY not in summary
         return
     assert out == f"actual: 1m 03s, $0.00 ({spend.LOCAL_NO_PRICE})\n"
     assert summary["steps"] == 5 and summary[spend.COST_KEY] == cost.record()
     assert summary[spend.COST_KEY]["actual_seconds"] == 63.0 and summary[spend.COST_KEY]["actual_usd"] == 0.0
-    assert set(master.files) == {"/out/job-9/summary.json"}  # the partial file was moved into place
+    assert set(master.files) == {f"/out/{JOB}/summary.json"}  # the partial file was moved into place
 
 
 def test_a_local_node_s_start_is_its_sshd_s_else_local_up_s(tmp_path):
@@ -271,11 +263,11 @@ def test_a_user_program_s_run_gets_the_toolkit_s_summary_in_its_job_directory(mo
     times = iter([100.0, 145.5])
     plan = dataclasses.replace(local_plan(), user=UserProgram(script="train.py", module=None, args=()))
     clock = RunCostClock.at_launch(plan, clock=lambda: next(times))
-    master = MasterDouble({"/out/job-9/summary.json": json.dumps({"the program's": "own"})})
+    master = MasterDouble({f"/out/{JOB}/summary.json": json.dumps({"the program's": "own"})})
     cost = clock.at_end(master, plan, 0)
-    record_path = f".xeon-cluster/jobs/job-9/{spend.RUN_RECORD_NAME}"
+    record_path = f".xeon-cluster/jobs/{JOB}/{spend.RUN_RECORD_NAME}"
     assert capsys.readouterr().out.splitlines()[-1] == f"summary: ~/{record_path} on node0"
     record = json.loads(master.files[record_path])
-    assert record == {"job_id": "job-9", "exit_code": 0, "nodes": ["node0", "node1"], "world_size": 2,
+    assert record == {"job_id": JOB, "exit_code": 0, "nodes": ["node0", "node1"], "world_size": 2,
                       "wall_seconds": 45.5, "recoveries": [], spend.COST_KEY: cost.record()}
-    assert json.loads(master.files["/out/job-9/summary.json"]) == {"the program's": "own"}
+    assert json.loads(master.files[f"/out/{JOB}/summary.json"]) == {"the program's": "own"}

@@ -15,12 +15,13 @@ import pytest
 from cluster.stack import catalog
 from cluster.inventory import Inventory
 from cluster.job.job_args import JobArgsError, training_arguments
-from cluster.job.jobplan import plan_job
 from cluster.job.joblog import failure_report, first_failure
 from cluster.job.logstream import assemble
 from cluster.job.launch import RANK_WRAPPER, LaunchError, env_pairs
 from cluster.job.layout import plan_layout
+from cluster.job.request import RequestError
 from cluster.job.torchrun import CPUS_VARIABLE, NODE_VARIABLE, plan_torchrun_launch
+from tests.unit.test_jobplan import job_plan, job_request
 
 JOB = "20261123-120000-abcd"
 PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
@@ -66,17 +67,17 @@ def test_the_torchrun_job_script_passes_shellcheck_and_keeps_values_literal(tmp_
 
 
 def test_elastic_runs_of_the_builtin_job_always_resume_and_mpirun_refuses_elastic_options():
-    elastic = plan_job(inventory(), nodes=3, training_args=["--max_steps", "5"], launcher="torchrun", min_nodes=2)
+    elastic = job_plan(inventory(), 3, max_steps=5, launcher="torchrun", min_nodes=2)
     assert elastic.launch.torchrun.nnodes == "2:3" and "--resume" in elastic.launch.program
     assert elastic.metadata()["launcher"] == "torchrun"
-    fixed = plan_job(inventory(), nodes=3, training_args=["--max_steps", "5"], launcher="torchrun")
+    fixed = job_plan(inventory(), 3, max_steps=5, launcher="torchrun")
     assert "--resume" not in fixed.launch.program and "--max-restarts" not in fixed.launch.argv
-    with pytest.raises(LaunchError, match="--min-nodes: only with --launcher torchrun"):
-        plan_job(inventory(), nodes=3, training_args=(), min_nodes=2)
-    with pytest.raises(LaunchError, match="--launcher: 'srun' is not allowed; choose mpirun or torchrun"):
-        plan_job(inventory(), nodes=3, training_args=(), launcher="srun")
+    with pytest.raises(RequestError, match="--min-nodes: only with --launcher torchrun"):
+        job_request(3, min_nodes=2)
+    with pytest.raises(RequestError, match="--launcher: 'srun' is not allowed; choose mpirun or torchrun"):
+        job_request(3, launcher="srun")
     with pytest.raises(LaunchError, match="--env: XEON_CLUSTER_CPUS is set by the launch itself"):
-        plan_job(inventory(), nodes=3, training_args=(), launcher="torchrun", extra_env={CPUS_VARIABLE: "0"})
+        job_plan(inventory(), 3, launcher="torchrun", env={CPUS_VARIABLE: "0"})
 
 
 def test_env_pairs_is_one_parser_for_every_task():

@@ -10,13 +10,14 @@ import subprocess
 import pytest
 
 from cluster.inventory import Inventory
-from cluster.job.jobplan import plan_job
-from cluster.job.launch import RANK_WRAPPER, RESERVED_VARIABLES, LaunchError
+from cluster.job.launch import RANK_WRAPPER, RESERVED_VARIABLES
+from cluster.job.request import OwnProgram, RequestError
 from cluster.node.profiles import PROFILES
 from cluster.job.userjob import (FILE_STORE, WITHHELD_DOT, UserJobError, UserProgram, notice_signal, parse_requirements,
                              script_in_workdir, split_args)
 from node_setup.ssh import requirements as reqs
 from node_setup.ssh.workdir import WORKDIR_SH, scan
+from tests.unit.test_jobplan import job_plan, job_request
 from tests.unit.test_shell_scripts import shellcheck
 
 STOCK = PROFILES["stock"]
@@ -85,8 +86,8 @@ def test_requirements_that_would_move_a_pin_are_refused_naming_the_package():
 
 
 def test_a_user_program_runs_from_the_workdir_with_the_venv_python_and_its_own_variables():
-    plan = plan_job(inventory(), nodes=2, training_args=(), job_id="20260101-000000-abcd",
-                    user=UserProgram("sub/train.py", None, ("--lr", "1e-4"), "SIGUSR2"))
+    plan = job_plan(inventory(), 2, run_id="20260101-000000-abcd",
+                    program=OwnProgram(script="sub/train.py", args=("--lr", "1e-4"), signal="SIGUSR2"))
     # through the runner that ends the rank cleanly (xeon_cluster/run.py), the program's words after `--`
     assert plan.launch.program == ("/opt/xeon-cluster/venv-stock/bin/python", "-m", "xeon_cluster.run", "--script",
                                    "sub/train.py", "--", "--lr", "1e-4")
@@ -94,7 +95,7 @@ def test_a_user_program_runs_from_the_workdir_with_the_venv_python_and_its_own_v
     assert env["XEON_CLUSTER_WORKDIR"] == ".xeon-cluster/jobs/20260101-000000-abcd/workdir"
     assert env["XEON_CLUSTER_OUTPUT_DIR"] == plan.output_dir and env["XEON_CLUSTER_NOTICE_SIGNAL"] == "SIGUSR2"
     assert "--output_dir" not in plan.launch.program
-    module = plan_job(inventory(), nodes=1, training_args=(), user=UserProgram(None, "pkg.train", (), None))
+    module = job_plan(inventory(), 1, program=OwnProgram(module="pkg.train", signal=None))
     assert module.launch.program[1:] == ("-m", "xeon_cluster.run", "--module", "pkg.train", "--")
     assert module.launch.rank_env["XEON_CLUSTER_NOTICE_SIGNAL"] == "none"
     assert UserProgram("sub/train.py", None, ("--lr", "1e-4")).describe() == "python sub/train.py --lr 1e-4"
@@ -102,8 +103,8 @@ def test_a_user_program_runs_from_the_workdir_with_the_venv_python_and_its_own_v
 
 def test_env_may_not_set_what_the_launch_sets():
     assert "RANK" in RESERVED_VARIABLES and "MASTER_PORT" in RESERVED_VARIABLES
-    with pytest.raises(LaunchError, match="--env: RANK is set by the launch itself"):
-        plan_job(inventory(), nodes=1, training_args=(), extra_env={"RANK": "3"})
+    with pytest.raises(RequestError, match="--env: RANK is set by the launch itself"):
+        job_request(1, env={"RANK": "3"})
 
 
 def test_the_rank_wrapper_exports_what_torchrun_sets(tmp_path):

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 import xeon_cluster
-from cluster.job.jobplan import plan_job
-from cluster.job.userjob import UserProgram
+from cluster.job.request import OwnProgram
+from tests.unit.test_jobplan import job_plan
 from tests.unit.test_userjob import inventory
 
 HANDLED = (signal.SIGUSR1, signal.SIGUSR2)
@@ -42,7 +42,7 @@ def test_the_callback_handles_the_signal_the_launch_gives_every_rank(monkeypatch
     pytest.importorskip("transformers")
     from xeon_cluster.callbacks import SpotNoticeCallback
 
-    plan = plan_job(inventory(), nodes=1, training_args=(), user=UserProgram("train.py", None, (), configured))
+    plan = job_plan(inventory(), 1, program=OwnProgram(script="train.py", signal=configured))
     for key, value in plan.launch.rank_env.items():  # what every rank's environment holds
         monkeypatch.setenv(key, value)
     for s in HANDLED:
