@@ -345,14 +345,3 @@ def check_extra(extra: Sequence[ExtraArg], setting: str = "--extra") -> None:
         if typed or parsed != (arg,):
             raise JobArgsError(f"{setting}: {' '.join(arg.words())[:120]!r} is not allowed; allowed: a flag of "
                                "`python -m training` with its value(s)")
-
-
-def job_setting(args: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in the job's arguments (`--flag v` or `--flag=v`; the last one counts)."""
-    found = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg.split("=", 1)[1]
-    return found

@@ -44,7 +44,7 @@ from typing import Any
 from cluster.stack import catalog
 from cluster.stack.catalog import InstanceType
 from cluster.job import request
-from cluster.job.job_args import SyntheticData, job_setting, synthetic_data
+from cluster.job.job_args import SyntheticData, synthetic_data
 from cluster.job.launch import OUTPUT_DIR_VARIABLE, RESERVED_VARIABLES
 from cluster.job.layout import Layout, plan_layout
 from cluster.job.userjob import CopyPlan, FileEntry, UserProgram, human_bytes
@@ -357,20 +357,21 @@ class PodPlan:
         return any(v.name == VOLUME_OUTPUT for v in self.volumes)
 
 
-def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...] = (), instance: str,
-             profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,
+def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...] = (), output_dir: str,
+             instance: str, profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,
              ranks_per_node: int | None = None, threads_per_rank: int | None = None,
              ccl_workers: int | None = None, pvc: str | None = None, extra_env: dict[str, str] | None = None,
              allow_env: tuple[str, ...] = (), user: UserProgram | None = None,
              copy: CopyPlan | None = None) -> PodPlan:
-    """The pod of the built-in job (`python -m training` + `training_args`), or with `user` and `copy` of
-    your own program (its workdir in a ConfigMap, WorkdirConfigMap), on a node of type `instance`.
+    """The pod of the built-in job (`python -m training` + `training_args`, complete: `pod_options` makes them
+    with `output_dir` and --resume), or with `user` and `copy` of your own program (its workdir in a
+    ConfigMap, WorkdirConfigMap), on a node of type `instance`; `output_dir` gets a volume of its own when
+    it lies outside the others.
 
     `synthetic` (cluster/job/job_args.synthetic_data, made with the image's Python): every pod writes the
     offline demo into its own scratch volume first and the job trains on it (`training_args` point
-    there, relative to the working directory). The built-in job always gets `--resume`: a restarted
-    pod continues from the newest checkpoint in its output directory on the volume (a fresh start
-    when there is none). Your program gets its output directory as XEON_CLUSTER_OUTPUT_DIR.
+    there, relative to the working directory). Your program gets its output directory as
+    XEON_CLUSTER_OUTPUT_DIR.
     """
     image = check_image(image)
     pvc = check_pvc(pvc) if pvc else None
@@ -384,24 +385,16 @@ def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...
                          threads_per_rank=threads_per_rank, ccl_workers=ccl_workers, pin=False)
     volumes = [Volume(VOLUME_WORK, WORK_MOUNT, "claim", pvc) if pvc else Volume(VOLUME_WORK, WORK_MOUNT, "empty"),
                Volume(VOLUME_SHM, SHM_MOUNT, "memory", resources.shm), Volume(VOLUME_TMP, TMP_MOUNT, "empty")]
-    default_output = f"{WORK_MOUNT}/{RUNS_DIR}/{name}"
     workdir, prepare, own_env = None, "", {}
     if user is not None and copy is not None:
         workdir = plan_workdir_configmap(name, copy, user.script)
-        output_dir, working_dir, prepare = default_output, WORKDIR, workdir.copy_command
+        working_dir, prepare = WORKDIR, workdir.copy_command
         program = tuple(user.argv(f"{venv}/bin/python")[1:])
         own_env = {OUTPUT_DIR_VARIABLE: output_dir, "PYTHONUNBUFFERED": "1"}
         volumes += [Volume(VOLUME_SCRATCH, SCRATCH_MOUNT, "empty"),
                     Volume(VOLUME_WORKDIR, WORKDIR_SOURCE, "configmap", workdir.name)]
     else:
-        args = list(training_args)
-        output_dir = job_setting(args, "--output_dir") or ""
-        if not output_dir:
-            output_dir = default_output
-            args += ["--output_dir", output_dir]
-        if "--resume" not in args:
-            args.append("--resume")
-        program = check_program(("-m", "training", *args))
+        program = check_program(("-m", "training", *training_args))
         working_dir = WORK_MOUNT
         if synthetic:
             working_dir, prepare = SCRATCH_MOUNT, synthetic.prepare
@@ -457,23 +450,25 @@ def check_restart_limit(value: int | None) -> int:
 
 
 def pod_options(run: request.RunRequest, *, name: str, profile: str) -> dict[str, Any]:
-    """plan_pod's program, layout and environment for the run request `run` (cluster/job/request.py; both
-    APIs): the built-in job's arguments as `fab train` makes them (cluster/job/jobplan.py's builtin_arguments,
-    with its output directory, default WORK_MOUNT/RUNS_DIR/<name>, and --resume: a restarted pod continues
-    the newest checkpoint) and its offline demo made with the image's Python; or your program and its
-    workdir's copy plan."""
+    """plan_pod's program, output directory, layout and environment for the run request `run`
+    (cluster/job/request.py; both APIs): the output directory is the request's, default
+    WORK_MOUNT/RUNS_DIR/<name>; the built-in job's arguments are made as `fab train` makes them
+    (cluster/job/jobplan.py's builtin_arguments, with --resume: a restarted pod continues the newest
+    checkpoint in its output directory, a fresh start when there is none) and its offline demo with the
+    image's Python; or your program and its workdir's copy plan."""
     from cluster.job.jobplan import Restart, builtin_arguments
 
     layout = run.layout
-    common: dict[str, Any] = dict(ranks_per_node=layout.ranks_per_node, threads_per_rank=layout.threads_per_rank,
-                                  ccl_workers=layout.ccl_workers, extra_env=run.env_map(), allow_env=run.allow_env)
+    output_dir = run.output_dir or f"{WORK_MOUNT}/{RUNS_DIR}/{name}"
+    common: dict[str, Any] = dict(output_dir=output_dir, ranks_per_node=layout.ranks_per_node,
+                                  threads_per_rank=layout.threads_per_rank, ccl_workers=layout.ccl_workers,
+                                  extra_env=run.env_map(), allow_env=run.allow_env)
     own = run.own
     if own is not None:
         return {**common, "user": own.program, "copy": own.copy}
     job = run.builtin
     assert job is not None  # a request runs the built-in job or your program
-    args = builtin_arguments(run, output_dir=run.output_dir or f"{WORK_MOUNT}/{RUNS_DIR}/{name}", instance_type=None,
-                             restart=Restart(resume=True))
+    args = builtin_arguments(run, output_dir=output_dir, instance_type=None, restart=Restart(resume=True))
     demo = synthetic_data(job.demo.task, job.demo.examples, f"{venv_dir(get_profile(profile))}/bin/python") \
         if job.demo else None
     return {**common, "training_args": args, "synthetic": demo}

@@ -160,6 +160,23 @@ def _builtin(options: dict[str, Any], offline: bool, run_id: str, *, calibration
     return job, files, [compile_line]
 
 
+def check_program_options(options: Mapping[str, Any], own: rq.OwnProgram | None) -> None:
+    """Your own program's options only with --script/--module (`own`), the built-in job's only without it
+    (fab train's and fab k8s-job's options); RequestError naming the first one given otherwise."""
+    if own is None:
+        used = next((name for name in OWN_OPTIONS if _given(options.get(name))), None)
+        if used:
+            raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
+        if _given(options.get("resume_arg")):
+            raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
+        return
+    used = next((name for name in BUILTIN_OPTIONS if _given(options.get(name))
+                 and not (name == "compile" and options[name] == "auto")), None)
+    if used or (options.get("bf16") or "auto") != "auto":
+        raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
+                              "--script/--module; pass your program's own arguments with --args (or after `--`)")
+
+
 def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, run_id: str,
                          own: rq.OwnProgram | None = None, calibration: Any = None,
                          local_file: Callable[[str], str | None] = lambda path: None,
@@ -179,18 +196,7 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
         used = next((name for name in MANAGED_ONLY if _given(options.get(name))), None)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --managed (fab supervises the job and recovers it)")
-    if own is None:
-        used = next((name for name in OWN_OPTIONS if _given(options.get(name))), None)
-        if used:
-            raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
-        if _given(options.get("resume_arg")):
-            raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
-    else:
-        used = next((name for name in BUILTIN_OPTIONS if _given(options.get(name))
-                     and not (name == "compile" and options[name] == "auto")), None)
-        if used or (options.get("bf16") or "auto") != "auto":
-            raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
-                                  "--script/--module; pass your program's own arguments with --args (or after `--`)")
+    check_program_options(options, own)
     nodes = options.get("nodes") or len(inventory.nodes)
     try:
         machine = machine_for(inventory.first(nodes), nodes)[0]
@@ -242,8 +248,10 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
 def k8s_request(options: Mapping[str, Any], *, run_id: str, own: rq.OwnProgram | None = None) -> rq.RunRequest:
     """`fab k8s-job`'s options (those it shares with fab train, left out as None) as a run request: one pod
     per node, torchrun in each (elastic with --min-nodes), the built-in job's settings and --extra checked as
-    fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`)."""
+    fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`, made by
+    node_setup/tasks/job_options.py's own_program as for fab train); each program's options only with it."""
     options = dict(options)
+    check_program_options(options, own)
     try:
         pairs = env_pairs(options.get("env") or "", "CCL_LOG_LEVEL=info")
     except LaunchError as exc:

@@ -1,8 +1,9 @@
 """The training job as a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1), decided before it
 is written (pure).
 
-`plan_trainjob(...)` returns a TrainJobPlan: the pod of cluster/job/k8s.py (`plan_pod`: image,
-resources, layout, environment, volumes, the program) run by the `torch-distributed`
+`plan_trainjob(run, ...)` returns the TrainJobPlan of a run request (cluster/job/request.py, as
+`plan_pytorchjob` takes it): the pod of cluster/job/k8s.py (`plan_pod`: image, resources, layout,
+environment, volumes, the program) run by the `torch-distributed`
 ClusterTrainingRuntime (`runtimeRef`) on `nodes` nodes. node_setup/kubeflow.py turns it into
 `kubeflow-trainer-api`'s models and YAML.
 
@@ -32,9 +33,8 @@ import shlex
 from dataclasses import dataclass
 
 from cluster.job import k8s
-from cluster.job.job_args import SyntheticData
-from cluster.job.k8s import K8sJobError, PodPlan, check_name, check_namespace, check_nodes, plan_pod
-from cluster.job.userjob import CopyPlan, UserProgram
+from cluster.job.k8s import K8sJobError, PodPlan, check_name, check_namespace, check_nodes, plan_pod, pod_options
+from cluster.job.request import RunRequest
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{API_GROUP}/v1alpha1"
@@ -83,25 +83,21 @@ class TrainJobPlan:
         return ("sh", "-c", " && ".join(steps), SHELL_NAME)
 
 
-def plan_trainjob(*, image: str, nodes: int, training_args: list[str] | tuple[str, ...] = (),
-                  name: str = k8s.DEFAULT_NAME, namespace: str = k8s.DEFAULT_NAMESPACE,
-                  instance: str = k8s.DEFAULT_INSTANCE_TYPE, profile: str = "stock",
-                  synthetic: SyntheticData | None = None, cores: int | None = None,
-                  ranks_per_node: int | None = None, threads_per_rank: int | None = None,
-                  ccl_workers: int | None = None, min_nodes: int | None = None, max_restarts: int | None = None,
-                  pvc: str | None = None, extra_env: dict[str, str] | None = None, allow_env: tuple[str, ...] = (),
-                  user: UserProgram | None = None, copy: CopyPlan | None = None) -> TrainJobPlan:
-    """The whole TrainJob on `nodes` pods: the pod (cluster/job/k8s.py plan_pod: the built-in job, or
-    your program with `user` and `copy`) under the torch-distributed runtime."""
-    for option, value in (("--min-nodes", min_nodes), ("--max-restarts", max_restarts)):
+def plan_trainjob(run: RunRequest, *, image: str, name: str = k8s.DEFAULT_NAME,
+                  namespace: str = k8s.DEFAULT_NAMESPACE, instance: str = k8s.DEFAULT_INSTANCE_TYPE,
+                  profile: str = "stock", cores: int | None = None, pvc: str | None = None,
+                  restart_limit: int | None = None) -> TrainJobPlan:
+    """The whole TrainJob of the run request `run` on its node count of pods: the pod (cluster/job/k8s.py
+    plan_pod, from `pod_options`: the built-in job or your program) under the torch-distributed runtime.
+    Elastic training (the request's minimum node count) and a restart limit are refused: the runtime decides."""
+    for option, value in (("--min-nodes", run.launcher.min_nodes), ("--max-restarts", restart_limit)):
         if value is not None:
             raise K8sJobError(f"{option}: {value!r} is not allowed with --api {k8s.API_TRAINJOB}; a TrainJob has no "
                               f"elastic training and its runtime decides the restarts; allowed: --api "
                               f"{k8s.API_PYTORCHJOB} (elasticPolicy, runPolicy.backoffLimit)")
     name = check_name(name, pods=f"<name>-{REPLICATED_JOB}-0-<i>")
     namespace = check_namespace(namespace)
-    nodes = check_nodes(nodes)
-    pod = plan_pod(name=name, image=image, training_args=training_args, instance=instance, profile=profile,
-                   synthetic=synthetic, cores=cores, ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
-                   ccl_workers=ccl_workers, pvc=pvc, extra_env=extra_env, allow_env=allow_env, user=user, copy=copy)
+    nodes = check_nodes(run.nodes)
+    pod = plan_pod(name=name, image=image, instance=instance, profile=profile, cores=cores, pvc=pvc,
+                   **pod_options(run, name=name, profile=profile))
     return TrainJobPlan(name=name, namespace=namespace, nodes=nodes, pod=pod)

@@ -78,10 +78,6 @@ REQUIREMENTS_MARKER_DIR = ".xeon-cluster-requirements"  # inside the node's venv
 # The signals a spot notice may send to every rank (`--notice-signal`; the default and the way to
 # send none, NO_SIGNAL, are xeon_cluster's, which the rank's program reads).
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-# Options of the built-in job (python -m training) that mean nothing to the user's program.
-BUILTIN_ONLY = ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs",
-                "batch-size", "max-steps", "bf16", "checkpoint-every", "checkpoint-uri", "resume",
-                "synthetic-examples")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -127,14 +123,6 @@ def script_in_workdir(script: str, workdir: str) -> str:
         raise UserJobError(f"--script: {script} is outside the workdir {workdir}; allowed: a file inside "
                            "--workdir (the workdir defaults to the script's folder)")
     return rel
-
-
-def conflicting_builtin_options(given: dict[str, object]) -> None:
-    """--script/--module with an option of the built-in job: UserJobError naming it."""
-    used = [f"--{k}" for k in BUILTIN_ONLY if given.get(k)]
-    if used:
-        raise UserJobError(f"{used[0]}: an option of the built-in job, not allowed with --script/--module; "
-                           "pass your program's own arguments with --args (or after `--`)")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The options `fab train` and `fab k8s-job` share, declared once (help, defaults, groups), and `fab train`'s
-options made into its run request (`train_request`).
+"""The options `fab train` and `fab k8s-job` share, declared once (help, defaults, groups), your own program
+from their options (`own_program`), and `fab train`'s options made into its run request (`train_request`).
 
 invoke reads each task's options from its signature, so each task still names them; their help texts,
 their defaults (`DEFAULTS`) and their groups in `fab --help` come from here. `train_request` does what
@@ -85,9 +85,10 @@ def plain(options: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ fab train's request
 
 
-def own_program(options: dict[str, Any], inventory: Inventory) -> rq.OwnProgram | None:
+def own_program(options: dict[str, Any], profile: str) -> rq.OwnProgram | None:
     """--script/--module with their options, checked on this machine (the files, the workdir's scan, the
-    requirements); None without them. RequestError (or UserJobError) with one line otherwise."""
+    requirements for the nodes' `profile`); None without them: fab train's and fab k8s-job's. RequestError (or
+    UserJobError) with one line otherwise."""
     from cluster.job import userjob
     from cluster.node.profiles import get_profile
     from node_setup.ssh.workdir import scan
@@ -121,7 +122,7 @@ def own_program(options: dict[str, Any], inventory: Inventory) -> rq.OwnProgram 
         if not req_path.is_file():
             raise rq.RequestError(f"--requirements: {requirements!r} is not a file on this machine")
         install = userjob.parse_requirements(req_path.read_text(errors="replace"), requirements,
-                                             get_profile(inventory.profile))
+                                             get_profile(profile))
     return rq.OwnProgram(script=rel, module=module or None, args=tuple(words), signal=signal,
                          workdir=str(root.resolve()), workdir_limit_mb=limit_mb, requirements=requirements or None,
                          resume_arg=options.get("resume_arg") or "", independent_ranks=bool(
@@ -135,7 +136,7 @@ def train_request(options: dict[str, Any], inventory: Inventory, *, run_id: str)
     from node_setup.backends import backend_for
     from cluster.job.train_options import request_from_options
 
-    own = own_program(options, inventory)
+    own = own_program(options, inventory.profile)
     cal, note = calibrations.for_cluster(inventory.name)
     idle_s = backend_for(inventory.kind).default_idle_stop(inventory)
 

@@ -21,38 +21,14 @@ from cluster.job.jobplan import new_job_id
 from cluster.job.k8s import K8sJobError
 from cluster.job.launch import LaunchError, env_pairs
 from cluster.job.layout import LayoutError
-from cluster.job.request import OwnProgram, RequestError
+from cluster.job.request import RequestError
 from cluster.job.train_options import k8s_request
-from cluster.job.userjob import (BUILTIN_ONLY, CopyPlan, UserJobError, UserProgram, check_module,
-                                 conflicting_builtin_options, human_bytes, script_in_workdir, split_args)
+from cluster.job.userjob import NO_SIGNAL, UserJobError, human_bytes
 from cluster.node.profiles import PROFILES
 from cluster.job.torchrun import DEFAULT_MAX_RESTARTS, TorchrunError
 from node_setup.tasks import job_options
 from node_setup.tasks.common import Unset, fail, given, task
 from node_setup.tasks.job_options import DEFAULTS as D
-
-
-def own_program(*, script: str, module: str, args: str, workdir: str) -> tuple[UserProgram, CopyPlan]:
-    """--script/--module checked as `fab train` checks them, and the workdir's copy plan (its skip rules,
-    what it withholds); UserJobError naming the option otherwise."""
-    from node_setup.ssh.workdir import scan
-
-    if script and module:
-        raise UserJobError(f"--module: {module!r} given with --script {script!r}; allowed: one of them")
-    words = split_args(args)
-    if script:
-        path = Path(script).expanduser()
-        if not path.is_file():
-            raise UserJobError(f"--script: {script!r} is not a file on this machine; allowed: the path of your "
-                               "training script")
-        root = Path(workdir).expanduser() if workdir else path.parent
-    else:
-        check_module(module)
-        root = Path(workdir).expanduser() if workdir else Path.cwd()
-    if not root.is_dir():
-        raise UserJobError(f"--workdir: {workdir!r} is not a folder on this machine")
-    rel = script_in_workdir(str(path.resolve()), str(root.resolve())) if script else None
-    return UserProgram(rel, module or None, tuple(words), None), scan(root)
 
 
 @task(help={
@@ -111,35 +87,24 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
 
     if profile not in PROFILES:
         raise fail(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
-    if not (script or module) and (args or workdir):
-        raise fail(f"{'--args' if args else '--workdir'}: only with --script or --module (your own program)")
+    options = job_options.plain(dict(
+        nodes=nodes, task=task, model=model, dataset=dataset, dataset_config=dataset_config, train_file=train_file,
+        validation_file=validation_file, epochs=epochs, batch_size=batch_size, bf16=bf16,
+        checkpoint_every=checkpoint_every, checkpoint_uri=checkpoint_uri, max_steps=max_steps, extra=extra,
+        ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, env=env, allow_env=allow_env,
+        synthetic_examples=synthetic_examples, min_nodes=min_nodes, max_restarts=max_restarts, script=script,
+        module=module, args=args, workdir=workdir))
     try:
         k8s.check_api(api)
-        own = None
-        if script or module:
-            conflicting_builtin_options(dict(zip(BUILTIN_ONLY, (
-                task, model, dataset, dataset_config, train_file, validation_file, given(epochs), given(batch_size),
-                given(max_steps), bf16 != "auto", given(checkpoint_every), checkpoint_uri, False,
-                given(synthetic_examples)))))
-            user, copy = own_program(script=script, module=module, args=f"{args} {extra}".strip(), workdir=workdir)
-            own = OwnProgram(script=user.script, module=user.module, args=user.args, signal=None,
-                             workdir=copy.workdir, copy=copy)
-        shared = dict(nodes=nodes, task=task, model=model, dataset=dataset, dataset_config=dataset_config,
-                      train_file=train_file, validation_file=validation_file, epochs=epochs, batch_size=batch_size,
-                      bf16=bf16, checkpoint_every=checkpoint_every, checkpoint_uri=checkpoint_uri, max_steps=max_steps,
-                      extra=extra, ranks_per_node=ranks_per_node, threads=threads, ccl_workers=ccl_workers, env=env,
-                      allow_env=allow_env, synthetic_examples=synthetic_examples, min_nodes=min_nodes,
-                      max_restarts=max_restarts)
-        run = k8s_request(job_options.plain(shared), run_id=new_job_id(), own=own)
+        own = job_options.own_program({**options, "notice_signal": NO_SIGNAL}, profile)  # no notice in a pod
+        run = k8s_request(options, run_id=new_job_id(), own=own)
         common = dict(image=image, name=name, namespace=namespace, instance=instance_type, profile=profile,
-                      cores=cores or None, pvc=pvc or None)
+                      cores=cores or None, pvc=pvc or None, restart_limit=max_restarts if given(max_restarts) else None)
         plan: k8s.K8sJobPlan | trainjob.TrainJobPlan
         if api == k8s.API_TRAINJOB:
-            plan = trainjob.plan_trainjob(**common, nodes=run.nodes, min_nodes=min_nodes if given(min_nodes) else None,
-                                          max_restarts=max_restarts if given(max_restarts) else None,
-                                          **k8s.pod_options(run, name=name, profile=profile))
+            plan = trainjob.plan_trainjob(run, **common)
         else:
-            plan = k8s.plan_pytorchjob(run, **common, restart_limit=max_restarts if given(max_restarts) else None)
+            plan = k8s.plan_pytorchjob(run, **common)
         text = kubeflow.to_yaml(*kubeflow.manifests(plan))
     except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, UserJobError, RequestError,
             ValueError) as exc:
