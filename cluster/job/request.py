@@ -7,14 +7,17 @@ inventory once), the launcher and its elastic settings (`Launcher`), the layout 
 demo as `Demo`: task and examples) or your own (`OwnProgram`), the ranks' environment (names that
 change how an interpreter, a shell or the loader starts are refused unless `allow_env` names them),
 the output directory, the checkpoint interval in seconds and URI, --resume, the --managed settings
-(`Managed`) and the idle auto-stop armed at the start.
+(`Managed`) and the idle auto-stop armed at the start. Your own program's request records its workdir:
+the folder on this controller and its digest (`workdir_digest`: each file the copy plan copies, path and
+SHA-256), which `fab train --managed --resume` checks the workdir against when it copies it again
+(cluster/run/runspec.py's `resumed`).
 
 Command lines are made from it at the last step (cluster/job/jobplan.py's `plan`: `python -m
 training ...`, mpirun, torchrun; cluster/job/k8s.py: the PyTorchJob) and never read back.
 `to_mapping`/`from_mapping` are its serialized form (the run spec, cluster/run/runspec.py): every
 field typed and range-checked by the same constructors, unknown fields refused. What only this
 controller has (the local files to copy: data files, the workdir's copy plan, the install plan) is
-left out of it.
+left out of it; the workdir's digest is in it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOIC
                                   check_extra, parse_s3_uri)
 from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS, RESERVED_VARIABLES, is_variable_name
 from cluster.job.userjob import (NOTICE_SIGNALS, CopyPlan, RequirementsPlan, UserJobError, UserProgram,
-                                 check_module)
+                                 check_entry_path, check_module)
 from cluster.run.supervision import RUN_ID_RE, SupervisionError, resume_words
 
 # Environment names that change how an interpreter, a shell or the dynamic loader starts (what runs
@@ -46,6 +49,8 @@ ALLOW_ENV_OPTION = "--allow-env"
 _LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
 _NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
 _SCRIPT_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,1000}\Z")
+_FILE_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,4000}\Z")  # a file of the workdir, relative to it
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_NODES = 10000
 MAX_WAIT_S = 7 * 86400
 BUILTIN, OWN = "builtin", "own"
@@ -240,12 +245,40 @@ class BuiltinJob:
             raise RequestError(str(exc)) from None
 
 
+def workdir_digest(copy: CopyPlan) -> tuple[tuple[str, str], ...]:
+    """The workdir's digest a run records: each file the copy plan copies, (path, SHA-256), by path."""
+    return tuple(sorted((f.path, f.digest) for f in copy.files))
+
+
+def _check_workdir_files(files: object) -> None:
+    setting = "workdir digest"
+    if not isinstance(files, tuple):
+        raise _refuse(setting, files, "a list of [path, SHA-256] pairs")
+    seen: set[str] = set()
+    for pair in files:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise _refuse(setting, pair, "[path, SHA-256] pairs")
+        path, digest = pair
+        _line(setting, path, optional=False, pattern=_FILE_RE)
+        try:
+            check_entry_path(path)
+        except UserJobError:
+            raise _refuse(setting, path, "paths inside the workdir") from None
+        if not _SHA256_RE.match(digest):
+            raise _refuse(f"{setting} {path}", digest, "a SHA-256 digest (64 hex digits)")
+        if path in seen:
+            raise _refuse(setting, path, "each path once")
+        seen.add(path)
+
+
 @dataclass(frozen=True)
 class OwnProgram:
     """Your own program (--script/--module) run by every rank from the job's copy of the workdir.
 
     `workdir` and `requirements` are files of this controller; `copy` and `install` their plans
-    (cluster/job/userjob.py), which only this controller has (left out of the serialized form)."""
+    (cluster/job/userjob.py), which only this controller has (left out of the serialized form).
+    `workdir_files`: the workdir's digest (`workdir_digest`), the copy plan's when one is given; None: not
+    recorded. `workdir_changed_ok`: --workdir-changed-ok, a resumed run copied a workdir that had changed."""
 
     script: str | None = None  # relative to the workdir
     module: str | None = None
@@ -256,6 +289,8 @@ class OwnProgram:
     requirements: str | None = None
     resume_arg: str = ""
     independent_ranks: bool = False
+    workdir_files: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
+    workdir_changed_ok: bool = False
     copy: CopyPlan | None = field(default=None, compare=False, repr=False)
     install: RequirementsPlan | None = field(default=None, compare=False, repr=False)
 
@@ -288,6 +323,11 @@ class OwnProgram:
             except SupervisionError as exc:
                 raise RequestError(str(exc)) from None
         _flag("--independent-ranks", self.independent_ranks)
+        if self.workdir_files is None and self.copy is not None:
+            object.__setattr__(self, "workdir_files", workdir_digest(self.copy))
+        if self.workdir_files is not None:
+            _check_workdir_files(self.workdir_files)
+        _flag("--workdir-changed-ok", self.workdir_changed_ok)
 
     @property
     def program(self) -> UserProgram:
@@ -364,8 +404,9 @@ class RunRequest:
         min_nodes = self.launcher.min_nodes if self.managed is None else self.managed.min_nodes
         if min_nodes is not None and not 1 <= min_nodes <= self.nodes:
             raise RequestError(f"--min-nodes: {min_nodes} is not allowed; allowed 1 to {self.nodes} (the job's nodes)")
-        own = self.own
-        if own is not None and (self.checkpoint_every_s is not None or self.checkpoint_uri or self.resume):
+        own = self.own  # --resume: a supervised run continued from its spec (fab train --managed --resume)
+        if own is not None and (self.checkpoint_every_s is not None or self.checkpoint_uri
+                                or (self.resume and self.managed is None)):
             which = ("--checkpoint-every" if self.checkpoint_every_s is not None else
                      "--checkpoint-uri" if self.checkpoint_uri else "--resume")
             raise RequestError(f"{which}: an option of the built-in job, not allowed with --script/--module; pass "
@@ -440,7 +481,7 @@ def _build(cls: Any, data: object, where: str) -> Any:
         if name == "kind":
             continue
         if raw is None or name not in _PARTS and name not in ("program", "env", "allow_env", "args", "extra",
-                                                               "compile_estimate"):
+                                                               "compile_estimate", "workdir_files"):
             values[name] = raw
         elif name in _PARTS:
             values[name] = _build(_PARTS[name], raw, f"{where} {name}")
@@ -461,9 +502,10 @@ def _build(cls: Any, data: object, where: str) -> Any:
 def _tuple(name: str, raw: object, where: str) -> tuple:
     if not isinstance(raw, list):
         raise _refuse(f"{where} {name}", raw, "a list")
-    if name == "env":
+    if name in ("env", "workdir_files"):
         if not all(isinstance(p, list) and len(p) == 2 for p in raw):
-            raise _refuse(f"{where} env", raw, "a list of [NAME, VALUE] pairs")
+            raise _refuse(f"{where} {name}", raw, "a list of [NAME, VALUE] pairs" if name == "env" else
+                          "a list of [path, SHA-256] pairs")
         return tuple((p[0], p[1]) for p in raw)
     if name == "extra":
         if not all(isinstance(p, list) and p and all(isinstance(w, str) for w in p) for p in raw):

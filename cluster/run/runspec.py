@@ -20,8 +20,14 @@ profile's (cluster/node/profiles.py), and the offline demo is stored as its task
   values (the supervisor's spec on the master holds none either: they go to a file of their own).
 - `handoff(...)`: the supervisor's spec on the master (the request less its secret values, which go to
   a file of their own, SECRETS_FILE, 0600, removed with the run) and the machines.
-- `read(text, where, key)` -> Found; `resumed(found, env, run_id)`: the request again, --resume set, a
-  new run id, the withheld values given again with --env (RunSpecError naming --env when one is missing).
+- `read(text, where, key)` -> Found; `resumed(found, env, run_id, workdir=...)`: the request again, --resume
+  set, a new run id, the withheld values given again with --env (RunSpecError naming --env when one is
+  missing); for your own program (--script/--module) with its workdir's copy plan made again on this
+  controller, checked against the digest the spec recorded (`workdir_changes`): a workdir that changed
+  is refused in one line naming the files changed, added and removed (`WorkdirChanges.refusal`) unless
+  --workdir-changed-ok says to go on with it, which the new run's request records with the new digest.
+  The supervisor then starts the program with the run's newest checkpoint, as after a worker's recovery
+  (cluster/run/supervision.py's rule: XEON_CLUSTER_RESUME_FROM and --resume-arg's words).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 
 from cluster.job import request as rq
 from cluster.job.secrets import secret_looking
+from cluster.job.userjob import CopyPlan
 from cluster.run import supervision as sv
 
 RUN_FOLDER = "xeon-cluster-run"
@@ -44,6 +51,8 @@ SIGNATURE = "signature"
 SCHEME = "hmac-sha256"
 KINDS = ("aws", "local", "file")
 _FIELDS = ("format", "kind", "request", "withheld", SIGNATURE)
+CHANGED_OK_OPTION = "--workdir-changed-ok"
+CHANGES_SHOWN = 5  # names per kind in the refusal
 
 
 class RunSpecError(ValueError):
@@ -142,20 +151,67 @@ def read(text: str | bytes | None, where: str, key: bytes) -> Found:
     marked = sorted(name for name, value in request.env if value == WITHHELD)
     if not isinstance(withheld, list) or sorted(withheld) != marked:
         raise bad(f"withheld: allowed the names of the --env values written as {WITHHELD}")
-    if request.own is not None:
-        raise bad("it ran your own program (--script/--module), whose workdir was on the master; start it again "
-                  "with `fab train --managed --script ...`")
+    if request.own is not None and request.own.workdir_files is None:
+        raise bad("it ran your own program (--script/--module) and records no digest of its workdir to check the "
+                  "workdir against; start it again with `fab train --managed --script ...`")
     if request.managed is None:
         raise bad("it has no --managed settings")
     return Found(request, found["kind"], tuple(withheld))
 
 
-def resumed(found: Found, env: dict[str, str], run_id: str) -> rq.RunRequest:
+@dataclass(frozen=True)
+class WorkdirChanges:
+    """How the workdir on this controller differs from the digest a run recorded: paths, each sorted."""
+
+    changed: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.added or self.removed)
+
+    def refusal(self, workdir: str, run_id: str) -> str:
+        """The one line that refuses the resume: which files changed, were added or removed, and how to go on."""
+        parts = []
+        for kind, paths in (("changed", self.changed), ("added", self.added), ("removed", self.removed)):
+            if paths:
+                more = f" and {len(paths) - CHANGES_SHOWN} more" if len(paths) > CHANGES_SHOWN else ""
+                parts.append(f"{kind}: {', '.join(paths[:CHANGES_SHOWN])}{more}")
+        return (f"--resume: the workdir {workdir} is not as run {run_id} recorded it ({'; '.join(parts)}); the run "
+                f"copies it again from here: restore those files to continue the run as it was, or give "
+                f"{CHANGED_OK_OPTION} to continue with the workdir as it is now (recorded with the run)")
+
+
+def workdir_changes(recorded: tuple[tuple[str, str], ...], now: tuple[tuple[str, str], ...]) -> WorkdirChanges:
+    """The difference between two workdir digests (cluster/job/request.py's `workdir_digest`)."""
+    before, after = dict(recorded), dict(now)
+    return WorkdirChanges(changed=tuple(sorted(p for p in before.keys() & after.keys() if before[p] != after[p])),
+                          added=tuple(sorted(after.keys() - before.keys())),
+                          removed=tuple(sorted(before.keys() - after.keys())))
+
+
+def resumed(found: Found, env: dict[str, str], run_id: str, *, workdir: CopyPlan | None = None,
+            workdir_changed_ok: bool = False) -> rq.RunRequest:
     """The run of `found` again: a new run id, --resume, the withheld --env values from `env`; its output
-    directory, node count, layout, program and --managed settings as they were."""
+    directory, node count, layout, program and --managed settings as they were. Your own program's: with
+    `workdir`, its workdir's copy plan made again on this controller, refused when it is not as recorded
+    unless `workdir_changed_ok` (RunSpecError: one line)."""
     missing = [name for name in found.withheld if not env.get(name)]
     if missing:
         raise RunSpecError(f"--env: {', '.join(missing)} withheld from the run's spec (it looks like a secret); give "
                            f"it again with the resume, e.g. --env '{missing[0]}=...'")
     request = found.request.with_env({name: env[name] for name in found.withheld})
+    own = request.own
+    if own is None:
+        if workdir_changed_ok:
+            raise RunSpecError(f"{CHANGED_OK_OPTION}: run {request.run_id} ran the built-in job, which copies no "
+                               "workdir; leave it out")
+    else:
+        assert workdir is not None and own.workdir_files is not None  # the caller scanned it; `read` checked
+        changes = workdir_changes(own.workdir_files, rq.workdir_digest(workdir))
+        if changes and not workdir_changed_ok:
+            raise RunSpecError(changes.refusal(own.workdir, request.run_id))
+        program = dataclasses.replace(own, workdir_files=rq.workdir_digest(workdir),
+                                      workdir_changed_ok=workdir_changed_ok, copy=workdir)
+        request = dataclasses.replace(request, program=program)
     return dataclasses.replace(request, run_id=sv.check_run_id(run_id), resume=True)

@@ -1,6 +1,7 @@
 """`fab train --managed`: the run handed to its supervisor on the master (`hand_off`, `follow_run`; the
 supervisor is node_setup/supervisor/), and `--managed --resume`'s request read back from the run's signed
-spec (`resumed_request`).
+spec (`resumed_request`; your own program's workdir scanned again here, `workdir_again`, and checked
+against the digest the spec recorded).
 
 The nodes are prepared by the job lifecycle (node_setup/tasks/job_run.py) before `hand_off`, as for every
 path; the recoveries themselves are the supervisor's (docs/long-spot-runs.md), which runs the same
@@ -13,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
+from pathlib import Path
 from typing import Any
 
 from cluster.backend import BackendError
 from cluster.inventory import Inventory
 from cluster.job.jobplan import JobPlan
-from cluster.job.request import RequestError, RunRequest
+from cluster.job.request import OwnProgram, RequestError, RunRequest
+from cluster.job.userjob import CopyPlan, UserJobError
 from cluster.run import recovery as rc
 from cluster.run import runspec
 from cluster.run import supervision as sv
@@ -42,6 +45,8 @@ MANAGED_HELP = {
                   "docs/your-own-script.md)",
     "detach": "with --managed: return as soon as the run has started on the master (its supervisor goes on; "
               "`fab status`, `fab logs --follow`, `fab stop` reach it from any controller)",
+    "workdir-changed-ok": "with --managed --resume of your own program: go on although its workdir here is not as "
+                          "the run recorded it (files changed, added or removed; recorded with the run)",
 }
 START_WAIT_S = 300.0  # how long fab waits for the supervisor to start the run's first job
 
@@ -215,15 +220,38 @@ def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: st
     try:
         found = runspec.read(text, where, _spec_key())
         env = dict(check_env(env_pairs(options.get("env") or ""), found.request.allow_env))
-        request = runspec.resumed(found, env, run_id)
+        own = found.request.own
+        request = runspec.resumed(found, env, run_id, workdir=workdir_again(own) if own is not None else None,
+                                  workdir_changed_ok=bool(options.get("workdir_changed_ok")))
         inventory.first(request.nodes)
     except (runspec.RunSpecError, RequestError, LaunchError) as exc:
         raise fail(str(exc)) from None
     except ValueError as exc:  # the inventory has fewer nodes than the run
         raise fail(f"{where}: {exc}") from None
-    say(f"resuming run {found.request.run_id} from its spec at {where}: {request.nodes} node(s), its arguments with "
-        "--resume, its layout and --managed settings (the other options given now are not used)")
+    own = request.own
+    program = "its arguments with --resume"
+    if own is not None:
+        assert own.copy is not None  # workdir_again's
+        program = (f"your program restarted with the newest checkpoint, its workdir {own.workdir} copied again "
+                   f"({len(own.copy.files)} file(s), "
+                   + ("--workdir-changed-ok" if own.workdir_changed_ok else "as the run recorded them") + ")")
+    say(f"resuming run {found.request.run_id} from its spec at {where}: {request.nodes} node(s), {program}, its "
+        "layout and --managed settings (the other options given now are not used)")
     return request
+
+
+def workdir_again(own: OwnProgram) -> CopyPlan:
+    """Your program's workdir, the folder on this controller the run recorded, scanned again as at the first
+    launch (the same skip rules and size limit); one line and exit 2 when it cannot be."""
+    from node_setup.ssh.workdir import scan
+
+    if not Path(own.workdir).is_dir():
+        raise fail(f"--resume: the run's workdir {own.workdir} is not a folder on this machine; the run copies it "
+                   "again from the controller that started it: resume there, with the workdir where it was")
+    try:
+        return scan(own.workdir, own.workdir_limit_mb * 1024 * 1024)
+    except UserJobError as exc:
+        raise fail(str(exc)) from None
 
 
 # ---------------------------------------------------------------- a lost master (AWS)

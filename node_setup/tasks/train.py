@@ -90,7 +90,7 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
           launcher=DEFAULT_LAUNCHER, min_nodes=D["min_nodes"], max_restarts=D["max_restarts"], grad_comm="",
           ddp_bucket_mb=Unset(float), compile="", managed=False, max_recoveries=Unset(int),
           wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False, resume_arg="",
-          detach=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
+          workdir_changed_ok=False, detach=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     options = job_options.plain({k: v for k, v in locals().items() if k not in ("c", "file", "dry_run", "cluster",
                                                                                  "region")})
@@ -126,7 +126,7 @@ train.option_groups = job_options.groups(
     program=("script", "module", "args", "workdir", "workdir-limit-mb", "requirements", "independent-ranks",
              "launcher", "pin"),
     spot_and_recovery=("managed", "detach", "resume-arg", "max-recoveries", "wait-for-capacity", "notice-signal",
-                       "resume"),
+                       "resume", "workdir-changed-ok"),
     output=("output-dir",),
 )
 

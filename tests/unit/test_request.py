@@ -46,6 +46,40 @@ def test_the_serialized_request_reads_back_equal_and_survives_json(make):
     assert rq.RunRequest.from_mapping(json.loads(text)) == request
 
 
+def _own_with_digest() -> dict:
+    own = dataclasses.replace(own_request().own, workdir_files=(("sub/train.py", "a" * 64), ("sub/util.py", "b" * 64)))
+    return json.loads(json.dumps(dataclasses.replace(own_request(), program=own).to_mapping()))
+
+
+def test_your_programs_workdir_digest_is_recorded_and_read_back_checked():
+    data = _own_with_digest()
+    assert data["program"]["workdir_files"] == [["sub/train.py", "a" * 64], ["sub/util.py", "b" * 64]]
+    assert rq.RunRequest.from_mapping(data).own.workdir_files == (("sub/train.py", "a" * 64), ("sub/util.py", "b" * 64))
+
+
+@pytest.mark.parametrize(("pair", "said"), [
+    (["../outside.py", "a" * 64], "workdir digest: '../outside.py' is not allowed; allowed: paths inside the workdir"),
+    (["/etc/passwd", "a" * 64], "workdir digest: '/etc/passwd' is not allowed"),
+    (["a\nb.py", "a" * 64], "workdir digest: 'a\\nb.py' is not allowed"),
+    (["sub/util.py", "A" * 64], "workdir digest sub/util.py: 'AAAA"),
+    (["sub/train.py", "c" * 64], "workdir digest: 'sub/train.py' is not allowed; allowed: each path once"),
+    (["sub/util.py"], "request program workdir_files: "),
+])
+def test_a_workdir_digest_not_as_made_is_refused_naming_it(pair, said):
+    data = _own_with_digest()
+    data["program"]["workdir_files"][1] = pair
+    with pytest.raises(rq.RequestError) as caught:
+        rq.RunRequest.from_mapping(data)
+    assert str(caught.value).startswith(said) and "\n" not in str(caught.value)
+
+
+def test_resume_with_your_program_is_a_supervised_runs_continuation_only():
+    own = own_request()
+    assert dataclasses.replace(own, resume=True).resume  # fab train --managed --resume, from the run's spec
+    with pytest.raises(rq.RequestError, match=r"^--resume: an option of the built-in job"):
+        dataclasses.replace(own, resume=True, managed=None)
+
+
 def test_fab_trains_options_are_resolved_once_into_typed_values():
     request = builtin_request()
     job = request.builtin

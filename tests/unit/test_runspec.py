@@ -175,3 +175,140 @@ def test_fab_train_managed_resume_without_a_good_spec_is_one_line_and_exit_2(s3,
     assert result.returncode == common.BAD_INPUT, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(said), result.stderr
+
+
+# ---------------------------------------------------------------- your own program: its workdir copied again
+
+
+def _workdir(root: Path) -> Path:
+    proj = root / "proj"
+    (proj / "lib").mkdir(parents=True)
+    (proj / "train.py").write_text("print('train')\n")
+    (proj / "lib" / "steps.py").write_text("STEPS = 40\n")
+    (proj / "data.txt").write_text("a b c\n")
+    return proj
+
+
+def _own_request(proj: Path) -> rq.RunRequest:
+    """A 2-node supervised run of your own script, its workdir scanned as fab train scans it."""
+    from node_setup.tasks.job_options import own_program
+
+    options = dict(nodes=2, managed=True, script=str(proj / "train.py"), args="--epochs 2", output_dir="runs/own",
+                   resume_arg="--from {checkpoint}")
+    own = own_program(options, _inventory().profile)
+    return request_from_options(options, _inventory(), run_id=RUN, own=own)[0]
+
+
+def test_the_digest_comparison_names_files_changed_added_and_removed():
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
+    recorded = (("data.txt", a), ("lib/steps.py", b), ("train.py", c))
+    assert not runspec.workdir_changes(recorded, recorded)
+    now = (("lib/steps.py", a), ("new.txt", a), ("train.py", c))
+    assert runspec.workdir_changes(recorded, now) == runspec.WorkdirChanges(
+        changed=("lib/steps.py",), added=("new.txt",), removed=("data.txt",))
+
+
+def test_the_refusal_is_one_line_naming_the_files_and_how_to_go_on():
+    changes = runspec.WorkdirChanges(changed=("lib/steps.py",), added=tuple(f"n{i}.txt" for i in range(7)),
+                                     removed=("data.txt",))
+    line = changes.refusal("/home/u/proj", RUN)
+    assert line == (f"--resume: the workdir /home/u/proj is not as run {RUN} recorded it (changed: lib/steps.py; "
+                    "added: n0.txt, n1.txt, n2.txt, n3.txt, n4.txt and 2 more; removed: data.txt); the run copies it "
+                    "again from here: restore those files to continue the run as it was, or give "
+                    "--workdir-changed-ok to continue with the workdir as it is now (recorded with the run)")
+
+
+def test_your_programs_spec_records_its_workdir_and_digest_signed(tmp_path):
+    proj = _workdir(tmp_path)
+    request = _own_request(proj)
+    assert request.own.workdir == str(proj.resolve())
+    assert dict(request.own.workdir_files) == {f.path: f.digest for f in request.own.copy.files}
+    assert set(dict(request.own.workdir_files)) == {"train.py", "lib/steps.py", "data.txt"}
+    found = runspec.read(runspec.signed_text(request, "file", KEY), "here", KEY)
+    assert found.request.own.workdir_files == request.own.workdir_files and found.request.own.copy is None
+    # the digest is part of what is signed: a digest changed in the spec is refused
+    data = json.loads(runspec.signed_text(request, "file", KEY))
+    data["request"]["program"]["workdir_files"][0][1] = "0" * 64
+    with pytest.raises(runspec.RunSpecError, match="signature does not match"):
+        runspec.read(json.dumps(data), "here", KEY)
+
+
+def test_a_spec_of_your_program_without_a_workdir_digest_is_refused(tmp_path):
+    request = _own_request(_workdir(tmp_path))
+    data = json.loads(runspec.signed_text(request, "file", KEY))
+    del data["request"]["program"]["workdir_files"]
+    data[runspec.SIGNATURE] = runspec.signature(data, KEY)
+    with pytest.raises(runspec.RunSpecError, match="records no digest of its workdir"):
+        runspec.read(json.dumps(data), "here", KEY)
+
+
+def _resume_own(tmp_path, monkeypatch, **options):
+    """The run of `_own_request` handed off to a LocalMaster, then `fab train --managed --resume`'s request."""
+    monkeypatch.setattr(managed, "_spec_key", lambda: KEY)
+    master = LocalMaster(tmp_path / "home")
+    master.home.mkdir()
+    monkeypatch.setattr(common, "connect", lambda inventory: {"node0": master})
+    managed.publish_spec(master, _own_request(tmp_path / "proj"), _inventory(), "runs/own", key=KEY)
+    return managed.resumed_request(_inventory(), {"output_dir": "runs/own", **options}, run_id=AGAIN)
+
+
+def test_your_program_is_resumed_with_its_workdir_copied_again_when_it_is_as_recorded(tmp_path, monkeypatch, capsys):
+    _workdir(tmp_path)
+    resumed = _resume_own(tmp_path, monkeypatch)
+    first = _own_request(tmp_path / "proj")
+    assert resumed.resume and resumed.run_id == AGAIN and resumed.output_dir == "runs/own" and resumed.managed
+    assert resumed.own.workdir_files == first.own.workdir_files and not resumed.own.workdir_changed_ok
+    assert resumed.own.copy is not None and resumed.own.copy.files == first.own.copy.files  # what the upload copies
+    assert (resumed.own.script, resumed.own.args, resumed.own.resume_arg) == ("train.py", ("--epochs", "2"),
+                                                                               "--from {checkpoint}")
+    assert "its workdir " + str((tmp_path / "proj").resolve()) + " copied again (3 file(s), as the run recorded " \
+        "them)" in capsys.readouterr().out
+
+
+def _change(proj: Path) -> None:
+    (proj / "lib" / "steps.py").write_text("STEPS = 80\n")
+    (proj / "new.txt").write_text("n\n")
+    (proj / "data.txt").unlink()
+
+
+def test_a_workdir_that_changed_is_refused_on_resume_in_one_line_and_exit_2(tmp_path, monkeypatch):
+    proj = _workdir(tmp_path)
+    _resume_own(tmp_path, monkeypatch)  # the spec is written
+    _change(proj)
+    with pytest.raises(invoke.Exit) as caught:
+        managed.resumed_request(_inventory(), {"output_dir": "runs/own"}, run_id=AGAIN)
+    message = str(caught.value.message)
+    assert caught.value.code == common.BAD_INPUT and "\n" not in message
+    assert message.startswith(f"error: --resume: the workdir {proj.resolve()} is not as run {RUN} recorded it "
+                              "(changed: lib/steps.py; added: new.txt; removed: data.txt)")
+
+
+def test_workdir_changed_ok_goes_on_and_the_new_run_records_it_with_the_new_digest(tmp_path, monkeypatch):
+    proj = _workdir(tmp_path)
+    _resume_own(tmp_path, monkeypatch)
+    _change(proj)
+    resumed = managed.resumed_request(_inventory(), {"output_dir": "runs/own", "workdir_changed_ok": True},
+                                      run_id=AGAIN)
+    assert resumed.own.workdir_changed_ok
+    assert set(dict(resumed.own.workdir_files)) == {"train.py", "lib/steps.py", "new.txt"}
+    again = runspec.read(runspec.signed_text(resumed, "file", KEY), "here", KEY).request
+    assert again.own.workdir_changed_ok and again.own.workdir_files == resumed.own.workdir_files
+
+
+def test_a_workdir_no_longer_here_is_refused_in_one_line(tmp_path, monkeypatch):
+    import shutil
+
+    proj = _workdir(tmp_path)
+    _resume_own(tmp_path, monkeypatch)
+    shutil.rmtree(proj)
+    with pytest.raises(invoke.Exit, match=rf"^error: --resume: the run's workdir {proj.resolve()} is not a folder on "
+                                          "this machine"):
+        managed.resumed_request(_inventory(), {"output_dir": "runs/own", "workdir_changed_ok": True}, run_id=AGAIN)
+
+
+def test_workdir_changed_ok_is_refused_where_no_workdir_is_copied_again():
+    found = runspec.read(_spec(), "here", KEY)
+    with pytest.raises(runspec.RunSpecError, match=rf"^--workdir-changed-ok: run {RUN} ran the built-in job"):
+        runspec.resumed(found, {"HF_TOKEN": "x"}, AGAIN, workdir_changed_ok=True)
+    with pytest.raises(rq.RequestError, match=r"^--workdir-changed-ok: only with --managed --resume"):
+        request_from_options(dict(nodes=2, workdir_changed_ok=True), _inventory(), run_id=RUN)
