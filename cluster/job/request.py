@@ -46,6 +46,7 @@ REFUSED_ENV_NAMES = (
     "PATH", "IFS", "PS4", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "CDPATH", "HOSTALIASES", "LOCALDOMAIN",
     "RES_OPTIONS", "HOME", "ZDOTDIR", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH")
 ALLOW_ENV_OPTION = "--allow-env"
+CHANGED_OK_OPTION = "--workdir-changed-ok"  # a resumed run of your own program goes on with a changed workdir
 _LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
 _NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
 _SCRIPT_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,1000}\Z")
@@ -327,7 +328,7 @@ class OwnProgram:
             object.__setattr__(self, "workdir_files", workdir_digest(self.copy))
         if self.workdir_files is not None:
             _check_workdir_files(self.workdir_files)
-        _flag("--workdir-changed-ok", self.workdir_changed_ok)
+        _flag(CHANGED_OK_OPTION, self.workdir_changed_ok)
 
     @property
     def program(self) -> UserProgram:

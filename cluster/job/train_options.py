@@ -190,7 +190,7 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
     """
     options = dict(options)
     if _given(options.get("workdir_changed_ok")):  # fab train --managed --resume reads the run from its spec
-        raise rq.RequestError("--workdir-changed-ok: only with --managed --resume (a run of your own program "
+        raise rq.RequestError(f"{rq.CHANGED_OK_OPTION}: only with --managed --resume (a run of your own program "
                               "continued, its workdir copied again from here)")
     if (options.get("pin") or "").lower() not in PIN_CHOICES:
         raise rq.RequestError(f"--pin: {options['pin']!r} is not allowed; choose on or off")

@@ -51,7 +51,6 @@ SIGNATURE = "signature"
 SCHEME = "hmac-sha256"
 KINDS = ("aws", "local", "file")
 _FIELDS = ("format", "kind", "request", "withheld", SIGNATURE)
-CHANGED_OK_OPTION = "--workdir-changed-ok"
 CHANGES_SHOWN = 5  # names per kind in the refusal
 
 
@@ -179,7 +178,7 @@ class WorkdirChanges:
                 parts.append(f"{kind}: {', '.join(paths[:CHANGES_SHOWN])}{more}")
         return (f"--resume: the workdir {workdir} is not as run {run_id} recorded it ({'; '.join(parts)}); the run "
                 f"copies it again from here: restore those files to continue the run as it was, or give "
-                f"{CHANGED_OK_OPTION} to continue with the workdir as it is now (recorded with the run)")
+                f"{rq.CHANGED_OK_OPTION} to continue with the workdir as it is now (recorded with the run)")
 
 
 def workdir_changes(recorded: tuple[tuple[str, str], ...], now: tuple[tuple[str, str], ...]) -> WorkdirChanges:
@@ -204,14 +203,14 @@ def resumed(found: Found, env: dict[str, str], run_id: str, *, workdir: CopyPlan
     own = request.own
     if own is None:
         if workdir_changed_ok:
-            raise RunSpecError(f"{CHANGED_OK_OPTION}: run {request.run_id} ran the built-in job, which copies no "
+            raise RunSpecError(f"{rq.CHANGED_OK_OPTION}: run {request.run_id} ran the built-in job, which copies no "
                                "workdir; leave it out")
     else:
         assert workdir is not None and own.workdir_files is not None  # the caller scanned it; `read` checked
-        changes = workdir_changes(own.workdir_files, rq.workdir_digest(workdir))
+        now = rq.workdir_digest(workdir)
+        changes = workdir_changes(own.workdir_files, now)
         if changes and not workdir_changed_ok:
             raise RunSpecError(changes.refusal(own.workdir, request.run_id))
-        program = dataclasses.replace(own, workdir_files=rq.workdir_digest(workdir),
-                                      workdir_changed_ok=workdir_changed_ok, copy=workdir)
+        program = dataclasses.replace(own, workdir_files=now, workdir_changed_ok=workdir_changed_ok, copy=workdir)
         request = dataclasses.replace(request, program=program)
     return dataclasses.replace(request, run_id=sv.check_run_id(run_id), resume=True)
