@@ -25,6 +25,8 @@ so that the same rules hold on a local cluster, on AWS and in the tests' fake ba
 from __future__ import annotations
 
 import re
+import signal
+import time
 from dataclasses import dataclass
 
 from cluster.node.console import describe, fingerprint, parse_console
@@ -37,7 +39,13 @@ SPEC_FILE, STATE_FILE, LOG_FILE, STOP_FILE = "spec.json", "state.json", "log", "
 SECRETS_FILE = "secrets.json"  # the run's secret --env values (0600), apart from its spec; removed with the run
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{4}\Z")  # a run is named after its first job's id
 SUPERVISOR_MODULE = "node_setup.supervisor"  # `python -m` on the master, in the node venv
+RESPAWN_MODULE = "node_setup.supervisor.respawn"  # its keeper where no systemd unit runs it
 SYSTEMD_UNIT_PREFIX = "xeon-cluster-supervisor-"  # AWS: a transient unit per run (systemd-run)
+# A supervisor killed (SIGKILL, the OOM killer, a crash) is started again after RESTART_DELAY_S and carries on
+# from its state file: the unit's Restart=on-abnormal on AWS, node_setup/supervisor/respawn.py elsewhere.
+RESTART_POLICY = "on-abnormal"
+RESTART_DELAY_S = 5
+CLEAN_STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGTERM)  # systemd's clean ends
 
 NOTICE, SILENT = "spot notice", "unreachable"  # a recovery's cause
 SILENT_PROBES = 3  # unanswered SSH probes in a row before the instance's state is asked
@@ -152,11 +160,25 @@ def steps_redone(stopped_step: int | None, checkpoint_step: int | None) -> int |
 
 def state_record(*, run_id: str, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict],
                  output_dir: str, at: float, pid: int | None = None, line: str = "",
-                 pending: list[str] | None = None) -> dict:
-    """The run's state file: what `fab status` shows of a supervised run."""
+                 pending: list[str] | None = None, restart: dict | None = None) -> dict:
+    """The run's state file: what `fab status` shows of a supervised run, and in `restart` what a supervisor
+    started again after its process ended carries on from (node_setup/supervisor/loop.py)."""
     return {"run": run_id, "status": status, "job": job_id, "nodes": list(nodes), "recoveries": len(recoveries),
             "output_dir": output_dir, "updated": round(at, 1), "pid": pid, "line": line,
-            "awaiting": list(pending or [])}
+            "awaiting": list(pending or []), "restart": dict(restart or {})}
+
+
+def log_line(at: float, line: str) -> str:
+    """One line of the run's log (LOG_FILE), as `fab logs` shows the supervisor's lines."""
+    return f"managed: [{time.strftime('%H:%M:%S', time.gmtime(at))}] {line}\n"
+
+
+def restarted(returncode: int, status: str | None) -> bool:
+    """Whether the supervisor's process is started again after it ended with `returncode` (a negative one:
+    the signal that ended it) while its run's state said `status`: killed by a signal other than a clean
+    stop's (systemd's Restart=on-abnormal, the unit's on AWS; the local respawner's rule too), before its
+    run ended."""
+    return returncode < 0 and -returncode not in CLEAN_STOP_SIGNALS and status not in FINAL
 
 
 def status_line(state: dict) -> str:

@@ -28,19 +28,21 @@ def start_supervisor(master, spec: dict, secrets: dict[str, str], *, systemd: bo
     d = _run_dir(run_id)
     qd = shlex.quote(d)
     master.run(f"cd && mkdir -p {qd} && chmod 700 {shlex.quote(sv.RUN_ROOT)} {qd} && rm -f {qd}/{sv.STOP_FILE} "
-               f"{qd}/{sv.SECRETS_FILE}", hide=True, in_stream=False)
+               f"{qd}/{sv.SECRETS_FILE} {qd}/{sv.STATE_FILE}", hide=True, in_stream=False)  # a state file: a restart
     write_remote_json(master, f"{d}/{sv.SPEC_FILE}", spec)
     if secrets:
         write_remote_json(master, f"{d}/{sv.SECRETS_FILE}", secrets, mode=0o600)
     python = shlex.quote(f"{venv_dir(get_profile(spec['inventory'].get('profile') or 'stock'))}/bin/python")
     command = f"{python} -m {sv.SUPERVISOR_MODULE} run \"$HOME\"/{qd}"
-    if systemd:
+    if systemd:  # killed, it is started again and carries on from its state file (node_setup/supervisor/loop.py)
         unit = shlex.quote(f"{sv.SYSTEMD_UNIT_PREFIX}{run_id}")
         start = (f"sudo systemd-run --quiet --unit {unit} --uid \"$(id -u)\" --gid \"$(id -g)\" "
+                 f"--property Restart={sv.RESTART_POLICY} --property RestartSec={sv.RESTART_DELAY_S} "
                  f"--setenv HOME=\"$HOME\" --working-directory \"$HOME\" "
                  f"/bin/sh -c {shlex.quote(f'exec {command} >> {d}/{sv.LOG_FILE} 2>&1')}")
-    else:
-        start = f"(setsid nohup {command} </dev/null >> {qd}/{sv.LOG_FILE} 2>&1 &)"
+    else:  # the same, by its keeper (node_setup/supervisor/respawn.py)
+        start = (f"(setsid nohup {python} -m {sv.RESPAWN_MODULE} \"$HOME\"/{qd} -- {command} </dev/null "
+                 f">> {qd}/{sv.LOG_FILE} 2>&1 &)")
     master.run(f"cd && ln -sfn {shlex.quote(run_id)} {shlex.quote(sv.CURRENT_LINK)} && {start}",
                hide=True, in_stream=False)
     return d

@@ -20,6 +20,12 @@ The order (every decision is cluster/run/supervision.py's or cluster/run/recover
 5. every recovery recorded (summary.json's "recoveries" at the end): cause, step, seconds lost,
    steps redone, seconds waiting, the host keys verified.
 
+Every step is in the run's state file before it is taken (the nodes and the machines in their slots, the
+job watched, a launch or a recovery under way), so a supervisor whose process ended (killed, or its
+machine's OOM killer) and was started again (systemd's Restart= on AWS, node_setup/supervisor/respawn.py
+on a local cluster) carries on from it (`LoopSpec.previous`): it adopts the job it watched while that job
+runs, and finishes the launch or the recovery it was in the middle of, without a second record.
+
 The collaborators are passed in, so the tests drive this loop in-process with a fake backend
 (tests/unit/test_supervisor.py): `backend` (cluster/backend.py's MachineGroup, the kind's from
 node_setup/backends/: members, instance state, console, hand back), `nodes` (probe, host key, admit), `job`
@@ -52,6 +58,7 @@ class LoopSpec:
     options: rc.ManagedOptions
     poll_s: float = 5.0
     resume: bool = False  # the first launch continues a run (`fab train --managed --resume`)
+    previous: dict | None = None  # the state file this run's supervisor left when its process ended (a restart)
 
 
 @dataclass
@@ -81,6 +88,10 @@ class Supervisor:
     records: list[dict] = field(default_factory=list)
     job_id: str | None = None
     resumed_step: int | None = None
+    job_resume: bool = False  # whether the watched job was launched with --resume
+    launched_at: float = 0.0  # when it was
+    launching: dict | None = None  # a launch under way: {"job", "resume"}
+    recovering: dict | None = None  # a recovery under way: {"lost", "code", "ended", "number"} (or "grow")
 
     @property
     def master(self) -> str:
@@ -91,7 +102,14 @@ class Supervisor:
 
     def _state(self, status: str, line: str = "") -> None:
         self.store.state(status=status, job_id=self.job_id, nodes=list(self.current), recoveries=self.records,
-                         line=line, pending=sorted(self.pending))
+                         line=line, pending=sorted(self.pending), restart=self._restart_facts())
+
+    def _restart_facts(self) -> dict:
+        """What a restarted supervisor needs beyond the state's nodes and job (`_carry_on` reads it back)."""
+        return {"members": {n: [m.address, m.instance_id, m.instance_type] for n, m in self.members.items()},
+                "pending": dict(self.pending), "resumed_step": self.resumed_step, "job_resume": self.job_resume,
+                "launched_at": self.launched_at, "reference": getattr(self.job, "reference", None),
+                "launching": self.launching, "recovering": self.recovering}
 
     # ------------------------------------------------------------ the run
 
@@ -99,21 +117,26 @@ class Supervisor:
         self.members = {m.name: m for m in self.spec.wanted}
         self.current = [m.name for m in self.spec.wanted]
         self.records = list(self.store.records())
-        self.say(self.spec.options.describe().replace("fab stays attached and recovers",
-                                                      "the master supervises the run and recovers"))
-        self._launch(resume=self.spec.resume, batch=None)
+        if self.spec.previous is not None:
+            event = self._carry_on(self.spec.previous)
+        else:
+            self.say(self.spec.options.describe().replace("fab stays attached and recovers",
+                                                          "the master supervises the run and recovers"))
+            self._launch(resume=self.spec.resume, batch=None)
+            event = None
         while True:
-            event = self._watch()
-            kind = event[0]
+            (kind, *args), event, ended = (event or self._watch()), None, None
+            if kind == "final":
+                return args[0]
             if kind == "stop":
                 return self._final(sv.STOPPED, f"job {self.job_id} was stopped (fab stop)")
             if kind == "master":
-                return self._master_lost(event[1])
+                return self._master_lost(args[0])
             if kind == "grow":
                 self._grow()
                 continue
             if kind == "ended":
-                code = event[1]
+                code = args[0]
                 if code == 0:
                     return self._final(sv.COMPLETED, f"job {self.job_id} finished: exit code 0")
                 if code in NOT_RECOVERED:
@@ -124,23 +147,83 @@ class Supervisor:
                 if not lost and code != INTERRUPTED:
                     return self._final(sv.FAILED, f"job {self.job_id} failed (exit code {code}) and every node "
                                                   "answers: not an interruption, no recovery")
-            else:  # "lost" while the job runs
-                lost, code = event[1], self._end_job(event[1])
-            outcome = self._recover(lost, code)
+            elif kind == "lost":  # while the job runs
+                lost, code = args[0], self._end_job(args[0])
+            else:  # "recover": the recovery a restarted supervisor found under way
+                lost, code, ended = args
+            outcome = self._recover(lost, code, ended)
             if outcome:
                 return outcome
 
     def _launch(self, *, resume: bool, batch) -> None:
-        chosen = [self.members[n] for n in self.current]
-        self.job_id = self.job.launch(chosen, resume=resume, batch=batch)
-        self.say(started_line(self.job_id, self.current))  # `fab logs` follows the run by this line
+        job_id = self.job.new_id()  # in the state before the launch starts: a restart finds what it started
+        self.launching = {"job": job_id, "resume": resume}
+        self._state(sv.STARTING if self.job_id is None else sv.RECOVERING, f"starting job {job_id}")
+        self._started(self.job.launch([self.members[n] for n in self.current], resume=resume, batch=batch), resume)
+
+    def _started(self, job_id: str, resume: bool) -> None:
+        self.job_id, self.job_resume, self.launched_at = job_id, resume, self.clock()
+        self.launching = self.recovering = None
         self._state(sv.RUNNING)
+        self.say(started_line(self.job_id, self.current))  # `fab logs` follows the run by this line
+
+    # ------------------------------------------------------------ a restarted supervisor
+
+    def _carry_on(self, previous: dict):
+        """The first event of a supervisor started again after its process ended, from the state file it
+        left: ("final", status) when the run had ended, a recovery under way, else None (watch the job)."""
+        status, facts = previous.get("status"), previous.get("restart") or {}
+        if status in sv.FINAL:
+            return ("final", status)
+        self._restore(previous, facts)
+        self.say(f"the supervisor restarted after its process (pid {previous.get('pid')}) ended; carrying on from "
+                 f"its state file: {status}, job {self.job_id or '-'}, {len(self.records)} recovery(ies)")
+        launching, recovering = facts.get("launching"), facts.get("recovering")
+        chosen = [self.members[n] for n in self.current]
+        if launching:  # the launch was cut short, or done without its record: watch it if it runs, else again
+            job_id, resume = str(launching["job"]), bool(launching["resume"])
+            self.job.adopt(job_id, chosen, resume=resume, launched_at=self.clock())
+            if self.job.outcome(job_id) is None:
+                self._started(job_id, resume)
+                return None
+            self.job.stop(job_id)  # what a launch cut short left on the nodes
+            self._launch(resume=resume, batch=self._batch())
+            return None
+        if self.job_id is not None:
+            self.job.adopt(self.job_id, chosen, resume=self.job_resume, launched_at=self.launched_at)
+        if recovering and len(self.records) < int(recovering["number"]) and not recovering.get("grow"):
+            return ("recover", [_Lost(*x) for x in recovering["lost"]], recovering["code"], recovering["ended"])
+        if recovering:  # recorded, or a grow cut short: the job is stopped (again) and launched on the nodes now
+            if self.job_id is not None:
+                self.job.stop(self.job_id)
+            self._launch(resume=True, batch=self._batch())
+            return None
+        self._state(sv.RUNNING)
+        return None
+
+    def _restore(self, previous: dict, facts: dict) -> None:
+        """The run's nodes, machines, awaited slots and watched job as the state file recorded them."""
+        for name, (address, instance_id, instance_type) in (facts.get("members") or {}).items():
+            if name in self.members:
+                self.members[name] = Member(name, str(address), str(instance_id), instance_type=str(instance_type))
+        self.current = [n for n in previous.get("nodes") or [] if n in self.members] or self.current
+        self.pending = {str(k): str(v) for k, v in (facts.get("pending") or {}).items()}
+        self.resumed_step = facts.get("resumed_step")
+        self.job_resume, self.launched_at = bool(facts.get("job_resume")), float(facts.get("launched_at") or 0)
+        self.job_id = previous.get("job")
+        if facts.get("reference") and hasattr(self.job, "reference"):
+            self.job.reference = facts["reference"]
+
+    def _batch(self):
+        batch = self.job.batch_for(len(self.current))
+        return batch.plan if batch else None
 
     # ------------------------------------------------------------ watching
 
     def _watch(self):
         silent: dict[str, int] = {}
         notices: dict[str, str] = {}
+        unanswered: set[str] = set()  # silent workers whose instance still runs: said once, watched
         while True:
             if self.store.stop_requested():
                 self.job.stop(self.job_id)
@@ -164,6 +247,13 @@ class Supervisor:
                 cause = sv.loss_cause(notice=notices.get(name), silent_probes=silent[name], instance_state=state)
                 if cause:
                     lost.append(_Lost(name, member.instance_id, cause))
+                elif state is not None and name not in unanswered:
+                    unanswered.add(name)
+                    self.say(f"{name}: no SSH answer for {silent[name]} probes, but its instance is {state}: not "
+                             "lost (a network partition?); the job goes on")
+                elif answered and name in unanswered:
+                    unanswered.discard(name)
+                    self.say(f"{name} answers again")
             if lost:
                 return ("lost", lost)
             if self.pending and self._replacements_ready(block=False) and self._checkpoint_after_resume():
@@ -212,8 +302,8 @@ class Supervisor:
 
     # ------------------------------------------------------------ recovering
 
-    def _recover(self, lost: list[_Lost], code: int) -> str | None:
-        ended = self.clock()
+    def _recover(self, lost: list[_Lost], code: int, ended: float | None = None) -> str | None:
+        ended = self.clock() if ended is None else ended
         if len(self.records) >= self.spec.options.max_recoveries:
             return self._final(sv.FAILED, f"--max-recoveries {self.spec.options.max_recoveries} reached: not "
                                           "recovering again; `fab train --managed --resume` continues the run")
@@ -226,12 +316,15 @@ class Supervisor:
         cause = sv.NOTICE if noticed else (sv.SILENT if lost else "interrupted")
         self.say(f"job {self.job_id} ended with exit code {code}; lost: "
                  + (", ".join(f"{x.name} ({x.cause})" for x in lost) or "none"))
+        self.recovering = {"lost": [[x.name, x.instance_id, x.cause] for x in lost], "code": code, "ended": ended,
+                           "number": len(self.records) + 1}
         self._state(sv.RECOVERING, f"lost {', '.join(names) or 'none'}")
         step, saved_at = self.job.newest_checkpoint()
         summary = self.job.summary()
         for x in lost:
             self.pending[x.name] = x.instance_id
-            self.current.remove(x.name)
+            if x.name in self.current:  # a restart's recovery: already out
+                self.current.remove(x.name)
         self.verified = {}
         if self.spec.options.wait_seconds and self.pending and not self.backend.replaces_lost():
             self.say(f"no replacement can come for {', '.join(sorted(self.pending))} (nothing replaces a lost "
@@ -256,6 +349,7 @@ class Supervisor:
                                     seconds_waiting=waited, batch=batch.describe_line if batch else None)
         record["steps_redone"] = sv.steps_redone(stopped, step)
         record["host_keys"] = {n: self.verified[n] for n in joined if n in self.verified}
+        self._state(sv.RECOVERING, f"resuming on {len(self.current)} node(s)")  # the nodes now, then the record
         self.records.append(record)
         self.store.save_records(self.records)
         self.say(f"recovery {record['number']}: lost {', '.join(names) or 'none'} at step {step}; resuming on "
@@ -331,6 +425,8 @@ class Supervisor:
     def _grow(self) -> None:
         """A replacement arrived while the run goes on with the survivors: at this checkpoint, back to full."""
         ended = self.clock()
+        self.recovering = {"grow": True, "number": len(self.records) + 1}
+        self._state(sv.RUNNING, "a replacement joins at this checkpoint")
         self.job.stop(self.job_id)
         step, _ = self.job.newest_checkpoint()
         joined = self._join_admitted()
@@ -340,6 +436,7 @@ class Supervisor:
                                     seconds_waiting=self.clock() - ended, batch=batch.describe_line if batch else None)
         record["steps_redone"] = 0
         record["host_keys"] = {n: self.verified[n] for n in joined if n in self.verified}
+        self._state(sv.RUNNING, f"{', '.join(joined)} joined")  # the nodes now, then the record
         self.records.append(record)
         self.store.save_records(self.records)
         self.say(f"{', '.join(joined)} joined at checkpoint-{step}: resuming on {len(self.current)} node(s)")

@@ -88,15 +88,22 @@ class RunFiles:
         self.dir, self.output_dir, self.run_id, self.clock = run_dir, output_dir, run_id, clock
 
     def say(self, line: str) -> None:
-        stamp = time.strftime("%H:%M:%S", time.gmtime(self.clock()))
         with open(self.dir / sv.LOG_FILE, "a") as log:
-            log.write(f"managed: [{stamp}] {line}\n")
+            log.write(sv.log_line(self.clock(), line))
 
-    def state(self, *, status: str, job_id, nodes, recoveries, line: str = "", pending=()) -> None:
+    def state(self, *, status: str, job_id, nodes, recoveries, line: str = "", pending=(), restart=None) -> None:
         record = sv.state_record(run_id=self.run_id, status=status, job_id=job_id, nodes=nodes,
                                  recoveries=recoveries, output_dir=self.output_dir, at=self.clock(), pid=os.getpid(),
-                                 line=line, pending=list(pending))
+                                 line=line, pending=list(pending), restart=restart)
         _write_atomically(self.dir / sv.STATE_FILE, json.dumps(record, indent=2) + "\n", 0o644)
+
+    def previous(self) -> dict | None:
+        """The state this run's supervisor left when its process ended (None: none, this is its first start)."""
+        try:
+            found = json.loads((self.dir / sv.STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) and found.get("run") == self.run_id else None
 
     def stop_requested(self) -> bool:
         return (self.dir / sv.STOP_FILE).exists()
@@ -248,6 +255,7 @@ class Job:
         self.plans: dict[str, JobPlan] = {}
         self.reference: dict | None = None
         self.started = 0.0  # when the newest job was launched
+        self._next_id: str | None = None
         self.version = transport.run_one(transport.master, "cat " + shlex.quote(
             f"{venv_dir(get_profile(nodes.inventory.profile))}/{PROJECT_MARKER}")).out.strip()
 
@@ -255,7 +263,12 @@ class Job:
     def output_dir(self) -> str:
         return str(self.request.output_dir)
 
-    def launch(self, members: list[Member], *, resume: bool, batch: rc.BatchPlan | None) -> str:
+    def new_id(self) -> str:
+        """The next job's id, which the next launch takes (the loop records it in the run's state first)."""
+        self._next_id = new_job_id()
+        return self._next_id
+
+    def _plan(self, job_id: str, members: list[Member], *, resume: bool, batch: rc.BatchPlan | None) -> JobPlan:
         by_name = {n.name: n for n in self.nodes.inventory.nodes}
         chosen = [replace(by_name[m.name], rank=i, address=m.address, private_address=m.address,
                           instance_id=m.instance_id) for i, m in enumerate(members)]
@@ -264,14 +277,24 @@ class Job:
         if resume:
             checkpoint = self.newest_checkpoint_path() if self.request.own is not None else None
             restart = Restart(resume=True, batch=batch, checkpoint=checkpoint)
-        job = plan(self.request, inventory, job_id=new_job_id(), nodes=len(chosen), restart=restart)
+        return plan(self.request, inventory, job_id=job_id, nodes=len(chosen), restart=restart)
+
+    def launch(self, members: list[Member], *, resume: bool, batch: rc.BatchPlan | None) -> str:
+        job_id, self._next_id = self._next_id or new_job_id(), None
+        job = self._plan(job_id, members, resume=resume, batch=batch)
+        self.plans[job_id] = job  # a launch cut short can still be stopped
         try:
             self.life.launch(job, self.request, expected_version=self.version, supervised_run=self.request.run_id)
         except Exception as exc:  # noqa: BLE001 - LifecycleError, or the transport's: the run's state says why
             raise RuntimeError(f"preparing the nodes failed: {exc}") from None
-        self.plans[job.job_id] = job
         self.started = time.time()
-        return job.job_id
+        return job_id
+
+    def adopt(self, job_id: str, members: list[Member], *, resume: bool, launched_at: float) -> None:
+        """A job this run's supervisor launched before its process ended: planned again (its id, its nodes), so
+        that its outcome and its stop are read as for a job launched here."""
+        self.plans[job_id] = self._plan(job_id, members, resume=resume, batch=None)
+        self.started = launched_at
 
     def outcome(self, job_id: str):
         """None while the job runs, "stopped" after `fab stop`, else its exit code (the one rule: a rank's own
@@ -396,7 +419,8 @@ def build(run_dir: Path) -> Supervisor:
     transport = ShellTransport(inventory.master.name, request.run_id)
     nodes = Nodes(transport, inventory, cluster, python)
     files = RunFiles(run_dir, str(request.output_dir), request.run_id)
-    loop_spec = LoopSpec(request.run_id, members, opts, float(spec.get("poll_seconds", 5)), request.resume)
+    loop_spec = LoopSpec(request.run_id, members, opts, float(spec.get("poll_seconds", 5)), request.resume,
+                         previous=files.previous())
     return Supervisor(loop_spec, group, nodes, Job(request, transport, nodes, files.say), files)
 
 

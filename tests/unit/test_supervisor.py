@@ -54,6 +54,8 @@ class FakeCluster:
         self.keys: dict[str, str] = {}
         self.consoles: dict[str, str] = {}
         self.launches: list[tuple[list[str], bool, object]] = []
+        self.adopted: list[str] = []  # jobs a restarted supervisor took over
+        self.ids, self.reserved = 0, None  # job ids given out, the one the next launch takes
         self.ends: dict[str, float] = {}  # job -> when it ends
         self.codes: dict[str, int] = {}
         self.stopped: list[str] = []
@@ -102,16 +104,26 @@ class FakeCluster:
         return None
 
     # job
+    def new_id(self):  # the next launch takes it, as the real job's does
+        self.ids += 1
+        self.reserved = f"job{self.ids}"
+        return self.reserved
+
     def launch(self, members, *, resume, batch):
-        job = f"job{len(self.launches) + 1}"
+        job, self.reserved = self.reserved or self.new_id(), None
         self.launches.append(([m.name for m in members], resume, batch))
         after, code = self.next_job_ends.pop(0) if self.next_job_ends else (100.0, 0)
         self.ends[job], self.codes[job] = self.now + after, code
         return job
 
+    def adopt(self, job, members, *, resume, launched_at):
+        self.adopted.append(job)
+
     def outcome(self, job):
         if job in self.stopped:
             return 137
+        if job not in self.codes:  # never launched: a folder without a pid or an exit code
+            return -1
         return self.codes[job] if self.now >= self.ends[job] else None
 
     def stop(self, job):
@@ -260,6 +272,17 @@ def test_silent_node_whose_instance_still_runs_is_not_taken_as_lost():
     fake.next_job_ends = [(200.0, 0)]
     assert supervise(fake) == sv.COMPLETED
     assert fake.stopped == [] and fake.finished == [] and len(fake.launches) == 1
+
+
+def test_a_partitioned_worker_is_said_once_and_again_when_it_answers():
+    """sshd stopped for a while (the machine runs): one line when the probes find it silent, one when it answers."""
+    fake = FakeCluster([(10, silent("node1")), (60, lambda f: f.silent.discard(f.members["node1"].instance_id))])
+    fake.next_job_ends = [(200.0, 0)]
+    assert supervise(fake) == sv.COMPLETED
+    assert [line for line in fake.lines if line.startswith("node1")] == [
+        "node1: no SSH answer for 3 probes, but its instance is running: not lost (a network partition?); the job "
+        "goes on", "node1 answers again"]
+    assert len(fake.launches) == 1 and fake.stopped == []
 
 
 def test_replacement_late_survivors_keep_the_global_batch_and_it_joins_at_the_next_checkpoint():
