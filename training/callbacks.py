@@ -81,6 +81,7 @@ class SpotCheckpointCallback(TrainerCallback):
         self.notice_rank: int | None = None
         self.rebalance_at: int | None = None
         self.saved: list[dict] = []
+        self._not_saved: str | None = None  # why this rank could not save the checkpoint being taken
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_save = time.monotonic()
@@ -110,13 +111,28 @@ class SpotCheckpointCallback(TrainerCallback):
             control.should_save = True
         return control
 
+    def not_saved(self, why: str) -> None:
+        """This rank could not write its part of the checkpoint being taken (its disk is full: the trainer's
+        _save_checkpoint, training/train.py); on_save then completes none and training goes on."""
+        self._not_saved = why
+
     def on_save(self, args, state, control, **kwargs):
-        distributed.barrier()  # every rank has written its part (its RNG state) before the manifest lists them
+        # every rank has written its part (its RNG state) before the manifest lists them, or says it could not
+        [failed] = distributed.max_over_ranks([int(self._not_saved is not None)])
         directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         record = {"step": state.global_step, "path": directory, "uri": None, "upload_error": None}
-        if self.rank == 0:
+        if self.rank == 0 and not failed:
+            try:
+                checkpoints.write_manifest(directory, state.global_step, run_id=self.run_id)
+            except OSError as exc:
+                self._not_saved = checkpoints.disk_full(exc, directory)
+                if self._not_saved is None:
+                    raise
+                failed = 1
+        if failed:
+            self._discard(directory, state.global_step, record)
+        elif self.rank == 0:
             started = time.monotonic()
-            checkpoints.write_manifest(directory, state.global_step, run_id=self.run_id)
             protect = [checkpoints.step_of(os.path.basename(state.best_model_checkpoint))] \
                 if getattr(state, "best_model_checkpoint", None) else []
             if self.uri:
@@ -130,6 +146,17 @@ class SpotCheckpointCallback(TrainerCallback):
         distributed.barrier()  # nobody stops (or exits) before the checkpoint is complete
         self.last_save = time.monotonic()
         return control
+
+    def _discard(self, directory: str, step: int, record: dict) -> None:
+        """A checkpoint a rank's full disk could not hold: no manifest, its folder removed on every rank (so never
+        resumed from, nor uploaded); the one before it stays the newest, and training goes on."""
+        checkpoints.discard(directory)
+        if self.rank == 0:
+            why = self._not_saved or "another rank's disk is full"
+            log.error("checkpoint %d not saved: %s; training goes on, the checkpoint before it stays the newest",
+                      step, why)
+            self.saved.append({**record, "path": None, "save_error": why})
+        self._not_saved = None
 
     def _upload(self, directory: str, step: int, protect: list) -> tuple[str | None, str | None]:
         """(uri, None) after a verified upload (then the run's S3 pruning), or (None, error): training goes on."""

@@ -114,6 +114,50 @@ def links_under(root: Path) -> list[str]:
     return sorted(found)
 
 
+# ---- a checkpoint the disk could not hold
+
+FULL_BELOW_BYTES = 4 * 1024 * 1024  # after a failed save, a filesystem with less free than this was full
+_FULL_WORDS = ("no space left on device", "(os error 28)", "disk quota exceeded")
+
+
+def free_bytes(directory: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem that holds `directory` (or its nearest existing parent)."""
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
+
+
+def disk_full(exc: BaseException, directory: str | os.PathLike) -> str | None:
+    """Why saving the checkpoint `directory` failed for want of space, or None (another failure, not to be
+    hidden): an ENOSPC or EDQUOT in the exception's chain, a writer saying so in its own words (safetensors'
+    "os error 28"), or any failure while less than FULL_BELOW_BYTES are left (torch.save's "file write
+    failed" names no cause)."""
+    import errno
+
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    free = free_bytes(directory)
+    said = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain) or any(
+        word in str(e).lower() for e in chain for word in _FULL_WORDS)
+    if not said and (free is None or free >= FULL_BELOW_BYTES):
+        return None
+    return f"no space left on the device of {directory}" + (f" ({free // 1024} KiB free)" if free is not None else "")
+
+
+def discard(directory: str | os.PathLike) -> None:
+    """Remove a checkpoint folder that was never completed (its manifest first: never complete-looking)."""
+    (Path(directory) / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 # ---- local checkpoints
 
 def write_manifest(directory: str | os.PathLike, step: int, run_id: str | None = None) -> dict:

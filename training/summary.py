@@ -65,6 +65,8 @@ def interruption_checkpoint(summary: dict) -> str:
     step, record, uri = interruption_record(summary)
     if record is None:
         return f"no checkpoint was saved at step {step}"
+    if record.get("save_error"):
+        return f"checkpoint-{step} could not be saved ({record['save_error']})"
     if record.get("upload_error"):
         return (f"checkpoint-{step} saved in {record['path']} on this node only: its upload to {uri} failed "
                 f"({record['upload_error']})")

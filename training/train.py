@@ -337,9 +337,10 @@ class Job:
 
         class XeonTrainer(Trainer):
             """Trainer that applies ipex.optimize to the model and its optimizer before DDP wraps them, that
-            registers --grad_comm's hook on the DDP model before the first backward, and that never leaves an
+            registers --grad_comm's hook on the DDP model before the first backward, that never leaves an
             old manifest in a checkpoint folder it writes again (an abandoned branch's checkpoint-N after a
-            resume from an earlier step): the folder is incomplete until on_save."""
+            resume from an earlier step): the folder is incomplete until on_save, and that trains on when a
+            full disk cannot hold a checkpoint (on_save then completes none: training/callbacks.py)."""
 
             _ipex_applied = False
             _comm_hook_checked = False
@@ -357,7 +358,13 @@ class Job:
                     os.remove(os.path.join(folder, checkpoints.MANIFEST))
                 except FileNotFoundError:
                     pass
-                super()._save_checkpoint(model, trial)
+                try:
+                    super()._save_checkpoint(model, trial)
+                except Exception as exc:  # a full disk is the failure training goes on after: no checkpoint here
+                    why = checkpoints.disk_full(exc, folder)
+                    if why is None:
+                        raise
+                    spot.not_saved(why)
 
             def create_optimizer(self, *args, **kwargs):  # transformers 5 passes the model, 4.56 nothing
                 optimizer = super().create_optimizer(*args, **kwargs)

@@ -47,8 +47,9 @@ def reclaim_report(summary: dict | None, master: str, *, managed: bool = False) 
     uploaded = [r for r in summary.get("checkpoints") or [] if r.get("uri")]
     on_s3 = (f"the newest checkpoint on S3 is checkpoint-{uploaded[-1]['step']} ({uploaded[-1]['uri']})" if uploaded
              else "this run uploaded no checkpoint to S3")
-    if record is None:
-        return [f"spot capacity was reclaimed at step {step}, and no checkpoint was saved at step {step}"
+    if record is None or record.get("save_error"):
+        why = f" ({record['save_error']})" if record else ""
+        return [f"spot capacity was reclaimed at step {step}, and no checkpoint was saved at step {step}{why}"
                 + (f"; {on_s3}" if uri else "") + f"; {resume}"]
     if uri and record.get("uri"):
         return [f"spot capacity was reclaimed: checkpoint-{step} is saved in {record['path']} on {master} and "

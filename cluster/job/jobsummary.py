@@ -35,8 +35,14 @@ def _optional_text(value: Any) -> bool:
     return value is None or _text(value)
 
 
-# checkpoints[]: what the job's checkpoint callback records; checkpoint_upload_errors[]: {step, error}.
-_CHECKPOINT = {"step": _step, "path": _text, "uri": _optional_text, "upload_error": _optional_text}
+def _path(value: Any) -> bool:  # there, and null for a checkpoint a full disk could not hold
+    return value is None or _text(value)
+
+
+# checkpoints[]: what the job's checkpoint callback records (a null path and a save_error: one a full disk
+# could not hold); checkpoint_upload_errors[]: {step, error}.
+_CHECKPOINT = {"step": _step, "path": _path, "uri": _optional_text, "upload_error": _optional_text,
+               "save_error": _optional_text}
 _UPLOAD_ERROR = {"step": _step, "error": _text}
 _LIST_ITEMS = {"checkpoints": _CHECKPOINT, "checkpoint_upload_errors": _UPLOAD_ERROR}
 

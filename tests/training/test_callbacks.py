@@ -1,8 +1,9 @@
-"""SpotCheckpointCallback in one process: what a rebalance recommendation, an interruption notice
-and a failed upload do (no process group: the all-reduce is the identity)."""
+"""SpotCheckpointCallback in one process: what a rebalance recommendation, an interruption notice,
+a failed upload and a full disk do (no process group: the all-reduce is the identity)."""
 
 from types import SimpleNamespace as NS
 
+import pytest
 from transformers import TrainerControl
 
 from training import checkpoints
@@ -46,3 +47,77 @@ def test_a_failed_upload_is_recorded_and_training_goes_on(tmp_path):
     assert record["step"] == 4 and record["uri"] is None
     assert record["upload_error"] == "ConnectionError: endpoint unreachable"
     assert checkpoints.read_manifest(directory)["run_id"] == "run-a"
+
+
+# ---- a checkpoint the disk could not hold
+
+
+def test_a_save_that_failed_for_want_of_space_is_told_from_any_other_failure(tmp_path, monkeypatch):
+    import errno
+
+    folder = tmp_path / "checkpoint-40"
+    assert checkpoints.disk_full(OSError(errno.ENOSPC, "No space left on device"), folder)
+    try:  # safetensors' own error, with the OS error as its cause
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as cause:
+            raise RuntimeError("Error while serializing") from cause
+    except RuntimeError as exc:
+        assert checkpoints.disk_full(exc, folder)
+    assert checkpoints.disk_full(RuntimeError('IoError(Os { code: 28, kind: StorageFull, message: "No space left on '
+                                              'device" })'), folder)
+    written = RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")  # torch.save: no cause named; the free space tells
+    monkeypatch.setattr(checkpoints, "free_bytes", lambda directory: 256 * 1024)
+    assert "(256 KiB free)" in checkpoints.disk_full(written, folder)
+    monkeypatch.setattr(checkpoints, "free_bytes", lambda directory: 40 * 1024 ** 3)
+    assert checkpoints.disk_full(written, folder) is None
+    assert checkpoints.disk_full(ValueError("a bug in the save"), folder) is None
+    assert checkpoints.disk_full(OSError(errno.EACCES, "Permission denied"), folder) is None
+
+
+def _folder(tmp_path, step):
+    directory = tmp_path / f"checkpoint-{step}"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"w" * 10)
+    return directory
+
+
+def test_a_checkpoint_the_full_disk_could_not_hold_is_no_checkpoint_and_training_goes_on(tmp_path, caplog):
+    callback = SpotCheckpointCallback(rank=0, run_id="run-a", keep=2)
+    args = NS(output_dir=str(tmp_path))
+    _folder(tmp_path, 20)
+    callback.on_save(args, NS(global_step=20, best_model_checkpoint=None), TrainerControl())
+    half = _folder(tmp_path, 40)  # the trainer wrote part of it, then the disk was full
+    callback.not_saved("no space left on the device of /out/checkpoint-40 (256 KiB free)")
+    control = callback.on_save(args, NS(global_step=40, best_model_checkpoint=None), TrainerControl())
+    assert not half.exists() and not control.should_training_stop
+    assert [f.step for f in checkpoints.local_checkpoints(tmp_path)] == [20]  # the one before stays the newest
+    assert callback.saved[-1] == {"step": 40, "path": None, "uri": None, "upload_error": None,
+                                  "save_error": "no space left on the device of /out/checkpoint-40 (256 KiB free)"}
+    assert "checkpoint 40 not saved: no space left" in caplog.text
+    _folder(tmp_path, 60)  # the disk has room again: the next one is saved as usual
+    callback.on_save(args, NS(global_step=60, best_model_checkpoint=None), TrainerControl())
+    assert [f.step for f in checkpoints.local_checkpoints(tmp_path)] == [20, 60]
+
+
+def test_a_manifest_the_full_disk_could_not_hold_leaves_no_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    callback = SpotCheckpointCallback(rank=0, run_id="run-a")
+    directory = _folder(tmp_path, 8)
+    monkeypatch.setattr(checkpoints, "write_manifest", full)
+    callback.on_save(NS(output_dir=str(tmp_path)), NS(global_step=8, best_model_checkpoint=None), TrainerControl())
+    assert not directory.exists() and callback.saved[-1]["save_error"].startswith("no space left")
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(checkpoints, "write_manifest", refused)
+    monkeypatch.setattr(checkpoints, "free_bytes", lambda directory: 40 * 1024 ** 3)
+    _folder(tmp_path, 9)
+    with pytest.raises(PermissionError):  # not the disk's: the job fails and says so
+        callback.on_save(NS(output_dir=str(tmp_path)), NS(global_step=9, best_model_checkpoint=None), TrainerControl())

@@ -73,6 +73,17 @@ def test_a_well_formed_summary_is_kept_whole():
     assert jobsummary.parse(None) == (None, [])  # no file: nothing to warn about, the caller says so
 
 
+def test_a_checkpoint_a_full_disk_could_not_hold_is_read_and_reported_as_not_saved():
+    """The job's record of such a checkpoint (training/callbacks.py): no path, the reason."""
+    record = {"step": 30, "path": None, "uri": None, "upload_error": None,
+              "save_error": "no space left on the device of /out/checkpoint-30 (256 KiB free)"}
+    summary, warnings = jobsummary.parse(json.dumps({**GOOD, "interruption": {"step": 30}, "checkpoints": [record]}))
+    assert warnings == [] and summary["checkpoints"] == [record]
+    [line] = jobreport.reclaim_report(summary, "node0")
+    assert line.startswith("spot capacity was reclaimed at step 30, and no checkpoint was saved at step 30 (no space "
+                           "left on the device of /out/checkpoint-30 (256 KiB free))"), line
+
+
 def test_checked_leaves_its_argument_as_it_was():
     data = {"settings": {"checkpoint_uri": 5, "backend": "gloo"}, "checkpoints": [{"step": 1}]}
     before = json.dumps(data)
