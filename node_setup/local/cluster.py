@@ -36,6 +36,7 @@ from node_setup.local.state import (
     DEFAULT_NOTICE_SECONDS,
     DEFAULT_WHEELHOUSE,
     GROUP_FILE,
+    KEEPER_LOG_FILE,
     KEEPER_PID_FILE,
     LOCAL_INSTANCE_TYPE,
     LOCAL_ZONE,
@@ -428,7 +429,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = Fa
         shutil.rmtree(node.dir, ignore_errors=True)
     (Path(state.data_dir) / GROUP_FILE).unlink(missing_ok=True)
     _remove_empty_dir(Path(state.data_dir))
-    for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path):
+    for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path,
+                 paths.cluster_dir / KEEPER_LOG_FILE):
         try:
             path.unlink()
         except FileNotFoundError:

@@ -45,7 +45,7 @@ from node_setup.controller import config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.local.console import console_path
-from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_PID_FILE
+from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_LOG_FILE, KEEPER_PID_FILE
 
 POLL_S = 1.0
 MAX_DELAY_S = 3600.0
@@ -208,7 +208,7 @@ def start(paths: local_state.ClusterPaths, delay: float, env: dict | None = None
     from node_setup.controller import PROJECT_ROOT
 
     local_cluster.stop_keeper(paths)
-    with open(paths.cluster_dir / "keeper.log", "ab") as log:
+    with open(paths.cluster_dir / KEEPER_LOG_FILE, "ab") as log:
         argv = [sys.executable, "-m", local_cluster.system.KEEPER_MODULE, paths.name, f"{delay:g}",
                 f"{console_delay:g}"]
         process = subprocess.Popen(argv,

@@ -71,6 +71,7 @@ NODE_INTERFACE = "eth0"  # the node's end of its veth, inside its namespace
 GROUP_FILE = "group.json"
 HANDBACK_PREFIX = "handback-"  # + an instance id: a worker the supervisor hands back to the keeper
 KEEPER_PID_FILE = "keeper.pid"
+KEEPER_LOG_FILE = "keeper.log"  # what it did, beside its pid; `fab local-down` removes both
 
 
 Progress = Callable[[str], None]

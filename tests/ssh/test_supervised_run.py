@@ -58,6 +58,7 @@ def cluster(local_cluster_factory):
     keeper.start(made.paths, KEEPER_DELAY_S, env=made.env(), console_delay=KEEPER_CONSOLE_DELAY_S)
     yield made
     made.destroy()  # ends the keeper too (its recorded pid)
+    assert not made.paths.cluster_dir.exists(), sorted(made.paths.cluster_dir.iterdir())  # its log went too
 
 
 def run_state(cluster) -> dict:
