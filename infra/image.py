@@ -42,6 +42,16 @@ Name and lifecycle:
   its tags. They are `deleted_with` the image: deleting the image deletes its snapshots.
 On delete the provider deregisters the image and deletes the snapshots it created (it records
 `manage_ebs_snapshots` at create time).
+- Kept (`keepImage`): the image and its snapshot's tags are `retain_on_delete`, so `pulumi destroy` (and a
+  re-bake that replaces the image) drops them from the stack and leaves them in the account. The tags of both
+  say what the bake put in, as the setup step recorded it when it ran (its `baked` output, kept by its updates as
+  the image is: cluster/stack/image_reuse.py's `baked_tags`: the profile's bake tag, the region, the base and its
+  image id, the architecture, this project's version the step installed, the step's stamp); every image carries
+  them, and a kept one `keep` too. The engine records retain_on_delete at a `pulumi up`, so a keepImage
+  changed later takes effect at the next one.
+- From a kept image (`kept`: the stack reuses one, cluster/stack/image_reuse.py) there is no bake: the component
+  holds the setup step alone (which checks the master booted from the image) and `image_id` is the kept image's.
+  The kept image is not a resource of this stack: its `pulumi destroy` leaves it.
 """
 
 from __future__ import annotations
@@ -51,8 +61,9 @@ import re
 import pulumi
 import pulumi_aws as aws
 
+from cluster.stack import image_reuse
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import PROFILE_KEY
+from cluster.stack.tags import KEEP_KEY
 from infra.master import MasterNode
 from infra.setup_step import ProfileSetup, bake_tag, ssh_timeout_for
 
@@ -77,7 +88,7 @@ def _tag_resource_name(name: str, key: str) -> str:
 class BakedImage(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, master: MasterNode, tags: dict[str, str],
                  ssh_rules: list[pulumi.Resource], auto_stop_idle_s: int | None = None,
-                 opts: pulumi.ResourceOptions | None = None):
+                 kept: image_reuse.KeptImage | None = None, opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:BakedImage", name, None, opts)
         self.setup = ProfileSetup(
             f"{name}-setup",
@@ -89,12 +100,23 @@ class BakedImage(pulumi.ComponentResource):
             cluster=spec.cluster_name,
             region=spec.region,
             auto_stop_idle_s=auto_stop_idle_s,
+            kept_image=kept.image_id if kept else None,
+            bake_identity=None if kept else master.instance.ami.apply(lambda ami: image_reuse.bake_identity(spec, ami)),
             ssh_timeout_seconds=ssh_timeout_for(spec.instance_type),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 # The step connects over SSH: it waits for the rules that admit it, not only the master.
                 depends_on=[master.instance, *ssh_rules]))
-        image_tags = {**tags, "Name": name, PROFILE_KEY: spec.software_profile}
+        self.image: aws.ec2.AmiFromInstance | None = None
+        self.snapshot_tags: list[aws.ec2.Tag] = []
+        if kept:
+            self.image_id: pulumi.Input[str] = kept.image_id
+            self.register_outputs({"imageId": kept.image_id})
+            return
+        keep = spec.keep_image
+        static = {**tags, "Name": name, **({KEEP_KEY: image_reuse.KEPT} if keep else {})}
+        # What the bake put in, as the step recorded it when it ran (kept by its updates, as the image is).
+        image_tags = self.setup.baked.apply(lambda baked: {**static, **(baked or {})})
         self.image = aws.ec2.AmiFromInstance(
             name,
             name=self.setup.stamp.apply(lambda stamp: image_name(spec, bake_tag(spec.profile.fingerprint()), stamp)),
@@ -103,12 +125,18 @@ class BakedImage(pulumi.ComponentResource):
             snapshot_without_reboot=True,
             tags=image_tags,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.setup],
+                parent=self, depends_on=[self.setup], retain_on_delete=keep,
                 replacement_trigger=bake_tag(spec.profile.fingerprint()),
                 custom_timeouts=pulumi.CustomTimeouts(create=image_create_timeout(spec.root_volume_gib))))
+        self.image_id = self.image.id
+        # The keys are known now (the values of some once the step ran): one Tag resource per key.
+        keys = sorted({**static, **image_reuse.baked_tags(image_reuse.bake_identity(spec, ""), project_version=None,
+                                                          created="")})
         self.snapshot_tags = [
-            aws.ec2.Tag(_tag_resource_name(name, key), resource_id=self.image.root_snapshot_id, key=key, value=value,
-                        opts=pulumi.ResourceOptions(parent=self, deleted_with=self.image))
-            for key, value in sorted({**image_tags, "Name": f"{name}-root"}.items())
+            aws.ec2.Tag(_tag_resource_name(name, key), resource_id=self.image.root_snapshot_id, key=key,
+                        value=image_tags.apply(lambda t, key=key: f"{name}-root" if key == "Name" else
+                                               t.get(key, image_reuse.UNKNOWN)),
+                        opts=pulumi.ResourceOptions(parent=self, deleted_with=self.image, retain_on_delete=keep))
+            for key in keys
         ]
         self.register_outputs({"imageId": self.image.id, "rootSnapshotId": self.image.root_snapshot_id})

@@ -1,4 +1,4 @@
-"""What the program looks up in the account before it creates anything: base image and placement.
+"""What the program looks up in the account before it creates anything: base image, placement, a kept image.
 
 All lookups run before the first resource is registered, so a failed lookup (no default VPC, an
 instance type not offered in the region) stops `pulumi up` with a clear message and nothing made.
@@ -7,6 +7,10 @@ They run on every `pulumi up`, and their answers can change (Canonical publishes
 a default subnet is added): they are only first choices. The master keeps the image and subnet
 it was created with (`ignore_changes`, infra/master.py) and the workers follow the master, so
 a new answer here replaces nothing; `baseAmi` / `subnetId` move the cluster on purpose.
+
+The kept images (`keepImage`, cluster/stack/image_reuse.py) are read here as `fab preflight` reads them
+(node_setup/aws/images.py): the images of this account with the kept filters, each described, and the choice
+this stack recorded beside its stack marker; the rule that picks is image_reuse's, for both.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
+from cluster.stack import image_reuse
 from cluster.stack.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.subnet_choice import choose_subnet
+from cluster.stack.tags import CLUSTER_KEY, IMAGE_SOURCE_KEY, STACK_MARKER_KEY
 
 
 class AccountLookupError(RuntimeError):
@@ -106,3 +112,43 @@ def placement(spec: ClusterSpec) -> Placement:
             f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering {spec.instance_type} "
             f"({', '.join(zones)}); set subnetId")
     return Placement(vpc_id=vpc_id, subnet_id=subnet_id, default_vpc=default_vpc)
+
+
+def _described(found) -> dict:
+    """pulumi_aws's get_ami result in DescribeImages' shape (what image_reuse.KeptImage reads)."""
+    def field(item, name):
+        return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+    mappings = []
+    for mapping in found.block_device_mappings or []:
+        ebs = field(mapping, "ebs") or {}
+        if ebs.get("snapshot_id"):
+            mappings.append({"DeviceName": field(mapping, "device_name"),
+                             "Ebs": {"SnapshotId": ebs["snapshot_id"], "VolumeSize": int(ebs.get("volume_size") or 0)}})
+    return {"ImageId": found.image_id or found.id, "Name": found.name, "State": found.state,
+            "Architecture": found.architecture, "CreationDate": found.creation_date,
+            "RootDeviceName": found.root_device_name, "BlockDeviceMappings": mappings,
+            "Tags": [{"Key": k, "Value": v} for k, v in (found.tags or {}).items()]}
+
+
+def kept_images() -> list[image_reuse.KeptImage]:
+    """The account's kept images in the stack's region (owned here, with the kept filters)."""
+    filters = [{"name": name, "values": [value]} for name, value in image_reuse.KEPT_FILTERS]
+    ids = aws.ec2.get_ami_ids(owners=["self"], filters=filters).ids or []
+    return [image_reuse.KeptImage.from_description(_described(aws.ec2.get_ami(
+        owners=["self"], filters=[{"name": "image-id", "values": [image_id]}]))) for image_id in ids]
+
+
+def previous_image_source(spec: ClusterSpec) -> str | None:
+    """The image choice this stack recorded beside its stack marker (None: no marker, a new stack)."""
+    ids = aws.ec2.get_security_groups(filters=[
+        {"name": f"tag:{STACK_MARKER_KEY}", "values": [spec.stack]},
+        {"name": f"tag:{CLUSTER_KEY}", "values": [spec.cluster_name]}]).ids or []
+    if not ids:
+        return None
+    return image_reuse.previous_source(dict(aws.ec2.get_security_group(id=ids[0]).tags or {}), IMAGE_SOURCE_KEY)
+
+
+def image_choice(spec: ClusterSpec) -> image_reuse.Choice:
+    """The image this stack's nodes boot: a kept one that matches, or a bake of its own (image_reuse.choose)."""
+    return image_reuse.choose(image_reuse.wanted(spec), kept_images(), previous_image_source(spec))

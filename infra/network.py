@@ -17,6 +17,10 @@ nodes' role has no EC2 permission, so no node can remove it. The sweep reads it 
 `ec2:DescribeSecurityGroups` call it already makes. An object in the checkpoint bucket would need
 another permission (`s3:GetObject`) and could be deleted by any node, which may delete every object
 there.
+
+Beside the marker, the image the stack's nodes boot (IMAGE_SOURCE_KEY: "bake", or the kept image it reuses;
+none without a bake), which the next `pulumi up` of the stack reads back to keep that choice
+(cluster/stack/image_reuse.py): it lives as long as the stack, and only the program writes it.
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ import pulumi
 import pulumi_aws as aws
 
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import STACK_MARKER_KEY
+from cluster.stack.tags import IMAGE_SOURCE_KEY, STACK_MARKER_KEY
 
 
 class ClusterNetwork(pulumi.ComponentResource):
     def __init__(self, name: str, spec: ClusterSpec, vpc_id: str, tags: dict[str, str],
-                 opts: pulumi.ResourceOptions | None = None):
+                 image_source: str | None = None, opts: pulumi.ResourceOptions | None = None):
         super().__init__("xeon-cluster:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
@@ -42,7 +46,8 @@ class ClusterNetwork(pulumi.ComponentResource):
                                          tags={**tags, "Name": f"{name}-{suffix}", **(marker or {})}, opts=child)
 
         self.cluster_group = group("cluster", "all traffic between cluster members",
-                                   marker={STACK_MARKER_KEY: spec.stack})
+                                   marker={STACK_MARKER_KEY: spec.stack,
+                                           **({IMAGE_SOURCE_KEY: image_source} if image_source else {})})
         self.self_rule = aws.vpc.SecurityGroupIngressRule(
             f"{name}-cluster-self",
             security_group_id=self.cluster_group.id,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pulumi
 
-from cluster.stack import node_replacement
+from cluster.stack import image_reuse, node_replacement
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import cluster_tags
+from cluster.stack.tags import BASE_IMAGE_KEY, cluster_tags
 from infra import lookups
 from infra.config import auto_stop_idle
 from infra.bucket import CheckpointBucket
@@ -49,6 +49,12 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     # image and subnet it was created with (infra/master.py); these are only first choices.
     base_ami = lookups.base_ami_id(spec)
     place = lookups.placement(spec)
+    # A kept image that holds what this stack's bake would (cluster/stack/image_reuse.py): every node boots it,
+    # and nothing is installed or baked. Only with a bake: without one every node boots the base image.
+    choice = lookups.image_choice(spec) if spec.bake else None
+    kept = choice.image if choice else None
+    if choice:
+        pulumi.log.info("image: " + image_reuse.choice_line(choice, spec))
     on_error = _engine_hooks()
     tags = cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags))
     name = spec.cluster_name
@@ -61,7 +67,7 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     except keys.KeyStoreError as exc:
         raise pulumi.RunError(str(exc)) from None
 
-    network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags)
+    network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags, image_source=choice.source if choice else None)
     # The workers' credentials (IMDS) may read and write checkpoints in this bucket and nothing else; the
     # master's may also set its worker group to 0 and read what the supervisor reads (infra/node_role.py).
     # The instances take a profile's name as an input, so Pulumi creates role, policy and
@@ -77,15 +83,15 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
             placement_group=network.placement_group.name if network.placement_group else None,
             public_ip=True if place.default_vpc else None)
 
-    master = MasterNode(f"{name}-master", spec, ami=base_ami,
+    master = MasterNode(f"{name}-master", spec, ami=kept.image_id if kept else base_ami,
                         network=node_network(place.subnet_id, network.cluster_group, network.ssh_group),
                         instance_profile=node_role.master_profile_name, tags=tags, on_error=on_error)
     # The base image and subnet the master really has (kept from its creation), for the workers.
     kept_ami, kept_subnet = master.instance.ami, master.instance.subnet_id
     if spec.bake:
         image = BakedImage(f"{name}-image", spec, master, tags, ssh_rules=network.ssh_rules,
-                           auto_stop_idle_s=auto_stop_idle())
-        worker_ami: pulumi.Input[str] = image.image.id
+                           auto_stop_idle_s=auto_stop_idle(), kept=kept)
+        worker_ami: pulumi.Input[str] = image.image_id
     else:
         worker_ami = kept_ami
     workers = WorkerGroup(f"{name}-worker", spec, ami=worker_ami,
@@ -106,7 +112,9 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "workerGroupName": workers.group.name,
         "workerCount": spec.worker_count,
         "amiId": worker_ami,
-        "baseAmiId": kept_ami,
+        # From a kept image the master boots it: the base is the one that image was baked on.
+        "baseAmiId": kept.tags.get(BASE_IMAGE_KEY, image_reuse.UNKNOWN) if kept else kept_ami,
+        "imageSource": choice.source if choice else "none",
         "subnetId": kept_subnet,
         "bucketName": bucket.bucket.bucket,
         # Every setting, the bake tag and the template's shape, for `fab preflight` and a lost master's

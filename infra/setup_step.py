@@ -39,6 +39,14 @@ delete does nothing in AWS, but the engine loads the provider for it (on `pulumi
 master is terminated); for a step that cannot be loaded, docs/aws-lifecycle.md gives the
 `pulumi state delete` recovery.
 
+From a kept image (`kept_image`, the image the stack reuses, cluster/stack/image_reuse.py) the master boots
+with the profile already installed and there is no bake: `create()` (and `update()` for a new master) checks the
+node against the profile and this project's version as `fab check` does (`check_node`, cluster/node/setup_script.py's
+check) and installs only when something differs (the install script is idempotent: another project version
+reinstalls the wheel alone), then neither cleans up for a bake nor syncs. Its `installed` output says which it
+was. A change of `kept_image` (the kept image gone, or another one chosen) replaces the step like a software
+change: from a bake the step bakes again on the master it has.
+
 Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` directly.
 """
 
@@ -53,6 +61,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from cluster.node.profiles import Profile, get_profile
+from cluster.stack import image_reuse
 from cluster.stack.catalog import BOOT_WAIT_S, METAL_BOOT_WAIT_S, boot_wait_s
 from cluster.stack.node_replacement import bake_tag  # the image's identity (its name and replacement trigger)
 
@@ -64,10 +73,13 @@ SSH_RETRY_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10
 OUTPUT_TAIL_LINES = 30
 
-# Inputs whose change means "the image must be rebuilt"; the rest only update the record.
-REPLACE_ON = ("profile", "fingerprint", "pip_pins", "bake_tag")
-# Outputs the step sets itself (not inputs): never a difference.
-OUTPUT_ONLY = ("bake_source", "stamp", "auto_stop")
+# Inputs whose change means "the image must be rebuilt" (or another kept image booted); the rest only update
+# the record.
+REPLACE_ON = ("profile", "fingerprint", "pip_pins", "bake_tag", "kept_image")
+# Outputs the step sets itself (not inputs): never a difference. `baked`: the tags of what its create put into
+# the image (the `bake_identity` input then, this project's version it installed, its stamp), kept by updates as
+# the image is (cluster/stack/image_reuse.py); `installed`: what the step's last run did.
+OUTPUT_ONLY = ("bake_source", "stamp", "auto_stop", "baked", "installed")
 # `stamp`: the UTC time the step was created (its setup run), kept by updates; the image is named
 # after it (infra/image.py), so an image made again (the step replaced) never has an old image's name.
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -225,6 +237,25 @@ def _node_setup_install():
     return install_profile, prepare_for_bake
 
 
+def _node_setup_check():
+    """node_setup.ssh.install's check_node (what `fab check` runs), imported only when setup really runs."""
+    try:
+        from node_setup.ssh.install import check_node
+    except ImportError as exc:
+        raise SetupError(f"setup step: node_setup.ssh.install is not importable ({exc}); install the project "
+                         "into the Python that runs pulumi (`.venv/bin/pip install -e '.[controller]'`)") from None
+    return check_node
+
+
+def _project_version() -> str | None:
+    """The version of this project the install puts on the node (the controller's checkout's, as its wheel's)."""
+    try:
+        from node_setup.controller import PROJECT_ROOT, project_version
+    except ImportError:
+        return None
+    return project_version() if (PROJECT_ROOT / "pyproject.toml").exists() else None
+
+
 def _controller_error_types() -> tuple[type[Exception], ...]:
     """node_setup.ssh.wheels's InstallError (raised on this machine, e.g. building the project wheel)."""
     try:
@@ -280,11 +311,28 @@ def arm_new_master(conn, props: dict[str, Any]) -> str:
         return f"not armed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
 
+def install_what_differs(conn, profile: Profile, version: str | None, check: Callable, install: Callable) -> str:
+    """On a master booted from a kept image: check it as `fab check` does (the machine's own items, free disk and
+    bf16, left out: an install changes neither) and install only when something differs; what was done, in one
+    line."""
+    found: list = []
+    _remote("checking the node", conn.host,
+            lambda: found.append(check(conn, profile, project_version=version, min_free_gib=0)))
+    differs = found[0].failures()
+    if not differs:
+        return f"nothing to install: the node holds profile {profile.name}" + (
+            f" and xeon-cluster {version}" if version else "")
+    _remote(f"installing profile {profile.name!r}", conn.host, lambda: install(conn, profile))
+    return (f"installed what differed ({', '.join(item.name for item in differs)}): the node holds profile "
+            f"{profile.name}" + (f" and xeon-cluster {version}" if version else ""))
+
+
 def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
-                      install: tuple[Callable, Callable] | None = None,
+                      install: tuple[Callable, Callable] | None = None, check: Callable | None = None,
                       arm: Callable[[Any, dict[str, Any]], str] | None = None, console=None) -> dict[str, Any]:
     """What `create()` does (and `update()` for a new master, with `arm`: arm_new_master); returns the
-    outputs. `connect`/`install`/`arm`/`console` (the master's console: master_console's) are seams for tests."""
+    outputs. `connect`/`install`/`check`/`arm`/`console` (the master's console: master_console's) are seams for
+    tests."""
     key_path = os.path.expanduser(str(props["private_key_path"]))
     if not os.path.isfile(key_path):
         raise SetupError(f"privateKeyPath: {props['private_key_path']!r} is not a file on this machine; allowed: "
@@ -294,18 +342,27 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
         raise SetupError(f"softwareProfile: {profile.name!r} changed between preview and update "
                          "(cluster/node/profiles.py was edited); run `pulumi up` again")
     install_profile, prepare_for_bake = install or _node_setup_install()
+    kept = props.get("kept_image")
+    check_node = (check or _node_setup_check()) if kept else None
+    version = _project_version()
 
     host_keys = master_host_keys(props, console)  # its console read before the first SSH command
     conn = wait_for_ssh(lambda: connect(props, key_path, host_keys), _boot_wait(props), retry_every=SSH_RETRY_SECONDS)
     try:
         wait_for_cloud_init(conn, float(props.get("cloud_init_timeout_seconds") or CLOUD_INIT_TIMEOUT_SECONDS))
-        _remote(f"installing profile {profile.name!r}", conn.host, lambda: install_profile(conn, profile))
-        _remote("preparing the image", conn.host, lambda: prepare_for_bake(conn))
-        _remote("flushing the disk", conn.host, lambda: conn.run("sync", hide=True))
+        if kept:
+            installed = f"from kept image {kept}: " + install_what_differs(conn, profile, version, check_node,
+                                                                            install_profile)
+        else:
+            _remote(f"installing profile {profile.name!r}", conn.host, lambda: install_profile(conn, profile))
+            _remote("preparing the image", conn.host, lambda: prepare_for_bake(conn))
+            _remote("flushing the disk", conn.host, lambda: conn.run("sync", hide=True))
+            installed = f"installed profile {profile.name}" + (f" and xeon-cluster {version}" if version else "")
         armed = arm(conn, props) if arm else None
     finally:
         conn.close()
     outs = {k: v for k, v in props.items() if not k.startswith("__")}
+    outs.update(installed=installed, project_version=version)  # create records the version in `baked`
     if armed is not None:
         outs["auto_stop"] = armed
     return outs
@@ -314,8 +371,13 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
 class ProfileSetupProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         outs = run_profile_setup(props)
-        outs["bake_source"] = props["instance_id"]  # the image is made from this master
+        version = outs.pop("project_version", None)
         outs["stamp"] = setup_stamp()  # names the image: new with every create of the step
+        # The image is made from this master, and holds what this run installed (nothing from a kept image).
+        baked = not props.get("kept_image")
+        outs["bake_source"] = props["instance_id"] if baked else None
+        outs["baked"] = image_reuse.baked_tags(props.get("bake_identity") or {}, project_version=version,
+                                               created=outs["stamp"]) if baked else None
         return CreateResult(f"setup-{props['instance_id']}-{props['bake_tag']}", outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -333,9 +395,14 @@ class ProfileSetupProvider(ResourceProvider):
         auto-stop; the image stays."""
         outs = run_profile_setup(news, arm=arm_new_master) if olds.get("instance_id") != news.get("instance_id") \
             else {k: v for k, v in news.items() if not k.startswith("__")}
-        outs["bake_source"] = olds.get("bake_source") or olds.get("instance_id") or news["instance_id"]
-        # The image stays, and so does its name's stamp (a step recorded before stamps gets one now).
+        outs["bake_source"] = None if news.get("kept_image") else (
+            olds.get("bake_source") or olds.get("instance_id") or news["instance_id"])
+        # The image stays, and so do its name's stamp (a step recorded before stamps gets one now) and what it
+        # holds.
         outs["stamp"] = olds.get("stamp") or setup_stamp()
+        outs.pop("project_version", None)
+        outs["baked"] = None if news.get("kept_image") else olds.get("baked")
+        outs["installed"] = outs.get("installed") or olds.get("installed")
         return UpdateResult(outs)
 
 
@@ -346,10 +413,13 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
     instance_id: pulumi.Output[str]
     bake_source: pulumi.Output[str]  # the master instance the image is made from
     stamp: pulumi.Output[str]  # when the step was created: the image's name ends with it
+    baked: pulumi.Output[dict]  # the tags of what its create put into the image (image_reuse.baked_tags)
+    installed: pulumi.Output[str]  # what its last run did, in one line
 
     def __init__(self, name: str, *, host: pulumi.Input[str], user: str, private_key_path: str,
                  instance_id: pulumi.Input[str], profile: Profile, cluster: str, port: int = 22,
-                 region: str = "", auto_stop_idle_s: int | None = None,
+                 region: str = "", auto_stop_idle_s: int | None = None, kept_image: str | None = None,
+                 bake_identity: pulumi.Input[dict] | None = None,
                  ssh_timeout_seconds: int = SSH_TIMEOUT_SECONDS,
                  cloud_init_timeout_seconds: int = CLOUD_INIT_TIMEOUT_SECONDS,
                  opts: pulumi.ResourceOptions | None = None):
@@ -367,6 +437,11 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
             "bake_tag": bake_tag(fingerprint),
             "bake_source": None,  # set by create (this master) and kept by update (a new master)
             "stamp": None,  # set by create, kept by update
+            "baked": None,  # set by create, kept by update
+            "installed": None,  # set by every run
+            "kept_image": kept_image,  # the kept image the master booted (no bake), or None
+            # What a bake on this master puts in the image (image_reuse.bake_identity); its create records it.
+            "bake_identity": bake_identity,
             # A new master's idle auto-stop (arm_new_master): the stack's autoStopIdle, and where its group is.
             "region": region,
             "auto_stop_idle_s": auto_stop_idle_s,

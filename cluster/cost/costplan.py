@@ -6,7 +6,8 @@
     render_table / render_json                   what `fab plan` prints
 
 The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the
-master throughout, each worker its boot; cluster/stack/lifecycle.py's documented figures), the run
+master throughout, each worker its boot; cluster/stack/lifecycle.py's steps, with a bake or, when the stack
+would boot a kept image, from it; the other way's cost is shown beside it), the run
 (start-up plus every epoch, cluster/cost/timemodel.py) and the idle tail (after the run, until the idle
 auto-stop powers the nodes off: the stack's autoStopIdle, default cluster/node/autostop.py's).
 
@@ -74,10 +75,14 @@ def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
 
 def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
     """The row with its provisioning and idle-tail terms, and what it was priced at."""
-    up, idle = inputs.first_up, inputs.idle_tail_s
+    up, other, idle = inputs.first_up, inputs.other_up, inputs.idle_tail_s
     return replace(row, instance_type=inputs.instance_type, market=price.market, price_source=price_source(price),
                    provisioning_seconds=up.seconds if up else 0.0,
                    provisioning_usd=up.instance_seconds(row.nodes) * price.usd_per_hour / 3600 if up else 0.0,
+                   provisioning_from=(f"kept image {inputs.kept_image}" if inputs.kept_image else "bake") if up else "",
+                   other_provisioning_seconds=other.seconds if other else None,
+                   other_provisioning_usd=other.instance_seconds(row.nodes) * price.usd_per_hour / 3600 if other
+                   else None,
                    idle_tail_seconds=idle, idle_tail_usd=row.hourly_usd * idle / 3600 if idle else 0.0)
 
 
@@ -129,6 +134,9 @@ class PlanRow:
     run_usd: float  # the run: start-up plus every epoch
     provisioning_seconds: float = 0.0  # the first `pulumi up` (wall time; 0: not counted)
     provisioning_usd: float = 0.0  # the master through all of it, each worker its boot
+    provisioning_from: str = ""  # "bake", or "kept image <id>" ("": not counted)
+    other_provisioning_seconds: float | None = None  # the first `pulumi up` the other way (None: not counted)
+    other_provisioning_usd: float | None = None
     idle_tail_seconds: float | None = 0.0  # after the run until the idle auto-stop (None: auto-stop off)
     idle_tail_usd: float = 0.0
     instance_type: str = ""
@@ -154,13 +162,19 @@ class PlanRow:
                 "comm_seconds_per_step": round(self.prediction.comm_s / self.prediction.steps, 4),
                 "efficiency": round(self.prediction.efficiency, 4), "hourly_usd": round(self.hourly_usd, 4),
                 "provisioning_seconds": round(self.provisioning_seconds, 1),
-                "provisioning_usd": round(self.provisioning_usd, 4),
+                "provisioning_usd": round(self.provisioning_usd, 4), "provisioning_from": self.provisioning_from,
+                "other_provisioning_seconds": _rounded(self.other_provisioning_seconds, 1),
+                "other_provisioning_usd": _rounded(self.other_provisioning_usd, 4),
                 "run_seconds": round(self.prediction.run_seconds, 1), "run_usd": round(self.run_usd, 4),
                 "idle_tail_seconds": None if idle is None else round(idle, 1),
                 "idle_tail_usd": round(self.idle_tail_usd, 4), "total_usd": round(self.total_usd, 4),
                 "compile_seconds": round(self.prediction.compile_s, 1),
                 "on_demand_master_extra_usd": None if extra is None else round(extra, 4),
                 "on_demand_master_total_usd": None if extra is None else round(self.total_usd + extra, 4)}
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def plan(workload: tm.Workload, network: tm.Network, node_counts: list[int], node_samples_per_s: float,
@@ -196,7 +210,7 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
                      f"{row.run_usd:>8.2f}  {idle:>8}  {row.total_usd:>8.2f}"
                      f"  {p.step_seconds:>7.3f}  {p.comm_s / p.steps:>7.3f}")
     if rows:
-        lines.append(lifecycle_line(rows[0]))
+        lines.append(lifecycle_line(rows))
     if any(row.prediction.compile_s for row in rows):
         lines.append(compile_line(rows))
     if price_source:
@@ -210,10 +224,18 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
     return "\n".join(lines)
 
 
-def lifecycle_line(row: PlanRow) -> str:
-    """What the provisioning and idle-tail columns count, in words."""
-    up = (f"provision $: the first `pulumi up`, {tm.format_duration(row.provisioning_seconds)} (the master "
+def lifecycle_line(rows: Sequence[PlanRow]) -> str:
+    """What the provisioning and idle-tail columns count, in words, with the provisioning the other way (from a
+    kept image, or with a bake) and what it would cost."""
+    row = rows[0]
+    how = "from " + row.provisioning_from if row.provisioning_from != "bake" else "with a bake"
+    up = (f"provision $: the first `pulumi up` {how}, {tm.format_duration(row.provisioning_seconds)} (the master "
           "throughout, each worker its boot)" if row.provisioning_seconds else "provision $: not counted")
+    if row.other_provisioning_seconds is not None:
+        other = ("with a bake" if row.provisioning_from != "bake" else
+                 "from a kept image (keepImage: true keeps a stack's image for the next one)")
+        figures = ", ".join(f"{r.nodes} node(s) ${r.other_provisioning_usd:.2f}" for r in rows)
+        up += f"; {other}: {tm.format_duration(row.other_provisioning_seconds)}, {figures}"
     idle = ("idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)"
             if row.idle_tail_seconds is None else
             f"idle $: {tm.format_duration(row.idle_tail_seconds)} idle after the run until the auto-stop")

@@ -76,6 +76,8 @@ class PlanInputs:
     networks: dict[int, tm.Network] = field(default_factory=dict)  # per node count, when measured
     sources: Sources = field(default_factory=list)
     first_up: lifecycle.FirstUp | None = None  # None: not counted (the cluster is up)
+    other_up: lifecycle.FirstUp | None = None  # the first up the other way (from a kept image, or with a bake)
+    kept_image: str = ""  # the kept image the stack's first up boots ("": it bakes)
     idle_tail_s: float | None = None  # None: auto-stop off, the nodes bill until `pulumi destroy`
     compiled: tm.CompileCost | None = None  # the calibration's torch.compile figures, when they apply
     compile: str = "auto"  # PlanOptions.compile
@@ -88,12 +90,13 @@ class PlanInputs:
 
 
 def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Calibration | None = None, *,
-                stack_auto_stop_idle: str | None = None) -> PlanInputs:
+                stack_auto_stop_idle: str | None = None, kept_image: str = "", kept_why: str = "") -> PlanInputs:
     """Everything the prediction needs; ValueError naming the option for anything unusable.
 
     With a `calibration` (`fab bench`), the compute rate per node count and the all-reduce bandwidth
     and latency are the measured ones, and the model and batch default to those measured.
-    `stack_auto_stop_idle` is the stack file's autoStopIdle (None: not set there).
+    `stack_auto_stop_idle` is the stack file's autoStopIdle (None: not set there). `kept_image`: the kept image
+    the stack's `pulumi up` would boot (cluster/stack/image_reuse.py; "": it bakes), `kept_why` why.
     """
     o = options
     cal = calibration
@@ -126,10 +129,15 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     ranks, rate, rates, layout_sources = _ranks(o, cal, instance, rate, rates)
     compiled, compile_sources = _compiled(o, cal, rates)
     sources += layout_sources + compile_sources
-    up = lifecycle.first_up(instance) if o.provisioning else None
-    sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up`, each worker "
-                 f"{tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
-                 up.source if up else "given (--no-provisioning: the cluster is up)"),
+    root_gib = spec.root_volume_gib if spec else ClusterSpec.root_volume_gib  # the stack's, else its default
+    up, other = (None, None) if not o.provisioning else (
+        lifecycle.first_up(instance, root_gib, kept_image=bool(kept_image)),
+        lifecycle.first_up(instance, root_gib, kept_image=not kept_image))
+    how = f"from kept image {kept_image}" if kept_image else "with a bake"
+    sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up` {how} ({up.describe()}), "
+                 f"each worker {tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
+                 f"{up.source}{'; ' + kept_why if kept_why else ''}" if up else
+                 "given (--no-provisioning: the cluster is up)"),
                 ("idle tail", "auto-stop off: not counted, the nodes bill until `pulumi destroy`"
                  if idle_tail_s is None else f"{tm.format_duration(idle_tail_s)} until the idle auto-stop",
                  idle_source)]
@@ -148,7 +156,8 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     return PlanInputs(instance_type=itype, instance=instance, workload=workload, network=network,
                       node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
                       spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
-                      rates=rates, networks=networks, sources=sources, first_up=up, idle_tail_s=idle_tail_s,
+                      rates=rates, networks=networks, sources=sources, first_up=up, other_up=other,
+                      kept_image=kept_image if o.provisioning else "", idle_tail_s=idle_tail_s,
                       compiled=compiled, compile=o.compile)
 
 

@@ -53,6 +53,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("placementGroup", "placement_group", bool),
     ConfigKey("softwareProfile", "software_profile", str),
     ConfigKey("bake", "bake", bool),
+    ConfigKey("keepImage", "keep_image", bool),
     ConfigKey("vpcId", "vpc_id", str),
     ConfigKey("subnetId", "subnet_id", str),
     ConfigKey("availabilityZone", "availability_zone", str),

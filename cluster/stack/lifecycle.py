@@ -1,13 +1,13 @@
 """The cluster's life in one place: what `fab up` and `fab down` run, in order, and how long an up takes.
 
-Pure: the steps and the Pulumi command lines for a stack, and the documented time of a first
-`pulumi up` (docs/aws-lifecycle.md#how-long-a-first-pulumi-up-takes) as facts that `fab plan`
-prices and the README quotes. Running them is node_setup/pulumi_cli.py's and
-node_setup/tasks/lifecycle.py's.
+Pure: the steps and the Pulumi command lines for a stack, and the steps of a first `pulumi up`
+(docs/aws-lifecycle.md#how-long-a-first-pulumi-up-takes) with their times per instance type, with a bake
+or from a kept image, as facts that `fab plan` prices and `fab preflight` quotes. Running them is
+node_setup/pulumi_cli.py's and node_setup/tasks/lifecycle.py's.
 
     up_steps(stack)              -> [Step]   preflight, then `pulumi up --refresh`
     down_steps(stack, cluster)   -> [Step]   `pulumi destroy`, then forget and the sweep listing
-    first_up(instance)           -> FirstUp  how long the first `pulumi up` takes, what it bills
+    first_up(instance, gib, kept_image=...) -> FirstUp   the first `pulumi up`'s steps, what each bills
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from cluster.stack.catalog import InstanceType
+from cluster.cost.timemodel import format_duration
+from cluster.stack.catalog import InstanceType, boot_wait_s
 
 PULUMI = "pulumi"
 
@@ -90,29 +91,75 @@ def missing_cli_message(steps: list[Step]) -> str:
             "run these yourself, in order:\n" + "\n".join(f"  {step.command}" for step in steps))
 
 
-# How long a first `pulumi up` takes, from docs/aws-lifecycle.md's table ("Expect about an hour,
-# and up to two for metal types"): the master runs (and bills) through all of it: launch, boot,
-# cloud-init, the profile's install and the image's first snapshot; the workers only through the
-# last step, their launch and boot from the image ("a few minutes"; metal types "can take over 20
-# minutes to start"). Coming back after the idle auto-stop costs less: a new master's launch, boot
-# and setup again, then the workers from the image, which stays (no new snapshot).
-FIRST_UP_S = {False: 3600.0, True: 2 * 3600.0}  # by bare metal
-WORKER_BOOT_S = {False: 5 * 60.0, True: 20 * 60.0}  # by bare metal
-FIRST_UP_SOURCE = "docs/aws-lifecycle.md: a first `pulumi up` takes about an hour, up to two on metal types"
+# The steps of a first `pulumi up`, in the order the program runs them (infra/program.py), with what each
+# typically takes (docs/aws-lifecycle.md's table: "about a minute", "a few minutes", "several minutes to a
+# quarter of an hour", "often 15 to 45 minutes for 100 GiB") and who bills while it runs. A boot is the
+# instance type's boot budget (cluster/stack/catalog.py: what the program waits for a node's boot at most,
+# 40 minutes for metal types, 15 for others), so the figures lean long.
+RESOURCES_S = 60.0  # security groups, key pair, bucket, IAM role and profile: no instance bills yet
+CLOUD_INIT_S = 180.0  # cloud-init on the master, which the setup step waits for
+INSTALL_S = 600.0  # the profile's install (pip, Intel MPI, the project)
+BAKE_S_PER_GIB = 18.0  # the image's first snapshot of the whole written root volume: 30 minutes per 100 GiB
+CHECK_S = 30.0  # from a kept image: the setup step checks the master against the profile, as `fab check` does
+MASTER, WORKERS = "master", "workers"  # who bills during a step: the master, and each worker
+STEPS_SOURCE = "the steps of a first `pulumi up` (cluster/stack/lifecycle.py; docs/aws-lifecycle.md's table)"
+
+
+@dataclass(frozen=True)
+class UpStep:
+    name: str
+    seconds: float
+    billed: tuple[str, ...]  # MASTER and/or WORKERS; () before any instance runs
 
 
 @dataclass(frozen=True)
 class FirstUp:
-    seconds: float  # wall time of the first `pulumi up`
-    worker_seconds: float  # what each worker bills of it (launch and boot from the image)
+    """A first `pulumi up` as its steps: with a bake (boot, cloud-init, install, bake, the workers' boot) or from
+    a kept image (every node boots it; the master is checked, nothing installed, nothing baked)."""
+
+    steps: tuple[UpStep, ...]
+    kept_image: bool
     source: str
 
+    @property
+    def seconds(self) -> float:
+        """Wall time of the first `pulumi up`."""
+        return sum(step.seconds for step in self.steps)
+
+    @property
+    def master_seconds(self) -> float:
+        return sum(step.seconds for step in self.steps if MASTER in step.billed)
+
+    @property
+    def worker_seconds(self) -> float:
+        """What each worker bills of it (its launch and boot)."""
+        return sum(step.seconds for step in self.steps if WORKERS in step.billed)
+
     def instance_seconds(self, nodes: int) -> float:
-        """Instance-seconds billed while it runs: the master throughout, each worker its boot."""
-        return self.seconds + max(nodes - 1, 0) * self.worker_seconds
+        """Instance-seconds billed while it runs: the master from its launch, each worker its boot."""
+        return self.master_seconds + max(nodes - 1, 0) * self.worker_seconds
+
+    def describe(self) -> str:
+        """The steps and their times in words: `resources 1m 00s, the master's boot 40m 00s, ...`."""
+        return ", ".join(f"{step.name} {format_duration(step.seconds)}" for step in self.steps)
 
 
-def first_up(instance: InstanceType) -> FirstUp:
-    metal = instance.bare_metal
-    kind = "metal type" if metal else "non-metal type"
-    return FirstUp(FIRST_UP_S[metal], WORKER_BOOT_S[metal], f"{FIRST_UP_SOURCE} ({instance.name}: {kind})")
+def first_up(instance: InstanceType, root_volume_gib: int, *, kept_image: bool = False) -> FirstUp:
+    """The first `pulumi up` of a stack of this type: with a bake of a `root_volume_gib` root volume, or from a
+    kept image (cluster/stack/image_reuse.py), where the workers launch with the master (their group waits for
+    no image) and each node boots the image."""
+    boot = float(boot_wait_s(instance.name))
+    resources = UpStep("resources", RESOURCES_S, ())
+    cloud_init = UpStep("cloud-init", CLOUD_INIT_S, (MASTER,))
+    steps: tuple[UpStep, ...]
+    if kept_image:
+        steps = (resources, UpStep("every node's boot from the kept image", boot, (MASTER, WORKERS)), cloud_init,
+                 UpStep("check", CHECK_S, (MASTER,)))
+    else:
+        steps = (resources, UpStep("the master's boot", boot, (MASTER,)), cloud_init,
+                 UpStep("install", INSTALL_S, (MASTER,)),
+                 UpStep("bake", BAKE_S_PER_GIB * root_volume_gib, (MASTER,)),
+                 UpStep("the workers' boot from the image", boot, (MASTER, WORKERS)))
+    kind = "metal type" if instance.bare_metal else "non-metal type"
+    return FirstUp(steps, kept_image, f"{STEPS_SOURCE}; {instance.name} ({kind}): its boot budget "
+                                      f"{format_duration(boot)} (cluster/stack/catalog.py)")

@@ -69,6 +69,7 @@ class ClusterSpec:
     placement_group: bool = True
     software_profile: str = DEFAULT_PROFILE
     bake: bool = True
+    keep_image: bool = False  # `pulumi destroy` keeps the baked image for the next stack (cluster/stack/image_reuse.py)
     vpc_id: str | None = None
     subnet_id: str | None = None
     availability_zone: str | None = None

@@ -6,10 +6,25 @@ CLUSTER_KEY = "xeon-cluster:cluster"
 ROLE_KEY = "xeon-cluster:role"
 STACK_KEY = "xeon-cluster:stack"
 RANK_KEY = "xeon-cluster:rank"
+# On a baked image and its root snapshot: what the bake put in it, read by the rule that reuses a kept image
+# (cluster/stack/image_reuse.py), `fab images` and `fab sweep`. KEEP_KEY ("true") marks one `pulumi destroy` leaves
+# (the stack's keepImage); the others say what it holds: the profile's bake tag (a hash of its fingerprint), the
+# region, the base it was baked on (baseAmi's id, or the looked-up Ubuntu release) and that base's image id, the
+# architecture, this project's version, and when the setup step ran (UTC, the image name's stamp).
 KEEP_KEY = "xeon-cluster:keep"
+FINGERPRINT_KEY = "xeon-cluster:fingerprint"
+REGION_KEY = "xeon-cluster:region"
+BASE_KEY = "xeon-cluster:base"
+BASE_IMAGE_KEY = "xeon-cluster:base-image"
+ARCHITECTURE_KEY = "xeon-cluster:architecture"
+PROJECT_VERSION_KEY = "xeon-cluster:project-version"
+CREATED_KEY = "xeon-cluster:created"
 # On the cluster security group only (value: the stack): the stack exists. `pulumi up` writes it,
 # `pulumi destroy` removes it with the group; `fab sweep` never deletes a cluster that has it.
 STACK_MARKER_KEY = "xeon-cluster:stack-marker"
+# Beside it, the image the stack's nodes boot: "bake" (its own) or the id of the kept image it reuses, so that a
+# later `pulumi up` of the same stack keeps that choice (cluster/stack/image_reuse.py).
+IMAGE_SOURCE_KEY = "xeon-cluster:image-source"
 # Optional node tags discovery reads (defaults when absent: user "ubuntu", profile "stock").
 SSH_USER_KEY = "xeon-cluster:ssh-user"
 PROFILE_KEY = "xeon-cluster:profile"

@@ -22,6 +22,8 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks, rpc
 from pulumi.runtime.sync_await import _sync_await
 
+from cluster.stack import image_reuse
+
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "infra" / "__main__.py"
 PROJECT = "xeon-cluster"
@@ -63,17 +65,53 @@ def _address(name: str) -> tuple[str, str]:
 
 _TEMPLATE_VERSIONS: dict[str, int] = {}  # a launch template's content -> its version number
 
-class FakeAws(mocks.Mocks):
-    """Test double for the AWS provider: answers invokes and "creates" resources."""
+PROJECT_VERSION = "0.1.0+src.0a1b2c3d4e5f"  # what the setup step's create installed, as it records it
 
-    def __init__(self, empty_tokens: set[str] | None = None):
+
+def kept_image(image_id: str, tags: dict[str, str], *, gib: int = 100, state: str = "available") -> dict:
+    """An image of this account as the provider's getAmi lookup describes it (camelCase; `ebs` a map)."""
+    return {"imageId": image_id, "id": image_id, "name": f"{image_id}-name", "state": state,
+            "architecture": "x86_64", "creationDate": "2026-05-01T12:30:00.000Z", "rootDeviceName": "/dev/sda1",
+            "blockDeviceMappings": [{"deviceName": "/dev/sda1",
+                                     "ebs": {"snapshot_id": f"snap-{image_id}", "volume_size": str(gib)}}],
+            "tags": dict(tags)}
+
+
+def _matches(tags: dict[str, str], filters) -> bool:
+    """Whether `tags` pass DescribeImages/DescribeSecurityGroups' `tag:<key>` filters (other filters pass)."""
+    return all(tags.get(f["name"][4:]) in f["values"] for f in filters or [] if f["name"].startswith("tag:"))
+
+
+class FakeAws(mocks.Mocks):
+    """Test double for the AWS provider: answers invokes and "creates" resources. `kept`: the account's own
+    images (kept_image's shape) its getAmiIds/getAmi lookups of owner `self` find; `groups`: security groups by
+    id -> their tags (the stack marker's group of a stack that exists)."""
+
+    def __init__(self, empty_tokens: set[str] | None = None, kept: list[dict] | None = None,
+                 groups: dict[str, dict[str, str]] | None = None):
         self.calls: list[tuple[str, dict]] = []
         self.empty_tokens = empty_tokens or set()  # list lookups that find nothing
+        self.kept = kept or []
+        self.groups = groups or {}
 
     def call(self, args: mocks.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
         if args.token in self.empty_tokens:
             return {"ids": [], "locations": [], "id": REGION}
+        if args.token == "aws:ec2/getAmiIds:getAmiIds" and args.args.get("owners") == ["self"]:
+            return {"ids": [i["imageId"] for i in self.kept if _matches(i["tags"], args.args.get("filters"))],
+                    "id": REGION}
+        if args.token == "aws:ec2/getAmi:getAmi":
+            wanted = {v for f in args.args.get("filters") or [] if f["name"] == "image-id" for v in f["values"]}
+            found = [i for i in self.kept if i["imageId"] in wanted]
+            if not found:
+                raise LookupError(f"getAmi: no image of this account is {sorted(wanted)}")
+            return found[0]
+        if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
+            return {"ids": [g for g, tags in self.groups.items() if _matches(tags, args.args.get("filters"))],
+                    "id": REGION}
+        if args.token == "aws:ec2/getSecurityGroup:getSecurityGroup":
+            return {"id": args.args["id"], "tags": self.groups[args.args["id"]]}
         if args.token == "aws:ec2/getAmiIds:getAmiIds":
             return {"ids": [BASE_AMI, "ami-0older"], "id": REGION}
         if args.token == "aws:ec2/getVpcs:getVpcs":
@@ -100,9 +138,13 @@ class FakeAws(mocks.Mocks):
             # A new image per bake tag (the name without its per-attempt time), as a re-bake makes one.
             rid = f"ami-{name}-{hashlib.sha256(args.inputs['name'].rsplit('-', 1)[0].encode()).hexdigest()[:8]}"
             state["rootSnapshotId"] = f"snap-{name}"
-        elif typ == SETUP:
-            state["bake_source"] = args.inputs["instance_id"]  # what the step's create() returns
+        elif typ == SETUP:  # what the step's create() returns
+            baked = not args.inputs.get("kept_image")
+            state["bake_source"] = args.inputs["instance_id"] if baked else None
             state["stamp"] = SETUP_STAMP
+            state["baked"] = image_reuse.baked_tags(args.inputs.get("bake_identity") or {}, created=SETUP_STAMP,
+                                                    project_version=PROJECT_VERSION) if baked else None
+            state["installed"] = "installed profile stock" if baked else "from kept image: nothing to install"
         elif typ == LAUNCH_TEMPLATE:
             rid = f"lt-{name}"
             # AWS numbers a template's versions; here a changed template (any input) gets another number
@@ -241,9 +283,10 @@ def harness() -> Harness:
     pulumi.runtime.set_all_config({})
 
 
-def fresh_run(config: dict[str, Any]) -> tuple[RecordingMonitor, dict[str, Any]]:
-    """Run the program with its own mocks (to compare two configs); (monitor, outputs)."""
-    fake = FakeAws()
+def fresh_run(config: dict[str, Any], fake: FakeAws | None = None) -> tuple[RecordingMonitor, dict[str, Any]]:
+    """Run the program with its own mocks (to compare two configs; `fake`: an account of one's own);
+    (monitor, outputs)."""
+    fake = fake or FakeAws()
     monitor = RecordingMonitor(fake)
     pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
     return monitor, Harness(fake, monitor).run(config)

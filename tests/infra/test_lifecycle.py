@@ -79,7 +79,8 @@ def test_the_base_image_lookup_asks_what_fab_preflight_asks(harness):
     from cluster.stack.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER
 
     harness.run(minimal_config())
-    (args,) = [a for token, a in harness.fake.calls if token == "aws:ec2/getAmiIds:getAmiIds"]
+    (args,) = [a for token, a in harness.fake.calls
+               if token == "aws:ec2/getAmiIds:getAmiIds" and a["owners"] != ["self"]]  # not the kept images'
     assert args["owners"] == [CANONICAL_OWNER]
     assert {f["name"]: f["values"] for f in args["filters"]} == {name: [value] for name, value in BASE_IMAGE_FILTERS}
 
@@ -265,7 +266,7 @@ class _LaterDay(FakeAws):
 
     def call(self, args):
         found = super().call(args)
-        if args.token == "aws:ec2/getAmiIds:getAmiIds":
+        if args.token == "aws:ec2/getAmiIds:getAmiIds" and args.args.get("owners") != ["self"]:
             return {**found, "ids": ["ami-0newer", *found["ids"]]}
         if args.token == "aws:ec2/getSubnets:getSubnets":
             return {**found, "ids": ["subnet-0000", *found["ids"]]}
@@ -305,14 +306,17 @@ def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_th
     updated = ProfileSetupProvider().update("id", olds, new_setup.inputs).outs
     assert [p["instance_id"] for p in ran] == [master(after).id] and ran[0]["pip_pins"] == olds["pip_pins"]
     assert updated["bake_source"] == master(before).id
+    assert updated["baked"] == olds["baked"]  # what the image holds: the old master's base, not the new one's
 
-    # The image: same trigger, and its only changed input is its source, which comes from the step's
-    # bake_source (kept by the update above); nothing else would replace it.
+    # The image: same trigger, and its only changed inputs are its source and its tags of what it holds, which
+    # come from the step's bake_source and baked (kept by the update above); nothing else would replace it.
     (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
     assert new_image.replacement_trigger == old_image.replacement_trigger
     assert new_image.inputs["sourceInstanceId"] == new_setup.state["bake_source"]  # from the step, not the master
-    assert ({k: v for k, v in _kept(new_image).items() if k != "sourceInstanceId"}
-            == {k: v for k, v in _kept(old_image).items() if k != "sourceInstanceId"})
+    assert new_image.inputs["tags"].items() >= new_setup.state["baked"].items()
+    from_step = ("sourceInstanceId", "tags")
+    assert ({k: v for k, v in _kept(new_image).items() if k not in from_step}
+            == {k: v for k, v in _kept(old_image).items() if k not in from_step})
     assert new_setup.urn in new_image.dependencies and master(after).urn not in new_image.dependencies
 
     # The workers: neither the launch template (same image, no new version) nor the group (the master's

@@ -488,6 +488,50 @@ def test_wheel_build_failure_on_the_controller_is_a_setup_error_with_its_message
     assert not any(cmd == "sync" for cmd in conn.commands)
 
 
+def _check_double(failing: tuple[str, ...], calls: list):
+    """Test double for node_setup.ssh.install.check_node: a report whose `failing` items differ."""
+    from cluster.node.setup_script import CheckItem, CheckReport
+
+    def check(conn, profile, *, project_version, min_free_gib):
+        calls.append(("check", project_version, min_free_gib))
+        return CheckReport(tuple(CheckItem(name, name not in failing, f"{name} detail")
+                                 for name in ("venv", "profile", "xeon-cluster", "disk")))
+
+    return check
+
+
+def test_from_a_kept_image_a_master_that_matches_is_checked_and_nothing_installed_or_baked(tmp_path):
+    conn = ScriptedConnection({})
+    calls = []
+    outs = run_profile_setup(_props_with_key(tmp_path, kept_image="ami-0kept"),
+                             connect=lambda props, key, host_keys: conn, console=SHOWN,
+                             install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")),
+                             check=_check_double((), calls))
+    assert [c[0] for c in calls] == ["check"] and calls[0][2] == 0  # the machine's free disk is no install's
+    assert calls[0][1] == setup_step._project_version()  # this checkout's, what an install would put there
+    assert not any(cmd == "sync" for cmd in conn.commands) and conn.closed
+    assert outs["installed"].startswith("from kept image ami-0kept: nothing to install: the node holds profile stock")
+
+
+def test_from_a_kept_image_what_differs_is_installed_and_nothing_baked(tmp_path):
+    conn = ScriptedConnection({})
+    calls = []
+    outs = run_profile_setup(_props_with_key(tmp_path, kept_image="ami-0kept"),
+                             connect=lambda props, key, host_keys: conn, console=SHOWN,
+                             install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")),
+                             check=_check_double(("xeon-cluster",), calls))
+    assert [c[0] if isinstance(c, tuple) else c for c in calls] == ["check", "install"]
+    assert outs["installed"] == ("from kept image ami-0kept: installed what differed (xeon-cluster): the node holds "
+                                 f"profile stock and xeon-cluster {setup_step._project_version()}")
+
+
+def test_create_from_a_kept_image_has_no_image_source_and_records_no_bake(monkeypatch):
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {"kept_image": props["kept_image"],
+                                                                                 "project_version": "1.0"})
+    outs = ProfileSetupProvider().create(make_props(kept_image="ami-0kept")).outs
+    assert outs["bake_source"] is None and outs["baked"] is None and "project_version" not in outs
+
+
 def test_missing_private_key_fails_before_connecting(tmp_path):
     def connect_double(props, key):
         raise AssertionError("must not connect without a key")
@@ -514,8 +558,11 @@ def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
     monkeypatch.setattr(setup_step, "setup_stamp", lambda: "20260501T120000Z")
     result = ProfileSetupProvider().create(props)
     assert result.id == f"setup-i-0master-{props['bake_tag']}"
-    # The image's source, and the stamp the image is named after.
-    assert result.outs == {"bake_tag": props["bake_tag"], "bake_source": "i-0master", "stamp": "20260501T120000Z"}
+    # The image's source, the stamp the image is named after, and what it holds (the identity the program
+    # gave, the version installed, the stamp).
+    assert result.outs == {"bake_tag": props["bake_tag"], "bake_source": "i-0master", "stamp": "20260501T120000Z",
+                           "baked": {"xeon-cluster:project-version": "unknown",
+                                     "xeon-cluster:created": "20260501T120000Z"}}
 
 
 def test_a_replaced_step_gives_the_new_image_a_new_name_and_an_update_keeps_it(monkeypatch):
@@ -547,6 +594,7 @@ def test_a_replaced_step_gives_the_new_image_a_new_name_and_an_update_keeps_it(m
     ({"host": "198.51.100.10"}, []),
     ({"private_key_path": "~/.ssh/other"}, []),
     ({"user": "admin"}, []),
+    ({"kept_image": "ami-0kept"}, ["kept_image"]),  # another image to boot: checked (or baked) again
 ])
 def test_diff_replaces_only_for_what_changes_the_image(change, replaced):
     olds = make_props()
@@ -577,7 +625,8 @@ def test_a_new_master_is_set_up_again_and_keeps_the_image_source(monkeypatch):
     ran = []
     monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props["instance_id"]) or
                         {k: v for k, v in props.items() if not k.startswith("__")})
-    olds = {**make_props(), "bake_source": "i-0master", "stamp": "20260501T120000Z"}
+    olds = {**make_props(), "bake_source": "i-0master", "stamp": "20260501T120000Z",
+            "baked": {"xeon-cluster:project-version": "1.0"}}
     olds.pop("__provider")
     news = make_props(instance_id="i-0new", host="198.51.100.10", bake_source=None)
     diff = ProfileSetupProvider().diff("id", olds, news)
@@ -585,6 +634,7 @@ def test_a_new_master_is_set_up_again_and_keeps_the_image_source(monkeypatch):
     result = ProfileSetupProvider().update("id", olds, news)
     assert ran == ["i-0new"]  # the new master is set up with the same profile and pins
     assert result.outs["bake_source"] == "i-0master" and result.outs["instance_id"] == "i-0new"
+    assert result.outs["baked"] == olds["baked"]  # what the image holds, not what the new master got
     assert result.outs["pip_pins"] == olds["pip_pins"]
     # Only an address change: recorded, nothing run.
     ProfileSetupProvider().update("id", olds, make_props(host="198.51.100.10"))

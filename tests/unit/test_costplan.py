@@ -38,7 +38,8 @@ def test_json_has_one_object_per_node_count_with_the_documented_keys():
     assert [d["nodes"] for d in data] == [1, 2, 4, 8]
     assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
                           "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
-                          "provisioning_usd", "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
+                          "provisioning_usd", "provisioning_from", "other_provisioning_seconds",
+                          "other_provisioning_usd", "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
                           "total_usd", "compile_seconds", "on_demand_master_extra_usd",
                           "on_demand_master_total_usd"} for d in data)
     assert data[0]["efficiency"] == 1.0
@@ -55,11 +56,12 @@ def test_parse_node_counts_rejects(text):
         plan_options.parse_node_counts(text)
 
 
-def _plan(spec=None, **over):
+def _plan(spec=None, kept_image="", kept_why="", **over):
     """(rows, inputs) of the pure plan for the recipe's case at $5/instance-hour."""
     options = dict(nodes="1,2,4", instance_type="r7iz.metal-16xl", profile="intel", placement_group=False)
     options.update(over)
-    inputs = plan_options.plan_inputs(spec, plan_options.PlanOptions(**options))
+    inputs = plan_options.plan_inputs(spec, plan_options.PlanOptions(**options), kept_image=kept_image,
+                                      kept_why=kept_why)
     return costplan.plan_rows(inputs, costplan.Price(5.0, "spot", "given with --hourly-usd")), inputs
 
 
@@ -172,18 +174,43 @@ def test_fab_plan_draws_a_png(tmp_path):
 
 # --- the whole cost: provisioning, the run, the idle tail -----------------------------------------
 
+# A first `pulumi up` of 100 GiB by its steps (cluster/stack/lifecycle.py), with a bake: 1 min of resources, the
+# master's boot (the type's boot budget: 40 min metal, 15 others), 3 min cloud-init, 10 min install, 30 min bake,
+# the workers' boot; from a kept image: resources, every node's boot, cloud-init, a 30 s check.
+BAKE_METAL_S, BAKE_METAL_MASTER_S = 60 + 2400 + 180 + 600 + 1800 + 2400, 2400 + 180 + 600 + 1800 + 2400  # 2h 04m
+KEPT_METAL_S, KEPT_METAL_MASTER_S = 60 + 2400 + 180 + 30, 2400 + 180 + 30  # 44m 30s
+
+
 def test_provisioning_bills_the_master_through_the_first_up_and_each_worker_its_boot():
-    rows, _ = _plan(nodes="1,4")  # r7iz.metal-16xl: metal, 2 h; workers 20 min
+    rows, _ = _plan(nodes="1,4")  # r7iz.metal-16xl: metal, workers 40 min
     one, four = rows
-    assert one.provisioning_seconds == four.provisioning_seconds == 2 * 3600
-    assert one.provisioning_usd == pytest.approx(5.0 * 2)
-    assert four.provisioning_usd == pytest.approx(5.0 * (2 + 3 * 20 / 60))
-    rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: 1 h, workers 5 min
-    assert rows[0].provisioning_seconds == 3600
-    assert rows[0].provisioning_usd == pytest.approx(5.0 * (1 + 3 * 5 / 60))
+    assert one.provisioning_seconds == four.provisioning_seconds == BAKE_METAL_S and one.provisioning_from == "bake"
+    assert one.provisioning_usd == pytest.approx(5.0 * BAKE_METAL_MASTER_S / 3600)
+    assert four.provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600)
+    # the other way, shown beside it: from a kept image
+    assert four.other_provisioning_seconds == KEPT_METAL_S
+    assert four.other_provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600)
+    rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: boots of 15 min
+    assert rows[0].provisioning_seconds == 60 + 900 + 180 + 600 + 1800 + 900
+    assert rows[0].provisioning_usd == pytest.approx(5.0 * (900 + 180 + 600 + 1800 + 900 + 3 * 900) / 3600)
     rows, inputs = _plan(nodes="4", provisioning=False)
     assert rows[0].provisioning_usd == 0 and ("provisioning", "not counted",
                                               "given (--no-provisioning: the cluster is up)") in inputs.sources
+    assert rows[0].other_provisioning_usd is None
+
+
+def test_a_stack_that_boots_a_kept_image_is_priced_from_it_and_shows_the_bake_beside_it():
+    rows, inputs = _plan(nodes="1,4", kept_image="ami-0kept", kept_why="it holds profile intel")
+    one, four = rows
+    assert (four.provisioning_from, four.provisioning_seconds) == ("kept image ami-0kept", KEPT_METAL_S)
+    assert four.provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600)
+    assert four.other_provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600)
+    line = costplan.lifecycle_line(rows)
+    assert line.startswith("provision $: the first `pulumi up` from kept image ami-0kept, 44m 30s (the master "
+                           f"throughout, each worker its boot); with a bake: 2h 04m 00s, 1 node(s) "
+                           f"${one.other_provisioning_usd:.2f}, 4 node(s) ${four.other_provisioning_usd:.2f}")
+    (source,) = [where for name, _, where in inputs.sources if name == "provisioning"]
+    assert source.endswith("; it holds profile intel")
 
 
 @pytest.mark.parametrize("given, stack, seconds, source", [
@@ -230,7 +257,7 @@ def test_the_total_is_provisioning_plus_run_plus_idle_tail_and_each_is_shown():
     data = json.loads(costplan.render_json(rows))[0]
     assert (data["instance_type"], data["market"], data["price_source"]) == (
         "r7iz.metal-16xl", "spot", "spot $5.0000/instance-hour, given with --hourly-usd")
-    assert (data["provisioning_seconds"], data["idle_tail_seconds"]) == (7200.0, 1800.0)
+    assert (data["provisioning_seconds"], data["idle_tail_seconds"]) == (BAKE_METAL_S, 1800.0)
 
 
 def test_a_spot_estimate_is_a_stated_fraction_of_on_demand_and_says_so():
@@ -261,19 +288,22 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     table = fab_plan()
     assert "provision $" in table and "run $" in table and "idle $" in table
     assert "price: spot $2.9760/instance-hour, spot estimate: 0.5 x the on-demand $5.9520" in table
-    assert "provision $: the first `pulumi up`, 2h 00m 00s" in table and "idle $: 30m 00s idle" in table
+    assert "provision $: the first `pulumi up` with a bake, 2h 04m 00s" in table and "idle $: 30m 00s idle" in table
+    assert "; from a kept image (keepImage: true keeps a stack's image for the next one): 44m 30s, 4 node(s) $" \
+        in table
     row = json.loads(fab_plan("--json"))[0]
     spot = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
     assert (row["nodes"], row["instance_type"], row["market"]) == (4, "r7iz.metal-16xl", "spot")
     assert "spot estimate" in row["price_source"]
-    assert row["provisioning_usd"] == pytest.approx(spot * (7200 + 3 * 1200) / 3600, abs=1e-3)
+    assert row["provisioning_usd"] == pytest.approx(spot * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600, abs=1e-3)
+    assert row["other_provisioning_usd"] == pytest.approx(spot * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600, abs=1e-3)
     assert row["idle_tail_usd"] == pytest.approx(4 * spot * 0.5, abs=1e-3)
     assert row["run_usd"] == pytest.approx(4 * spot * row["run_seconds"] / 3600, abs=1e-3)
     assert row["total_usd"] == pytest.approx(row["provisioning_usd"] + row["run_usd"] + row["idle_tail_usd"],
                                              abs=1e-3)
-    # the master alone on demand: (5.952 - 2.976) x (2 h + the run + 0.5 h), by hand 2.976 x 2.6184 = 7.79
-    extra = (5.952 - spot) * (7200 + row["run_seconds"] + 1800) / 3600
-    assert row["on_demand_master_extra_usd"] == pytest.approx(extra, abs=1e-3) == pytest.approx(7.79, abs=0.01)
+    # the master alone on demand: (5.952 - 2.976) x (2h 04m + the run + 0.5 h)
+    extra = (5.952 - spot) * (BAKE_METAL_S + row["run_seconds"] + 1800) / 3600
+    assert row["on_demand_master_extra_usd"] == pytest.approx(extra, abs=1e-3)
     assert row["on_demand_master_total_usd"] == pytest.approx(row["total_usd"] + extra, abs=1e-3)
     assert (f"on-demand master (recommended for --managed runs): +${extra:.2f} "
             f"(total ${row['total_usd'] + extra:.2f}); the master at $5.9520/hour on demand instead of $2.9760 spot"
@@ -302,7 +332,7 @@ def test_the_static_on_demand_price_the_figures_below_use():
 
 
 def _master_rows(nodes="1,4", price=None, on_demand=None, **over):
-    """A one-hour epoch on one node of r7iz.metal-16xl: 2 h provisioning (metal), the run, a 30 min idle tail."""
+    """A one-hour epoch on one node of r7iz.metal-16xl: 2h 04m provisioning (metal), the run, a 30 min idle tail."""
     options = dict(nodes=nodes, instance_type="r7iz.metal-16xl", profile="intel", placement_group=False,
                    single_node_time="1h")
     options.update(over)
@@ -317,15 +347,17 @@ def test_an_on_demand_master_adds_the_price_difference_over_the_master_s_hours_o
     rows, _ = _master_rows(price=spot)
     rows, line = costplan.with_on_demand_master(rows, spot, on_demand)
     one, four = rows
-    # by hand: (5.952 - 2.0) = 3.952 $/hour over 2 h + 1 h (the run, plus under a second of start-up) + 0.5 h
+    # by hand: (5.952 - 2.0) = 3.952 $/hour over 2h 04m + 1 h (the run, plus under a second of start-up) + 0.5 h
     assert one.prediction.run_seconds == pytest.approx(3600, abs=2)
-    assert one.on_demand_master_usd == pytest.approx(3.952 * 3.5, abs=0.005)  # 13.83
-    # four nodes: the master alone, not four times; its hours are 2 h + the shorter run + 0.5 h
+    assert one.on_demand_master_usd == pytest.approx(3.952 * (BAKE_METAL_S / 3600 + 1.5), abs=0.005)  # 14.10
+    # four nodes: the master alone, not four times; its hours are 2h 04m + the shorter run + 0.5 h
     assert four.prediction.run_seconds < 1000
-    assert four.on_demand_master_usd == pytest.approx(3.952 * (2.5 + four.prediction.run_seconds / 3600))
+    assert four.on_demand_master_usd == pytest.approx(
+        3.952 * (BAKE_METAL_S / 3600 + 0.5 + four.prediction.run_seconds / 3600))
     assert four.on_demand_master_usd < one.on_demand_master_usd
     assert line == ("on-demand master (recommended for --managed runs): "
-                    f"1 node(s) +$13.83 (total ${one.total_usd + one.on_demand_master_usd:.2f}), "
+                    f"1 node(s) +${one.on_demand_master_usd:.2f} "
+                    f"(total ${one.total_usd + one.on_demand_master_usd:.2f}), "
                     f"4 node(s) +${four.on_demand_master_usd:.2f} "
                     f"(total ${four.total_usd + four.on_demand_master_usd:.2f}); "
                     "the master at $5.9520/hour on demand (static table) instead of $2.0000 spot through "
@@ -334,7 +366,7 @@ def test_an_on_demand_master_adds_the_price_difference_over_the_master_s_hours_o
 
 @pytest.mark.parametrize("over, hours", [
     (dict(provisioning=False), 1.5),  # the run and the idle tail
-    (dict(auto_stop_idle="off"), 3.0),  # provisioning and the run: auto-stop off counts no tail
+    (dict(auto_stop_idle="off"), BAKE_METAL_S / 3600 + 1.0),  # provisioning and the run: auto-stop off, no tail
     (dict(provisioning=False, auto_stop_idle="2h"), 3.0),
 ])
 def test_an_on_demand_master_counts_the_plan_s_own_terms(over, hours):
@@ -362,7 +394,7 @@ def test_a_stack_with_an_on_demand_master_gets_the_figure_the_spot_table_leaves_
     rows, price = _master_rows(nodes="1")
     rows, line = costplan.with_on_demand_master(rows, price, price.on_demand, master_spot=False)
     assert line.startswith("on-demand master (recommended for --managed runs): master already on demand "
-                           "(the stack's masterSpot false), which the spot prices above leave out: +$10.42 (total $")
+                           "(the stack's masterSpot false), which the spot prices above leave out: +$10.62 (total $")
     rows, line = costplan.with_on_demand_master(rows, costplan.Price(3.0, "spot", "given"), None, master_spot=False,
                                                 unknown="no on-demand price")
     assert line.endswith("master already on demand (the stack's masterSpot false), which the spot prices above "

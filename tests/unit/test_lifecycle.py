@@ -59,13 +59,25 @@ def test_the_missing_cli_message_is_one_line_per_command_in_order():
     assert lines[1:] == ["  pulumi destroy --stack dev", "  fab forget --cluster xeon-dev", "  fab sweep --stack dev"]
 
 
-def test_a_first_up_takes_twice_as_long_on_metal_and_bills_the_master_throughout():
-    metal = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"))
-    other = lifecycle.first_up(catalog.lookup("c6i.16xlarge"))
-    assert (metal.seconds, other.seconds) == (7200, 3600)
-    assert metal.instance_seconds(4) == 7200 + 3 * 20 * 60
-    assert other.instance_seconds(1) == 3600
-    assert "metal type" in metal.source and "non-metal" in other.source
+def test_a_first_up_is_the_program_s_steps_with_the_type_s_boot_and_bills_the_master_throughout():
+    metal = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"), 100)
+    other = lifecycle.first_up(catalog.lookup("c6i.16xlarge"), 200)
+    assert [s.name for s in metal.steps] == ["resources", "the master's boot", "cloud-init", "install", "bake",
+                                             "the workers' boot from the image"]
+    # by hand: 1 min + the boot budget (40 min metal, 15 others) + 3 + 10 + 18 s per GiB + the workers' boot
+    assert (metal.seconds, other.seconds) == (60 + 2400 + 180 + 600 + 1800 + 2400, 60 + 900 + 180 + 600 + 3600 + 900)
+    assert metal.instance_seconds(4) == metal.seconds - 60 + 3 * 2400  # no instance bills the first minute
+    assert other.instance_seconds(1) == other.seconds - 60
+    assert "metal type" in metal.source and "non-metal" in other.source and "boot budget 40m 00s" in metal.source
+
+
+def test_a_first_up_from_a_kept_image_boots_every_node_and_installs_and_bakes_nothing():
+    metal = catalog.lookup("r7iz.metal-16xl")
+    kept = lifecycle.first_up(metal, 100, kept_image=True)
+    assert [s.name for s in kept.steps] == ["resources", "every node's boot from the kept image", "cloud-init", "check"]
+    assert kept.seconds == 60 + 2400 + 180 + 30 and kept.worker_seconds == 2400
+    assert kept.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400
+    assert kept.seconds < lifecycle.first_up(metal, 100).seconds - 3600  # an hour and more saved
 
 
 # --- the real `fab` with the Pulumi double ----------------------------------------------------------

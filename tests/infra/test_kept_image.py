@@ -1,0 +1,112 @@
+"""A kept image under the Pulumi mocks: keepImage keeps the baked image and its snapshot's tags, which say what it
+holds; a later stack whose settings match boots every node from it with no bake; a stack keeps its first choice.
+
+The rule itself (which image matches) is tests/unit/test_image_reuse.py's; here, what the real program registers
+for it, with an account (FakeAws) that holds a kept image or a stack's marker.
+"""
+
+from __future__ import annotations
+
+from cluster.stack import image_reuse
+from cluster.stack.spec import ClusterSpec
+from cluster.stack.tags import (BASE_IMAGE_KEY, BASE_KEY, CLUSTER_KEY, CREATED_KEY, FINGERPRINT_KEY, IMAGE_SOURCE_KEY,
+                                KEEP_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROJECT_VERSION_KEY, REGION_KEY,
+                                STACK_KEY, STACK_MARKER_KEY)
+from tests.infra.conftest import (AMI, BASE_AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT_VERSION, REGION, SETUP,
+                                  SETUP_STAMP, STACK, FakeAws, fresh_run, kept_image, minimal_config)
+
+SG = "aws:ec2/securityGroup:SecurityGroup"
+TAG = "aws:ec2/tag:Tag"
+
+
+def _spec(**config) -> ClusterSpec:
+    return ClusterSpec.from_config(minimal_config(**config), stack=STACK, region=REGION)
+
+
+def kept_tags(spec: ClusterSpec, *, stack: str = "old", created: str = "20260401T080000Z", **over) -> dict[str, str]:
+    """The tags a kept bake of `spec`'s settings carries, made by another stack."""
+    tags = {MANAGED_BY_KEY: MANAGED_BY_VALUE, CLUSTER_KEY: f"xeon-{stack}", STACK_KEY: stack, KEEP_KEY: "true",
+            **image_reuse.baked_tags(image_reuse.bake_identity(spec, "ami-0olderbase"), project_version="0.0.9",
+                                     created=created)}
+    tags.update(over)
+    return tags
+
+
+def _marker(monitor) -> dict:
+    (group,) = [r for r in monitor.of_type(SG) if STACK_MARKER_KEY in r.inputs["tags"]]
+    return group.inputs["tags"]
+
+
+def test_keep_image_keeps_the_image_and_its_snapshot_tags_which_say_what_it_holds():
+    monitor, outputs = fresh_run(minimal_config(keepImage=True))
+    (image,) = monitor.of_type(AMI)
+    tags = monitor.of_type(TAG)
+    assert image.retain_on_delete and tags and all(t.retain_on_delete for t in tags)
+    want = {KEEP_KEY: "true", FINGERPRINT_KEY: image_reuse.wanted(_spec()).fingerprint, REGION_KEY: REGION,
+            BASE_KEY: image_reuse.BASE_RELEASE, BASE_IMAGE_KEY: BASE_AMI, PROJECT_VERSION_KEY: PROJECT_VERSION,
+            CREATED_KEY: SETUP_STAMP}
+    assert image.inputs["tags"].items() >= want.items()
+    on_snapshot = {t.inputs["key"]: t.inputs["value"] for t in tags}
+    assert on_snapshot.items() >= want.items() and on_snapshot[CLUSTER_KEY] == "xeon-dev"
+    assert all(t.inputs["resourceId"] == image.state["rootSnapshotId"] for t in tags)
+    assert _marker(monitor)[IMAGE_SOURCE_KEY] == image_reuse.BAKE and outputs["imageSource"] == image_reuse.BAKE
+
+
+def test_without_keep_image_destroy_deletes_it_and_it_carries_no_keep_tag():
+    monitor, _ = fresh_run(minimal_config())
+    (image,) = monitor.of_type(AMI)
+    assert not image.retain_on_delete and not any(t.retain_on_delete for t in monitor.of_type(TAG))
+    assert KEEP_KEY not in image.inputs["tags"] and image.inputs["tags"][FINGERPRINT_KEY]
+
+
+def test_a_matching_kept_image_boots_every_node_with_no_install_and_no_bake():
+    spec = _spec()
+    fake = FakeAws(kept=[kept_image("ami-0kept", kept_tags(spec))])
+    monitor, outputs = fresh_run(minimal_config(), fake)
+    assert not monitor.of_type(AMI) and not monitor.of_type(TAG)  # nothing baked, nothing of it to delete
+    (master,) = monitor.of_type(INSTANCE)
+    (template,), (group,), (setup,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP), monitor.of_type(SETUP)
+    assert master.inputs["ami"] == template.inputs["imageId"] == "ami-0kept"
+    assert setup.inputs["kept_image"] == "ami-0kept" and setup.state["bake_source"] is None
+    # The workers wait for no setup: their group depends on the master (its subnet), not on the step.
+    assert setup.urn not in group.dependencies and setup.urn not in template.dependencies
+    assert (outputs["amiId"], outputs["imageSource"], outputs["baseAmiId"]) == ("ami-0kept", "ami-0kept",
+                                                                               "ami-0olderbase")
+    assert _marker(monitor)[IMAGE_SOURCE_KEY] == "ami-0kept"
+
+
+def test_a_kept_image_of_other_pins_or_not_kept_is_not_reused():
+    spec = _spec()
+    other_pins = kept_tags(spec, **{FINGERPRINT_KEY: "0123456789ab"})
+    not_kept = {k: v for k, v in kept_tags(spec).items() if k != KEEP_KEY}
+    fake = FakeAws(kept=[kept_image("ami-0pins", other_pins), kept_image("ami-0left", not_kept)])
+    monitor, outputs = fresh_run(minimal_config(), fake)
+    (image,) = monitor.of_type(AMI)
+    assert outputs["amiId"] == image.id and monitor.of_type(INSTANCE)[0].inputs["ami"] == BASE_AMI
+
+
+def test_a_stack_that_baked_keeps_baking_when_a_matching_image_is_kept_later():
+    spec = _spec()
+    marker = {STACK_MARKER_KEY: STACK, CLUSTER_KEY: spec.cluster_name, IMAGE_SOURCE_KEY: image_reuse.BAKE}
+    fake = FakeAws(kept=[kept_image("ami-0kept", kept_tags(spec))], groups={"sg-0marker": marker})
+    monitor, outputs = fresh_run(minimal_config(), fake)
+    assert len(monitor.of_type(AMI)) == 1 and outputs["imageSource"] == image_reuse.BAKE
+
+
+def test_a_stack_that_reuses_an_image_keeps_it_while_it_matches():
+    spec = _spec()
+    marker = {STACK_MARKER_KEY: STACK, CLUSTER_KEY: spec.cluster_name, IMAGE_SOURCE_KEY: "ami-0first"}
+    kept = [kept_image("ami-0first", kept_tags(spec)),
+            kept_image("ami-0newer", kept_tags(spec, created="20260601T080000Z"))]
+    monitor, outputs = fresh_run(minimal_config(), FakeAws(kept=kept, groups={"sg-0marker": marker}))
+    assert outputs["amiId"] == "ami-0first" and not monitor.of_type(AMI)
+    # A new stack (no marker) takes the newest match.
+    _, outputs = fresh_run(minimal_config(), FakeAws(kept=kept))
+    assert outputs["amiId"] == "ami-0newer"
+
+
+def test_without_a_bake_no_kept_image_is_looked_up():
+    fake = FakeAws(kept=[kept_image("ami-0kept", kept_tags(_spec()))])
+    _, outputs = fresh_run(minimal_config(bake=False), fake)
+    assert outputs["imageSource"] == "none" and outputs["amiId"] == BASE_AMI
+    assert not any(a.get("owners") == ["self"] for _, a in fake.calls)
