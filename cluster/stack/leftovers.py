@@ -6,8 +6,10 @@ whose master is gone is *stopped, stack exists* while its stack marker is there 
 infra/network.py): an idle auto-stop terminates every node and a spot reclaim the master, but
 only `pulumi destroy` removes that group, so the stack still owns its image, groups, key,
 role and bucket, and none of them is leaked. Only a cluster with neither is *down*, and its
-resources are leaked (checkpoint buckets: kept unless asked). Without the instance or the
-security-group listing no cluster can be told apart, and every resource is unknown.
+resources are leaked, except what is kept on purpose: checkpoint buckets (deleted only when asked)
+and the images a stack kept with `keepImage` (with their snapshots: cluster/stack/image_reuse.py; `fab images`
+removes them). Without the instance or the security-group listing no cluster can be told apart, and every
+resource is unknown.
 
 Pure: the edges (node_setup/aws/sweep.py) list the account and ask here.
 """
@@ -33,13 +35,16 @@ def marks_stack(tags: Mapping[str, str]) -> bool:
     return bool(tags.get(STACK_MARKER_KEY))
 
 
+KEPT_IMAGE_KINDS = ("image", "snapshot")
+
+
 def resource_status(kind: str, *, clusters_known: bool, up: bool, stack_exists: bool,
-                    iam_unknown: bool = False, elsewhere: bool = False) -> str:
+                    iam_unknown: bool = False, elsewhere: bool = False, kept: bool = False) -> str:
     """The status of one resource of a cluster.
 
     `up`: its master exists in the swept region; `stack_exists`: its stack marker is there;
     for IAM (global) `elsewhere`: the cluster is up or has its stack in another region, and
-    `iam_unknown`: another region could not be checked.
+    `iam_unknown`: another region could not be checked; `kept`: an image (or its snapshot) tagged as kept.
     """
     if not clusters_known:
         return UNKNOWN
@@ -52,7 +57,7 @@ def resource_status(kind: str, *, clusters_known: bool, up: bool, stack_exists: 
             return UNKNOWN
         if elsewhere:
             return IN_USE
-    if kind == "bucket":
+    if kind == "bucket" or kind in KEPT_IMAGE_KINDS and kept:
         return KEPT
     return LEAKED
 

@@ -14,8 +14,10 @@ alone. A cluster whose master is gone but whose cluster security group still car
 marker (`xeon-cluster:stack-marker`, written by the Pulumi program, infra/network.py) is *stopped,
 stack exists*: an idle auto-stop or a spot reclaim took its nodes, its stack still owns the rest,
 and everything of it is left alone too (status *stack*, buckets included). Everything of any other
-cluster (or with no cluster tag) is *leaked*, except the checkpoint buckets, which are *kept* on
-purpose and deleted only with `delete_buckets=True`. The statuses are decided in cluster/stack/leftovers.py.
+cluster (or with no cluster tag) is *leaked*, except what is *kept* on purpose: the checkpoint buckets,
+deleted only with `delete_buckets=True`, and the images a stack kept with `keepImage` (tagged
+`xeon-cluster:keep`) with their snapshots, which the next stack of their profile boots and only `fab images
+--remove` deletes; the listing says what those cost a month. The statuses are decided in cluster/stack/leftovers.py.
 
 IAM is global and the role's tags do not say in which region its cluster runs. Roles and instance
 profiles are listed whatever their region; one whose cluster is not up in the swept region is
@@ -43,10 +45,10 @@ from dataclasses import dataclass, field
 import botocore.session
 from botocore.exceptions import ClientError
 
-from cluster.stack import leftovers
+from cluster.stack import image_reuse, leftovers
 from cluster.stack.leftovers import IAM_KINDS, IN_USE, KEPT, LEAKED, STACK, UNKNOWN, UP  # noqa: F401 (re-exported)
-from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
-                          STACK_MARKER_KEY)
+from cluster.stack.tags import (CLUSTER_KEY, KEEP_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, ROLE_KEY,
+                                ROLE_MASTER, STACK_KEY, STACK_MARKER_KEY)
 from node_setup.aws import errors
 
 NO_CLUSTER = "(no cluster tag)"
@@ -74,10 +76,14 @@ class Resource:
     state: str = ""
     detail: str = ""
     stack: str = ""  # the Pulumi stack that made it (its tag), "" when untagged
+    kept: bool = False  # an image kept by its stack's keepImage, or its snapshot
+    gib: int = 0  # a kept image's snapshots' size
 
 
-def _resource(kind: str, ident: str, tags: dict[str, str], state: str = "", detail: str = "") -> Resource:
-    return Resource(kind, ident, _cluster(tags), state, detail, tags.get(STACK_KEY, ""))
+def _resource(kind: str, ident: str, tags: dict[str, str], state: str = "", detail: str = "", gib: int = 0
+              ) -> Resource:
+    kept = kind in leftovers.KEPT_IMAGE_KINDS and tags.get(KEEP_KEY) == image_reuse.KEPT
+    return Resource(kind, ident, _cluster(tags), state, detail, tags.get(STACK_KEY, ""), kept, gib if kept else 0)
 
 
 @dataclass
@@ -105,7 +111,7 @@ class Listing:
         return leftovers.resource_status(
             resource.kind, clusters_known=self.clusters_known, up=cluster in self.up_clusters,
             stack_exists=cluster in self.stack_markers, iam_unknown=bool(self.elsewhere_error),
-            elsewhere=cluster in self.elsewhere or cluster in self.stacks_elsewhere)
+            elsewhere=cluster in self.elsewhere or cluster in self.stacks_elsewhere, kept=resource.kept)
 
     def by_cluster(self) -> dict[str, list[Resource]]:
         grouped: dict[str, list[Resource]] = defaultdict(list)
@@ -115,8 +121,13 @@ class Listing:
                 for name, items in sorted(grouped.items())}
 
     def leaked(self, *, include_buckets: bool = False) -> list[Resource]:
+        """What `--delete` removes: the leaked resources, and with `include_buckets` the kept buckets (never a
+        kept image: `fab images --remove` removes one)."""
         return [r for r in self.resources
-                if self.status(r) == LEAKED or include_buckets and self.status(r) == KEPT]
+                if self.status(r) == LEAKED or include_buckets and r.kind == "bucket" and self.status(r) == KEPT]
+
+    def kept_images(self) -> list[Resource]:
+        return [r for r in self.resources if r.kind == "image" and self.status(r) == KEPT]
 
     def render(self) -> str:
         lines = [] if self.resources or self.errors else [f"no xeon-cluster resources in {self.region}"]
@@ -140,12 +151,21 @@ class Listing:
                        if counts[STACK] else "")
             lines.append(f"{self.region}: {counts[UP] + counts[IN_USE]} in use, {counts[LEAKED]} leaked, "
                          f"{counts[KEPT]} kept "
-                         f"(checkpoint buckets; delete with --delete-buckets){stopped}{unknown}")
+                         f"(checkpoint buckets; delete with --delete-buckets{self._images_kept()}){stopped}{unknown}")
         for kind, why in sorted(self.errors.items(), key=lambda item: DELETE_ORDER.index(item[0])):
             lines.append(f"could not list {kind}s: {why}")
         if self.iam_listed:
             lines.append(self._iam_note())
         return "\n".join(lines)
+
+    def _images_kept(self) -> str:
+        """What the kept images among the listing cost a month, or ""."""
+        images = self.kept_images()
+        if not images:
+            return ""
+        gib = sum(r.gib for r in images)
+        return (f"; {len(images)} image(s) kept by keepImage with their snapshots, {gib} GiB, at most "
+                f"${gib * image_reuse.SNAPSHOT_USD_PER_GIB_MONTH:.2f}/month: `fab images` lists and removes them")
 
     def _cluster_state(self, name: str) -> str:
         """The cluster's header line: up (and how), stopped with its stack, down, or unknown."""
@@ -279,7 +299,12 @@ def _list_images(ec2, listing: Listing, found: _Found) -> None:
     add = listing.resources.append
     for image in pages(ec2, "describe_images", "Images", Owners=["self"], Filters=OURS):
         tags = _tags(image)
-        add(_resource("image", image["ImageId"], tags, image.get("State", ""), image.get("Name", "")))
+        described = image_reuse.KeptImage.from_description(image)
+        detail = image.get("Name", "")
+        if described.kept:
+            detail += (f"; kept by keepImage (profile {described.tag(PROFILE_KEY)}), {described.size_gib} GiB, at "
+                       f"most ${described.monthly_usd:.2f}/month")
+        add(_resource("image", image["ImageId"], tags, image.get("State", ""), detail, described.size_gib))
         for mapping in image.get("BlockDeviceMappings", []):
             snap = mapping.get("Ebs", {}).get("SnapshotId")
             if snap:

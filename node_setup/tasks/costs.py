@@ -61,8 +61,31 @@ def run_stack_preflight(spec: ClusterSpec, *, ip_check: bool = True) -> int:
 
     report = run_preflight(spec, public_ip=lookup_public_ip if ip_check else None)
     check_node_replacement(report, spec)
+    check_image(report, spec)
     print(report.render())
     return report.exit_code
+
+
+def image_line(spec: ClusterSpec) -> tuple[str, str]:
+    """(the line on which image `pulumi up` will boot, why and what it saves; why it could not be read or "")."""
+    from cluster.stack import image_reuse
+    from node_setup.controller import PROJECT_ROOT, project_version
+
+    choice, unread = stack_image_choice(spec)
+    if unread:
+        return "", f"cannot tell which image `pulumi up` boots: the kept images were not read ({unread})"
+    if choice is None:
+        return "bake: false: every node boots the base image, `fab setup` installs the profile", ""
+    version = project_version() if (PROJECT_ROOT / "pyproject.toml").exists() else None
+    return image_reuse.choice_line(choice, spec, project_version=version), ""
+
+
+def check_image(report, spec: ClusterSpec) -> None:
+    """A finding on the image the stack's nodes will boot (cluster/stack/image_reuse.py): a kept one, or a bake."""
+    from node_setup.aws.findings import OK, SKIPPED
+
+    line, unread = image_line(spec)
+    report.add("image", SKIPPED if unread else OK, unread or line)
 
 
 def deployed_node_settings(stack: str) -> tuple[dict | None, str]:
@@ -221,6 +244,33 @@ def _stack_auto_stop_idle(spec: ClusterSpec | None) -> str | None:
     return None if value is None else str(value)
 
 
+def stack_image_choice(spec: ClusterSpec):
+    """(the image `pulumi up` of this stack will boot: image_reuse's Choice, or None with a bake off, why it could
+    not be read or "")."""
+    from node_setup.aws import clients as aws
+    from node_setup.aws import errors
+    from node_setup.aws.images import stack_choice
+
+    if not spec.bake:
+        return None, ""
+    try:
+        return stack_choice(aws.client("ec2", spec.region), spec), ""
+    except (aws.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        return None, (errors.credentials_hint(exc) or errors.describe(exc, 160)).splitlines()[0]
+
+
+def _kept_image(spec: ClusterSpec | None) -> tuple[str, str]:
+    """(the kept image the stack's first `pulumi up` would boot, "" for a bake; why), for `fab plan`."""
+    if spec is None:
+        return "", "no stack: priced with a bake"
+    choice, unread = stack_image_choice(spec)
+    if unread:
+        return "", f"kept images not read ({unread}): priced with a bake"
+    if choice is None:
+        return "", "bake: false (no image; `fab setup` installs): priced as a bake"
+    return choice.source if choice.image else "", choice.why
+
+
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
                calibration: calib.Calibration | None = None):
     """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem.
@@ -230,7 +280,9 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
     check_epochs(options.epochs)
     spec = _stack_spec(stack, required=False)
-    inputs = plan_options.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec))
+    kept, why = _kept_image(spec) if options.provisioning else ("", "")
+    inputs = plan_options.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec),
+                                      kept_image=kept, kept_why=why)
     price, where = _price(inputs, spec, hourly_usd, region)
     on_demand, unknown = _on_demand_price(inputs, price, where)
     rows, master_line = costplan.with_on_demand_master(costplan.plan_rows(inputs, price), price, on_demand,

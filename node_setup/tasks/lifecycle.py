@@ -24,7 +24,7 @@ from cluster.stack.catalog import METAL_BOOT_WAIT_S
 from cluster.stack.spec import ClusterSpec
 from node_setup import pulumi_cli
 from node_setup.tasks.common import FAILED, duration_or_off, fail, task
-from node_setup.tasks.costs import _stack_spec, run_stack_preflight, sweep_listing
+from node_setup.tasks.costs import _stack_spec, image_line, run_stack_preflight, sweep_listing
 
 CAPACITY_POLL_S = 15.0
 
@@ -131,6 +131,9 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
     spec = _spec(stack)
     steps = lifecycle.up_steps(spec.stack, preflight=preflight)
     _need_pulumi(steps)
+    if not preflight:  # preflight's report says it otherwise
+        line, unread = image_line(spec)
+        print(f"fab: image: {line or unread}", flush=True)
     code = 0
     for step in steps:
         if step.kind == lifecycle.PREFLIGHT_STEP:

@@ -129,6 +129,8 @@ def test_a_failed_pulumi_up_names_the_groups_reason_and_arms_once_the_group_exis
     out = capsys.readouterr().out
     assert failed.value.code == 255 and "`pulumi up` exited with code 255" in failed.value.message
     assert "2 of 3 worker(s) in service after `pulumi up`" in out and REFUSED in out
+    # without preflight's report, fab up says itself which image `pulumi up` boots
+    assert f"fab: image: bakes a new image: no kept image in {REGION}: this stack bakes its own" in out
     assert len(site) == 1 and "auto-stop: armed" in out
 
 
