@@ -46,14 +46,15 @@ def test_nodes_power_off_after_the_idle_time_and_an_exec_resets_it(local_cluster
     cluster = local_cluster_factory(2)
     armed = _arm(cluster, f"{IDLE_S}s")
     armed_at = time.monotonic()
-    assert f"auto-stop: armed, {IDLE_S}s idle; powers off in" in armed, armed
+    assert f"auto-stop: armed, {IDLE_S}s idle (powers off node0, node1); powers off in" in armed, armed
     assert "(local power-off)" in armed
     # runs past the first deadline: a running exec is never idle, and its end restarts the clock
     busy = subprocess.Popen([*FAB, "exec", f"sleep {IDLE_S + 4}", "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
                             env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(3)
     status = run_fab(cluster, "status", timeout=60)
-    assert f"auto-stop: armed, {IDLE_S}s idle; 1 job(s)/exec(s) running" in status.stdout, status.stdout + status.stderr
+    assert f"auto-stop: armed, {IDLE_S}s idle (powers off node0, node1); 1 job(s)/exec(s) running" in status.stdout, (
+        status.stdout + status.stderr)
     output = busy.communicate(timeout=60)[0]
     exec_end = time.monotonic()
     assert busy.returncode == 0, output
