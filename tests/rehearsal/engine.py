@@ -3,8 +3,8 @@ the AWS provider replaced: Pulumi's mocks, backed by the rehearsal's moto accoun
 
 `MotoBackedAws` is the provider's stand-in. Each resource the program registers is created in the
 moto account from the inputs the program gave it, and the mock returns moto's ids and attributes
-as the resource's outputs; each lookup (`aws:ec2/getAmiIds`, `getVpcs`, `getSubnets`, `getSubnet`,
-`getInstanceTypeOfferings`) is answered by the matching describe call. A type or lookup it does
+as the resource's outputs; each lookup (`aws:ec2/getAmiIds`, `getAmi`, `getSecurityGroups`, `getSecurityGroup`, `getVpcs`,
+`getSubnets`, `getSubnet`, `getInstanceTypeOfferings`) is answered by the matching describe call. A type or lookup it does
 not know stops the run with its name, so a new resource in the program cannot slip past.
 
 | program registers | moto calls |
@@ -23,14 +23,14 @@ not know stops the run with its name, so a new resource in the program cannot sl
 | `aws:ec2/tag` | CreateTags (the image's root snapshot) |
 
 `destroy()` deletes what `up()` registered in reverse order of registration, as the engine would:
-resources marked `retain_on_delete` (the bucket and its settings, unless `destroyBucket`) are left
-in the account and dropped from the stack; a resource `deleted_with` another one that is deleted
+resources marked `retain_on_delete` (the bucket and its settings, unless `destroyBucket`; the image and its
+snapshot's tags with `keepImage`) are left in the account and dropped from the stack; a resource `deleted_with` another one that is deleted
 too (the setup step with the master, the snapshot tags with the image) is not called; the image's
 delete deregisters it and deletes the snapshots it made (`manage_ebs_snapshots`); the group's delete
 drains it as the provider's does without `force_delete` (min and desired 0, every instance
 terminated), then deletes it, before the template (registered first, so deleted after).
 
-Why this module is longer than about 400 lines (about 540): `MotoBackedAws` is one Mocks object,
+Why this module is longer than about 400 lines (about 560): `MotoBackedAws` is one Mocks object,
 and each row of the table above is a maker in it and, mostly, a branch of its `delete` over the same moto
 clients; split apart, each resource type's create and delete would sit in different files.
 """
@@ -118,6 +118,7 @@ class MotoBackedAws(mocks.Mocks):
         self.created: list[Created] = []
         self.lookups: list[str] = []
         self.setup_inputs: dict[str, Any] = {}
+        self.setup_outputs: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------ lookups
@@ -131,6 +132,22 @@ class MotoBackedAws(mocks.Mocks):
                                               Filters=aws_filters(a.get("filters")))["Images"]
             images.sort(key=lambda i: i.get("CreationDate", ""), reverse=not a.get("sortAscending"))
             return {"ids": [i["ImageId"] for i in images], "id": REGION}
+        if token == "aws:ec2/getAmi:getAmi":
+            (image,) = self.ec2.describe_images(Owners=list(a.get("owners") or []),
+                                                Filters=aws_filters(a.get("filters")))["Images"]
+            return {"id": image["ImageId"], "imageId": image["ImageId"], "name": image.get("Name", ""),
+                    "state": image.get("State", ""), "architecture": image.get("Architecture", ""),
+                    "creationDate": image.get("CreationDate", ""), "rootDeviceName": image.get("RootDeviceName", ""),
+                    "tags": {t["Key"]: t["Value"] for t in image.get("Tags", [])},
+                    "blockDeviceMappings": [{"deviceName": m["DeviceName"], "ebs": {
+                        "snapshot_id": m["Ebs"]["SnapshotId"], "volume_size": str(m["Ebs"].get("VolumeSize", ""))}}
+                        for m in image.get("BlockDeviceMappings", []) if m.get("Ebs")]}
+        if token == "aws:ec2/getSecurityGroups:getSecurityGroups":
+            groups = self.ec2.describe_security_groups(Filters=aws_filters(a.get("filters")))["SecurityGroups"]
+            return {"ids": [g["GroupId"] for g in groups], "id": REGION}
+        if token == "aws:ec2/getSecurityGroup:getSecurityGroup":
+            group = self.ec2.describe_security_groups(GroupIds=[a["id"]])["SecurityGroups"][0]
+            return {"id": group["GroupId"], "tags": {t["Key"]: t["Value"] for t in group.get("Tags", [])}}
         if token == "aws:ec2/getVpcs:getVpcs":
             return {"ids": [v["VpcId"] for v in self.ec2.describe_vpcs(Filters=aws_filters(a.get("filters")))["Vpcs"]],
                     "id": REGION}
@@ -375,6 +392,8 @@ class MotoBackedAws(mocks.Mocks):
         with self._lock:
             self.setup_inputs = dict(props)
         rid, outs = self.setup(i)
+        with self._lock:
+            self.setup_outputs = dict(outs)
         return rid, outs
 
     def _image(self, name: str, i: dict) -> tuple[str, dict]:

@@ -1,9 +1,10 @@
 """A user's whole sitting with the AWS path, rehearsed with only the EC2 API and the Pulumi engine
-replaced: local-up, `fab preflight`, `pulumi up`, the stack's security groups applied to the
-nodes' SSH, `fab train`, `fab status`, a worker terminated and replaced by the workers' Auto
-Scaling group (`fab status` shows the replacement), `pulumi destroy`,
-`fab sweep`, then a second stack whose destroy leaves its image behind, caught and removed by
-`fab sweep --delete --yes`.
+replaced: local-up, `fab preflight`, `pulumi up` of a stack that keeps its image (`keepImage`), the
+stack's security groups applied to the nodes' SSH, `fab train`, `fab status`, a worker terminated and
+replaced by the workers' Auto Scaling group (`fab status` shows the replacement), `pulumi destroy`
+(the bucket and the image kept), `fab sweep`, then a second stack that boots every node from the kept
+image (`fab preflight` says so; no install, no image made), `fab images` and its `--remove`, then a third
+stack whose destroy leaves its image behind, caught and removed by `fab sweep --delete --yes`.
 
 - The account is a moto server on 127.0.0.1 (tests/rehearsal/account.py); every `fab` is the
   unmodified one, run as `python -m fabric --search-root <repository> ...`, reaching the server
@@ -29,7 +30,7 @@ Run it with `bash scripts/rehearse-aws.sh` (or `python -m tests.rehearsal.sittin
 through pytest (tests/rehearsal/test_sitting.py). Each step prints one line with its result; a
 step that fails raises `RehearsalFailed` with the command's output, after cleaning up.
 
-Why this module is longer than about 400 lines (about 590): the sitting is one object, `Sitting`,
+Why this module is longer than about 400 lines (about 680): the sitting is one object, `Sitting`,
 whose steps run in order on the same state (the local cluster, the moto account, the stack file,
 the controller's config directory) and each reads what the one before left; the account, the
 engine, the master's sandbox and the security groups are already modules of their own.
@@ -59,7 +60,8 @@ import yaml
 
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
-from cluster.stack.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER
+from cluster.stack.tags import (CLUSTER_KEY, CREATED_KEY, FINGERPRINT_KEY, KEEP_KEY, PROJECT_VERSION_KEY, ROLE_KEY,
+                                ROLE_MASTER)
 from node_setup.aws.sweep import LIVE_INSTANCE_STATES
 from node_setup.controller import cache_root
 from node_setup.discovery import KEY_ENV
@@ -111,6 +113,7 @@ class Sitting:
         self.local_name = f"rh-{self.tag}"
         self.cluster = f"rehearsal-{self.tag}"
         self.leak_cluster = f"{self.cluster}-leak"
+        self.reuse_cluster = f"{self.cluster}-again"
         self.stack_name = f"rehearsal-{self.tag}"
         self.stack_dir = self.workdir / "stack"  # fab's working directory: where it reads the stack file
         self.stack_file = self.stack_dir / f"Pulumi.{self.stack_name}.yaml"
@@ -186,8 +189,10 @@ class Sitting:
             self.status()
             self.worker_replaced()
             self.pulumi_destroy(stack)
-            self.sweep_finds_only_kept()
-            leaky = self.second_stack_with_a_forgetful_destroy()
+            kept = self.sweep_finds_only_kept()
+            self.second_stack_boots_the_kept_image(kept)
+            self.fab_images_lists_and_removes(kept)
+            leaky = self.third_stack_with_a_forgetful_destroy()
             self.sweep_catches_and_removes(leaky)
         finally:
             self.cleanup()
@@ -234,30 +239,36 @@ class Sitting:
             result["summary"] = (f"{self.account.url}; {self.vpc}, {self.subnet} {self.state.subnet} in {ZONE} "
                                  "(no public addresses on launch); Ubuntu 24.04 image " + UBUNTU_IMAGE_ID)
 
-    def stack_config(self, *, cluster: str, subnet: str, vpc: str, workers: int) -> dict:
+    def stack_config(self, *, cluster: str, subnet: str, vpc: str, workers: int, keep: bool = False) -> dict:
         """A stack like Pulumi.example.yaml's, on the local network (camelCase keys)."""
         public_key = Path(f"{self.state.key_path}.pub").read_text().strip()
         return {"publicKey": public_key, "adminCidrs": [f"{self.state.bridge_address}/32"],
                 "privateKeyPath": self.state.key_path, "clusterName": cluster, "instanceType": INSTANCE_TYPE,
                 "workerCount": workers, "masterSpot": True, "workerSpot": True, "softwareProfile": "stock",
-                "bake": True, "rootVolumeGib": 100, "destroyBucket": False, "tags": ["team=ml"],
+                "bake": True, "keepImage": keep, "rootVolumeGib": 100, "destroyBucket": False, "tags": ["team=ml"],
                 "vpcId": vpc, "subnetId": subnet, "sshUser": "root", "placementGroup": True}
 
     def write_stack_file(self) -> None:
         with self.step(f"stack file Pulumi.{self.stack_name}.yaml (like Pulumi.example.yaml), where fab runs") \
                 as result:
-            self.config = self.stack_config(cluster=self.cluster, subnet=self.subnet, vpc=self.vpc, workers=NODES - 1)
-            doc = {"config": {"aws:region": REGION, **{f"xeon-cluster:{k}": v for k, v in self.config.items()}}}
-            self.stack_file.write_text("# written by tests/rehearsal/sitting.py in its temporary directory\n"
-                                       + yaml.safe_dump(doc, sort_keys=False))
+            self.config = self.stack_config(cluster=self.cluster, subnet=self.subnet, vpc=self.vpc, workers=NODES - 1,
+                                            keep=True)
+            self.write_stack(self.stack_file, self.config)
             result["summary"] = (f"in {self.stack_dir}: {INSTANCE_TYPE}, workerCount {NODES - 1}, spot, "
                                  f"subnetId {self.subnet}, sshUser root, privateKeyPath {self.state.key_path}, "
-                                 "placementGroup true")
+                                 "placementGroup true, keepImage true")
+
+    def write_stack(self, path: Path, config: dict) -> None:
+        doc = {"config": {"aws:region": REGION, **{f"xeon-cluster:{k}": v for k, v in config.items()}}}
+        path.write_text("# written by tests/rehearsal/sitting.py in its temporary directory\n"
+                        + yaml.safe_dump(doc, sort_keys=False))
 
     def preflight(self) -> None:
         with self.step("fab preflight") as result:
             out = self.fab("preflight", "--stack", self.stack_name, "--no-ip-check")
             self.check("launch should succeed" in out, "preflight did not pass", out)
+            self.check(re.search(r"^\[\s*ok\] image\s+bakes a new image: no kept image in ", out, re.M) is not None,
+                       "preflight did not say the first stack bakes its image", out)
             findings = re.findall(r"^\[\s*(\w+)\] (\S+)", out, re.M)
             result["summary"] = "launch should succeed; " + ", ".join(f"{check} {status}" for status, check in findings)
 
@@ -298,11 +309,17 @@ class Sitting:
             parked = self.sandbox.parked_host_keys()
             self.check("ssh_host_ed25519_key" in parked,
                        f"the pre-bake cleanup did not park node0's host key: {parked}")
+            image_tags = {t["Key"]: t["Value"] for t in self.account.client("ec2").describe_images(
+                ImageIds=[outputs["amiId"]])["Images"][0].get("Tags", [])}
+            self.check(image_tags.get(KEEP_KEY) == "true" and image_tags.get(PROJECT_VERSION_KEY) == built
+                       and image_tags.get(FINGERPRINT_KEY) and image_tags.get(CREATED_KEY),
+                       f"the kept image's tags do not say what it holds: {image_tags}")
             kinds = Counter(c.type.split(":")[-1] for c in stack.aws.created)
             result["summary"] = (f"{len(stack.aws.created)} resources in the account "
                                  f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}); setup step "
                                  f"over SSH to root@{addresses[0]}: xeon-cluster {installed} in the venv, host keys "
-                                 f"parked for the bake; image {outputs['amiId']}; master {addresses[0]}, "
+                                 f"parked for the bake; image {outputs['amiId']} (kept, tagged with its fingerprint, "
+                                 f"region, base, version, time); master {addresses[0]}, "
                                  f"worker group {self.group_name} of {outputs['workerCount']} on "
                                  f"{', '.join(addresses[1:])}, no public address "
                                  f"({time.monotonic() - started:.0f} s)")
@@ -479,7 +496,7 @@ class Sitting:
                                  f"reachable, {group_line}")
 
     def pulumi_destroy(self, stack: Stack) -> None:
-        with self.step("pulumi destroy (reverse order; the bucket is kept)") as result:
+        with self.step("pulumi destroy (reverse order; the bucket and the image are kept)") as result:
             done = stack.destroy()
             self.check(not self.instances(self.cluster, LIVE_INSTANCE_STATES), "instances left after destroy")
             bucket = stack.outputs["bucketName"]
@@ -495,25 +512,91 @@ class Sitting:
                        "a worker group or launch template left after destroy")
             deleted = sum(1 for d in done if d.outcome in ("deleted", "terminated")
                           or d.outcome.startswith(("dereg", "drained")))
-            kept = sum(1 for d in done if d.outcome.startswith("kept"))
+            kept = [d.reg.type for d in done if d.outcome.startswith("kept")]
+            image = stack.outputs["amiId"]
+            left = self.account.client("ec2").describe_images(ImageIds=[image])["Images"]
+            self.check(AMI in kept and left and left[0]["State"] == "available", f"the image {image} was not kept")
             drained = next(d.outcome for d in done if d.outcome.startswith("drained"))
-            result["summary"] = (f"{deleted} deleted (the worker group first: {drained}), {kept} kept (bucket "
-                                 f"{bucket} and its 6 settings, still private, encrypted, versioned)")
+            result["summary"] = (f"{deleted} deleted (the worker group first: {drained}), {len(kept)} kept (bucket "
+                                 f"{bucket} and its 6 settings, still private, encrypted, versioned; image {image} "
+                                 f"and its snapshot's {kept.count(TAG)} tags)")
 
     def sweep(self, *extra: str) -> tuple[str, tuple[int, int, int]]:
         out = self.fab("sweep", "--stack", self.stack_name, *extra)
         counts = re.search(rf"^{REGION}: (\d+) in use, (\d+) leaked, (\d+) kept", out, re.M)
         return out, tuple(int(c) for c in counts.groups()) if counts else (-1, -1, -1)
 
-    def sweep_finds_only_kept(self) -> None:
+    def sweep_finds_only_kept(self) -> str:
+        """`fab sweep` after the destroy: the bucket, the image and its snapshot kept, none leaked; the image's id."""
         with self.step("fab sweep") as result:
             out, counts = self.sweep()
-            self.check(counts == (0, 0, 1) and re.search(r"^\s+kept\s+bucket\s", out, re.M) is not None,
-                       "fab sweep after destroy: expected only the kept bucket", out)
-            result["summary"] = f"0 in use, 0 leaked, 1 kept (the checkpoint bucket of {self.cluster})"
+            kept = dict((kind, ident) for kind, ident in re.findall(r"^\s+kept\s+(\w[\w-]*)\s+(\S+)", out, re.M))
+            cost = re.search(r"1 image\(s\) kept by keepImage with their snapshots, (\d+) GiB, at most "
+                             r"(\$[\d.]+)/month", out)
+            self.check(counts == (0, 0, 3) and set(kept) == {"bucket", "image", "snapshot"} and cost is not None,
+                       "fab sweep after destroy: expected the bucket, the image and its snapshot kept", out)
+            result["summary"] = (f"0 in use, 0 leaked, 3 kept (the checkpoint bucket, image {kept['image']} and its "
+                                 f"snapshot of {self.cluster}: {cost.group(1)} GiB, at most {cost.group(2)}/month)")
+        return kept["image"]
 
-    def second_stack_with_a_forgetful_destroy(self) -> Stack:
-        with self.step(f"second stack {self.leak_cluster}: pulumi up, then a destroy that forgets the image") \
+    def second_stack_boots_the_kept_image(self, kept: str) -> None:
+        """A second stack of the same settings: `fab preflight` says it reuses the kept image, and its `pulumi up`
+        boots every node from it: the setup step only checks the master (no install), no image is made."""
+        name = f"{self.stack_name}-again"
+        with self.step(f"second stack {self.reuse_cluster}: fab preflight, pulumi up from the kept image, pulumi "
+                       "destroy") as result:
+            vpc, subnet = self.account.make_network(self.state.subnet, self.reuse_cluster)  # moto keeps addresses
+            config = self.stack_config(cluster=self.reuse_cluster, subnet=subnet, vpc=vpc, workers=NODES - 1)
+            stack_file = self.stack_dir / f"Pulumi.{name}.yaml"
+            self.write_stack(stack_file, config)
+            try:
+                out = self.fab("preflight", "--stack", name, "--no-ip-check")
+            finally:
+                stack_file.unlink()
+            said = re.search(rf"^\[\s*ok\] image\s+reuses kept image {kept} .*no install, no bake: the first "
+                             r"`pulumi up` takes about (.+?) and bills", out, re.M)
+            self.check(said is not None, f"fab preflight did not say the stack reuses {kept}", out)
+            stack = Stack(name, self.account, [n.address for n in self.state.nodes])
+            with self.controller_env():
+                outputs = stack.up(config)
+            made = Counter(c.type.split(":")[-1] for c in stack.aws.created)
+            installed = str(stack.aws.setup_outputs.get("installed"))
+            ec2 = self.account.client("ec2")
+            running = [i for r in ec2.describe_instances(Filters=[
+                {"Name": f"tag:{CLUSTER_KEY}", "Values": [self.reuse_cluster]},
+                {"Name": "instance-state-name", "Values": ["running"]}])["Reservations"] for i in r["Instances"]]
+            self.check(outputs["amiId"] == outputs["imageSource"] == kept and "AmiFromInstance" not in made
+                       and len(running) == NODES and all(i["ImageId"] == kept for i in running),
+                       f"the second stack did not boot every node from {kept}: outputs {outputs}, made {dict(made)}, "
+                       f"instances {[(i['InstanceId'], i['ImageId']) for i in running]}")
+            # No install: the master holds the profile and this checkout's version. (The nodes' venv is shared by every
+            # local cluster of this machine: another one's `fab setup` may have put another version there meanwhile,
+            # and then the project's wheel is the one thing installed.)
+            self.check(installed.startswith((f"from kept image {kept}: nothing to install",
+                                             f"from kept image {kept}: installed what differed (xeon-cluster):")),
+                       f"the setup step installed more than nothing: {installed}")
+            stack.destroy()
+            self.check(bool(ec2.describe_images(ImageIds=[kept])["Images"]), f"the second stack's destroy took {kept}")
+            result["summary"] = (f"preflight: reuses kept image {kept}, no install, no bake, the first `pulumi up` "
+                                 f"{said.group(1)}; pulumi up: {sum(made.values())} resources, no "
+                                 f"image made (no AmiFromInstance), the master and {NODES - 1} workers boot {kept}; "
+                                 f"setup step {installed}; destroyed, {kept} still kept")
+
+    def fab_images_lists_and_removes(self, kept: str) -> None:
+        with self.step("fab images, then fab images --remove --yes") as result:
+            out = self.fab("images", "--stack", self.stack_name)
+            row = re.search(rf"^  {kept}\s+stock\s.*?(\d+) GiB\s+([\d.]+)\s.*stack {self.stack_name} \(cluster "
+                            rf"{self.cluster}\)", out, re.M)
+            self.check(row is not None, f"fab images does not list {kept} of profile stock from {self.stack_name}", out)
+            out = self.fab("images", "--stack", self.stack_name, "--remove", kept, "--yes")
+            self.check(f"removed {kept} and 1 snapshot(s)" in out, f"fab images --remove did not remove {kept}", out)
+            left = [i["ImageId"] for i in self.account.client("ec2").describe_images(Owners=["self"])["Images"]]
+            self.check(kept not in left, f"{kept} is still registered: {left}")
+            result["summary"] = (f"listed {kept} (profile stock, {row.group(1)} GiB, ${row.group(2)}/month, from stack "
+                                 f"{self.stack_name}); removed it and its snapshot")
+
+    def third_stack_with_a_forgetful_destroy(self) -> Stack:
+        with self.step(f"third stack {self.leak_cluster}: pulumi up, then a destroy that forgets the image") \
                 as result:
             # moto keeps a terminated instance's private address taken (AWS frees it): a VPC of its own,
             # again with the local network, so the master gets node0's address once more.
@@ -535,9 +618,9 @@ class Sitting:
         with self.step("fab sweep (finds the image and its snapshot)") as result:
             out, counts = self.sweep()
             leaked = re.findall(r"^\s+leaked\s+(image|snapshot)\s+(\S+)", out, re.M)
-            self.check(counts == (0, 2, 2) and ("image", image) in leaked, "fab sweep did not report the image", out)
+            self.check(counts == (0, 2, 3) and ("image", image) in leaked, "fab sweep did not report the image", out)
             result["summary"] = ("2 leaked (" + ", ".join(f"{k} {i}" for k, i in leaked)
-                                 + f" of {self.leak_cluster}), 2 kept")
+                                 + f" of {self.leak_cluster}), 3 kept (the checkpoint buckets)")
         with self.step("fab sweep --delete --yes") as result:
             out = self.fab("sweep", "--stack", self.stack_name, "--delete", "--yes")
             self.check("removed 2, left 0" in out, "fab sweep --delete did not remove both", out)
@@ -545,8 +628,8 @@ class Sitting:
             result["summary"] = "removed 2, left 0"
         with self.step("fab sweep (after the delete)") as result:
             out, counts = self.sweep()
-            self.check(counts == (0, 0, 2), "fab sweep after --delete", out)
-            result["summary"] = "0 leaked, 2 kept (the two checkpoint buckets)"
+            self.check(counts == (0, 0, 3), "fab sweep after --delete", out)
+            result["summary"] = "0 leaked, 3 kept (the three checkpoint buckets)"
 
     def cleanup(self) -> None:
         problems = []

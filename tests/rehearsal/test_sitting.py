@@ -19,8 +19,8 @@ from tests.ssh.conftest import REPO_ROOT, local_cluster_unavailable
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 
 STEPS = ["local-up", "account", "stack file", "fab preflight", "pulumi up", "security groups", "fab train", "fab train",
-         "fab status", "terminate the worker", "pulumi destroy", "fab sweep", "second stack", "fab sweep",
-         "fab sweep --delete --yes", "fab sweep"]
+         "fab status", "terminate the worker", "pulumi destroy", "fab sweep", "second stack", "fab images",
+         "third stack", "fab sweep", "fab sweep --delete --yes", "fab sweep"]
 
 
 @pytest.mark.timeout(1800)
