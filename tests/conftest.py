@@ -62,8 +62,8 @@ def aws_credentials(monkeypatch):
 LONGEST_FILES = (
     "tests/ssh/test_supervised_run.py", "tests/ssh/test_torchrun.py", "tests/ssh/test_compile_and_layouts.py",
     "tests/training/test_mpi_training.py", "tests/ssh/test_spot_rehearsal.py", "tests/training/test_compile_ddp.py",
-    "tests/ssh/test_autostop.py", "tests/ssh/test_lost_master.py", "tests/rehearsal/test_sitting.py",
-    "tests/ssh/test_train.py",
+    "tests/ssh/test_soak.py", "tests/ssh/test_autostop.py", "tests/ssh/test_lost_master.py",
+    "tests/rehearsal/test_sitting.py", "tests/ssh/test_train.py",
     "tests/ssh/test_k8s_pods.py", "tests/ssh/test_script_shapes.py", "tests/ssh/test_user_script.py",
     "tests/ssh/test_resume.py", "tests/ssh/test_bench.py",
 )
