@@ -4,6 +4,7 @@ key that signs supervised runs' specs.
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/<cluster>/       (0700)
         id_ed25519        private half of the cluster key (0600): goes to the master only
         id_ed25519.pub    public half: in every node's authorized_keys (from= the cluster's addresses)
+        .pair.lock        held while the pair is checked or made: a concurrent fab never sees half of it
         known_hosts       every node's host key as the controller verified it (see connections.py)
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/run-spec.key     (0600; `spec_key`: never leaves this machine)
 
@@ -16,6 +17,7 @@ comment is `xeon-cluster:<cluster>`.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from dataclasses import dataclass
@@ -24,6 +26,9 @@ from pathlib import Path
 from cluster import names
 from cluster.node.render import key_comment
 from node_setup.controller import PROJECT_ROOT, config_root
+
+
+PAIR_LOCK = ".pair.lock"
 
 
 class KeyStoreError(RuntimeError):
@@ -81,22 +86,25 @@ def ensure_cluster_key(cluster: str) -> ClusterKey:
 
     directory = cluster_dir(cluster)
     key = ClusterKey(cluster, directory / "id_ed25519", directory / "id_ed25519.pub")
-    if key.private_path.exists() and key.public_path.exists():
-        key.private_path.chmod(0o600)
-        return key
-    if key.private_path.exists() != key.public_path.exists():
-        there, missing = ((key.private_path, key.public_path) if key.private_path.exists()
-                          else (key.public_path, key.private_path))
-        raise KeyStoreError(f"cluster key of {cluster!r}: {there} is only one half of the pair ({missing.name} is "
-                            f"missing); remove {there} and rerun: a new pair is made, and the nodes get its public "
-                            "half on the next `fab distribute`")
-    private = Ed25519PrivateKey.generate()
-    private_bytes = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption())
-    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    if _write_new(key.private_path, private_bytes, 0o600):
-        key.public_path.write_text(public.decode() + f" {key_comment(cluster)}\n")
-        key.public_path.chmod(0o644)
+    with open(directory / PAIR_LOCK, "a") as lock:  # another fab making the pair now: wait for both halves
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if key.private_path.exists() and key.public_path.exists():
+            key.private_path.chmod(0o600)
+            return key
+        if key.private_path.exists() != key.public_path.exists():
+            there, missing = ((key.private_path, key.public_path) if key.private_path.exists()
+                              else (key.public_path, key.private_path))
+            raise KeyStoreError(f"cluster key of {cluster!r}: {there} is only one half of the pair ({missing.name} "
+                                f"is missing); remove {there} and rerun: a new pair is made, and the nodes get its "
+                                "public half on the next `fab distribute`")
+        private = Ed25519PrivateKey.generate()
+        private_bytes = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                              serialization.NoEncryption())
+        public = private.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                   serialization.PublicFormat.OpenSSH)
+        if _write_new(key.private_path, private_bytes, 0o600):
+            key.public_path.write_text(public.decode() + f" {key_comment(cluster)}\n")
+            key.public_path.chmod(0o644)
     return key
 
 

@@ -72,3 +72,30 @@ def test_fab_autostop_stops_in_one_line_with_exit_2(store, inventory, monkeypatc
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert len(ran.stderr.strip().splitlines()) == 1
     assert ran.stderr.startswith("error: cluster key of 'lab': ") and f"remove {there} and rerun" in ran.stderr
+
+
+def test_a_fab_that_looks_while_another_makes_the_pair_waits_for_both_halves(store, monkeypatch):
+    """Two fab runs meet a store with no pair: the one that makes it writes the private half, then the public;
+    the other, looking in between, must get the whole pair, not the half-pair refusal."""
+    import threading
+
+    private_written, looked = threading.Event(), threading.Event()
+    write_new = keys._write_new
+
+    def slow_write_new(path, data, mode):  # the maker stops right after the private half is there
+        made = write_new(path, data, mode)
+        private_written.set()
+        looked.wait(timeout=0.5)  # time for the other run to look, if nothing makes it wait
+        return made
+
+    monkeypatch.setattr(keys, "_write_new", slow_write_new)
+    maker = threading.Thread(target=keys.ensure_cluster_key, args=("lab",))
+    maker.start()
+    assert private_written.wait(timeout=10)
+    monkeypatch.setattr(keys, "_write_new", write_new)
+    try:
+        found = keys.ensure_cluster_key("lab")
+    finally:
+        looked.set()
+        maker.join(timeout=10)
+    assert found.public_key.startswith("ssh-ed25519 ") and found.private_key.startswith("-----BEGIN OPENSSH")
