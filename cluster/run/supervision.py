@@ -160,11 +160,12 @@ def steps_redone(stopped_step: int | None, checkpoint_step: int | None) -> int |
 
 def state_record(*, run_id: str, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict],
                  output_dir: str, at: float, pid: int | None = None, line: str = "",
-                 pending: list[str] | None = None, restart: dict | None = None) -> dict:
+                 pending: list[str] | None = None, restart: dict | None = None, keeper: int | None = None) -> dict:
     """The run's state file: what `fab status` shows of a supervised run, and in `restart` what a supervisor
-    started again after its process ended carries on from (node_setup/supervisor/loop.py)."""
+    started again after its process ended carries on from (node_setup/supervisor/loop.py); `keeper`: the pid
+    of the process that starts it again (its parent: node_setup/supervisor/respawn.py, or systemd's)."""
     return {"run": run_id, "status": status, "job": job_id, "nodes": list(nodes), "recoveries": len(recoveries),
-            "output_dir": output_dir, "updated": round(at, 1), "pid": pid, "line": line,
+            "output_dir": output_dir, "updated": round(at, 1), "pid": pid, "keeper": keeper, "line": line,
             "awaiting": list(pending or []), "restart": dict(restart or {})}
 
 

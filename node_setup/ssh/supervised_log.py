@@ -38,13 +38,16 @@ def _log_path(run_id: str) -> str:
 
 
 def supervisor_alive(master, run_id: str, state: dict | None) -> bool:
-    """Whether the run's supervisor process (the state's pid, running this run) is still there."""
-    pid = (state or {}).get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
-        return False
-    found = master.run(f"grep -qF {shlex.quote(sv.check_run_id(run_id))} /proc/{pid}/cmdline", hide=True, warn=True,
-                       in_stream=False)
-    return found.ok
+    """Whether the run's supervisor process (the state's pid, running this run) is still there, or what starts
+    it again after it was killed (the state's keeper pid running this run: node_setup/supervisor/respawn.py; on
+    AWS its unit waiting to restart it), so that a follow goes on through a restart."""
+    pids = [p for p in ((state or {}).get("pid"), (state or {}).get("keeper"))
+            if isinstance(p, int) and not isinstance(p, bool) and p > 0]
+    run = shlex.quote(sv.check_run_id(run_id))
+    unit = shlex.quote(f"{sv.SYSTEMD_UNIT_PREFIX}{run_id}")
+    checks = [f"grep -qF {run} /proc/{pid}/cmdline" for pid in pids]
+    checks.append(f'[ "$(systemctl show -p SubState --value {unit} 2>/dev/null)" = auto-restart ]')
+    return master.run(" || ".join(checks), hide=True, warn=True, in_stream=False).ok
 
 
 def _job_log(master, job_id: str, out: TextIO, *, follow: bool, all_ranks: bool) -> None:

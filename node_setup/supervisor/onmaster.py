@@ -94,7 +94,7 @@ class RunFiles:
     def state(self, *, status: str, job_id, nodes, recoveries, line: str = "", pending=(), restart=None) -> None:
         record = sv.state_record(run_id=self.run_id, status=status, job_id=job_id, nodes=nodes,
                                  recoveries=recoveries, output_dir=self.output_dir, at=self.clock(), pid=os.getpid(),
-                                 line=line, pending=list(pending), restart=restart)
+                                 line=line, pending=list(pending), restart=restart, keeper=os.getppid())
         _write_atomically(self.dir / sv.STATE_FILE, json.dumps(record, indent=2) + "\n", 0o644)
 
     def previous(self) -> dict | None:

@@ -136,9 +136,10 @@ class Run:
         with open(self.dir / sv.LOG_FILE, "a") as log:
             log.write(stamped(*lines))
 
-    def state(self, status: str, pid: int | None = None) -> None:
+    def state(self, status: str, pid: int | None = None, keeper: int | None = None) -> None:
         (self.dir / sv.STATE_FILE).write_text(json.dumps({"run": RUN, "status": status, "job": None, "nodes": [],
-                                                          "pid": pid or self.supervisor.pid, "recoveries": 0}))
+                                                          "pid": pid or self.supervisor.pid, "keeper": keeper,
+                                                          "recoveries": 0}))
 
     def job(self, job_id: str, lines: list[str], code: int | None) -> None:
         d = self.home / job_dir(job_id)
@@ -213,6 +214,26 @@ def test_a_run_whose_supervisor_died_without_a_final_state_ends_the_follow(run, 
                               sleep=lambda s: pytest.fail("waited for a supervisor that is gone"))
     assert verdict == runlog.SUPERVISOR_GONE and run_exit_code(verdict, state) == common.FAILED
     assert "its supervisor on the master is gone" in runlog.end_line(RUN, state, verdict)
+
+
+def test_a_follow_goes_on_while_the_keeper_of_a_killed_supervisor_starts_it_again(run, tmp_path):
+    """The supervisor's process is gone, its keeper (node_setup/supervisor/respawn.py, running this run) is not:
+    the follow waits for the restarted supervisor instead of calling the run gone."""
+    run.say(runlog.started_line(J1, ["node0", "node1"]))
+    run.job(J1, ["[0] job one step 1"], None)
+    gone = _process(RUN)
+    gone.kill()
+    gone.wait()
+    run.state(sv.RUNNING, pid=gone.pid, keeper=run.supervisor.pid)
+
+    def restarted():
+        run.say("the supervisor restarted after its process ended; carrying on from its state file: running")
+        run.state(sv.COMPLETED)
+
+    events = [restarted]
+    verdict, state = show_run(LocalMaster(tmp_path), RUN, follow=True, out=io.StringIO(),
+                              sleep=lambda s: events.pop(0)() if events else None)
+    assert verdict == runlog.ENDED and state["status"] == sv.COMPLETED and events == []
 
 
 def test_unfollowed_the_whole_run_so_far_and_its_last_lines(run, tmp_path):
