@@ -11,14 +11,15 @@ Each acts the way the fault would arrive on AWS and touches nothing the run owns
   SlowDown or 500 InternalError, then forwards again;
 - supervisor-kill: the supervisor's own process (the pid its state file names, checked to be this run's
   supervisor) killed with SIGKILL, as the kernel's OOM killer would;
-- disk-full: the master's output filesystem (a tmpfs mounted in the master's own mount namespace: the
-  local nodes share /var/tmp, so it is mounted where only the master sees it) filled with one file to
-  FILL_LEAVES_BYTES free, less than a checkpoint needs, and kept so while held (the run's pruning frees
-  space), then the file removed.
+- disk-full: the master's output filesystem (a tmpfs over the soak's folder in its home, mounted in the
+  master's own mount namespace, so only the master sees it) filled with one file to FILL_LEAVES_BYTES
+  free, less than a checkpoint needs, and kept so while held (the run's pruning frees space), then the
+  file removed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -165,8 +166,6 @@ class Injector:
 
 def supervisor_state(cluster: LocalCluster) -> dict:
     """The newest supervised run's state file on the master ({} when there is none yet)."""
-    import json
-
     try:
         found = json.loads((cluster.master_home / sv.CURRENT_LINK / sv.STATE_FILE).read_text())
     except (OSError, ValueError):
