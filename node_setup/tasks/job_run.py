@@ -77,15 +77,15 @@ def prepared(request: RunRequest, inventory: Inventory, job: JobPlan):
     return life, job
 
 
-def run(request: RunRequest, inventory: Inventory, job: JobPlan) -> int:
+def run(request: RunRequest, inventory: Inventory, job: JobPlan, *, all_ranks: bool = False) -> int:
     """The run of `request` (`job`: its first job, planned) from the backend's checks to its end; fab's
-    exit code."""
+    exit code. `all_ranks`: the log shows every rank's metrics, not rank 0's only."""
     from node_setup.tasks import managed
     from node_setup.tasks.spend import RunCostClock
 
     life, job = prepared(request, inventory, job)
     if request.managed is not None:
-        return managed.hand_off(request, inventory, job, life)
+        return managed.hand_off(request, inventory, job, life, all_ranks=all_ranks)
     try:
         pid = life.start(job, request)
     except LifecycleError as exc:
@@ -96,7 +96,7 @@ def run(request: RunRequest, inventory: Inventory, job: JobPlan) -> int:
     job_history.started(job)  # fab jobs and fab get find it even if its master goes before they ask
     master = life.transport.conns[life.transport.master]
     cost = RunCostClock.at_launch(job)  # prints the planned time and cost
-    code = follow_to_end(life, job)
+    code = follow_to_end(life, job, all_ranks=all_ranks)
     own = request.own
     if own is not None and code == 0:
         code = world_check(life, job, own.independent_ranks)
@@ -120,13 +120,13 @@ def read_summary(master, job: JobPlan) -> tuple[dict | None, str | None]:
     return (summary, None) if summary is not None else (None, f"summary ({path}): unreadable")
 
 
-def follow_to_end(life: Lifecycle, job: JobPlan) -> int:
+def follow_to_end(life: Lifecycle, job: JobPlan, *, all_ranks: bool = False) -> int:
     """Stream the job until it ends (Ctrl-C asks whether to stop it), then its outcome (the one rule,
     cluster/job/jobreport.py) as fab's exit code, with what it means."""
     master = life.transport.conns[life.transport.master]
     job_id, rank_hosts = job.job_id, list(job.launch.rank_hosts)
     try:
-        jobs.follow(master, job_id, rank_hosts, launcher=job.launch.launcher)
+        jobs.follow(master, job_id, rank_hosts, launcher=job.launch.launcher, all_ranks=all_ranks)
     except KeyboardInterrupt:
         return on_interrupt(life, job)
     ended = life.outcome(job)

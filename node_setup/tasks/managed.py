@@ -103,7 +103,7 @@ def supervisor_spec(request: RunRequest, inventory: Inventory, job: JobPlan) -> 
                            context=context)
 
 
-def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life) -> int:
+def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, all_ranks: bool = False) -> int:
     """`fab train --managed` once the lifecycle prepared the nodes: the run handed to its supervisor on the
     master, then its log followed (Ctrl-C detaches) or, with --detach, fab's return once the first job started."""
     assert request.managed is not None  # the --managed path
@@ -134,7 +134,7 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life) -> i
     if request.managed.detach or state.get("status") in sv.FINAL:
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
-    code = follow_run(master, request.run_id)
+    code = follow_run(master, request.run_id, all_ranks=all_ranks)
     if code == INTERRUPTED_BY_RECLAIM and backend_for(inventory.kind).replaces_lost_master():  # ended master-lost
         recover_master(job.inventory)
     return code

@@ -59,6 +59,7 @@ REFUSED = (RequestError, UserJobError, SupervisionError, InventoryError, LayoutE
                           "the default on a local cluster without --model/--dataset/--train-file (2000 examples)",
     "dry-run": "print nodes, layout, full command and environment (and for --script: the copy and install "
                "plans); connect to nothing",
+    "all-ranks": "the log shows the metrics every rank prints, not rank 0's only (as `fab logs --all-ranks`)",
     "script": "run your own training script (a .py file in --workdir) on every rank instead of the built-in job",
     "module": "run `python -m MODULE` (found in --workdir or the node venv) on every rank instead of the built-in job",
     "args": "arguments of your --script/--module, split like a shell would (arguments after `--` are added)",
@@ -90,10 +91,10 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
           launcher=DEFAULT_LAUNCHER, min_nodes=D["min_nodes"], max_restarts=D["max_restarts"], grad_comm="",
           ddp_bucket_mb=Unset(float), compile="", managed=False, max_recoveries=Unset(int),
           wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False, resume_arg="",
-          workdir_changed_ok=False, detach=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
+          workdir_changed_ok=False, detach=False, all_ranks=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
-    options = job_options.plain({k: v for k, v in locals().items() if k not in ("c", "file", "dry_run", "cluster",
-                                                                                 "region")})
+    options = job_options.plain({k: v for k, v in locals().items() if k not in ("c", "file", "dry_run", "all_ranks",
+                                                                                 "cluster", "region")})
     inventory = common.inventory(cluster, region)
     try:
         if resume and managed:  # a supervised run continued from the spec it left beside its checkpoints
@@ -113,7 +114,7 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
             print("note: --resume continues in the newest job's output directory (read from the master at launch)")
         print("\ndry run: nothing was started")
         return
-    raise Exit(code=job_run.run(request, inventory, job))
+    raise Exit(code=job_run.run(request, inventory, job, all_ranks=all_ranks))
 
 
 # The job file's paths (node_setup/tasks/executor.py, cluster/job/jobfile.py): files of this machine, read
@@ -127,7 +128,7 @@ train.option_groups = job_options.groups(
              "launcher", "pin"),
     spot_and_recovery=("managed", "detach", "resume-arg", "max-recoveries", "wait-for-capacity", "notice-signal",
                        "resume", "workdir-changed-ok"),
-    output=("output-dir",),
+    output=("output-dir", "all-ranks"),
 )
 
 TASKS = [train]

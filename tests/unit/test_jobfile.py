@@ -103,7 +103,7 @@ def test_fab_train_refuses_a_bad_job_file_in_one_line_with_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {job}: unknown key 'batchsize'; did you mean 'batch-size'? (allowed: the options of the task, "
-        "e.g. allow-busy, allow-env, args, batch-size)"]
+        "e.g. all-ranks, allow-busy, allow-env, args)"]
     job.write_text("nodes: [2\n")
     result = fab_train(tmp_path, "-f", str(job), "--dry-run")
     assert result.returncode == 2 and result.stderr.strip() == f"error: --file: {str(job)!r} is not YAML at line 2; " \
