@@ -152,6 +152,29 @@ def disk_full(exc: BaseException, directory: str | os.PathLike) -> str | None:
     return f"no space left on the device of {directory}" + (f" ({free // 1024} KiB free)" if free is not None else "")
 
 
+SPACE_WAIT_S = 15 * 60.0  # how long the final model and summary wait for a full disk (the ranks wait at most 30 min)
+SPACE_POLL_S = 10.0
+
+
+def when_space(write, directory: str | os.PathLike, what: str, *, wait_s: float = SPACE_WAIT_S,
+               poll_s: float = SPACE_POLL_S, sleep=time.sleep, clock=time.monotonic):
+    """`write()`, tried again every `poll_s` while it fails for want of space on `directory`'s disk
+    (`disk_full`), for up to `wait_s`: a run trained to its end is not thrown away for a disk full for a
+    while. Any other failure, or a disk still full by then, is raised."""
+    deadline, said = clock() + wait_s, False
+    while True:
+        try:
+            return write()
+        except Exception as exc:
+            why = disk_full(exc, directory)
+            if why is None or clock() >= deadline:
+                raise
+            if not said:
+                log.warning("%s waits for space: %s; tried again every %gs for up to %gs", what, why, poll_s, wait_s)
+                said = True
+            sleep(poll_s)
+
+
 def discard(directory: str | os.PathLike) -> None:
     """Remove a checkpoint folder that was never completed (its manifest first: never complete-looking)."""
     (Path(directory) / MANIFEST).unlink(missing_ok=True)

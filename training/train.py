@@ -294,14 +294,15 @@ class Job:
         return figures
 
     def _finish(self, parsed, prepared: tasks.Prepared, trained: Trained) -> int:
-        """Final model and evaluation (unless interrupted), weights digests, the summary on rank 0."""
-        from training import distributed, summary
+        """Final model and evaluation (unless interrupted), weights digests, the summary on rank 0 (both wait for a
+        full disk's space for a while: training/checkpoints.py's when_space)."""
+        from training import checkpoints, distributed, summary
 
         output_dir = parsed.training.output_dir
         interrupted = trained.spot.interrupted_at is not None
         final_model, eval_metrics = None, None
         if not interrupted:
-            trained.trainer.save_model(output_dir)
+            checkpoints.when_space(lambda: trained.trainer.save_model(output_dir), output_dir, "the final model")
             final_model = output_dir if self.info.rank == 0 else None
             eval_metrics = self._evaluate(trained.trainer, parsed, prepared)
         digests = distributed.gather(_weights_sha256(trained.trainer.model))
@@ -313,7 +314,7 @@ class Job:
                 eval_metrics=eval_metrics, resumed=trained.resumed, final_model=final_model, digests=digests,
                 settings=self.settings, versions=summary.software_versions(), started=self.started, now=time.time(),
                 run_id=self.store.run_id, model_flops=self.flops)
-            summary.write_summary(report, output_dir)
+            checkpoints.when_space(lambda: summary.write_summary(report, output_dir), output_dir, "summary.json")
             print(json.dumps(report, indent=2), flush=True)
             for error in report["checkpoint_upload_errors"]:
                 log.error("checkpoint %d was not uploaded (%s): it exists only in %s on this node",

@@ -121,3 +121,33 @@ def test_a_manifest_the_full_disk_could_not_hold_leaves_no_checkpoint(tmp_path, 
     _folder(tmp_path, 9)
     with pytest.raises(PermissionError):  # not the disk's: the job fails and says so
         callback.on_save(NS(output_dir=str(tmp_path)), NS(global_step=9, best_model_checkpoint=None), TrainerControl())
+
+
+def test_the_final_model_waits_for_a_full_disk_to_have_space_and_any_other_failure_is_raised(tmp_path, caplog):
+    import errno
+
+    attempts, slept = [], []
+
+    def save():  # full twice, then written
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise RuntimeError('IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+        return "saved"
+
+    assert checkpoints.when_space(save, tmp_path, "the final model", sleep=slept.append) == "saved"
+    assert len(attempts) == 3 and slept == [checkpoints.SPACE_POLL_S] * 2
+    assert caplog.text.count("the final model waits for space: no space left") == 1  # said once
+
+    def never():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ticks = iter(range(0, 10_000, 400))  # the clock moves 400 s a try
+    with pytest.raises(OSError):  # still full when the wait is over
+        checkpoints.when_space(never, tmp_path, "summary.json", sleep=lambda s: None, clock=lambda: next(ticks))
+    assert next(ticks) > checkpoints.SPACE_WAIT_S  # it gave up only after the wait
+
+    def broken():
+        raise ValueError("a bug in the save")
+
+    with pytest.raises(ValueError):
+        checkpoints.when_space(broken, tmp_path, "summary.json", sleep=lambda s: pytest.fail("waited for a bug"))
