@@ -220,7 +220,7 @@ def test_a_follow_goes_on_while_the_keeper_of_a_killed_supervisor_starts_it_agai
     """The supervisor's process is gone, its keeper (node_setup/supervisor/respawn.py, running this run) is not:
     the follow waits for the restarted supervisor instead of calling the run gone."""
     run.say(runlog.started_line(J1, ["node0", "node1"]))
-    run.job(J1, ["[0] job one step 1"], None)
+    run.job(J1, ["[0] job one step 1"], 0)
     gone = _process(RUN)
     gone.kill()
     gone.wait()
