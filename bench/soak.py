@@ -63,6 +63,7 @@ STATUS_EVERY_S = 15.0
 SETTLE_S = 15.0  # after a fault that should not end the job: how long to watch whether it did
 AGAIN_TIMEOUT_S = 900.0
 HOLD_MORE_S = 180.0  # a store or disk fault is held until a checkpoint met it, at most this much longer
+STOPPED_S = 5.0  # a time without a step at least this long is training stopped (shorter: slow steps)
 _STARTED_RE = re.compile(r"\] job (\S+) started on ")
 
 
@@ -285,6 +286,8 @@ class Run:
         gaps = [(b - a, b) for a, b in zip(marks, marks[1:])]
         if gaps and (not changed or marks[-1] > until):
             stall, again = max(gaps, key=lambda g: (round(g[0]), -g[1]))  # the first of the longest
+            if stall < STOPPED_S and not changed:  # it never stopped: its first step after the fault
+                again = gaps[0][1]
             outcome.longest_stall_s, outcome.training_again_s = round(stall, 1), round(again - t0, 1)
         if changed:
             ended = [self.jobs[j] for j in self.order[self.order.index(job0):-1]]

@@ -126,9 +126,9 @@ def steps_redone(ended: list[JobSteps], resumed: JobSteps | None) -> int:
 
 
 def final_loss(losses: list[float], window: int = 20) -> float | None:
-    """The mean of the last `window` logged losses: less noisy than the last one."""
+    """The mean of the last `window` logged losses (less noisy than the last one), to 4 significant digits."""
     tail = losses[-window:]
-    return round(sum(tail) / len(tail), 4) if tail else None
+    return float(f"{sum(tail) / len(tail):.4g}") if tail else None
 
 
 # ---------------------------------------------------------------- the report

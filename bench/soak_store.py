@@ -54,6 +54,9 @@ class FaultProxy(ThreadingHTTPServer):
             self.refused[error[0]] += 1
             return error
 
+    def handle_error(self, request, client_address) -> None:
+        pass  # a reclaimed node's connection reset mid-request: its client retries, nothing to print
+
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
