@@ -4,7 +4,6 @@ key that signs supervised runs' specs.
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/<cluster>/       (0700)
         id_ed25519        private half of the cluster key (0600): goes to the master only
         id_ed25519.pub    public half: in every node's authorized_keys (from= the cluster's addresses)
-        .pair.lock        held while the pair is checked or made: a concurrent fab never sees half of it
         known_hosts       every node's host key as the controller verified it (see connections.py)
     ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/run-spec.key     (0600; `spec_key`: never leaves this machine)
 
@@ -26,9 +25,6 @@ from pathlib import Path
 from cluster import names
 from cluster.node.render import key_comment
 from node_setup.controller import PROJECT_ROOT, config_root
-
-
-PAIR_LOCK = ".pair.lock"
 
 
 class KeyStoreError(RuntimeError):
@@ -86,8 +82,9 @@ def ensure_cluster_key(cluster: str) -> ClusterKey:
 
     directory = cluster_dir(cluster)
     key = ClusterKey(cluster, directory / "id_ed25519", directory / "id_ed25519.pub")
-    with open(directory / PAIR_LOCK, "a") as lock:  # another fab making the pair now: wait for both halves
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = os.open(directory, os.O_RDONLY)  # the directory itself is the lock: no file of its own left behind
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another fab making the pair now: wait for both halves
         if key.private_path.exists() and key.public_path.exists():
             key.private_path.chmod(0o600)
             return key
@@ -105,6 +102,8 @@ def ensure_cluster_key(cluster: str) -> ClusterKey:
         if _write_new(key.private_path, private_bytes, 0o600):
             key.public_path.write_text(public.decode() + f" {key_comment(cluster)}\n")
             key.public_path.chmod(0o644)
+    finally:
+        os.close(lock)  # closing the last descriptor releases the lock
     return key
 
 

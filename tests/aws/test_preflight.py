@@ -339,6 +339,11 @@ def test_missing_credentials_fail_with_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask an instance metadata service
     monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", raising=False)
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", raising=False)
+    monkeypatch.delenv("AWS_WEB_IDENTITY_TOKEN_FILE", raising=False)
+    import boto3
+    # boto3's default session keeps the credentials it first found: an earlier test's in this process
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     report = run_preflight(spec_for(), public_ip=None)
     assert report.exit_code == 1
     assert report.failures[0].check == "credentials" and "aws configure" in report.failures[0].fix
