@@ -38,7 +38,7 @@ from cluster.node import autostop
 from cluster import names, shell
 from cluster.stack.catalog import InstanceType
 from cluster.job.job_args import SYNTHETIC_ROOT
-from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, LOCAL_OUTPUT_ROOT
+from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT
 from cluster.node.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, IndexPin, Profile, venv_dir
 from cluster.node.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
 
@@ -62,8 +62,6 @@ PREBAKE_ARTEFACTS = (DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME, ".cache
 # per-run files are in autostop.BAKE_LEFTOVERS, above). A folder added there later goes too.
 TOOLKIT_DIR = ".xeon-cluster"
 TOOLKIT_KEPT = (PurePosixPath(autostop.STATE_DIR).name,)
-# Per-run folders outside the homes (absolute): a local cluster's output root.
-PREBAKE_SYSTEM_LEFTOVERS = (LOCAL_OUTPUT_ROOT,)
 # install.sh's last line; the auto-stop section (cluster/node/autostop.py) goes right before it
 INSTALL_DONE_LINE = 'xc "done" "$CHANGED"\n'
 DEFAULT_MIN_FREE_GIB = 10.0
@@ -194,8 +192,7 @@ def prebake_script(root: str = "", restore_host_keys_after_s: int | None = 300) 
     return shell.render("prebake.sh", {"ROOT": root, "STASH_DIR": PREBAKE_KEY_STASH, "RESTORE_AFTER": restore,
                                        "KEY_COMMENT_PREFIX": KEY_COMMENT_PREFIX,
                                        "HOME_LEFTOVERS": PREBAKE_SECRETS + PREBAKE_ARTEFACTS,
-                                       "TOOLKIT_DIR": TOOLKIT_DIR, "TOOLKIT_KEPT": TOOLKIT_KEPT,
-                                       "SYSTEM_LEFTOVERS": PREBAKE_SYSTEM_LEFTOVERS})
+                                       "TOOLKIT_DIR": TOOLKIT_DIR, "TOOLKIT_KEPT": TOOLKIT_KEPT})
 
 
 # ------------------------------------------------------------------------------- reading the output

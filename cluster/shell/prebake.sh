@@ -7,7 +7,7 @@
 # HOME_LEFTOVERS (an array of paths relative to a home directory, glob patterns allowed: the
 # credentials, tokens and job artefacts removed from root's and every /home/* directory),
 # TOOLKIT_DIR (the toolkit's per-run tree in a home: everything in it is removed but the names in
-# the array TOOLKIT_KEPT), SYSTEM_LEFTOVERS (an array of absolute per-run paths outside the homes).
+# the array TOOLKIT_KEPT).
 set -uo pipefail
 R="$ROOT"
 STASH="$R$STASH_DIR"
@@ -77,9 +77,6 @@ for h in "${homes[@]}"; do
     for k in "${TOOLKIT_KEPT[@]}"; do [ "${f##*/}" = "$k" ] && keep=1; done
     if [ "$keep" = 0 ]; then $SUDO rm -rf -- "$f" && gone+=("${f#"$R"}"); fi
   done
-done
-for p in "${SYSTEM_LEFTOVERS[@]}"; do
-  if [ -e "$R$p" ] || [ -L "$R$p" ]; then $SUDO rm -rf -- "$R$p" && gone+=("$p"); fi
 done
 xc step prebake leftovers "removed ${#gone[@]}: ${gone[*]:-nothing}"
 sync

@@ -58,6 +58,7 @@ from typing import Callable, Iterator
 
 import yaml
 
+from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
 from cluster.stack.tags import (CLUSTER_KEY, CREATED_KEY, FINGERPRINT_KEY, KEEP_KEY, PROJECT_VERSION_KEY, ROLE_KEY,
@@ -299,6 +300,9 @@ class Sitting:
             self.check_instances(outputs)
             self.check(host_keys() == before, "this machine's /etc/ssh host keys changed: the pre-bake cleanup "
                        "escaped the master's node")
+            runs = Path(LOCAL_OUTPUT_ROOT) / self.state.name  # local-up made it; every local cluster has one there
+            self.check(runs.is_dir(), f"{runs} is gone: the master's pre-bake cleanup removed this machine's "
+                       "local runs (every local cluster's)")
             # The wheel of this checkout that the setup step built (in the rehearsal's own cache) is the
             # project the master's venv records: the version, not the checkout's now, which may have moved on.
             self.check(len(wheels) == 1, f"the setup step built {len(wheels)} project wheels: {wheels}")

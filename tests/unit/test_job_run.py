@@ -83,7 +83,8 @@ def nodes(monkeypatch):
     monkeypatch.setattr(transport, "FabricTransport", lambda inventory, conns: made[-1])
     monkeypatch.setattr("node_setup.controller.project_version", lambda: HERE)
     handed: list[str] = []
-    monkeypatch.setattr(managed, "hand_off", lambda request, inventory, job, life, **_: handed.append(request.run_id) or 0)
+    monkeypatch.setattr(managed, "hand_off",
+                        lambda request, inventory, job, life, **_: handed.append(request.run_id) or 0)
     monkeypatch.setattr(job_run, "follow_to_end", lambda life, job, **_: 0)
     monkeypatch.setattr("node_setup.tasks.spend.RunCostClock.at_launch", lambda job: type(
         "Clock", (), {"at_end": lambda self, master, job, code: None})())

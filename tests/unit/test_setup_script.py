@@ -341,16 +341,17 @@ def test_prebake_removes_every_per_run_folder_the_toolkit_writes_supervised_runs
             (root / home / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / home / rel).write_text(text)
         (root / home / CURRENT_LINK).symlink_to(run)
+    # another local cluster's run on this machine (a local node shares its filesystem): never the image's
     local_runs = root / LOCAL_OUTPUT_ROOT.lstrip("/") / "demo" / run / "checkpoint-1"
     local_runs.mkdir(parents=True)
-    (local_runs / "args.json").write_text(f'{{"hub_token": "{token}"}}')
+    (local_runs / "trainer_state.json").write_text("{}")
     env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}:{os.environ['PATH']}"}  # sudo when not root
     result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=None)],
                             capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
     # the idle auto-stop's folder stays (the master's running service uses it), less its per-run files
-    assert left == {f"{home}/{autostop.STATE_DIR}/{autostop.GROUP_FILE}" for home in ("home/ubuntu", "root")}
-    assert not (root / LOCAL_OUTPUT_ROOT.lstrip("/")).exists()
+    assert left == {f"{home}/{autostop.STATE_DIR}/{autostop.GROUP_FILE}" for home in ("home/ubuntu", "root")} | \
+        {str((local_runs / "trainer_state.json").relative_to(root))}
     listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
-    assert f"/home/ubuntu/{RUN_ROOT}" in listed and f"/root/{RUN_ROOT}" in listed and LOCAL_OUTPUT_ROOT in listed
+    assert f"/home/ubuntu/{RUN_ROOT}" in listed and f"/root/{RUN_ROOT}" in listed and LOCAL_OUTPUT_ROOT not in listed
