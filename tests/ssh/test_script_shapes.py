@@ -1,6 +1,7 @@
 """The scripts people bring, unchanged, on the local cluster: an accelerate `*_no_trainer.py` script
 with a plain `Accelerator()`, a `Trainer` script shaped like Hugging Face's `run_glue.py` resumed
-after a spot notice, a plain DDP script written for torchrun under both launchers; each prints the
+after a spot notice (its workdir's own cluster.py and training package shadowing
+nothing of the toolkit's), a plain DDP script written for torchrun under both launchers; each prints the
 world it saw and whether its ranks' parameters agree after training. And a script that never forms
 a world: `fab train` says each rank trained alone and exits TRAINED_ALONE, unless --independent-ranks.
 
@@ -55,7 +56,8 @@ accelerator.save_state(os.path.join(args.output_dir, "state"))
 total = sum(p.detach().sum() for p in model.parameters()).reshape(1)
 high, low = accelerator.reduce(total.clone(), "max"), -accelerator.reduce(-total, "max")  # (reduce has no "min")
 agree = bool(torch.allclose(high, low))
-print(f"world {accelerator.num_processes} rank {accelerator.process_index} agree {agree}", flush=True)
+print(f"world {accelerator.num_processes} rank {accelerator.process_index} agree {agree} "
+      f"({accelerator.distributed_type})", flush=True)
 '''
 
 RUN_GLUE = '''
@@ -94,7 +96,8 @@ total = sum(p.detach().sum() for p in trainer.model.parameters()).reshape(1)
 high, low = total.clone(), total.clone()
 dist.all_reduce(high, dist.ReduceOp.MAX); dist.all_reduce(low, dist.ReduceOp.MIN)
 print(f"world {training_args.world_size} rank {training_args.process_index} agree {bool(torch.allclose(high, low))} "
-      f"stopped at step {trainer.state.global_step}, notice saved at {spot.saved_at}", flush=True)
+      f"stopped at step {trainer.state.global_step}, notice saved at {spot.saved_at}, by signal {spot.signalled}",
+      flush=True)
 '''
 
 DDP = '''
@@ -147,7 +150,7 @@ def test_accelerate_no_trainer_script_with_a_plain_accelerator_trains_as_one_wor
                 "--output-dir", out_dir, "--args", f"--output_dir {out_dir}")
     out = first.stdout + first.stderr
     assert first.returncode == 0, out
-    assert worlds(out, 3) == [0, 1, 2], out
+    assert worlds(out, 3) == [0, 1, 2] and out.count("(DistributedType.MULTI_CPU)") == 3, out
     assert "losses of 3 ranks" in out and "world: all 3 ranks joined one process group of 3" in out, out
     assert (Path(out_dir) / "state").is_dir(), out
     again = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train_no_trainer.py"),
@@ -157,7 +160,9 @@ def test_accelerate_no_trainer_script_with_a_plain_accelerator_trains_as_one_wor
 
 
 def test_run_glue_shaped_trainer_script_resumes_after_a_spot_notice(cluster, tmp_path):
-    work = write(tmp_path / "work", {"run_glue.py": RUN_GLUE})
+    # the workdir's own cluster.py and training package shadow nothing of the toolkit's on the nodes
+    work = write(tmp_path / "work", {"run_glue.py": RUN_GLUE, "cluster.py": "raise ImportError('user cluster.py')\n",
+                                     "training/__init__.py": "raise ImportError('user training package')\n"})
     out_dir = f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/run-glue"
     args = ["--output_dir", out_dir, "--max_steps", "30", "--per_device_train_batch_size", "4", "--save_strategy",
             "no", "--report_to", "none", "--logging_steps", "1000"]
@@ -165,9 +170,12 @@ def test_run_glue_shaped_trainer_script_resumes_after_a_spot_notice(cluster, tmp
                                                                  "--output-dir", out_dir, "--", *args])
     assert code == 0, out
     saved = [int(n) for n in re.findall(r"notice saved at (\d+)", out)]
-    assert len(saved) == 3 and len(set(saved)) == 1 and 3 <= saved[0] < 30, out
+    assert len(saved) == 3 and len(set(saved)) == 1 and 3 <= saved[0] < 30, out  # every rank, the same step
     assert worlds(out, 3) == [0, 1, 2], out
+    # rank 0 (node0's, the one node with a notice) was signalled by its watcher; the others agreed with it
+    assert re.search(r"\brank 0 agree True stopped at step \d+, notice saved at \d+, by signal True", out), out
     checkpoint = f"{out_dir}/checkpoint-{saved[0]}"
+    assert (Path(checkpoint) / "trainer_state.json").is_file(), out
     resumed = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "run_glue.py"),
                   "--output-dir", out_dir, "--args", " ".join([*args, "--resume_from_checkpoint", checkpoint]))
     out = resumed.stdout + resumed.stderr

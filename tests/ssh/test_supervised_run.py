@@ -33,7 +33,7 @@ from tests.ssh.jobs_on_nodes import node_home, wait_for
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 800
+STEPS = 400
 KEEPER_DELAY_S = 10
 KEEPER_CONSOLE_DELAY_S = 15  # a replacement's console lists its host keys late, as a metal boot's does
 ELSEWHERE = "/srv/alice/xeon-cluster"  # another checkout, as a cluster's owner record names it
