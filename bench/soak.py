@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import soak_plan as plan  # noqa: E402
 from bench.soak_faults import FILL_FILE, Injector, LocalCluster, fab, supervisor_state  # noqa: E402
+from bench.soak_leftovers import checkpoint_objects, controller_processes, left_behind  # noqa: E402
 from bench.soak_store import Store  # noqa: E402
 from cluster.run import supervision as sv  # noqa: E402
 from node_setup.local import state as local_state  # noqa: E402
@@ -57,7 +58,6 @@ BUCKET = "soak"
 KEEPER_DELAY = "10s"
 TMPFS_SIZE = "64m"
 EXAMPLES = 3000
-KEEP = 2  # the job's --save_total_limit default: checkpoints of the run it keeps
 POLL_S = 1.0
 STATUS_EVERY_S = 15.0
 SETTLE_S = 15.0  # after a fault that should not end the job: how long to watch whether it did
@@ -299,7 +299,8 @@ class Run:
         if self.status() in sv.FINAL:
             outcome.notes.append(f"the run ended {self.status()} during this fault")
         outcome.supervisor_lines = [line for _, line in self.sup_lines[seen_before:]]
-        outcome.supervisor = what_the_supervisor_did(outcome.supervisor_lines, pid0, self.state.get("pid"), changed)
+        outcome.supervisor = plan.what_the_supervisor_did(outcome.supervisor_lines, pid0, self.state.get("pid"),
+                                                          changed)
         say(f"fault {fault.number}: training again after {outcome.training_again_s} s; "
             f"{outcome.steps_redone} step(s) redone; {outcome.supervisor}")
         return outcome
@@ -324,28 +325,6 @@ class Run:
                                   "step": (job.get("progress") or {}).get("step")})
 
 
-def what_the_supervisor_did(lines: list[str], pid0, pid1, changed: bool) -> str:
-    """A few words from the supervisor's lines during a fault."""
-    said = [line.split("] ", 1)[-1] for line in lines]
-    restarted = next((s for s in said if s.startswith("the supervisor restarted")), None)
-    recovery = next((s for s in said if s.startswith("recovery ")), None)
-    parts = []
-    if restarted:
-        parts.append(f"restarted (pid {pid0} -> {pid1}), carried on from its state file")
-    if recovery:
-        parts.append(recovery.split(";")[0])
-        waited = re.search(r"([0-9.]+) s waiting", recovery)
-        if waited:
-            parts.append(f"{waited.group(1)} s waiting")
-    for line in said:
-        found = re.match(r"^(\S+): no SSH answer for .* its instance is (\S+): not lost", line)
-        if found:
-            parts.append(f"{found.group(1)} silent, its instance {found.group(2)}: not lost, the job went on")
-    if not parts:
-        parts.append("a new job" if changed else "nothing: the job trained on")
-    return "; ".join(parts)
-
-
 def _read_from(path: Path, offset: int) -> str:
     try:
         with open(path, "rb") as handle:
@@ -363,66 +342,6 @@ def output_root(name: str) -> str:
 def on_master(path: str) -> str:
     """Where a folder relative to the home is on the master (the local cluster's user is root)."""
     return f"/root/{path}"
-
-
-def controller_processes(name: str) -> list[str]:
-    """fab processes of this cluster on this machine (the soak's own `fab status` polls excepted)."""
-    found = []
-    for argv, pid in _processes():
-        if "fabric" in " ".join(argv[:3]) and f"local:{name}" in argv and "status" not in argv:
-            found.append(f"{pid} {' '.join(argv)[:200]}")
-    return found
-
-
-def _processes():
-    mine = {os.getpid(), os.getppid()}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in mine:
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if argv and argv[0]:
-            yield [a for a in argv if a], int(entry.name)
-
-
-def left_behind(cluster: LocalCluster, run_ids: list[str], own: bool) -> dict:
-    """After the teardown: processes, namespaces (and the bridge), mounts and files of this soak still there (of
-    a cluster it did not make: the run's processes, mounts and folders; the cluster's own stay)."""
-    name, folder = cluster.name, output_root(cluster.name)
-    marks = ([f"/local/{name}/", f"local:{name}"] if own else []) + [folder] + [r for r in run_ids if r]
-    processes = [f"{pid} {' '.join(argv)[:200]}" for argv, pid in _processes()
-                 if any(m in " ".join(argv) for m in marks)
-                 or (own and "node_setup.local.keeper" in argv and name in argv)]
-    state = local_state.load_state(cluster.paths)
-    mountinfo = [Path("/proc/self/mountinfo")] + ([Path(f"/proc/{state.nodes[0].sshd_pid}/mountinfo")] if state else [])
-    mounts = [line for path in mountinfo if path.exists() for line in path.read_text().splitlines() if folder in line]
-    files = [str(Path(n.dir) / "root" / folder) for n in (state.nodes if state else [])
-             if (Path(n.dir) / "root" / folder).exists()]
-    if not own:
-        return {"processes_left": processes, "namespaces_left": [], "mounts_left": mounts, "files_left": files}
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    prefix = local_state.namespace_name(name, 0)[:-1]
-    left = [n for n in namespaces if n.startswith(prefix)]
-    bridge = local_state.bridge_name(name)
-    if subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode == 0:
-        left.append(f"bridge {bridge}")
-    config = cluster.paths.cluster_dir
-    files += [str(p) for p in config.iterdir()] if config.exists() else []
-    return {"processes_left": processes, "namespaces_left": left, "mounts_left": mounts, "files_left": files}
-
-
-def checkpoint_objects(store: Store, label: str) -> dict:
-    """The run's objects in the bucket: what it needs (its KEEP newest complete checkpoints and its spec)."""
-    keys = store.keys(f"{label}/")
-    complete = sorted((int(m.group(1)) for k in keys
-                       for m in [re.match(rf"^{re.escape(label)}/checkpoint-([0-9]+)/xeon-checkpoint\.json$", k)] if m),
-                      reverse=True)[:KEEP]
-    needed = [k for k in keys if any(k.startswith(f"{label}/checkpoint-{s}/") for s in complete)
-              or k.startswith(f"{label}/xeon-cluster-run/")]
-    return {"objects": len(keys), "kept_checkpoints": sorted(complete),
-            "not_needed": [k for k in keys if k not in needed]}
 
 
 def calibrate(cluster: LocalCluster, env: dict, o: argparse.Namespace) -> int:
@@ -538,7 +457,7 @@ def main() -> int:
         report["final_loss_difference"] = round(report["final_loss"] - report["baseline"]["final_loss"], 4)
     report["checkpoint_objects"] = soak.get("checkpoints")
     report["checkpoint_objects_not_needed"] = len((soak.get("checkpoints") or {}).get("not_needed", []))
-    report.update(left_behind(cluster, [r.get("run", "") for r in runs.values()], o.own))
+    report.update(left_behind(cluster, output_root(cluster.name), [r.get("run", "") for r in runs.values()], o.own))
     report["total_s"] = round(time.time() - started, 1)
     report["problems"] = ([report["error"]] if report.get("error") else []) + plan.verdict(report)
     path = Path(o.json or f"soak-{o.name}.json")

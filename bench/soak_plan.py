@@ -1,5 +1,6 @@
 """The soak's decisions, apart from its actions (bench/soak.py): the seeded fault schedule, what a job's
-log says about its steps, and the report (JSON and the Markdown table docs/benchmarks.md shows).
+log says about its steps, what the supervisor's lines during a fault amount to, and the report (JSON and
+the Markdown table docs/benchmarks.md shows).
 
 Faults are placed on the run's progress (a fraction of its steps), not on the clock, so a soak paced by
 a slow, shared machine still spreads its faults over the whole run.
@@ -161,6 +162,28 @@ class Outcome:
     def as_json(self) -> dict:
         return {**asdict(self.fault), **{k: v for k, v in asdict(self).items() if k != "fault"},
                 "within_interval": self.within_interval}
+
+
+def what_the_supervisor_did(lines: list[str], pid0, pid1, changed: bool) -> str:
+    """A few words from the supervisor's lines during a fault."""
+    said = [line.split("] ", 1)[-1] for line in lines]
+    restarted = next((s for s in said if s.startswith("the supervisor restarted")), None)
+    recovery = next((s for s in said if s.startswith("recovery ")), None)
+    parts = []
+    if restarted:
+        parts.append(f"restarted (pid {pid0} -> {pid1}), carried on from its state file")
+    if recovery:
+        parts.append(recovery.split(";")[0])
+        waited = re.search(r"([0-9.]+) s waiting", recovery)
+        if waited:
+            parts.append(f"{waited.group(1)} s waiting")
+    for line in said:
+        found = re.match(r"^(\S+): no SSH answer for .* its instance is (\S+): not lost", line)
+        if found:
+            parts.append(f"{found.group(1)} silent, its instance {found.group(2)}: not lost, the job went on")
+    if not parts:
+        parts.append("a new job" if changed else "nothing: the job trained on")
+    return "; ".join(parts)
 
 
 def _s(value: float | None) -> str:

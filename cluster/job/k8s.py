@@ -43,7 +43,7 @@ from typing import Any
 
 from cluster.stack import catalog
 from cluster.stack.catalog import InstanceType
-from cluster.job import request
+from cluster.job import request, run_env
 from cluster.job.job_args import SyntheticData, synthetic_data
 from cluster.job.launch import OUTPUT_DIR_VARIABLE, RESERVED_VARIABLES
 from cluster.job.layout import Layout, plan_layout
@@ -161,11 +161,11 @@ def check_nodes(nodes: int) -> int:
 
 
 def check_env(env: dict[str, str], allow: tuple[str, ...] = ()) -> dict[str, str]:
-    """--env checked as `fab train` checks it (cluster/job/request.py: variable names, one-line values, names
+    """--env checked as `fab train` checks it (cluster/job/run_env.py: variable names, one-line values, names
     that change how an interpreter, a shell or the loader starts only if `allow` names them), and without
     what the launch sets itself: the ranks' variables torchrun gives (RANK ...), the program's
     (XEON_CLUSTER_*), and torchrun's PET_* options (the operators set those)."""
-    request.check_env(env, allow)
+    run_env.check_env(env, allow)
     for name in env:
         if name in RESERVED_VARIABLES or name.startswith(TORCHRUN_ENV_PREFIX):
             raise K8sJobError(f"--env: {name} is set by the launch itself (torchrun and the Kubeflow operators); "

@@ -1,11 +1,12 @@
 """One training run as a typed value, made once from `fab train`'s options and resolved there (pure).
 
 `RunRequest` holds what a run is, every value checked as it is made (one line naming the setting,
-the value and what is allowed: RequestError): the run's id, its node count (resolved against the
+the value and what is allowed: RequestError, cluster/job/checks.py): the run's id, its node count (resolved against the
 inventory once), the launcher and its elastic settings (`Launcher`), the layout asked for
 (`LayoutRequest`), the program: the built-in job with its typed settings (`BuiltinJob`, the offline
 demo as `Demo`: task and examples) or your own (`OwnProgram`), the ranks' environment (names that
-change how an interpreter, a shell or the loader starts are refused unless `allow_env` names them),
+change how an interpreter, a shell or the loader starts are refused unless `allow_env` names them:
+cluster/job/run_env.py),
 the output directory, the checkpoint interval in seconds and URI, --resume, the --managed settings
 (`Managed`) and the idle auto-stop armed at the start. Your own program's request records its workdir:
 the folder on this controller and its digest (`workdir_digest`: each file the copy plan copies, path and
@@ -26,119 +27,25 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS, ExtraArg, JobArgsError,
                                   check_extra, parse_s3_uri)
-from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS, RESERVED_VARIABLES, is_variable_name
+from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS
+from cluster.job import checks as ck
+from cluster.job.checks import RequestError, check_node_path
+from cluster.job.run_env import check_env, parse_allow_env
 from cluster.job.userjob import (NOTICE_SIGNALS, CopyPlan, RequirementsPlan, UserJobError, UserProgram,
                                  check_entry_path, check_module)
 from cluster.run.supervision import RUN_ID_RE, SupervisionError, resume_words
 
-# Environment names that change how an interpreter, a shell or the dynamic loader starts (what runs
-# before the program's first line, or instead of it): refused in --env (fab train, fab k8s-job, a job
-# file, a run spec) unless --allow-env names them. TMPDIR is allowed: it moves where temporary files
-# go (a larger disk is a common reason to set it) and starts nothing.
-REFUSED_ENV_PREFIXES = ("PYTHON", "LD_", "BASH_FUNC_", "GIT_CONFIG")
-REFUSED_ENV_NAMES = (
-    "BASH_ENV", "ENV", "BROWSER", "PERL5OPT", "PERL5LIB", "PERLLIB", "NODE_OPTIONS", "RUBYOPT", "RUBYLIB",
-    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH",
-    "PATH", "IFS", "PS4", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "CDPATH", "HOSTALIASES", "LOCALDOMAIN",
-    "RES_OPTIONS", "HOME", "ZDOTDIR", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH")
-ALLOW_ENV_OPTION = "--allow-env"
 CHANGED_OK_OPTION = "--workdir-changed-ok"  # a resumed run of your own program goes on with a changed workdir
-_LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
-_NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
 _SCRIPT_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,1000}\Z")
 _FILE_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,4000}\Z")  # a file of the workdir, relative to it
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_NODES = 10000
 MAX_WAIT_S = 7 * 86400
 BUILTIN, OWN = "builtin", "own"
-
-
-class RequestError(ValueError):
-    """A setting of the run that cannot be used; the message is one line naming it, the value and what is
-    allowed."""
-
-
-def _refuse(setting: str, value: object, allowed: str) -> RequestError:
-    return RequestError(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
-
-
-def _whole(setting: str, value: object, low: int, high: int, *, optional: bool = True) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _refuse(setting, value, f"a whole number from {low} to {high}")
-
-
-def _number(setting: str, value: object, low: float, high: float, *, above: bool = False) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high or (above and value == low):
-        raise _refuse(setting, value, f"a number {'above' if above else 'from'} {low:g}" + f" to {high:g}")
-
-
-def _line(setting: str, value: object, *, optional: bool = True, pattern: re.Pattern = _LINE_RE) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not pattern.match(value):
-        raise _refuse(setting, value, "one line of text" if pattern is _LINE_RE else "letters, digits and _./+@-")
-
-
-def _choice(setting: str, value: object, choices: Iterable[object], *, optional: bool = True) -> None:
-    choices = tuple(choices)
-    if (value is None and optional) or value in choices:
-        return
-    raise RequestError(f"{setting}: {value!r} is not allowed; choose {' or '.join(str(c) for c in choices)}")
-
-
-def _flag(setting: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise _refuse(setting, value, "true or false")
-
-
-def check_node_path(setting: str, value: object) -> None:
-    """A folder on the nodes: letters, digits and _./+@- (it reaches shells quoted), no '..'."""
-    _line(setting, value, pattern=_NODE_PATH_RE)
-    if isinstance(value, str) and ".." in value.split("/"):
-        raise _refuse(setting, value, "a path without '..'")
-
-
-# ---------------------------------------------------------------------------------------- environment
-
-
-def refused_env_name(name: str) -> bool:
-    """Whether `name` changes how an interpreter, a shell or the loader starts (REFUSED_ENV_*)."""
-    return name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)
-
-
-def parse_allow_env(text: str) -> tuple[str, ...]:
-    """`--allow-env NAME,...` (commas or spaces between names): the names, each a variable name."""
-    names = tuple(n for n in re.split(r"[,\s]+", text or "") if n)
-    for name in names:
-        if not is_variable_name(name) or len(name) > 128:
-            raise _refuse(ALLOW_ENV_OPTION, name, "environment variable names, e.g. --allow-env PYTHONHASHSEED")
-    return names
-
-
-def check_env(env: Mapping[str, str], allow: Iterable[str] = (), setting: str = "--env") -> tuple[tuple[str, str], ...]:
-    """The ranks' environment checked: names are variable names, not set by the launch itself and, unless
-    `allow` names them, not REFUSED_ENV_*; values are one line. Returned as pairs in the given order."""
-    allowed = set(allow)
-    for name, value in env.items():
-        if not isinstance(name, str) or not is_variable_name(name) or len(name) > 128:
-            raise _refuse(setting, name, "NAME=VALUE with a variable name (letters, digits, _)")
-        if name in RESERVED_VARIABLES:
-            raise RequestError(f"{setting}: {name} is set by the launch itself; allowed: any other variable")
-        if refused_env_name(name) and name not in allowed:
-            raise RequestError(f"{setting}: {name} changes how an interpreter, a shell or the loader starts on every "
-                               f"node, so it is refused; allowed: other names, or name it in {ALLOW_ENV_OPTION} "
-                               f"{name} if you mean it")
-        _line(f"{setting} {name}", value, optional=False)
-    return tuple((str(k), str(v)) for k, v in env.items())
 
 
 # ---------------------------------------------------------------------------------------- the parts
@@ -153,9 +60,9 @@ class Launcher:
     max_restarts: int | None = None
 
     def __post_init__(self) -> None:
-        _choice("--launcher", self.name, LAUNCHERS, optional=False)
-        _whole("--min-nodes", self.min_nodes, 1, MAX_NODES)
-        _whole("--max-restarts", self.max_restarts, 0, 1000)
+        ck.choice("--launcher", self.name, LAUNCHERS, optional=False)
+        ck.whole("--min-nodes", self.min_nodes, 1, MAX_NODES)
+        ck.whole("--max-restarts", self.max_restarts, 0, 1000)
         if self.name != "torchrun" and (self.min_nodes is not None or self.max_restarts is not None):
             raise RequestError(f"{'--min-nodes' if self.min_nodes is not None else '--max-restarts'}: only with "
                                "--launcher torchrun (its elastic agent handles a node that leaves)")
@@ -171,11 +78,11 @@ class LayoutRequest:
     pin: bool | None = None
 
     def __post_init__(self) -> None:
-        _whole("--ranks-per-node", self.ranks_per_node, 1, 4096)
-        _whole("--threads", self.threads_per_rank, 1, 4096)
-        _whole("--ccl-workers", self.ccl_workers, 0, 4096)
+        ck.whole("--ranks-per-node", self.ranks_per_node, 1, 4096)
+        ck.whole("--threads", self.threads_per_rank, 1, 4096)
+        ck.whole("--ccl-workers", self.ccl_workers, 0, 4096)
         if self.pin is not None:
-            _flag("--pin", self.pin)
+            ck.flag("--pin", self.pin)
 
 
 @dataclass(frozen=True)
@@ -186,8 +93,8 @@ class Demo:
     examples: int | None = None
 
     def __post_init__(self) -> None:
-        _choice("--task", self.task, TASKS, optional=False)
-        _whole("--synthetic-examples", self.examples, 1, 10**9)
+        ck.choice("--task", self.task, TASKS, optional=False)
+        ck.whole("--synthetic-examples", self.examples, 1, 10**9)
 
 
 @dataclass(frozen=True)
@@ -214,29 +121,29 @@ class BuiltinJob:
     kind = BUILTIN
 
     def __post_init__(self) -> None:
-        _choice("--task", self.task, TASKS)
+        ck.choice("--task", self.task, TASKS)
         for setting, value in (("--model", self.model), ("--dataset", self.dataset),
                                ("--dataset-config", self.dataset_config), ("--train-file", self.train_file),
                                ("--validation-file", self.validation_file)):
-            _line(setting, value)
-        _number("--epochs", self.epochs, 0, 1e6, above=True)
-        _whole("--batch-size", self.batch_size, 1, 1 << 20)
-        _whole("--max-steps", self.max_steps, 1, 1 << 40)
-        _choice("--bf16", self.bf16, BF16_CHOICES, optional=False)
-        _choice("--grad-comm", self.grad_comm, GRAD_COMM_CHOICES)
+            ck.line(setting, value)
+        ck.number("--epochs", self.epochs, 0, 1e6, above=True)
+        ck.whole("--batch-size", self.batch_size, 1, 1 << 20)
+        ck.whole("--max-steps", self.max_steps, 1, 1 << 40)
+        ck.choice("--bf16", self.bf16, BF16_CHOICES, optional=False)
+        ck.choice("--grad-comm", self.grad_comm, GRAD_COMM_CHOICES)
         if self.ddp_bucket_mb is not None and not (isinstance(self.ddp_bucket_mb, (int, float)) and not isinstance(
                 self.ddp_bucket_mb, bool) and math.isfinite(self.ddp_bucket_mb) and self.ddp_bucket_mb > 0):
             raise RequestError(f"--ddp-bucket-mb: {self.ddp_bucket_mb!r} is not allowed; give a positive number of MB "
                                "(DDP's default is 25)")
-        _choice("--compile", self.compile, COMPILE_CHOICES)
+        ck.choice("--compile", self.compile, COMPILE_CHOICES)
         if self.compile_estimate is not None:
             estimate = self.compile_estimate
             if not isinstance(estimate, tuple) or len(estimate) != 3:
-                raise _refuse("compile estimate", estimate, "three numbers: eager step, compiled step, compile s")
+                raise ck.refuse("compile estimate", estimate, "three numbers: eager step, compiled step, compile s")
             for part in estimate:
-                _number("compile estimate", part, 0, 1e6)
+                ck.number("compile estimate", part, 0, 1e6)
         if self.demo is not None and not isinstance(self.demo, Demo):
-            raise _refuse("demo", self.demo, "a task and a number of examples")
+            raise ck.refuse("demo", self.demo, "a task and a number of examples")
         if self.demo is not None and (self.model or self.dataset or self.train_file):
             raise RequestError("--synthetic-examples: the offline demo brings its own model and data; leave out "
                                "--model, --dataset and --train-file, or drop --synthetic-examples")
@@ -254,21 +161,21 @@ def workdir_digest(copy: CopyPlan) -> tuple[tuple[str, str], ...]:
 def _check_workdir_files(files: object) -> None:
     setting = "workdir digest"
     if not isinstance(files, tuple):
-        raise _refuse(setting, files, "a list of [path, SHA-256] pairs")
+        raise ck.refuse(setting, files, "a list of [path, SHA-256] pairs")
     seen: set[str] = set()
     for pair in files:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-            raise _refuse(setting, pair, "[path, SHA-256] pairs")
+            raise ck.refuse(setting, pair, "[path, SHA-256] pairs")
         path, digest = pair
-        _line(setting, path, optional=False, pattern=_FILE_RE)
+        ck.line(setting, path, optional=False, pattern=_FILE_RE)
         try:
             check_entry_path(path)
         except UserJobError:
-            raise _refuse(setting, path, "paths inside the workdir") from None
+            raise ck.refuse(setting, path, "paths inside the workdir") from None
         if not _SHA256_RE.match(digest):
-            raise _refuse(f"{setting} {path}", digest, "a SHA-256 digest (64 hex digits)")
+            raise ck.refuse(f"{setting} {path}", digest, "a SHA-256 digest (64 hex digits)")
         if path in seen:
-            raise _refuse(setting, path, "each path once")
+            raise ck.refuse(setting, path, "each path once")
         seen.add(path)
 
 
@@ -301,34 +208,34 @@ class OwnProgram:
         if (self.script is None) == (self.module is None):
             raise RequestError("--script/--module: give one of them (your program)")
         if self.script is not None:
-            _line("--script", self.script, pattern=_SCRIPT_RE)
+            ck.line("--script", self.script, pattern=_SCRIPT_RE)
             if self.script.startswith("/") or ".." in self.script.split("/"):
-                raise _refuse("--script", self.script, "a path inside the workdir")
+                raise ck.refuse("--script", self.script, "a path inside the workdir")
         else:
             try:
                 check_module(str(self.module))
             except UserJobError as exc:
                 raise RequestError(str(exc)) from None
         if not isinstance(self.args, tuple):
-            raise _refuse("--args", self.args, "a list of words")
+            raise ck.refuse("--args", self.args, "a list of words")
         for word in self.args:
-            _line("--args", word, optional=False)
-        _choice("--notice-signal", self.signal, NOTICE_SIGNALS)
-        _line("--workdir", self.workdir, optional=False)
-        _whole("--workdir-limit-mb", self.workdir_limit_mb, 1, 1 << 30, optional=False)
-        _line("--requirements", self.requirements)
-        _line("--resume-arg", self.resume_arg, optional=False)
+            ck.line("--args", word, optional=False)
+        ck.choice("--notice-signal", self.signal, NOTICE_SIGNALS)
+        ck.line("--workdir", self.workdir, optional=False)
+        ck.whole("--workdir-limit-mb", self.workdir_limit_mb, 1, 1 << 30, optional=False)
+        ck.line("--requirements", self.requirements)
+        ck.line("--resume-arg", self.resume_arg, optional=False)
         if self.resume_arg:
             try:
                 resume_words(self.resume_arg)
             except SupervisionError as exc:
                 raise RequestError(str(exc)) from None
-        _flag("--independent-ranks", self.independent_ranks)
+        ck.flag("--independent-ranks", self.independent_ranks)
         if self.workdir_files is None and self.copy is not None:
             object.__setattr__(self, "workdir_files", workdir_digest(self.copy))
         if self.workdir_files is not None:
             _check_workdir_files(self.workdir_files)
-        _flag(CHANGED_OK_OPTION, self.workdir_changed_ok)
+        ck.flag(CHANGED_OK_OPTION, self.workdir_changed_ok)
 
     @property
     def program(self) -> UserProgram:
@@ -345,10 +252,10 @@ class Managed:
     detach: bool = False
 
     def __post_init__(self) -> None:
-        _whole("--max-recoveries", self.max_recoveries, 0, 1000, optional=False)
-        _whole("--min-nodes", self.min_nodes, 1, MAX_NODES, optional=False)
-        _number("--wait-for-capacity", self.wait_s, 0, MAX_WAIT_S)
-        _flag("--detach", self.detach)
+        ck.whole("--max-recoveries", self.max_recoveries, 0, 1000, optional=False)
+        ck.whole("--min-nodes", self.min_nodes, 1, MAX_NODES, optional=False)
+        ck.number("--wait-for-capacity", self.wait_s, 0, MAX_WAIT_S)
+        ck.flag("--detach", self.detach)
 
 
 @dataclass(frozen=True)
@@ -382,26 +289,26 @@ class RunRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not RUN_ID_RE.match(self.run_id):
-            raise _refuse("run id", self.run_id, "a job id such as 20261123-101500-ab12")
-        _whole("--nodes", self.nodes, 1, MAX_NODES, optional=False)
+            raise ck.refuse("run id", self.run_id, "a job id such as 20261123-101500-ab12")
+        ck.whole("--nodes", self.nodes, 1, MAX_NODES, optional=False)
         if not isinstance(self.program, (BuiltinJob, OwnProgram)):
-            raise _refuse("program", self.program, "the built-in job or your own program")
+            raise ck.refuse("program", self.program, "the built-in job or your own program")
         for name in self.allow_env:
             parse_allow_env(name)
         if len({name for name, _ in self.env}) != len(self.env):
-            raise _refuse("--env", [name for name, _ in self.env], "each name once")
+            raise ck.refuse("--env", [name for name, _ in self.env], "each name once")
         check_env(dict(self.env), self.allow_env)
         if self.output_dir is not None:
             check_node_path("--output-dir", self.output_dir)
-        _number("--checkpoint-every", self.checkpoint_every_s, 0, 10 * 365 * 86400)
+        ck.number("--checkpoint-every", self.checkpoint_every_s, 0, 10 * 365 * 86400)
         if self.checkpoint_uri is not None:
             try:
                 parse_s3_uri(self.checkpoint_uri)
             except JobArgsError as exc:
                 raise RequestError(str(exc)) from None
-        _flag("--resume", self.resume)
-        _flag("--allow-busy", self.allow_busy)
-        _whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
+        ck.flag("--resume", self.resume)
+        ck.flag("--allow-busy", self.allow_busy)
+        ck.whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
         min_nodes = self.launcher.min_nodes if self.managed is None else self.managed.min_nodes
         if min_nodes is not None and not 1 <= min_nodes <= self.nodes:
             raise RequestError(f"--min-nodes: {min_nodes} is not allowed; allowed 1 to {self.nodes} (the job's nodes)")
@@ -472,7 +379,7 @@ def _mapping(value: Any) -> Any:
 def _build(cls: Any, data: object, where: str) -> Any:
     """`cls` from its mapping: exactly its serialized fields, nested parts built (and checked) the same way."""
     if not isinstance(data, dict):
-        raise _refuse(where, type(data).__name__, "an object")
+        raise ck.refuse(where, type(data).__name__, "an object")
     names = {f.name for f in dataclasses.fields(cls) if f.name not in _NOT_SERIALIZED}
     extra = sorted(set(data) - names - ({"kind"} if cls in (BuiltinJob, OwnProgram) else set()))
     if extra:
@@ -489,7 +396,7 @@ def _build(cls: Any, data: object, where: str) -> Any:
         elif name == "program":
             kinds = {BUILTIN: BuiltinJob, OWN: OwnProgram}
             if not isinstance(raw, dict) or raw.get("kind") not in kinds:
-                raise _refuse(f"{where} program", raw if not isinstance(raw, dict) else raw.get("kind"),
+                raise ck.refuse(f"{where} program", raw if not isinstance(raw, dict) else raw.get("kind"),
                               f"an object of kind {BUILTIN} or {OWN}")
             values[name] = _build(kinds[raw["kind"]], raw, f"{where} program")
         else:
@@ -502,14 +409,14 @@ def _build(cls: Any, data: object, where: str) -> Any:
 
 def _tuple(name: str, raw: object, where: str) -> tuple:
     if not isinstance(raw, list):
-        raise _refuse(f"{where} {name}", raw, "a list")
+        raise ck.refuse(f"{where} {name}", raw, "a list")
     if name in ("env", "workdir_files"):
         if not all(isinstance(p, list) and len(p) == 2 for p in raw):
-            raise _refuse(f"{where} {name}", raw, "a list of [NAME, VALUE] pairs" if name == "env" else
+            raise ck.refuse(f"{where} {name}", raw, "a list of [NAME, VALUE] pairs" if name == "env" else
                           "a list of [path, SHA-256] pairs")
         return tuple((p[0], p[1]) for p in raw)
     if name == "extra":
         if not all(isinstance(p, list) and p and all(isinstance(w, str) for w in p) for p in raw):
-            raise _refuse(f"{where} extra", raw, "a list of [FLAG, VALUE...] lists")
+            raise ck.refuse(f"{where} extra", raw, "a list of [FLAG, VALUE...] lists")
         return tuple(ExtraArg(p[0], tuple(p[1:])) for p in raw)
     return tuple(raw)

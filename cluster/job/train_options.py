@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping
 
 from cluster.inventory import Inventory, InventoryError
 from cluster.job import request as rq
+from cluster.job.checks import check_node_path
+from cluster.job.run_env import check_env, parse_allow_env
 from cluster.job.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, TASKS, JobArgsError, compile_choice,
                                   parse_extra)
 from cluster.job.jobplan import default_output_dir, machine_for
@@ -91,7 +93,7 @@ def _from_extra(typed: dict[str, str], options: dict[str, Any]) -> dict[str, Any
         elif name == "compile_estimate":
             found[target] = _estimate(text)
         elif name == "output_dir":
-            rq.check_node_path(flag, text)
+            check_node_path(flag, text)
             found[target] = text
         else:
             found[target] = text
@@ -206,7 +208,7 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
         pairs = env_pairs(options.get("env") or "")
     except (InventoryError, LaunchError) as exc:
         raise rq.RequestError(str(exc)) from None
-    allow = rq.parse_allow_env(options.get("allow_env") or "")
+    allow = parse_allow_env(options.get("allow_env") or "")
     lines: list[str] = []
     ranks = options.get("ranks_per_node")
     if ranks is None and calibration is not None:  # no --ranks-per-node: a measured layout, else the rule
@@ -241,7 +243,7 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
         run_id=run_id, nodes=nodes, program=program, launcher=launcher,
         layout=rq.LayoutRequest(ranks, options.get("threads"), options.get("ccl_workers"),
                                 PIN_CHOICES[(options.get("pin") or "").lower()]),
-        env=rq.check_env(pairs, allow), allow_env=allow, output_dir=output_dir,
+        env=check_env(pairs, allow), allow_env=allow, output_dir=output_dir,
         checkpoint_every_s=options.get("checkpoint_every"), checkpoint_uri=options.get("checkpoint_uri") or None,
         resume=resume, managed=supervision, allow_busy=bool(options.get("allow_busy")), idle_stop_s=idle_stop_s,
         data_files=files)
@@ -259,7 +261,7 @@ def k8s_request(options: Mapping[str, Any], *, run_id: str, own: rq.OwnProgram |
         pairs = env_pairs(options.get("env") or "", "CCL_LOG_LEVEL=info")
     except LaunchError as exc:
         raise rq.RequestError(str(exc)) from None
-    allow = rq.parse_allow_env(options.get("allow_env") or "")
+    allow = parse_allow_env(options.get("allow_env") or "")
     program: rq.BuiltinJob | rq.OwnProgram = own if own is not None else _builtin(
         options, False, run_id, calibration=None, local_file=lambda path: None)[0]
     min_nodes = options.get("min_nodes")
@@ -267,5 +269,5 @@ def k8s_request(options: Mapping[str, Any], *, run_id: str, own: rq.OwnProgram |
         run_id=run_id, nodes=options.get("nodes") or 1, program=program,
         launcher=rq.Launcher("torchrun", min_nodes, options.get("max_restarts") if min_nodes is not None else None),
         layout=rq.LayoutRequest(options.get("ranks_per_node"), options.get("threads"), options.get("ccl_workers")),
-        env=rq.check_env(pairs, allow), allow_env=allow, output_dir=options.get("output_dir") or None,
+        env=check_env(pairs, allow), allow_env=allow, output_dir=options.get("output_dir") or None,
         checkpoint_every_s=options.get("checkpoint_every"), checkpoint_uri=options.get("checkpoint_uri") or None)

@@ -211,7 +211,7 @@ def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: st
     checked before anything starts (one line naming where, exit 2), then the same run again: a new run id,
     --resume, the withheld --env values given again (`options`: fab train's, left out as None)."""
     from cluster.job.launch import LaunchError, env_pairs
-    from cluster.job.request import check_env
+    from cluster.job.run_env import check_env
     from node_setup.tasks import common
 
     uri, output_dir = options.get("checkpoint_uri") or "", options.get("output_dir") or ""

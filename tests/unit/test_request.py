@@ -10,6 +10,7 @@ import pytest
 
 from cluster.inventory import Inventory
 from cluster.job import request as rq
+from cluster.job import run_env
 from cluster.job.job_args import ExtraArg, JobArgsError, parse_extra
 from cluster.job.train_options import request_from_options
 
@@ -164,7 +165,7 @@ def test_environment_names_that_change_how_a_program_starts_are_refused_unless_a
 def test_tmpdir_and_ordinary_settings_are_allowed_and_values_are_one_line():
     assert made(env="TMPDIR=/scratch OMP_DISPLAY_ENV=true").env == (("TMPDIR", "/scratch"), ("OMP_DISPLAY_ENV", "true"))
     with pytest.raises(rq.RequestError, match=r"^--env FI_PROVIDER: 'tcp\\n' is not allowed"):
-        rq.check_env({"FI_PROVIDER": "tcp\n"})
+        run_env.check_env({"FI_PROVIDER": "tcp\n"})
     with pytest.raises(rq.RequestError, match=r"^--env: RANK is set by the launch itself"):
         made(env="RANK=3")
 

@@ -1,0 +1,63 @@
+"""The one-line checks every setting of a run request goes through (pure): a whole number, a number, one
+line of text, a choice, a flag, a folder on the nodes. Each failure is a RequestError naming the setting,
+the value and what is allowed (cluster/job/request.py, cluster/job/run_env.py)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable
+
+LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
+_NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
+
+
+class RequestError(ValueError):
+    """A setting of the run that cannot be used; the message is one line naming it, the value and what is
+    allowed."""
+
+
+def refuse(setting: str, value: object, allowed: str) -> RequestError:
+    return RequestError(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
+
+
+def whole(setting: str, value: object, low: int, high: int, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise refuse(setting, value, f"a whole number from {low} to {high}")
+
+
+def number(setting: str, value: object, low: float, high: float, *, above: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high or (above and value == low):
+        raise refuse(setting, value, f"a number {'above' if above else 'from'} {low:g}" + f" to {high:g}")
+
+
+def line(setting: str, value: object, *, optional: bool = True, pattern: re.Pattern = LINE_RE,
+         allowed: str = "one line of text") -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not pattern.match(value):
+        raise refuse(setting, value, allowed)
+
+
+def choice(setting: str, value: object, choices: Iterable[object], *, optional: bool = True) -> None:
+    choices = tuple(choices)
+    if (value is None and optional) or value in choices:
+        return
+    raise RequestError(f"{setting}: {value!r} is not allowed; choose {' or '.join(str(c) for c in choices)}")
+
+
+def flag(setting: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise refuse(setting, value, "true or false")
+
+
+def check_node_path(setting: str, value: object) -> None:
+    """A folder on the nodes: letters, digits and _./+@- (it reaches shells quoted), no '..'."""
+    line(setting, value, pattern=_NODE_PATH_RE, allowed="letters, digits and _./+@-")
+    if isinstance(value, str) and ".." in value.split("/"):
+        raise refuse(setting, value, "a path without '..'")
