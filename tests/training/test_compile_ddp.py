@@ -39,8 +39,7 @@ def launch(launcher, ranks, args):
 
 @requires_mpi
 @pytest.mark.slow
-# One launcher here: a checkpoint does not depend on it; the compiled-equals-eager loss under torchrun, through
-# `fab train --compile on`, is tests/ssh/test_compile_and_layouts.py's, on the local cluster.
+# One launcher: neither the compiled graph nor a checkpoint depends on it.
 @pytest.mark.parametrize("launcher, ranks", [("mpirun", 2)])
 def test_compiled_ddp_matches_eager_and_checkpoints_cross_resume(qa_demo, tmp_path, launcher, ranks):
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
