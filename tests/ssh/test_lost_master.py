@@ -71,14 +71,19 @@ def group_members(cluster) -> set[str]:
     return {m.get("instance_id") for m in record.get("members", [])}
 
 
-def test_a_lost_master_is_replaced_by_the_keeper_and_the_run_resumed_from_its_newest_checkpoint(cluster):
-    out = f"/var/tmp/xc-lost-master-{cluster.name}"
-    lost = master(cluster)
-    transcript = []
-
+def recorded(transcript: list[str]):
+    """A function that appends a finished fab's command and output to `transcript` and returns it."""
     def ran(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
         transcript.append(f"$ fab {' '.join(result.args[3:])}\n{result.stdout}{result.stderr}")
         return result
+    return ran
+
+
+def test_a_lost_master_is_replaced_by_the_keeper_and_the_run_resumed_from_its_newest_checkpoint(cluster):
+    out = f"/var/tmp/xc-lost-master-{cluster.name}"
+    lost = master(cluster)
+    transcript: list[str] = []
+    ran = recorded(transcript)
 
     try:
         started = ran(fab(cluster, "train", "--managed", "--detach", "--synthetic-examples", "200", "--max-steps",
@@ -155,11 +160,8 @@ def test_a_lost_masters_run_of_your_own_program_is_continued_with_its_workdir_co
     proj.mkdir()
     (proj / "train.py").write_text(PROGRAM)
     lost = master(cluster)
-    transcript = []
-
-    def ran(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-        transcript.append(f"$ fab {' '.join(result.args[3:])}\n{result.stdout}{result.stderr}")
-        return result
+    transcript: list[str] = []
+    ran = recorded(transcript)
 
     try:
         started = ran(fab(cluster, "train", "--managed", "--detach", "--script", str(proj / "train.py"),
