@@ -500,13 +500,20 @@ def _check_double(failing: tuple[str, ...], calls: list):
     return check
 
 
-def test_from_a_kept_image_a_master_that_matches_is_checked_and_nothing_installed_or_baked(tmp_path):
+def _from_kept_image(tmp_path, failing: tuple[str, ...]) -> tuple[dict, list, ScriptedConnection]:
+    """The setup step of a master made from kept image ami-0kept whose check fails `failing`: (its outputs,
+    the check, install and bake calls in order, the connection)."""
     conn = ScriptedConnection({})
-    calls = []
+    calls: list = []
     outs = run_profile_setup(_props_with_key(tmp_path, kept_image="ami-0kept"),
                              connect=lambda props, key, host_keys: conn, console=SHOWN,
                              install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")),
-                             check=_check_double((), calls))
+                             check=_check_double(failing, calls))
+    return outs, calls, conn
+
+
+def test_from_a_kept_image_a_master_that_matches_is_checked_and_nothing_installed_or_baked(tmp_path):
+    outs, calls, conn = _from_kept_image(tmp_path, ())
     assert [c[0] for c in calls] == ["check"] and calls[0][2] == 0  # the machine's free disk is no install's
     assert calls[0][1] == setup_step._project_version()  # this checkout's, what an install would put there
     assert not any(cmd == "sync" for cmd in conn.commands) and conn.closed
@@ -514,12 +521,7 @@ def test_from_a_kept_image_a_master_that_matches_is_checked_and_nothing_installe
 
 
 def test_from_a_kept_image_what_differs_is_installed_and_nothing_baked(tmp_path):
-    conn = ScriptedConnection({})
-    calls = []
-    outs = run_profile_setup(_props_with_key(tmp_path, kept_image="ami-0kept"),
-                             connect=lambda props, key, host_keys: conn, console=SHOWN,
-                             install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")),
-                             check=_check_double(("xeon-cluster",), calls))
+    outs, calls, _ = _from_kept_image(tmp_path, ("xeon-cluster",))
     assert [c[0] if isinstance(c, tuple) else c for c in calls] == ["check", "install"]
     assert outs["installed"] == ("from kept image ami-0kept: installed what differed (xeon-cluster): the node holds "
                                  f"profile stock and xeon-cluster {setup_step._project_version()}")
