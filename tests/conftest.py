@@ -56,7 +56,6 @@ def aws_credentials(monkeypatch):
         monkeypatch.delenv(key, raising=False)
 
 
-
 # The longest files, longest first (from CI's --durations on a 2-core machine). Only the order of the
 # files changes with this list: a stale entry costs minutes of wall time, never a test.
 LONGEST_FILES = (

@@ -56,7 +56,6 @@ class PlanOptions:
     compile: str = "auto"  # torch.compile: on, off, or auto (when the calibration's measurement says it pays)
 
 
-
 Sources = list[tuple[str, str, str]]  # (input, value, where it came from)
 
 

@@ -61,7 +61,6 @@ def new_job_id(now: float | None = None) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(2)
 
 
-
 @dataclass(frozen=True)
 class JobPlan:
     inventory: Inventory  # cut to the job's nodes, master first

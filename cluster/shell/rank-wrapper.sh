@@ -64,7 +64,10 @@ else  # one stream per rank: mpirun forwards stdout and stderr apart, out of ord
 fi
 child=$!
 exec 3<&-
-echo "$child $(awk '{print $5}' "/proc/$child/stat" 2>/dev/null) $(hostname)" > "$d/rank-$RANK"
+# its process group: the third field after the ")" that ends its name; "-" when the program has already
+# ended (and been reaped: waiting for the command substitution reaps any child)
+pgid=$(sed 's/.*) //' "/proc/$child/stat" 2>/dev/null | cut -d ' ' -f 3)
+echo "$child ${pgid:--} $(hostname)" > "$d/rank-$RANK"
 wait "$child" 2>/dev/null; code=$?  # (dash would print "Terminated")
 while kill -0 "$child" 2>/dev/null; do wait "$child" 2>/dev/null; code=$?; done
 if [ -n "$label" ]; then wait "$labeller"; rm -f "$fifo"; fi

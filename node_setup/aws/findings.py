@@ -89,7 +89,6 @@ def denied(report: Report, check: str, action: str, exc: Exception) -> None:
                f"allow {action} for your IAM identity, or check this by hand")
 
 
-
 def check_credentials(report: Report, clients: AwsClients) -> bool:
     try:
         ident = clients.sts.get_caller_identity()

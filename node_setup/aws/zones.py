@@ -23,7 +23,6 @@ def offered(ec2, location_type: str, types: list[str]) -> dict[str, set[str]]:
     return found
 
 
-
 @dataclass(frozen=True)
 class ZoneRank:
     zone: str

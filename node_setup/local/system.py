@@ -266,8 +266,6 @@ def wait_for_sshd(nodes: list[NodeState], timeout: float, progress: Progress) ->
             time.sleep(0.05)
 
 
-
-
 # ---------------------------------------------------------------- the node's metadata service
 
 IMDS_SERVER = Path(__file__).with_name("imds_server.py")

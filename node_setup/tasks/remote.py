@@ -78,8 +78,6 @@ def exec_(c, command, nodes=Unset(int, "all nodes"), cluster="", region=""):
         raise Exit(code=FAILED)
 
 
-
-
 def check_remote_path(path: str) -> str:
     """`--path`: a relative path under the output folder (cluster/job/fetch_paths.py's rule)."""
     try:

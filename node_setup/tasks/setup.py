@@ -44,7 +44,6 @@ def _exit_code(oks: list[bool], unreachable: list[bool]) -> int:
     return UNREACHABLE if any(unreachable) else FAILED
 
 
-
 def _setup_idle(inventory: Inventory, option: str) -> int | None:
     """The idle time `fab setup` arms (cluster/node/autostop.py setup_idle); bad input exits 2 first."""
     from cluster.node import autostop

@@ -59,14 +59,6 @@ def fab(cluster, *args, timeout=240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-
-
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def cluster(installed_cluster):
     yield installed_cluster

@@ -42,14 +42,6 @@ def fab_background(cluster, *args) -> subprocess.Popen:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-
-
-
-
-
-
-
-
 def rank_file(cluster, index: int, job_id: str, rank: int) -> Path:
     return node_home(cluster, index) / JOBS_DIR / job_id / "ranks" / f"rank-{rank}"
 

@@ -1,6 +1,8 @@
 """The mpirun command and environment for every catalog instance type and every MPI flavour."""
 
+import os
 import shlex
+import socket
 import subprocess
 
 import pytest
@@ -223,13 +225,24 @@ def test_values_reach_the_job_script_literally_and_nothing_runs(tmp_path):
 def test_rank_wrapper_records_pid_and_runs_program(tmp_path):
     env = {"HOME": str(tmp_path), "XEON_CLUSTER_JOB": "j9", "PMI_RANK": "5", "MASTER_ADDR": "127.0.0.1",
            "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
-    out = subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", "sh", "-c", 'echo "$$ $GLOO_SOCKET_IFNAME"'],
-                         env=env, capture_output=True, text=True, check=True)
+    record_file = tmp_path / ".xeon-cluster/jobs/j9/ranks/rank-5"
+    # the program lives until its record is written, so that the record holds its process group
+    program = ["sh", "-c", 'while [ ! -s "$0" ]; do sleep 0.05; done; echo "$$ $GLOO_SOCKET_IFNAME"', str(record_file)]
+    out = subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", *program],
+                         env=env, capture_output=True, text=True, check=True, timeout=30)
     pid, iface = out.stdout.split()
-    record = (tmp_path / ".xeon-cluster/jobs/j9/ranks/rank-5").read_text().split()
-    assert record[0] == pid  # exec: the recorded pid is the program's
-    assert record[1].isdigit()
+    assert record_file.read_text().split() == [pid, str(os.getpgrp()), socket.gethostname()]
     assert iface == "lo"  # the interface holding MASTER_ADDR
+
+
+def test_rank_wrapper_records_a_program_that_ended_at_once_with_its_host_in_place(tmp_path):
+    """The record's fields keep their places when the program is gone (reaped) before its group was read."""
+    env = {"HOME": str(tmp_path), "XEON_CLUSTER_JOB": "j9", "PMI_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    for _ in range(20):  # each run may read the group before or after the program is reaped
+        subprocess.run(["sh", "-c", RANK_WRAPPER, "xeon-rank", "true"], env=env, check=True, timeout=30)
+        pid, pgid, host = (tmp_path / ".xeon-cluster/jobs/j9/ranks/rank-0").read_text().split()
+        assert pid.isdigit() and pgid in (str(os.getpgrp()), "-") and host == socket.gethostname()
 
 
 def test_rank_wrapper_treats_master_addr_as_data(tmp_path):
