@@ -75,9 +75,9 @@ MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
 
 # Runs as `sh -c RANK_WRAPPER xeon-rank PROGRAM ARGS...` on every node (cluster/shell/rank-wrapper.sh):
-# records "pid pgid host" ("-" for a pgid it could not read) in ~/.xeon-cluster/jobs/<job>/ranks/rank-<rank>, picks GLOO_SOCKET_IFNAME
-# (the interface that holds MASTER_ADDR on the master, the one routing to it elsewhere) unless it is
-# set, then becomes the program (exec: the recorded pid is the rank's).
+# records "pid pgid host" ("-" for a pgid it could not read) in ~/.xeon-cluster/jobs/<job>/ranks/rank-<rank>,
+# picks GLOO_SOCKET_IFNAME (the interface that holds MASTER_ADDR on the master, the one routing to it
+# elsewhere) unless it is set, then runs the program (the recorded pid is the program's).
 RANK_WRAPPER = shell.render("rank-wrapper.sh", {"JOBS_DIR": JOBS_DIR})
 
 # What the job script does on the master before mpirun (LaunchPlan.setup; job.sh does it).
