@@ -16,6 +16,7 @@ import pytest
 from cluster.node.profiles import PROFILES, venv_dir
 from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
 from tests.ssh.conftest import run_fab
+from tests.ssh.shared_venv import setup_lock_held
 
 pytestmark = pytest.mark.ssh
 
@@ -58,7 +59,13 @@ def test_setup_installed_the_profile_on_every_node(installed_cluster, setup_runs
 
 
 def test_second_setup_changes_nothing_and_says_so(installed_cluster):
-    markers = {p: p.stat().st_mtime_ns for p in (VENV / PROFILE_MARKER, VENV / PROJECT_MARKER)}
+    """The markers are read with the shared venv's setup lock held (another test may be pinning the project
+    marker meanwhile, and puts it back as it found it)."""
+    def marker_times():
+        with setup_lock_held("tests/ssh/test_setup.py, reading the venv's markers"):
+            return {p: p.stat().st_mtime_ns for p in (VENV / PROFILE_MARKER, VENV / PROJECT_MARKER)}
+
+    markers = marker_times()
     result = run_fab(installed_cluster, "setup", timeout=300)  # how long it takes: bench/bench_fab_setup.py
     assert result.returncode == 0, result.stdout + result.stderr
     table = rows(result.stdout)
@@ -67,7 +74,7 @@ def test_second_setup_changes_nothing_and_says_so(installed_cluster):
         assert re.search(r"\sok\s+no\s.*already installed, nothing changed", line), line
     for name in table:
         assert f"{name}: venv unchanged" in result.stdout and f"{name}: project unchanged" in result.stdout
-    assert {p: p.stat().st_mtime_ns for p in markers} == markers  # nothing rewritten
+    assert marker_times() == markers  # nothing rewritten
 
 
 def test_check_passes_and_names_a_mismatch(installed_cluster):

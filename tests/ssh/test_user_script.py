@@ -8,7 +8,6 @@ Budget: about 2 minutes on a 2-core machine (one cluster, four short jobs).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
@@ -23,6 +22,7 @@ import pytest
 
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.node.profiles import PROFILES, venv_dir
+from tests.ssh.shared_venv import marker_restored, setup_lock_held
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
@@ -190,34 +190,6 @@ def test_a_script_failing_on_one_rank_fails_the_job_and_leaves_no_rank(cluster, 
     assert "no rank of the job is left on any node" in out, out
 
 
-@contextlib.contextmanager
-def setup_lock_held(profile: str = "stock"):
-    """The shared venv's setup lock (cluster/shell/setup-lock.sh's `setup_lock`, its record naming this test),
-    held while the block runs: no `fab setup` of another session rewrites the venv and its project marker
-    meanwhile (install.sh writes the marker under this lock)."""
-    from cluster import shell
-    from cluster.node.profiles import NODE_ROOT
-    from cluster.node.setup_script import with_setup_lock
-
-    body = 'setup_lock "$1" 900 || exit 23\necho held\nread -r _'  # holds until its stdin closes
-    script = with_setup_lock("\n".join(["#!/bin/bash", shell.HEADER_START, shell.HEADER_END, body, ""]),
-                             "tests/ssh/test_user_script.py, pinning the project marker")
-    holder = subprocess.Popen(["bash", "-c", script, "holder", f"{NODE_ROOT}/.setup-{profile}.lock"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        said = []  # while another setup holds it: who, in setup_lock's progress lines
-        for line in iter(holder.stdout.readline, ""):
-            if line.strip() == "held":
-                break
-            said.append(line.strip())
-        else:
-            pytest.fail(f"the setup lock was not taken: {said}")
-        yield
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
-
-
 def test_nodes_running_an_older_toolkit_are_named_and_the_job_still_runs(cluster, tmp_path):
     """The warning compares the nodes' project marker with this checkout's version, a digest of its sources.
     Both move under a test on a shared machine: others edit the checkout (a new version) and another session's
@@ -231,17 +203,13 @@ def test_nodes_running_an_older_toolkit_are_named_and_the_job_still_runs(cluster
     marker = Path(VENV) / PROJECT_MARKER
     work = write(tmp_path / "work", {"hi.py": "print('hi', flush=True)\n"})
     hello = ("train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "hi.py"), "--independent-ranks")  # no world
-    with setup_lock_held():
-        current = marker.read_text()
-        try:
-            marker.write_text("0.0.1+src.older\n")
-            older = fab(cluster, *hello)
-            pinned = project_version()
-            marker.write_text(f"{pinned}\n")
-            same = fab(cluster, *hello)
-            changed = project_version() != pinned  # this checkout's sources were edited during the run
-        finally:
-            marker.write_text(current)
+    with setup_lock_held("tests/ssh/test_user_script.py, pinning the project marker"), marker_restored(marker):
+        marker.write_text("0.0.1+src.older\n")
+        older = fab(cluster, *hello)
+        pinned = project_version()
+        marker.write_text(f"{pinned}\n")
+        same = fab(cluster, *hello)
+        changed = project_version() != pinned  # this checkout's sources were edited during the run
     assert older.returncode == 0, older.stdout + older.stderr
     assert re.search(r"^warning: the nodes' xeon-cluster is not this checkout's \(\S+\): node0 0\.0\.1\+src\.older, "
                      r"node1 0\.0\.1\+src\.older, node2 0\.0\.1\+src\.older;", older.stdout, re.M), older.stdout
