@@ -47,6 +47,25 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def wait_for_new_job(cluster, before: str | None, proc: subprocess.Popen, timeout: float = 60) -> str:
+    """The id of the job that `proc` (a running `fab train`, its output piped) made on node0 after `before`;
+    fails with fab's output should fab end first or the time run out."""
+    def made():
+        if proc.poll() is not None:
+            raise AssertionError(f"fab ended with code {proc.returncode} before its job's directory appeared:\n"
+                                 + proc.communicate()[0][-4000:])
+        newest = newest_job(cluster, 0)
+        return newest != before and newest
+
+    try:
+        return wait_for(made, timeout, "the job directory")
+    except AssertionError as missing:
+        if proc.poll() is None:
+            proc.kill()
+            raise AssertionError(f"{missing}; fab's output:\n{proc.communicate()[0][-4000:]}") from None
+        raise
+
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

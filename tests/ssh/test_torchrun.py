@@ -24,7 +24,7 @@ import pytest
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.job.launch import JOBS_DIR
 from cluster.job.torchrun import AGENT_FILE
-from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
+from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for, wait_for_new_job
 from training.checkpoints import MANIFEST
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -107,7 +107,7 @@ def test_user_script_under_torchrun_runs_fails_with_its_code_and_stops(cluster, 
                              "--wait", "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        job_id = wait_for(lambda: newest_job(cluster) != before and newest_job(cluster), 60, "the job directory")
+        job_id = wait_for_new_job(cluster, before, proc)
         ranks = lambda: all((node_home(cluster, i) / JOBS_DIR / job_id / "ranks" / f"rank-{i}").exists()  # noqa: E731
                             for i in range(3))
         wait_for(ranks, 120, "a rank on every node")
@@ -142,7 +142,7 @@ def test_elastic_run_loses_a_node_and_resumes_on_two_from_its_checkpoint(elastic
                              "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        job_id = wait_for(lambda: newest_job(cluster), 60, "the job directory")
+        job_id = wait_for_new_job(cluster, None, proc)
         # a complete checkpoint (its manifest is written last) before the node goes
         wait_for(lambda: list(out_dir.glob(f"checkpoint-*/{MANIFEST}")), 150, "a first checkpoint")
         node2 = node_home(cluster, 2) / JOBS_DIR / job_id

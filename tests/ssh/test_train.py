@@ -22,7 +22,7 @@ from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.job.launch import JOBS_DIR
 from cluster.cost.spend import COST_KEY, LOCAL_NO_PRICE
 from cluster.node.profiles import PROFILES, venv_dir
-from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for
+from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for, wait_for_new_job
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi]
 
@@ -164,8 +164,7 @@ def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
     before = newest_job(train_cluster, 0)
     proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
     try:
-        job_id = wait_for(lambda: newest_job(train_cluster, 0) != before and newest_job(train_cluster, 0),
-                          60, "the job directory")
+        job_id = wait_for_new_job(train_cluster, before, proc)
         wait_for(lambda: rank_file(train_cluster, 1, job_id, 1).exists(), 90, "rank 1 on node1")
         pid = int(rank_file(train_cluster, 1, job_id, 1).read_text().split()[0])
         time.sleep(2)
@@ -185,8 +184,7 @@ def test_ctrl_c_keeps_job_then_fab_stop_ends_every_rank(train_cluster):
     before = newest_job(train_cluster, 0)
     proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
     try:
-        job_id = wait_for(lambda: newest_job(train_cluster, 0) != before and newest_job(train_cluster, 0),
-                          60, "the job directory")
+        job_id = wait_for_new_job(train_cluster, before, proc)
         for i in range(3):
             wait_for(lambda i=i: rank_file(train_cluster, i, job_id, i).exists(), 90, f"rank {i}")
         proc.send_signal(signal.SIGINT)
