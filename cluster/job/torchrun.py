@@ -17,6 +17,8 @@ launcher can do:
   the first core of the process's CPUs) is set only with one rank per node, where that is right;
   with several ranks it would pack them all onto the same cores. `KMP_BLOCKTIME` is set always.
 - the ccl backend gets oneCCL's transport (cluster/job/launch.py CCL_TRANSPORT_ENV).
+- torchrun itself gets AGENT_ENV: a new store for each rendezvous round, so that ranks restarted by
+  the elastic agent never read their peers' addresses from the round before.
 
 Used by `fab k8s-job` (the PyTorchJob's command; a TrainJob's pods take the rendezvous from Trainer's
 torch policy instead, cluster/job/trainjob.py); the program is the
@@ -49,6 +51,11 @@ CPUS_VARIABLE = "XEON_CLUSTER_CPUS"
 AGENT_FILE = "agent"  # in the job directory on every node: "pid" of the node's torchrun (fab stop ends it first)
 
 RDZV_BACKEND = "c10d"
+# For torchrun itself (it passes its environment on to the ranks): each rendezvous round gets a store
+# of its own, served by that round's rank 0. torch's default shares the agent's store across rounds,
+# where the ranks' keys outlive them: after a restart a rank that comes first reads the address its
+# peer had in the round before and fails with "Connection refused" (tests/training/test_torchrun_restart.py).
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 RDZV_PORT = 29400  # torchrun's own default for the c10d rendezvous
 DEFAULT_MAX_RESTARTS = 3  # elastic runs only (a minimum node count given)
 # What may name the rendezvous host: a DNS name or an IPv4 address.
@@ -94,6 +101,7 @@ def torchrun_env(layout: Layout, extra_env: Mapping[str, str] | None = None, *,
     env = {key: value for key, value in base_rank_env(layout).items()
            if not key.startswith(INTEL_MPI_PREFIX) and key not in ("CCL_WORKER_AFFINITY", "KMP_AFFINITY")}
     env["KMP_BLOCKTIME"] = KMP_BLOCKTIME
+    env.update(AGENT_ENV)
     if layout.ranks_per_node == 1 or bound:
         env["KMP_AFFINITY"] = KMP_AFFINITY
     if layout.backend == "ccl":
