@@ -6,7 +6,7 @@ from inside a node's namespace (`ip netns exec`), and the host is checked with `
 which sends nothing.
 
 Budget: a 1-node cluster (under a second), then a 3-node cluster with two short training runs of
-the synthetic demo (about a minute and a half).
+the synthetic demo (about a minute).
 """
 
 from __future__ import annotations
@@ -100,11 +100,12 @@ def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def train_with(cluster, action: list[str], output_dir: str) -> tuple[subprocess.CompletedProcess, int, str]:
-    """`fab train` on 3 nodes; once the spot watcher polls, `fab <action>` runs. (action run, train rc, log)."""
-    argv = ["train", "--nodes", "3", "--cluster", f"local:{cluster.name}",
-            "--synthetic-examples", "1500", "--epochs", "15", "--output-dir", output_dir,
-            "--extra", "--spot_poll_seconds 1"]
+def train_with(cluster, action: list[str], output_dir: str, *length: str) -> tuple[subprocess.CompletedProcess, int,
+                                                                                str]:
+    """`fab train` on 3 nodes for `length` (its --max-steps or --epochs); once the spot watcher polls,
+    `fab <action>` runs. (action run, train rc, log)."""
+    argv = ["train", "--nodes", "3", "--cluster", f"local:{cluster.name}", "--synthetic-examples", "1500", *length,
+            "--output-dir", output_dir, "--extra", "--spot_poll_seconds 1"]
     return act_while_training(cluster, argv, action, ("spot watcher polling", "'loss'"))
 
 
@@ -116,7 +117,9 @@ def test_reclaim_during_a_job_checkpoints_exits_75_and_local_up_brings_a_new_mac
     setup = fab(cluster, "setup", "--cluster", f"local:{cluster.name}", timeout=900)
     assert setup.returncode == 0, setup.stdout[-2000:] + setup.stderr
 
-    acted, code, log = train_with(cluster, ["local-reclaim", "node1", "--rebalance"], "xc-rebalance")
+    # a run that goes on well past the recommendation (the watcher polls every second) and then ends by itself
+    acted, code, log = train_with(cluster, ["local-reclaim", "node1", "--rebalance"], "xc-rebalance",
+                                  "--max-steps", "200")
     assert acted.returncode == 0, acted.stderr
     assert code == 0, log[-4000:]
     assert "recommends rebalancing" in log, log[:6000]
@@ -124,7 +127,8 @@ def test_reclaim_during_a_job_checkpoints_exits_75_and_local_up_brings_a_new_mac
     home = Path(cluster.state.nodes[2].dir) / "root"
     (home / "left-behind").write_text("from the old machine\n")
     old_key = cluster.state.nodes[2].host_key
-    acted, code, log = train_with(cluster, ["local-reclaim", "node2", "--notice", "5s"], "xc-reclaim")
+    acted, code, log = train_with(cluster, ["local-reclaim", "node2", "--notice", "5s"], "xc-reclaim",
+                                  "--epochs", "15")  # far longer than the notice: the reclaim ends it
     assert acted.returncode == 0, acted.stdout + acted.stderr
     assert "node2: reclaimed" in acted.stdout
     assert code == 75, log[-4000:]
