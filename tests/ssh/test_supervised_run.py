@@ -8,7 +8,7 @@ checkout (this run's cluster recorded as that checkout's while it trains: left a
 checkout's local-up and local-down, while a cluster of its own is torn down beside it), and the
 tasks answering while node2 is down (the keeper paused so that it stays down while they are asked).
 
-Budget: one run of the synthetic demo with two recoveries (about four minutes on 2 cores).
+Budget: one run of the synthetic demo with two recoveries (about three minutes on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests.ssh.jobs_on_nodes import node_home, wait_for
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 400
+STEPS = 300
 KEEPER_DELAY_S = 10
 KEEPER_CONSOLE_DELAY_S = 15  # a replacement's console lists its host keys late, as a metal boot's does
 ELSEWHERE = "/srv/alice/xeon-cluster"  # another checkout, as a cluster's owner record names it
