@@ -260,7 +260,7 @@ def run_pods(pod_nodes, tmp_path: Path, text: str) -> tuple[list[Pod], list[dict
                                           (k8s.API_TRAINJOB, ())],
                          ids=["pytorchjob-fixed", "pytorchjob-elastic", "trainjob"])
 def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(pod_nodes, tmp_path, api, options):
-    text = render(tmp_path, api, "--synthetic-examples", "200", *options).read_text()
+    text = render(tmp_path, api, "--synthetic-examples", "200", "--max-steps", "4", *options).read_text()
     found, dirs = run_pods(pod_nodes, tmp_path, text)
     main = found[0].main
     if options:

@@ -5,7 +5,8 @@ under /var/tmp), as on AWS, so a worker can only get a checkpoint it does not ha
 served on the cluster bridge's address so that the nodes reach it. The first run uploads
 checkpoint-3 and checkpoint-6; checkpoint-6's manifest is then removed from S3 (what an upload cut
 short leaves), so only the master has checkpoint-6 whole. `--resume` must continue from
-checkpoint-3, the newest one every rank can read, not stop because the workers cannot fetch 6.
+checkpoint-3, the newest one every rank can read, not stop because the workers cannot fetch 6; given
+no `--output-dir`, in the newest job's output directory.
 
 Budget: two 3-rank runs of the synthetic demo, about a minute.
 """
@@ -22,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from cluster.cost.spend import COST_KEY
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 
@@ -66,10 +69,10 @@ def test_resume_takes_the_newest_checkpoint_every_node_can_read(installed_cluste
     output_dir = f"xc-resume-{secrets.token_hex(3)}"  # relative: each node's own home
     env = (f"AWS_ENDPOINT_URL_S3={endpoint} AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing "
            "AWS_DEFAULT_REGION=us-east-1")
-    common = ["train", "--nodes", "3", "--synthetic-examples", "200", "--output-dir", output_dir,
-              "--checkpoint-uri", f"s3://{BUCKET}/{PREFIX}", "--env", env, "--extra", "--save_steps 3"]
+    common = ["train", "--nodes", "3", "--synthetic-examples", "200", "--checkpoint-uri", f"s3://{BUCKET}/{PREFIX}",
+              "--env", env, "--extra", "--save_steps 3"]
     try:
-        first = fab(cluster, *common, "--max-steps", "6")
+        first = fab(cluster, *common, "--output-dir", output_dir, "--max-steps", "6")
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr
         master_dir = node_home(cluster, 0) / output_dir
         run_id = json.loads((master_dir / "summary.json").read_text())["run_id"]
@@ -83,11 +86,14 @@ def test_resume_takes_the_newest_checkpoint_every_node_can_read(installed_cluste
         # a worker's own folder holds only its RNG state (no manifest): it must fetch checkpoint-3
         assert not (node_home(cluster, 1) / output_dir / "checkpoint-3" / "xeon-checkpoint.json").exists()
 
+        # no --output-dir: --resume continues in the newest job's
         resumed = fab(cluster, *common, "--max-steps", "9", "--resume")
         assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr
+        assert f"resuming in {output_dir} (the newest job's output directory)" in resumed.stdout
         summary = json.loads((master_dir / "summary.json").read_text())
         assert summary["resumed_from"]["step"] == 3, summary["resumed_from"]
         assert summary["run_id"] == run_id and summary["start_step"] == 3 and summary["steps"] == 9
+        assert summary[COST_KEY]["actual_seconds"] > 0 and summary[COST_KEY]["actual_usd"] == 0  # the resumed run's
         assert re.search(r"resuming from \S*checkpoint-3 \(step 3", resumed.stdout), resumed.stdout[-4000:]
         for worker in (1, 2):  # the workers fetched checkpoint-3 from S3 into their own output directory
             fetched = node_home(cluster, worker) / output_dir / "checkpoint-3" / "xeon-checkpoint.json"

@@ -105,7 +105,7 @@ def test_layout_override_beyond_cores_is_refused(local_cluster):
 
 
 @pytest.mark.slow
-def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
+def test_train_on_three_nodes_writes_summary_and_status_and_logs_find_it(train_cluster):
     result = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "6")
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr
@@ -148,13 +148,6 @@ def test_train_on_three_nodes_writes_summary_then_resumes(train_cluster):
         assert len(logs.stdout.splitlines()) == 3  # the lines as shown, progress bars and pieces joined
         every = fab(train_cluster, "logs", "--all-ranks", timeout=60)  # every rank's lines, labelled with its node
         assert "[node1 r1] {'train_runtime'" in every.stdout and "[node2 r2] {'train_runtime'" in every.stdout
-        # --resume continues in the newest job's output directory from its last checkpoint
-        resumed = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "9", "--resume")
-        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
-        assert f"resuming in {output_dir}" in resumed.stdout
-        data = json.loads((output_dir / "summary.json").read_text())
-        assert data["start_step"] == 6 and data["steps"] == 9 and data["resumed_from"]
-        assert data[COST_KEY]["actual_seconds"] > 0 and data[COST_KEY]["actual_usd"] == 0  # the resumed run's
     finally:
         shutil.rmtree(output_dir, ignore_errors=True)  # what this test's jobs wrote
 
