@@ -9,7 +9,8 @@ Every test session has its own XDG_CONFIG_HOME (a temporary folder, removed at t
 keys, inventories and local-cluster records that a test makes never land in the user's own
 ~/.config/xeon-cluster, and concurrent sessions or pytest-xdist workers never share one.
 
-For speed, every botocore session in the test process shares one loader: the service models (EC2's
+For speed, moto loads only its default images (not every region's latest ones: MOTO_AMIS_PATH), and
+every botocore session in the test process shares one loader: the service models (EC2's
 is several MB of JSON) are parsed once per process instead of once per client. Loaded models are
 read-only, so no test can observe the sharing.
 
@@ -38,6 +39,28 @@ except ImportError:  # the controller extra is not installed: the AWS tests skip
     pass
 else:
     botocore.session.create_loader = functools.lru_cache(maxsize=None)(botocore.loaders.create_loader)
+
+
+def _moto_default_images_only() -> None:
+    """moto starts each region's EC2 with its ~1,200 "latest" images for that region (the most of a
+    region's start, and a sweep starts every region); the tests use only its default images
+    (amis.json: moto's example AMIs and the Canonical one). With MOTO_AMIS_PATH naming those, moto loads
+    them alone. Set before moto's EC2 models are imported (they read it once)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("moto")
+    if spec is None or not spec.submodule_search_locations or "MOTO_AMIS_PATH" in os.environ:
+        return
+    source = Path(spec.submodule_search_locations[0]) / "ec2" / "resources" / "amis.json.gz"
+    if source.exists():
+        target = Path(_CONFIG_HOME).with_name(Path(_CONFIG_HOME).name + "-moto-amis.json")
+        target.write_bytes(gzip.decompress(source.read_bytes()))
+        atexit.register(target.unlink, True)
+        os.environ["MOTO_AMIS_PATH"] = str(target)
+
+
+_moto_default_images_only()
 _VENV_BIN = str(Path(sys.executable).parent)
 if _VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = os.pathsep.join([_VENV_BIN, os.environ.get("PATH", "")])
