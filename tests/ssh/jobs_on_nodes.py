@@ -51,11 +51,13 @@ def wait_for_new_job(cluster, before: str | None, proc: subprocess.Popen, timeou
     """The id of the job that `proc` (a running `fab train`, its output piped) made on node0 after `before`;
     fails with fab's output should fab end first or the time run out."""
     def made():
+        newest = newest_job(cluster, 0)
+        if newest != before and newest:
+            return newest
         if proc.poll() is not None:
             raise AssertionError(f"fab ended with code {proc.returncode} before its job's directory appeared:\n"
                                  + proc.communicate()[0][-4000:])
-        newest = newest_job(cluster, 0)
-        return newest != before and newest
+        return None
 
     try:
         return wait_for(made, timeout, "the job directory")
