@@ -100,8 +100,8 @@ def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def train_with(cluster, action: list[str], output_dir: str, *length: str) -> tuple[subprocess.CompletedProcess, int,
-                                                                                str]:
+def train_with(cluster, action: list[str], output_dir: str,
+               *length: str) -> tuple[subprocess.CompletedProcess, int, str]:
     """`fab train` on 3 nodes for `length` (its --max-steps or --epochs); once the spot watcher polls,
     `fab <action>` runs. (action run, train rc, log)."""
     argv = ["train", "--nodes", "3", "--cluster", f"local:{cluster.name}", "--synthetic-examples", "1500", *length,

@@ -6,7 +6,6 @@ round and fail with "Connection refused": it did in 2 of 3 runs here without the
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from cluster.stack import catalog
 from cluster.job.layout import plan_layout
 from cluster.job.torchrun import torchrun_env
+from tests.training.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,6 @@ if attempt == 0:
     dist.barrier()  # fails: rank 0 is gone
 print(f"formed attempt={attempt} rank={rank}", flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_restarted_round_forms_its_world_when_rank_zero_comes_late(tmp_path):
