@@ -113,15 +113,18 @@ def test_write_sets_the_zone_in_the_stack_file_and_keeps_the_rest(tmp_path):
 
 def _lowest_subnet_not_in_the_first_zone(ec2):
     """A VPC with a subnet in us-east-1a and one in us-east-1b, the lower id in us-east-1b (not the first
-    zone by name): subnet ids are random, so the us-east-1a subnet is made again until its id sorts last."""
+    zone by name): subnet ids are random, so both are made again until the us-east-1a one's id sorts last
+    (half the time each try; a us-east-1b id kept from the first try could sort above nearly every other)."""
     vpc = ec2.create_vpc(CidrBlock="10.30.0.0/16")["Vpc"]["VpcId"]
-    other = ec2.create_subnet(VpcId=vpc, CidrBlock="10.30.0.0/24", AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
-    for block in range(1, 200):
-        first = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.30.{block}.0/24",
+    for block in range(0, 200, 2):
+        other = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.30.{block}.0/24",
+                                  AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
+        first = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.30.{block + 1}.0/24",
                                   AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
         if first > other:
             return vpc, other, "us-east-1b"
         ec2.delete_subnet(SubnetId=first)
+        ec2.delete_subnet(SubnetId=other)
     raise AssertionError("could not set up the subnets")
 
 
