@@ -37,9 +37,16 @@ def fab(cluster, *args, timeout=240, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def sigint_as_in_a_terminal() -> None:
+    """In the child before fab starts: SIGINT at its default, so that Python makes it a KeyboardInterrupt. A
+    suite started in the background of a non-interactive shell ignores SIGINT, and a child keeps that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def fab_background(cluster, *args) -> subprocess.Popen:
     return subprocess.Popen([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=ROOT, env=cluster.env(),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
 
 
 def rank_file(cluster, index: int, job_id: str, rank: int) -> Path:
