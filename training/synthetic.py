@@ -1,9 +1,11 @@
 """A tiny offline model, tokenizer and data set for tests and the no-AWS demo.
 
-`python -m training.synthetic --out DIR [--task qa|classification] [--examples N] [--seed S]`
+`python -m training.synthetic --out DIR [--task qa|classification] [--examples N] [--seed S] [--model-dir M]`
 writes DIR/model (a small DistilBERT-shaped model with a generated word-level vocabulary and a
 fast tokenizer), DIR/train.json and DIR/eval.json. The same seed gives byte-identical files, so
-every node of a cluster can make its own copy.
+every node of a cluster can make its own copy. With --model-dir the model goes to M instead, and only
+when M holds none yet: fab's demos of every task and size share one (the model is the costly part, the
+data is written in milliseconds without importing torch).
 
 The QA task: a context of filler words holds one or two clauses "<cue> is <word> ." and the
 question asks "what is <cue> ?"; answers come from their own set of words. Picking a context word at random scores
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from cluster.job.job_args import SYNTHETIC_ARGS
@@ -76,7 +80,7 @@ def _pair_example(rng: random.Random, index: int, words: list[str], keys: list[s
 
 
 def _write_model(model_dir: Path, seed: int) -> None:
-    import torch
+    import torch  # here, not above: writing the data alone never pays for torch and transformers
     from transformers import DistilBertConfig, DistilBertModel, DistilBertTokenizerFast
     from transformers.utils import logging as hf_logging
 
@@ -96,23 +100,49 @@ def _write_model(model_dir: Path, seed: int) -> None:
     model.save_pretrained(str(model_dir))
 
 
+def _shared_model(model_dir: Path, seed: int) -> None:
+    """The model in `model_dir`, made only when it is not there yet. It is made beside it and renamed into
+    place, so that the directory exists only complete and two demos made at once on one node each finish
+    with the same model (the later rename finds the directory there and leaves it)."""
+    if model_dir.is_dir():
+        return
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
+    staging.chmod(0o755)  # as a plain mkdir under the usual umask: mkdtemp makes it 0700
+    try:
+        _write_model(staging, seed)
+        try:
+            staging.rename(model_dir)
+        except OSError:
+            if not model_dir.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def default_eval_examples(examples: int) -> int:
     return max(32, examples // 10)
 
 
-def write_demo(out_dir, task: str = "qa", examples: int = 2000, seed: int = 0) -> dict:
+def write_demo(out_dir, task: str = "qa", examples: int = 2000, seed: int = 0, model_dir=None) -> dict:
     """Write DIR/model, DIR/train.json and DIR/eval.json; return their paths and the recommended
-    training arguments ("args") for this tiny model."""
+    training arguments ("args") for this tiny model. `model_dir`: the model there instead of DIR/model,
+    made only if it is not there yet."""
     if task not in SYNTHETIC_ARGS:
         raise ValueError(f"task: {task!r} is not allowed; choose qa or classification")
     if examples < 1:
         raise ValueError(f"examples: {examples} must be positive")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_model(out / "model", seed)
+    if model_dir is None:
+        model = out / "model"
+        _write_model(model, seed)
+    else:
+        model = Path(model_dir)
+        _shared_model(model, seed)
     rng = random.Random(seed)
     words = _words()
-    paths = {"model": str(out / "model"), "train_file": str(out / "train.json"),
+    paths = {"model": str(model), "train_file": str(out / "train.json"),
              "validation_file": str(out / "eval.json")}
     for split, count, path in (("train", examples, paths["train_file"]),
                                ("eval", default_eval_examples(examples), paths["validation_file"])):
@@ -135,9 +165,12 @@ def main(argv=None) -> int:
     parser.add_argument("--task", default="qa", choices=tuple(SYNTHETIC_ARGS))
     parser.add_argument("--examples", type=int, default=2000, help="training examples (eval: a tenth, at least 32)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-dir", help="the model here instead of OUT/model, made only if it is not there yet "
+                                            "(demos of every task and size can share it)")
     options = parser.parse_args(argv)
     try:
-        result = write_demo(options.out, task=options.task, examples=options.examples, seed=options.seed)
+        result = write_demo(options.out, task=options.task, examples=options.examples, seed=options.seed,
+                            model_dir=options.model_dir)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

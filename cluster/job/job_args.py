@@ -30,8 +30,10 @@ COMPILE_CHOICES = ("auto", "on", "off")
 DEFAULT_COMPILE = "auto"
 BF16_CHOICES = ("auto", "on", "off")
 
-# Where the synthetic demo lives on every node, relative to the SSH user's home.
+# Where the synthetic demo lives on every node, relative to the SSH user's home: a directory of data per
+# task and size, and one model that all of them share (made by the first, about 4 s of CPU).
 SYNTHETIC_ROOT = "xeon-cluster-data"
+SYNTHETIC_MODEL_DIR = f"{SYNTHETIC_ROOT}/synthetic-model"
 # Settings under which the tiny demo model learns in a few dozen steps (with 16 per rank). No batch
 # size here: callers add their own before these.
 SYNTHETIC_SEQ_LENGTHS = {"qa": 64, "classification": 48}  # the demo's tokens per sample
@@ -208,7 +210,7 @@ class SyntheticData:
     @property
     def options(self) -> dict[str, str]:
         """fab train's data options that point the job at the demo."""
-        return {"task_name": self.task, "model": f"{self.directory}/model",
+        return {"task_name": self.task, "model": SYNTHETIC_MODEL_DIR,
                 "train_file": f"{self.directory}/train.json", "validation_file": f"{self.directory}/eval.json"}
 
     @property
@@ -225,7 +227,8 @@ def synthetic_data(task: str, examples: int | None, python: str) -> SyntheticDat
     if examples is not None and examples < 1:
         raise JobArgsError(f"--synthetic-examples: {examples} is not allowed; give 1 or more")
     directory = f"{SYNTHETIC_ROOT}/synthetic-{task}" + (f"-{examples}" if examples else "")
-    command = [python, "-m", "training.synthetic", "--out", directory, "--task", task]
+    command = [python, "-m", "training.synthetic", "--out", directory, "--task", task,
+               "--model-dir", SYNTHETIC_MODEL_DIR]
     if examples:
         command += ["--examples", str(examples)]
     prepare = f"[ -f {shlex.quote(directory + '/train.json')} ] || {shlex.join(command)} >/dev/null"

@@ -49,3 +49,28 @@ def test_command_line(tmp_path, capsys):
     assert synthetic.main(["--out", str(tmp_path), "--examples", "10"]) == 0
     assert json.loads(capsys.readouterr().out)["train_file"] == str(tmp_path / "train.json")
     assert synthetic.main(["--out", str(tmp_path), "--examples", "0"]) == 2
+
+
+def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
+    """fab's demos of every task and size share one model: the first makes it (the same files as a demo's
+    own model), a later one writes only its data, without importing torch, and leaves the model as it is."""
+    import subprocess
+    import sys
+
+    shared = tmp_path / "data" / "model"
+    first = synthetic.write_demo(tmp_path / "data" / "qa-40", examples=40, seed=0, model_dir=shared)
+    own = synthetic.write_demo(tmp_path / "own", examples=40, seed=0)
+    assert first["model"] == str(shared) and digest_tree(shared) == digest_tree(Path(own["model"]))
+    assert sorted(p.name for p in shared.parent.iterdir()) == ["model", "qa-40"]  # no staging directory left
+    made = {p.name: p.stat().st_mtime_ns for p in shared.iterdir()}
+    later = tmp_path / "data" / "cls-30"
+    code = ("import sys; from training import synthetic; "
+            f"assert synthetic.main(['--out', {str(later)!r}, '--task', 'classification', '--examples', '30', "
+            f"'--model-dir', {str(shared)!r}]) == 0; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout  # neither was imported
+    assert json.loads("\n".join(done.stdout.splitlines()[:-1]))["model"] == str(shared)
+    assert len((later / "train.json").read_text().splitlines()) == 30
+    assert {p.name: p.stat().st_mtime_ns for p in shared.iterdir()} == made

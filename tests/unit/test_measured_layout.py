@@ -13,7 +13,7 @@ import pytest
 
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
-from cluster.job.job_args import JobArgsError, compile_choice
+from cluster.job.job_args import SYNTHETIC_MODEL_DIR, JobArgsError, compile_choice
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "r7iz.metal-16xl"
@@ -204,7 +204,8 @@ def test_each_layout_run_is_the_real_job_in_that_layout():
         args = list(p.training_args)
         assert args[args.index("--max_steps") + 1] == "4" and args[args.index("--compile") + 1] == "off"
     assert len({p.job_id for p in plans}) == 4
-    assert plans[0].prepare[0].endswith("training.synthetic --out xeon-cluster-data/synthetic-qa --task qa >/dev/null")
+    assert plans[0].prepare[0].endswith(f"training.synthetic --out xeon-cluster-data/synthetic-qa --task qa "
+                                        f"--model-dir {SYNTHETIC_MODEL_DIR} >/dev/null")
     mine = benchplan.check_options(benchplan.BenchOptions(nodes=1, model="/models/m", seq_len=128, layouts=True))
     args = list(benchplan.plan_layout_runs(inv, mine)[1][0].training_args)  # a model of the nodes on the demo's data
     assert args[args.index("--model_name_or_path") + 1] == "/models/m" and "--validation_file" not in args
