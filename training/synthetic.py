@@ -17,6 +17,7 @@ Classification: sentence2 repeats sentence1's key word (label 1) or names anothe
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import random
 import shutil
@@ -101,23 +102,28 @@ def _write_model(model_dir: Path, seed: int) -> None:
 
 
 def _shared_model(model_dir: Path, seed: int) -> None:
-    """The model in `model_dir`, made only when it is not there yet. It is made beside it and renamed into
-    place, so that the directory exists only complete and two demos made at once on one node each finish
-    with the same model (the later rename finds the directory there and leaves it)."""
+    """The model in `model_dir`, made only when it is not there yet. Demos made at once (the nodes of a cluster
+    that share the directory) wait for each other on a lock beside it, so one makes it and the others find it;
+    it is made beside it and renamed into place, so the directory exists only complete (and where the lock
+    does not hold, a later rename finds it there and leaves it)."""
     if model_dir.is_dir():
         return
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
-    staging.chmod(0o755)  # as a plain mkdir under the usual umask: mkdtemp makes it 0700
-    try:
-        _write_model(staging, seed)
+    with open(model_dir.parent / f".{model_dir.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if model_dir.is_dir():
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
+        staging.chmod(0o755)  # as a plain mkdir under the usual umask: mkdtemp makes it 0700
         try:
-            staging.rename(model_dir)
-        except OSError:
-            if not model_dir.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            _write_model(staging, seed)
+            try:
+                staging.rename(model_dir)
+            except OSError:
+                if not model_dir.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def default_eval_examples(examples: int) -> int:

@@ -31,9 +31,11 @@ DEFAULT_COMPILE = "auto"
 BF16_CHOICES = ("auto", "on", "off")
 
 # Where the synthetic demo lives on every node, relative to the SSH user's home: a directory of data per
-# task and size, and one model that all of them share (made by the first, about 4 s of CPU).
+# task and size, and one model that all of them share (made by the first, about 4 s of CPU). On a cluster
+# whose nodes share an output root (a local cluster), the model is made once there for every node.
 SYNTHETIC_ROOT = "xeon-cluster-data"
-SYNTHETIC_MODEL_DIR = f"{SYNTHETIC_ROOT}/synthetic-model"
+SYNTHETIC_MODEL_NAME = "synthetic-model"
+SYNTHETIC_MODEL_DIR = f"{SYNTHETIC_ROOT}/{SYNTHETIC_MODEL_NAME}"
 # Settings under which the tiny demo model learns in a few dozen steps (with 16 per rank). No batch
 # size here: callers add their own before these.
 SYNTHETIC_SEQ_LENGTHS = {"qa": 64, "classification": 48}  # the demo's tokens per sample
@@ -206,11 +208,12 @@ class SyntheticData:
     task: str
     directory: str  # relative to the home directory of every node
     prepare: str  # shell command every node runs before the launch (writes the data once)
+    model: str = SYNTHETIC_MODEL_DIR  # the model's directory: in every home, or in the nodes' shared root
 
     @property
     def options(self) -> dict[str, str]:
         """fab train's data options that point the job at the demo."""
-        return {"task_name": self.task, "model": SYNTHETIC_MODEL_DIR,
+        return {"task_name": self.task, "model": self.model,
                 "train_file": f"{self.directory}/train.json", "validation_file": f"{self.directory}/eval.json"}
 
     @property
@@ -219,20 +222,23 @@ class SyntheticData:
         return shlex.join(SYNTHETIC_ARGS[self.task])
 
 
-def synthetic_data(task: str, examples: int | None, python: str) -> SyntheticData:
-    """The demo for `task` with `examples` training examples (None: the generator's default)."""
+def synthetic_data(task: str, examples: int | None, python: str, shared_root: str | None = None) -> SyntheticData:
+    """The demo for `task` with `examples` training examples (None: the generator's default). `shared_root`: a
+    directory every node sees (the inventory's shared_output_root), where the model is made once for all."""
     task = task or TASKS[0]
     if task not in TASKS:
         raise JobArgsError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
     if examples is not None and examples < 1:
         raise JobArgsError(f"--synthetic-examples: {examples} is not allowed; give 1 or more")
     directory = f"{SYNTHETIC_ROOT}/synthetic-{task}" + (f"-{examples}" if examples else "")
-    command = [python, "-m", "training.synthetic", "--out", directory, "--task", task,
-               "--model-dir", SYNTHETIC_MODEL_DIR]
+    model = f"{shared_root.rstrip('/')}/.{SYNTHETIC_MODEL_NAME}" if shared_root else SYNTHETIC_MODEL_DIR
+    command = [python, "-m", "training.synthetic", "--out", directory, "--task", task, "--model-dir", model]
     if examples:
         command += ["--examples", str(examples)]
-    prepare = f"[ -f {shlex.quote(directory + '/train.json')} ] || {shlex.join(command)} >/dev/null"
-    return SyntheticData(task, directory, prepare)
+    # made again when the data or the model is gone (a shared root cleared, say)
+    prepare = (f"[ -f {shlex.quote(directory + '/train.json')} ] && [ -d {shlex.quote(model)} ] || "
+               f"{shlex.join(command)} >/dev/null")
+    return SyntheticData(task, directory, prepare, model)
 
 
 # ------------------------------------------------------------------------------ the job's other arguments

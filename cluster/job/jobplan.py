@@ -215,14 +215,15 @@ class Restart:
 
 
 def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: str | None,
-                      restart: Restart | None = None) -> list[str]:
+                      restart: Restart | None = None, shared_root: str | None = None) -> list[str]:
     """`python -m training`'s arguments of the request's built-in job: its typed settings, the offline demo's
     data and settings, its other arguments, then what the plan adds (the instance type, the output
-    directory, --resume). A `restart`'s batch replaces the per-rank batch and the accumulation."""
+    directory, --resume). A `restart`'s batch replaces the per-rank batch and the accumulation. `shared_root`:
+    the nodes' shared output root, where the demo's model is (job_args.synthetic_data)."""
     job = request.builtin
     assert job is not None  # the caller asked for the built-in job's arguments
     batch = restart.batch if restart else None
-    demo = synthetic_data(job.demo.task, job.demo.examples, "python") if job.demo else None
+    demo = synthetic_data(job.demo.task, job.demo.examples, "python", shared_root) if job.demo else None
     options: dict[str, Any] = dict(task_name=job.task, model=job.model, dataset=job.dataset,
                                    dataset_config=job.dataset_config, train_file=job.train_file,
                                    validation_file=job.validation_file)
@@ -288,8 +289,11 @@ def plan(request: RunRequest, inventory: Inventory, *, job_id: str | None = None
                        user=user, copy=own.copy, install=own.install, **common)
     job = request.builtin
     assert job is not None  # a request runs the built-in job or your own program
-    args = builtin_arguments(request, output_dir=output_dir, instance_type=inventory.instance_type, restart=restart)
-    prepare = (synthetic_data(job.demo.task, job.demo.examples, python or venv_python).prepare,) if job.demo else ()
+    shared = inventory.shared_output_root
+    args = builtin_arguments(request, output_dir=output_dir, instance_type=inventory.instance_type, restart=restart,
+                             shared_root=shared)
+    prepare = (synthetic_data(job.demo.task, job.demo.examples, python or venv_python, shared).prepare,) \
+        if job.demo else ()
     launch = _plan_launch(inv, request.launcher, job_id=job_id, layout=layout,
                           program=[venv_python, "-m", "training", *args], venv=venv, extra_env=request.env_map())
     return JobPlan(launch=launch, training_args=tuple(args), prepare=prepare, **common)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.job.job_args import SYNTHETIC_MODEL_DIR
+from cluster.job.job_args import SYNTHETIC_MODEL_NAME
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.job.launch import JOBS_DIR
 from cluster.cost.spend import COST_KEY, LOCAL_NO_PRICE
@@ -92,7 +92,8 @@ def test_dry_run_prints_the_plan_and_touches_nothing(local_cluster):
     assert f"MASTER_ADDR={master}" in out
     assert "OMP_NUM_THREADS=1" in out and "I_MPI_WAIT_MODE=1" in out
     assert re.search(r"mpirun -f \S+/hosts -n 3 -ppn 1 -prepend-rank", out)
-    assert (f"-m training --task qa --model_name_or_path {SYNTHETIC_MODEL_DIR} "
+    model = f"{LOCAL_OUTPUT_ROOT}/{local_cluster.name}/.{SYNTHETIC_MODEL_NAME}"  # made once, in the nodes' shared root
+    assert (f"-m training --task qa --model_name_or_path {model} "
             "--train_file xeon-cluster-data/synthetic-qa/") in out
     assert "dry run: nothing was started" in out
     job_id = re.search(r"^job (\S+) on cluster", out, re.M).group(1)

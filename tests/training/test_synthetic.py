@@ -61,7 +61,7 @@ def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
     first = synthetic.write_demo(tmp_path / "data" / "qa-40", examples=40, seed=0, model_dir=shared)
     own = synthetic.write_demo(tmp_path / "own", examples=40, seed=0)
     assert first["model"] == str(shared) and digest_tree(shared) == digest_tree(Path(own["model"]))
-    assert sorted(p.name for p in shared.parent.iterdir()) == ["model", "qa-40"]  # no staging directory left
+    assert sorted(p.name for p in shared.parent.iterdir() if p.is_dir()) == ["model", "qa-40"]  # no staging left
     made = {p.name: p.stat().st_mtime_ns for p in shared.iterdir()}
     later = tmp_path / "data" / "cls-30"
     code = ("import sys; from training import synthetic; "
@@ -74,3 +74,23 @@ def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
     assert json.loads("\n".join(done.stdout.splitlines()[:-1]))["model"] == str(shared)
     assert len((later / "train.json").read_text().splitlines()) == 30
     assert {p.name: p.stat().st_mtime_ns for p in shared.iterdir()} == made
+
+
+def test_demos_made_at_once_with_one_model_dir_make_the_model_once(tmp_path):
+    """The nodes of a cluster that share the model's directory prepare their demos together: one makes the
+    model (the only one that imports torch), the others wait for it and write only their data."""
+    import subprocess
+    import sys
+
+    shared = tmp_path / "shared" / ".synthetic-model"
+    code = ("import sys; from training import synthetic; "
+            "assert synthetic.main(['--out', sys.argv[1], '--examples', '20', '--model-dir', sys.argv[2]]) == 0; "
+            "print('torch' in sys.modules)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"node{i}"), str(shared)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parents[2]) for i in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    assert sorted(out.splitlines()[-1] for out, _ in outs) == ["False", "False", "True"]
+    assert (shared / "model.safetensors").is_file()
+    assert sorted(p.name for p in shared.parent.iterdir() if p.is_dir()) == [".synthetic-model"]

@@ -320,6 +320,48 @@ def test_planning_reads_the_facts_not_the_kind():
     assert bench.output_dir == "/srv/runs/bench-j2"
 
 
+def test_the_demos_model_is_made_once_in_the_shared_root_where_there_is_one():
+    """The offline demo's model: where the nodes share an output root, one for them all there (every node's prepare
+    names it, the job reads it); without one, one in each node's home. The data stays in each home."""
+    from cluster.job.job_args import SYNTHETIC_MODEL_DIR
+    from cluster.job.request import Demo
+    from tests.unit.test_jobplan import job_plan
+
+    for inv, model in ((_inventory(FILE, shared_output_root="/srv/runs/"), "/srv/runs/.synthetic-model"),
+                       (_inventory(LOCAL), SYNTHETIC_MODEL_DIR)):
+        job = job_plan(inv, 2, task="qa", demo=Demo("qa", 200))
+        args = list(job.training_args)
+        assert args[args.index("--model_name_or_path") + 1] == model
+        assert args[args.index("--train_file") + 1] == "xeon-cluster-data/synthetic-qa-200/train.json"
+        assert job.prepare[0].endswith(f" --model-dir {model} --examples 200 >/dev/null"), job.prepare
+
+
+def test_the_demo_is_made_again_when_its_data_or_its_model_is_gone(tmp_path):
+    """The prepare command every node runs: the generator only when the data or the model is missing (a shared
+    root cleared while the homes keep their data, say). The generator here is a test double that records its
+    call and writes what the real one would."""
+    import subprocess
+
+    from cluster.job.job_args import synthetic_data
+
+    fake = tmp_path / "fake-python"
+    fake.write_text('#!/bin/sh\necho "$@" >> calls\nwhile [ $# -gt 0 ]; do case $1 in --out) d=$2;; '
+                    '--model-dir) m=$2;; esac; shift; done\nmkdir -p "$d" "$m" && touch "$d/train.json"\n')
+    fake.chmod(0o755)
+    demo = synthetic_data("qa", 50, str(fake), shared_root=str(tmp_path / "shared"))
+    calls = tmp_path / "calls"
+
+    def prepare() -> int:
+        subprocess.run(["sh", "-c", demo.prepare], cwd=tmp_path, check=True)
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    assert prepare() == 1 and prepare() == 1  # made, then found
+    (tmp_path / demo.model).rmdir()
+    assert prepare() == 2  # the model was gone
+    (tmp_path / demo.directory / "train.json").unlink()
+    assert prepare() == 3  # the data was gone
+
+
 def test_an_inventory_file_may_state_the_facts_and_a_bad_one_is_one_line():
     from cluster.inventory import InventoryError
 
