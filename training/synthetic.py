@@ -109,11 +109,12 @@ def _shared_model(model_dir: Path, seed: int) -> None:
     if model_dir.is_dir():
         return
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(model_dir.parent / f".{model_dir.name}.lock", "a") as lock:
+    hidden = "." + model_dir.name.lstrip(".")  # the lock and the staging directory beside it, hidden
+    with open(model_dir.parent / f"{hidden}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if model_dir.is_dir():
             return
-        staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f"{hidden}-", dir=model_dir.parent))
         staging.chmod(0o755)  # as a plain mkdir under the usual umask: mkdtemp makes it 0700
         try:
             _write_model(staging, seed)

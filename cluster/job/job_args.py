@@ -208,7 +208,7 @@ class SyntheticData:
     task: str
     directory: str  # relative to the home directory of every node
     prepare: str  # shell command every node runs before the launch (writes the data once)
-    model: str = SYNTHETIC_MODEL_DIR  # the model's directory: in every home, or in the nodes' shared root
+    model: str  # the model's directory: in every home, or in the nodes' shared root
 
     @property
     def options(self) -> dict[str, str]:

@@ -449,13 +449,14 @@ def check_restart_limit(value: int | None) -> int:
     return limit
 
 
-def pod_options(run: request.RunRequest, *, name: str, profile: str) -> dict[str, Any]:
+def pod_options(run: request.RunRequest, *, name: str, profile: str, pvc: str | None = None) -> dict[str, Any]:
     """plan_pod's program, output directory, layout and environment for the run request `run`
     (cluster/job/request.py; both APIs): the output directory is the request's, default
     WORK_MOUNT/RUNS_DIR/<name>; the built-in job's arguments are made as `fab train` makes them
     (cluster/job/jobplan.py's builtin_arguments, with --resume: a restarted pod continues the newest
     checkpoint in its output directory, a fresh start when there is none) and its offline demo with the
-    image's Python; or your program and its workdir's copy plan."""
+    image's Python (with a `pvc`, which every pod mounts at WORK_MOUNT, its model made once there for all
+    pods); or your program and its workdir's copy plan."""
     from cluster.job.jobplan import Restart, builtin_arguments
 
     layout = run.layout
@@ -468,9 +469,11 @@ def pod_options(run: request.RunRequest, *, name: str, profile: str) -> dict[str
         return {**common, "user": own.program, "copy": own.copy}
     job = run.builtin
     assert job is not None  # a request runs the built-in job or your program
-    args = builtin_arguments(run, output_dir=output_dir, instance_type=None, restart=Restart(resume=True))
-    demo = synthetic_data(job.demo.task, job.demo.examples, f"{venv_dir(get_profile(profile))}/bin/python") \
-        if job.demo else None
+    shared = WORK_MOUNT if pvc else None
+    args = builtin_arguments(run, output_dir=output_dir, instance_type=None, restart=Restart(resume=True),
+                             shared_root=shared)
+    demo = synthetic_data(job.demo.task, job.demo.examples, f"{venv_dir(get_profile(profile))}/bin/python",
+                          shared) if job.demo else None
     return {**common, "training_args": args, "synthetic": demo}
 
 
@@ -484,7 +487,7 @@ def plan_pytorchjob(run: request.RunRequest, *, image: str, name: str = DEFAULT_
     nodes = check_nodes(run.nodes)
     limit = check_restart_limit(restart_limit)
     pod = plan_pod(name=name, image=image, instance=instance, profile=profile, cores=cores, pvc=pvc,
-                   **pod_options(run, name=name, profile=profile))
+                   **pod_options(run, name=name, profile=profile, pvc=pvc))
     min_nodes = run.launcher.min_nodes
     run_ = plan_torchrun(layout=pod.layout, nodes=nodes, program=pod.program, rdzv_host=pod_name(name, 0),
                          rdzv_id=name, min_nodes=min_nodes, max_restarts=run.launcher.max_restarts,

@@ -99,5 +99,5 @@ def plan_trainjob(run: RunRequest, *, image: str, name: str = k8s.DEFAULT_NAME,
     namespace = check_namespace(namespace)
     nodes = check_nodes(run.nodes)
     pod = plan_pod(name=name, image=image, instance=instance, profile=profile, cores=cores, pvc=pvc,
-                   **pod_options(run, name=name, profile=profile))
+                   **pod_options(run, name=name, profile=profile, pvc=pvc))
     return TrainJobPlan(name=name, namespace=namespace, nodes=nodes, pod=pod)

@@ -15,6 +15,7 @@ import yaml
 
 from cluster.stack import catalog
 from cluster.job import k8s
+from cluster.job.job_args import SYNTHETIC_MODEL_DIR
 from cluster.job.layout import KMP_BLOCKTIME
 from cluster.node.profiles import TCMALLOC_PATH, get_profile, venv_dir
 from node_setup import kubeflow
@@ -143,6 +144,13 @@ def test_the_offline_demo_is_made_by_an_init_container_in_the_pods_scratch_volum
     assert init["workingDir"] == container(manifest)["workingDir"] == k8s.SCRATCH_MOUNT
     command = container(manifest)["command"]
     assert option(command, "--train_file").startswith("xeon-cluster-data/synthetic-qa-300/")
+    assert option(command, "--model_name_or_path") == SYNTHETIC_MODEL_DIR  # each pod's own, in its scratch
+    # with a PVC, which every pod mounts, the model is made once there for all pods; the data stays in scratch
+    shared = yaml.safe_load(fab_k8s_job("--image", IMAGE, "--synthetic-examples", "300", "--pvc", "data"))
+    model = f"{k8s.WORK_MOUNT}/.synthetic-model"
+    assert option(container(shared)["command"], "--model_name_or_path") == model
+    assert f"--model-dir {model}" in worker(shared)["template"]["spec"]["initContainers"][0]["command"][2]
+    assert option(container(shared)["command"], "--train_file").startswith("xeon-cluster-data/synthetic-qa-300/")
 
 
 def test_the_documented_manifests_are_what_fab_k8s_job_renders():
