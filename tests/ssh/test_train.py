@@ -1,7 +1,8 @@
 """`fab train`, `fab status`, `fab logs`, `fab stop` on a local cluster: real sshd, real Intel MPI,
 real multi-rank training of the small synthetic model.
 
-Budget: about 2 minutes in all (the synthetic model and data are made once per node and reused).
+Budget: about 2 minutes in all (the synthetic data is made once per node, its model once for the cluster, in its
+shared output root; both are reused).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def test_under_torchrun_the_wrapper_labels_lines_and_forwards_signals_to_the_pro
     time.sleep(0.2)
     os.kill(proc.pid, signal.SIGTERM)
     rest = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.returncode == 128 + signal.SIGTERM, rest
     assert rest.startswith("[node2 r4] [xeon-cluster] rank 4 on node node2 (pid ") and \
         rest.rstrip().endswith("killed by signal 15"), rest
     (failure,) = [first_failure(rest, [])]
