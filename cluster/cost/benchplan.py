@@ -109,11 +109,13 @@ def layout_candidates(machine, backend: str) -> list[int]:
     return found
 
 
-def layout_request(o: BenchOptions, nodes: int, ranks_per_node: int, python: str) -> tuple[RunRequest, str]:
+def layout_request(o: BenchOptions, nodes: int, ranks_per_node: int, python: str,
+                   shared_root: str | None = None) -> tuple[RunRequest, str]:
     """(the run request of one layout run, the command that writes the offline demo's data first): the built-in
     job on the demo's data with the demo's model (or `o.model`), `o.batch` per rank, `o.steps` + 1 steps,
-    `o.seq_len` tokens, eager, no evaluation (only the steps are timed), `ranks_per_node` ranks per node."""
-    demo = synthetic_data("qa", None, python)
+    `o.seq_len` tokens, eager, no evaluation (only the steps are timed), `ranks_per_node` ranks per node.
+    `shared_root`: the nodes' shared output root, where the demo's model is made once (as fab train's)."""
+    demo = synthetic_data("qa", None, python, shared_root)
     data = demo.options
     _, extra = parse_extra([*SYNTHETIC_ARGS[demo.task], "--max_seq_length", str(o.seq_len),
                             "--doc_stride", str(max(1, o.seq_len // 4))])
@@ -131,7 +133,8 @@ def plan_layout_runs(inventory: Inventory, o: BenchOptions) -> tuple[str, list[J
     profile = get_profile(inventory.profile)
     plans = []
     for ranks in layout_candidates(machine, profile.backend):
-        request, write_demo = layout_request(o, nodes, ranks, f"{venv_dir(profile)}/bin/python")
+        request, write_demo = layout_request(o, nodes, ranks, f"{venv_dir(profile)}/bin/python",
+                                             inventory.shared_output_root)
         plans.append(replace(plan(request, inventory), prepare=(write_demo,)))
     return machine.name, plans
 

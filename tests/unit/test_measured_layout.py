@@ -205,7 +205,9 @@ def test_each_layout_run_is_the_real_job_in_that_layout():
         assert args[args.index("--max_steps") + 1] == "4" and args[args.index("--compile") + 1] == "off"
     assert len({p.job_id for p in plans}) == 4
     assert plans[0].prepare[0].endswith(f"training.synthetic --out xeon-cluster-data/synthetic-qa --task qa "
-                                        f"--model-dir {SYNTHETIC_MODEL_DIR} >/dev/null")
+                                        f"--model-dir {SYNTHETIC_MODEL_DIR} >/dev/null")  # no shared root here
+    args = list(plans[0].training_args)
+    assert args[args.index("--model_name_or_path") + 1] == SYNTHETIC_MODEL_DIR
     mine = benchplan.check_options(benchplan.BenchOptions(nodes=1, model="/models/m", seq_len=128, layouts=True))
     args = list(benchplan.plan_layout_runs(inv, mine)[1][0].training_args)  # a model of the nodes on the demo's data
     assert args[args.index("--model_name_or_path") + 1] == "/models/m" and "--validation_file" not in args
