@@ -2,8 +2,11 @@
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+from tests.training.conftest import REPO
 from training import synthetic
 
 
@@ -54,9 +57,6 @@ def test_command_line(tmp_path, capsys):
 def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
     """fab's demos of every task and size share one model: the first makes it (the same files as a demo's
     own model), a later one writes only its data, without importing torch, and leaves the model as it is."""
-    import subprocess
-    import sys
-
     shared = tmp_path / "data" / "model"
     first = synthetic.write_demo(tmp_path / "data" / "qa-40", examples=40, seed=0, model_dir=shared)
     own = synthetic.write_demo(tmp_path / "own", examples=40, seed=0)
@@ -68,7 +68,7 @@ def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
             f"assert synthetic.main(['--out', {str(later)!r}, '--task', 'classification', '--examples', '30', "
             f"'--model-dir', {str(shared)!r}]) == 0; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]", done.stdout  # neither was imported
     assert json.loads("\n".join(done.stdout.splitlines()[:-1]))["model"] == str(shared)
@@ -79,16 +79,13 @@ def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
 def test_demos_made_at_once_with_one_model_dir_make_the_model_once(tmp_path):
     """The nodes of a cluster that share the model's directory prepare their demos together: one makes the
     model (the only one that imports torch), the others wait for it and write only their data."""
-    import subprocess
-    import sys
-
     shared = tmp_path / "shared" / ".synthetic-model"
     code = ("import sys; from training import synthetic; "
             "assert synthetic.main(['--out', sys.argv[1], '--examples', '20', '--model-dir', sys.argv[2]]) == 0; "
             "print('torch' in sys.modules)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"node{i}"), str(shared)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).parents[2]) for i in range(3)]
+                              cwd=REPO) for i in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
     assert sorted(out.splitlines()[-1] for out, _ in outs) == ["False", "False", "True"]
