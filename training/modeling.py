@@ -30,12 +30,28 @@ def load_model(model_args, task: str, num_labels: int | None = None, label_names
     name = model_args.model_name_or_path
     try:
         if task == "qa":
-            return AutoModelForQuestionAnswering.from_pretrained(name, cache_dir=model_args.cache_dir)
-        config = AutoConfig.from_pretrained(name, cache_dir=model_args.cache_dir, num_labels=num_labels)
-        if label_names is not None:
-            config.id2label = {i: str(label) for i, label in enumerate(label_names)}
-            config.label2id = {str(label): i for i, label in enumerate(label_names)}
-        return AutoModelForSequenceClassification.from_pretrained(name, config=config, cache_dir=model_args.cache_dir)
+            model = AutoModelForQuestionAnswering.from_pretrained(name, cache_dir=model_args.cache_dir)
+        else:
+            config = AutoConfig.from_pretrained(name, cache_dir=model_args.cache_dir, num_labels=num_labels)
+            if label_names is not None:
+                config.id2label = {i: str(label) for i, label in enumerate(label_names)}
+                config.label2id = {str(label): i for i, label in enumerate(label_names)}
+            model = AutoModelForSequenceClassification.from_pretrained(name, config=config,
+                                                                       cache_dir=model_args.cache_dir)
     except (OSError, ValueError) as exc:
         raise BadInput(f"--model_name_or_path {name!r}: the model could not be loaded "
                        f"({str(exc).splitlines()[0][:200]})") from None
+    batch_mean_loss(model)
+    return model
+
+
+def batch_mean_loss(model) -> None:
+    """Tell the Trainer that the model's loss is the mean over its batch (one label per example or per span).
+
+    A model whose forward takes **kwargs is otherwise taken to divide its loss by `num_items_in_batch`, the
+    label count over every rank; the Trainer then multiplies the loss by the number of ranks to undo DDP's
+    averaging. Heads that ignore `num_items_in_batch` (DistilBERT's, BERT's) would report and optimise N times
+    the loss at N ranks, and with gradient accumulation the sum of the micro-batches' means. With
+    `accepts_loss_kwargs` False the Trainer divides by the accumulation steps and DDP averages over the ranks:
+    the true mean at every node count (docs/your-own-script.md)."""
+    model.accepts_loss_kwargs = False

@@ -14,6 +14,8 @@ so every rank saves and stops at the same step. Resume with the Trainer's own
 
 from __future__ import annotations
 
+import inspect
+import logging
 import signal
 
 from transformers import TrainerCallback
@@ -60,15 +62,45 @@ class SpotNoticeCallback(TrainerCallback):
         return control
 
 
+def loss_times_ranks(model, args) -> str | None:
+    """Why the Trainer will report and optimise N times the loss of `model` on N ranks, or None.
+
+    With `average_tokens_across_devices` (transformers' default) and a model whose forward takes **kwargs, the
+    Trainer takes the model to divide its loss by `num_items_in_batch` (the label count over every rank) and
+    multiplies the loss by the number of ranks to undo DDP's averaging. A head that computes its own batch mean
+    (BERT's and DistilBERT's classification and QA heads) ignores that count, so its loss and gradients come out N
+    times too large. Known from the forward's source: it names neither `loss_function` nor `num_items_in_batch`."""
+    if max(1, getattr(args, "world_size", 1)) <= 1 or not getattr(args, "average_tokens_across_devices", False):
+        return None
+    if model is None or getattr(model, "accepts_loss_kwargs", None) is False:
+        return None
+    try:
+        forward = type(model).forward
+        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                           for p in inspect.signature(forward).parameters.values())
+        source = inspect.getsource(forward)
+    except (TypeError, ValueError, OSError):
+        return None
+    if not takes_kwargs or "loss_function" in source or "num_items_in_batch" in source:
+        return None
+    return (f"{type(model).__name__}'s loss is its batch mean and ignores num_items_in_batch, so the Trainer reports "
+            f"and optimises {args.world_size} x the loss on {args.world_size} ranks; set `model.accepts_loss_kwargs "
+            "= False` before building the Trainer (or TrainingArguments(average_tokens_across_devices=False))")
+
+
 class ProgressCallback(TrainerCallback):
     """Rank 0 keeps <output dir>/progress.json current (xeon_cluster/progress.py): the Trainer's step, its
-    max_steps and the samples of one step (the global batch)."""
+    max_steps and the samples of one step (the global batch). At the start, rank 0 warns when the Trainer will
+    multiply the model's loss by the number of ranks (`loss_times_ranks`)."""
 
     def __init__(self, directory: str | None = None):
         self.directory = directory
         self.recorder: ProgressRecorder | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        why = loss_times_ranks(kwargs.get("model"), args) if getattr(args, "process_index", 0) == 0 else None
+        if why:
+            logging.getLogger("xeon_cluster").warning("xeon-cluster: %s", why)
         batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
         self.recorder = ProgressRecorder(state.max_steps or None, batch, self.directory or args.output_dir)
 

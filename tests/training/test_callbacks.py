@@ -151,3 +151,25 @@ def test_the_final_model_waits_for_a_full_disk_to_have_space_and_any_other_failu
 
     with pytest.raises(ValueError):
         checkpoints.when_space(broken, tmp_path, "summary.json", sleep=lambda s: pytest.fail("waited for a bug"))
+
+
+def test_the_users_callback_names_a_model_whose_loss_the_trainer_would_multiply_by_the_ranks():
+    """transformers' Trainer multiplies the loss by the number of ranks for a model it takes to divide by every
+    rank's label count (a forward with **kwargs); DistilBERT's head ignores that count, a causal LM's uses it."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+
+    from xeon_cluster.callbacks import loss_times_ranks
+
+    bert = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=16, dim=8, n_layers=1, n_heads=2,
+                                                                hidden_dim=16, max_position_embeddings=8))
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=8))
+    three = NS(world_size=3, average_tokens_across_devices=True)
+    why = loss_times_ranks(bert, three)
+    assert why and "DistilBertForSequenceClassification" in why and "3 x the loss" in why
+    assert "accepts_loss_kwargs = False" in why
+    assert loss_times_ranks(llama, three) is None
+    assert loss_times_ranks(bert, NS(world_size=1, average_tokens_across_devices=True)) is None
+    assert loss_times_ranks(bert, NS(world_size=3, average_tokens_across_devices=False)) is None
+    bert.accepts_loss_kwargs = False  # what the built-in job sets (training/modeling.py)
+    assert loss_times_ranks(bert, three) is None
