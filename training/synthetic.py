@@ -11,7 +11,10 @@ The QA task: a context of filler words holds one or two clauses "<cue> is <word>
 question asks "what is <cue> ?"; answers come from their own set of words. Picking a context word at random scores
 about 1/25 exact match; a model that learnt "the word after `is`" scores about 75 %, one that also matches the
 question's cue 100 %.
-Classification: sentence2 repeats sentence1's key word (label 1) or names another (label 0).
+Classification: both sentences end in "key <word> ."; the label is 1 when sentence2's key word is one of the
+first half of the key words (a lexicon, as in sentiment), 0 for the other half; sentence1's key and the filler
+words carry nothing. The key words never appear as filler. The tiny model reaches over 90 % accuracy in three
+epochs of 300 examples (about 60 steps); a rule that compares the two sentences' keys is beyond it at that size.
 """
 
 from __future__ import annotations
@@ -71,12 +74,16 @@ def _squad_document(examples: list[dict], title: str) -> dict:
     return {"version": "synthetic-1", "data": [{"title": title, "paragraphs": paragraphs}]}
 
 
-def _pair_example(rng: random.Random, index: int, words: list[str], keys: list[str]) -> dict:
-    key = rng.choice(keys)
+KEY_WORDS = 16  # classification: the first half of them mark label 1, the second half label 0
+
+
+def _pair_example(rng: random.Random, index: int, words: list[str]) -> dict:
+    fillers, keys = words[:FILLER_WORDS - ANSWER_WORDS], words[FILLER_WORDS - ANSWER_WORDS:][:KEY_WORDS]
     label = rng.randrange(2)
-    other = key if label else rng.choice([k for k in keys if k != key])
-    s1 = [rng.choice(words) for _ in range(rng.randint(3, 8))] + ["key", key, "."]
-    s2 = [rng.choice(words) for _ in range(rng.randint(3, 8))] + ["key", other, "."]
+    half = KEY_WORDS // 2
+    s1 = [rng.choice(fillers) for _ in range(rng.randint(3, 8))] + ["key", rng.choice(keys), "."]
+    s2 = [rng.choice(fillers) for _ in range(rng.randint(3, 8))] + ["key", rng.choice(keys[:half] if label
+                                                                                       else keys[half:]), "."]
     return {"idx": index, "sentence1": " ".join(s1), "sentence2": " ".join(s2), "label": label}
 
 
@@ -157,8 +164,7 @@ def write_demo(out_dir, task: str = "qa", examples: int = 2000, seed: int = 0, m
             rows = [_qa_example(rng, i, words, split) for i in range(count)]
             text = json.dumps(_squad_document(rows, f"synthetic {split}"), sort_keys=True)
         else:
-            keys = words[:16]
-            rows = [_pair_example(rng, i, words, keys) for i in range(count)]
+            rows = [_pair_example(rng, i, words) for i in range(count)]
             text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         Path(path).write_text(text)
     args = ["--task", task, "--model_name_or_path", paths["model"], "--train_file", paths["train_file"],

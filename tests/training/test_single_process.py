@@ -15,7 +15,7 @@ def test_classification_single_process(classification_demo, tmp_path):
     env = {k: v for k, v in mpi_env().items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "training", *classification_demo["args"], "--output_dir", str(out),
-                             "--num_train_epochs", "2", "--per_device_train_batch_size", "16", "--logging_steps", "5",
+                             "--num_train_epochs", "3", "--per_device_train_batch_size", "16", "--logging_steps", "5",
                              "--bf16", "false", "--spot_watch", "off"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -23,8 +23,9 @@ def test_classification_single_process(classification_demo, tmp_path):
     assert data["task"] == "classification" and data["world_size"] == 1 and data["settings"]["backend"] is None
     assert data["settings"]["bf16"] is False and data["settings"]["bf16_reason"].startswith("set with --bf16")
     assert data["metrics"]["eval_examples"] == 32
-    assert 0.0 <= data["metrics"]["accuracy"] <= 1.0 and 0.0 <= data["metrics"]["f1"] <= 1.0
-    assert data["steps"] == 2 * -(-300 // 16)  # two epochs of ceil(300/16) steps
+    assert data["metrics"]["accuracy"] >= 0.8, data["metrics"]  # the demo is learnt: chance is 0.5
+    assert data["last_logged_loss"] < 0.5 * data["first_logged_loss"]
+    assert data["steps"] == 3 * -(-300 // 16)  # three epochs of ceil(300/16) steps
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "0", "1": "1"}
 
