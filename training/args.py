@@ -34,7 +34,10 @@ TRAINING_DEFAULTS = {
     "per_device_eval_batch_size": 64,
     "num_train_epochs": 1.0,
     "use_cpu": True,
-    "ddp_find_unused_parameters": False,
+    # True, though every parameter is used: DDP then never rebuilds its gradient buckets after the first step, so a
+    # resumed job reduces gradients in the same layout as the run it continues (a rebuild puts each gradient at
+    # another place in the buffer, and gloo's sum of an element at 3+ ranks depends on its place)
+    "ddp_find_unused_parameters": True,
     "report_to": "none",
     "disable_tqdm": True,  # progress bars do not survive mpirun's line-prefixed output
     "logging_steps": 20,
@@ -90,6 +93,9 @@ class JobArguments:
     resume: bool = field(default=False, metadata={
         "help": "Continue the run of the newest complete checkpoint every rank can read (in its output_dir "
                 "or under --checkpoint_uri)."})
+    resume_without_rank_state: bool = field(default=False, metadata={
+        "help": "With --resume: go on when the checkpoint lacks a rank's random state (that rank then starts a new "
+                "random stream; the run no longer equals the one it continues). Without it such a resume stops."})
     dist_backend: str = field(default="auto", metadata={
         "help": "torch.distributed backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), gloo, "
                 "ccl."})

@@ -20,7 +20,7 @@ import time
 
 from transformers import TrainerCallback
 
-from training import checkpoint_s3, checkpoints, distributed
+from training import checkpoint_s3, checkpoints, distributed, resume
 from xeon_cluster.progress import ProgressRecorder
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,12 @@ class SpotCheckpointCallback(TrainerCallback):
         self.rebalance_at: int | None = None
         self.saved: list[dict] = []
         self._not_saved: str | None = None  # why this rank could not save the checkpoint being taken
+        self.position = resume.DataPosition(step=0, samples=0)  # where this job started in the data
+
+    def samples_seen(self, args, step: int) -> int:
+        """The samples the run had trained on at `step` (earlier jobs' at their own global batch, then this job's)."""
+        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * distributed.world_size()
+        return self.position.samples + (step - self.position.step) * global_batch
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_save = time.monotonic()
@@ -121,9 +127,15 @@ class SpotCheckpointCallback(TrainerCallback):
         [failed] = distributed.max_over_ranks([int(self._not_saved is not None)])
         directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         record = {"step": state.global_step, "path": directory, "uri": None, "upload_error": None}
+        world = distributed.world_size()
+        # ranks on other nodes wrote their random state into their own folders: rank 0's gets a copy of each
+        states = distributed.gather(None if failed or world <= 1 else
+                                    checkpoints.read_rank_state(directory, self.rank, world))
         if self.rank == 0 and not failed:
             try:
-                checkpoints.write_manifest(directory, state.global_step, run_id=self.run_id)
+                checkpoints.add_rank_states(directory, states, world)
+                checkpoints.write_manifest(directory, state.global_step, run_id=self.run_id, world_size=world,
+                                           samples_seen=self.samples_seen(args, state.global_step))
             except OSError as exc:
                 self._not_saved = checkpoints.disk_full(exc, directory)
                 if self._not_saved is None:

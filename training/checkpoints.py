@@ -181,9 +181,63 @@ def discard(directory: str | os.PathLike) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+# ---- every rank's state in one folder
+
+def rank_state_name(rank: int, world_size: int) -> str:
+    """The Trainer's file of one rank's random state (python, numpy, torch) in a checkpoint."""
+    return "rng_state.pth" if world_size <= 1 else f"rng_state_{rank}.pth"
+
+
+RANK_STATE_MAX_BYTES = 1 << 20  # a rank's random state is about 15 KB
+
+
+def read_rank_state(directory: str | os.PathLike, rank: int, world_size: int) -> bytes | None:
+    """This rank's random-state file of the checkpoint, to be gathered into rank 0's folder (None: there is none)."""
+    path = Path(directory) / rank_state_name(rank, world_size)
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > RANK_STATE_MAX_BYTES:
+        return None
+    return path.read_bytes()
+
+
+def add_rank_states(directory: str | os.PathLike, states: Sequence[bytes | None], world_size: int) -> list[int]:
+    """Rank 0: write each rank's random state (`states[rank]`, gathered from every rank) that its own folder lacks,
+    so the folder its manifest describes, and the copy on S3, hold every rank's state (the ranks of other nodes
+    write theirs into their own folders). Returns the ranks whose file was added."""
+    added = []
+    for rank, data in enumerate(states):
+        path = Path(directory) / rank_state_name(rank, world_size)
+        if data is None or path.exists():
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        added.append(rank)
+    return added
+
+
+def missing_rank_states(directory: str | os.PathLike, world_size: int) -> list[int]:
+    """The ranks of a world of `world_size` whose random state the checkpoint folder lacks."""
+    return [rank for rank in range(world_size) if not (Path(directory) / rank_state_name(rank, world_size)).is_file()]
+
+
+def rank_state_refusal(*, step: int, missing: Sequence[int], world_size: int, written_by: object) -> str | None:
+    """The one line that stops a resume whose checkpoint lacks a rank's random state, or None when the resume may go
+    on: nothing is missing, or the world size changed (a world of another size cannot continue the old streams, so
+    the missing ranks start new ones; the caller says so). `written_by`: the manifest's world_size (None before it
+    was recorded)."""
+    if not missing or (isinstance(written_by, int) and written_by != world_size):
+        return None
+    names = ", ".join(rank_state_name(r, world_size) for r in missing[:4]) + (" ..." if len(missing) > 4 else "")
+    return (f"--resume: checkpoint-{step} lacks the random state of rank(s) {', '.join(map(str, missing[:8]))} "
+            f"({names}): those ranks would not continue their dropout masks and sampling, so the run would differ "
+            "from the one it continues; resume from a checkpoint that holds every rank's state, or pass "
+            "--resume_without_rank_state true to go on with new random streams on those ranks")
+
+
 # ---- local checkpoints
 
-def write_manifest(directory: str | os.PathLike, step: int, run_id: str | None = None) -> dict:
+def write_manifest(directory: str | os.PathLike, step: int, run_id: str | None = None,
+                   world_size: int | None = None, samples_seen: int | None = None) -> dict:
     """List every file of a finished checkpoint; the manifest is what makes it complete."""
     root = Path(directory)
     links = links_under(root)
@@ -193,7 +247,7 @@ def write_manifest(directory: str | os.PathLike, step: int, run_id: str | None =
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, MANIFEST + ".tmp")):
         files[path.relative_to(root).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
     manifest = {"step": step, "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "files": files}
+                "world_size": world_size, "samples_seen": samples_seen, "files": files}
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, root / MANIFEST)

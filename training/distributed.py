@@ -68,6 +68,11 @@ def max_over_ranks(values: list[int]) -> list[int]:
     return [int(v) for v in tensor.tolist()]
 
 
+def world_size() -> int:
+    """The process group's size (1 without one)."""
+    return dist.get_world_size() if active() else 1
+
+
 def gather(obj) -> list:
     """Every rank's `obj`, in rank order, on every rank."""
     if not active():

@@ -9,10 +9,34 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple
 
 from training.errors import BadInput
 
 log = logging.getLogger("training")
+
+
+class DataPosition(NamedTuple):
+    """Where a job starts in the run's data: the Trainer's step and the samples trained on before it."""
+
+    step: int
+    samples: int
+
+
+def data_position(manifest: dict, step: int, global_batch: int) -> DataPosition:
+    """Where a job with `global_batch` samples per step continues a checkpoint of `step`.
+
+    At the checkpoint's own global batch, at its step. At another one (a smaller world whose batch no accumulation
+    keeps), at the step of this batch that has seen as many samples: the Trainer places a resumed job in its data by
+    steps, so step 50 of 64 samples (3,200 seen) continued with 48 would go back to sample 2,400 and train part of
+    an epoch twice; it continues as step 67 instead. A checkpoint that does not record its samples (written before
+    they were kept) is continued at its step."""
+    samples = manifest.get("samples_seen")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+        return DataPosition(step, step * global_batch)
+    if samples == step * global_batch:
+        return DataPosition(step, samples)
+    return DataPosition(round(samples / global_batch), samples)
 
 
 class RunCheckpoints:
@@ -69,9 +93,9 @@ class RunCheckpoints:
             distributed.raise_first_error(message)
             self.run_id = distributed.gather(run_id)[0]  # rank 0's
             return None
-        return self._resume_point(output_dir, uri, local, remote)
+        return self._resume_point(output_dir, uri, local, remote, job_args)
 
-    def _resume_point(self, output_dir: str, uri: str | None, local: list, remote: list):
+    def _resume_point(self, output_dir: str, uri: str | None, local: list, remote: list, job_args):
         """--resume: the newest checkpoint every rank can read (its own disk, or S3), fetched where missing."""
         from training import checkpoint_s3, checkpoints, distributed
 
@@ -109,7 +133,27 @@ class RunCheckpoints:
             except Exception as exc:  # noqa: BLE001 - reported by rank 0 for every rank
                 error = f"--resume: download of checkpoint-{chosen.step} from {location} failed: {exc}"
         distributed.raise_first_error(error)
+        self._check_rank_states(path, chosen.step, allow=job_args.resume_without_rank_state)
         if self.info.rank == 0:
             log.info("resuming from %s (step %d of run %s, chosen from %s: the newest checkpoint every rank can "
                      "read)", path, chosen.step, self.run_id, chosen.location)
         return path, chosen
+
+    def _check_rank_states(self, path: str, step: int, *, allow: bool) -> None:
+        """Every rank's random state must be in the checkpoint it continues (or the world size changed, or `allow`):
+        else one line from rank 0 stops every rank before training."""
+        from training import checkpoints, distributed
+
+        world = self.info.world_size
+        has = os.path.isfile(os.path.join(path, checkpoints.rank_state_name(self.info.rank, world)))
+        missing = [rank for rank, found in enumerate(distributed.gather(has)) if not found]
+        error = None
+        if self.info.rank == 0 and missing:
+            written_by = (checkpoints.read_manifest(path) or {}).get("world_size")
+            error = checkpoints.rank_state_refusal(step=step, missing=missing, world_size=world, written_by=written_by)
+            if error is None or allow:
+                log.warning("checkpoint-%d has no random state for rank(s) %s (written by %s rank(s), resumed on %d): "
+                            "they start new random streams", step, ", ".join(map(str, missing)),
+                            written_by if isinstance(written_by, int) else "an unknown number of", world)
+                error = None
+        distributed.raise_first_error(error)

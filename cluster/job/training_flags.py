@@ -136,6 +136,7 @@ FLAGS: dict[str, str] = {
     "--restore_callback_states_from_checkpoint": OPTIONAL,
     "--resume": OPTIONAL,
     "--resume_from_checkpoint": VALUE,
+    "--resume_without_rank_state": OPTIONAL,
     "--run_name": VALUE,
     "--save_on_each_node": OPTIONAL,
     "--save_only_model": OPTIONAL,
