@@ -71,6 +71,17 @@ def _weights_sha256(model) -> str:
     return digest.hexdigest()
 
 
+def schedule_at(scheduler, optimizer, step: int) -> None:
+    """Put a learning-rate schedule loaded from a checkpoint at `step` (a resumed step re-expressed in another global
+    batch), the optimizer's rates with it: a LambdaLR's (the Trainer's schedules) from its own functions."""
+    scheduler.last_epoch = step
+    if hasattr(scheduler, "lr_lambdas"):
+        rates = [base * rule(step) for rule, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)]
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler._last_lr = rates
+
+
 class Trained(NamedTuple):
     """What training left for the finish: the Trainer, its callbacks, the loss and the resume point."""
 
@@ -248,6 +259,8 @@ class Job:
         resume_path, resumed = (resume if resume else (None, None))
         if resume_path is None and parsed.training.resume_from_checkpoint:  # Trainer's own flag: a path
             resume_path = parsed.training.resume_from_checkpoint
+        if resumed is not None:
+            self._continue_in_place(trainer, spot, resume_path, resumed.step, parsed.training)
 
         if imds.watch_enabled(parsed.job.spot_watch, on_ec2=hardware.on_ec2()):
             self.watcher = imds.InterruptionWatcher(imds.ImdsClient(imds.endpoint()), parsed.job.spot_poll_seconds)
@@ -260,6 +273,21 @@ class Job:
         if self.watcher is not None:
             self.watcher.stop()
         return Trained(trainer, timer, spot, train_output.training_loss, resumed)
+
+    def _continue_in_place(self, trainer, spot, path: str, step: int, training_args) -> None:
+        """Continue at the checkpoint's place in the data, in this job's steps (training/resume.py data_position)."""
+        from training import checkpoints, resume
+
+        global_batch = (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
+                        * self.info.world_size)
+        position = resume.data_position(checkpoints.read_manifest(path) or {}, step, global_batch)
+        spot.position = position
+        if position.step != step:
+            trainer.rebased_step = position.step
+            if self.info.rank == 0:
+                log.warning("the global batch is now %d: checkpoint-%d (%d samples seen) continues as step %d of this "
+                            "batch, at the same place in the data", global_batch, step, position.samples,
+                            position.step)
 
     def _compile_setting(self, parsed, prepared: tasks.Prepared) -> None:
         """--compile decided (auto: from the run's steps and fab bench's estimate) before the Trainer exists."""
@@ -345,6 +373,21 @@ class Job:
 
             _ipex_applied = False
             _comm_hook_checked = False
+            rebased_step: int | None = None  # the resumed step in this job's global batch (Job._continue_in_place)
+
+            def _init_training_state(self, max_steps, num_update_steps_per_epoch, *args, **kwargs):
+                epochs, skipped = super()._init_training_state(max_steps, num_update_steps_per_epoch, *args, **kwargs)
+                if self.rebased_step is None:
+                    return epochs, skipped
+                self.state.global_step = self.rebased_step
+                skipped = 0 if self.args.ignore_data_skip else (
+                    self.rebased_step % num_update_steps_per_epoch * self.args.gradient_accumulation_steps)
+                return self.rebased_step // num_update_steps_per_epoch, skipped
+
+            def _load_optimizer_and_scheduler(self, checkpoint):
+                super()._load_optimizer_and_scheduler(checkpoint)
+                if checkpoint is not None and self.rebased_step is not None:
+                    schedule_at(self.lr_scheduler, self.optimizer, self.rebased_step)
 
             def training_step(self, model, *args, **kwargs):
                 if not self._comm_hook_checked:  # `model` is DDP-wrapped from here on; no backward has run yet

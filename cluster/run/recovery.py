@@ -111,7 +111,8 @@ class BatchPlan:
         if self.exact:
             return f"global batch {self.wanted} kept: {how}"
         return (f"global batch {self.wanted} cannot be kept exactly on {self.ranks} rank(s): {how} gives "
-                f"{self.global_batch} ({self.global_batch - self.wanted:+d} samples per step)")
+                f"{self.global_batch} ({self.global_batch - self.wanted:+d} samples per step); the job keeps its place "
+                "in the data (samples seen), so its step count changes")
 
 
 def batch_for(*, per_rank: int, accumulation: int, ranks_before: int, ranks: int) -> BatchPlan:

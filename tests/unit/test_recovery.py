@@ -38,7 +38,8 @@ def test_batch_that_cannot_be_kept_says_in_one_line_what_changed():
     line = plan.describe(16, 1)
     assert "\n" not in line
     assert line == ("global batch 80 cannot be kept exactly on 3 rank(s): per-rank batch 16 -> 16, gradient "
-                    "accumulation 1 -> 2 on 3 rank(s) gives 96 (+16 samples per step)")
+                    "accumulation 1 -> 2 on 3 rank(s) gives 96 (+16 samples per step); the job keeps its place in "
+                    "the data (samples seen), so its step count changes")
 
 
 def test_batch_refuses_nonsense():
