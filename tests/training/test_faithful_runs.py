@@ -217,11 +217,11 @@ def test_a_smaller_world_whose_batch_cannot_be_kept_continues_at_the_same_place_
     assert abs(position - at_checkpoint) <= 1 / per_epoch, (
         f"checkpoint-15 was at epoch {at_checkpoint}; the resumed job started at epoch {position:.3f} (step {first})")
     assert first == 20 + 1  # 480 samples seen = 20 steps of 24
-    # the learning-rate schedule continues at the same fraction of the run: the demo's linear decay after 5 warm-up
-    # steps, at step 21 of 39
+    # the learning-rate schedule continues at the same fraction of the run: step 21 of 39 trains at the demo's
+    # linear decay after 5 warm-up steps from step 20 (the rate logged with a step is the one it trained at)
     history = json.loads((resumed / f"checkpoint-{3 * per_epoch}" / "trainer_state.json").read_text())["log_history"]
     rate = next(entry["learning_rate"] for entry in history if entry.get("step") == first and "loss" in entry)
     total = 3 * per_epoch
-    assert rate == pytest.approx(0.005 * (total - first) / (total - 5), rel=1e-6)
+    assert rate == pytest.approx(0.005 * (total - (first - 1)) / (total - 5), rel=1e-6)
     assert "continues as step 20 of this batch" in three.stderr
     assert read_summary(resumed)["steps"] == 3 * per_epoch
