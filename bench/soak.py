@@ -2,7 +2,7 @@
 
     python bench/soak.py [--minutes 30] [--nodes 4] [--seed 1] [--kinds reclaim,silent,...] [--faults N]
                          [--steps S] [--checkpoint-steps 25] [--hold SECONDS] [--settle SECONDS]
-                         [--no-baseline] [--json PATH] [--name NAME | --cluster NAME]
+                         [--baselines 3 | --no-baseline] [--json PATH] [--name NAME | --cluster NAME]
 
 Root and Linux (a local cluster of its own, `fab local-up --name NAME --keeper-delay 10s`, removed at the
 end; `--cluster NAME`: a running local cluster, set up, that the soak uses and leaves running). What it
@@ -20,7 +20,10 @@ does, in order:
    job's log on the master, the bucket), and does the faults of a seeded schedule (bench/soak_plan.py),
    each once the run has passed its fraction of the steps, trains, and has uploaded a checkpoint since the
    fault before. Each fault is held, undone, and watched until the run trains again.
-4. With the baseline (default), the same run again, undisturbed, for its final loss.
+4. With the baselines (default 3), the same run again, undisturbed, each time: the run's fidelity is checked
+   against them (bench/soak_plan.py's `fidelity`): every loss the first job logged (up to the first recovery)
+   equals the first baseline's at that step, the first step after each recovery equals the baseline's at that
+   step where the world size is the same, and the run's final loss is shown against the baselines' spread.
 5. `fab local-down`, the store stopped, the tmpfs gone; then what is left: processes, namespaces, mounts,
    and checkpoint objects the run no longer needs.
 
@@ -76,6 +79,9 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--faults", type=int, default=0, help="how many (default: two of each kind per 30 min)")
     parser.add_argument("--steps", type=int, default=0, help="the run's steps (default: measured for --minutes)")
     parser.add_argument("--checkpoint-steps", type=int, default=25, help="checkpoint interval in steps")
+    parser.add_argument("--baselines", type=int, default=3,
+                        help="undisturbed runs of the same settings to check the run against (default 3: the "
+                             "first for step-by-step fidelity, all for the final loss's spread; 0 with --no-baseline)")
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also run it undisturbed, for the final loss (default on)")
     parser.add_argument("--json", default="", help="write the report here (default soak-NAME.json)")
@@ -99,7 +105,7 @@ def _options() -> argparse.Namespace:
         fault.hold_s = o.hold if o.hold and fault.hold_s else fault.hold_s
     for what, value, low in (("--nodes", o.nodes, 1), ("--checkpoint-steps", o.checkpoint_steps, 1),
                              ("--steps", o.steps, 0), ("--minutes", o.minutes, 0.5), ("--hold", o.hold, 0),
-                             ("--settle", o.settle, 0)):
+                             ("--settle", o.settle, 0), ("--baselines", o.baselines, 0)):
         if value < low:
             raise plan.PlanError(f"{what}: {value} is not allowed; allowed {low} or more")
     return o
@@ -385,7 +391,8 @@ def soak_run(run: Run, store: Store, injector: Injector, faults: list[plan.Fault
             "status_polls": len(run.status_polls),
             "status_seen": sorted({(p["status"] or "-") for p in run.status_polls}),
             "last_status_poll": run.status_polls[-1] if run.status_polls else None,
-            "checkpoints": checkpoint_objects(store, run.label)}
+            "checkpoints": checkpoint_objects(store, run.label),
+            "job_steps": [run.jobs[job_id] for job_id in run.order]}
 
 
 def main() -> int:
@@ -422,8 +429,9 @@ def main() -> int:
         report["steps"] = steps
         injector = Injector(cluster, env, store, root)
         runs["soak"] = soak_run(Run(cluster, env, o, "soak", steps), store, injector, o.schedule)
-        if o.baseline:
-            runs["baseline"] = soak_run(Run(cluster, env, o, "baseline", steps), store, injector, [])
+        for number in range(1, (o.baselines if o.baseline else 0) + 1):
+            label = "baseline" if number == 1 else f"baseline-{number}"
+            runs[label] = soak_run(Run(cluster, env, o, label, steps), store, injector, [])
     except RuntimeError as exc:
         report["error"] = str(exc)
         say(f"stopped: {exc}")
@@ -447,7 +455,10 @@ def main() -> int:
             store.close()
     soak = runs.get("soak", {})
     outcomes = soak.pop("outcomes", [])
-    runs.get("baseline", {}).pop("outcomes", None)
+    job_steps = {label: run.pop("job_steps", []) for label, run in runs.items()}
+    for run in runs.values():
+        run.pop("outcomes", None)
+    baselines = [steps_of[0] for label, steps_of in job_steps.items() if label.startswith("baseline") and steps_of]
     report.update({k: soak.get(k) for k in ("status", "run", "wall_s", "steps", "recoveries", "jobs", "final_loss",
                                             "status_polls", "status_seen", "last_status_poll", "last_job_log_tail")})
     report["faults"] = soak.get("faults", [])
@@ -455,6 +466,8 @@ def main() -> int:
     report["baseline"] = {k: v for k, v in runs.get("baseline", {}).items() if k != "faults"} or None
     if report["baseline"] and report["final_loss"] is not None and report["baseline"]["final_loss"] is not None:
         report["final_loss_difference"] = round(report["final_loss"] - report["baseline"]["final_loss"], 4)
+    report["fidelity"] = plan.fidelity(job_steps.get("soak", []), [b.losses for b in baselines],
+                                       baselines[0].world if baselines else None, report.get("final_loss"))
     report["checkpoint_objects"] = soak.get("checkpoints")
     report["checkpoint_objects_not_needed"] = len((soak.get("checkpoints") or {}).get("not_needed", []))
     report.update(left_behind(cluster, output_root(cluster.name), [r.get("run", "") for r in runs.values()], o.own))
@@ -474,6 +487,7 @@ def main() -> int:
           f"{report['checkpoint_objects_not_needed']}; processes left: {len(report['processes_left'])}, "
           f"namespaces left: {len(report['namespaces_left'])}, mounts left: {len(report['mounts_left'])}, "
           f"files left: {len(report['files_left'])}")
+    print(f"fidelity: {json.dumps(report['fidelity'])}")
     print(f"report: {path}")
     for line in report["problems"]:
         print(f"PROBLEM: {line}")

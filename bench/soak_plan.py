@@ -31,6 +31,7 @@ _LOSS_RE = re.compile(r"^\[0\] \{'loss': '?([0-9.eE+-]+|nan|inf)'?")
 _RESUMED_RE = re.compile(r"^\[0\] .* resuming from \S+ \(step ([0-9]+) ")
 _UPLOADED_RE = re.compile(r"^\[0\] .* checkpoint ([0-9]+) uploaded to ")
 _NOT_SAVED_RE = re.compile(r"^\[0\] .* checkpoint ([0-9]+) (?:not saved|upload to \S+ failed)")
+_WORLD_RE = re.compile(r"^\[0\] .* world size ([0-9]+) \(")
 
 
 class PlanError(ValueError):
@@ -92,6 +93,7 @@ class JobSteps:
     start: int = 0  # the step it resumed from (0: a fresh start)
     logged: int = 0  # steps it logged (one loss line each)
     losses: list[float] = field(default_factory=list)
+    world: int | None = None  # its ranks, as rank 0 logged them
     uploaded: list[int] = field(default_factory=list)  # checkpoints it uploaded
     not_saved: list[int] = field(default_factory=list)  # checkpoints it could not save or upload
 
@@ -117,6 +119,9 @@ class JobSteps:
             found = _RESUMED_RE.match(line)
             if found:
                 self.start = int(found.group(1))
+            found = _WORLD_RE.match(line)
+            if found:
+                self.world = int(found.group(1))
 
 
 def steps_redone(ended: list[JobSteps], resumed: JobSteps | None) -> int:
@@ -130,6 +135,58 @@ def final_loss(losses: list[float], window: int = 20) -> float | None:
     """The mean of the last `window` logged losses (less noisy than the last one), to 4 significant digits."""
     tail = losses[-window:]
     return float(f"{sum(tail) / len(tail):.4g}") if tail else None
+
+
+def fidelity(jobs: list[JobSteps], baselines: list[list[float]], baseline_world: int | None,
+             final: float | None) -> dict:
+    """The run against undisturbed runs of the same settings (each a list of losses, step 1 first), as logged:
+
+    - `first_job`: every step the first job logged (up to the first recovery) against the first baseline's;
+    - `after_recoveries`: the first step each later job logged against the baseline's at that step, where the
+      job's world size is the baseline's (`equal` None where it is not: a world of another size sums another
+      batch, so no step of it has an undisturbed counterpart);
+    - `final_loss_spread`: the lowest and highest of the baselines' final losses, and whether the run's lies in it.
+    """
+    report: dict = {"baselines": len(baselines)}
+    if not baselines or not jobs:
+        return report
+    reference = baselines[0]
+    first = jobs[0]
+    compared = [(first.start + i + 1, loss) for i, loss in enumerate(first.losses)
+                if first.start + i < len(reference)]
+    differing = [step for step, loss in compared if loss != reference[step - 1]]
+    report["first_job"] = {"steps": len(compared), "equal": len(compared) - len(differing),
+                           "first_difference": differing[0] if differing else None}
+    after = []
+    for job in jobs[1:]:
+        step = job.start + 1
+        if not job.losses or step > len(reference):
+            continue
+        same_world = job.world is not None and job.world == baseline_world
+        after.append({"job": job.job, "step": step, "world": job.world, "loss": job.losses[0],
+                      "baseline": reference[step - 1], "equal": (job.losses[0] == reference[step - 1])
+                      if same_world else None})
+    report["after_recoveries"] = after
+    finals = [f for f in (final_loss(losses) for losses in baselines) if f is not None]
+    if finals:
+        low, high = min(finals), max(finals)
+        report["final_loss_spread"] = [low, high]
+        report["final_within_spread"] = final is not None and low <= final <= high
+    return report
+
+
+def fidelity_problems(report: dict) -> list[str]:
+    """What the fidelity checks show otherwise, one line each."""
+    problems = []
+    first = report.get("first_job")
+    if first and first["first_difference"] is not None:
+        problems.append(f"the first job's loss differs from the undisturbed run's from step "
+                        f"{first['first_difference']} ({first['equal']} of {first['steps']} steps equal)")
+    for entry in report.get("after_recoveries", []):
+        if entry["equal"] is False:
+            problems.append(f"job {entry['job']}'s first step {entry['step']} logged loss {entry['loss']}, the "
+                            f"undisturbed run {entry['baseline']}")
+    return problems
 
 
 # ---------------------------------------------------------------- the report
@@ -225,4 +282,4 @@ def verdict(report: dict) -> list[str]:
             problems.append(f"{what.replace('_', ' ')}: {report[what]}")
     if report.get("checkpoint_objects_not_needed"):
         problems.append(f"checkpoint objects the run no longer needs: {report['checkpoint_objects_not_needed']}")
-    return problems
+    return problems + fidelity_problems(report.get("fidelity") or {})

@@ -71,3 +71,32 @@ def test_the_verdict_names_what_the_done_when_does_not_allow():
     table = plan.table([fault, plan.Outcome(plan.Fault(2, "reclaim", 0.9, "node2", 0.0))]).splitlines()
     assert table[2].startswith("| 1 | silent | node1 | 0 | 10 (100) |") and table[2].endswith("| 25 (25) |")
     assert table[3].startswith("| 2 | reclaim | node2 | 0 | not fired |")
+
+
+def test_fidelity_compares_the_run_with_undisturbed_runs_step_by_step():
+    """Up to the first recovery every logged loss equals the baseline's; each later job's first step equals the
+    baseline's at that step when its world size is the baseline's, and is not compared otherwise."""
+    baseline = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    first = plan.JobSteps("j1", world=3, losses=[0.9, 0.8, 0.7, 0.6, 0.5], logged=5)  # lost after step 5
+    resumed = plan.JobSteps("j2", start=4, world=3, losses=[0.5, 0.4, 0.3, 0.2], logged=4)
+    smaller = plan.JobSteps("j3", start=6, world=2, losses=[0.33, 0.2], logged=2)
+    report = plan.fidelity([first, resumed, smaller], [baseline, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.31, 0.22]], 3,
+                           final=0.25)
+    assert report["first_job"] == {"steps": 5, "equal": 5, "first_difference": None}
+    assert [(e["job"], e["step"], e["equal"]) for e in report["after_recoveries"]] == [("j2", 5, True),
+                                                                                       ("j3", 7, None)]
+    assert report["final_loss_spread"][0] <= report["final_loss_spread"][1] and "final_within_spread" in report
+    assert plan.fidelity_problems(report) == []
+    drifted = plan.JobSteps("j2", start=4, world=3, losses=[0.51], logged=1)
+    wrong = plan.fidelity([plan.JobSteps("j1", world=3, losses=[0.9, 0.81], logged=2), drifted], [baseline], 3,
+                          final=0.5)
+    assert plan.fidelity_problems(wrong) == [
+        "the first job's loss differs from the undisturbed run's from step 2 (1 of 2 steps equal)",
+        "job j2's first step 5 logged loss 0.51, the undisturbed run 0.5"]
+    assert plan.fidelity([first], [], None, final=None) == {"baselines": 0}
+
+
+def test_a_job_log_gives_its_world_size():
+    job = plan.JobSteps("j1")
+    job.read(["[0] 2026-11-27 17:18:40,101 rank 0 INFO training: world size 3 (intel-mpi), backend gloo (auto)"])
+    assert job.world == 3
