@@ -40,16 +40,24 @@ def dumps(rows: Sequence[JobRow]) -> str:
     return json.dumps({"format": FORMAT, "jobs": [asdict(row) for row in rows]}, indent=1) + "\n"
 
 
+LATER_FIELDS = ("name", "loss", "samples_per_second")  # fields a history written before them lacks (None)
+
+
 def _row(item) -> JobRow | None:
+    if isinstance(item, dict):
+        item = {**dict.fromkeys(LATER_FIELDS), **item}
     if not isinstance(item, dict) or set(item) != set(ROW_FIELDS):
         return None
     if not isinstance(item["id"], str) or not JOB_ID_RE.match(item["id"]) or item["state"] not in STATES:
         return None
-    for name in ("started", "output_dir", "launcher", "program", "checkpoint_uri", "master"):
+    for name in ("started", "output_dir", "launcher", "program", "checkpoint_uri", "master", "name"):
         if item[name] is not None and not isinstance(item[name], str):
             return None
     for name in ("duration_s", "nodes", "ranks", "exit_code"):
         if item[name] is not None and (not isinstance(item[name], int) or isinstance(item[name], bool)):
+            return None
+    for name in ("loss", "samples_per_second"):
+        if item[name] is not None and (not isinstance(item[name], (int, float)) or isinstance(item[name], bool)):
             return None
     return JobRow(**item)
 

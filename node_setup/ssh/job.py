@@ -32,7 +32,7 @@ from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH
 from cluster.job.jobcommands import sh_command as _sh
 from cluster.job.logstream import LogAssembler, LogSink
 from cluster.job.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
-from cluster.names import printable
+from cluster.names import JOB_NAME_RE, printable
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
@@ -85,7 +85,14 @@ def start(master, plan: JobPlan) -> int:
 
 
 def resolve_job_id(master, job_id: str | None) -> str:
-    """The given job id (checked: it reaches remote commands), or the newest job on the master."""
+    """The given job id (checked: it reaches remote commands), the newest job of that name (`fab train
+    --name`) on the master, or the newest job on the master."""
+    if job_id and not JOB_ID_RE.match(job_id) and JOB_NAME_RE.fullmatch(job_id):
+        rows, _ = joblist.parse(list_jobs(master), getattr(master, "host", "the master"))
+        found = joblist.newest_named(rows, job_id)
+        if found is None:
+            raise JobError(f"--job: no job named {job_id!r} on this cluster (`fab jobs` lists each job's name)")
+        return found
     if job_id:
         try:
             return check_job_id(job_id)

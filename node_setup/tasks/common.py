@@ -36,7 +36,7 @@ STOPPED = 143  # 128 + SIGTERM: the job was ended by `fab stop`
 CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `fab local-up`, or the path of an "
                 "inventory YAML file; default: the only xeon-cluster cluster running in the region")
 REGION_HELP = "AWS region to look for the cluster in (default: AWS_REGION / your AWS config)"
-JOB_HELP = "job id (default: the newest job)"
+JOB_HELP = "job id, or a name given with `fab train --name` (its newest job) (default: the newest job)"
 
 SHORT_FLAGS = {"cluster": "c", "nodes": "n", "output": "o", "file": "f"}
 # Counts are 1 or more; these also take 0, which means something (no CCL workers, no restarts, report and stop).

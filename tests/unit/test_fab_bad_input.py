@@ -55,6 +55,11 @@ CASES = {
                      "--task: 'translation' is not allowed; choose qa or classification"),
     "injected task": (["train", "--task", "qa$(touch /tmp/x)", "--dry-run", "-c", "{inv}"],
                       "--task: 'qa$(touch /tmp/x)' is not allowed"),
+    "job name": (["train", "--name", "lr 3e-5;x", "--dry-run", "-c", "{inv}"],
+                 "--name: 'lr 3e-5;x' is not allowed; allowed: letters, digits, '.', '_' and '-' (up to 64), "
+                 "starting with a letter"),
+    "job name that is an id": (["train", "--name", "20261123-101500-ab12", "--dry-run", "-c", "{inv}"],
+                               "--name: '20261123-101500-ab12' is not allowed"),
     "gs checkpoint uri": (["train", "--checkpoint-uri", "gs://b/x", "--dry-run", "-c", "{inv}"],
                           "--checkpoint-uri: 'gs://b/x' is not allowed; allowed: s3://BUCKET/PREFIX"),
     "bad bucket": (["train", "--checkpoint-uri", "s3://My_Bucket/x", "--dry-run", "-c", "{inv}"],
