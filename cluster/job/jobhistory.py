@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
-from cluster.job.joblist import ROW_FIELDS, STATES, UNKNOWN, JobRow
+from cluster.job.joblist import ROW_FIELDS, STATES, UNKNOWN, JobRow, newest_named
 from cluster.names import printable
 
 FORMAT = 1
@@ -76,7 +76,9 @@ def loads(text: str, where: str) -> tuple[list[JobRow], str | None]:
 
 
 def find(rows: Sequence[JobRow], job_id: str) -> JobRow | None:
-    return next((row for row in rows if row.id == job_id), None)
+    """The row of `job_id`, or of the newest job named so (`fab train --name`), or None."""
+    named = newest_named(rows, job_id)
+    return next((row for row in rows if row.id in (job_id, named)), None)
 
 
 def whereabouts(row: JobRow) -> list[str]:

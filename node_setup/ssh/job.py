@@ -204,6 +204,21 @@ def read_remote_file(conn, path: str) -> str | None:
     return out.getvalue().decode(errors="replace")
 
 
+def read_job_records(conn, output_dir: str) -> dict[str, str | None]:
+    """The texts of the records `fab report` reads in a job's output folder (cluster/job/runreport.py FILES;
+    None for one that is not there): its trainer_state.json, else its newest checkpoint's."""
+    from cluster.job.runreport import FILES
+
+    texts = {name: read_remote_file(conn, f"{output_dir}/{name}") for name in FILES}
+    if texts["trainer_state.json"] is None:
+        found = conn.run(f"ls -d {shlex.quote(output_dir)}/checkpoint-*/trainer_state.json 2>/dev/null | "
+                         "sort -V | tail -n 1", hide=True, warn=True, in_stream=False)
+        newest = found.stdout.strip() if found.ok else ""
+        if newest:
+            texts["trainer_state.json"] = read_remote_file(conn, newest)
+    return texts
+
+
 def read_remote_summary(conn, path: str, say=print) -> dict | None:
     """The job's summary.json at `path` on the node, checked (cluster/job/jobsummary.py): None when it is
     missing, not JSON or not an object; each malformed field left out is one warning line to `say`."""

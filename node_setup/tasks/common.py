@@ -155,10 +155,12 @@ class XcTask(Task):
                 for a in arguments]
 
 
-def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None) -> Callable:  # noqa: A002 - invoke's
+def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None,  # noqa: A002 - invoke's
+         iterable: tuple[str, ...] = ()) -> Callable:
     """Define a `fab` task: `@task(help={"option": "what it does", ...})`; `kinds` names the options whose
-    kind is not their default's type (`kinds={"idle": duration}` with `idle=1800.0`: seconds)."""
-    make = invoke_task(klass=XcTask, auto_shortflags=False, help=help)
+    kind is not their default's type (`kinds={"idle": duration}` with `idle=1800.0`: seconds); `iterable` those
+    given more than once (`--job a --job b`: a list)."""
+    make = invoke_task(klass=XcTask, auto_shortflags=False, help=help, iterable=list(iterable))
 
     def define(body: Callable) -> XcTask:
         made = make(body)

@@ -55,6 +55,8 @@ CASES = {
                      "--task: 'translation' is not allowed; choose qa or classification"),
     "injected task": (["train", "--task", "qa$(touch /tmp/x)", "--dry-run", "-c", "{inv}"],
                       "--task: 'qa$(touch /tmp/x)' is not allowed"),
+    "report without a folder": (["report", "--job", "lr-small", "-c", "{inv}"],
+                                "--to: missing; give the folder report.html goes into"),
     "job name": (["train", "--name", "lr 3e-5;x", "--dry-run", "-c", "{inv}"],
                  "--name: 'lr 3e-5;x' is not allowed; allowed: letters, digits, '.', '_' and '-' (up to 64), "
                  "starting with a letter"),
