@@ -69,9 +69,10 @@ class _DurationKind:
     """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/cost/timemodel.py's one
     parser); a bare number is refused with a line that says to add a unit. `off`: also `off` or 0 -> 0.0."""
 
-    def __init__(self, name: str, off: bool) -> None:
+    def __init__(self, name: str, off: bool, zero: str = "off") -> None:
         self.__name__ = name
         self.off = off
+        self.zero = zero  # what the error offers for none: `off`, or `0` where off means nothing (a notice)
 
     def __call__(self, text: Any, setting: str = "duration") -> float:
         from cluster.cost.timemodel import parse_duration
@@ -82,7 +83,7 @@ class _DurationKind:
         try:
             return parse_duration(raw, setting, bare_seconds=False)
         except ValueError as exc:
-            raise ValueError(f"{exc}{' (or off)' if self.off else ''}") from None
+            raise ValueError(f"{exc}{f' (or {self.zero})' if self.off else ''}") from None
 
     def __repr__(self) -> str:
         return self.__name__
@@ -96,7 +97,8 @@ class _DurationKind:
 
 duration = _DurationKind("duration", off=False)
 duration_or_off = _DurationKind("duration_or_off", off=True)
-DURATION_KINDS = (duration, duration_or_off)
+duration_or_zero = _DurationKind("duration_or_zero", off=True, zero="0 for none")  # 0 allowed, `off` says nothing
+DURATION_KINDS = (duration, duration_or_off, duration_or_zero)
 _NUMBER_WORDS = {int: "a whole number", float: "a number"}
 
 

@@ -143,6 +143,9 @@ CASES = {
     "bench steps": (["bench", "--steps", "0", "-c", "{inv}"], "--steps: 0 is not allowed; give 1 or more"),
     "local-reclaim notice not a number": (["local-reclaim", "node1", "--notice", "soon"],
                                           "--notice: 'soon' is not a duration"),
+    "local-reclaim notice without a unit": (["local-reclaim", "node1", "--notice", "5"],
+                                            "--notice: '5' has no unit; add a unit: 5s, 5m or 5h (durations are "
+                                            "written like 90s, 30m, 2h or 1h30m) (or 0 for none)"),  # not "(or off)"
     "local-reclaim notice too long": (["local-reclaim", "node1", "--notice", "3h"],
                                       "--notice: 10800.0 is not possible; allowed 0 to 3600 seconds"),
     "local-reclaim not a local cluster": (["local-reclaim", "node1", "--cluster", "{tmp}/lab.yaml"],
