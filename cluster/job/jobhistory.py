@@ -40,7 +40,8 @@ def dumps(rows: Sequence[JobRow]) -> str:
     return json.dumps({"format": FORMAT, "jobs": [asdict(row) for row in rows]}, indent=1) + "\n"
 
 
-LATER_FIELDS = ("name", "loss", "samples_per_second")  # fields a history written before them lacks (None)
+# Fields a history written before them lacks (read as None).
+LATER_FIELDS = ("name", "loss", "samples_per_second", "run", "cost_usd")
 
 
 def _row(item) -> JobRow | None:
@@ -50,13 +51,13 @@ def _row(item) -> JobRow | None:
         return None
     if not isinstance(item["id"], str) or not JOB_ID_RE.match(item["id"]) or item["state"] not in STATES:
         return None
-    for name in ("started", "output_dir", "launcher", "program", "checkpoint_uri", "master", "name"):
+    for name in ("started", "output_dir", "launcher", "program", "checkpoint_uri", "master", "name", "run"):
         if item[name] is not None and not isinstance(item[name], str):
             return None
     for name in ("duration_s", "nodes", "ranks", "exit_code"):
         if item[name] is not None and (not isinstance(item[name], int) or isinstance(item[name], bool)):
             return None
-    for name in ("loss", "samples_per_second"):
+    for name in ("loss", "samples_per_second", "cost_usd"):
         if item[name] is not None and (not isinstance(item[name], (int, float)) or isinstance(item[name], bool)):
             return None
     return JobRow(**item)

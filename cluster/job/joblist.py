@@ -28,6 +28,7 @@ from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
 from cluster.job.launch import JOBS_DIR, LAUNCHERS
+from cluster.cost.spend import COST_KEY
 from cluster.job import jobprogress, jobsummary
 from cluster.names import JOB_NAME_RE, printable
 
@@ -54,6 +55,8 @@ class JobRow:
     name: str | None = None  # `fab train --name`
     loss: float | None = None  # the final training loss (its summary.json's train_loss)
     samples_per_second: float | None = None  # its summary.json's, else its progress record's (progress.json)
+    run: str | None = None  # the supervised run (`fab train --managed`) it is a job of
+    cost_usd: float | None = None  # what `fab train` recorded it cost (its summary's cost record)
 
 
 def epoch(stamp) -> int | None:
@@ -183,7 +186,9 @@ def _with_results(row: JobRow, summary_text: str | None, progress_text: str | No
     speed = _number(summary.get("samples_per_second"))
     if speed is None and progress is not None:
         speed = progress.samples_per_second
-    return replace(row, loss=_number(summary.get("train_loss")), samples_per_second=speed)
+    cost = summary.get(COST_KEY)
+    return replace(row, loss=_number(summary.get("train_loss")), samples_per_second=speed,
+                   cost_usd=_number(cost.get("actual_usd")) if isinstance(cost, dict) else None)
 
 
 def row_of(job_id: str, meta: dict, master: str, *, state: str = "running", exit_code: int | None = None,
@@ -193,7 +198,7 @@ def row_of(job_id: str, meta: dict, master: str, *, state: str = "running", exit
     duration = end - start if start is not None and end is not None and end >= start else None
     return JobRow(job_id, state, meta.get("started"), duration, len(meta["hosts"]) if "hosts" in meta else None,
                   meta.get("world_size"), exit_code, meta.get("output_dir"), meta.get("launcher"), program_of(meta),
-                  meta.get("checkpoint_uri"), master, meta.get("name"))
+                  meta.get("checkpoint_uri"), master, meta.get("name"), run=meta.get("supervised_run") or None)
 
 
 def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:

@@ -276,3 +276,25 @@ def test_a_job_name_is_refused_in_one_line_unless_it_is_a_name(name):
 
     with pytest.raises(RequestError, match=r"^--name: .* is not allowed; allowed: letters, digits"):
         RunRequest("20260102-030405-aaaa", 1, BuiltinJob(), name=name)
+
+
+def test_fab_jobs_costs_each_job_and_a_supervised_run_with_its_recoveries(tmp_path):
+    from cluster.cost.jobcosts import cost_table
+
+    recorded = {"status": "completed", "exit_code": 0, "world_size": 2,
+                "cost": {"planned_seconds": 50.0, "planned_usd": 0.01, "actual_seconds": 61.0, "actual_usd": 0.0345}}
+    job(tmp_path, "20260102-030405-aaaa", meta=META, exit_code="0\n", ended=START + 61)
+    (tmp_path / JOBS_DIR / "20260102-030405-aaaa" / "summary.json").write_text(json.dumps(recorded))  # fab's own
+    run = {**META, "supervised_run": "20260102-030406-bbbb", "name": "long"}
+    job(tmp_path, "20260102-030406-bbbb", meta=run, exit_code="75\n", ended=START + 3600)  # reclaimed after 1 h
+    job(tmp_path, "20260102-030407-cccc", meta=run, exit_code="75\n", ended=START + 1800)
+    job(tmp_path, "20260102-030408-dddd", meta=run, exit_code="0\n", ended=START + 900)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert problems == [] and rows[-1].cost_usd == 0.0345 and {r.run for r in rows[:3]} == {"20260102-030406-bbbb"}
+    text = cost_table(rows, 2.0, "lab").splitlines()  # $2 per node-hour, 2 nodes each
+    costs = {line.split()[0]: line.split() for line in text[2:6]}
+    assert costs["20260102-030405-aaaa"][-2:] == ["$0.0345", "recorded"]
+    assert costs["20260102-030406-bbbb"][-2:] == ["$4.0000", "estimated"]  # 2 nodes x 1 h x $2
+    assert costs["20260102-030407-cccc"][-2:] == ["$2.0000", "estimated"]  # its 30 min, its start to its end
+    assert text[6] == "supervised run 20260102-030406-bbbb: 3 job(s), 2 recovery(ies), $7.0000"
+    assert text[7] == "all jobs: $7.0345; estimates at the cluster's $2.0000 per node-hour now"
