@@ -253,6 +253,13 @@ def log_tail(master, job_id: str, lines: int = 20) -> str:
     return result.stdout if result.ok else ""
 
 
+def log_first(master, job_id: str, text: str) -> str:
+    """The first line of the job's log that holds `text` (found on the master), or ""."""
+    result = master.run(f"grep -F -m 1 -e {shlex.quote(text)} {shlex.quote(job_dir(job_id) + '/log')}",
+                        hide=True, warn=True, in_stream=False)
+    return result.stdout if result.ok else ""
+
+
 def rank_states(conns: Mapping[str, object], job_id: str) -> dict[str, NodeOutcome]:
     return {o.node: o for o in on_nodes(conns, _sh(RANKS_SH, job_id), timeout=30)}
 

@@ -27,7 +27,7 @@ from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP
                                      fail, task)
 
 
-MFU_LOG_LINES = 200  # how far back `fab status` looks for the job's last MFU line (logged every logging_steps)
+MFU_LOG_LINES = 200  # the log's end `fab status` reads (the last line shown; an MFU line there, else the first)
 
 
 def _job_on_master(cluster: str, region: str, job: str):
@@ -141,6 +141,8 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         facts["job"]["last_log_line"] = tail[-1]
         print(f"  last log line: {facts['job']['last_log_line']}")
     progress = flops.last_progress("\n".join(tail))  # the job's latest model FLOP/s per node and MFU
+    if progress is None:  # the built-in job logs it once, at its first logging step
+        progress = flops.last_progress(jobs.log_first(master, job_id, flops.PROGRESS_MARKER))
     facts["job"]["mfu"] = progress["mfu"] if progress else None
     if progress:
         print(f"  MFU: {progress['line']}")
