@@ -18,8 +18,10 @@ from node_setup.tasks.common import CLUSTER_HELP, FAILED, JOB_HELP, REGION_HELP,
             "cluster": CLUSTER_HELP, "region": REGION_HELP},
       iterable=("job",))
 def report(c, job=None, to="", png=False, cluster="", region=""):
-    """Write one HTML file with a job's curves (loss, learning rate, samples/s, step time), recoveries marked,
-    and its summary beside its plan; several --job overlay their curves."""
+    """Write one HTML file of a job's curves against the step; several --job overlay them.
+
+    Loss, learning rate, samples per second and step time, recoveries marked, the summary beside the plan;
+    --png also saves each plot as a PNG."""
     from node_setup import report_plot
     from node_setup.ssh import job as jobs
 

@@ -278,6 +278,18 @@ def test_a_job_name_is_refused_in_one_line_unless_it_is_a_name(name):
         RunRequest("20260102-030405-aaaa", 1, BuiltinJob(), name=name)
 
 
+
+def test_a_supervised_runs_spec_keeps_the_name_for_every_job_it_starts():
+    from cluster.job.request import BuiltinJob, Managed, RunRequest
+
+    named = RunRequest("20260102-030405-aaaa", 2, BuiltinJob(), managed=Managed(), name="long-run")
+    again = RunRequest.from_mapping(json.loads(json.dumps(named.to_mapping())))  # the spec beside its checkpoints
+    assert again == named and again.name == "long-run"
+    older = named.to_mapping()
+    del older["name"]  # a spec written before names
+    assert RunRequest.from_mapping(older).name is None
+
+
 def test_fab_jobs_costs_each_job_and_a_supervised_run_with_its_recoveries(tmp_path):
     from cluster.cost.jobcosts import cost_table
 
