@@ -49,8 +49,6 @@ class StepTimer(TrainerCallback):
         batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
         self.batch = batch
         self.progress = ProgressRecorder(state.max_steps or None, batch, args.output_dir)
-        if state.global_step > 0:  # resumed from a checkpoint (its log history restored with it)
-            state.log_history.append({"step": state.global_step, runreport.RESUMED: True})
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         window = self.step_seconds[max(self.logged, 1 if len(self.step_seconds) > 1 else 0):]  # the first: warm-up
@@ -71,6 +69,8 @@ class StepTimer(TrainerCallback):
         if self.first_step_end is None:
             self.first_step_end = now
             self.start_step = state.global_step - 1
+            if self.start_step > 0:  # resumed from a checkpoint (the Trainer restores its state after train begins)
+                state.log_history.append({"step": self.start_step, runreport.RESUMED: True})
         if self.progress is not None:
             self.progress.step(state.global_step, state.max_steps or None)
 

@@ -85,10 +85,12 @@ def test_the_step_timer_writes_each_logging_steps_time_and_speed_and_a_resume_in
     timer = StepTimer()
     args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, world_size=2,
                            output_dir="/nonexistent/out")
-    trainer_state = SimpleNamespace(global_step=10, max_steps=20, log_history=[{"step": 10, "loss": 9.0}])
-    timer.on_train_begin(args, trainer_state, None)
-    assert trainer_state.log_history[-1] == {"step": 10, RESUMED: True}  # resumed at step 10: a recovery
+    trainer_state = SimpleNamespace(global_step=0, max_steps=20, log_history=[])
+    timer.on_train_begin(args, trainer_state, None)  # the Trainer restores a checkpoint's state after this
     timer.progress = None  # (its record file: xeon_cluster/progress.py's own tests)
+    trainer_state.global_step, trainer_state.log_history = 11, [{"step": 10, "loss": 9.0}]  # restored at step 10
+    timer.on_step_end(args, trainer_state, None)
+    assert trainer_state.log_history[-1] == {"step": 10, RESUMED: True}  # resumed at step 10: a recovery
     timer.step_seconds = [5.0, 0.5, 0.25]  # the first step carries the warm-up: left out
     trainer_state.global_step = 13
     trainer_state.log_history.append({"step": 13, "loss": 2.0})
