@@ -23,6 +23,9 @@ PATH_RE = re.compile(r"/[A-Za-z0-9._/+-]*\Z")
 # A cluster's name: it names files on the master (~/.ssh/<cluster>_ed25519) and the controller's key
 # directory, and the managed block of ~/.ssh/config; '..' is refused on top (no climbing out of ~/.ssh).
 CLUSTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+# A job's name (`fab train --name`): it is matched against `--job` and shown in `fab jobs`; it starts with a
+# letter, so that it is never a job id (which starts with the date).
+JOB_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}\Z")
 # A TCP port as written in `host:port` (ASCII digits only: str.isdigit also takes '²' and '２').
 _PORT_RE = re.compile(r"[0-9]{1,5}\Z")
 
@@ -51,6 +54,13 @@ def cluster(value: object, setting: str = "cluster name") -> str:
     if not isinstance(value, str) or not CLUSTER_RE.fullmatch(value) or ".." in value:
         raise _refuse(setting, value, "letters, digits, '.', '_' and '-' (up to 64, no '..'), "
                                       "starting with a letter or digit")
+    return value
+
+
+def job_name(value: object, setting: str = "--name") -> str:
+    if not isinstance(value, str) or not JOB_NAME_RE.fullmatch(value):
+        raise _refuse(setting, value, "letters, digits, '.', '_' and '-' (up to 64), starting with a letter, e.g. "
+                                      "lr-3e-5")
     return value
 
 

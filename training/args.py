@@ -189,11 +189,22 @@ def training_arguments_class():
     return globals()["JobTrainingArguments"]
 
 
+def reporting() -> str:
+    """`--report_to`'s default: none, but `kubeflow` in a Kubeflow Trainer TrainJob whose control plane takes
+    progress (its TrainJobStatus feature gate injects the status server's address; transformers' own test
+    of it): the Trainer's KubeflowCallback then reports progress, time left and metrics to the TrainJob's
+    status.trainerStatus. A `--report_to` given wins."""
+    from transformers.integrations import is_kubeflow_available
+
+    return "kubeflow" if is_kubeflow_available() else TRAINING_DEFAULTS["report_to"]
+
+
 def parse_all(argv: Sequence[str], *, bf16_supported: bool) -> ParsedArguments:
     """Phase two: every argument, TrainingArguments included (initialises accelerate's state)."""
     parser = _parser((ModelArguments, DataArguments, JobArguments, training_arguments_class()))
     explicit = bf16_given(argv)
-    parser.set_defaults(**TRAINING_DEFAULTS, **({} if explicit else {"bf16": bf16_supported}))
+    parser.set_defaults(**{**TRAINING_DEFAULTS, "report_to": reporting()},
+                        **({} if explicit else {"bf16": bf16_supported}))
     if _is_help(argv):
         parser.parse_args(list(argv))  # prints help and exits
     try:

@@ -20,6 +20,7 @@ import time
 
 from transformers import TrainerCallback
 
+from cluster.job import runreport
 from training import checkpoint_s3, checkpoints, distributed, resume
 from xeon_cluster.progress import ProgressRecorder
 
@@ -28,7 +29,9 @@ log = logging.getLogger(__name__)
 
 class StepTimer(TrainerCallback):
     """Wall time of every optimizer step (between consecutive step ends, data loading included), and the
-    job's progress record that `fab status` reads (xeon_cluster/progress.py: rank 0 writes it)."""
+    job's progress record that `fab status` reads (xeon_cluster/progress.py: rank 0 writes it). Into the
+    Trainer's log history (trainer_state.json, which `fab report` reads: cluster/job/runreport.py) it adds
+    each logging step's step time and samples per second, and an entry at the step a run resumed from."""
 
     def __init__(self):
         self.train_begin: float | None = None
@@ -37,12 +40,26 @@ class StepTimer(TrainerCallback):
         self.step_seconds: list[float] = []
         self.start_step = 0
         self.progress: ProgressRecorder | None = None
+        self.batch = 0
+        self.logged = 0  # step_seconds already summed into a log entry
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_begin = time.time()
         self.start_step = state.global_step
         batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        self.batch = batch
         self.progress = ProgressRecorder(state.max_steps or None, batch, args.output_dir)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        window = self.step_seconds[max(self.logged, 1 if len(self.step_seconds) > 1 else 0):]  # the first: warm-up
+        self.logged = len(self.step_seconds)
+        entry = state.log_history[-1] if state.log_history else None
+        if not window or not isinstance(entry, dict) or entry.get("step") != state.global_step or "loss" not in entry:
+            return
+        seconds = sum(window) / len(window)
+        entry[runreport.STEP_SECONDS] = round(seconds, 4)
+        if seconds > 0:
+            entry[runreport.SAMPLES_PER_SECOND] = round(self.batch / seconds, 2)
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.time()
@@ -52,6 +69,8 @@ class StepTimer(TrainerCallback):
         if self.first_step_end is None:
             self.first_step_end = now
             self.start_step = state.global_step - 1
+            if self.start_step > 0:  # resumed from a checkpoint (the Trainer restores its state after train begins)
+                state.log_history.append({"step": self.start_step, runreport.RESUMED: True})
         if self.progress is not None:
             self.progress.step(state.global_step, state.max_steps or None)
 

@@ -102,21 +102,21 @@ def model_flops(model, *, task: str, max_seq_length: int, tokens_per_sample: flo
 
 
 class FlopsLogger(TrainerCallback):
-    """Rank 0 logs model FLOP/s per node and MFU over the steps since the last log (the first step,
-    which carries warm-up and any compile, left out)."""
+    """Rank 0 logs model FLOP/s per node and MFU once, at the first log after the first step (which carries
+    warm-up and any compile, left out); the run's steady MFU is the summary's (`ModelFlops.summary`)."""
 
     def __init__(self, timer, figures: ModelFlops):
         self.timer = timer
         self.figures = figures
-        self.seen = 1
+        self.logged = False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero:
+        if not state.is_world_process_zero or self.logged:
             return
-        window = self.timer.step_seconds[self.seen:]
-        self.seen = max(1, len(self.timer.step_seconds))
+        window = self.timer.step_seconds[1:]
         if not window:
             return
+        self.logged = True
         line = flops.progress_line(state.global_step, self.figures.per_node_flops(sum(window) / len(window)),
                                    self.figures.peak)
         if line:

@@ -333,6 +333,8 @@ class Job:
             checkpoints.when_space(lambda: trained.trainer.save_model(output_dir), output_dir, "the final model")
             final_model = output_dir if self.info.rank == 0 else None
             eval_metrics = self._evaluate(trained.trainer, parsed, prepared)
+        # the log history, `fab report`'s curves (rank 0 writes it: Trainer.save_state), interrupted or not
+        checkpoints.when_space(trained.trainer.save_state, output_dir, "trainer_state.json")
         digests = distributed.gather(_weights_sha256(trained.trainer.model))
         hosts = distributed.hosts()
         if self.info.rank == 0:

@@ -57,12 +57,15 @@ def job_files(plan: JobPlan, **metadata: object) -> dict[str, str]:
 
 
 def start_command(plan: JobPlan) -> str:
-    """On the master, from any directory: the newest-job link set, the job script started detached
+    """On the master, from any directory: the newest-job link set, the job directory's `output` link to the
+    output folder (where `fab jobs` reads the job's summary and progress), the job script started detached
     (`setsid nohup`, its own session, so it outlives the caller's connection), then its pid printed
     once the script has written it (nothing printed when it did not within PID_WAIT_TENTHS / 10 s)."""
     qd = shlex.quote(job_dir(plan.job_id))
     runner = "bash" if shell.is_bash(plan.launch.script()) else "sh"
-    return (f"cd && ln -sfn {shlex.quote(plan.job_id)} {shlex.quote(CURRENT)} && "
+    output = shlex.quote(plan.output_dir)  # a relative one is the home directory's, as the ranks read it
+    target = output if plan.output_dir.startswith("/") else '"$HOME"/' + output
+    return (f"cd && ln -sfn {shlex.quote(plan.job_id)} {shlex.quote(CURRENT)} && ln -sfn {target} {qd}/output && "
             f"(setsid nohup {runner} {qd}/run.sh </dev/null >/dev/null 2>&1 &) && "
             f"i=0; while [ ! -s {qd}/pid ] && [ $i -lt {PID_WAIT_TENTHS} ]; do sleep 0.1; i=$((i + 1)); done; "
             f"cat {qd}/pid")

@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
-from cluster.job.joblist import ROW_FIELDS, STATES, UNKNOWN, JobRow
+from cluster.job.joblist import ROW_FIELDS, STATES, UNKNOWN, JobRow, newest_named
 from cluster.names import printable
 
 FORMAT = 1
@@ -40,16 +40,25 @@ def dumps(rows: Sequence[JobRow]) -> str:
     return json.dumps({"format": FORMAT, "jobs": [asdict(row) for row in rows]}, indent=1) + "\n"
 
 
+# Fields a history written before them lacks (read as None).
+LATER_FIELDS = ("name", "loss", "samples_per_second", "run", "cost_usd")
+
+
 def _row(item) -> JobRow | None:
+    if isinstance(item, dict):
+        item = {**dict.fromkeys(LATER_FIELDS), **item}
     if not isinstance(item, dict) or set(item) != set(ROW_FIELDS):
         return None
     if not isinstance(item["id"], str) or not JOB_ID_RE.match(item["id"]) or item["state"] not in STATES:
         return None
-    for name in ("started", "output_dir", "launcher", "program", "checkpoint_uri", "master"):
+    for name in ("started", "output_dir", "launcher", "program", "checkpoint_uri", "master", "name", "run"):
         if item[name] is not None and not isinstance(item[name], str):
             return None
     for name in ("duration_s", "nodes", "ranks", "exit_code"):
         if item[name] is not None and (not isinstance(item[name], int) or isinstance(item[name], bool)):
+            return None
+    for name in ("loss", "samples_per_second", "cost_usd"):
+        if item[name] is not None and (not isinstance(item[name], (int, float)) or isinstance(item[name], bool)):
             return None
     return JobRow(**item)
 
@@ -68,7 +77,9 @@ def loads(text: str, where: str) -> tuple[list[JobRow], str | None]:
 
 
 def find(rows: Sequence[JobRow], job_id: str) -> JobRow | None:
-    return next((row for row in rows if row.id == job_id), None)
+    """The row of `job_id`, or of the newest job named so (`fab train --name`), or None."""
+    named = newest_named(rows, job_id)
+    return next((row for row in rows if row.id in (job_id, named)), None)
 
 
 def whereabouts(row: JobRow) -> list[str]:

@@ -5,8 +5,10 @@ JSON answer the master gave and checks every record (`job_record` checks a job.j
 node_setup/ssh/job.py's read_metadata uses too); a record that is malformed (a job.json that is not JSON,
 not an object or has a field of the wrong type, an exit code that is no number) is one line naming the
 node and the file, and its row shows what could be read ("unknown" for the rest), never an exception.
-`table(rows)` and `as_json(rows)` show the rows; every text in the table goes through cluster/names.py's
-`printable` (no escape sequence or control character from a node reaches the terminal).
+Each row has the job's name (`fab train --name`) and what it measured (final loss and samples per second,
+from its summary.json and progress.json in its output folder, which job-list.sh reads through the job
+directory's `output` link). `table(rows)` and `as_json(rows)` show the rows; every text in the table goes
+through cluster/names.py's `printable` (no escape sequence or control character from a node reaches the terminal).
 
 States: running, completed (exit code 0), failed (another code), interrupted (the code of a spot
 reclaim: training/exit_codes.py INTERRUPTED), stopped (`fab stop` ended it; its exit code is the
@@ -21,12 +23,14 @@ import binascii
 import calendar
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
 from cluster.job.launch import JOBS_DIR, LAUNCHERS
-from cluster.names import printable
+from cluster.cost.spend import COST_KEY
+from cluster.job import jobprogress, jobsummary
+from cluster.names import JOB_NAME_RE, printable
 
 INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 UNKNOWN = "unknown"
@@ -48,6 +52,11 @@ class JobRow:
     program: str | None = None  # "built-in qa", "script train.py", "module pkg.train"
     checkpoint_uri: str | None = None  # where the built-in job uploads its checkpoints
     master: str | None = None  # the master that held its records (the job history: cluster/job/jobhistory.py)
+    name: str | None = None  # `fab train --name`
+    loss: float | None = None  # the final training loss (its summary.json's train_loss)
+    samples_per_second: float | None = None  # its summary.json's, else its progress record's (progress.json)
+    run: str | None = None  # the supervised run (`fab train --managed`) it is a job of
+    cost_usd: float | None = None  # what `fab train` recorded it cost (its summary's cost record)
 
 
 def epoch(stamp) -> int | None:
@@ -85,6 +94,7 @@ _CHECKS = {
     "module": (lambda v: isinstance(v, str) and bool(v), "a module name"),
     "checkpoint_uri": (lambda v: isinstance(v, str), "an s3:// URI"),
     "supervised_run": (lambda v: isinstance(v, str), "a run id"),
+    "name": (lambda v: isinstance(v, str) and JOB_NAME_RE.fullmatch(v) is not None, "a job name (fab train --name)"),
 }
 
 
@@ -157,8 +167,28 @@ def _row(item: dict, now: int | None, node: str, problems: list[str]) -> JobRow 
     meta, problem = job_record(_decoded(item.get("job_json"), "job.json", where, problems), where)
     if problem:
         problems.append(problem)
-    return row_of(job_id, meta, node, state=state, exit_code=None if state == "running" else code,
-                  end=now if state == "running" else _count(item.get("ended")))
+    row = row_of(job_id, meta, node, state=state, exit_code=None if state == "running" else code,
+                 end=now if state == "running" else _count(item.get("ended")))
+    return _with_results(row, _decoded(item.get("summary"), "summary.json", f"{where} (output)", problems),
+                         _decoded(item.get("progress"), jobprogress.FILE, f"{where} (output)", problems), where)
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _with_results(row: JobRow, summary_text: str | None, progress_text: str | None, where: str) -> JobRow:
+    """The row with what the job measured: its summary's final loss and samples per second, else its progress
+    record's samples per second (each checked; a malformed record gives nothing, as a missing one)."""
+    summary, _ = jobsummary.parse(summary_text, f"{where}: summary.json")
+    progress, _ = jobprogress.parse(progress_text, f"{where}: {jobprogress.FILE}")
+    summary = summary or {}
+    speed = _number(summary.get("samples_per_second"))
+    if speed is None and progress is not None:
+        speed = progress.samples_per_second
+    cost = summary.get(COST_KEY)
+    return replace(row, loss=_number(summary.get("train_loss")), samples_per_second=speed,
+                   cost_usd=_number(cost.get("actual_usd")) if isinstance(cost, dict) else None)
 
 
 def row_of(job_id: str, meta: dict, master: str, *, state: str = "running", exit_code: int | None = None,
@@ -168,7 +198,7 @@ def row_of(job_id: str, meta: dict, master: str, *, state: str = "running", exit
     duration = end - start if start is not None and end is not None and end >= start else None
     return JobRow(job_id, state, meta.get("started"), duration, len(meta["hosts"]) if "hosts" in meta else None,
                   meta.get("world_size"), exit_code, meta.get("output_dir"), meta.get("launcher"), program_of(meta),
-                  meta.get("checkpoint_uri"), master)
+                  meta.get("checkpoint_uri"), master, meta.get("name"), run=meta.get("supervised_run") or None)
 
 
 def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:
@@ -187,6 +217,11 @@ def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:
     return sorted(rows, key=lambda r: r.id, reverse=True), problems
 
 
+def newest_named(rows: Sequence[JobRow], name: str) -> str | None:
+    """The id of the newest job named `name` (`fab train --name`), or None."""
+    return max((row.id for row in rows if row.name == name), default=None)  # ids begin with their start time
+
+
 def duration_text(seconds: int | None) -> str:
     if seconds is None:
         return UNKNOWN
@@ -199,21 +234,27 @@ def _shown(value) -> str:
     return UNKNOWN if value is None else printable(value)
 
 
+def _figure(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def table(rows: list[JobRow], cluster: str, master: str | None = None) -> str:
     """The rows as `fab jobs` prints them. A row from the job history whose records are not on `master`
     (the master was replaced) says so in its output column."""
     if not rows:
         return f"no job on cluster {printable(cluster)} yet (fab train starts one)"
     width = max([len(_shown(r.program)) for r in rows] + [7])
-    header = (f"  {'job':<20} {'state':<12} {'started (UTC)':<21} {'duration':<9} {'nodes':>5} {'ranks':>5} "
-              f"{'exit':>7}  {'program':<{width}}  output")
+    named = max([len(printable(r.name)) for r in rows if r.name] + [4])
+    header = (f"  {'job':<20} {'name':<{named}} {'state':<12} {'started (UTC)':<21} {'duration':<9} {'nodes':>5} "
+              f"{'ranks':>5} {'exit':>7} {'loss':>8} {'samples/s':>9}  {'program':<{width}}  output")
     lines = [f"jobs on cluster {printable(cluster)}, newest first:", header]
     for r in rows:
         output = shown(printable(r.output_dir)) if r.output_dir else UNKNOWN
         if master is not None and r.master not in (None, master):
             output += f" (on {printable(r.master)}, a master since replaced: `fab get --job {r.id}` says where)"
-        lines.append(f"  {r.id:<20} {r.state:<12} {_shown(r.started):<21} {duration_text(r.duration_s):<9} "
-                     f"{_shown(r.nodes):>5} {_shown(r.ranks):>5} {_shown(r.exit_code):>7}  "
+        lines.append(f"  {r.id:<20} {printable(r.name or '-'):<{named}} {r.state:<12} {_shown(r.started):<21} "
+                     f"{duration_text(r.duration_s):<9} {_shown(r.nodes):>5} {_shown(r.ranks):>5} "
+                     f"{_shown(r.exit_code):>7} {_figure(r.loss, 4):>8} {_figure(r.samples_per_second, 1):>9}  "
                      f"{_shown(r.program):<{width}}  {output}")
     return "\n".join(lines)
 

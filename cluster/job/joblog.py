@@ -1,7 +1,8 @@
 """Who made a job fail, from its whole log (pure).
 
 `failure_report` names the node and rank behind a failed job: the rank wrapper's own line first
-(cluster/shell/rank-wrapper.sh: the program's exit code or signal), Hydra's report otherwise. The log is
+(cluster/shell/rank-wrapper.sh: the program's exit code or signal), Hydra's report otherwise, then a hint
+for the causes any program's log shows the same way (`hints`: a full disk, a rank killed by SIGKILL). The log is
 read with every rank's pieces joined into whole lines first (cluster/job/logstream.py `whole_lines`:
 Intel MPI forwards a rank's output in pieces, another rank's between them). What a person sees of the
 log is cluster/job/logstream.py's.
@@ -70,10 +71,43 @@ def first_failure(log: str, rank_hosts: Sequence[str]) -> RankFailure | None:
     return (exited or failures)[0] if failures else None
 
 
+SIGKILL = 9
+# What a program, or a library under it, writes when a disk is full: the errno's words, and the C++
+# stream error torch.save gives when its write fails (it names no cause).
+_DISK_FULL = re.compile(r"No space left on device|basic_ios::clear: iostream error|\[Errno 28\]|os error 28")
+_KILLED_9 = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")  # torchrun's error summary of a worker
+
+
+def hints(log: str, rank_hosts: Sequence[str]) -> list[str]:
+    """One line per cause of a failure the log shows the same way whatever the program (pure; `log` in
+    whole lines): a full disk, a rank killed by SIGKILL (the kernel's out-of-memory killer's signal)."""
+    found = []
+    if _DISK_FULL.search(log):
+        found.append("hint: a disk was full (\"No space left on device\" or torch's \"basic_ios::clear: iostream "
+                     "error\" in the log): free space in the output folder's file system (`df -h` on the node), "
+                     "or save less often (fewer checkpoints kept)")
+    killed = [f"rank {f.rank} on node {f.node}" for f in rank_failures(log, rank_hosts)
+              if f.signal == SIGKILL or f.exit_code == 128 + SIGKILL]
+    killed += [f"rank {rank} on node {rank_hosts[int(rank)] if int(rank) < len(rank_hosts) else '?'}"
+               for rank, _, _, how in _BAD_TERMINATION.findall(log) if re.match(r"KILLED BY SIGNAL: 9\b", how)]
+    if killed or _KILLED_9.search(log):
+        which = f"{killed[0]} was" if killed else "a rank was"
+        found.append(f"hint: {which} killed by SIGKILL (signal 9, exit 137): out of memory? the kernel's OOM killer "
+                     "sends it (`dmesg` on that node says so); fewer ranks per node, a smaller batch or a node with "
+                     "more memory")
+    return found
+
+
 def failure_report(log: str, rank_hosts: Sequence[str], exit_code: int | None) -> list[str]:
     """Which node and rank made the job fail, from the job's log (pure): the rank wrapper's lines
-    (the first failure first), then Hydra's reports of ranks the wrapper did not name."""
+    (the first failure first), then Hydra's reports of ranks the wrapper did not name, then the hints."""
     log = whole_lines(log, rank_hosts)
+    found = _who_failed(log, rank_hosts, exit_code)
+    return found + hints(log, rank_hosts) if found or exit_code != 0 else []
+
+
+def _who_failed(log: str, rank_hosts: Sequence[str], exit_code: int | None) -> list[str]:
+    """The failed ranks, each once, as the wrapper and Hydra named them (`log`: in whole lines)."""
     failures = rank_failures(log, rank_hosts)
     first = first_failure(log, rank_hosts)
     found = [f.describe() for f in sorted(failures, key=lambda f: f is not first)]

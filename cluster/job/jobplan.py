@@ -92,18 +92,19 @@ class JobPlan:
         }
 
     def _what_runs(self) -> dict:
-        """What `fab jobs` shows of the job, from its request (never read back from a command line): the
-        built-in job's task ("" when not given) and checkpoint URI, or your script or module."""
+        """What `fab jobs` shows of the job, from its request (never read back from a command line): its name
+        (`--name`), the built-in job's task ("" when not given) and checkpoint URI, or your script or module."""
         request = self.request
         if request is None:
             return {}
+        name = {"name": request.name} if request.name else {}
         own = request.own
         if own is not None:
-            return {"script": own.script} if own.script else {"module": own.module}
+            return {**name, **({"script": own.script} if own.script else {"module": own.module})}
         job = request.builtin
         assert job is not None  # a request runs the built-in job or your own program
         uri = {"checkpoint_uri": request.checkpoint_uri} if request.checkpoint_uri else {}
-        return {"task": job.task or "", **uri}
+        return {**name, "task": job.task or "", **uri}
 
     def _describe_torchrun(self) -> list[str]:
         launch, run = self.launch, self.launch.torchrun

@@ -18,7 +18,10 @@ arrives (a chunk may end anywhere, inside a prefix too) and returns the lines to
   summary.json in the output folder, and `fab train` reports it after the job);
 - metrics dicts that every rank prints (`{'loss': ...}`, `{'train_runtime': ...}`) are shown for rank 0
   only, unless `all_ranks`;
-- known harmless launcher warnings (HARMLESS) are hidden and counted: `notes()` says how many.
+- known harmless launcher warnings (HARMLESS) are hidden and counted: `notes()` says how many; so are
+  the known harmless blocks of lines (BLOCKS: torchrun's C++ trace when the rendezvous closed before an
+  agent's shutdown, transformers' load report of a new head), each held from its first line until it is
+  known to be that block (then hidden) or not (then shown as it is).
 
 `finish()` returns what is still held at the end (partial lines, an unfinished JSON block). `LogSink`
 is the same as a text stream a remote command's output is written into; `whole_lines(log)` is the log
@@ -30,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from cluster.names import printable
 
@@ -57,6 +60,47 @@ MAX_JSON_LINES = 2000  # a longer block is shown as it is
 HARMLESS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("torch's \"hostname of the client socket cannot be retrieved\" warning",
      re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")),
+    ("DDP's find_unused_parameters warning (every rank's)",
+     re.compile(r"find_unused_parameters=True was specified in DDP constructor, but did not find any unused")),
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A harmless block of lines from one source: it starts with a `start` line, goes on while lines match
+    `more`, and is hidden when `closes` matches the line that ends it (that line is part of it) or, with no
+    `closes`, when `harmless(lines)` says so of the lines held once a line that is not `more` comes."""
+
+    name: str
+    start: re.Pattern[str]
+    more: re.Pattern[str]
+    closes: re.Pattern[str] | None = None
+    harmless: Callable[[list[str]], bool] = lambda lines: False
+
+
+_LOAD_ROW = re.compile(r"^(\S+)\s*\| (\w+)\s*\|")
+
+
+def _only_missing(lines: list[str]) -> bool:
+    """A load report whose every key is MISSING: a new head, initialised as the task needs (nothing lost)."""
+    rows = [m.group(2) for m in map(_LOAD_ROW.match, lines[1:]) if m and m.group(1) != "Key"]
+    return bool(rows) and all(status == "MISSING" for status in rows)
+
+
+BLOCKS: tuple[Block, ...] = (
+    # torchrun's agent on a node whose rendezvous store (on the master) closed first, at the end of a job
+    # whose ranks were done: a C++ trace, then the agent's "has failed to shutdown the rendezvous".
+    Block("torchrun's shutdown trace (the rendezvous closed before this agent's shutdown; harmless)",
+          re.compile(r"\[c10d\] \w+ failed on SocketImpl"),
+          re.compile(r"^(?:Exception raised from |frame #\d+: |\[[WE]\d{4} .*\[c10d\] \w+ failed on SocketImpl"
+                     r"|[WE]\d{4} .* has failed to send a keep-alive heartbeat to the rendezvous )"),
+          closes=re.compile(r"has failed to shutdown the rendezvous .* due to an error of type "
+                            r"RendezvousConnectionError")),
+    # transformers' table of the weights a from_pretrained did not find: the new task head of the built-in job
+    Block("transformers' load report (only a new head's weights missing)",
+          re.compile(r"LOAD REPORT from: "),
+          re.compile(r"^(?:\S+\s*\| \w+\s*\||-+\+[-+]*|Notes:|- \w+:)"),
+          harmless=_only_missing),
 )
 
 
@@ -80,6 +124,7 @@ class Source:
 class _Held:
     text: str = ""  # the unfinished line
     block: list[str] | None = None  # a JSON object's lines so far (rank 0's summary, perhaps)
+    harmless: tuple[Block, list[str]] | None = None  # a harmless block's lines so far, perhaps (BLOCKS)
 
 
 def _collapse(line: str) -> str:
@@ -122,6 +167,8 @@ class LogAssembler:
             if found and (source := self._mpi_rank(found.group(1))) is not None:
                 return source, found.end()
         found = _LABELLED.match(text, pos)
+        if found and found.end() == len(text) and not found.group().endswith(" "):
+            return None  # the label's space may come with the next chunk
         if found:
             node, rank, _ = found.groups()
             return Source(f"{node} {'r' + rank if rank else 'torchrun'}", int(rank) if rank else None), found.end()
@@ -205,14 +252,42 @@ class LogAssembler:
             return self._show(source, summary_line(value))
         return [shown for line in block for shown in self._show(source, line)]
 
-    def _hide(self, what: str) -> list[str]:
-        self.hidden[what] = self.hidden.get(what, 0) + 1
+    def _hide(self, what: str, lines: int = 1) -> list[str]:
+        self.hidden[what] = self.hidden.get(what, 0) + lines
         return []
 
     def _show(self, source: Source, line: str) -> list[str]:
         text = self._clean(line)
         if not text.strip():
             return []  # a rank's empty line (the end of a progress bar, a stray newline): noise once labelled
+        plain = printable(line)  # what the patterns read: no colour
+        held = self._held.setdefault(source, _Held())
+        shown: list[str] = []
+        if held.harmless is not None:
+            block, lines = held.harmless
+            if block.more.search(plain):
+                lines.append(plain)
+                return []
+            if block.closes is not None and block.closes.search(plain):
+                held.harmless = None
+                return self._hide(block.name, len(lines) + 1)
+            shown = self._block_ended(source)
+        for block in BLOCKS:
+            if block.start.search(plain):
+                held.harmless = (block, [plain])
+                return shown
+        return shown + self._label(source, text)
+
+    def _block_ended(self, source: Source) -> list[str]:
+        """A held block that ends without its closing line: hidden if it is harmless as it is, else shown."""
+        held = self._held[source]
+        (block, lines), held.harmless = held.harmless, None  # type: ignore[misc]
+        if block.closes is None and block.harmless(lines):
+            return self._hide(block.name, len(lines))
+        return [s for line in lines for s in self._label(source, line)]
+
+    def _label(self, source: Source, text: str) -> list[str]:
+        """A line that is not part of a harmless block: hidden when harmless, else labelled."""
         for name, pattern in HARMLESS:
             if pattern.search(text):
                 return self._hide(name)
@@ -252,6 +327,8 @@ class LogAssembler:
             if held.block is not None:
                 block, held.block = held.block, None
                 shown += [s for line in block for s in self._show(source, line)]
+            if held.harmless is not None:  # a block that did not end
+                shown += self._block_ended(source)
         return shown
 
     def notes(self) -> list[str]:
@@ -269,6 +346,8 @@ def summary_line(summary: dict) -> str:
         facts.append(f"{summary['samples_per_second']} samples/s")
     if isinstance(summary.get("train_loss"), (int, float)):
         facts.append(f"train loss {summary['train_loss']}")
+    if isinstance(summary.get("mfu"), (int, float)):
+        facts.append(f"MFU {summary['mfu'] * 100:.2f}%")
     return f"run summary: {', '.join(facts)} (all of it: summary.json in the job's output folder)"
 
 

@@ -35,6 +35,7 @@ from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS
 from cluster.job import checks as ck
 from cluster.job.checks import RequestError, check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
+from cluster.names import UnsafeValue, job_name
 from cluster.job.userjob import (NOTICE_SIGNALS, CopyPlan, RequirementsPlan, UserJobError, UserProgram,
                                  check_entry_path, check_module)
 from cluster.run.supervision import RUN_ID_RE, SupervisionError, resume_words
@@ -285,6 +286,7 @@ class RunRequest:
     managed: Managed | None = None
     allow_busy: bool = False
     idle_stop_s: int | None = None  # the idle auto-stop armed at the start (the stack's), None: not armed
+    name: str | None = None  # `fab train --name`: the job's (a supervised run's every job's) name
     data_files: tuple[DataFile, ...] = field(default=(), compare=False)  # this controller's; not serialized
 
     def __post_init__(self) -> None:
@@ -309,6 +311,11 @@ class RunRequest:
         ck.flag("--resume", self.resume)
         ck.flag("--allow-busy", self.allow_busy)
         ck.whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
+        if self.name is not None:
+            try:
+                job_name(self.name)
+            except UnsafeValue as exc:
+                raise RequestError(str(exc)) from None
         min_nodes = self.launcher.min_nodes if self.managed is None else self.managed.min_nodes
         if min_nodes is not None and not 1 <= min_nodes <= self.nodes:
             raise RequestError(f"--min-nodes: {min_nodes} is not allowed; allowed 1 to {self.nodes} (the job's nodes)")

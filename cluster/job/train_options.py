@@ -246,7 +246,7 @@ def request_from_options(options: Mapping[str, Any], inventory: Inventory, *, ru
         env=check_env(pairs, allow), allow_env=allow, output_dir=output_dir,
         checkpoint_every_s=options.get("checkpoint_every"), checkpoint_uri=options.get("checkpoint_uri") or None,
         resume=resume, managed=supervision, allow_busy=bool(options.get("allow_busy")), idle_stop_s=idle_stop_s,
-        data_files=files)
+        name=options.get("name") or None, data_files=files)
     return request, [line for line in lines if line]
 
 

@@ -455,6 +455,15 @@ def _remove_empty_dir(path: Path) -> None:
             raise
 
 
+def keeper_pid(paths: ClusterPaths) -> int | None:
+    """The pid of the cluster's running group keeper (node_setup/local/keeper.py), or None when none runs."""
+    try:
+        pid = int((paths.cluster_dir / KEEPER_PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if system.is_keeper(pid, paths.name) else None
+
+
 def stop_keeper(paths: ClusterPaths) -> int | None:
     """End the cluster's group keeper (node_setup/local/keeper.py) by its recorded pid (only when that
     process is this cluster's keeper)."""

@@ -32,7 +32,7 @@ from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH
 from cluster.job.jobcommands import sh_command as _sh
 from cluster.job.logstream import LogAssembler, LogSink
 from cluster.job.launch import DEFAULT_LAUNCHER, JOBS_DIR, job_dir
-from cluster.names import printable
+from cluster.names import JOB_NAME_RE, printable
 from node_setup.ssh import autostop, connections
 from node_setup.ssh.fanout import NodeOutcome, on_nodes
 
@@ -85,7 +85,14 @@ def start(master, plan: JobPlan) -> int:
 
 
 def resolve_job_id(master, job_id: str | None) -> str:
-    """The given job id (checked: it reaches remote commands), or the newest job on the master."""
+    """The given job id (checked: it reaches remote commands), the newest job of that name (`fab train
+    --name`) on the master, or the newest job on the master."""
+    if job_id and not JOB_ID_RE.match(job_id) and JOB_NAME_RE.fullmatch(job_id):
+        rows, _ = joblist.parse(list_jobs(master), getattr(master, "host", "the master"))
+        found = joblist.newest_named(rows, job_id)
+        if found is None:
+            raise JobError(f"--job: no job named {job_id!r} on this cluster (`fab jobs` lists each job's name)")
+        return found
     if job_id:
         try:
             return check_job_id(job_id)
@@ -197,6 +204,21 @@ def read_remote_file(conn, path: str) -> str | None:
     return out.getvalue().decode(errors="replace")
 
 
+def read_job_records(conn, output_dir: str) -> dict[str, str | None]:
+    """The texts of the records `fab report` reads in a job's output folder (cluster/job/runreport.py FILES;
+    None for one that is not there): its trainer_state.json, else its newest checkpoint's."""
+    from cluster.job.runreport import FILES
+
+    texts = {name: read_remote_file(conn, f"{output_dir}/{name}") for name in FILES}
+    if texts["trainer_state.json"] is None:
+        found = conn.run(f"ls -d {shlex.quote(output_dir)}/checkpoint-*/trainer_state.json 2>/dev/null | "
+                         "sort -V | tail -n 1", hide=True, warn=True, in_stream=False)
+        newest = found.stdout.strip() if found.ok else ""
+        if newest:
+            texts["trainer_state.json"] = read_remote_file(conn, newest)
+    return texts
+
+
 def read_remote_summary(conn, path: str, say=print) -> dict | None:
     """The job's summary.json at `path` on the node, checked (cluster/job/jobsummary.py): None when it is
     missing, not JSON or not an object; each malformed field left out is one warning line to `say`."""
@@ -227,6 +249,13 @@ def log_text(master, job_id: str) -> str:
 def log_tail(master, job_id: str, lines: int = 20) -> str:
     """The last lines of the job's log, read on the master (a long run's log stays there)."""
     result = master.run(f"tail -n {int(lines)} {shlex.quote(job_dir(job_id) + '/log')}",
+                        hide=True, warn=True, in_stream=False)
+    return result.stdout if result.ok else ""
+
+
+def log_first(master, job_id: str, text: str) -> str:
+    """The first line of the job's log that holds `text` (found on the master), or ""."""
+    result = master.run(f"grep -F -m 1 -e {shlex.quote(text)} {shlex.quote(job_dir(job_id) + '/log')}",
                         hide=True, warn=True, in_stream=False)
     return result.stdout if result.ok else ""
 

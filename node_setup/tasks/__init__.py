@@ -11,12 +11,12 @@ need them, so `fab --list` and a local cluster never import boto3.
 
 from invoke import Collection
 
-from node_setup.tasks import (autostop, bench, costs, images, jobs, k8s, lifecycle, local, parsing, remote, setup,
-                              train)
+from node_setup.tasks import (autostop, bench, clusters, costs, images, jobs, k8s, lifecycle, local, parsing, remote,
+                              report, setup, train)
 
 parsing.install()  # misspelt tasks and options: one line, a suggestion, exit 2
 
 ns = Collection()
-for module in (setup, train, jobs, remote, local, costs, images, lifecycle, k8s, bench, autostop):
+for module in (setup, train, jobs, remote, report, local, clusters, costs, images, lifecycle, k8s, bench, autostop):
     for task in module.TASKS:
         ns.add_task(task, name=getattr(module, "TASK_NAMES", {}).get(task.name))

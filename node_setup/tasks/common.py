@@ -36,7 +36,7 @@ STOPPED = 143  # 128 + SIGTERM: the job was ended by `fab stop`
 CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `fab local-up`, or the path of an "
                 "inventory YAML file; default: the only xeon-cluster cluster running in the region")
 REGION_HELP = "AWS region to look for the cluster in (default: AWS_REGION / your AWS config)"
-JOB_HELP = "job id (default: the newest job)"
+JOB_HELP = "job id, or a name given with `fab train --name` (its newest job) (default: the newest job)"
 
 SHORT_FLAGS = {"cluster": "c", "nodes": "n", "output": "o", "file": "f"}
 # Counts are 1 or more; these also take 0, which means something (no CCL workers, no restarts, report and stop).
@@ -69,9 +69,10 @@ class _DurationKind:
     """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/cost/timemodel.py's one
     parser); a bare number is refused with a line that says to add a unit. `off`: also `off` or 0 -> 0.0."""
 
-    def __init__(self, name: str, off: bool) -> None:
+    def __init__(self, name: str, off: bool, zero: str = "off") -> None:
         self.__name__ = name
         self.off = off
+        self.zero = zero  # what the error offers for none: `off`, or `0` where off means nothing (a notice)
 
     def __call__(self, text: Any, setting: str = "duration") -> float:
         from cluster.cost.timemodel import parse_duration
@@ -82,7 +83,7 @@ class _DurationKind:
         try:
             return parse_duration(raw, setting, bare_seconds=False)
         except ValueError as exc:
-            raise ValueError(f"{exc}{' (or off)' if self.off else ''}") from None
+            raise ValueError(f"{exc}{f' (or {self.zero})' if self.off else ''}") from None
 
     def __repr__(self) -> str:
         return self.__name__
@@ -96,7 +97,8 @@ class _DurationKind:
 
 duration = _DurationKind("duration", off=False)
 duration_or_off = _DurationKind("duration_or_off", off=True)
-DURATION_KINDS = (duration, duration_or_off)
+duration_or_zero = _DurationKind("duration_or_zero", off=True, zero="0 for none")  # 0 allowed, `off` says nothing
+DURATION_KINDS = (duration, duration_or_off, duration_or_zero)
 _NUMBER_WORDS = {int: "a whole number", float: "a number"}
 
 
@@ -155,10 +157,12 @@ class XcTask(Task):
                 for a in arguments]
 
 
-def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None) -> Callable:  # noqa: A002 - invoke's
+def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None,  # noqa: A002 - invoke's
+         iterable: tuple[str, ...] = ()) -> Callable:
     """Define a `fab` task: `@task(help={"option": "what it does", ...})`; `kinds` names the options whose
-    kind is not their default's type (`kinds={"idle": duration}` with `idle=1800.0`: seconds)."""
-    make = invoke_task(klass=XcTask, auto_shortflags=False, help=help)
+    kind is not their default's type (`kinds={"idle": duration}` with `idle=1800.0`: seconds); `iterable` those
+    given more than once (`--job a --job b`: a list)."""
+    make = invoke_task(klass=XcTask, auto_shortflags=False, help=help, iterable=list(iterable))
 
     def define(body: Callable) -> XcTask:
         made = make(body)

@@ -27,7 +27,7 @@ from node_setup.tasks.common import (CLUSTER_HELP, CTRL_C, JOB_HELP, REGION_HELP
                                      fail, task)
 
 
-MFU_LOG_LINES = 200  # how far back `fab status` looks for the job's last MFU line (logged every logging_steps)
+MFU_LOG_LINES = 200  # the log's end `fab status` reads (the last line shown; an MFU line there, else the first)
 
 
 def _job_on_master(cluster: str, region: str, job: str):
@@ -141,6 +141,8 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         facts["job"]["last_log_line"] = tail[-1]
         print(f"  last log line: {facts['job']['last_log_line']}")
     progress = flops.last_progress("\n".join(tail))  # the job's latest model FLOP/s per node and MFU
+    if progress is None:  # the built-in job logs it once, at its first logging step
+        progress = flops.last_progress(jobs.log_first(master, job_id, flops.PROGRESS_MARKER))
     facts["job"]["mfu"] = progress["mfu"] if progress else None
     if progress:
         print(f"  MFU: {progress['line']}")
@@ -268,8 +270,10 @@ def stop(c, cluster="", region="", job="", grace=float(jobs.STOP_GRACE_SECONDS))
 
 
 @task(help={"cluster": CLUSTER_HELP, "region": REGION_HELP,
-            "json": "print the jobs as one JSON object, nothing else"})
-def list_jobs(c, cluster="", region="", json=False):
+            "json": "print the jobs as one JSON object, nothing else",
+            "costs": "what each job cost (recorded, else nodes x duration x the cluster's price now) and each "
+                     "supervised run with its recoveries"})
+def list_jobs(c, cluster="", region="", json=False, costs=False):
     """List the cluster's jobs, newest first, with their state, exit code, program and output folder.
 
     Also the start, duration, nodes and ranks: read from the master's job records in one SSH round, and from
@@ -284,7 +288,15 @@ def list_jobs(c, cluster="", region="", json=False):
     if json:
         print(joblist.as_json(rows, inventory.name, problems))
         return
-    print(joblist.table(rows, inventory.name, master=inventory.master.name))
+    if costs:
+        from cluster.cost.jobcosts import cost_table
+
+        spent = node_spend.cluster_spend(inventory)
+        priced = [n.usd_per_hour for n in spent.nodes if n.usd_per_hour is not None]
+        per_node_hour = sum(priced) / len(priced) if priced and len(priced) == len(spent.nodes) else None
+        print(cost_table(rows, per_node_hour, inventory.name))
+    else:
+        print(joblist.table(rows, inventory.name, master=inventory.master.name))
     for line in problems:
         print(printable(line))
 

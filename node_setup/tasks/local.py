@@ -5,7 +5,7 @@ from __future__ import annotations
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.ssh import keys
-from node_setup.tasks.common import duration_or_off, fail, task
+from node_setup.tasks.common import duration_or_off, duration_or_zero, fail, task
 
 
 def _progress(line: str) -> None:
@@ -107,7 +107,7 @@ def _cluster_name(cluster: str) -> str:
     "rebalance": "post only a rebalance recommendation; the node stays up",
     "cluster": "local (default) or local:NAME",
     "silent": "no notice at all: the node goes down at once, as a machine that fails",
-}, kinds={"notice": duration_or_off})
+}, kinds={"notice": duration_or_zero})
 def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), rebalance=False, cluster="local",
                   silent=False):
     """Rehearse a spot reclaim: a notice on NODE's metadata service, then the node goes down as on EC2."""
@@ -136,7 +136,15 @@ def local_reclaim(c, node, notice=float(local_state.DEFAULT_NOTICE_SECONDS), reb
     except local_state.LocalClusterError as exc:
         raise fail(str(exc), code=1) from None
     if not rebalance:
-        print(f"bring it back as a new machine: fab local-up --nodes {len(state.nodes)}{_name_flag(name)}")
+        print(after_reclaim(node, len(state.nodes), name, keeper=local_cluster.keeper_pid(paths) is not None))
+
+
+def after_reclaim(node: str, nodes: int, name: str, *, keeper: bool) -> str:
+    """What brings a reclaimed node back: the cluster's group keeper when one runs, else `fab local-up`."""
+    if keeper:
+        return (f"the cluster's group keeper brings {node} back as a new machine after its delay (fab local-up "
+                "--keeper-delay); nothing to do here (`fab status` shows it once it is up)")
+    return f"bring it back as a new machine: fab local-up --nodes {nodes}{_name_flag(name)}"
 
 
 TASKS = [local_up, local_down, local_reclaim]

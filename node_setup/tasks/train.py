@@ -77,6 +77,8 @@ REFUSED = (RequestError, UserJobError, SupervisionError, InventoryError, LayoutE
                      f"{NO_SIGNAL} (default {DEFAULT_NOTICE_SIGNAL})",
     "allow-busy": "launch even when a chosen node still runs a rank of another job (or the master its job "
                   "script); without it such a launch stops before anything starts, naming the running job",
+    "name": "a name for the job (a supervised run's every job): letters, digits, '.', '_' and '-', starting with a "
+            "letter; `fab jobs` shows it and --job takes it wherever it takes a job id (the newest job of that name)",
     "file": "a YAML job file holding any of these options (`nodes: 4`, `batch-size: 16`, `script: train.py`); "
             "options on the command line win; paths in it are relative to its folder",
     **managed_run.MANAGED_HELP,
@@ -91,7 +93,7 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
           launcher=DEFAULT_LAUNCHER, min_nodes=D["min_nodes"], max_restarts=D["max_restarts"], grad_comm="",
           ddp_bucket_mb=Unset(float), compile="", managed=False, max_recoveries=Unset(int),
           wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False, resume_arg="",
-          workdir_changed_ok=False, detach=False, all_ranks=False, file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
+          workdir_changed_ok=False, detach=False, all_ranks=False, name="", file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""
     options = job_options.plain({k: v for k, v in locals().items() if k not in ("c", "file", "dry_run", "all_ranks",
                                                                                  "cluster", "region")})
@@ -128,7 +130,7 @@ train.option_groups = job_options.groups(
              "launcher", "pin"),
     spot_and_recovery=("managed", "detach", "resume-arg", "max-recoveries", "wait-for-capacity", "notice-signal",
                        "resume", "workdir-changed-ok"),
-    output=("output-dir", "all-ranks"),
+    output=("output-dir", "all-ranks", "name"),
 )
 
 TASKS = [train]

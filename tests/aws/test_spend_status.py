@@ -93,6 +93,7 @@ def job_on_master(monkeypatch, unreachable_nodes):
         "started": "2026-05-01T11:50:00Z", "world_size": 3, "hosts": ["node0", "node1", "node2"],
         "output_dir": "xeon-cluster-runs/job-7", "rank_hosts": ["node0", "node1", "node2"], "launcher": "mpirun"})
     monkeypatch.setattr(ssh_job, "log_tail", lambda master, job_id, lines=20: "[0] step 12/40 loss 1.25\n")
+    monkeypatch.setattr(ssh_job, "log_first", lambda master, job_id, text: "")  # no MFU line in the log
     monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: None)  # no progress record yet
 
 
@@ -169,6 +170,20 @@ def test_status_shows_a_running_job_s_latest_mfu(cluster, job_on_master, capsys,
     assert "  MFU: step 40: model FLOP/s per node 0.717 TFLOP/s, MFU 10.00% of 7.168 TFLOP/s" in out, out
     data = json.loads(status(capsys, "json"))
     assert data["job"]["mfu"] == pytest.approx(0.1) and "loss 1.1" in data["job"]["last_log_line"]
+
+
+def test_status_finds_the_mfu_line_the_job_logged_once_before_the_log_s_end(cluster, job_on_master, capsys,
+                                                                             monkeypatch):
+    """The built-in job logs its MFU once, at its first logging step: long before the end `fab status` reads."""
+    from cluster.cost import flops
+
+    peak = flops.Peak(cores=32, ghz=3.5, flops_per_cycle=64, precision=flops.FP32_AVX512, source="catalog: c6i")
+    first = f"[0] rank 0 INFO training: {flops.progress_line(20, 0.5e12, peak)}\n"
+    monkeypatch.setattr(ssh_job, "log_tail", lambda master, job_id, lines=20: "[0] step 900/1000 loss 0.4\n")
+    asked = []
+    monkeypatch.setattr(ssh_job, "log_first", lambda master, job_id, text: asked.append(text) or first)
+    out = status(capsys)
+    assert "  MFU: step 20: model FLOP/s per node 0.500 TFLOP/s" in out and asked == [flops.PROGRESS_MARKER], out
 
 
 def test_status_shows_a_running_job_s_progress_and_its_cost_so_far(cluster, job_on_master, capsys, monkeypatch):

@@ -1,6 +1,7 @@
 """`fab jobs` and the busy-cluster refusal of `fab train` on a local cluster: real sshd, real Intel MPI.
 
-One job completes, one fails, one runs (a script that sleeps until `fab stop`); while it runs a
+One job completes, one fails, one runs (a script that sleeps until `fab stop --job NAME`, named with
+`fab train --name`); while it runs a
 second `fab train` on its nodes is refused with the running job's id, and `--allow-busy` starts it
 anyway. `fab jobs` (table and --json) lists all of them with the state each really has.
 """
@@ -61,8 +62,9 @@ def three_jobs(cluster, work):
     failed = fab(cluster, "train", "--nodes", "1", *ONE_THREAD, "--script", str(work / "fail.py"))
     assert failed.returncode == 3, failed.stdout + failed.stderr  # the program's code
     running = subprocess.Popen([*FAB, "train", "--nodes", "2", *ONE_THREAD, "--independent-ranks", "--script",
-                                str(work / "sleep.py"), "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
-                               env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                str(work / "sleep.py"), "--name", "sleeper", "--cluster", cluster.cluster_arg],
+                               cwd=REPO_ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in running.stdout], daemon=True)
     reader.start()
@@ -81,9 +83,9 @@ def three_jobs(cluster, work):
         listed = fab(cluster, "jobs", "--json")
         refused = fab(cluster, "train", "--nodes", "2", *ONE_THREAD, "--script", str(work / "ok.py"))
         allowed = fab(cluster, "train", "--nodes", "1", *ONE_THREAD, "--allow-busy", "--script", str(work / "ok.py"))
-    finally:  # by its id: the newest job may be the --allow-busy one
+    finally:  # by its name (`--name`): the newest job may be the --allow-busy one
         found = STARTED.search("".join(log))
-        stopped = fab(cluster, "stop", *(["--job", found.group(1)] if found else []))
+        stopped = fab(cluster, "stop", *(["--job", "sleeper"] if found else []))
         running.wait(timeout=120)
         reader.join(timeout=10)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -104,6 +106,7 @@ def test_fab_jobs_json_lists_a_completed_a_failed_and_a_running_job(cluster, thr
     assert (jobs[running]["nodes"], jobs[running]["ranks"], jobs[done]["nodes"]) == (2, 2, 1)
     assert jobs[running]["output_dir"].endswith(running) and jobs[done]["duration_s"] >= 0
     assert (jobs[running]["program"], jobs[failed]["program"]) == ("script sleep.py", "script fail.py")
+    assert (jobs[running]["name"], jobs[done]["name"]) == ("sleeper", None)
     assert jobs[running]["started"] and jobs[running]["duration_s"] >= 0
     ids = list(jobs)
     assert ids == sorted(ids, reverse=True) and ids.index(running) < ids.index(failed) < ids.index(done)
@@ -114,9 +117,10 @@ def test_fab_jobs_table_after_the_stop(cluster, three_jobs):
     result = fab(cluster, "jobs")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
-    assert rows[done][1] == "completed" and rows[failed][1] == "failed" and rows[running][1] == "stopped"
-    assert rows[failed][6] not in ("0", "unknown")
-    assert rows[running][6].isdigit() and rows[running][6] != "0"  # a stopped job's code: the launcher's, after TERM
+    assert rows[done][2] == "completed" and rows[failed][2] == "failed" and rows[running][2] == "stopped"
+    assert rows[running][1] == "sleeper" and rows[done][1] == "-"  # the name `fab stop --job sleeper` stopped it by
+    assert rows[failed][7] not in ("0", "unknown")
+    assert rows[running][7].isdigit() and rows[running][7] != "0"  # a stopped job's code: the launcher's, after TERM
 
 
 def test_a_second_job_on_busy_nodes_is_refused_naming_the_running_one(cluster, three_jobs):

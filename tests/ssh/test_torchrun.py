@@ -67,9 +67,13 @@ def cluster(installed_cluster):
 
 def test_builtin_job_under_torchrun_on_three_nodes(cluster):
     # --all-ranks: every rank's metrics in the stream (rank 0's only without it), each line with its node and rank
-    result = fab(cluster, "train", "--nodes", "3", *TORCHRUN, *SMALL, "--max-steps", "6", "--all-ranks")
+    result = fab(cluster, "train", "--nodes", "3", *TORCHRUN, *SMALL, "--max-steps", "6", "--all-ranks",
+                 "--name", "tiny-torchrun", "--extra=--logging_steps 2")
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
+    # a successful job's log: no agent's shutdown trace, no load report of the new QA head (each counted)
+    assert "failed to shutdown the rendezvous" not in out and "recvVector" not in out, out[-4000:]
+    assert "LOAD REPORT" not in out and "hidden: 7 line(s) of transformers' load report" in out, out[-4000:]
     assert re.search(r"^\[node1 r1\s*\] ", out, re.M) and re.search(r"^\[node2 r2\s*\] ", out, re.M), out[-4000:]
     assert "torchrun --nnodes 3, rendezvous" in out and "finished: exit code 0" in out, out[-4000:]
     job_id, output_dir = re.search(r"^job (\S+) started on node0 .*; output (\S+)$", out, re.M).groups()
@@ -82,6 +86,14 @@ def test_builtin_job_under_torchrun_on_three_nodes(cluster):
     assert not job_processes(job_id)
     status = fab(cluster, "status", timeout=60)
     assert f"job {job_id}: finished, exit code 0" in status.stdout, status.stdout
+    # its report, by its name: the curves of its trainer_state.json inline in one HTML file, and as PNGs
+    to = Path(output_dir).parent / f"report-{job_id}"
+    made = fab(cluster, "report", "--job", "tiny-torchrun", "--to", str(to), "--png", timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    page = (to / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 4 and f"tiny-torchrun ({job_id})" in page, made.stdout
+    assert sorted(p.name for p in to.glob("*.png")) == ["learning_rate.png", "loss.png", "samples_per_second.png",
+                                                         "step_seconds.png"]
 
 
 def test_user_script_under_torchrun_runs_fails_with_its_code_and_stops(cluster, tmp_path):

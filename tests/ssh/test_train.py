@@ -179,6 +179,7 @@ def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
             proc.kill()
     assert proc.returncode != 0, out[-3000:]
     assert f"rank 1 on node node1 (host node1, pid {pid}): killed by signal: 9" in out, out[-3000:]
+    assert "hint: rank 1 on node node1 was killed by SIGKILL (signal 9, exit 137): out of memory?" in out, out[-3000:]
     assert "no rank of the job is left on any node" in out
     assert not job_processes(job_id)
 

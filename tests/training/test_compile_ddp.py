@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from cluster.job import runreport
 from tests.training.conftest import REPO, mpi_env, read_summary, requires_mpi, run_mpi
 
 # fp32 on both sides: the compiled graph reorders float sums, never more than this per logged loss
@@ -61,4 +62,7 @@ def test_compiled_ddp_matches_eager_and_checkpoints_cross_resume(qa_demo, tmp_pa
         assert result.returncode == 0, result.stderr[-4000:]
         resumed = read_summary(crossed)
         assert resumed["resumed_from"]["step"] == 2 and resumed["steps"] == STEPS
+        # the log history `fab report` draws marks the recovery at step 2 (training/callbacks.py's step timer)
+        report = runreport.job_report("r", {"trainer_state.json": (crossed / "trainer_state.json").read_text()})
+        assert report.recoveries == (2,) and [s for s, _ in report.curves["loss"]] == list(range(1, STEPS + 1))
         assert losses(crossed)[2:] == pytest.approx(losses(eager)[2:], rel=LOSS_RTOL)

@@ -1,4 +1,5 @@
-"""The summary's MFU and its inputs, and the progress line `fab status` reads, from a real run."""
+"""The summary's MFU and its inputs, the progress line `fab status` reads (logged once) and the log history
+`fab report` draws, from a real run."""
 
 import subprocess
 import sys
@@ -6,6 +7,7 @@ import sys
 import pytest
 
 from cluster.cost import flops
+from cluster.job import runreport
 from tests.training.conftest import REPO, mpi_env, read_summary
 
 
@@ -33,6 +35,15 @@ def test_summary_has_mfu_and_its_inputs_against_the_catalog_peak(qa_demo, tmp_pa
     assert peak["source"].startswith("catalog: c6i.16xlarge")
     assert data["mfu"] == pytest.approx(inputs["achieved_flops_per_s_per_node"] / peak["peak_flops_per_s"], rel=1e-2)
     found = flops.last_progress(result.stderr)
-    assert found is not None and found["line"].startswith("step 5: model FLOP/s per "
-                                                          "node")  # the last log: the end of training
+    assert found is not None and found["line"].startswith("step 2: model FLOP/s per "
+                                                          "node")  # the first log after the first step, only
+    assert sum(flops.PROGRESS_MARKER in line for line in result.stderr.splitlines()) == 1, result.stderr[-4000:]
     assert found["peak_tflops"] == pytest.approx(7.168)
+    # the log history `fab report` draws (cluster/job/runreport.py), written at the end: every logging step's
+    # loss, learning rate, step time and samples per second (the global batch, 8, over that step time)
+    made = runreport.job_report("r", {"trainer_state.json": (out / "trainer_state.json").read_text()})
+    assert [s for s, _ in made.curves["loss"]] == [2, 4] and made.problems == () and made.recoveries == ()
+    assert [s for s, _ in made.curves["learning_rate"]] == [2, 4]
+    for (step, seconds), (_, speed) in zip(made.curves[runreport.STEP_SECONDS],
+                                           made.curves[runreport.SAMPLES_PER_SECOND]):
+        assert speed == pytest.approx(8 / seconds, rel=1e-2), (step, seconds, speed)

@@ -107,3 +107,17 @@ def test_global_batch_that_does_not_divide_suggests_neighbours():
 def test_bf16_is_explicit_only_when_given():
     assert job_args.bf16_given(["--bf16"]) and job_args.bf16_given(["--bf16=false"])
     assert not job_args.bf16_given(["--bf16_full_eval"])
+
+
+def test_in_a_trainjob_whose_control_plane_takes_progress_the_trainer_reports_to_it(monkeypatch):
+    """Kubeflow Trainer's TrainJobStatus gate injects KUBEFLOW_TRAINER_SERVER_URL (transformers' KubeflowCallback
+    reads it); the built-in job's --report_to default follows it, so its TrainJob's status shows progress."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    monkeypatch.delenv("KUBEFLOW_TRAINER_SERVER_URL", raising=False)
+    assert job_args.reporting() == "none"
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://trainer.kubeflow:8082/apis/x/status")
+    assert job_args.reporting() == "kubeflow"
+    assert [c.__name__ for c in get_reporting_integration_callbacks([job_args.reporting()])] == ["KubeflowCallback"]
+    monkeypatch.setenv("DISABLE_KUBEFLOW_INTEGRATION", "TRUE")
+    assert job_args.reporting() == "none"

@@ -25,7 +25,7 @@ DURATIONS = {"idle", "poll", "grace", "notice", "auto-stop", "auto-stop-idle", "
 RETIRED = {"batch": "batch-size", "restart-limit": "max-restarts", "checkpoint-minutes": "checkpoint-every"}
 # A list of counts, not one count: `fab plan --nodes 1,2,4,8`.
 LIST_OF_COUNTS = {("plan", "nodes")}
-DURATION_KINDS = (common.duration, common.duration_or_off)
+DURATION_KINDS = common.DURATION_KINDS  # the kinds a duration option may read (its one syntax)
 
 
 def _options():

@@ -55,6 +55,13 @@ CASES = {
                      "--task: 'translation' is not allowed; choose qa or classification"),
     "injected task": (["train", "--task", "qa$(touch /tmp/x)", "--dry-run", "-c", "{inv}"],
                       "--task: 'qa$(touch /tmp/x)' is not allowed"),
+    "report without a folder": (["report", "--job", "lr-small", "-c", "{inv}"],
+                                "--to: missing; give the folder report.html goes into"),
+    "job name": (["train", "--name", "lr 3e-5;x", "--dry-run", "-c", "{inv}"],
+                 "--name: 'lr 3e-5;x' is not allowed; allowed: letters, digits, '.', '_' and '-' (up to 64), "
+                 "starting with a letter"),
+    "job name that is an id": (["train", "--name", "20261123-101500-ab12", "--dry-run", "-c", "{inv}"],
+                               "--name: '20261123-101500-ab12' is not allowed"),
     "gs checkpoint uri": (["train", "--checkpoint-uri", "gs://b/x", "--dry-run", "-c", "{inv}"],
                           "--checkpoint-uri: 'gs://b/x' is not allowed; allowed: s3://BUCKET/PREFIX"),
     "bad bucket": (["train", "--checkpoint-uri", "s3://My_Bucket/x", "--dry-run", "-c", "{inv}"],
@@ -136,6 +143,9 @@ CASES = {
     "bench steps": (["bench", "--steps", "0", "-c", "{inv}"], "--steps: 0 is not allowed; give 1 or more"),
     "local-reclaim notice not a number": (["local-reclaim", "node1", "--notice", "soon"],
                                           "--notice: 'soon' is not a duration"),
+    "local-reclaim notice without a unit": (["local-reclaim", "node1", "--notice", "5"],
+                                            "--notice: '5' has no unit; add a unit: 5s, 5m or 5h (durations are "
+                                            "written like 90s, 30m, 2h or 1h30m) (or 0 for none)"),  # not "(or off)"
     "local-reclaim notice too long": (["local-reclaim", "node1", "--notice", "3h"],
                                       "--notice: 10800.0 is not possible; allowed 0 to 3600 seconds"),
     "local-reclaim not a local cluster": (["local-reclaim", "node1", "--cluster", "{tmp}/lab.yaml"],

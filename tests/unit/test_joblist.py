@@ -74,9 +74,9 @@ def test_states_durations_exit_codes_programs_newest_first(tmp_path):
     assert [r.program for r in rows] == ["built-in", "built-in qa", "built-in qa", "script train.py", "built-in qa"]
     assert rows[-1].checkpoint_uri == "s3://bucket/runs"
     shown = table(rows, "lab").splitlines()
-    assert shown[1].split()[8] == "program" and shown[3].split()[:8] == [
-        "20260102-030408-dddd", "stopped", "2026-01-02T03:04:05Z", "55s", "2", "4", "143", "built-in"]
-    assert shown[-1].split()[3] == "1m05s"
+    assert shown[1].split()[11] == "program" and shown[3].split()[:11] == [
+        "20260102-030408-dddd", "-", "stopped", "2026-01-02T03:04:05Z", "55s", "2", "4", "143", "-", "-", "built-in"]
+    assert shown[-1].split()[4] == "1m05s"
 
 
 def test_a_job_json_cannot_forge_a_row_and_what_it_says_reaches_the_terminal_as_text(tmp_path):
@@ -181,6 +181,20 @@ def test_a_malformed_history_is_one_line_and_a_new_one_is_kept(tmp_path, monkeyp
     assert said[0].startswith(f"{path}: not JSON") and json.loads(path.read_text())["format"] == jobhistory.FORMAT
 
 
+def test_a_history_written_before_the_name_and_figures_is_read_and_keeps_them_once_listed(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    path = job_history.path("lab")
+    path.parent.mkdir(parents=True)
+    older = json.loads(jobhistory.dumps([row("20260102-030405-aaaa")]))
+    for field in jobhistory.LATER_FIELDS:
+        del older["jobs"][0][field]
+    path.write_text(json.dumps(older))
+    assert [(r.id, r.name, r.loss) for r in job_history.read("lab")] == [("20260102-030405-aaaa", None, None)]
+    named = row("20260103-000000-cccc", name="lr-small", loss=0.5, samples_per_second=12.0)
+    job_history.record("lab", [named])
+    assert job_history.read("lab")[0] == named
+
+
 def test_a_job_fab_train_starts_is_in_the_history_before_any_fab_jobs(tmp_path, monkeypatch):
     """node_setup/tasks/job_run.py adds the job it started: a master lost before anyone listed its jobs does not
     take it along."""
@@ -199,3 +213,100 @@ def test_a_job_fab_train_starts_is_in_the_history_before_any_fab_jobs(tmp_path, 
         ("20261127-090000-aaaa", "completed", "node0", None, None, None)]  # the others as they were
     after = job_history.record("lab", [])  # a new master lists none of them
     assert [(r.id, r.state) for r in after] == [(RUN, "unknown"), ("20261127-090000-aaaa", "completed")]
+
+
+def _started(home: Path, job_id: str, name: str, summary: dict | None, progress: dict | None) -> None:
+    """A named job started as fab starts one (its files, then jobcommands' start command, run here as the master
+    runs it), whose script writes the output folder's records as the job does, then its exit code."""
+    from cluster.inventory import Inventory
+    from cluster.job import jobcommands
+    from cluster.job.jobplan import plan
+    from cluster.job.launch import job_dir
+    from cluster.job.request import BuiltinJob, RunRequest
+
+    inventory = Inventory.from_mapping({"name": "lab", "sockets": 1, "physical_cores": 4,
+                                        "hosts": [{"name": f"node{i}", "address": f"10.0.0.{i + 2}"}
+                                                  for i in range(2)]}, default_name="lab")
+    job_plan = plan(RunRequest(job_id, 2, BuiltinJob(max_steps=3), output_dir=f"runs/{job_id}", name=name),
+                    inventory)
+    d = home / job_dir(job_id)
+    d.mkdir(parents=True)
+    for file, text in jobcommands.job_files(job_plan).items():
+        (d / file).write_text(text)
+    writes = "".join(f"printf '%s' {json.dumps(json.dumps(record))} > \"$HOME/runs/{job_id}/{file}\"\n"
+                     for file, record in (("summary.json", summary), ("progress.json", progress)) if record)
+    (d / "run.sh").write_text(f'echo "$$" > "$HOME/{job_dir(job_id)}/pid"\nmkdir -p "$HOME/runs/{job_id}"\n{writes}'
+                              f'echo 0 > "$HOME/{job_dir(job_id)}/exit_code"\n')
+    done = subprocess.run(["sh", "-c", jobcommands.start_command(job_plan)], env={"HOME": str(home),
+                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done
+    for _ in range(300):  # the detached script's end: its exit code (bounded: 30 s)
+        if (d / "exit_code").exists():
+            break
+        subprocess.run(["sleep", "0.1"])
+    assert (d / "exit_code").exists(), f"no exit code after 30 s; {d} holds {sorted(p.name for p in d.iterdir())}"
+
+
+def test_a_named_job_shows_its_name_loss_and_speed_and_its_name_finds_its_newest_job(tmp_path):
+    progress = {"format": 1, "step": 3, "total": 3, "samples_per_second": 44.5, "steps_per_second": 2.0,
+                "updated": START}
+    _started(tmp_path, "20260102-030405-aaaa", "lr-small", {"status": "completed", "exit_code": 0, "world_size": 2,
+                                                            "train_loss": 2.71828, "samples_per_second": 123.45},
+             progress)
+    _started(tmp_path, "20260102-030406-bbbb", "lr-small", None, progress)  # a script of yours: progress only
+    _started(tmp_path, "20260102-030407-cccc", "lr-big", None, None)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert problems == []
+    assert [(r.id[-4:], r.name, r.loss, r.samples_per_second) for r in rows] == [
+        ("cccc", "lr-big", None, None), ("bbbb", "lr-small", None, 44.5), ("aaaa", "lr-small", 2.71828, 123.45)]
+    shown = table(rows, "lab").splitlines()
+    assert shown[1].split()[:2] == ["job", "name"] and shown[1].split()[9:11] == ["loss", "samples/s"]
+    assert shown[4].split()[:3] == ["20260102-030405-aaaa", "lr-small", "completed"]
+    assert shown[4].split()[8:10] == ["2.7183", "123.5"] and shown[2].split()[8:10] == ["-", "-"]
+    master = LocalMaster(tmp_path)
+    assert jobs.resolve_job_id(master, "lr-small") == "20260102-030406-bbbb"  # the newest of that name
+    assert jobs.resolve_job_id(master, "20260102-030405-aaaa") == "20260102-030405-aaaa"
+    with pytest.raises(jobs.JobError, match=r"^--job: no job named 'lr-medium' on this cluster"):
+        jobs.resolve_job_id(master, "lr-medium")
+
+
+@pytest.mark.parametrize("name", ["20260102-030405-aaaa", "-x", "a b", "a;rm", "x" * 65, "é"])
+def test_a_job_name_is_refused_in_one_line_unless_it_is_a_name(name):
+    from cluster.job.request import BuiltinJob, RequestError, RunRequest
+
+    with pytest.raises(RequestError, match=r"^--name: .* is not allowed; allowed: letters, digits"):
+        RunRequest("20260102-030405-aaaa", 1, BuiltinJob(), name=name)
+
+
+
+def test_a_supervised_runs_spec_keeps_the_name_for_every_job_it_starts():
+    from cluster.job.request import BuiltinJob, Managed, RunRequest
+
+    named = RunRequest("20260102-030405-aaaa", 2, BuiltinJob(), managed=Managed(), name="long-run")
+    again = RunRequest.from_mapping(json.loads(json.dumps(named.to_mapping())))  # the spec beside its checkpoints
+    assert again == named and again.name == "long-run"
+    older = named.to_mapping()
+    del older["name"]  # a spec written before names
+    assert RunRequest.from_mapping(older).name is None
+
+
+def test_fab_jobs_costs_each_job_and_a_supervised_run_with_its_recoveries(tmp_path):
+    from cluster.cost.jobcosts import cost_table
+
+    recorded = {"status": "completed", "exit_code": 0, "world_size": 2,
+                "cost": {"planned_seconds": 50.0, "planned_usd": 0.01, "actual_seconds": 61.0, "actual_usd": 0.0345}}
+    job(tmp_path, "20260102-030405-aaaa", meta=META, exit_code="0\n", ended=START + 61)
+    (tmp_path / JOBS_DIR / "20260102-030405-aaaa" / "summary.json").write_text(json.dumps(recorded))  # fab's own
+    run = {**META, "supervised_run": "20260102-030406-bbbb", "name": "long"}
+    job(tmp_path, "20260102-030406-bbbb", meta=run, exit_code="75\n", ended=START + 3600)  # reclaimed after 1 h
+    job(tmp_path, "20260102-030407-cccc", meta=run, exit_code="75\n", ended=START + 1800)
+    job(tmp_path, "20260102-030408-dddd", meta=run, exit_code="0\n", ended=START + 900)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert problems == [] and rows[-1].cost_usd == 0.0345 and {r.run for r in rows[:3]} == {"20260102-030406-bbbb"}
+    text = cost_table(rows, 2.0, "lab").splitlines()  # $2 per node-hour, 2 nodes each
+    costs = {line.split()[0]: line.split() for line in text[2:6]}
+    assert costs["20260102-030405-aaaa"][-2:] == ["$0.0345", "recorded"]
+    assert costs["20260102-030406-bbbb"][-2:] == ["$4.0000", "estimated"]  # 2 nodes x 1 h x $2
+    assert costs["20260102-030407-cccc"][-2:] == ["$2.0000", "estimated"]  # its 30 min, its start to its end
+    assert text[6] == "supervised run 20260102-030406-bbbb: 3 job(s), 2 recovery(ies), $7.0000"
+    assert text[7] == "all jobs: $7.0345; estimates at the cluster's $2.0000 per node-hour now"

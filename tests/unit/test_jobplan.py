@@ -86,7 +86,8 @@ HYDRA_KILLED = """[0] step 3
 
 def test_failure_report_maps_rank_to_node():
     report = failure_report(HYDRA_KILLED, ["node0", "node0", "node1", "node1"], 255)
-    assert report == ["rank 3 on node node1 (host ip-10-0-0-11, pid 4242): killed by signal: 9 (killed)"]
+    assert report[0] == "rank 3 on node node1 (host ip-10-0-0-11, pid 4242): killed by signal: 9 (killed)"
+    assert report[1:] == [next(line for line in report if line.startswith("hint: rank 3 on node node1 was killed"))]
 
 
 def test_failure_report_without_hydra_banner_names_ranks_with_errors():
