@@ -42,6 +42,8 @@ from cluster.stack.tags import KEEP_KEY, USED_BY_PREFIX
 from infra.node_role import assume_role_policy
 
 ROOT_DEVICE = "/dev/sda1"  # Canonical's Ubuntu images boot from it
+BUILD_VOLUME_TYPE = "gp3"  # the build volume's (a node's launch sets rootVolumeType: no setting rebuilds the image)
+BUILDER_SUFFIX = "-builder"  # the build instance's role, profile and security group: the image's name and this
 BUILDER_POLICIES = ("EC2InstanceProfileForImageBuilder", "AmazonSSMManagedInstanceCore")
 
 
@@ -88,22 +90,23 @@ class BuiltImage(pulumi.ComponentResource):
             opts=child)
         uri = pulumi.Output.concat("s3://", bucket.bucket, "/", script.key)
 
-        role = aws.iam.Role(f"{name}-builder", assume_role_policy=assume_role_policy(),
+        role = aws.iam.Role(f"{name}{BUILDER_SUFFIX}", assume_role_policy=assume_role_policy(),
                             description=f"xeon-cluster {spec.cluster_name}: its image's build instance", tags=tags,
                             opts=child)
-        attached = [aws.iam.RolePolicyAttachment(f"{name}-builder-{policy.lower()}", role=role.name,
+        attached = [aws.iam.RolePolicyAttachment(f"{name}{BUILDER_SUFFIX}-{policy.lower()}", role=role.name,
                                                  policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=child)
                     for policy in BUILDER_POLICIES]
-        access = aws.iam.RolePolicy(f"{name}-builder-bucket", role=role.id,
+        access = aws.iam.RolePolicy(f"{name}{BUILDER_SUFFIX}-bucket", role=role.id,
                                     policy=bucket.arn.apply(builder_bucket_policy), opts=child)
-        profile = aws.iam.InstanceProfile(f"{name}-builder", role=role.name, tags=tags, opts=child)
+        profile = aws.iam.InstanceProfile(f"{name}{BUILDER_SUFFIX}", role=role.name, tags=tags,
+                                          opts=pulumi.ResourceOptions(parent=self, depends_on=[*attached, access]))
         # Outbound only (apt, PyPI, SSM, S3): nothing reaches the build instance, and it is in no cluster group.
         self.builder_group = aws.ec2.SecurityGroup(
-            f"{name}-builder", vpc_id=vpc_id, description="the image's build instance: outbound only",
-            tags={**tags, "Name": f"{name}-builder"}, opts=child)
+            f"{name}{BUILDER_SUFFIX}", vpc_id=vpc_id, description="the image's build instance: outbound only",
+            tags={**tags, "Name": f"{name}{BUILDER_SUFFIX}"}, opts=child)
         egress = aws.vpc.SecurityGroupEgressRule(
-            f"{name}-builder-out", security_group_id=self.builder_group.id, ip_protocol="-1", cidr_ipv4="0.0.0.0/0",
-            tags=tags, opts=child)
+            f"{name}{BUILDER_SUFFIX}-out", security_group_id=self.builder_group.id, ip_protocol="-1",
+            cidr_ipv4="0.0.0.0/0", tags=tags, opts=child)
 
         component = aws.imagebuilder.Component(
             name, name=label, platform="Linux", version=image_build.VERSION,
@@ -116,7 +119,7 @@ class BuiltImage(pulumi.ComponentResource):
             block_device_mappings=[aws.imagebuilder.ImageRecipeBlockDeviceMappingArgs(
                 device_name=ROOT_DEVICE, ebs=aws.imagebuilder.ImageRecipeBlockDeviceMappingEbsArgs(
                     encrypted="true", volume_size=spec.profile.min_root_volume_gib,
-                    volume_type=spec.root_volume_type, delete_on_termination="true"))],
+                    volume_type=BUILD_VOLUME_TYPE, delete_on_termination="true"))],
             tags=tags, opts=pulumi.ResourceOptions(parent=self, ignore_changes=["parentImage"] if looked_up else None))
         self.logs = pulumi.Output.concat("s3://", bucket.bucket, "/", image_build.LOG_PREFIX, "/")
         infrastructure = aws.imagebuilder.InfrastructureConfiguration(
@@ -127,7 +130,7 @@ class BuiltImage(pulumi.ComponentResource):
             logging=aws.imagebuilder.InfrastructureConfigurationLoggingArgs(
                 s3_logs=aws.imagebuilder.InfrastructureConfigurationLoggingS3LogsArgs(
                     s3_bucket_name=bucket.bucket, s3_key_prefix=image_build.LOG_PREFIX)),
-            resource_tags=tags, tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[*attached, access]))
+            resource_tags=tags, tags=tags, opts=child)
         # What the image holds, known before the build (the base's id: the one given, else the recipe's).
         self.identity = recipe.parent_image.apply(lambda base: {
             **image_reuse.baked_tags(image_reuse.bake_identity(spec, base), project_version=None, created=""),

@@ -147,7 +147,12 @@ class FakeAws(mocks.Mocks):
             state["rootSnapshotId"] = f"snap-{name}"
         elif typ.startswith("aws:imagebuilder/") and typ != BUILT:
             kind = typ.rsplit(":", 1)[1]
-            state["arn"] = rid = f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:{kind.lower()}/{args.inputs.get('name')}/1.0.0"
+            # Its name and version; a recipe's or component's with a digest of its inputs but tags (the mock's mark
+            # of a new one: the provider replaces them for any other change; the others are updated in place).
+            held = {k: v for k, v in state.items() if k != "tags"} if kind in ("ImageRecipe", "Component") else {}
+            digest = hashlib.sha256(json.dumps(held, sort_keys=True, default=str).encode()).hexdigest()[:8]
+            state["arn"] = rid = (f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:{kind.lower()}/{args.inputs.get('name')}"
+                                  f"/1.0.0" + (f"/{digest}" if held else ""))
         elif typ == BUILT:
             # A new AMI per recipe (its name carries the bake tag), as a build after a software change makes one.
             recipe = str(args.inputs.get("imageRecipeArn"))
