@@ -48,11 +48,16 @@ def stack_choice(ec2, spec: ClusterSpec) -> Choice:
 
 
 def in_use(ec2, image_ids: list[str]) -> dict[str, list[str]]:
-    """Which of the images boot something now: a live instance (any state but terminated), or the latest version
-    of one of this toolkit's launch templates (a workers' group launches from it, after an auto-stop too)."""
+    """Which of the images boot something now: a live instance (any state but terminated), the latest version
+    of one of this toolkit's launch templates (a workers' group launches from it, after an auto-stop too), or a
+    stack that records its use of it (its tag, cluster/stack/image_build.py; a stopped cluster launches none)."""
     used: dict[str, list[str]] = defaultdict(list)
     if not image_ids:
         return used
+    for image in ec2.describe_images(ImageIds=image_ids).get("Images") or []:
+        users = image_build.image_users({t["Key"]: t["Value"] for t in image.get("Tags") or []})
+        for cluster, stack in sorted(users.items()):
+            used[image["ImageId"]].append(f"stack {stack} (cluster {cluster})")
     live = [{"Name": "image-id", "Values": image_ids}, {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]
     for reservation in pages(ec2, "describe_instances", "Reservations", Filters=live):
         for instance in reservation["Instances"]:
