@@ -128,11 +128,11 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     ranks, rate, rates, layout_sources = _ranks(o, cal, instance, rate, rates)
     compiled, compile_sources = _compiled(o, cal, rates)
     sources += layout_sources + compile_sources
-    root_gib = spec.root_volume_gib if spec else ClusterSpec.root_volume_gib  # the stack's, else its default
+    build_gib = PROFILES[profile].min_root_volume_gib  # the image's build volume (infra/image.py)
     up, other = (None, None) if not o.provisioning else (
-        lifecycle.first_up(instance, root_gib, kept_image=bool(kept_image)),
-        lifecycle.first_up(instance, root_gib, kept_image=not kept_image))
-    how = f"from kept image {kept_image}" if kept_image else "with a bake"
+        lifecycle.first_up(instance, build_gib, kept_image=bool(kept_image)),
+        lifecycle.first_up(instance, build_gib, kept_image=not kept_image))
+    how = f"from kept image {kept_image}" if kept_image else "with the image's build"
     sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up` {how} ({up.describe()}), "
                  f"each worker {tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
                  f"{up.source}{'; ' + kept_why if kept_why else ''}" if up else
