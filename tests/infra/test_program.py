@@ -26,7 +26,7 @@ from infra.lookups import CANONICAL_OWNER, AccountLookupError
 from infra.image import BUILDER_SUFFIX
 from infra.node_role import MASTER_SUFFIX
 from infra.setup_step import ProfileSetupProvider
-from tests.infra.conftest import (ADMIN_CIDR, AMI, BASE_AMI, BUILD_INFRA, BUILT, COMPONENT, DEFAULT_SUBNETS,
+from tests.infra.conftest import (ADMIN_CIDR, PUBLIC_KEY, AMI, BASE_AMI, BUILD_INFRA, BUILT, COMPONENT, DEFAULT_SUBNETS,
                                   DEFAULT_VPC, GROUP, INSTANCE, LAUNCH_TEMPLATE, RECIPE, SETUP, STACK, FakeAws, Harness,
                                   RecordingMonitor, fresh_run, minimal_config)
 
@@ -238,6 +238,10 @@ def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, na
     assert script.inputs["content"] == install_script(InstallPlan(profiles.PROFILES[config.get("softwareProfile",
                                                                                                 "stock")]))
     assert f"s3://{monitor.of_type(BUCKET)[0].state['bucket']}/{script.inputs['key']}" in component.inputs["data"]
+    # What the build runs holds nothing of a cluster: no key, no name, no address (the nodes' user data does).
+    for text in (script.inputs["content"], component.inputs["data"]):
+        assert PUBLIC_KEY.split()[1] not in text and "xeon-dev" not in text.replace("xeon-dev-checkpoints", "")
+        assert master.state["privateIp"] not in text
     # The master is checked, never imaged: the step boots from the image and records no source.
     assert setup.inputs["kept_image"] == ami and setup.state["bake_source"] is None
     assert master.urn in setup.dependencies

@@ -142,3 +142,37 @@ def test_a_kept_image_s_age_size_and_monthly_cost():
     assert (kept.age(NOW), kept.size_gib, kept.monthly_usd) == ("2d 0h", 120, pytest.approx(6.0))
     assert KeptImage.from_description({"ImageId": "ami-0bare", "CreationDate": "2026-05-03T11:00:00.000Z"}).age(NOW) \
         == "1h 00m 00s"
+
+
+# --- the image built apart (cluster/stack/image_build.py) -----------------------------------------------------
+
+def test_the_component_downloads_the_install_script_runs_it_and_removes_it():
+    import yaml
+
+    from cluster.stack import image_build
+
+    uri = "s3://xeon-dev-checkpoints-0a1b/image-builder/install/stock-0a1b2c3d4e5f.sh"
+    document = yaml.safe_load(image_build.component_document(uri))
+    (phase,) = document["phases"]
+    download, install, clean = phase["steps"]
+    assert phase["name"] == "build" and download["action"] == "S3Download"
+    assert download["inputs"] == [{"source": uri, "destination": f"{image_build.BUILD_DIR}/install.sh"}]
+    assert install["inputs"]["commands"] == [f"bash {image_build.BUILD_DIR}/install.sh"]
+    assert clean["inputs"]["commands"] == [f"rm -rf {image_build.BUILD_DIR} /root/.cache/pip"]
+    for bad in ("s3://bucket/key; rm -rf /", "https://example.com/x.sh", "s3://Bucket/x", ""):
+        with pytest.raises(ValueError, match="script_uri: .* is not allowed"):
+            image_build.component_document(bad)
+
+
+def test_a_destroy_removes_its_image_only_when_not_kept_and_no_other_stack_records_its_use():
+    from cluster.stack import image_build
+    from cluster.stack.tags import USED_BY_PREFIX
+
+    mine = {f"{USED_BY_PREFIX}xeon-dev": "dev"}
+    assert image_build.release(mine, "xeon-dev", keep=False) == (
+        True, "removed: keepImage is false and no other stack boots it")
+    assert image_build.release({}, "xeon-dev", keep=True) == (False, "kept: keepImage is true")
+    used = {**mine, f"{USED_BY_PREFIX}xeon-lab": "lab"}
+    assert image_build.release(used, "xeon-dev", keep=False) == (
+        False, "kept: other stacks boot it (xeon-lab (stack lab))")
+    assert image_build.image_users(used) == {"xeon-dev": "dev", "xeon-lab": "lab"}
