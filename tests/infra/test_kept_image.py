@@ -133,3 +133,19 @@ def test_without_a_bake_no_kept_image_is_looked_up():
     _, outputs = fresh_run(minimal_config(bake=False), fake)
     assert outputs["imageSource"] == "none" and outputs["amiId"] == BASE_AMI
     assert not any(a.get("owners") == ["self"] for _, a in fake.calls)
+
+
+def test_the_release_provider_is_pickled_by_reference_to_a_stable_class_path():
+    """Pulumi pickles a dynamic provider into the state, and runs its delete at `pulumi destroy`: a reference (this
+    module path and class name), not a copy, as the setup step's (tests/infra/test_setup_step.py)."""
+    import base64
+
+    from infra.image import ImageReleaseProvider
+
+    monitor, _ = fresh_run(minimal_config())
+    (release,) = monitor.of_type(RELEASE)
+    payload = release.inputs["__provider"]
+    payload = payload["value"] if isinstance(payload, dict) else payload
+    raw = base64.b64decode(payload)
+    assert len(payload) < 400 and b"infra.image" in raw and b"ImageReleaseProvider" in raw
+    assert ImageReleaseProvider.__module__ == "infra.image"
