@@ -56,9 +56,9 @@ def builder_bucket_policy(bucket_arn: str) -> str:
 
 def build_failure_hook(name: str, logs: pulumi.Input[str]) -> pulumi.ErrorHook:
     """A failed build in one line (image_build.failure_line); nothing is retried."""
-    where = pulumi.Output.from_input(logs)
-    seen: list[str] = []
-    where.apply(seen.append)
+    seen: list[str] = [logs] if isinstance(logs, str) else []
+    if not seen:
+        pulumi.Output.from_input(logs).apply(seen.append)  # known long before the build can fail
 
     async def on_error(args: pulumi.ErrorHookArgs) -> bool:
         if args.failed_operation == "create" and args.errors:

@@ -19,6 +19,7 @@ from cluster.node import profiles
 from cluster.stack import image_build, image_reuse
 from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
                                 USED_BY_PREFIX)
+from infra import image as infra_image
 from infra import node as infra_node
 from infra import program as infra_program
 from infra import setup_step
@@ -344,3 +345,17 @@ def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_th
     (_, old_group), (_, new_group) = workers(before), workers(after)
     assert new_group.ignore_changes == ["vpcZoneIdentifiers"]
     assert new_group.inputs["vpcZoneIdentifiers"] != old_group.inputs["vpcZoneIdentifiers"]  # ignored, as it must be
+
+
+def test_a_failed_build_is_logged_with_image_builders_reason_and_where_its_logs_are(monkeypatch, caplog, capsys):
+    # Building the hook registers it with the engine; here only its callback is exercised.
+    monkeypatch.setattr(pulumi, "ErrorHook", lambda name, func: func)
+    on_error = infra_image.build_failure_hook("xeon-dev-image", "s3://bucket-0a1b/image-builder/logs/")
+    caplog.set_level(logging.INFO)
+    error = "waiting for Image Builder Image create: unexpected state 'FAILED'. last error: Image build failed: x"
+    args = pulumi.ErrorHookArgs(urn="urn", id="", name="xeon-dev-image", type=BUILT, failed_operation="create",
+                                new_inputs={}, errors=[error])
+    assert asyncio.run(on_error(args)) is False  # never retried: a build that failed fails the same way
+    # pulumi.log goes to logging with an engine (mocks) set up in this process, else to stderr
+    said = " ".join(r.getMessage() for r in caplog.records) + capsys.readouterr().err
+    assert image_build.failure_line("xeon-dev-image", error, "s3://bucket-0a1b/image-builder/logs/") in said
