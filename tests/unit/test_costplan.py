@@ -196,6 +196,9 @@ def test_provisioning_bills_the_master_through_the_first_up_and_each_worker_its_
     rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: boots of 15 min
     assert rows[0].provisioning_seconds == 60 + BUILD_S["intel"] + 900 + 180 + 30
     assert rows[0].provisioning_usd == pytest.approx(5.0 * (900 + 180 + 30 + 3 * 900) / 3600 + BUILDER_USD["intel"])
+    # The built image's storage while it is kept: intel's 60 GiB build volume at $0.05 per GB-month.
+    assert ("image storage: the built image's 60 GiB snapshot bills at most $3.00/month while it is kept "
+            "(keepImage, or another stack boots it)") in " ".join(_plan(nodes="4")[1].notes)
     rows, inputs = _plan(nodes="4", provisioning=False)
     assert rows[0].provisioning_usd == 0 and ("provisioning", "not counted",
                                               "given (--no-provisioning: the cluster is up)") in inputs.sources
