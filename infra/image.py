@@ -1,142 +1,200 @@
-"""The baked image: the master set up with the profile (setup step), then imaged without reboot.
+"""The image every node boots, built apart by EC2 Image Builder (cluster/stack/image_build.py says what it runs).
 
-The setup step exists only to make this image (with `bake: false` setup is left to `fab setup`),
-so both live in one component.
-
-Why no reboot: CreateImage (what `AmiFromInstance` calls) by default shuts the source's operating
-system down and boots it again (the instance stays `running`; EC2 does not stop it) so the
-snapshot is taken of volumes at rest. We pass `snapshot_without_reboot` (CreateImage's
-`NoReboot`) instead, because the setup step's pre-bake cleanup parked the master's SSH host keys
-in /run (a tmpfs a reboot wipes) and cleaned cloud-init's state (a reboot would run it again as
-on a first boot, with new host keys that no longer match the ones the controller pinned), and a
-metal instance takes many minutes to reboot. The step's final `sync`, with nothing else writing,
-stands in for the reboot's consistency.
+No node that runs jobs is ever imaged: Image Builder launches its own small build instance (BUILDER_INSTANCE_TYPE)
+from the base image, in the stack's region and subnet, with a security group of its own (outbound only: nothing
+reaches it) and a role of its own (Image Builder's and SSM's managed policies, read the install script and write
+the build's logs in the stack's bucket, nothing else). The one component downloads the profile's install script
+(the one `fab setup` runs, without this project's wheel) from the bucket and runs it; Image Builder snapshots the
+instance, terminates it, and distributes the image with its bake identity as tags (cluster/stack/image_reuse.py:
+profile and bake tag, region, base, architecture; `keep` with keepImage). The build volume is the profile's
+smallest root volume: a node's launch grows it to rootVolumeGib.
 
 Name and lifecycle:
-- The name carries the step's `bake_tag` and its `stamp`, an output the setup step sets when it is
-  created (the UTC time of its setup run) and keeps on updates (infra/setup_step.py). The name is
-  not in `ignore_changes`: Pulumi applies `ignore_changes` to a replacement too, so an ignored name
-  would make a re-bake create its image under the old image's name (`InvalidAMIName.Duplicate`
-  when that name is still taken, e.g. on a create retried after a partial one). A software change
-  (profile or pin) replaces the step, whose create sets a new stamp, and the bake tag is the
-  image's `replacement_trigger`: the new image has a new name, and the workers that boot from it
-  are replaced. A new master only updates the step: stamp, name and image stay. (A stack whose
-  step was recorded before steps had a stamp gets one at its next update, and with it one
-  re-bake under the new name.)
-- Source: the setup step's `bake_source`, the master the image was made from. A new master (a lost
-  or auto-stopped one, or one replaced for a setting: `masterSpot`, `instanceType`, ...) is set up
-  again by the step's update, which keeps `bake_source`: the image and the workers stay. Only a
-  software change (the step replaced) makes the current master the source.
-- A new image is made before the old one is deregistered (no `delete_before_replace`, on the image
-  nor on the setup step it depends on): the launch template moves to the new image, the group is
-  replaced (its trigger holds the image id) and launches the new workers from it, and only then, at
-  the end of the `pulumi up`, does the engine delete the old image. Old workers never run on a
-  deregistered image (a reclaimed one can still be relaunched during the bake), and the name's stamp
-  keeps the two images' names apart.
-- Create timeout: the provider's 40-minute default can pass for the first, full snapshot of a
-  freshly written root volume; we allow IMAGE_CREATE_MINUTES_PER_GIB per GiB, at least
-  IMAGE_CREATE_MIN_MINUTES.
-- Snapshot tags: `AmiFromInstance` tags only the image (pulumi-aws 7 has no snapshot tag input),
-  so the root snapshot is tagged by `aws.ec2.Tag` resources, one per tag, on the image's
-  `root_snapshot_id`; the leak sweep (node_setup/aws/sweep.py) finds a snapshot left behind by
-  its tags. They are `deleted_with` the image: deleting the image deletes its snapshots.
-On delete the provider deregisters the image and deletes the snapshots it created (it records
-`manage_ebs_snapshots` at create time).
-- Kept (`keepImage`): the image and its snapshot's tags are `retain_on_delete`, so `pulumi destroy` (and a
-  re-bake that replaces the image) drops them from the stack and leaves them in the account. The tags of both
-  say what the bake put in, as the setup step recorded it when it ran (its `baked` output, kept by its updates as
-  the image is: cluster/stack/image_reuse.py's `baked_tags`: the profile's bake tag, the region, the base and its
-  image id, the architecture, this project's version the step installed, the step's stamp); every image carries
-  them, and a kept one `keep` too. The engine records retain_on_delete at a `pulumi up`, so a keepImage
-  changed later takes effect at the next one.
-- From a kept image (`kept`: the stack reuses one, cluster/stack/image_reuse.py) there is no bake: the component
-  holds the setup step alone (which checks the master booted from the image) and `image_id` is the kept image's.
-  The kept image is not a resource of this stack: its `pulumi destroy` leaves it.
+- Component, recipe and distribution are named after the cluster, the profile and its bake tag (a hash of the
+  profile's fingerprint): a software change makes new ones and a new image (the image's replacement trigger is the
+  bake tag), built before the old one goes; the master and the workers move to it as the workers always did (their
+  image changed), and the old image is released only after, at the end of the `pulumi up`.
+- The base: the recipe keeps the base image it was made with when the program looked it up (`ignore_changes`), as
+  the master used to, so a newer Ubuntu image builds nothing.
+- A failed build ends `pulumi up` with one line: Image Builder's reason and where its logs are (an error hook).
+- The image belongs to no stack. Deleting an Image Builder image leaves its AMI (the provider deregisters
+  nothing); this stack's `ImageRelease` record does: at `pulumi destroy` (or when a new image replaced it) its
+  delete reads the AMI's tags as they are then and deregisters it and its snapshots only when this stack does not
+  keep it (keepImage) and no other stack records its use (image_build.release; node_setup/aws/images.py). Every
+  stack records its use of the image it boots, its own or a kept one, with one tag (USED_BY_PREFIX + its
+  cluster), which its destroy removes; nothing else tags or untags an image after its build.
 """
 
 from __future__ import annotations
 
-import re
+import json
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 
-from cluster.stack import image_reuse
+from cluster.node.setup_script import InstallPlan, install_script
+from cluster.stack import image_build, image_reuse
+from cluster.stack.node_replacement import bake_tag
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import KEEP_KEY
-from infra.master import MasterNode
-from infra.setup_step import ProfileSetup, bake_tag, ssh_timeout_for
+from cluster.stack.tags import KEEP_KEY, USED_BY_PREFIX
+from infra.node_role import assume_role_policy
 
-IMAGE_CREATE_MIN_MINUTES = 120
-IMAGE_CREATE_MINUTES_PER_GIB = 1
-
-
-def image_create_timeout(root_volume_gib: int) -> str:
-    """How long the image may take to become available, e.g. "120m"."""
-    return f"{max(IMAGE_CREATE_MIN_MINUTES, IMAGE_CREATE_MINUTES_PER_GIB * root_volume_gib)}m"
+ROOT_DEVICE = "/dev/sda1"  # Canonical's Ubuntu images boot from it
+BUILD_VOLUME_TYPE = "gp3"  # the build volume's (a node's launch sets rootVolumeType: no setting rebuilds the image)
+BUILDER_SUFFIX = "-builder"  # the build instance's role, profile and security group: the image's name and this
+BUILDER_POLICIES = ("EC2InstanceProfileForImageBuilder", "AmazonSSMManagedInstanceCore")
 
 
-def image_name(spec: ClusterSpec, bake_tag: str, stamp: str) -> str:
-    """`<cluster>-<profile>-<bake tag>-<the setup step's stamp>`: new with every create of the step."""
-    return f"{spec.cluster_name}-{spec.software_profile}-{bake_tag}-{stamp}"
+def builder_bucket_policy(bucket_arn: str) -> str:
+    """The build instance's own access to the stack's bucket: read the install scripts, write the build logs."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/{image_build.INSTALL_PREFIX}/*"},
+        {"Effect": "Allow", "Action": "s3:PutObject", "Resource": f"{bucket_arn}/{image_build.LOG_PREFIX}/*"}]})
 
 
-def _tag_resource_name(name: str, key: str) -> str:
-    return f"{name}-snapshot-{re.sub(r'[^A-Za-z0-9-]+', '-', key).strip('-').lower()}"
+def build_failure_hook(name: str, logs: pulumi.Input[str]) -> pulumi.ErrorHook:
+    """A failed build in one line (image_build.failure_line); nothing is retried."""
+    seen: list[str] = [logs] if isinstance(logs, str) else []
+    if not seen:
+        pulumi.Output.from_input(logs).apply(seen.append)  # known long before the build can fail
+
+    async def on_error(args: pulumi.ErrorHookArgs) -> bool:
+        if args.failed_operation == "create" and args.errors:
+            pulumi.log.error(image_build.failure_line(args.name, args.errors[0], seen[0] if seen else "the bucket"))
+        return False
+
+    return pulumi.ErrorHook(f"{name}-build-reason", on_error)
 
 
-class BakedImage(pulumi.ComponentResource):
-    def __init__(self, name: str, spec: ClusterSpec, master: MasterNode, tags: dict[str, str],
-                 ssh_rules: list[pulumi.Resource], auto_stop_idle_s: int | None = None,
-                 kept: image_reuse.KeptImage | None = None, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("xeon-cluster:infra:BakedImage", name, None, opts)
-        self.setup = ProfileSetup(
-            f"{name}-setup",
-            host=master.connect_address,
-            user=spec.ssh_user,
-            private_key_path=spec.private_key_path,
-            instance_id=master.instance.id,
-            profile=spec.profile,
-            cluster=spec.cluster_name,
-            region=spec.region,
-            auto_stop_idle_s=auto_stop_idle_s,
-            kept_image=kept.image_id if kept else None,
-            bake_identity=None if kept else master.instance.ami.apply(lambda ami: image_reuse.bake_identity(spec, ami)),
-            ssh_timeout_seconds=ssh_timeout_for(spec.instance_type),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                # The step connects over SSH: it waits for the rules that admit it, not only the master.
-                depends_on=[master.instance, *ssh_rules]))
-        self.image: aws.ec2.AmiFromInstance | None = None
-        self.snapshot_tags: list[aws.ec2.Tag] = []
-        if kept:
-            self.image_id: pulumi.Input[str] = kept.image_id
-            self.register_outputs({"imageId": kept.image_id})
-            return
-        keep = spec.keep_image
-        static = {**tags, "Name": name, **({KEEP_KEY: image_reuse.KEPT} if keep else {})}
-        # What the bake put in, as the step recorded it when it ran (kept by its updates, as the image is).
-        image_tags = self.setup.baked.apply(lambda baked: {**static, **(baked or {})})
-        self.image = aws.ec2.AmiFromInstance(
-            name,
-            name=self.setup.stamp.apply(lambda stamp: image_name(spec, bake_tag(spec.profile.fingerprint()), stamp)),
-            description=f"xeon-cluster {spec.cluster_name}: {spec.profile.description}",
-            source_instance_id=self.setup.bake_source,
-            snapshot_without_reboot=True,
-            tags=image_tags,
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.setup], retain_on_delete=keep,
-                replacement_trigger=bake_tag(spec.profile.fingerprint()),
-                custom_timeouts=pulumi.CustomTimeouts(create=image_create_timeout(spec.root_volume_gib))))
-        self.image_id = self.image.id
-        # The keys are known now (the values of some once the step ran): one Tag resource per key.
-        keys = sorted({**static, **image_reuse.baked_tags(image_reuse.bake_identity(spec, ""), project_version=None,
-                                                          created="")})
-        self.snapshot_tags = [
-            aws.ec2.Tag(_tag_resource_name(name, key), resource_id=self.image.root_snapshot_id, key=key,
-                        value=image_tags.apply(lambda t, key=key: f"{name}-root" if key == "Name" else
-                                               t.get(key, image_reuse.UNKNOWN)),
-                        opts=pulumi.ResourceOptions(parent=self, deleted_with=self.image, retain_on_delete=keep))
-            for key in keys
-        ]
-        self.register_outputs({"imageId": self.image.id, "rootSnapshotId": self.image.root_snapshot_id})
+def _first_ami(resources: Any) -> str:
+    """The AMI id in the Image's `output_resources` (objects from the provider, mappings from its doubles)."""
+    def field(item, key):
+        return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+    return field(field(resources[0], "amis")[0], "image")
+
+
+class BuiltImage(pulumi.ComponentResource):
+    def __init__(self, name: str, spec: ClusterSpec, *, base_ami: pulumi.Input[str], vpc_id: str,
+                 subnet_id: pulumi.Input[str], bucket: aws.s3.Bucket, tags: dict[str, str],
+                 hooks: bool = True, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("xeon-cluster:infra:BuiltImage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tag = bake_tag(spec.profile.fingerprint())
+        label = f"{spec.cluster_name}-{spec.software_profile}-{tag}"
+        script = aws.s3.BucketObjectv2(
+            f"{name}-install", bucket=bucket.id, key=image_build.install_key(spec.software_profile, tag),
+            content=install_script(InstallPlan(spec.profile)), content_type="text/x-shellscript", tags=tags,
+            opts=child)
+        uri = pulumi.Output.concat("s3://", bucket.bucket, "/", script.key)
+
+        role = aws.iam.Role(f"{name}{BUILDER_SUFFIX}", assume_role_policy=assume_role_policy(),
+                            description=f"xeon-cluster {spec.cluster_name}: its image's build instance", tags=tags,
+                            opts=child)
+        attached = [aws.iam.RolePolicyAttachment(f"{name}{BUILDER_SUFFIX}-{policy.lower()}", role=role.name,
+                                                 policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=child)
+                    for policy in BUILDER_POLICIES]
+        access = aws.iam.RolePolicy(f"{name}{BUILDER_SUFFIX}-bucket", role=role.id,
+                                    policy=bucket.arn.apply(builder_bucket_policy), opts=child)
+        profile = aws.iam.InstanceProfile(f"{name}{BUILDER_SUFFIX}", role=role.name, tags=tags,
+                                          opts=pulumi.ResourceOptions(parent=self, depends_on=[*attached, access]))
+        # Outbound only (apt, PyPI, SSM, S3): nothing reaches the build instance, and it is in no cluster group.
+        self.builder_group = aws.ec2.SecurityGroup(
+            f"{name}{BUILDER_SUFFIX}", vpc_id=vpc_id, description="the image's build instance: outbound only",
+            tags={**tags, "Name": f"{name}{BUILDER_SUFFIX}"}, opts=child)
+        egress = aws.vpc.SecurityGroupEgressRule(
+            f"{name}{BUILDER_SUFFIX}-out", security_group_id=self.builder_group.id, ip_protocol="-1",
+            cidr_ipv4="0.0.0.0/0", tags=tags, opts=child)
+
+        component = aws.imagebuilder.Component(
+            name, name=label, platform="Linux", version=image_build.VERSION,
+            description=f"xeon-cluster: profile {spec.software_profile}'s install",
+            data=uri.apply(image_build.component_document), tags=tags, opts=child)
+        looked_up = not spec.base_ami
+        recipe = aws.imagebuilder.ImageRecipe(
+            name, name=label, version=image_build.VERSION, parent_image=base_ami,
+            components=[aws.imagebuilder.ImageRecipeComponentArgs(component_arn=component.arn)],
+            block_device_mappings=[aws.imagebuilder.ImageRecipeBlockDeviceMappingArgs(
+                device_name=ROOT_DEVICE, ebs=aws.imagebuilder.ImageRecipeBlockDeviceMappingEbsArgs(
+                    encrypted="true", volume_size=spec.profile.min_root_volume_gib,
+                    volume_type=BUILD_VOLUME_TYPE, delete_on_termination="true"))],
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, ignore_changes=["parentImage"] if looked_up else None))
+        self.logs = pulumi.Output.concat("s3://", bucket.bucket, "/", image_build.LOG_PREFIX, "/")
+        infrastructure = aws.imagebuilder.InfrastructureConfiguration(
+            name, name=label, instance_types=[image_build.BUILDER_INSTANCE_TYPE], instance_profile_name=profile.name,
+            subnet_id=subnet_id, security_group_ids=[self.builder_group.id], terminate_instance_on_failure=True,
+            instance_metadata_options=aws.imagebuilder.InfrastructureConfigurationInstanceMetadataOptionsArgs(
+                http_tokens="required", http_put_response_hop_limit=1),
+            logging=aws.imagebuilder.InfrastructureConfigurationLoggingArgs(
+                s3_logs=aws.imagebuilder.InfrastructureConfigurationLoggingS3LogsArgs(
+                    s3_bucket_name=bucket.bucket, s3_key_prefix=image_build.LOG_PREFIX)),
+            resource_tags=tags, tags=tags, opts=child)
+        # What the image holds, known before the build (the base's id: the one given, else the recipe's).
+        self.identity = recipe.parent_image.apply(lambda base: {
+            **image_reuse.baked_tags(image_reuse.bake_identity(spec, base), project_version=None, created=""),
+            **({KEEP_KEY: image_reuse.KEPT} if spec.keep_image else {})})
+        distribution = aws.imagebuilder.DistributionConfiguration(
+            name, name=label, tags=tags, opts=child, distributions=[
+                aws.imagebuilder.DistributionConfigurationDistributionArgs(
+                    region=spec.region,
+                    ami_distribution_configuration=aws.imagebuilder.
+                    DistributionConfigurationDistributionAmiDistributionConfigurationArgs(
+                        name=f"{label}-{{{{ imagebuilder:buildDate }}}}",
+                        description=f"xeon-cluster {spec.cluster_name}: {spec.profile.description}",
+                        ami_tags=self.identity.apply(lambda held: {**tags, "Name": label, **held})))])
+        self.image = aws.imagebuilder.Image(
+            name, image_recipe_arn=recipe.arn, infrastructure_configuration_arn=infrastructure.arn,
+            distribution_configuration_arn=distribution.arn,
+            image_tests_configuration=aws.imagebuilder.ImageImageTestsConfigurationArgs(image_tests_enabled=False),
+            tags=tags, opts=pulumi.ResourceOptions(
+                parent=self, replacement_trigger=tag, depends_on=[egress],
+                custom_timeouts=pulumi.CustomTimeouts(create=image_build.BUILD_TIMEOUT),
+                hooks=pulumi.ResourceHookBinding(on_error=[build_failure_hook(name, self.logs)]) if hooks else None))
+        self.image_id: pulumi.Output[str] = self.image.output_resources.apply(_first_ami)
+        self.release = ImageRelease(f"{name}-release", image_id=self.image_id, cluster=spec.cluster_name,
+                                    region=spec.region, keep=spec.keep_image, opts=child)
+        self.register_outputs({"imageId": self.image_id, "logs": self.logs})
+
+
+def image_use(name: str, spec: ClusterSpec, image_id: pulumi.Input[str],
+              opts: pulumi.ResourceOptions | None = None) -> aws.ec2.Tag:
+    """This stack's record that it boots the image (its own or a kept one): removed by its destroy."""
+    return aws.ec2.Tag(name, resource_id=image_id, key=f"{USED_BY_PREFIX}{spec.cluster_name}", value=spec.stack,
+                       opts=opts)
+
+
+class ImageReleaseProvider(ResourceProvider):
+    """Deletes nothing on create; its delete releases the image (node_setup/aws/images.py's release_built).
+    Pickled by reference, as the setup step's provider (infra/setup_step.py): keep this path and name."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"release-{props['image_id']}", {k: v for k, v in props.items() if not k.startswith("__")})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changed = [k for k in ("image_id", "cluster", "region", "keep") if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=[k for k in changed if k in ("image_id", "region")],
+                          delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]):
+        from pulumi.dynamic import UpdateResult
+
+        return UpdateResult({k: v for k, v in news.items() if not k.startswith("__")})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        from node_setup.aws.clients import client
+        from node_setup.aws.images import release_built
+
+        line = release_built(client("ec2", props.get("region") or None), props["image_id"], props["cluster"],
+                             keep=bool(props.get("keep")))
+        pulumi.log.info(f"image {props['image_id']}: {line}")
+
+
+class ImageRelease(pulumi.dynamic.Resource, module="xeon-cluster", name="ImageRelease"):
+    """The record that this stack built the image: its delete removes the image when nobody keeps or boots it."""
+
+    def __init__(self, name: str, *, image_id: pulumi.Input[str], cluster: str, region: str, keep: bool,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__(ImageReleaseProvider(), name,
+                         {"image_id": image_id, "cluster": cluster, "region": region, "keep": keep}, opts)

@@ -1,4 +1,4 @@
-"""The master node (rank 0): the only node reachable by SSH from outside, and the image source.
+"""The master node (rank 0): the only node reachable by SSH from outside.
 
 It also keeps the cluster's first choice of base image and subnet: when `baseAmi` / `subnetId`
 are not set, the program looks both up on every run (infra/lookups.py), and a newer Ubuntu image
@@ -20,8 +20,9 @@ from infra.node import NodeNetwork, node_instance
 
 
 def kept_on_update(spec: ClusterSpec) -> list[str]:
-    """The master's inputs that keep their first value: those the program looked up, not given."""
-    return [prop for prop, given in (("ami", spec.base_ami), ("subnetId", spec.subnet_id)) if not given]
+    """The master's inputs that keep their first value: those the program looked up, not given. With a bake the
+    master boots the built image and follows it (the image's recipe keeps the looked-up base: infra/image.py)."""
+    return [prop for prop, given in (("ami", spec.base_ami or spec.bake), ("subnetId", spec.subnet_id)) if not given]
 
 
 class MasterNode(pulumi.ComponentResource):

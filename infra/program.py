@@ -14,11 +14,12 @@ from cluster.stack.tags import BASE_IMAGE_KEY, cluster_tags
 from infra import lookups
 from infra.config import auto_stop_idle
 from infra.bucket import CheckpointBucket
-from infra.image import BakedImage
+from infra.image import BuiltImage, image_use
 from infra.master import MasterNode, kept_on_update
 from infra.network import ClusterNetwork
 from infra.node import NodeNetwork, capacity_retry_hook, engine_supports
 from infra.node_role import NodeRole
+from infra.setup_step import ProfileSetup, ssh_timeout_for
 from infra.workers import WorkerGroup
 from node_setup.ssh import keys
 
@@ -38,7 +39,7 @@ def _engine_hooks() -> pulumi.ErrorHook | None:
 def workers_keep(spec: ClusterSpec) -> list[str]:
     """The workers' inputs taken from the master that keep their first value: a replaced master (a lost or
     auto-stopped one comes back with the lookups of today) must not replace the workers. The subnet when it
-    was looked up; the base image too without a bake (with one the workers boot the image, which stays)."""
+    was looked up; the base image too without a bake (with one every node boots the built image and follows it)."""
     kept = kept_on_update(spec)
     return [prop for prop in kept if prop == "subnetId" or not spec.bake]
 
@@ -83,17 +84,27 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
             placement_group=network.placement_group.name if network.placement_group else None,
             public_ip=True if place.default_vpc else None)
 
-    master = MasterNode(f"{name}-master", spec, ami=kept.image_id if kept else base_ami,
+    # With a bake every node boots one image: a kept one, or the one Image Builder builds apart, on its own small
+    # instance (infra/image.py); no node that runs jobs is ever imaged.
+    built = BuiltImage(f"{name}-image", spec, base_ami=base_ami, vpc_id=place.vpc_id, subnet_id=place.subnet_id,
+                       bucket=bucket.bucket, tags=tags, hooks=on_error is not None) if spec.bake and not kept else None
+    image_id: pulumi.Input[str] | None = kept.image_id if kept else built.image_id if built else None
+    master = MasterNode(f"{name}-master", spec, ami=image_id or base_ami,
                         network=node_network(place.subnet_id, network.cluster_group, network.ssh_group),
                         instance_profile=node_role.master_profile_name, tags=tags, on_error=on_error)
     # The base image and subnet the master really has (kept from its creation), for the workers.
     kept_ami, kept_subnet = master.instance.ami, master.instance.subnet_id
-    if spec.bake:
-        image = BakedImage(f"{name}-image", spec, master, tags, ssh_rules=network.ssh_rules,
-                           auto_stop_idle_s=auto_stop_idle(), kept=kept)
-        worker_ami: pulumi.Input[str] = image.image_id
-    else:
-        worker_ami = kept_ami
+    if image_id is not None:
+        # The master booted the image ready: the setup step checks it as `fab check` does and installs only what
+        # differs (this project's wheel), and arms a new master's idle auto-stop; it images nothing.
+        ProfileSetup(f"{name}-image-setup", host=master.connect_address, user=spec.ssh_user,
+                     private_key_path=spec.private_key_path, instance_id=master.instance.id, profile=spec.profile,
+                     cluster=spec.cluster_name, region=spec.region, auto_stop_idle_s=auto_stop_idle(),
+                     kept_image=image_id, ssh_timeout_seconds=ssh_timeout_for(spec.instance_type),
+                     opts=pulumi.ResourceOptions(depends_on=[master.instance, *network.ssh_rules]))
+        # This stack's record that it boots the image (its destroy removes it; infra/image.py).
+        image_use(f"{name}-image-use", spec, image_id)
+    worker_ami: pulumi.Input[str] = image_id or kept_ami
     workers = WorkerGroup(f"{name}-worker", spec, ami=worker_ami,
                           network=node_network(kept_subnet, network.cluster_group),
                           instance_profile=node_role.worker_profile_name, tags=tags, cluster_key=cluster_key,
@@ -112,8 +123,9 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         "workerGroupName": workers.group.name,
         "workerCount": spec.worker_count,
         "amiId": worker_ami,
-        # From a kept image the master boots it: the base is the one that image was baked on.
-        "baseAmiId": kept.tags.get(BASE_IMAGE_KEY, image_reuse.UNKNOWN) if kept else kept_ami,
+        # From an image the master boots it: the base is the one that image was built on.
+        "baseAmiId": (kept.tags.get(BASE_IMAGE_KEY, image_reuse.UNKNOWN) if kept else
+                      built.identity.apply(lambda held: held[BASE_IMAGE_KEY]) if built else kept_ami),
         "imageSource": choice.source if choice else "none",
         "subnetId": kept_subnet,
         "bucketName": bucket.bucket.bucket,

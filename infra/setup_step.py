@@ -1,4 +1,10 @@
-"""The setup step: install the software profile on the master from within `pulumi up`, then bake.
+"""The setup step: check the master from within `pulumi up`, and install only what differs.
+
+The program (infra/program.py) always gives it the image the master booted (`kept_image`: the one EC2 Image
+Builder built apart, infra/image.py, or a kept one), so it runs the check path described at the end of this
+docstring and images nothing. The install-and-bake path (no `kept_image`: install, pre-bake, sync) is the
+step's earlier use, which no program run reaches now (a step recorded by it is replaced at the stack's next
+`pulumi up`: its `kept_image` changes); it and its tests are still here, to be removed with the pre-bake.
 
 A `pulumi.dynamic` resource. Its inputs are the master's address and instance id, the SSH user,
 the PATH of the private key (never its contents: state must not hold secrets), the cluster's name

@@ -5,9 +5,9 @@
     with_on_demand_master(rows, price, ...)      what the master alone on demand adds (its line)
     render_table / render_json                   what `fab plan` prints
 
-The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the
-master throughout, each worker its boot; cluster/stack/lifecycle.py's steps, with a bake or, when the stack
-would boot a kept image, from it; the other way's cost is shown beside it), the run
+The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the image's
+build on its own small instance, then every node from its launch; cluster/stack/lifecycle.py's steps, with the
+build or, when the stack would boot a kept image, from it; the other way's cost is shown beside it), the run
 (start-up plus every epoch, cluster/cost/timemodel.py) and the idle tail (after the run, until the idle
 auto-stop powers the nodes off: the stack's autoStopIdle, default cluster/node/autostop.py's).
 
@@ -78,11 +78,13 @@ def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
     up, other, idle = inputs.first_up, inputs.other_up, inputs.idle_tail_s
     return replace(row, instance_type=inputs.instance_type, market=price.market, price_source=price_source(price),
                    provisioning_seconds=up.seconds if up else 0.0,
-                   provisioning_usd=up.instance_seconds(row.nodes) * price.usd_per_hour / 3600 if up else 0.0,
+                   master_provisioning_seconds=up.master_seconds if up else 0.0,
+                   provisioning_usd=(up.instance_seconds(row.nodes) * price.usd_per_hour / 3600 + up.builder_usd
+                                     if up else 0.0),
                    provisioning_from=(f"kept image {inputs.kept_image}" if inputs.kept_image else "bake") if up else "",
                    other_provisioning_seconds=other.seconds if other else None,
-                   other_provisioning_usd=other.instance_seconds(row.nodes) * price.usd_per_hour / 3600 if other
-                   else None,
+                   other_provisioning_usd=(other.instance_seconds(row.nodes) * price.usd_per_hour / 3600
+                                           + other.builder_usd if other else None),
                    idle_tail_seconds=idle, idle_tail_usd=row.hourly_usd * idle / 3600 if idle else 0.0)
 
 
@@ -91,9 +93,10 @@ ON_DEMAND_MASTER = "on-demand master (recommended for --managed runs)"
 
 def on_demand_master_extra_usd(row: PlanRow, spot_usd_per_hour: float, on_demand_usd_per_hour: float) -> float:
     """What the master alone on demand adds to the row's total: the difference of its two hourly prices
-    over the master's hours in the plan (the whole first `pulumi up`, the run, the idle tail); the
-    workers stay spot."""
-    return (on_demand_usd_per_hour - spot_usd_per_hour) * row.total_seconds / 3600
+    over the master's hours in the plan (its part of the first `pulumi up`, from its launch: not the image's
+    build, the run, the idle tail); the workers stay spot."""
+    master_s = row.master_provisioning_seconds + row.prediction.run_seconds + (row.idle_tail_seconds or 0.0)
+    return (on_demand_usd_per_hour - spot_usd_per_hour) * master_s / 3600
 
 
 def with_on_demand_master(rows: list[PlanRow], price: Price, on_demand: Price | None, *, master_spot: bool = True,
@@ -133,7 +136,8 @@ class PlanRow:
     hourly_usd: float  # the whole cluster
     run_usd: float  # the run: start-up plus every epoch
     provisioning_seconds: float = 0.0  # the first `pulumi up` (wall time; 0: not counted)
-    provisioning_usd: float = 0.0  # the master through all of it, each worker its boot
+    provisioning_usd: float = 0.0  # the master from its launch, each worker its boot, the image's build instance
+    master_provisioning_seconds: float = 0.0  # the master's part of it (from its launch)
     provisioning_from: str = ""  # "bake", or "kept image <id>" ("": not counted)
     other_provisioning_seconds: float | None = None  # the first `pulumi up` the other way (None: not counted)
     other_provisioning_usd: float | None = None
@@ -224,15 +228,19 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
     return "\n".join(lines)
 
 
+BUILT = "with the image built apart"
+
+
 def lifecycle_line(rows: Sequence[PlanRow]) -> str:
     """What the provisioning and idle-tail columns count, in words, with the provisioning the other way (from a
     kept image, or with a bake) and what it would cost."""
     row = rows[0]
-    how = "from " + row.provisioning_from if row.provisioning_from != "bake" else "with a bake"
-    up = (f"provision $: the first `pulumi up` {how}, {tm.format_duration(row.provisioning_seconds)} (the master "
-          "throughout, each worker its boot)" if row.provisioning_seconds else "provision $: not counted")
+    how = "from " + row.provisioning_from if row.provisioning_from != "bake" else BUILT
+    up = (f"provision $: the first `pulumi up` {how}, {tm.format_duration(row.provisioning_seconds)} (every node "
+          "from its launch; the image's build on its own small instance)" if row.provisioning_seconds else
+          "provision $: not counted")
     if row.other_provisioning_seconds is not None:
-        other = ("with a bake" if row.provisioning_from != "bake" else
+        other = (BUILT if row.provisioning_from != "bake" else
                  "from a kept image (keepImage: true keeps a stack's image for the next one)")
         figures = ", ".join(f"{r.nodes} node(s) ${r.other_provisioning_usd:.2f}" for r in rows)
         up += f"; {other}: {tm.format_duration(row.other_provisioning_seconds)}, {figures}"

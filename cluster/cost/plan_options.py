@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from cluster.node import autostop
 from cluster.stack import catalog, lifecycle
+from cluster.stack.image_reuse import SNAPSHOT_USD_PER_GIB_MONTH
 from cluster.cost import models
 from cluster.cost import timemodel as tm
 from cluster.cost.calibration import Calibration
@@ -128,11 +129,11 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     ranks, rate, rates, layout_sources = _ranks(o, cal, instance, rate, rates)
     compiled, compile_sources = _compiled(o, cal, rates)
     sources += layout_sources + compile_sources
-    root_gib = spec.root_volume_gib if spec else ClusterSpec.root_volume_gib  # the stack's, else its default
+    build_gib = PROFILES[profile].min_root_volume_gib  # the image's build volume (infra/image.py)
     up, other = (None, None) if not o.provisioning else (
-        lifecycle.first_up(instance, root_gib, kept_image=bool(kept_image)),
-        lifecycle.first_up(instance, root_gib, kept_image=not kept_image))
-    how = f"from kept image {kept_image}" if kept_image else "with a bake"
+        lifecycle.first_up(instance, build_gib, kept_image=bool(kept_image)),
+        lifecycle.first_up(instance, build_gib, kept_image=not kept_image))
+    how = f"from kept image {kept_image}" if kept_image else "with the image's build"
     sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up` {how} ({up.describe()}), "
                  f"each worker {tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
                  f"{up.source}{'; ' + kept_why if kept_why else ''}" if up else
@@ -141,6 +142,10 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
                  if idle_tail_s is None else f"{tm.format_duration(idle_tail_s)} until the idle auto-stop",
                  idle_source)]
     notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
+    if up and not kept_image:
+        notes.append(f"image storage: the built image's {build_gib} GiB snapshot bills at most "
+                     f"${build_gib * SNAPSHOT_USD_PER_GIB_MONTH:.2f}/month while it is kept (keepImage, or another "
+                     "stack boots it); `fab images` lists the kept ones with their cost")
     if spec and spec.placement_group != o.placement_group:
         notes.append(f"the stack sets placementGroup {str(spec.placement_group).lower()} but this plan is "
                      f"{'with' if o.placement_group else 'without'} a placement group; "

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from cluster.cost.timemodel import format_duration
 from cluster.stack import lifecycle
+from cluster.stack.image_build import BUILDER_INSTANCE_TYPE
 from cluster.stack.images import BASE_IMAGE_FILTERS
 from cluster.stack.node_replacement import bake_tag
 from cluster.stack.spec import ClusterSpec
@@ -244,18 +245,18 @@ def choice_line(choice: Choice, spec: ClusterSpec, *, project_version: str | Non
                 now: dt.datetime | None = None) -> str:
     """One line for `fab preflight`, `fab up` and `pulumi up`: which image, why, and what it saves."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    bake = lifecycle.first_up(spec.instance, spec.root_volume_gib)
-    kept = lifecycle.first_up(spec.instance, spec.root_volume_gib, kept_image=True)
+    bake = lifecycle.first_up(spec.instance, spec.profile.min_root_volume_gib)
+    kept = lifecycle.first_up(spec.instance, spec.profile.min_root_volume_gib, kept_image=True)
     keep = (" (keepImage: true keeps it after `pulumi destroy` for the next stack)" if spec.keep_image else
-            " (keepImage: false: `pulumi destroy` deletes it)")
+            " (keepImage: false: `pulumi destroy` deletes it, unless another stack boots it)")
     if choice.image is None:
-        return (f"bakes a new image: {choice.why}; the first `pulumi up` takes about {format_duration(bake.seconds)}"
+        return (f"bakes a new image: {choice.why}; EC2 Image Builder builds it on its own {BUILDER_INSTANCE_TYPE} "
+                f"(${bake.builder_usd:.2f}), and the first `pulumi up` takes about {format_duration(bake.seconds)}"
                 f"{keep}")
     image = choice.image
-    hours = (bake.instance_seconds(spec.node_count) - kept.instance_seconds(spec.node_count)) / 3600
     line = (f"reuses kept image {image.summary(now)}: {choice.why}; no install, no bake: the first `pulumi up` "
-            f"takes about {format_duration(kept.seconds)} instead of {format_duration(bake.seconds)} and bills "
-            f"{hours:.1f} instance-hour(s) less")
+            f"takes about {format_duration(kept.seconds)} instead of {format_duration(bake.seconds)} and its build "
+            f"instance bills nothing (${bake.builder_usd:.2f} less)")
     held = image.tags.get(PROJECT_VERSION_KEY)
     if project_version and held != project_version:
         line += (f"; it holds xeon-cluster {held or UNKNOWN}: the setup step installs {project_version} on the master "

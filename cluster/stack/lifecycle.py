@@ -1,8 +1,8 @@
 """The cluster's life in one place: what `fab up` and `fab down` run, in order, and how long an up takes.
 
 Pure: the steps and the Pulumi command lines for a stack, and the steps of a first `pulumi up`
-(docs/aws-lifecycle.md#how-long-a-first-pulumi-up-takes) with their times per instance type, with a bake
-or from a kept image, as facts that `fab plan` prices and `fab preflight` quotes. Running them is
+(docs/aws-lifecycle.md#how-long-a-first-pulumi-up-takes) with their times per instance type, with the image's
+build or from a kept image, as facts that `fab plan` prices and `fab preflight` quotes. Running them is
 node_setup/pulumi_cli.py's and node_setup/tasks/lifecycle.py's.
 
     up_steps(stack)              -> [Step]   preflight, then `pulumi up --refresh`
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from cluster.cost.timemodel import format_duration
 from cluster.stack.catalog import InstanceType, boot_wait_s
+from cluster.stack.image_build import BUILDER_INSTANCE_TYPE, BUILDER_USD_PER_HOUR
 
 PULUMI = "pulumi"
 
@@ -98,10 +99,12 @@ def missing_cli_message(steps: list[Step]) -> str:
 # 40 minutes for metal types, 15 for others), so the figures lean long.
 RESOURCES_S = 60.0  # security groups, key pair, bucket, IAM role and profile: no instance bills yet
 CLOUD_INIT_S = 180.0  # cloud-init on the master, which the setup step waits for
-INSTALL_S = 600.0  # the profile's install (pip, Intel MPI, the project)
-BAKE_S_PER_GIB = 18.0  # the image's first snapshot of the whole written root volume: 30 minutes per 100 GiB
-CHECK_S = 30.0  # from a kept image: the setup step checks the master against the profile, as `fab check` does
-MASTER, WORKERS = "master", "workers"  # who bills during a step: the master, and each worker
+INSTALL_S = 600.0  # the profile's install (pip, Intel MPI) on the build instance
+BAKE_S_PER_GIB = 18.0  # the image's first snapshot of the whole written build volume: 30 minutes per 100 GiB
+CHECK_S = 30.0  # the setup step checks the master against the profile, as `fab check` does (and adds the project)
+# Who bills during a step: the master, each worker, and the image's build instance (BUILDER_INSTANCE_TYPE, at
+# BUILDER_USD_PER_HOUR: cluster/stack/image_build.py).
+MASTER, WORKERS, BUILDER = "master", "workers", "builder"
 STEPS_SOURCE = "the steps of a first `pulumi up` (cluster/stack/lifecycle.py; docs/aws-lifecycle.md's table)"
 
 
@@ -114,8 +117,9 @@ class UpStep:
 
 @dataclass(frozen=True)
 class FirstUp:
-    """A first `pulumi up` as its steps: with a bake (boot, cloud-init, install, bake, the workers' boot) or from
-    a kept image (every node boots it; the master is checked, nothing installed, nothing baked)."""
+    """A first `pulumi up` as its steps: with a build (the build instance's boot, install and snapshot, then every
+    node's boot from the image, the master's cloud-init and check) or from a kept image (the same, with no
+    build)."""
 
     steps: tuple[UpStep, ...]
     kept_image: bool
@@ -136,30 +140,39 @@ class FirstUp:
         return sum(step.seconds for step in self.steps if WORKERS in step.billed)
 
     def instance_seconds(self, nodes: int) -> float:
-        """Instance-seconds billed while it runs: the master from its launch, each worker its boot."""
+        """The nodes' instance-seconds billed while it runs: the master from its launch, each worker its boot."""
         return self.master_seconds + max(nodes - 1, 0) * self.worker_seconds
+
+    @property
+    def builder_seconds(self) -> float:
+        return sum(step.seconds for step in self.steps if BUILDER in step.billed)
+
+    @property
+    def builder_usd(self) -> float:
+        """What the image's build instance bills (on demand, its own small type)."""
+        return self.builder_seconds * BUILDER_USD_PER_HOUR / 3600
 
     def describe(self) -> str:
         """The steps and their times in words: `resources 1m 00s, the master's boot 40m 00s, ...`."""
         return ", ".join(f"{step.name} {format_duration(step.seconds)}" for step in self.steps)
 
 
-def first_up(instance: InstanceType, root_volume_gib: int, *, kept_image: bool = False) -> FirstUp:
-    """The first `pulumi up` of a stack of this type: with a bake of a `root_volume_gib` root volume, or from a
-    kept image (cluster/stack/image_reuse.py), where the workers launch with the master (their group waits for
-    no image) and each node boots the image."""
+def first_up(instance: InstanceType, build_volume_gib: int, *, kept_image: bool = False) -> FirstUp:
+    """The first `pulumi up` of a stack of this type: with a build of a `build_volume_gib` image (the profile's
+    smallest root volume, infra/image.py) on its own small instance, or from a kept image
+    (cluster/stack/image_reuse.py). Either way every node launches once the image is there and boots it: the
+    master and the workers at once (no node waits for another), then the master's cloud-init and check."""
     boot = float(boot_wait_s(instance.name))
     resources = UpStep("resources", RESOURCES_S, ())
-    cloud_init = UpStep("cloud-init", CLOUD_INIT_S, (MASTER,))
-    steps: tuple[UpStep, ...]
-    if kept_image:
-        steps = (resources, UpStep("every node's boot from the kept image", boot, (MASTER, WORKERS)), cloud_init,
-                 UpStep("check", CHECK_S, (MASTER,)))
-    else:
-        steps = (resources, UpStep("the master's boot", boot, (MASTER,)), cloud_init,
-                 UpStep("install", INSTALL_S, (MASTER,)),
-                 UpStep("bake", BAKE_S_PER_GIB * root_volume_gib, (MASTER,)),
-                 UpStep("the workers' boot from the image", boot, (MASTER, WORKERS)))
+    nodes = (UpStep("every node's boot from the " + ("kept image" if kept_image else "image"), boot,
+                    (MASTER, WORKERS)),
+             UpStep("cloud-init", CLOUD_INIT_S, (MASTER,)), UpStep("check", CHECK_S, (MASTER,)))
+    build = () if kept_image else (
+        UpStep(f"the build instance's boot ({BUILDER_INSTANCE_TYPE})", float(boot_wait_s(BUILDER_INSTANCE_TYPE)),
+               (BUILDER,)),
+        UpStep("install on it", INSTALL_S, (BUILDER,)),
+        UpStep(f"the image's snapshot ({build_volume_gib} GiB)", BAKE_S_PER_GIB * build_volume_gib, (BUILDER,)))
+    steps: tuple[UpStep, ...] = (resources, *build, *nodes)
     kind = "metal type" if instance.bare_metal else "non-metal type"
     return FirstUp(steps, kept_image, f"{STEPS_SOURCE}; {instance.name} ({kind}): its boot budget "
                                       f"{format_duration(boot)} (cluster/stack/catalog.py)")

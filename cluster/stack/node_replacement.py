@@ -7,7 +7,8 @@ One list, read by the Pulumi program and by the toolkit:
   workers' market and type and their image, so a change of any of WORKER_SETTINGS replaces every worker
   (the group is replaced, deleting first).
 - BAKE_SETTINGS: the image's identity, its bake tag (`bake_tag`, a hash of the profile's fingerprint: the
-  profile and its pins): a change re-runs setup, bakes a new image and so replaces every worker too.
+  profile and its pins): a change builds a new image (EC2 Image Builder, infra/image.py), and every node, the
+  master too, moves to it; so does a new `baseAmi` with a bake (the image's base).
 - MASTER_SETTINGS: what replaces the master's instance: its market and type (the program's trigger), and
   what the AWS provider replaces an instance for (its key pair, placement group, spot price cap, image and
   subnet when given, its VPC, its name).
@@ -51,7 +52,7 @@ WORKER_TEMPLATE: dict[str, tuple[str, ...]] = {
 }
 # The image the workers boot: the baked one (its bake tag), or without a bake the base image.
 BAKE_SETTINGS = ("softwareProfile",)
-IMAGE_SETTINGS = ("bake", "baseAmi")  # baseAmi: only without a bake (the baked image stays when it changes)
+IMAGE_SETTINGS = ("bake", "baseAmi")  # baseAmi: the base image without a bake, the built image's base with one
 WORKER_SETTINGS = tuple(sorted({s for made_of in WORKER_TEMPLATE.values() for s in made_of}
                                | {"workerSpot", "instanceType"} | set(BAKE_SETTINGS) | set(IMAGE_SETTINGS)))
 MASTER_SETTINGS = ("publicKey", "placementGroup", "instanceType", "masterSpot", "spotMaxPrice", "baseAmi",
@@ -102,13 +103,12 @@ def _normal(value: Any) -> Any:
 
 def replaced_by(key: str, wanted: Mapping[str, Any]) -> str | None:
     """What `pulumi up` replaces when `key` changes to the value in `wanted`; None: no node."""
-    if key == BAKE_TAG or key in BAKE_SETTINGS:
-        return "the image (setup and bake again) and every worker"
+    if key == BAKE_TAG or key in BAKE_SETTINGS or (key == "baseAmi" and wanted.get("bake")):
+        return "the image (Image Builder builds it again) and every node"
     if key == TEMPLATE_SHAPE:
         return "every worker (this checkout's program makes another launch template)"
     master = key in MASTER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("masterSpot")))
-    workers = key in WORKER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("workerSpot"))) and (
-        key != "baseAmi" or not wanted.get("bake"))
+    workers = key in WORKER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("workerSpot")))
     if master and workers:
         return "every node"
     if master:

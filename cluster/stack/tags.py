@@ -19,6 +19,10 @@ BASE_IMAGE_KEY = "xeon-cluster:base-image"
 ARCHITECTURE_KEY = "xeon-cluster:architecture"
 PROJECT_VERSION_KEY = "xeon-cluster:project-version"
 CREATED_KEY = "xeon-cluster:created"
+# On a built image, one per stack that boots it (key: this prefix and the stack's cluster; value: the stack), put
+# by that stack and removed by its `pulumi destroy`: an image another stack uses is neither removed nor untagged by
+# the stack that built it (cluster/stack/image_build.py's release).
+USED_BY_PREFIX = "xeon-cluster:used-by:"
 # On the cluster security group only (value: the stack): the stack exists. `pulumi up` writes it,
 # `pulumi destroy` removes it with the group; `fab sweep` never deletes a cluster that has it.
 STACK_MARKER_KEY = "xeon-cluster:stack-marker"

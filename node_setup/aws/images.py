@@ -4,6 +4,7 @@
     stack_choice(ec2, spec) -> Choice           the image `pulumi up` of this stack will boot, and why
     in_use(ec2, image_ids) -> {id: [where]}     live instances and this toolkit's launch templates that boot one
     remove(ec2, image) -> [(what, outcome)]     deregister it, then delete its snapshots
+    release_built(ec2, image_id, cluster, keep) -> str   a stack's destroy: its built image removed, or why not
 
 The rule is cluster/stack/image_reuse.py's, which the Pulumi program asks too (infra/lookups.py) with the same
 filters, so `fab preflight`, `fab up` and `fab plan` say what `pulumi up` will do. boto3 only.
@@ -15,7 +16,7 @@ from collections import defaultdict
 
 from botocore.exceptions import ClientError
 
-from cluster.stack import image_reuse
+from cluster.stack import image_build, image_reuse
 from cluster.stack.image_reuse import Choice, KeptImage
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import CLUSTER_KEY, IMAGE_SOURCE_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, STACK_MARKER_KEY
@@ -47,11 +48,16 @@ def stack_choice(ec2, spec: ClusterSpec) -> Choice:
 
 
 def in_use(ec2, image_ids: list[str]) -> dict[str, list[str]]:
-    """Which of the images boot something now: a live instance (any state but terminated), or the latest version
-    of one of this toolkit's launch templates (a workers' group launches from it, after an auto-stop too)."""
+    """Which of the images boot something now: a live instance (any state but terminated), the latest version
+    of one of this toolkit's launch templates (a workers' group launches from it, after an auto-stop too), or a
+    stack that records its use of it (its tag, cluster/stack/image_build.py; a stopped cluster launches none)."""
     used: dict[str, list[str]] = defaultdict(list)
     if not image_ids:
         return used
+    for image in ec2.describe_images(ImageIds=image_ids).get("Images") or []:
+        users = image_build.image_users({t["Key"]: t["Value"] for t in image.get("Tags") or []})
+        for cluster, stack in sorted(users.items()):
+            used[image["ImageId"]].append(f"stack {stack} (cluster {cluster})")
     live = [{"Name": "image-id", "Values": image_ids}, {"Name": "instance-state-name", "Values": LIVE_INSTANCE_STATES}]
     for reservation in pages(ec2, "describe_instances", "Reservations", Filters=live):
         for instance in reservation["Instances"]:
@@ -83,3 +89,21 @@ def remove(ec2, image: KeptImage) -> list[tuple[str, str]]:
         else:
             outcomes.append((what, "removed"))
     return outcomes
+
+
+def release_built(ec2, image_id: str, cluster: str, *, keep: bool) -> str:
+    """What the destroy of `cluster`'s stack does with the image it built, decided on the image's tags as they are
+    now (image_build.release: kept when the stack keeps it or another stack records its use), in one line."""
+    try:
+        found = ec2.describe_images(ImageIds=[image_id]).get("Images") if image_id else None
+    except ClientError as exc:
+        if not errors.is_gone(exc):
+            raise
+        found = None
+    if not found:
+        return "already gone"
+    image = KeptImage.from_description(found[0])
+    go, why = image_build.release(image.tags, cluster, keep=keep)
+    if not go:
+        return why
+    return f"{why}: " + ", ".join(f"{what} {outcome}" for what, outcome in remove(ec2, image))

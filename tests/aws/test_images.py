@@ -18,7 +18,7 @@ pytest.importorskip("moto")
 from cluster.stack import image_reuse  # noqa: E402
 from cluster.stack.spec import ClusterSpec  # noqa: E402
 from cluster.stack.tags import (CLUSTER_KEY, IMAGE_SOURCE_KEY, KEEP_KEY, STACK_MARKER_KEY,  # noqa: E402
-                                cluster_tags)
+                                USED_BY_PREFIX, cluster_tags)
 from node_setup.aws import images, sweep, sweep_delete  # noqa: E402
 from node_setup.tasks import images as images_task  # noqa: E402
 from tests.aws.test_sweep import FakePlacementGroups  # noqa: E402 (moto has no placement groups)
@@ -163,9 +163,46 @@ def test_fab_preflight_says_which_image_pulumi_up_boots_and_what_it_saves(accoun
     (finding,) = report.findings
     assert finding.check == "image" and finding.status == OK
     assert finding.message.startswith(f"reuses kept image {account['kept']} (profile stock, baked ")
-    assert "no install, no bake: the first `pulumi up` takes about 44m 30s instead of 2h 04m 00s" in finding.message
+    assert "no install, no bake: the first `pulumi up` takes about 44m 30s instead of 1h 21m 30s" in finding.message
     assert f"it holds xeon-cluster 0.1.0: the setup step installs {project_version()} on the master" in finding.message
     report = Report(account["region"])
     check_image(report, stack_spec(account["region"], softwareProfile="intel"))
     assert report.findings[0].message.startswith("bakes a new image: none of the 1 kept image(s) here holds profile "
                                                  "intel as this stack would bake it")
+
+
+def _release(account, image: str, cluster: str, *, keep: bool) -> None:
+    """A stack's `pulumi destroy` of its built image's release record (infra/image.py), its real delete."""
+    from infra.image import ImageReleaseProvider
+
+    ImageReleaseProvider().delete("release", {"image_id": image, "cluster": cluster, "region": account["region"],
+                                              "keep": keep})
+
+
+def _use(ec2, image: str, cluster: str, stack: str) -> None:
+    ec2.create_tags(Resources=[image], Tags=_tags({f"{USED_BY_PREFIX}{cluster}": stack}))
+
+
+def test_a_stacks_destroy_neither_removes_nor_untags_an_image_another_stack_boots(account):
+    ec2, built = account["ec2"], account["leaked"]  # built by stack "forgot", keepImage false
+    _use(ec2, built, "forgot", "forgot")
+    _use(ec2, built, "other", "other")  # a second stack boots it
+    ec2.delete_tags(Resources=[built], Tags=[{"Key": f"{USED_BY_PREFIX}forgot"}])  # the owner's own record goes first
+    before = ec2.describe_images(ImageIds=[built])["Images"][0]
+    _release(account, built, "forgot", keep=False)
+    after = ec2.describe_images(ImageIds=[built])["Images"][0]
+    assert after["State"] == "available" and sorted(map(str, after["Tags"])) == sorted(map(str, before["Tags"]))
+    # `fab images --remove` refuses it too: the other stack records its use.
+    assert images.in_use(ec2, [built]) == {built: ["stack other (cluster other)"]}
+    # Once the other stack's destroy removed its record, the owner's release removes the image and its snapshot.
+    snapshot = after["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]
+    ec2.delete_tags(Resources=[built], Tags=[{"Key": f"{USED_BY_PREFIX}other"}])
+    _release(account, built, "forgot", keep=False)
+    assert built not in {i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]}
+    assert snapshot not in {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    _release(account, built, "forgot", keep=False)  # already gone: nothing to do, no error
+
+
+def test_a_kept_image_outlives_its_stacks_destroy(account):
+    _release(account, account["kept"], "weekly", keep=True)
+    assert [i.image_id for i in images.kept_images(account["ec2"])] == [account["kept"]]

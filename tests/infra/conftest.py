@@ -45,6 +45,13 @@ SETUP_STAMP = "20260501T120000Z"  # the setup step's stamp (its create's time), 
 # Type tokens of what the program registers, as the monitor sees them.
 INSTANCE = "aws:ec2/instance:Instance"
 AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
+BUILT = "aws:imagebuilder/image:Image"  # the image Image Builder builds (infra/image.py)
+RECIPE = "aws:imagebuilder/imageRecipe:ImageRecipe"
+COMPONENT = "aws:imagebuilder/component:Component"
+BUILD_INFRA = "aws:imagebuilder/infrastructureConfiguration:InfrastructureConfiguration"
+DISTRIBUTION = "aws:imagebuilder/distributionConfiguration:DistributionConfiguration"
+RELEASE = "pulumi-python:dynamic/xeon-cluster:ImageRelease"
+TAG = "aws:ec2/tag:Tag"
 SETUP = "pulumi-python:dynamic/xeon-cluster:ProfileSetup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 GROUP = "aws:autoscaling/group:Group"
@@ -138,6 +145,20 @@ class FakeAws(mocks.Mocks):
             # A new image per bake tag (the name without its per-attempt time), as a re-bake makes one.
             rid = f"ami-{name}-{hashlib.sha256(args.inputs['name'].rsplit('-', 1)[0].encode()).hexdigest()[:8]}"
             state["rootSnapshotId"] = f"snap-{name}"
+        elif typ.startswith("aws:imagebuilder/") and typ != BUILT:
+            kind = typ.rsplit(":", 1)[1]
+            # Its name and version; a recipe's or component's with a digest of its inputs but tags (the mock's mark
+            # of a new one: the provider replaces them for any other change; the others are updated in place).
+            held = {k: v for k, v in state.items() if k != "tags"} if kind in ("ImageRecipe", "Component") else {}
+            digest = hashlib.sha256(json.dumps(held, sort_keys=True, default=str).encode()).hexdigest()[:8]
+            state["arn"] = rid = (f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:{kind.lower()}/{args.inputs.get('name')}"
+                                  f"/1.0.0" + (f"/{digest}" if held else ""))
+        elif typ == BUILT:
+            # A new AMI per recipe (its name carries the bake tag), as a build after a software change makes one.
+            recipe = str(args.inputs.get("imageRecipeArn"))
+            state["arn"] = rid = f"{recipe}/1"
+            ami = f"ami-{name}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
+            state["outputResources"] = [{"amis": [{"image": ami, "region": REGION, "accountId": ACCOUNT}]}]
         elif typ == SETUP:  # what the step's create() returns
             baked = not args.inputs.get("kept_image")
             state["bake_source"] = args.inputs["instance_id"] if baked else None

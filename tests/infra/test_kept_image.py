@@ -1,5 +1,6 @@
-"""A kept image under the Pulumi mocks: keepImage keeps the baked image and its snapshot's tags, which say what it
-holds; a later stack whose settings match boots every node from it with no bake; a stack keeps its first choice.
+"""A kept image under the Pulumi mocks: keepImage tags the built image kept, with what it holds, and its release
+record keeps it; a later stack whose settings match boots every node from it with no build; a stack keeps its
+first choice.
 
 The rule itself (which image matches) is tests/unit/test_image_reuse.py's; here, what the real program registers
 for it, with an account (FakeAws) that holds a kept image or a stack's marker.
@@ -9,14 +10,13 @@ from __future__ import annotations
 
 from cluster.stack import image_reuse
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import (BASE_IMAGE_KEY, BASE_KEY, CLUSTER_KEY, CREATED_KEY, FINGERPRINT_KEY, IMAGE_SOURCE_KEY,
-                                KEEP_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROJECT_VERSION_KEY, REGION_KEY,
-                                STACK_KEY, STACK_MARKER_KEY)
-from tests.infra.conftest import (AMI, BASE_AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT_VERSION, REGION, SETUP,
-                                  SETUP_STAMP, STACK, FakeAws, fresh_run, kept_image, minimal_config)
+from cluster.stack.tags import (BASE_IMAGE_KEY, BASE_KEY, CLUSTER_KEY, FINGERPRINT_KEY, IMAGE_SOURCE_KEY, KEEP_KEY,
+                                MANAGED_BY_KEY, MANAGED_BY_VALUE, REGION_KEY, STACK_KEY, STACK_MARKER_KEY,
+                                USED_BY_PREFIX)
+from tests.infra.conftest import (AMI, BASE_AMI, BUILT, DISTRIBUTION, GROUP, INSTANCE, LAUNCH_TEMPLATE, REGION,
+                                  RELEASE, SETUP, STACK, TAG, FakeAws, fresh_run, kept_image, minimal_config)
 
 SG = "aws:ec2/securityGroup:SecurityGroup"
-TAG = "aws:ec2/tag:Tag"
 
 
 def _spec(**config) -> ClusterSpec:
@@ -37,33 +37,53 @@ def _marker(monitor) -> dict:
     return group.inputs["tags"]
 
 
-def test_keep_image_keeps_the_image_and_its_snapshot_tags_which_say_what_it_holds():
+def _ami_tags(monitor) -> dict:
+    (distribution,) = monitor.of_type(DISTRIBUTION)
+    (where,) = distribution.inputs["distributions"]
+    return where["amiDistributionConfiguration"]["amiTags"]
+
+
+def _built(monitor) -> str:
+    (image,) = monitor.of_type(BUILT)
+    return image.state["outputResources"][0]["amis"][0]["image"]
+
+
+def test_keep_image_builds_an_image_tagged_kept_with_what_it_holds_and_its_release_keeps_it():
     monitor, outputs = fresh_run(minimal_config(keepImage=True))
-    (image,) = monitor.of_type(AMI)
-    tags = monitor.of_type(TAG)
-    assert image.retain_on_delete and tags and all(t.retain_on_delete for t in tags)
+    tags = _ami_tags(monitor)
     want = {KEEP_KEY: "true", FINGERPRINT_KEY: image_reuse.wanted(_spec()).fingerprint, REGION_KEY: REGION,
-            BASE_KEY: image_reuse.BASE_RELEASE, BASE_IMAGE_KEY: BASE_AMI, PROJECT_VERSION_KEY: PROJECT_VERSION,
-            CREATED_KEY: SETUP_STAMP}
-    assert image.inputs["tags"].items() >= want.items()
-    on_snapshot = {t.inputs["key"]: t.inputs["value"] for t in tags}
-    assert on_snapshot.items() >= want.items() and on_snapshot[CLUSTER_KEY] == "xeon-dev"
-    assert all(t.inputs["resourceId"] == image.state["rootSnapshotId"] for t in tags)
+            BASE_KEY: image_reuse.BASE_RELEASE, BASE_IMAGE_KEY: BASE_AMI, CLUSTER_KEY: "xeon-dev"}
+    assert tags.items() >= want.items()
+    (release,) = monitor.of_type(RELEASE)
+    assert {k: v for k, v in release.inputs.items() if k != "__provider"} == {
+        "image_id": _built(monitor), "cluster": "xeon-dev", "region": REGION, "keep": True}
+    assert not monitor.of_type(AMI)  # nothing is made from an instance
     assert _marker(monitor)[IMAGE_SOURCE_KEY] == image_reuse.BAKE and outputs["imageSource"] == image_reuse.BAKE
 
 
-def test_without_keep_image_destroy_deletes_it_and_it_carries_no_keep_tag():
+def test_without_keep_image_it_carries_no_keep_tag_and_its_release_may_remove_it():
     monitor, _ = fresh_run(minimal_config())
-    (image,) = monitor.of_type(AMI)
-    assert not image.retain_on_delete and not any(t.retain_on_delete for t in monitor.of_type(TAG))
-    assert KEEP_KEY not in image.inputs["tags"] and image.inputs["tags"][FINGERPRINT_KEY]
+    assert KEEP_KEY not in _ami_tags(monitor) and _ami_tags(monitor)[FINGERPRINT_KEY]
+    (release,) = monitor.of_type(RELEASE)
+    assert release.inputs["keep"] is False
 
 
-def test_a_matching_kept_image_boots_every_node_with_no_install_and_no_bake():
+def test_keep_image_false_later_untags_nothing_and_rebuilds_nothing():
+    """Turning keepImage off changes only the stack's own record (its release) and the tags of a later build: no
+    resource of the program tags or untags a built image but the stack's own use record."""
+    kept, _ = fresh_run(minimal_config(keepImage=True))
+    not_kept, _ = fresh_run(minimal_config(keepImage=False))
+    assert _built(kept) == _built(not_kept)
+    assert kept.of_type(BUILT)[0].replacement_trigger == not_kept.of_type(BUILT)[0].replacement_trigger
+    for monitor in (kept, not_kept):
+        assert [t.inputs["key"] for t in monitor.of_type(TAG)] == [f"{USED_BY_PREFIX}xeon-dev"]
+
+
+def test_a_matching_kept_image_boots_every_node_with_no_install_and_no_build():
     spec = _spec()
     fake = FakeAws(kept=[kept_image("ami-0kept", kept_tags(spec))])
     monitor, outputs = fresh_run(minimal_config(), fake)
-    assert not monitor.of_type(AMI) and not monitor.of_type(TAG)  # nothing baked, nothing of it to delete
+    assert not monitor.of_type(AMI) and not monitor.of_type(BUILT) and not monitor.of_type(RELEASE)
     (master,) = monitor.of_type(INSTANCE)
     (template,), (group,), (setup,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP), monitor.of_type(SETUP)
     assert master.inputs["ami"] == template.inputs["imageId"] == "ami-0kept"
@@ -73,6 +93,10 @@ def test_a_matching_kept_image_boots_every_node_with_no_install_and_no_bake():
     assert (outputs["amiId"], outputs["imageSource"], outputs["baseAmiId"]) == ("ami-0kept", "ami-0kept",
                                                                                "ami-0olderbase")
     assert _marker(monitor)[IMAGE_SOURCE_KEY] == "ami-0kept"
+    # It records its use of the kept image, which its destroy removes: the image's owner then sees it is used.
+    (use,) = monitor.of_type(TAG)
+    assert use.inputs == {"resourceId": "ami-0kept", "key": f"{USED_BY_PREFIX}xeon-dev", "value": STACK}
+    assert not use.retain_on_delete
 
 
 def test_a_kept_image_of_other_pins_or_not_kept_is_not_reused():
@@ -81,8 +105,7 @@ def test_a_kept_image_of_other_pins_or_not_kept_is_not_reused():
     not_kept = {k: v for k, v in kept_tags(spec).items() if k != KEEP_KEY}
     fake = FakeAws(kept=[kept_image("ami-0pins", other_pins), kept_image("ami-0left", not_kept)])
     monitor, outputs = fresh_run(minimal_config(), fake)
-    (image,) = monitor.of_type(AMI)
-    assert outputs["amiId"] == image.id and monitor.of_type(INSTANCE)[0].inputs["ami"] == BASE_AMI
+    assert outputs["amiId"] == _built(monitor) == monitor.of_type(INSTANCE)[0].inputs["ami"]
 
 
 def test_a_stack_that_baked_keeps_baking_when_a_matching_image_is_kept_later():
@@ -90,7 +113,7 @@ def test_a_stack_that_baked_keeps_baking_when_a_matching_image_is_kept_later():
     marker = {STACK_MARKER_KEY: STACK, CLUSTER_KEY: spec.cluster_name, IMAGE_SOURCE_KEY: image_reuse.BAKE}
     fake = FakeAws(kept=[kept_image("ami-0kept", kept_tags(spec))], groups={"sg-0marker": marker})
     monitor, outputs = fresh_run(minimal_config(), fake)
-    assert len(monitor.of_type(AMI)) == 1 and outputs["imageSource"] == image_reuse.BAKE
+    assert len(monitor.of_type(BUILT)) == 1 and outputs["imageSource"] == image_reuse.BAKE
 
 
 def test_a_stack_that_reuses_an_image_keeps_it_while_it_matches():
@@ -110,3 +133,19 @@ def test_without_a_bake_no_kept_image_is_looked_up():
     _, outputs = fresh_run(minimal_config(bake=False), fake)
     assert outputs["imageSource"] == "none" and outputs["amiId"] == BASE_AMI
     assert not any(a.get("owners") == ["self"] for _, a in fake.calls)
+
+
+def test_the_release_provider_is_pickled_by_reference_to_a_stable_class_path():
+    """Pulumi pickles a dynamic provider into the state, and runs its delete at `pulumi destroy`: a reference (this
+    module path and class name), not a copy, as the setup step's (tests/infra/test_setup_step.py)."""
+    import base64
+
+    from infra.image import ImageReleaseProvider
+
+    monitor, _ = fresh_run(minimal_config())
+    (release,) = monitor.of_type(RELEASE)
+    payload = release.inputs["__provider"]
+    payload = payload["value"] if isinstance(payload, dict) else payload
+    raw = base64.b64decode(payload)
+    assert len(payload) < 400 and b"infra.image" in raw and b"ImageReleaseProvider" in raw
+    assert ImageReleaseProvider.__module__ == "infra.image"

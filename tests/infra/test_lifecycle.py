@@ -9,22 +9,24 @@ docs/aws-lifecycle.md.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 
 import pulumi
 import pytest
 
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY
+from cluster.node import profiles
+from cluster.stack import image_build, image_reuse
+from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
+                                USED_BY_PREFIX)
 from infra import image as infra_image
 from infra import node as infra_node
 from infra import program as infra_program
 from infra import setup_step
 from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS, ProfileSetupProvider
-from tests.infra.conftest import (AMI, BASE_AMI, DEFAULT_SUBNETS, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT, SETUP,
-                                  SETUP_STAMP, STACK, FakeAws, Harness, RecordingMonitor, fresh_run,
-                                  minimal_config)
+from tests.infra.conftest import (BASE_AMI, BUILT, COMPONENT, DEFAULT_SUBNETS, DISTRIBUTION, GROUP, INSTANCE,
+                                  LAUNCH_TEMPLATE, PROJECT, RECIPE, SETUP, STACK, FakeAws, Harness, RecordingMonitor,
+                                  fresh_run, minimal_config)
 
 TAG = "aws:ec2/tag:Tag"
 
@@ -70,8 +72,18 @@ def test_master_keeps_the_looked_up_image_and_subnet_and_workers_follow_it(harne
 def test_given_image_and_subnet_are_not_ignored_so_setting_them_moves_the_cluster(harness):
     harness.run(minimal_config(baseAmi="ami-0newer", subnetId="subnet-0chosen"))
     first = master(harness.monitor)
-    assert first.ignore_changes == []
-    assert (first.inputs["ami"], first.inputs["subnetId"]) == ("ami-0newer", "subnet-0chosen")
+    (recipe,), (built,) = harness.monitor.of_type(RECIPE), harness.monitor.of_type(BUILT)
+    assert first.ignore_changes == [] and recipe.ignore_changes == []
+    assert recipe.inputs["parentImage"] == "ami-0newer"  # the image is built from it, and the master boots that
+    assert (first.inputs["ami"], first.inputs["subnetId"]) == (built.state["outputResources"][0]["amis"][0]["image"],
+                                                               "subnet-0chosen")
+
+
+def test_the_built_image_keeps_the_looked_up_base_and_the_master_follows_the_image(harness):
+    harness.run(minimal_config())
+    (recipe,) = harness.monitor.of_type(RECIPE)
+    assert recipe.ignore_changes == ["parentImage"] and recipe.inputs["parentImage"] == BASE_AMI
+    assert master(harness.monitor).ignore_changes == ["subnetId"]
 
 
 def test_the_base_image_lookup_asks_what_fab_preflight_asks(harness):
@@ -91,9 +103,10 @@ def test_only_the_looked_up_one_is_kept():
     def spec(**cfg):
         return ClusterSpec.from_config(minimal_config(**cfg), stack="dev", region="us-east-1")
 
-    assert kept_on_update(spec()) == ["ami", "subnetId"]
-    assert kept_on_update(spec(baseAmi="ami-1")) == ["subnetId"]
-    assert kept_on_update(spec(subnetId="subnet-1")) == ["ami"]
+    assert kept_on_update(spec(bake=False)) == ["ami", "subnetId"]
+    assert kept_on_update(spec()) == kept_on_update(spec(baseAmi="ami-1")) == ["subnetId"]  # it follows the image
+    assert kept_on_update(spec(subnetId="subnet-1", bake=False)) == ["ami"]
+    assert kept_on_update(spec(subnetId="subnet-1")) == []
 
 
 # ---------------------------------- replacements delete first; market and instance type force one
@@ -139,8 +152,8 @@ def test_a_master_replaced_for_a_setting_is_set_up_again_and_keeps_the_image_and
     olds = {**old_setup.inputs, **old_setup.state}
     news = {**new_setup.inputs, "instance_id": "i-0replacement"}  # the new master's id, known at the update
     assert ProfileSetupProvider().diff("id", olds, news).replaces == []  # updated: set up again, image kept
-    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
-    assert new_image.replacement_trigger == old_image.replacement_trigger
+    (old_image,), (new_image,) = before.of_type(BUILT), after.of_type(BUILT)
+    assert new_image.replacement_trigger == old_image.replacement_trigger and new_image.state == old_image.state
     (_, old_group), (_, new_group) = workers(before), workers(after)
     assert new_group.replacement_trigger == old_group.replacement_trigger
 
@@ -157,42 +170,52 @@ def test_setup_step_waits_longer_for_a_metal_master(harness, itype, seconds):
 # -------------------------------------------------------------------------------------- the image
 
 
-def test_image_create_timeout_and_name_from_the_setup_steps_stamp(harness):
+def test_the_build_is_named_after_the_bake_tag_waits_long_enough_and_reports_its_failure(harness):
     harness.run(minimal_config(rootVolumeGib=500))
-    (image,) = harness.monitor.of_type(AMI)
-    (setup,) = harness.monitor.of_type(SETUP)
-    assert image.custom_timeouts["create"] == "500m"  # the provider's default is 40m
-    assert infra_image.image_create_timeout(100) == "120m"
-    # The name ends with the step's stamp (set by its create); not ignored, or a replacement would
-    # be created under the old image's name (Pulumi applies ignore_changes to a replacement too).
-    assert image.inputs["name"] == f"xeon-dev-stock-{setup.inputs['bake_tag']}-{SETUP_STAMP}"
-    assert "name" not in (image.ignore_changes or [])
-    assert image.replacement_trigger == setup.inputs["bake_tag"]
-    spec = ClusterSpec.from_config(minimal_config(), stack="dev", region="us-east-1")
-    first = infra_image.image_name(spec, "abc", setup_step.setup_stamp(dt.datetime(2026, 5, 1, 12, 0, 0,
-                                                                                   tzinfo=dt.timezone.utc)))
-    again = infra_image.image_name(spec, "abc", setup_step.setup_stamp(dt.datetime(2026, 5, 1, 12, 31, 5,
-                                                                                   tzinfo=dt.timezone.utc)))
-    assert first == "xeon-dev-stock-abc-20260501T120000Z" and again != first
-    assert len(first) <= 128  # CreateImage's limit
+    monitor = harness.monitor
+    (image,), (setup,), (recipe,) = monitor.of_type(BUILT), monitor.of_type(SETUP), monitor.of_type(RECIPE)
+    (component,), (distribution,) = monitor.of_type(COMPONENT), monitor.of_type(DISTRIBUTION)
+    label = f"xeon-dev-stock-{setup.inputs['bake_tag']}"
+    assert recipe.inputs["name"] == component.inputs["name"] == distribution.inputs["name"] == label
+    assert image.replacement_trigger == setup.inputs["bake_tag"] and not image.delete_before_replace
+    assert image.custom_timeouts["create"] == image_build.BUILD_TIMEOUT
+    # Each build's image has a name of its own (its build date), so an old one and a new one live side by side.
+    (where,) = distribution.inputs["distributions"]
+    assert where["amiDistributionConfiguration"]["name"] == f"{label}-{{{{ imagebuilder:buildDate }}}}"
+    # The build volume is the profile's smallest root volume: a node's launch grows it to rootVolumeGib.
+    (device,) = recipe.inputs["blockDeviceMappings"]
+    assert device["ebs"]["volumeSize"] == profiles.PROFILES["stock"].min_root_volume_gib
+    assert device["ebs"]["encrypted"] == "true"
+    assert image.error_hooks == ["xeon-dev-image-build-reason"]
 
 
-def test_image_snapshot_is_tagged_for_the_sweep(harness):
+def test_a_failed_build_is_one_line_with_image_builders_reason_and_its_logs():
+    error = ("creating Image Builder Image: waiting for Image Builder Image (arn:aws:imagebuilder:us-east-1:1:image/x/"
+             "1.0.0/1) create: unexpected state 'FAILED', wanted target 'AVAILABLE'. last error: Image build failed: "
+             "Step 'Install' of component 'xeon-dev-stock-abc' failed: exit code 12\nmore")
+    line = image_build.failure_line("xeon-dev-image", error, "s3://bucket/image-builder/logs/")
+    assert "Step 'Install' of component 'xeon-dev-stock-abc' failed: exit code 12" in line and "\n" not in line
+    assert "s3://bucket/image-builder/logs/" in line and "unexpected state" not in line
+
+
+def test_the_image_is_tagged_with_what_it_holds_and_the_stacks_use_of_it(harness):
     harness.run(minimal_config(tags=["team=ml"]))
-    (image,) = harness.monitor.of_type(AMI)
-    snapshot_tags = {t.inputs["key"]: t for t in harness.monitor.of_type(TAG)}
-    assert snapshot_tags[MANAGED_BY_KEY].inputs["value"] == MANAGED_BY_VALUE
-    assert snapshot_tags[CLUSTER_KEY].inputs["value"] == "xeon-dev"
-    assert snapshot_tags[STACK_KEY].inputs["value"] == STACK
-    assert snapshot_tags["team"].inputs["value"] == "ml"
-    for tag in snapshot_tags.values():
-        assert tag.inputs["resourceId"] == image.state["rootSnapshotId"]
-        assert tag.deleted_with == image.urn  # the image's delete removes its snapshots
+    monitor = harness.monitor
+    (distribution,), (built,) = monitor.of_type(DISTRIBUTION), monitor.of_type(BUILT)
+    (where,) = distribution.inputs["distributions"]
+    tags = where["amiDistributionConfiguration"]["amiTags"]
+    assert (tags[MANAGED_BY_KEY], tags[CLUSTER_KEY], tags[STACK_KEY], tags["team"]) == (
+        MANAGED_BY_VALUE, "xeon-dev", STACK, "ml")
+    spec = ClusterSpec.from_config(minimal_config(), stack=STACK, region="us-east-1")
+    assert tags.items() >= image_reuse.bake_identity(spec, BASE_AMI).items()
+    (use,) = monitor.of_type(TAG)
+    assert use.inputs == {"resourceId": built.state["outputResources"][0]["amis"][0]["image"],
+                          "key": f"{USED_BY_PREFIX}xeon-dev", "value": STACK}
 
 
 def test_no_image_no_snapshot_tags(harness):
     harness.run(minimal_config(bake=False))
-    assert not harness.monitor.of_type(TAG) and not harness.monitor.of_type(AMI)
+    assert not harness.monitor.of_type(TAG) and not harness.monitor.of_type(BUILT)
 
 
 # ---------------------------------------------------------------------- capacity errors on launch
@@ -293,37 +316,46 @@ def _kept(reg) -> dict:
 def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_the_workers(monkeypatch):
     before, _ = fresh_run(minimal_config())
     after = _later_run(minimal_config())
-    assert master(after).id != master(before).id and master(after).inputs["ami"] == "ami-0newer"
+    assert master(after).id != master(before).id
 
-    # The setup step: updated (not replaced), which sets the new master up again with the same pins
-    # and keeps the image's source.
+    # The setup step: updated (not replaced), which checks the new master as `fab check` does (the image it
+    # booted holds the profile) and installs only what differs, with the same pins; it images nothing.
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     olds = {**old_setup.inputs, **old_setup.state}
-    diff = ProfileSetupProvider().diff("id", olds, new_setup.inputs)
+    # The image's id the engine gives it: the old one (the mocks, which know no ignore_changes, build a new one
+    # from the ignored base; the recipe kept below is why the engine does not).
+    news = {**new_setup.inputs, "kept_image": olds["kept_image"]}
+    diff = ProfileSetupProvider().diff("id", olds, news)
     assert diff.changes and diff.replaces == []
     ran = []
     monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props) or dict(props))
-    updated = ProfileSetupProvider().update("id", olds, new_setup.inputs).outs
+    updated = ProfileSetupProvider().update("id", olds, news).outs
     assert [p["instance_id"] for p in ran] == [master(after).id] and ran[0]["pip_pins"] == olds["pip_pins"]
-    assert updated["bake_source"] == master(before).id
-    assert updated["baked"] == olds["baked"]  # what the image holds: the old master's base, not the new one's
+    assert updated["bake_source"] is None
 
-    # The image: same trigger, and its only changed inputs are its source and its tags of what it holds, which
-    # come from the step's bake_source and baked (kept by the update above); nothing else would replace it.
-    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
-    assert new_image.replacement_trigger == old_image.replacement_trigger
-    assert new_image.inputs["sourceInstanceId"] == new_setup.state["bake_source"]  # from the step, not the master
-    assert new_image.inputs["tags"].items() >= new_setup.state["baked"].items()
-    from_step = ("sourceInstanceId", "tags")
-    assert ({k: v for k, v in _kept(new_image).items() if k not in from_step}
-            == {k: v for k, v in _kept(old_image).items() if k not in from_step})
-    assert new_setup.urn in new_image.dependencies and master(after).urn not in new_image.dependencies
+    # The image: a newer Ubuntu image found today builds nothing. The recipe keeps its base (ignored), and
+    # what the engine compares of it, its component and the image's trigger are the same.
+    (old_recipe,), (new_recipe,) = before.of_type(RECIPE), after.of_type(RECIPE)
+    assert new_recipe.inputs["parentImage"] == "ami-0newer" and new_recipe.ignore_changes == ["parentImage"]
+    assert _kept(new_recipe) == _kept(old_recipe)
+    assert _kept(after.of_type(COMPONENT)[0]) == _kept(before.of_type(COMPONENT)[0])
+    assert after.of_type(BUILT)[0].replacement_trigger == before.of_type(BUILT)[0].replacement_trigger
 
-    # The workers: neither the launch template (same image, no new version) nor the group (the master's
-    # new subnet is ignored, same trigger) changes, so the group keeps its instances.
-    (old_template, old_group), (new_template, new_group) = workers(before), workers(after)
-    assert _kept(new_template) == _kept(old_template) and new_template.inputs["imageId"] == old_image.id
-    assert _kept(new_group) == _kept(old_group)
-    assert new_group.replacement_trigger == old_group.replacement_trigger
+    # The workers' group ignores the master's new subnet, so it keeps its instances.
+    (_, old_group), (_, new_group) = workers(before), workers(after)
     assert new_group.ignore_changes == ["vpcZoneIdentifiers"]
     assert new_group.inputs["vpcZoneIdentifiers"] != old_group.inputs["vpcZoneIdentifiers"]  # ignored, as it must be
+
+
+def test_a_failed_build_is_logged_with_image_builders_reason_and_where_its_logs_are(monkeypatch, caplog, capsys):
+    # Building the hook registers it with the engine; here only its callback is exercised.
+    monkeypatch.setattr(pulumi, "ErrorHook", lambda name, func: func)
+    on_error = infra_image.build_failure_hook("xeon-dev-image", "s3://bucket-0a1b/image-builder/logs/")
+    caplog.set_level(logging.INFO)
+    error = "waiting for Image Builder Image create: unexpected state 'FAILED'. last error: Image build failed: x"
+    args = pulumi.ErrorHookArgs(urn="urn", id="", name="xeon-dev-image", type=BUILT, failed_operation="create",
+                                new_inputs={}, errors=[error])
+    assert asyncio.run(on_error(args)) is False  # never retried: a build that failed fails the same way
+    # pulumi.log goes to logging with an engine (mocks) set up in this process, else to stderr
+    said = " ".join(r.getMessage() for r in caplog.records) + capsys.readouterr().err
+    assert image_build.failure_line("xeon-dev-image", error, "s3://bucket-0a1b/image-builder/logs/") in said

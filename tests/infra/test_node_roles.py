@@ -10,7 +10,9 @@ import re
 
 import pytest
 
+from cluster.stack import image_build
 from cluster.stack.tags import CLUSTER_KEY
+from infra.image import BUILDER_SUFFIX
 from infra.node_role import MASTER_SUFFIX
 from tests.infra.conftest import GROUP, INSTANCE, LAUNCH_TEMPLATE, REGION, ROOT, minimal_config
 
@@ -29,12 +31,13 @@ def _roles(monitor) -> dict[str, tuple]:
     roles = {r.urn: r for r in monitor.of_type(ROLE)}
     found = {}
     for role in roles.values():
-        kind = "master" if role.name.endswith(MASTER_SUFFIX) else "workers"
+        kind = ("builder" if role.name.endswith(BUILDER_SUFFIX) else "master" if role.name.endswith(MASTER_SUFFIX)
+                else "workers")
         (profile,) = [p for p in monitor.of_type(INSTANCE_PROFILE) if p.inputs["role"] == role.id]
         policies = [p for p in monitor.of_type(ROLE_POLICY) if p.inputs["role"] == role.id]
         assert kind not in found, f"two {kind} roles"
         found[kind] = (role, profile, policies)
-    assert set(found) == {"workers", "master"}
+    assert set(found) in ({"workers", "master"}, {"workers", "master", "builder"})
     return found
 
 
@@ -57,7 +60,7 @@ def _statements(policies) -> set[tuple]:
 def _documented(words: dict[str, str]) -> dict[str, set[tuple]]:
     """docs/security.md's table under TABLE_HEADING as {role: statements}, its words read with `words`."""
     text = SECURITY_DOC.read_text().split(TABLE_HEADING, 1)[1].split("\n## ", 1)[0]
-    found: dict[str, set[tuple]] = {"workers": set(), "master": set()}
+    found: dict[str, set[tuple]] = {"workers": set(), "master": set(), "builder": set()}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 4 or cells[0] not in found:
@@ -79,7 +82,7 @@ def test_the_workers_profile_holds_the_bucket_alone_and_the_master_its_own(harne
     (bucket,) = monitor.of_type(BUCKET)
     assert master.inputs["iamInstanceProfile"] == roles["master"][1].state["name"]
     assert template.inputs["iamInstanceProfile"] == {"name": roles["workers"][1].state["name"]}
-    for role, profile, _ in roles.values():
+    for role, profile, _ in (roles["workers"], roles["master"]):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
         assert trust == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]
         # both names match the `<cluster>-node-*` that fab preflight's PassRole check asks about
@@ -122,7 +125,9 @@ def test_docs_security_states_what_each_role_allows_as_the_program_builds_it(har
     arn = bucket.state["arn"]
     words = {"the bucket": arn, "the bucket's objects": f"{arn}/*", "the worker group": group.state["arn"],
              "`*`": "*", "the region's instances": f"arn:aws:ec2:{REGION}:*:instance/*",
-             "the stack's region": REGION, "the cluster's name": cluster}
+             "the stack's region": REGION, "the cluster's name": cluster,
+             "the bucket's install scripts": f"{arn}/{image_build.INSTALL_PREFIX}/*",
+             "the bucket's build logs": f"{arn}/{image_build.LOG_PREFIX}/*"}
     documented = _documented(words)
     built = {kind: _statements(policies) for kind, (_, _, policies) in _roles(monitor).items()}
     assert documented == built

@@ -18,14 +18,17 @@ import pulumi
 import pytest
 
 from cluster.node import profiles
+from cluster.node.setup_script import InstallPlan, install_script
+from cluster.stack import image_build
 from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, STACK_KEY)
 from infra.lookups import CANONICAL_OWNER, AccountLookupError
+from infra.image import BUILDER_SUFFIX
 from infra.node_role import MASTER_SUFFIX
 from infra.setup_step import ProfileSetupProvider
-from tests.infra.conftest import (ADMIN_CIDR, AMI, BASE_AMI, DEFAULT_SUBNETS, DEFAULT_VPC, GROUP, INSTANCE,
-                                  LAUNCH_TEMPLATE, SETUP, STACK, FakeAws, Harness, RecordingMonitor, fresh_run,
-                                  minimal_config)
+from tests.infra.conftest import (ADMIN_CIDR, PUBLIC_KEY, AMI, BASE_AMI, BUILD_INFRA, BUILT, COMPONENT, DEFAULT_SUBNETS,
+                                  DEFAULT_VPC, GROUP, INSTANCE, LAUNCH_TEMPLATE, RECIPE, SETUP, STACK, FakeAws, Harness,
+                                  RecordingMonitor, fresh_run, minimal_config)
 
 SG = "aws:ec2/securityGroup:SecurityGroup"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -82,7 +85,7 @@ def workers_of(monitor):
 
 def groups(monitor):
     """(cluster group, ssh group) registrations, told apart by their ingress rules."""
-    sgs = {r.id: r for r in monitor.of_type(SG)}
+    sgs = {r.id: r for r in monitor.of_type(SG) if not r.name.endswith(BUILDER_SUFFIX)}
     self_rules = [r for r in monitor.of_type(INGRESS) if r.inputs.get("referencedSecurityGroupId")]
     cluster_ids = {r.inputs["securityGroupId"] for r in self_rules}
     assert len(cluster_ids) == 1, f"expected one self-referencing group, got {cluster_ids}"
@@ -204,34 +207,51 @@ def test_spot_options_per_role(harness, name):
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))
-def test_image_is_baked_from_master_after_setup_and_used_by_every_worker(harness, name):
+def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, name):
     config = STACK_CONFIGS[name]
     outputs = run(harness, **config)
     monitor = harness.monitor
     master = master_of(monitor)
+    # No image is ever made from an instance (one that runs jobs or any other).
+    assert not monitor.of_type(AMI)
     if config.get("bake", True) is False:
-        assert not monitor.of_type(SETUP) and not monitor.of_type(AMI)
+        assert not monitor.of_type(SETUP) and not monitor.of_type(BUILT)
         assert all(node.inputs["ami"] == BASE_AMI for node in instances(monitor))
         assert template_of(monitor).inputs["imageId"] == BASE_AMI
         assert outputs["amiId"] == BASE_AMI
         return
-    (setup,) = monitor.of_type(SETUP)
-    (image,) = monitor.of_type(AMI)
-    assert master.inputs["ami"] == BASE_AMI
-    assert image.inputs["sourceInstanceId"] == master.id
-    assert image.inputs["snapshotWithoutReboot"] is True
-    assert setup.urn in image.dependencies and setup.index < image.index
+    (setup,), (built,), (recipe,) = monitor.of_type(SETUP), monitor.of_type(BUILT), monitor.of_type(RECIPE)
+    ami = built.state["outputResources"][0]["amis"][0]["image"]
+    # Master and workers boot the same built image, made from the base by the recipe.
+    assert master.inputs["ami"] == template_of(monitor).inputs["imageId"] == outputs["amiId"] == ami
+    assert recipe.inputs["parentImage"] == BASE_AMI == outputs["baseAmiId"]
+    assert built.urn in master.dependencies and built.urn in template_of(monitor).dependencies
+    # The build runs on its own small instance, in the stack's subnet, with a group that is no node's.
+    (infra,) = monitor.of_type(BUILD_INFRA)
+    assert infra.inputs["instanceTypes"] == [image_build.BUILDER_INSTANCE_TYPE]
+    assert infra.inputs["subnetId"] == master.inputs["subnetId"] and infra.inputs["terminateInstanceOnFailure"]
+    node_groups = {g for node in instances(monitor) for g in node.inputs["vpcSecurityGroupIds"]}
+    assert infra.inputs["securityGroupIds"] and not set(infra.inputs["securityGroupIds"]) & node_groups
+    # Its one component runs the install `fab setup` runs, from the stack's bucket.
+    (component,) = monitor.of_type(COMPONENT)
+    (script,) = monitor.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+    assert script.inputs["content"] == install_script(InstallPlan(profiles.PROFILES[config.get("softwareProfile",
+                                                                                                "stock")]))
+    assert f"s3://{monitor.of_type(BUCKET)[0].state['bucket']}/{script.inputs['key']}" in component.inputs["data"]
+    # What the build runs holds nothing of a cluster: no key, no name, no address (the nodes' user data does).
+    for text in (script.inputs["content"], component.inputs["data"]):
+        assert PUBLIC_KEY.split()[1] not in text and "xeon-dev" not in text.replace("xeon-dev-checkpoints", "")
+        assert master.state["privateIp"] not in text
+    # The master is checked, never imaged: the step boots from the image and records no source.
+    assert setup.inputs["kept_image"] == ami and setup.state["bake_source"] is None
     assert master.urn in setup.dependencies
-    assert template_of(monitor).inputs["imageId"] == image.id
-    assert image.urn in template_of(monitor).dependencies
-    assert outputs["amiId"] == image.id
     # The setup step knows where and how to connect, and what to install; never the key itself.
     assert setup.inputs["host"] == master.state["publicIp"]
     assert setup.inputs["instance_id"] == master.id
     assert setup.inputs["private_key_path"] == "~/.ssh/id_ed25519"
     assert setup.inputs["pip_pins"] == list(profiles.PROFILES["stock"].pip_pins)
     assert setup.inputs["fingerprint"] == profiles.PROFILES["stock"].fingerprint()
-    assert setup.inputs["bake_tag"] in image.inputs["name"]
+    assert setup.inputs["bake_tag"] in recipe.inputs["name"]
     for reg in monitor.registrations:
         assert "PRIVATE KEY" not in repr(reg.inputs)
 
@@ -271,7 +291,8 @@ def test_every_taggable_resource_is_tagged(harness, name):
 def node_role(monitor, master: bool = False):
     """(role, checkpoints policy, instance profile) registrations of the workers' role (of the master's
     with `master`): exactly one of each (tests/infra/test_node_roles.py checks the two roles)."""
-    (role,) = [r for r in monitor.of_type(ROLE) if r.name.endswith(MASTER_SUFFIX) is master]
+    (role,) = [r for r in monitor.of_type(ROLE) if r.name.endswith(MASTER_SUFFIX) is master
+               and not r.name.endswith(BUILDER_SUFFIX)]
     (profile,) = [p for p in monitor.of_type(INSTANCE_PROFILE) if p.inputs["role"] == role.id]
     (policy,) = [p for p in monitor.of_type(ROLE_POLICY)
                  if p.inputs["role"] == role.id and p.name.endswith("-checkpoints")]
@@ -443,7 +464,8 @@ def test_bucket_kept_private_and_encrypted_by_default(harness):
     (rule,) = sse.inputs["rules"]
     assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
     assert "bucketKeyEnabled" not in rule  # an S3 Bucket Key only applies to SSE-KMS
-    s3 = [r for r in monitor.registrations if r.type.startswith("aws:s3/")]
+    # The bucket and its settings (the image's install script in it is made again by every build's stack).
+    s3 = [r for r in monitor.registrations if r.type.startswith("aws:s3/") and "bucketObject" not in r.type]
     assert len(s3) == 7
     for reg in s3:
         assert reg.retain_on_delete, f"{reg.name} would be deleted on destroy while the bucket is kept"
@@ -526,11 +548,13 @@ def test_changing_a_pin_replaces_setup_and_the_image(monkeypatch, harness):
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
     assert {"pip_pins", "fingerprint", "bake_tag"} <= set(diff.replaces)
-    # The image's replacement trigger is the bake tag: a new one makes a new image, whose new id
-    # replaces every worker.
-    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
+    # The image's replacement trigger is the bake tag: a new one builds a new image (a new recipe of a new name),
+    # whose new id moves the master and replaces every worker.
+    (old_image,), (new_image,) = before.of_type(BUILT), after.of_type(BUILT)
     assert old_image.replacement_trigger == old_setup.inputs["bake_tag"]
     assert new_image.replacement_trigger == new_setup.inputs["bake_tag"] != old_image.replacement_trigger
+    assert before.of_type(RECIPE)[0].inputs["name"] != after.of_type(RECIPE)[0].inputs["name"]
+    assert master_of(before).inputs["ami"] != master_of(after).inputs["ami"]
 
 
 def test_key_path_change_updates_setup_without_rebaking(harness):
@@ -539,7 +563,7 @@ def test_key_path_change_updates_setup_without_rebaking(harness):
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
     assert diff.changes and diff.replaces == []
-    assert before.of_type(AMI)[0].replacement_trigger == after.of_type(AMI)[0].replacement_trigger
+    assert before.of_type(BUILT)[0].replacement_trigger == after.of_type(BUILT)[0].replacement_trigger
 
 
 @pytest.mark.parametrize("token, message", [

@@ -1,7 +1,7 @@
 """One list of the settings that replace workers or re-bake (cluster/stack/node_replacement.py), read by the
 program's triggers and by `fab preflight`'s warning: the program runs under the Pulumi mocks before and after
 one setting changes, and whatever its own triggers do (the worker group's replacement trigger, the image's
-bake tag) is what preflight's line for that setting says.
+built image) is what preflight's line for that setting says.
 
 Not here, because the mocks keep a replaced resource's id: a new VPC or subnet (new security groups) and a
 new public key (a new key pair) change the template through new resources; node_replacement lists them."""
@@ -12,7 +12,7 @@ import pytest
 
 from cluster.stack import node_replacement as nr
 from cluster.stack.spec import ClusterSpec
-from tests.infra.conftest import AMI, GROUP, LAUNCH_TEMPLATE, REGION, STACK, fresh_run, minimal_config
+from tests.infra.conftest import BUILT, GROUP, LAUNCH_TEMPLATE, REGION, STACK, fresh_run, minimal_config
 
 # A setting, another value for it, and the base config it changes (bake or not).
 CHANGES = [
@@ -22,7 +22,7 @@ CHANGES = [
     ({"sshUser": "admin"}, {}),
     ({"placementGroup": False}, {}),
     ({"softwareProfile": "intel"}, {}),
-    ({"baseAmi": "ami-0other"}, {}),  # with a bake: the master only, the baked image stays
+    ({"baseAmi": "ami-0other"}, {}),  # with a bake: a new image, built from it, and every node
     ({"baseAmi": "ami-0other"}, {"bake": False}),  # without one the workers boot it
     ({"workerCount": 7}, {}),  # resizes the group in place
     ({"masterSpot": False}, {}),  # the master only
@@ -31,8 +31,8 @@ CHANGES = [
 
 def _run(config: dict):
     monitor, _ = fresh_run(minimal_config(**config))
-    (group,), (image,) = monitor.of_type(GROUP), monitor.of_type(AMI) or [None]
-    return group.replacement_trigger, image.replacement_trigger if image else None
+    (group,), (image,) = monitor.of_type(GROUP), monitor.of_type(BUILT) or [None]
+    return group.replacement_trigger, image.state["outputResources"][0]["amis"][0]["image"] if image else None
 
 
 def _settings(config: dict) -> dict:

@@ -567,28 +567,6 @@ def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
                                      "xeon-cluster:created": "20260501T120000Z"}}
 
 
-def test_a_replaced_step_gives_the_new_image_a_new_name_and_an_update_keeps_it(monkeypatch):
-    """A re-bake (the step replaced: a new create) never reuses the old image's name; a new master (an
-    update) keeps the name, so the image and the workers stay."""
-    from cluster.stack.spec import ClusterSpec
-    from infra.image import image_name
-    from tests.infra.conftest import minimal_config
-
-    spec = ClusterSpec.from_config(minimal_config(), stack="dev", region="us-east-1")
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {k: v for k, v in props.items()
-                                                                        if not k.startswith("__")})
-    times = iter(["20260501T120000Z", "20260601T080000Z"])
-    monkeypatch.setattr(setup_step, "setup_stamp", lambda: next(times))
-    provider = ProfileSetupProvider()
-    first = provider.create(make_props()).outs
-    rebaked = provider.create(make_props(pip_pins=["torch==2.14.0"])).outs  # the replacement's create
-    assert image_name(spec, "t", first["stamp"]) != image_name(spec, "t", rebaked["stamp"])
-    olds = {k: v for k, v in first.items() if k != "__provider"}
-    updated = provider.update("id", olds, make_props(instance_id="i-0new")).outs
-    assert updated["stamp"] == first["stamp"]
-    assert provider.diff("id", olds, {**olds, "stamp": None}).changes is False  # an output, never a difference
-
-
 @pytest.mark.parametrize("change, replaced", [
     ({"pip_pins": ["torch==2.14.0"]}, ["pip_pins"]),
     ({"profile": "intel"}, ["profile"]),

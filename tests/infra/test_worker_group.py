@@ -15,7 +15,8 @@ import pytest
 from cluster.node import profiles
 from cluster.stack import worker_group as rules
 from infra import workers as infra_workers
-from tests.infra.conftest import AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, SETUP, fresh_run, minimal_config
+from infra.image import ImageReleaseProvider
+from tests.infra.conftest import BUILT, GROUP, INSTANCE, LAUNCH_TEMPLATE, RELEASE, fresh_run, minimal_config
 
 
 def template_and_group(monitor):
@@ -48,6 +49,11 @@ def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_inst
     assert group.inputs["healthCheckType"] == "EC2"
 
 
+def built_ami(monitor) -> str:
+    (image,) = monitor.of_type(BUILT)
+    return image.state["outputResources"][0]["amis"][0]["image"]
+
+
 def _bumped_pin(monkeypatch):
     stock = profiles.PROFILES["stock"]
     monkeypatch.setitem(profiles.PROFILES, "stock", dataclasses.replace(
@@ -58,14 +64,14 @@ def test_a_new_image_replaces_the_group_deleting_first_so_never_more_than_worker
     before, _ = fresh_run(minimal_config(workerCount=4))
     _bumped_pin(monkeypatch)
     after, _ = fresh_run(minimal_config(workerCount=4))
-    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
-    assert new_image.id != old_image.id  # a re-bake
+    old_image, new_image = built_ami(before), built_ami(after)
+    assert new_image != old_image  # a new build
     (_, old_group), (new_template, new_group) = template_and_group(before), template_and_group(after)
-    assert new_template.inputs["imageId"] == new_image.id
+    assert new_template.inputs["imageId"] == new_image
     # The group is replaced (its trigger names the image), and the old one is deleted before the new one is
     # made: deleting without force_delete drains it (capacity 0, every old worker terminated) first.
     assert new_group.replacement_trigger != old_group.replacement_trigger
-    assert new_group.replacement_trigger["image"] == new_image.id
+    assert new_group.replacement_trigger["image"] == new_image
     assert new_group.delete_before_replace and new_group.inputs["forceDelete"] is False
     assert new_group.custom_timeouts["delete"] == "40m"
     # Each group alone never holds more than workerCount: so at most 4 workers bill at any time.
@@ -76,25 +82,22 @@ def test_a_new_image_replaces_the_group_deleting_first_so_never_more_than_worker
 
 
 def test_the_group_moves_to_a_new_image_before_the_old_one_is_deregistered(monkeypatch):
-    """A re-bake makes the new image before the old one goes: neither the image nor the setup step it depends
-    on is delete-first (a delete-first step would make the engine delete the image first too), so the engine
-    creates the new image, moves the template to it, replaces the group (delete-first: it drains, then
-    launches the new workers from the new image), and deletes the old image last."""
-    from infra.setup_step import ProfileSetupProvider
-
+    """A software change builds the new image before the old one goes: neither the image nor its release record
+    (whose delete deregisters the old AMI) is delete-first, so the engine builds the new image, moves the template
+    to it, replaces the group (delete-first: it drains, then launches the new workers from the new image), and
+    deletes the old image's record last. The master follows the image too (it is replaced, deleting first)."""
     before, _ = fresh_run(minimal_config())
     _bumped_pin(monkeypatch)
     after, _ = fresh_run(minimal_config())
-    (old_image,), (new_image,) = before.of_type(AMI), after.of_type(AMI)
-    (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
-    assert new_image.replacement_trigger != old_image.replacement_trigger  # a re-bake
-    assert not new_image.delete_before_replace and not new_setup.delete_before_replace
-    olds = {**old_setup.inputs, **old_setup.state}
-    diff = ProfileSetupProvider().diff("id", olds, new_setup.inputs)
-    assert diff.replaces and diff.delete_before_replace is False
-    assert new_image.inputs["name"] != old_image.inputs["name"]  # both exist for a while: their names differ
+    (old_image,), (new_image,) = before.of_type(BUILT), after.of_type(BUILT)
+    (old_release,), (new_release,) = before.of_type(RELEASE), after.of_type(RELEASE)
+    assert new_image.replacement_trigger != old_image.replacement_trigger  # a new build
+    assert not new_image.delete_before_replace and not new_release.delete_before_replace
+    diff = ImageReleaseProvider().diff("id", old_release.inputs, new_release.inputs)
+    assert diff.replaces == ["image_id"] and diff.delete_before_replace is False
+    assert new_release.inputs["image_id"] == built_ami(after) != built_ami(before)
     new_template, new_group = template_and_group(after)
-    assert new_template.inputs["imageId"] == new_image.id and new_group.replacement_trigger["image"] == new_image.id
+    assert new_template.inputs["imageId"] == built_ami(after) == new_group.replacement_trigger["image"]
     assert new_group.delete_before_replace  # the old workers go before the new ones launch, from the new image
 
 

@@ -19,14 +19,18 @@ not know stops the run with its name, so a new resource in the program cannot sl
 | `aws:ec2/launchTemplate` | CreateLaunchTemplate with every input as the template's data (image, type, key, groups or interface, placement group, market, IMDS, root volume, profile, shutdown, instance and volume tags) and its own tags |
 | `aws:autoscaling/group` | CreateAutoScalingGroup (sizes, subnet, template and version, health check, tags with propagate-at-launch); moto launches the instances within the call, on the local nodes after the master's (GroupLaunchDouble, tests/rehearsal/group_launches.py); checks the group is full and its instances running, as the provider's wait for capacity does |
 | the setup step (`ProfileSetup`) | none: its pickled provider's `create()` runs for real, over SSH to the master's address |
-| `aws:ec2/amiFromInstance` | CreateImage (NoReboot, image tags); `rootSnapshotId` from the image's root device |
-| `aws:ec2/tag` | CreateTags (the image's root snapshot) |
+| `aws:s3/bucketObjectv2` | PutObject (the image's install script) |
+| `aws:iam/rolePolicyAttachment` | AttachRolePolicy (moto lacks AWS's Image Builder policies: then none, said so) |
+| `aws:imagebuilder/component`, `imageRecipe`, `infrastructureConfiguration`, `distributionConfiguration` | none: moto has no Image Builder; kept here by ARN for the build |
+| `aws:imagebuilder/image` | ImageBuildDouble: RunInstances of the build instance (its type, the recipe's parent image, the subnet, group and profile; an address no node has), CreateImage from it with the distribution's name and tags, TerminateInstances; the install itself is not run (the sitting's nodes have the profile) |
+| the image's release (`ImageRelease`) | none on create; on delete its pickled provider's `delete()` runs for real against the account |
+| `aws:ec2/tag` | CreateTags (a stack's use of its image) |
 
 `destroy()` deletes what `up()` registered in reverse order of registration, as the engine would:
-resources marked `retain_on_delete` (the bucket and its settings, unless `destroyBucket`; the image and its
-snapshot's tags with `keepImage`) are left in the account and dropped from the stack; a resource `deleted_with` another one that is deleted
-too (the setup step with the master, the snapshot tags with the image) is not called; the image's
-delete deregisters it and deletes the snapshots it made (`manage_ebs_snapshots`); the group's delete
+resources marked `retain_on_delete` (the bucket and its settings, unless `destroyBucket`) are left in the account
+and dropped from the stack; the Image Builder image's delete leaves its AMI (the provider deletes Image Builder's
+record only), and the release's delete removes the AMI and its snapshot unless it is kept or another stack records
+its use; the group's delete
 drains it as the provider's does without `force_delete` (min and desired 0, every instance
 terminated), then deletes it, before the template (registered first, so deleted after).
 
@@ -38,17 +42,21 @@ clients; split apart, each resource type's create and delete would sit in differ
 from __future__ import annotations
 
 import base64
+import ipaddress
+import os
 import secrets
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pulumi
+from botocore.exceptions import ClientError
 from pulumi.runtime import mocks
 
 from cluster.stack.tags import RANK_KEY
-from tests.infra.conftest import (AMI, GROUP, INSTANCE, LAUNCH_TEMPLATE, PROJECT, SETUP, Harness, Registration,
-                                  RecordingMonitor)
+from tests.infra.conftest import (BUILD_INFRA, BUILT, COMPONENT, DISTRIBUTION, GROUP, INSTANCE, LAUNCH_TEMPLATE,
+                                  PROJECT, RECIPE, RELEASE, SETUP, TAG, Harness, Registration, RecordingMonitor)
 from tests.rehearsal.account import ACCOUNT, REGION, Account
 
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
@@ -56,8 +64,10 @@ INGRESS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS_RULE = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 KEY_PAIR = "aws:ec2/keyPair:KeyPair"
-TAG = "aws:ec2/tag:Tag"
 BUCKET = "aws:s3/bucket:Bucket"
+BUCKET_OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
+POLICY_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+BUILDER_CONFIG = (COMPONENT, RECIPE, BUILD_INFRA, DISTRIBUTION)  # moto has no Image Builder: kept by ARN here
 PUBLIC_ACCESS_BLOCK = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 OWNERSHIP = "aws:s3/bucketOwnershipControls:BucketOwnershipControls"
 ENCRYPTION = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
@@ -119,6 +129,9 @@ class MotoBackedAws(mocks.Mocks):
         self.lookups: list[str] = []
         self.setup_inputs: dict[str, Any] = {}
         self.setup_outputs: dict[str, Any] = {}
+        self.builder: dict[str, dict[str, Any]] = {}  # Image Builder's resources by ARN (ImageBuildDouble)
+        self.build_instances: list[str] = []  # the instances the image builds ran on
+        self.account = account
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------ lookups
@@ -189,8 +202,10 @@ class MotoBackedAws(mocks.Mocks):
                 PLACEMENT_GROUP: self._placement_group, KEY_PAIR: self._key_pair, BUCKET: self._bucket,
                 **{t: self._bucket_setting for t in BUCKET_SETTINGS},
                 ROLE: self._role, ROLE_POLICY: self._role_policy, INSTANCE_PROFILE: self._instance_profile,
-                INSTANCE: self._instance, SETUP: self._setup_step, AMI: self._image, TAG: self._tag,
-                LAUNCH_TEMPLATE: self._launch_template, GROUP: self._group}
+                INSTANCE: self._instance, SETUP: self._setup_step, TAG: self._tag,
+                LAUNCH_TEMPLATE: self._launch_template, GROUP: self._group, BUCKET_OBJECT: self._bucket_object,
+                POLICY_ATTACHMENT: self._policy_attachment, **{t: self._builder_config for t in BUILDER_CONFIG},
+                BUILT: self._build, RELEASE: lambda name, i: (f"release-{i['image_id']}", {})}
 
     def _security_group(self, name: str, i: dict) -> tuple[str, dict]:
         group_name = i.get("name") or autoname(name)
@@ -396,27 +411,70 @@ class MotoBackedAws(mocks.Mocks):
             self.setup_outputs = dict(outs)
         return rid, outs
 
-    def _image(self, name: str, i: dict) -> tuple[str, dict]:
-        # The provider tags the image only (the program tags its snapshot with a Tag resource).
-        made = self.ec2.create_image(InstanceId=i["sourceInstanceId"], Name=i["name"],
-                                     Description=i.get("description", ""),
-                                     NoReboot=bool(i.get("snapshotWithoutReboot")),
-                                     TagSpecifications=tag_spec("image", i.get("tags")))
+    def _bucket_object(self, name: str, i: dict) -> tuple[str, dict]:
+        self.s3.put_object(Bucket=i["bucket"], Key=i["key"], Body=i.get("content", "").encode())
+        return i["key"], {"key": i["key"]}
+
+    def _policy_attachment(self, name: str, i: dict) -> tuple[str, dict]:
+        try:
+            self.iam.attach_role_policy(RoleName=i["role"], PolicyArn=i["policyArn"])
+        except ClientError as exc:  # moto ships a list of AWS's managed policies that may lack Image Builder's
+            if "NoSuchEntity" not in str(exc):
+                raise
+        return f"{i['role']}-{i['policyArn'].rsplit('/', 1)[-1]}", {}
+
+    def _builder_config(self, name: str, i: dict) -> tuple[str, dict]:
+        kind = "component" if "platform" in i else "image-recipe" if "parentImage" in i else (
+            "infrastructure-configuration" if "instanceTypes" in i else "distribution-configuration")
+        arn = f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:{kind}/{i.get('name') or name}/1.0.0"
+        with self._lock:
+            self.builder[arn] = i
+        return arn, {"arn": arn}
+
+    def _build(self, name: str, i: dict) -> tuple[str, dict]:
+        """ImageBuildDouble: what Image Builder does with the recipe, on moto's EC2 (the install is not run)."""
+        recipe, infra = self.builder[i["imageRecipeArn"]], self.builder[i["infrastructureConfigurationArn"]]
+        (where,) = self.builder[i["distributionConfigurationArn"]]["distributions"]
+        ami = where["amiDistributionConfiguration"]
+        cidr = self.ec2.describe_subnets(SubnetIds=[infra["subnetId"]])["Subnets"][0]["CidrBlock"]
+        builder = self.ec2.run_instances(
+            ImageId=recipe["parentImage"], InstanceType=infra["instanceTypes"][0], MinCount=1, MaxCount=1,
+            SubnetId=infra["subnetId"], SecurityGroupIds=list(infra["securityGroupIds"]),
+            PrivateIpAddress=str(ipaddress.ip_network(cidr)[-2]),  # no node's: a terminated one's stays taken
+            IamInstanceProfile={"Name": infra["instanceProfileName"]},
+            TagSpecifications=tag_spec("instance", infra.get("resourceTags")))["Instances"][0]["InstanceId"]
+        with self._lock:
+            self.build_instances.append(builder)
+        made = self.ec2.create_image(InstanceId=builder, Description=ami.get("description", ""),
+                                     Name=ami["name"].replace("{{ imagebuilder:buildDate }}", secrets.token_hex(4)),
+                                     TagSpecifications=tag_spec("image", ami.get("amiTags")))
         image_id = made["ImageId"]
         self.ec2.get_waiter("image_available").wait(ImageIds=[image_id], WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-        image = self.ec2.describe_images(ImageIds=[image_id])["Images"][0]
-        devices = [{"deviceName": m["DeviceName"], "snapshotId": m["Ebs"]["SnapshotId"]}
-                   for m in image.get("BlockDeviceMappings", []) if m.get("Ebs", {}).get("SnapshotId")]
-        root = next(d["snapshotId"] for d in devices if d["deviceName"] == image["RootDeviceName"])
-        return image_id, {"arn": f"arn:aws:ec2:{REGION}::image/{image_id}", "rootSnapshotId": root,
-                          "rootDeviceName": image["RootDeviceName"], "ebsBlockDevices": devices,
-                          "manageEbsSnapshots": True}
+        self.ec2.terminate_instances(InstanceIds=[builder])  # Image Builder's own end of a build
+        arn = f"{i['imageRecipeArn'].replace('image-recipe', 'image')}/1"
+        return arn, {"arn": arn, "outputResources": [{"amis": [{"image": image_id, "region": REGION,
+                                                                "accountId": ACCOUNT}]}]}
 
     def _tag(self, name: str, i: dict) -> tuple[str, dict]:
         self.ec2.create_tags(Resources=[i["resourceId"]], Tags=[{"Key": i["key"], "Value": i["value"]}])
         return f"{i['resourceId']},{i['key']}", {}
 
     # ------------------------------------------------------------------------------- delete
+
+    @contextmanager
+    def account_env(self):
+        """The provider's boto3 reaches the rehearsal's account, as the caller's credentials would."""
+        places = {k: v for k, v in self.account.fab_env({}).items() if k.startswith("AWS_")}
+        saved = {k: os.environ.get(k) for k in places}
+        os.environ.update(places)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def delete(self, reg: Registration) -> str:
         """Delete one registered resource from the account; returns what was done."""
@@ -443,12 +501,29 @@ class MotoBackedAws(mocks.Mocks):
         if reg.type == LAUNCH_TEMPLATE:
             self.ec2.delete_launch_template(LaunchTemplateId=rid)
             return "deleted"
-        if reg.type == AMI:
-            self.ec2.deregister_image(ImageId=rid)
-            for device in reg.state.get("ebsBlockDevices") or []:
-                self.ec2.delete_snapshot(SnapshotId=device["snapshotId"])
-            return "deregistered, snapshots deleted"
-        if reg.type == TAG:
+        if reg.type in BUILDER_CONFIG:
+            return "nothing in AWS (moto has no Image Builder)"
+        if reg.type == BUILT:
+            return "the AMI stays (the provider deletes Image Builder's record of the build only)"
+        if reg.type == RELEASE:
+            with self.account_env():
+                run_dynamic_provider(i, "delete", rid)
+            left = self.ec2.describe_images(Filters=[{"Name": "image-id", "Values": [i["image_id"]]}])["Images"]
+            return "released: the image kept" if left else "released: the image and its snapshots removed"
+        if reg.type == BUCKET_OBJECT:
+            try:
+                self.s3.delete_object(Bucket=i["bucket"], Key=rid)
+            except ClientError as exc:  # the bucket's TLS-only policy: moto's endpoint here is plain HTTP
+                if "Forbidden" not in str(exc) and "AccessDenied" not in str(exc):
+                    raise
+                return "left in the bucket (its TLS-only policy refuses moto's plain-HTTP endpoint)"
+        elif reg.type == POLICY_ATTACHMENT:
+            try:
+                self.iam.detach_role_policy(RoleName=i["role"], PolicyArn=i["policyArn"])
+            except ClientError as exc:
+                if "NoSuchEntity" not in str(exc):
+                    raise
+        elif reg.type == TAG:
             self.ec2.delete_tags(Resources=[i["resourceId"]], Tags=[{"Key": i["key"]}])
         elif reg.type in (INGRESS_RULE, EGRESS_RULE):
             revoke = (self.ec2.revoke_security_group_egress if reg.type == EGRESS_RULE
@@ -497,16 +572,22 @@ def _lifecycle_rule(rule: dict) -> dict:
     return out
 
 
-def run_setup_provider(inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """What the engine does with the setup step: load its pickled provider (`__provider`, as Pulumi's
-    dynamic provider process does) and call `create()` with the inputs the program registered."""
+def run_dynamic_provider(inputs: dict[str, Any], method: str, rid: str = ""):
+    """What the engine does with a dynamic resource: load its pickled provider (`__provider`, as Pulumi's dynamic
+    provider process does) and call `create()` (or `delete()`) with the inputs the program registered."""
     import dill
 
     serialized = inputs["__provider"]
     if isinstance(serialized, dict):  # a secret, as the mocks see it: {<secret signature>: ..., "value": ...}
         serialized = serialized["value"]
     provider = dill.loads(base64.b64decode(serialized))
-    result = provider.create({k: v for k, v in inputs.items() if k != "__provider"})
+    props = {k: v for k, v in inputs.items() if k != "__provider"}
+    return provider.create(props) if method == "create" else provider.delete(rid, props)
+
+
+def run_setup_provider(inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The setup step's create(), as the engine runs it."""
+    result = run_dynamic_provider(inputs, "create")
     return result.id, {**result.outs, "__provider": inputs["__provider"]}
 
 
@@ -542,7 +623,7 @@ class Stack:
     def destroy(self, forget: tuple[str, ...] = ()) -> list[Deleted]:
         """`pulumi destroy`, in reverse order of registration; `forget`: types a faulty destroy leaves."""
         assert self.monitor is not None and self.aws is not None, "destroy() before up()"
-        custom = [r for r in self.monitor.registrations if r.type.startswith("aws:") or r.type == SETUP]
+        custom = [r for r in self.monitor.registrations if r.type.startswith("aws:") or r.type in (SETUP, RELEASE)]
         deleting = {r.urn for r in custom if not r.retain_on_delete and r.type not in forget}
         done = []
         for reg in reversed(custom):

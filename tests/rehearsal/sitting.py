@@ -33,7 +33,7 @@ step that fails raises `RehearsalFailed` with the command's output, after cleani
 Why this module is longer than about 400 lines (about 680): the sitting is one object, `Sitting`,
 whose steps run in order on the same state (the local cluster, the moto account, the stack file,
 the controller's config directory) and each reads what the one before left; the account, the
-engine, the master's sandbox and the security groups are already modules of their own.
+engine and the security groups are already modules of their own.
 """
 
 from __future__ import annotations
@@ -60,19 +60,17 @@ import yaml
 
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.node.profiles import get_profile, venv_dir
-from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
-from cluster.stack.tags import (CLUSTER_KEY, CREATED_KEY, FINGERPRINT_KEY, KEEP_KEY, PROJECT_VERSION_KEY, ROLE_KEY,
-                                ROLE_MASTER)
+from cluster.node.setup_script import PROFILE_MARKER, fingerprint_digest
+from cluster.stack.tags import (BASE_IMAGE_KEY, CLUSTER_KEY, FINGERPRINT_KEY, KEEP_KEY, ROLE_KEY, ROLE_MASTER)
 from node_setup.aws.sweep import LIVE_INSTANCE_STATES
-from node_setup.controller import cache_root
 from node_setup.discovery import KEY_ENV
 from node_setup.local import state as local_state
 from node_setup.local.console import console_path
 from node_setup.ssh import keys as ssh_keys
+from tests.infra.conftest import RELEASE
 from tests.rehearsal.account import REGION, UBUNTU_IMAGE_ID, ZONE, Account
-from tests.rehearsal.engine import AMI, TAG, Stack
+from tests.rehearsal.engine import Stack
 from tests.rehearsal.group_launches import GROUP_NAME_TAG
-from tests.rehearsal.master_node import MasterNodeSandbox
 from tests.rehearsal.security_groups import SshIngressDouble
 from tests.ssh.conftest import FAB, REPO_ROOT, local_cluster_unavailable
 
@@ -86,7 +84,7 @@ TRAIN_ARGS = ("--synthetic-examples", "200", "--max-steps", "6", "--ranks-per-no
 
 
 def host_keys() -> dict[str, bytes]:
-    """This machine's own SSH host keys (which the master's pre-bake cleanup must not touch)."""
+    """This machine's own SSH host keys (which nothing the sitting runs may touch)."""
     return {p.name: p.read_bytes() for p in Path("/etc/ssh").glob("ssh_host_*")}
 
 
@@ -124,7 +122,6 @@ class Sitting:
         self.account = Account()
         self.local_started = False
         self.state: local_state.ClusterState | None = None
-        self.sandbox: MasterNodeSandbox | None = None
         self.env: dict[str, str] = {}
 
     # ------------------------------------------------------------------------------ plumbing
@@ -277,13 +274,10 @@ class Sitting:
         addresses = [n.address for n in self.state.nodes]
         with self.step("pulumi up (the real program under moto-backed mocks; the setup step over SSH)") as result:
             before = host_keys()
-            self.sandbox = MasterNodeSandbox(self.state.nodes[0], self.workdir)
-            self.say(f"     {self.sandbox.apply()}")
             stack = Stack(self.stack_name, self.account, addresses)
             started = time.monotonic()
             with self.controller_env():
                 outputs = stack.up(self.config)
-                wheels = sorted((cache_root() / "wheels").glob("*/xeon_cluster-*.whl"))
             setup = stack.aws.setup_inputs
             self.check(setup.get("host") == addresses[0] and setup.get("user") == "root"
                        and setup.get("private_key_path") == self.state.key_path,
@@ -298,32 +292,30 @@ class Sitting:
                        and outputs["baseAmiId"] == UBUNTU_IMAGE_ID, f"stack outputs: {outputs}; groups {groups}")
             self.group_name = outputs["workerGroupName"]
             self.check_instances(outputs)
-            self.check(host_keys() == before, "this machine's /etc/ssh host keys changed: the pre-bake cleanup "
-                       "escaped the master's node")
+            self.check(host_keys() == before, "this machine's /etc/ssh host keys changed")
             runs = Path(LOCAL_OUTPUT_ROOT) / self.state.name  # local-up made it; every local cluster has one there
-            self.check(runs.is_dir(), f"{runs} is gone: the master's pre-bake cleanup removed this machine's "
-                       "local runs (every local cluster's)")
-            # The wheel of this checkout that the setup step built (in the rehearsal's own cache) is the
-            # project the master's venv records: the version, not the checkout's now, which may have moved on.
-            self.check(len(wheels) == 1, f"the setup step built {len(wheels)} project wheels: {wheels}")
-            built = wheels[0].parent.name
-            installed = (Path(venv_dir(get_profile("stock"))) / PROJECT_MARKER).read_text().strip()
-            self.check(installed == built, f"the setup step built xeon-cluster {built}, but the venv records "
-                       f"{installed}")
-            parked = self.sandbox.parked_host_keys()
-            self.check("ssh_host_ed25519_key" in parked,
-                       f"the pre-bake cleanup did not park node0's host key: {parked}")
+            self.check(runs.is_dir(), f"{runs} is gone: something removed this machine's local runs")
+            # No node that runs jobs was imaged: the image was made from the build's own instance, and the setup
+            # step only checked the master (installing at most this project's wheel).
+            (built_on,) = stack.aws.build_instances
+            self.check(built_on not in {i["InstanceId"] for i in self.running_in_discovery_order()},
+                       f"the image was made from {built_on}, a node of the cluster")
+            installed = str(stack.aws.setup_outputs.get("installed"))
+            image_id = outputs["amiId"]
+            self.check(installed.startswith((f"from kept image {image_id}: nothing to install",
+                                             f"from kept image {image_id}: installed what differed (xeon-cluster):")),
+                       f"the setup step did more than check the master: {installed}")
             image_tags = {t["Key"]: t["Value"] for t in self.account.client("ec2").describe_images(
-                ImageIds=[outputs["amiId"]])["Images"][0].get("Tags", [])}
-            self.check(image_tags.get(KEEP_KEY) == "true" and image_tags.get(PROJECT_VERSION_KEY) == built
-                       and image_tags.get(FINGERPRINT_KEY) and image_tags.get(CREATED_KEY),
+                ImageIds=[image_id])["Images"][0].get("Tags", [])}
+            self.check(image_tags.get(KEEP_KEY) == "true" and image_tags.get(FINGERPRINT_KEY)
+                       and image_tags.get(BASE_IMAGE_KEY) == UBUNTU_IMAGE_ID,
                        f"the kept image's tags do not say what it holds: {image_tags}")
             kinds = Counter(c.type.split(":")[-1] for c in stack.aws.created)
             result["summary"] = (f"{len(stack.aws.created)} resources in the account "
-                                 f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}); setup step "
-                                 f"over SSH to root@{addresses[0]}: xeon-cluster {installed} in the venv, host keys "
-                                 f"parked for the bake; image {outputs['amiId']} (kept, tagged with its fingerprint, "
-                                 f"region, base, version, time); master {addresses[0]}, "
+                                 f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}); image "
+                                 f"{image_id} built on its own instance {built_on} (kept, tagged with its "
+                                 f"fingerprint, region, base); setup step over SSH to root@{addresses[0]}: "
+                                 f"{installed}; master {addresses[0]}, "
                                  f"worker group {self.group_name} of {outputs['workerCount']} on "
                                  f"{', '.join(addresses[1:])}, no public address "
                                  f"({time.monotonic() - started:.0f} s)")
@@ -403,9 +395,8 @@ class Sitting:
         got = [(i["PrivateIpAddress"], i.get("PublicIpAddress"), i["SubnetId"]) for i in running]
         want = [(n.address, None, self.subnet) for n in self.discovery_order()]
         self.check(got == want, f"instances, master first (private, public, subnet): {got}; wanted {want}")
-        self.check(running[0]["ImageId"] == UBUNTU_IMAGE_ID
-                   and all(i["ImageId"] == outputs["amiId"] for i in running[1:]),
-                   "the master boots the Ubuntu image and the workers the baked one")
+        self.check(all(i["ImageId"] == outputs["amiId"] != UBUNTU_IMAGE_ID for i in running),
+                   "the master and the workers boot the built image")
         group = [{t["Key"]: t["Value"] for t in i["Tags"]}.get(GROUP_NAME_TAG) for i in running]
         self.check(group == [None] + [outputs["workerGroupName"]] * (NODES - 1)
                    and all(i.get("InstanceLifecycle") == "spot" and i["MetadataOptions"]["HttpTokens"] == "required"
@@ -519,11 +510,13 @@ class Sitting:
             kept = [d.reg.type for d in done if d.outcome.startswith("kept")]
             image = stack.outputs["amiId"]
             left = self.account.client("ec2").describe_images(ImageIds=[image])["Images"]
-            self.check(AMI in kept and left and left[0]["State"] == "available", f"the image {image} was not kept")
+            released = next(d.outcome for d in done if d.reg.type == RELEASE)
+            self.check(released == "released: the image kept" and left and left[0]["State"] == "available",
+                       f"the image {image} was not kept: {released}")
             drained = next(d.outcome for d in done if d.outcome.startswith("drained"))
             result["summary"] = (f"{deleted} deleted (the worker group first: {drained}), {len(kept)} kept (bucket "
-                                 f"{bucket} and its 6 settings, still private, encrypted, versioned; image {image} "
-                                 f"and its snapshot's {kept.count(TAG)} tags)")
+                                 f"{bucket} and its 6 settings, still private, encrypted, versioned); image {image} "
+                                 f"{released.split(': ', 1)[1]} (keepImage)")
 
     def sweep(self, *extra: str) -> tuple[str, tuple[int, int, int]]:
         out = self.fab("sweep", "--stack", self.stack_name, *extra)
@@ -558,7 +551,7 @@ class Sitting:
             finally:
                 stack_file.unlink()
             said = re.search(rf"^\[\s*ok\] image\s+reuses kept image {kept} .*no install, no bake: the first "
-                             r"`pulumi up` takes about (.+?) and bills", out, re.M)
+                             r"`pulumi up` takes about (.+?) and its build", out, re.M)
             self.check(said is not None, f"fab preflight did not say the stack reuses {kept}", out)
             stack = Stack(name, self.account, [n.address for n in self.state.nodes])
             with self.controller_env():
@@ -569,7 +562,8 @@ class Sitting:
             running = [i for r in ec2.describe_instances(Filters=[
                 {"Name": f"tag:{CLUSTER_KEY}", "Values": [self.reuse_cluster]},
                 {"Name": "instance-state-name", "Values": ["running"]}])["Reservations"] for i in r["Instances"]]
-            self.check(outputs["amiId"] == outputs["imageSource"] == kept and "AmiFromInstance" not in made
+            self.check(outputs["amiId"] == outputs["imageSource"] == kept and "Image" not in made
+                       and "AmiFromInstance" not in made
                        and len(running) == NODES and all(i["ImageId"] == kept for i in running),
                        f"the second stack did not boot every node from {kept}: outputs {outputs}, made {dict(made)}, "
                        f"instances {[(i['InstanceId'], i['ImageId']) for i in running]}")
@@ -583,7 +577,7 @@ class Sitting:
             self.check(bool(ec2.describe_images(ImageIds=[kept])["Images"]), f"the second stack's destroy took {kept}")
             result["summary"] = (f"preflight: reuses kept image {kept}, no install, no bake, the first `pulumi up` "
                                  f"{said.group(1)}; pulumi up: {sum(made.values())} resources, no "
-                                 f"image made (no AmiFromInstance), the master and {NODES - 1} workers boot {kept}; "
+                                 f"image built, the master and {NODES - 1} workers boot {kept}; "
                                  f"setup step {installed}; destroyed, {kept} still kept")
 
     def fab_images_lists_and_removes(self, kept: str) -> None:
@@ -608,13 +602,12 @@ class Sitting:
             stack = Stack(f"{self.stack_name}-leak", self.account, [self.state.nodes[0].address])
             with self.controller_env():
                 outputs = stack.up(self.stack_config(cluster=self.leak_cluster, subnet=subnet, vpc=vpc, workers=0))
-            stack.destroy(forget=(AMI, TAG))
+            stack.destroy(forget=(RELEASE,))
             ec2 = self.account.client("ec2")
             image = ec2.describe_images(ImageIds=[outputs["amiId"]])["Images"][0]
             snapshot = image["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]
-            left = ec2.describe_snapshots(SnapshotIds=[snapshot])["Snapshots"][0]
-            self.check(any(t["Key"] == CLUSTER_KEY for t in left.get("Tags", [])), "the left snapshot has no tags")
-            result["summary"] = f"left behind: image {outputs['amiId']} and its snapshot {snapshot} (tagged)"
+            self.check(any(t["Key"] == CLUSTER_KEY for t in image.get("Tags", [])), "the left image has no tags")
+            result["summary"] = f"left behind: image {outputs['amiId']} (tagged) and its snapshot {snapshot}"
         return stack
 
     def sweep_catches_and_removes(self, leaky: Stack) -> None:
@@ -643,8 +636,6 @@ class Sitting:
                                  env=self.env, capture_output=True, text=True, timeout=120)
             if run.returncode != 0 and self.state is not None:
                 problems.append(f"fab local-down --name {self.local_name}: {run.stdout}{run.stderr}")
-        if self.sandbox is not None:
-            self.sandbox.cleanup()
         if self.account.url:
             self.account.stop()
         if problems:

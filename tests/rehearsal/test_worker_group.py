@@ -21,8 +21,8 @@ CLUSTER = "rehearsal-group"
 
 def stub_setup(inputs: dict) -> tuple[str, dict]:
     """Test double for the setup step (it runs over SSH in the sitting): what its create() returns."""
-    return "setup-0", {**{k: v for k, v in inputs.items() if k != "__provider"}, "bake_source": inputs["instance_id"],
-                       "stamp": "20260501T120000Z"}  # the image's name ends with it
+    return "setup-0", {**{k: v for k, v in inputs.items() if k != "__provider"}, "bake_source": None,
+                       "stamp": "20260501T120000Z"}
 
 
 @pytest.fixture
@@ -79,6 +79,12 @@ def test_the_group_launches_on_the_given_nodes_replaces_a_terminated_worker_ther
 
     done = {d.reg.type.split(":")[-1]: d.outcome for d in stack.destroy()}
     assert done["Group"] == "drained (2 terminated), deleted" and done["LaunchTemplate"] == "deleted"
+    # The image was built on an instance of its own (terminated since), and the destroy of a stack that does not
+    # keep it, with no other stack's use recorded, removes it.
+    (built_on,) = stack.aws.build_instances
+    assert built_on not in {w["InstanceId"] for w in workers.values()}
+    assert done["ImageRelease"] == "released: the image and its snapshots removed"
+    assert not ec2.describe_images(Filters=[{"Name": "image-id", "Values": [outputs["amiId"]]}])["Images"]
     assert not instances(account, ["pending", "running", "stopping", "stopped"])
     assert not autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
     assert not ec2.describe_launch_templates()["LaunchTemplates"]

@@ -174,25 +174,31 @@ def test_fab_plan_draws_a_png(tmp_path):
 
 # --- the whole cost: provisioning, the run, the idle tail -----------------------------------------
 
-# A first `pulumi up` of 100 GiB by its steps (cluster/stack/lifecycle.py), with a bake: 1 min of resources, the
-# master's boot (the type's boot budget: 40 min metal, 15 others), 3 min cloud-init, 10 min install, 30 min bake,
-# the workers' boot; from a kept image: resources, every node's boot, cloud-init, a 30 s check.
-BAKE_METAL_S, BAKE_METAL_MASTER_S = 60 + 2400 + 180 + 600 + 1800 + 2400, 2400 + 180 + 600 + 1800 + 2400  # 2h 04m
+# A first `pulumi up` by its steps (cluster/stack/lifecycle.py), with the image built apart: 1 min of resources, the
+# build instance's boot (m7i.large, not metal: 15 min), 10 min install, the snapshot of the profile's build volume
+# (18 s per GiB: intel 60 GiB, stock 40), then every node's boot (the type's boot budget: 40 min metal, 15 others),
+# 3 min cloud-init and a 30 s check on the master; from a kept image: the same without the build.
+BUILD_S = {"intel": 900 + 600 + 18 * 60, "stock": 900 + 600 + 18 * 40}  # billed by the build instance alone
+BUILDER_USD = {p: seconds * 0.1008 / 3600 for p, seconds in BUILD_S.items()}  # m7i.large on demand, us-east-1
 KEPT_METAL_S, KEPT_METAL_MASTER_S = 60 + 2400 + 180 + 30, 2400 + 180 + 30  # 44m 30s
+BAKE_METAL_S, BAKE_METAL_MASTER_S = KEPT_METAL_S + BUILD_S["intel"], KEPT_METAL_MASTER_S  # 1h 27m 30s
 
 
 def test_provisioning_bills_the_master_through_the_first_up_and_each_worker_its_boot():
     rows, _ = _plan(nodes="1,4")  # r7iz.metal-16xl: metal, workers 40 min
     one, four = rows
     assert one.provisioning_seconds == four.provisioning_seconds == BAKE_METAL_S and one.provisioning_from == "bake"
-    assert one.provisioning_usd == pytest.approx(5.0 * BAKE_METAL_MASTER_S / 3600)
-    assert four.provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600)
+    assert one.provisioning_usd == pytest.approx(5.0 * BAKE_METAL_MASTER_S / 3600 + BUILDER_USD["intel"])
+    assert four.provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600 + BUILDER_USD["intel"])
     # the other way, shown beside it: from a kept image
     assert four.other_provisioning_seconds == KEPT_METAL_S
     assert four.other_provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600)
     rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: boots of 15 min
-    assert rows[0].provisioning_seconds == 60 + 900 + 180 + 600 + 1800 + 900
-    assert rows[0].provisioning_usd == pytest.approx(5.0 * (900 + 180 + 600 + 1800 + 900 + 3 * 900) / 3600)
+    assert rows[0].provisioning_seconds == 60 + BUILD_S["intel"] + 900 + 180 + 30
+    assert rows[0].provisioning_usd == pytest.approx(5.0 * (900 + 180 + 30 + 3 * 900) / 3600 + BUILDER_USD["intel"])
+    # The built image's storage while it is kept: intel's 60 GiB build volume at $0.05 per GB-month.
+    assert ("image storage: the built image's 60 GiB snapshot bills at most $3.00/month while it is kept "
+            "(keepImage, or another stack boots it)") in " ".join(_plan(nodes="4")[1].notes)
     rows, inputs = _plan(nodes="4", provisioning=False)
     assert rows[0].provisioning_usd == 0 and ("provisioning", "not counted",
                                               "given (--no-provisioning: the cluster is up)") in inputs.sources
@@ -204,10 +210,12 @@ def test_a_stack_that_boots_a_kept_image_is_priced_from_it_and_shows_the_bake_be
     one, four = rows
     assert (four.provisioning_from, four.provisioning_seconds) == ("kept image ami-0kept", KEPT_METAL_S)
     assert four.provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600)
-    assert four.other_provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600)
+    assert four.other_provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600
+                                                        + BUILDER_USD["intel"])
     line = costplan.lifecycle_line(rows)
-    assert line.startswith("provision $: the first `pulumi up` from kept image ami-0kept, 44m 30s (the master "
-                           f"throughout, each worker its boot); with a bake: 2h 04m 00s, 1 node(s) "
+    assert line.startswith("provision $: the first `pulumi up` from kept image ami-0kept, 44m 30s (every node "
+                           "from its launch; the image's build on its own small instance); with the image built "
+                           f"apart: 1h 27m 30s, 1 node(s) "
                            f"${one.other_provisioning_usd:.2f}, 4 node(s) ${four.other_provisioning_usd:.2f}")
     (source,) = [where for name, _, where in inputs.sources if name == "provisioning"]
     assert source.endswith("; it holds profile intel")
@@ -288,21 +296,28 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     table = fab_plan()
     assert "provision $" in table and "run $" in table and "idle $" in table
     assert "price: spot $2.9760/instance-hour, spot estimate: 0.5 x the on-demand $5.9520" in table
-    assert "provision $: the first `pulumi up` with a bake, 2h 04m 00s" in table and "idle $: 30m 00s idle" in table
+    # 4 x r7iz.metal-16xl, profile stock: the build on its small instance (billed at its own price), then every
+    # node's boot; the master no longer bills through an install and a bake (it was 2h 04m 00s, $12.05).
+    assert "provision $: the first `pulumi up` with the image built apart, 1h 21m 30s" in table
+    assert ("the build instance's boot (m7i.large) 15m 00s, install on it 10m 00s, the image's snapshot (40 GiB)"
+            in table)
+    assert "idle $: 30m 00s idle" in table
     assert "; from a kept image (keepImage: true keeps a stack's image for the next one): 44m 30s, 4 node(s) $" \
         in table
     row = json.loads(fab_plan("--json"))[0]
     spot = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
     assert (row["nodes"], row["instance_type"], row["market"]) == (4, "r7iz.metal-16xl", "spot")
     assert "spot estimate" in row["price_source"]
-    assert row["provisioning_usd"] == pytest.approx(spot * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600, abs=1e-3)
+    assert row["provisioning_usd"] == pytest.approx(spot * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600
+                                                    + BUILDER_USD["stock"], abs=1e-3)
+    assert row["provisioning_usd"] < 12.05 * 0.7
     assert row["other_provisioning_usd"] == pytest.approx(spot * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600, abs=1e-3)
     assert row["idle_tail_usd"] == pytest.approx(4 * spot * 0.5, abs=1e-3)
     assert row["run_usd"] == pytest.approx(4 * spot * row["run_seconds"] / 3600, abs=1e-3)
     assert row["total_usd"] == pytest.approx(row["provisioning_usd"] + row["run_usd"] + row["idle_tail_usd"],
                                              abs=1e-3)
-    # the master alone on demand: (5.952 - 2.976) x (2h 04m + the run + 0.5 h)
-    extra = (5.952 - spot) * (BAKE_METAL_S + row["run_seconds"] + 1800) / 3600
+    # the master alone on demand: (5.952 - 2.976) x (its part of provisioning + the run + 0.5 h)
+    extra = (5.952 - spot) * (BAKE_METAL_MASTER_S + row["run_seconds"] + 1800) / 3600
     assert row["on_demand_master_extra_usd"] == pytest.approx(extra, abs=1e-3)
     assert row["on_demand_master_total_usd"] == pytest.approx(row["total_usd"] + extra, abs=1e-3)
     assert (f"on-demand master (recommended for --managed runs): +${extra:.2f} "
@@ -332,7 +347,8 @@ def test_the_static_on_demand_price_the_figures_below_use():
 
 
 def _master_rows(nodes="1,4", price=None, on_demand=None, **over):
-    """A one-hour epoch on one node of r7iz.metal-16xl: 2h 04m provisioning (metal), the run, a 30 min idle tail."""
+    """A one-hour epoch on one node of r7iz.metal-16xl: provisioning (metal, with the build), the run, a 30 min idle
+    tail."""
     options = dict(nodes=nodes, instance_type="r7iz.metal-16xl", profile="intel", placement_group=False,
                    single_node_time="1h")
     options.update(over)
@@ -347,13 +363,14 @@ def test_an_on_demand_master_adds_the_price_difference_over_the_master_s_hours_o
     rows, _ = _master_rows(price=spot)
     rows, line = costplan.with_on_demand_master(rows, spot, on_demand)
     one, four = rows
-    # by hand: (5.952 - 2.0) = 3.952 $/hour over 2h 04m + 1 h (the run, plus under a second of start-up) + 0.5 h
+    # by hand: (5.952 - 2.0) = 3.952 $/hour over the master's 43m 30s + 1 h (the run, plus under a second of
+    # start-up) + 0.5 h
     assert one.prediction.run_seconds == pytest.approx(3600, abs=2)
-    assert one.on_demand_master_usd == pytest.approx(3.952 * (BAKE_METAL_S / 3600 + 1.5), abs=0.005)  # 14.10
-    # four nodes: the master alone, not four times; its hours are 2h 04m + the shorter run + 0.5 h
+    assert one.on_demand_master_usd == pytest.approx(3.952 * (BAKE_METAL_MASTER_S / 3600 + 1.5), abs=0.005)
+    # four nodes: the master alone, not four times; its hours are its 43m 30s + the shorter run + 0.5 h
     assert four.prediction.run_seconds < 1000
     assert four.on_demand_master_usd == pytest.approx(
-        3.952 * (BAKE_METAL_S / 3600 + 0.5 + four.prediction.run_seconds / 3600))
+        3.952 * (BAKE_METAL_MASTER_S / 3600 + 0.5 + four.prediction.run_seconds / 3600))
     assert four.on_demand_master_usd < one.on_demand_master_usd
     assert line == ("on-demand master (recommended for --managed runs): "
                     f"1 node(s) +${one.on_demand_master_usd:.2f} "
@@ -366,7 +383,7 @@ def test_an_on_demand_master_adds_the_price_difference_over_the_master_s_hours_o
 
 @pytest.mark.parametrize("over, hours", [
     (dict(provisioning=False), 1.5),  # the run and the idle tail
-    (dict(auto_stop_idle="off"), BAKE_METAL_S / 3600 + 1.0),  # provisioning and the run: auto-stop off, no tail
+    (dict(auto_stop_idle="off"), BAKE_METAL_MASTER_S / 3600 + 1.0),  # the master's provisioning and the run
     (dict(provisioning=False, auto_stop_idle="2h"), 3.0),
 ])
 def test_an_on_demand_master_counts_the_plan_s_own_terms(over, hours):
@@ -394,7 +411,8 @@ def test_a_stack_with_an_on_demand_master_gets_the_figure_the_spot_table_leaves_
     rows, price = _master_rows(nodes="1")
     rows, line = costplan.with_on_demand_master(rows, price, price.on_demand, master_spot=False)
     assert line.startswith("on-demand master (recommended for --managed runs): master already on demand "
-                           "(the stack's masterSpot false), which the spot prices above leave out: +$10.62 (total $")
+                           "(the stack's masterSpot false), which the spot prices above leave out: +$6.62 (total $")
+    # by hand: 2.976 $/hour over the master's 43m 30s of provisioning + the 1 h run + the 30 min tail = 6.62
     rows, line = costplan.with_on_demand_master(rows, costplan.Price(3.0, "spot", "given"), None, master_spot=False,
                                                 unknown="no on-demand price")
     assert line.endswith("master already on demand (the stack's masterSpot false), which the spot prices above "

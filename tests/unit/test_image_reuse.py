@@ -111,12 +111,13 @@ def test_another_project_version_reuses_the_image_and_says_what_the_step_install
 def test_the_choice_line_says_what_a_reuse_saves_and_a_bake_costs():
     stack = spec()  # r7iz.metal-16xl, 3 workers
     reuse = image_reuse.choice_line(choose(wanted(stack), [image(stack)], previous=None), stack, now=NOW)
-    # by hand: a bake 1m + 40m + 3m + 10m + 30m + 40m = 2h 04m; from the image 1m + 40m + 3m + 30s = 44m 30s;
-    # the master bills 123 min against 43.5, each of 3 workers 40 min in both: 79.5 min = 1.3 instance-hours less
-    assert "takes about 44m 30s instead of 2h 04m 00s and bills 1.3 instance-hour(s) less" in reuse
+    # by hand: a build 15m + 10m + 12m (stock's 40 GiB), then from the image 1m + 40m + 3m + 30s = 44m 30s; the nodes
+    # bill the same either way, the build instance 37 min at $0.1008/hour = $0.06
+    assert "takes about 44m 30s instead of 1h 21m 30s and its build instance bills nothing ($0.06 less)" in reuse
     bake = image_reuse.choice_line(choose(wanted(stack), [], previous=None), stack, now=NOW)
-    assert bake == ("bakes a new image: no kept image in us-east-1: this stack bakes its own; the first `pulumi up` "
-                    "takes about 2h 04m 00s (keepImage: false: `pulumi destroy` deletes it)")
+    assert bake == ("bakes a new image: no kept image in us-east-1: this stack bakes its own; EC2 Image Builder "
+                    "builds it on its own m7i.large ($0.06), and the first `pulumi up` takes about 1h 21m 30s "
+                    "(keepImage: false: `pulumi destroy` deletes it, unless another stack boots it)")
 
 
 def test_a_stack_that_baked_keeps_baking_and_one_that_reuses_keeps_its_image():
@@ -141,3 +142,37 @@ def test_a_kept_image_s_age_size_and_monthly_cost():
     assert (kept.age(NOW), kept.size_gib, kept.monthly_usd) == ("2d 0h", 120, pytest.approx(6.0))
     assert KeptImage.from_description({"ImageId": "ami-0bare", "CreationDate": "2026-05-03T11:00:00.000Z"}).age(NOW) \
         == "1h 00m 00s"
+
+
+# --- the image built apart (cluster/stack/image_build.py) -----------------------------------------------------
+
+def test_the_component_downloads_the_install_script_runs_it_and_removes_it():
+    import yaml
+
+    from cluster.stack import image_build
+
+    uri = "s3://xeon-dev-checkpoints-0a1b/image-builder/install/stock-0a1b2c3d4e5f.sh"
+    document = yaml.safe_load(image_build.component_document(uri))
+    (phase,) = document["phases"]
+    download, install, clean = phase["steps"]
+    assert phase["name"] == "build" and download["action"] == "S3Download"
+    assert download["inputs"] == [{"source": uri, "destination": f"{image_build.BUILD_DIR}/install.sh"}]
+    assert install["inputs"]["commands"] == [f"bash {image_build.BUILD_DIR}/install.sh"]
+    assert clean["inputs"]["commands"] == [f"rm -rf {image_build.BUILD_DIR} /root/.cache/pip"]
+    for bad in ("s3://bucket/key; rm -rf /", "https://example.com/x.sh", "s3://Bucket/x", ""):
+        with pytest.raises(ValueError, match="script_uri: .* is not allowed"):
+            image_build.component_document(bad)
+
+
+def test_a_destroy_removes_its_image_only_when_not_kept_and_no_other_stack_records_its_use():
+    from cluster.stack import image_build
+    from cluster.stack.tags import USED_BY_PREFIX
+
+    mine = {f"{USED_BY_PREFIX}xeon-dev": "dev"}
+    assert image_build.release(mine, "xeon-dev", keep=False) == (
+        True, "removed: keepImage is false and no other stack boots it")
+    assert image_build.release({}, "xeon-dev", keep=True) == (False, "kept: keepImage is true")
+    used = {**mine, f"{USED_BY_PREFIX}xeon-lab": "lab"}
+    assert image_build.release(used, "xeon-dev", keep=False) == (
+        False, "kept: other stacks boot it (xeon-lab (stack lab))")
+    assert image_build.image_users(used) == {"xeon-dev": "dev", "xeon-lab": "lab"}

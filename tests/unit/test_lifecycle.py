@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from cluster.stack import catalog, lifecycle
+from cluster.stack import catalog, image_build, lifecycle
 from tests.unit.test_fab_bad_input import ROOT, STACK
 from tests.fab_run import fab_in_process
 
@@ -59,25 +59,30 @@ def test_the_missing_cli_message_is_one_line_per_command_in_order():
     assert lines[1:] == ["  pulumi destroy --stack dev", "  fab forget --cluster xeon-dev", "  fab sweep --stack dev"]
 
 
-def test_a_first_up_is_the_program_s_steps_with_the_type_s_boot_and_bills_the_master_throughout():
-    metal = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"), 100)
-    other = lifecycle.first_up(catalog.lookup("c6i.16xlarge"), 200)
-    assert [s.name for s in metal.steps] == ["resources", "the master's boot", "cloud-init", "install", "bake",
-                                             "the workers' boot from the image"]
-    # by hand: 1 min + the boot budget (40 min metal, 15 others) + 3 + 10 + 18 s per GiB + the workers' boot
-    assert (metal.seconds, other.seconds) == (60 + 2400 + 180 + 600 + 1800 + 2400, 60 + 900 + 180 + 600 + 3600 + 900)
-    assert metal.instance_seconds(4) == metal.seconds - 60 + 3 * 2400  # no instance bills the first minute
-    assert other.instance_seconds(1) == other.seconds - 60
+def test_a_first_up_builds_the_image_on_its_small_instance_then_boots_every_node_from_it():
+    metal = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"), 40)
+    other = lifecycle.first_up(catalog.lookup("c6i.16xlarge"), 60)
+    assert [s.name for s in metal.steps] == ["resources", "the build instance's boot (m7i.large)", "install on it",
+                                             "the image's snapshot (40 GiB)", "every node's boot from the image",
+                                             "cloud-init", "check"]
+    # by hand: 1 min + the build (m7i.large's boot budget 15 min, 10 min install, 18 s per GiB) + every node's boot
+    # (40 min metal, 15 others) + 3 min cloud-init + a 30 s check
+    assert (metal.seconds, other.seconds) == (60 + 900 + 600 + 720 + 2400 + 180 + 30,
+                                              60 + 900 + 600 + 1080 + 900 + 180 + 30)
+    # No node bills during the build: the master from its launch, each worker its boot; the build instance its own.
+    assert metal.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400 and metal.worker_seconds == 2400
+    assert metal.builder_seconds == 900 + 600 + 720
+    assert metal.builder_usd == pytest.approx((900 + 600 + 720) / 3600 * image_build.BUILDER_USD_PER_HOUR)
     assert "metal type" in metal.source and "non-metal" in other.source and "boot budget 40m 00s" in metal.source
 
 
-def test_a_first_up_from_a_kept_image_boots_every_node_and_installs_and_bakes_nothing():
+def test_a_first_up_from_a_kept_image_builds_nothing():
     metal = catalog.lookup("r7iz.metal-16xl")
-    kept = lifecycle.first_up(metal, 100, kept_image=True)
+    kept = lifecycle.first_up(metal, 40, kept_image=True)
     assert [s.name for s in kept.steps] == ["resources", "every node's boot from the kept image", "cloud-init", "check"]
-    assert kept.seconds == 60 + 2400 + 180 + 30 and kept.worker_seconds == 2400
-    assert kept.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400
-    assert kept.seconds < lifecycle.first_up(metal, 100).seconds - 3600  # an hour and more saved
+    assert kept.seconds == 60 + 2400 + 180 + 30 and kept.worker_seconds == 2400 and kept.builder_usd == 0
+    assert kept.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400 == lifecycle.first_up(metal, 40).instance_seconds(4)
+    assert kept.seconds == lifecycle.first_up(metal, 40).seconds - (900 + 600 + 720)  # the build's time saved
 
 
 # --- the real `fab` with the Pulumi double ----------------------------------------------------------
