@@ -39,6 +39,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("allowSshFromAnywhere", "allow_ssh_from_anywhere", bool),
     ConfigKey("clusterName", "cluster_name", str),
     ConfigKey("instanceType", "instance_type", str),
+    ConfigKey("instanceTypes", "instance_types", list),
     ConfigKey("sockets", "sockets", int, unset="0"),
     ConfigKey("physicalCores", "physical_cores", int, unset="0"),
     ConfigKey("workerCount", "worker_count", int),

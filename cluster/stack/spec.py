@@ -55,7 +55,10 @@ class ClusterSpec:
     region: str
     public_key: str
     admin_cidrs: tuple[str, ...]
-    instance_type: str = "r7iz.metal-16xl"
+    instance_type: str = "r7iz.metal-16xl"  # with instanceTypes: the first of them
+    # instanceTypes: the types of one shape the workers' group may launch, in order of preference; () when
+    # the stack names one instanceType (`types` gives either form as a list).
+    instance_types: tuple[str, ...] = ()
     worker_count: int = 3
     master_spot: bool = True
     worker_spot: bool = True
@@ -77,6 +80,11 @@ class ClusterSpec:
     sockets: int | None = None
     physical_cores: int | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """Every type a node may be, in order of preference: instanceTypes, or instanceType alone."""
+        return self.instance_types or (self.instance_type,)
 
     @property
     def node_count(self) -> int:
@@ -113,7 +121,7 @@ class ClusterSpec:
                                                 else values["admin_cidrs"] or ())
         values["public_key"] = (values["public_key"] or "").strip()
         values["tags"], tag_problems = _parse_tags(values["tags"] or {})
-        problems += _value_problems(values) + tag_problems
+        problems += _instance_types(values, cfg.get("instanceType")) + _value_problems(values) + tag_problems
         if not region:
             problems.append("aws:region: not set; allowed: an AWS region name, e.g. "
                             "`pulumi config set aws:region us-east-1`")
@@ -160,6 +168,43 @@ def _convert(raw: Any, kind: type) -> Any:
     if kind is float and not math.isfinite(value):
         raise ValueError(raw)
     return value
+
+
+def _instance_types(v: dict[str, Any], given_type: Any) -> list[str]:
+    """instanceTypes: a list of catalog types of one shape (cluster/stack/catalog.py `shape`), each once; the
+    first becomes instance_type (the master's and the plan's). Sets v["instance_types"] to a tuple (or ())."""
+    listed = v["instance_types"]
+    v["instance_types"] = ()
+    if not listed:  # unset, or Pulumi.yaml's default []
+        return []
+    if isinstance(listed, str) or not isinstance(listed, (list, tuple)) or not all(
+            isinstance(t, str) and t for t in listed):
+        return [f"instanceTypes: {listed!r} is not a list of instance type names; allowed: a list such as "
+                "[m7i.48xlarge, c7i.48xlarge, r7i.48xlarge] (`pulumi config set --path 'instanceTypes[0]' ...`)"]
+    types = tuple(listed)
+    if len(set(types)) != len(types):
+        return [f"instanceTypes: {', '.join(types)} names a type more than once; allowed: each type once"]
+    unknown = [t for t in types if catalog.lookup(t) is None]
+    if unknown:
+        return [f"instanceTypes: {', '.join(unknown)} not in the catalog, whose shapes it compares; allowed: "
+                f"{', '.join(catalog.known_types())} (one type outside it: instanceType with sockets and "
+                "physicalCores)"]
+    if v["sockets"] is not None or v["physical_cores"] is not None:
+        return ["instanceTypes: set together with sockets/physicalCores, which describe one type outside the "
+                "catalog; allowed: instanceTypes of catalog types alone, or instanceType with sockets and "
+                "physicalCores"]
+    first = catalog.shape(catalog.CATALOG[types[0]])
+    differing = [t for t in types if catalog.shape(catalog.CATALOG[t]) != first]
+    if differing:
+        other = catalog.shape(catalog.CATALOG[differing[0]])
+        return [f"instanceTypes: {', '.join(types)} are of more than one shape: {', '.join(differing)} "
+                f"({other.words()}) against {types[0]} ({first.words()}); allowed: types of one shape, so one "
+                f"rank layout and one image fit every node ({types[0]}'s: {', '.join(catalog.same_shape(types[0]))})"]
+    if not is_unset("instanceType", given_type) and given_type not in (types[0], ClusterSpec.instance_type):
+        return [f"instanceType: {given_type!r} is set together with instanceTypes, whose first type "
+                f"({types[0]}) is every node's first choice; allowed: one of the two"]
+    v["instance_types"], v["instance_type"] = types, types[0]
+    return []
 
 
 def _value_problems(v: dict[str, Any]) -> list[str]:
