@@ -1,4 +1,6 @@
-"""The workers: one Auto Scaling group of `workerCount` instances from one launch template.
+"""The workers: one Auto Scaling group of `workerCount` instances from one launch template (with
+`instanceTypes`, from a mixed instances policy over that template and each listed type:
+cluster/stack/worker_group.py).
 
 The launch template holds what every worker shares with the master's hardening (infra/node.py):
 the image (the baked one, or the master's base image without a bake), the instance type, spot as a
@@ -132,7 +134,9 @@ class WorkerGroup(pulumi.ComponentResource):
             vpc_security_group_ids=None if public else list(network.security_group_ids),
             placement=(aws.ec2.LaunchTemplatePlacementArgs(group_name=network.placement_group)
                        if network.placement_group else None),
-            instance_market_options=template_market(spec.worker_spot, spec.spot_max_price),
+            # With several types the group's mixed instances policy chooses the market (cluster/stack/worker_group.py).
+            instance_market_options=None if rules.mixed(spec.types) else template_market(spec.worker_spot,
+                                                                                           spec.spot_max_price),
             instance_initiated_shutdown_behavior=SHUTDOWN_BEHAVIOR,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(name=instance_profile),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
@@ -161,14 +165,27 @@ class WorkerGroup(pulumi.ComponentResource):
         assert set(shape) == set(WORKER_TEMPLATE), sorted(set(shape) ^ set(WORKER_TEMPLATE))
         trigger = {**replacement_key(spec, spec.worker_spot), "image": self.template.image_id,
                    "template": {k: shape[k] for k in WORKER_TEMPLATE if shape[k] is not None}}
+        version = self.template.latest_version.apply(str)
+        if rules.mixed(spec.types):  # (a one-type stack's trigger stays as it was: no key added)
+            trigger["instanceTypes"] = list(spec.types)
+            launch: dict = {"mixed_instances_policy": aws.autoscaling.GroupMixedInstancesPolicyArgs(
+                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                    launch_template_specification=(
+                        aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                            launch_template_id=self.template.id, version=version)),
+                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(instance_type=t)
+                               for t in spec.types]),
+                instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+                    **rules.distribution(spec.worker_spot, spec.spot_max_price)))}
+        else:
+            launch = {"launch_template": aws.autoscaling.GroupLaunchTemplateArgs(id=self.template.id, version=version)}
         self.group = aws.autoscaling.Group(
             name,
             min_size=spec.worker_count,
             max_size=spec.worker_count,
             desired_capacity=spec.worker_count,
             vpc_zone_identifiers=[network.subnet_id],
-            launch_template=aws.autoscaling.GroupLaunchTemplateArgs(
-                id=self.template.id, version=self.template.latest_version.apply(str)),
+            **launch,
             health_check_type="EC2",
             capacity_rebalance=False,
             # Delete drains: capacity 0, wait until every worker is terminated (see the module docstring).

@@ -37,12 +37,12 @@ TEMPLATE_SHAPE = "workerTemplate"  # the fields of the workers' template, in tha
 # not listed: a new user data makes a new version and replaces no worker; the image is the group's trigger
 # on its own) -> the stack settings each is made from. A field made of constants lists none.
 WORKER_TEMPLATE: dict[str, tuple[str, ...]] = {
-    "instance_type": ("instanceType",),
+    "instance_type": ("instanceType", "instanceTypes"),  # the first of instanceTypes; the rest are overrides
     "key_name": ("publicKey",),
     "network_interfaces": ("vpcId", "subnetId"),  # with a public address (the default VPC): the groups go here
     "vpc_security_group_ids": ("vpcId", "subnetId"),
     "placement": ("placementGroup",),
-    "instance_market_options": ("workerSpot", "spotMaxPrice"),
+    "instance_market_options": ("workerSpot", "spotMaxPrice", "instanceTypes"),  # none with several types
     "instance_initiated_shutdown_behavior": (),
     "iam_instance_profile": (),
     "metadata_options": (),

@@ -1,4 +1,14 @@
-"""The workers' Auto Scaling group: why it has fewer instances than it wants, in one line (pure).
+"""The workers' Auto Scaling group: how it spreads over several instance types, and why it has fewer instances
+than it wants, in one line (pure).
+
+With `instanceTypes` (several types of one shape) the group launches from a mixed instances policy
+(infra/workers.py): its launch template's type is the first, each listed type an override in the stack's
+order, and the instances distribution below. Spot uses AWS's recommended `price-capacity-optimized`
+allocation (the pools least likely to be interrupted, then the cheapest of them); it does not follow the
+order: `capacity-optimized-prioritized` would, on a best-effort basis, at the price of launching into a
+pool with less room. On-demand (`workerSpot: false`) follows the order (`prioritized`): the first type that
+has capacity. The launch template holds no spot market options then: AWS refuses a template that asks for
+spot in a mixed instances policy, whose distribution chooses the market.
 
 Two readers share these rules: the Pulumi program's error hook on the group (a `pulumi up` whose
 group could not be filled) and `fab status` (node_setup/aws/worker_group.py, from
@@ -11,7 +21,24 @@ failed yet. These rules find that message and add what to change for it.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+SPOT_ALLOCATION = "price-capacity-optimized"
+ON_DEMAND_ALLOCATION = "prioritized"
+
+
+def mixed(types: Sequence[str]) -> bool:
+    """Whether the group needs a mixed instances policy: more than one type listed."""
+    return len(types) > 1
+
+
+def distribution(spot: bool, max_price: float | None) -> dict[str, Any]:
+    """The mixed instances policy's instances distribution (the provider's argument names): every worker spot,
+    or every worker on-demand, none as a base."""
+    return {"on_demand_base_capacity": 0, "on_demand_percentage_above_base_capacity": 0 if spot else 100,
+            "on_demand_allocation_strategy": ON_DEMAND_ALLOCATION, "spot_allocation_strategy": SPOT_ALLOCATION,
+            "spot_max_price": f"{max_price:.4f}" if spot and max_price else ""}
+
 
 # The provider's error for a failed scaling activity (terraform-provider-aws, the group's capacity wait).
 _ACTIVITY = re.compile(r"scaling activity \(([^)]*)\): Failed: (.+?)(?:\n|$)")
