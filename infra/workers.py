@@ -85,7 +85,7 @@ def template_market(spot: bool, max_price: float | None) -> aws.ec2.LaunchTempla
     )
 
 
-def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
+def group_failure_hook(name: str, wanted: int, types: Sequence[str] = ()) -> pulumi.ErrorHook:
     """An error hook for the group: a `pulumi up` whose group could not be filled ends with one line naming
     AWS's reason when the provider's error carries a failed scaling activity's message, and what to change;
     a timeout (the provider waits through failed activities: `ignore_failed_scaling_activities`) says that
@@ -97,7 +97,7 @@ def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
             return False
         found = rules.activity_failure(args.errors[0])
         if found:
-            pulumi.log.error(rules.failure_line(args.name, wanted, found[1]))
+            pulumi.log.error(rules.failure_line(args.name, wanted, found[1], types))
         elif "timeout" in args.errors[0].lower():
             pulumi.log.error(rules.timeout_line(args.name, wanted, CAPACITY_TIMEOUT))
         return False
@@ -204,6 +204,6 @@ class WorkerGroup(pulumi.ComponentResource):
                 replacement_trigger=trigger,
                 ignore_changes=[p for w, p in kept if w == "group"] or None,
                 custom_timeouts=INSTANCE_TIMEOUTS,
-                hooks=(pulumi.ResourceHookBinding(on_error=[group_failure_hook(name, spec.worker_count)])
+                hooks=(pulumi.ResourceHookBinding(on_error=[group_failure_hook(name, spec.worker_count, spec.types)])
                        if hooks else None)))
         self.register_outputs({"groupName": self.group.name, "launchTemplateId": self.template.id})

@@ -72,9 +72,26 @@ def advice(reason: str) -> str:
     return ""
 
 
-def failure_line(group: str, wanted: int, reason: str) -> str:
-    """One line: the group could not launch its workers, AWS's reason, and what to change."""
-    hint = advice(reason)
+def other_types(reason: str, types: Sequence[str]) -> list[str]:
+    """The group's types besides the one a capacity failure names (its mixed instances policy goes on with
+    them); [] for one type, another kind of failure, or a message that names none of the types."""
+    if not mixed(types) or advice(reason) != _ADVICE[0][1]:
+        return []
+    named = [t for t in types if t in reason]
+    return [t for t in types if t not in named] if named else []
+
+
+def failure_line(group: str, wanted: int, reason: str, types: Sequence[str] = ()) -> str:
+    """One line: the group could not launch its workers, AWS's reason, and what to change. `types`: the group's
+    mixed instances policy's, in order: a capacity failure of one of them names the ones the group goes on
+    with (the advice then is only to wait)."""
+    others = other_types(reason, types)
+    if others:
+        hint = (f"the group goes on with its other type(s), {', '.join(others)} (next: {others[0]}; with spot, AWS "
+                f"picks the pool by {SPOT_ALLOCATION}); if none has room either, one of: workerSpot: false, "
+                "another zone, placementGroup: false")
+    else:
+        hint = advice(reason)
     return (f"{group}: AWS could not launch the {wanted} worker(s) of the group: {reason}"
             + (f"; {hint}" if hint else "") + "; `fab preflight` checks new settings")
 
@@ -92,11 +109,12 @@ def timeout_line(group: str, wanted: int, timeout: str) -> str:
             "`fab up` and `fab status` name the group's latest scaling activity (the reason)")
 
 
-def capacity_line(group: str, wanted: int, in_service: int, reason: str | None, waited: str) -> str:
+def capacity_line(group: str, wanted: int, in_service: int, reason: str | None, waited: str,
+                  types: Sequence[str] = ()) -> str:
     """`fab up`'s line when the group had fewer workers in service than it wants after the wait: how many,
     the group's own reason (its latest scaling activity, when it failed) and what to change, and what the
     group does next."""
-    why = failure_line(group, wanted, reason) if reason else (
+    why = failure_line(group, wanted, reason, types) if reason else (
         f"{group}: no scaling activity has failed (AWS is still launching or looking for capacity)")
     return f"{in_service} of {wanted} worker(s) in service after {waited}; {why}; {KEEPS_TRYING}"
 

@@ -81,7 +81,7 @@ def _group_after_up(spec: ClusterSpec, wait_s: float):
     if group is None or group.stopped or len(group.in_service) >= group.desired:
         return group, None
     return group, group_rules.capacity_line(group.name, group.desired, len(group.in_service), group.failure,
-                                            format_duration(wait_s))
+                                            format_duration(wait_s), group.types)
 
 
 def _arm_autostop(spec: ClusterSpec) -> str | None:
@@ -162,7 +162,7 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
     if code:
         if group is not None and len(group.in_service) < group.desired:
             print(group_rules.capacity_line(group.name, group.desired, len(group.in_service), group.failure,
-                                            "`pulumi up`"), flush=True)
+                                            "`pulumi up`", group.types), flush=True)
         raise Exit(f"error: `pulumi up` exited with code {code}", code=code)
     if short:
         raise Exit(f"error: {short}", code=FAILED)
