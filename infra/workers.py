@@ -166,6 +166,8 @@ class WorkerGroup(pulumi.ComponentResource):
         trigger = {**replacement_key(spec, spec.worker_spot), "image": self.template.image_id,
                    "template": {k: shape[k] for k in WORKER_TEMPLATE if shape[k] is not None}}
         version = self.template.latest_version.apply(str)
+        if spec.zone_move:  # a zone move replaces the group (deleting first) with the master: never two zones
+            trigger["zone"] = spec.availability_zone
         if rules.mixed(spec.types):  # (a one-type stack's trigger stays as it was: no key added)
             trigger["instanceTypes"] = list(spec.types)
             launch: dict = {"mixed_instances_policy": aws.autoscaling.GroupMixedInstancesPolicyArgs(

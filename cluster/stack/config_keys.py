@@ -58,6 +58,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("vpcId", "vpc_id", str),
     ConfigKey("subnetId", "subnet_id", str),
     ConfigKey("availabilityZone", "availability_zone", str),
+    ConfigKey("zoneMove", "zone_move", bool),
     ConfigKey("destroyBucket", "destroy_bucket", bool),
     ConfigKey("tags", "tags", list),
 )

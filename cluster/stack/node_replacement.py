@@ -56,6 +56,8 @@ WORKER_SETTINGS = tuple(sorted({s for made_of in WORKER_TEMPLATE.values() for s 
                                | {"workerSpot", "instanceType"} | set(BAKE_SETTINGS) | set(IMAGE_SETTINGS)))
 MASTER_SETTINGS = ("publicKey", "placementGroup", "instanceType", "masterSpot", "spotMaxPrice", "baseAmi",
                    "subnetId", "vpcId", "clusterName")
+# With zoneMove, availabilityZone is every node's zone (`replaced_by`; turning zoneMove on or off replaces the
+# group: its trigger names the zone only with it); without it, a first choice a running master keeps.
 NOT_RECORDED = ("privateKeyPath",)  # a path on the controller that runs pulumi: nothing in AWS depends on it
 
 CANNOT_TELL = "cannot tell whether `pulumi up` would replace nodes"
@@ -106,6 +108,11 @@ def replaced_by(key: str, wanted: Mapping[str, Any]) -> str | None:
         return "the image (setup and bake again) and every worker"
     if key == TEMPLATE_SHAPE:
         return "every worker (this checkout's program makes another launch template)"
+    if key == "zoneMove":  # the group's trigger names the zone with it, not without
+        return "every worker (the group is replaced, deleting first; with a new availabilityZone the master too)"
+    if key == "availabilityZone":
+        return "every node (the zone move: the master and the workers' group, deleting first)" if (
+            wanted.get("zoneMove")) else None
     master = key in MASTER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("masterSpot")))
     workers = key in WORKER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("workerSpot"))) and (
         key != "baseAmi" or not wanted.get("bake"))

@@ -76,6 +76,9 @@ class ClusterSpec:
     vpc_id: str | None = None
     subnet_id: str | None = None
     availability_zone: str | None = None
+    # zoneMove: availabilityZone is every node's, not a first choice: changing it replaces the master and the
+    # workers' group together (infra/master.py, infra/workers.py), where otherwise a running master keeps its subnet.
+    zone_move: bool = False
     destroy_bucket: bool = False
     sockets: int | None = None
     physical_cores: int | None = None
@@ -126,6 +129,9 @@ class ClusterSpec:
             problems.append("aws:region: not set; allowed: an AWS region name, e.g. "
                             "`pulumi config set aws:region us-east-1`")
         problems += zone_problems(values.get("availability_zone"), region, values.get("subnet_id"))
+        if values["zone_move"] and not values.get("availability_zone"):
+            problems.append("zoneMove: true without availabilityZone; allowed: set availabilityZone to the zone "
+                            "to move to (`fab up --zone auto` picks the best-ranked one and sets both)")
         if problems:
             raise ConfigError(problems)
         return cls(stack=stack, region=region, **values)

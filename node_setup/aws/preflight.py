@@ -159,8 +159,8 @@ def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> st
     missing = sorted(set(_default_subnets(clients.ec2).values()) - zones) if not spec.vpc_id else []
     extra = f"; not offered in {', '.join(missing)}" if missing else ""
     together = " (each of them)" if spec.instance_types else ""
-    report.add("offering", OK, f"{itype} is offered{together} in {', '.join(sorted(zones))}{extra}; the cluster will use "
-               f"{zone} (subnet {subnet} of {where}, the lowest subnet id there, as `pulumi up` picks)")
+    report.add("offering", OK, f"{itype} is offered{together} in {', '.join(sorted(zones))}{extra}; the cluster "
+               f"will use {zone} (subnet {subnet} of {where}, the lowest subnet id there, as `pulumi up` picks)")
     return zone
 
 

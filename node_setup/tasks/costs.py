@@ -135,8 +135,9 @@ def check_node_replacement(report, spec: ClusterSpec) -> None:
         report.add("replace", OK, "no setting that replaces nodes changed since the last `pulumi up`")
 
 
-def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
-    """The zone table; with `write`, availabilityZone set to the best zone in the stack file."""
+def _pick_zone(spec: ClusterSpec, stack: str, write: bool, move: bool = False) -> str:
+    """The zone table; with `write`, availabilityZone set to the best zone in the stack file (with `move`, and
+    zoneMove: true: `fab up --zone auto`). The best zone."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from node_setup.aws import clients as aws
@@ -162,19 +163,26 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
                    code=FAILED) from None
     except (BotoCoreError, aws.AwsSetupError) as exc:
         raise fail(f"cannot rank the zones of {spec.region}: {exc}", code=FAILED) from None
+    types = "/".join(spec.types)
     if not ranked:
-        raise fail(f"{spec.instance_type} is not offered in any zone of {spec.region}", code=FAILED)
-    print(f"{spec.instance_type} x {spec.node_count} (spot placement score for all nodes in one zone, 1-10; "
+        raise fail(f"{types} {'are not offered together' if spec.instance_types else 'is not offered'} in any zone "
+                   f"of {spec.region}", code=FAILED)
+    print(f"{types} x {spec.node_count} (spot placement score for all nodes in one zone, 1-10; "
           f"latest spot price), {spec.region}, best first:")
     print(zone_table(ranked, current=current, label=label))
     best = ranked[0].zone
     if not write:
         print(f"best: {best}; `fab preflight --pick-zone --write` sets availabilityZone to it")
-        return
+        return best
     _, path = choose_stack(stack or None)
     set_stack_value(path, "availabilityZone", best)
+    if move:
+        set_stack_value(path, "zoneMove", True)
+        print(f"{path.name}: availabilityZone = {best}, zoneMove = true (the whole cluster moves there)")
+        return best
     print(f"{path.name}: availabilityZone = {best} (takes effect when the nodes are next created: "
-          "`pulumi up`; a running master keeps its subnet)")
+          "`pulumi up`; a running master keeps its subnet; with zoneMove: true it moves the cluster)")
+    return best
 
 
 def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str

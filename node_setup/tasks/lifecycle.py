@@ -38,6 +38,32 @@ def _spec(stack: str) -> ClusterSpec:
     return _stack_spec(stack, required=True)
 
 
+ZONE_AUTO = "auto"
+
+
+def _move_zone(spec: ClusterSpec, stack: str, zone: str) -> None:
+    """`fab up --zone`: availabilityZone (the best-ranked zone for `auto`) and zoneMove: true in the stack file,
+    checked before anything is written."""
+    from cluster.stack.spec import zone_problems
+    from node_setup.stack_config import choose_stack
+    from node_setup.stack_edit import set_stack_value
+    from node_setup.tasks.costs import _pick_zone
+
+    if spec.subnet_id:
+        raise fail(f"--zone: the stack sets subnetId {spec.subnet_id!r}, whose zone decides; allowed: unset it "
+                   "(`pulumi config rm subnetId`), or change subnetId to move the cluster")
+    if zone == ZONE_AUTO:
+        _pick_zone(spec, stack, write=True, move=True)
+        return
+    problems = zone_problems(zone, spec.region)
+    if problems:
+        raise fail("--zone: " + problems[0].removeprefix("availabilityZone: ") + f" or {ZONE_AUTO}")
+    _, path = choose_stack(stack or None)
+    set_stack_value(path, "availabilityZone", zone)
+    set_stack_value(path, "zoneMove", True)
+    print(f"{path.name}: availabilityZone = {zone}, zoneMove = true (the whole cluster moves there)", flush=True)
+
+
 def _need_pulumi(steps: list[lifecycle.Step]) -> None:
     if not pulumi_cli.find_pulumi():
         raise fail(lifecycle.missing_cli_message(steps))
@@ -118,8 +144,11 @@ def _arm_autostop(spec: ClusterSpec) -> str | None:
     "wait-for-capacity": "after `pulumi up`, wait this long at most for every worker of the group to be in "
                          f"service, e.g. 1h (default {METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: "
                          "check once); short of workers then, fab up fails with the group's reason",
+    "zone": "move the whole cluster to this zone (auto: the best-ranked one, as `fab preflight --pick-zone` "
+            "ranks them): sets availabilityZone and zoneMove: true in the stack file first; preflight names what "
+            "`pulumi up` replaces",
 }, kinds={"wait-for-capacity": duration_or_off})
-def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S)):
+def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S), zone=""):
     """Preflight, then `pulumi up --refresh` for the stack, its output streamed.
 
     Then waits for the workers' group to be full and arms the idle auto-stop; exits with Pulumi's code when
@@ -129,6 +158,9 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
     Pulumi once (it cancels cleanly) and `fab` waits for it to exit: Pulumi is never killed.
     """
     spec = _spec(stack)
+    if zone:
+        _move_zone(spec, stack, zone)
+        spec = _spec(stack)
     steps = lifecycle.up_steps(spec.stack, preflight=preflight)
     _need_pulumi(steps)
     if not preflight:  # preflight's report says it otherwise

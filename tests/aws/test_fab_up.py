@@ -146,3 +146,20 @@ def test_a_workers_console_is_read_as_long_as_the_clusters_type_boots():
                                                 instance_id="i-0123456789abcdef0"),)))
 
     assert console("r7iz.metal-16xl").wait_s == 2400 and console("c6i.16xlarge").wait_s == 900
+
+
+def test_fab_up_zone_writes_the_zone_and_the_move_before_pulumi_up_and_refuses_a_bad_zone_first(site, capsys):
+    stack_file = Path("Pulumi.dev.yaml")
+    before = stack_file.read_text()
+    with pytest.raises(Exit) as bad:
+        task.up(Context(), stack="dev", preflight=False, zone="us-west-2a")
+    assert bad.value.code == 2 and bad.value.message.startswith(
+        "error: --zone: 'us-west-2a' is not a zone of aws:region us-east-1; allowed: a zone name")
+    assert stack_file.read_text() == before and not Path(os.environ["FAKE_PULUMI_LOG"]).exists()
+    _as_the_program_makes_it()
+    task.up(Context(), stack="dev", preflight=False, zone="us-east-1c", wait_for_capacity=0)
+    out = capsys.readouterr().out
+    assert "Pulumi.dev.yaml: availabilityZone = us-east-1c, zoneMove = true (the whole cluster moves there)" in out
+    text = stack_file.read_text()
+    assert "xeon-cluster:availabilityZone: us-east-1c\n" in text and "xeon-cluster:zoneMove: true\n" in text
+    assert '"up", "--stack", "dev", "--refresh"' in Path(os.environ["FAKE_PULUMI_LOG"]).read_text()
