@@ -121,6 +121,8 @@ class WorkerGroup(pulumi.ComponentResource):
         super().__init__("xeon-cluster:infra:Workers", name, None, opts)
         instance_tags = worker_tags(tags, name, spec)
         kept = [KEPT_AS[k] for k in keep]
+        fallback = spec.on_demand_fallback_s is not None
+        policy = rules.uses_policy(spec.types, fallback)
         public = network.public_ip
         # Everything a worker's launch takes from the template but its user data: a change of any of it
         # replaces the group (below); a new user data does not.
@@ -135,8 +137,7 @@ class WorkerGroup(pulumi.ComponentResource):
             placement=(aws.ec2.LaunchTemplatePlacementArgs(group_name=network.placement_group)
                        if network.placement_group else None),
             # With several types the group's mixed instances policy chooses the market (cluster/stack/worker_group.py).
-            instance_market_options=None if rules.mixed(spec.types) else template_market(spec.worker_spot,
-                                                                                           spec.spot_max_price),
+            instance_market_options=None if policy else template_market(spec.worker_spot, spec.spot_max_price),
             instance_initiated_shutdown_behavior=SHUTDOWN_BEHAVIOR,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(name=instance_profile),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
@@ -168,7 +169,7 @@ class WorkerGroup(pulumi.ComponentResource):
         version = self.template.latest_version.apply(str)
         if spec.zone_move:  # a zone move replaces the group (deleting first) with the master: never two zones
             trigger["zone"] = spec.availability_zone
-        if rules.mixed(spec.types):  # (a one-type stack's trigger stays as it was: no key added)
+        if policy:  # (a one-type stack's trigger stays as it was: no key added)
             trigger["instanceTypes"] = list(spec.types)
             launch: dict = {"mixed_instances_policy": aws.autoscaling.GroupMixedInstancesPolicyArgs(
                 launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
@@ -204,7 +205,9 @@ class WorkerGroup(pulumi.ComponentResource):
                 parent=self,
                 delete_before_replace=True,
                 replacement_trigger=trigger,
-                ignore_changes=[p for w, p in kept if w == "group"] or None,
+                # onDemandFallback: the on-demand base is `fab up`'s to raise (node_setup/aws/worker_group.py).
+                ignore_changes=[p for w, p in kept if w == "group"] + ([rules.FALLBACK_FIELD] if fallback else [])
+                or None,
                 custom_timeouts=INSTANCE_TIMEOUTS,
                 hooks=(pulumi.ResourceHookBinding(on_error=[group_failure_hook(name, spec.worker_count, spec.types)])
                        if hooks else None)))

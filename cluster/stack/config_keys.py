@@ -46,6 +46,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("masterSpot", "master_spot", bool),
     ConfigKey("workerSpot", "worker_spot", bool),
     ConfigKey("spotMaxPrice", "spot_max_price", float),
+    ConfigKey("onDemandFallback", "on_demand_fallback", str),
     ConfigKey("baseAmi", "base_ami", str),
     ConfigKey("sshUser", "ssh_user", str),
     ConfigKey("privateKeyPath", "private_key_path", str),

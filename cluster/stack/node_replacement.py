@@ -27,7 +27,7 @@ import hashlib
 from typing import Any, Mapping
 
 from cluster.stack.config_keys import CONFIG_KEYS
-from cluster.stack.spec import ClusterSpec
+from cluster.stack.spec import FALLBACK_OFF, ClusterSpec
 
 OUTPUT = "nodeSettings"  # the stack output that records them (infra/program.py)
 BAKE_TAG = "bakeTag"  # the image's identity, in that output
@@ -42,7 +42,8 @@ WORKER_TEMPLATE: dict[str, tuple[str, ...]] = {
     "network_interfaces": ("vpcId", "subnetId"),  # with a public address (the default VPC): the groups go here
     "vpc_security_group_ids": ("vpcId", "subnetId"),
     "placement": ("placementGroup",),
-    "instance_market_options": ("workerSpot", "spotMaxPrice", "instanceTypes"),  # none with several types
+    # none with a mixed instances policy (several types, or onDemandFallback)
+    "instance_market_options": ("workerSpot", "spotMaxPrice", "instanceTypes", "onDemandFallback"),
     "instance_initiated_shutdown_behavior": (),
     "iam_instance_profile": (),
     "metadata_options": (),
@@ -154,6 +155,8 @@ def replacements(wanted: Mapping[str, Any], deployed: Mapping[str, Any]) -> list
     for key in wanted:
         if key not in deployed or _normal(deployed[key]) == _normal(wanted[key]):
             continue
+        if key == "onDemandFallback" and (deployed[key] == FALLBACK_OFF) == (wanted[key] == FALLBACK_OFF):
+            continue  # another wait: the group's policy is the same
         what = replaced_by(key, wanted)
         if what:
             name = {BAKE_TAG: "software (the profile's pins)", TEMPLATE_SHAPE: "workers' launch template"}.get(key, key)

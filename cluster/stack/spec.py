@@ -20,6 +20,7 @@ from cluster.stack import catalog
 from cluster import names
 from cluster.stack.catalog import InstanceType
 from cluster.stack.config_keys import CONFIG_KEYS, is_unset
+from cluster.cost.timemodel import parse_duration
 from cluster.node.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 MAX_WORKERS = 128
@@ -63,6 +64,9 @@ class ClusterSpec:
     master_spot: bool = True
     worker_spot: bool = True
     spot_max_price: float | None = None
+    # onDemandFallback: "off", or how long the workers' group may lack spot capacity before `fab up` fills the
+    # missing workers on demand (cluster/stack/worker_group.py); `on_demand_fallback_s` in seconds.
+    on_demand_fallback: str = "off"
     allow_ssh_from_anywhere: bool = False
     base_ami: str | None = None
     ssh_user: str = "ubuntu"
@@ -88,6 +92,11 @@ class ClusterSpec:
     def types(self) -> tuple[str, ...]:
         """Every type a node may be, in order of preference: instanceTypes, or instanceType alone."""
         return self.instance_types or (self.instance_type,)
+
+    @property
+    def on_demand_fallback_s(self) -> float | None:
+        """onDemandFallback's wait in seconds; None when off."""
+        return fallback_seconds(self.on_demand_fallback)
 
     @property
     def node_count(self) -> int:
@@ -125,6 +134,7 @@ class ClusterSpec:
         values["public_key"] = (values["public_key"] or "").strip()
         values["tags"], tag_problems = _parse_tags(values["tags"] or {})
         problems += _instance_types(values, cfg.get("instanceType")) + _value_problems(values) + tag_problems
+        problems += _fallback_problems(values)
         if not region:
             problems.append("aws:region: not set; allowed: an AWS region name, e.g. "
                             "`pulumi config set aws:region us-east-1`")
@@ -174,6 +184,30 @@ def _convert(raw: Any, kind: type) -> Any:
     if kind is float and not math.isfinite(value):
         raise ValueError(raw)
     return value
+
+
+FALLBACK_OFF = "off"
+
+
+def fallback_seconds(value: str) -> float | None:
+    """onDemandFallback: `off` (None), or a duration such as 20m (seconds); ValueError names the setting."""
+    if str(value).strip().lower() == FALLBACK_OFF:
+        return None
+    try:
+        return parse_duration(value, "onDemandFallback", bare_seconds=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (or {FALLBACK_OFF})") from None
+
+
+def _fallback_problems(v: dict[str, Any]) -> list[str]:
+    try:
+        wait = fallback_seconds(v["on_demand_fallback"])
+    except ValueError as exc:
+        return [str(exc)]
+    if wait is not None and not v["worker_spot"]:
+        return [f"onDemandFallback: {v['on_demand_fallback']!r} with workerSpot: false, whose workers are on demand "
+                f"already; allowed: {FALLBACK_OFF}, or workerSpot: true"]
+    return []
 
 
 def _instance_types(v: dict[str, Any], given_type: Any) -> list[str]:

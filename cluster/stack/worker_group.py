@@ -25,11 +25,36 @@ from typing import Any, Iterable, Mapping, Sequence
 
 SPOT_ALLOCATION = "price-capacity-optimized"
 ON_DEMAND_ALLOCATION = "prioritized"
+# The field of the policy `fab up` raises for onDemandFallback (the program leaves it to it: ignore_changes).
+FALLBACK_FIELD = "mixedInstancesPolicy.instancesDistribution.onDemandBaseCapacity"
 
 
 def mixed(types: Sequence[str]) -> bool:
-    """Whether the group needs a mixed instances policy: more than one type listed."""
+    """Whether the group spreads over several types: more than one type listed."""
     return len(types) > 1
+
+
+def uses_policy(types: Sequence[str], fallback: bool) -> bool:
+    """Whether the group launches from a mixed instances policy: several types, or onDemandFallback on (whose
+    on-demand base `fab up` raises; a one-type policy then)."""
+    return mixed(types) or fallback
+
+
+def fallback_base(wanted: int, in_service: int, base: int, reason: str | None) -> int | None:
+    """onDemandFallback, after its wait: the on-demand base that fills the missing workers on demand (the group's
+    base so far plus the missing ones; it keeps its spot workers), or None when nothing is missing or the group's
+    latest failure is not one of capacity."""
+    missing = wanted - in_service
+    if missing <= 0 or not reason or advice(reason) != _ADVICE[0][1]:
+        return None
+    return min(wanted, base + missing)
+
+
+def fallback_line(group: str, base: int, waited: str, reason: str) -> str:
+    """`fab up`'s line when it turns to on demand."""
+    return (f"{group}: no spot capacity for {waited} ({reason}); onDemandFallback: the group's on-demand base is "
+            f"now {base}, so it launches {base} worker(s) on demand, of the same types (`fab status` shows each "
+            "node's market); after the idle auto-stop the next `fab up` asks for spot again")
 
 
 def distribution(spot: bool, max_price: float | None) -> dict[str, Any]:
@@ -75,7 +100,7 @@ def advice(reason: str) -> str:
 def other_types(reason: str, types: Sequence[str]) -> list[str]:
     """The group's types besides the one a capacity failure names (its mixed instances policy goes on with
     them); [] for one type, another kind of failure, or a message that names none of the types."""
-    if not mixed(types) or advice(reason) != _ADVICE[0][1]:
+    if not mixed(types) or advice(reason) != _ADVICE[0][1]:  # (capacity: the first advice)
         return []
     named = [t for t in types if t in reason]
     return [t for t in types if t not in named] if named else []

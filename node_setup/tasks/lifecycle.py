@@ -64,6 +64,23 @@ def _move_zone(spec: ClusterSpec, stack: str, zone: str) -> None:
     print(f"{path.name}: availabilityZone = {zone}, zoneMove = true (the whole cluster moves there)", flush=True)
 
 
+def _spot_again(spec: ClusterSpec) -> None:
+    """onDemandFallback: a group the idle auto-stop set to 0 with its on-demand base raised is set back to spot
+    first (base 0) before `pulumi up` launches its workers again; a group that runs keeps its base."""
+    from node_setup.aws import clients, errors
+    from node_setup.aws.worker_group import set_on_demand_base, worker_group
+
+    try:
+        group = worker_group(spec.cluster_name, spec.region)
+        if group is not None and group.stopped and group.on_demand_base:
+            set_on_demand_base(group.name, 0, spec.region)
+            print(f"fab: {group.name}: on-demand base {group.on_demand_base} -> 0 (onDemandFallback: the group is "
+                  "stopped, its next workers are asked for as spot first)", flush=True)
+    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        print(f"warning: could not read the workers' group ({str(exc).splitlines()[0]}): its on-demand base is "
+              "left as it is", flush=True)
+
+
 def _need_pulumi(steps: list[lifecycle.Step]) -> None:
     if not pulumi_cli.find_pulumi():
         raise fail(lifecycle.missing_cli_message(steps))
@@ -98,8 +115,21 @@ def _group_after_up(spec: ClusterSpec, wait_s: float):
     from node_setup.aws import clients, errors
     from node_setup.aws.worker_group import wait_for_workers
 
+    from node_setup.aws.worker_group import set_on_demand_base
+
+    fallback = spec.on_demand_fallback_s
+    first = min(wait_s, fallback) if fallback is not None and wait_s else wait_s
     try:
-        group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=wait_s, poll_s=CAPACITY_POLL_S)
+        group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=first, poll_s=CAPACITY_POLL_S)
+        # onDemandFallback: short of spot capacity for its wait, the missing workers go on demand.
+        base = group_rules.fallback_base(group.desired, len(group.in_service), group.on_demand_base,
+                                         group.failure) if group and first < wait_s and not group.stopped else None
+        if group and base is not None:
+            set_on_demand_base(group.name, base, spec.region)
+            print("fab: " + group_rules.fallback_line(group.name, base, format_duration(first), str(group.failure)),
+                  flush=True)
+            group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=wait_s - first,
+                                     poll_s=CAPACITY_POLL_S)
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
         print(f"warning: could not read the workers' group ({str(exc).splitlines()[0]}): whether its workers are "
               "in service is not checked (`fab status` shows it)", file=sys.stderr, flush=True)
@@ -174,6 +204,8 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
                 raise Exit(f"error: preflight failed (exit code {code}): nothing was created; fix what it names "
                            "and run `fab up` again", code=code)
         else:
+            if spec.on_demand_fallback_s is not None and step.kind == lifecycle.PULUMI_STEP and _has_credentials():
+                _spot_again(spec)
             code = _pulumi(step)
     group, short, unarmed = None, None, None
     if not _has_credentials():

@@ -77,3 +77,10 @@ def test_a_capacity_failure_of_the_first_type_names_the_reason_and_the_type_the_
             "AWS picks the pool by price-capacity-optimized)") in line
     # one type: the advice to change a setting, as before
     assert "change one of workerSpot: false" in rules.failure_line(group.name, 3, REASON)
+
+
+@pytest.mark.parametrize("wanted, in_service, base, reason, expected", [
+    (3, 1, 0, REASON, 2), (3, 2, 1, REASON, 2), (3, 3, 0, REASON, None), (3, 1, 0, None, None),
+    (3, 1, 0, "VcpuLimitExceeded: You have requested more vCPU capacity", None), (3, 0, 2, REASON, 3)])
+def test_the_fallback_s_base_fills_only_what_spot_capacity_left_missing(wanted, in_service, base, reason, expected):
+    assert rules.fallback_base(wanted, in_service, base, reason) == expected

@@ -202,3 +202,17 @@ def test_another_list_of_types_replaces_the_group_and_one_type_keeps_its_trigger
     assert template_and_group(three)[1].replacement_trigger["instanceTypes"] == SHAPE_OF_THREE
     assert template_and_group(reordered)[1].replacement_trigger != template_and_group(three)[1].replacement_trigger
     assert "instanceTypes" in node_replacement.WORKER_SETTINGS
+
+
+def test_on_demand_fallback_gives_one_type_a_policy_whose_on_demand_base_is_left_to_fab_up(harness):
+    harness.run(minimal_config(onDemandFallback="20m"))
+    template, group = template_and_group(harness.monitor)
+    policy = group.inputs["mixedInstancesPolicy"]
+    assert [o["instanceType"] for o in policy["launchTemplate"]["overrides"]] == ["r7iz.metal-16xl"]
+    assert policy["instancesDistribution"]["onDemandBaseCapacity"] == 0  # spot until fab up's fallback
+    assert rules.FALLBACK_FIELD in group.ignore_changes and not template.inputs.get("instanceMarketOptions")
+    # off (the default): the one launch template, spot in the template, nothing left to fab up
+    again, _ = fresh_run(minimal_config())
+    plain = template_and_group(again)[1]
+    assert plain.inputs.get("launchTemplate") and not plain.inputs.get("mixedInstancesPolicy")
+    assert rules.FALLBACK_FIELD not in plain.ignore_changes

@@ -60,6 +60,10 @@ def test_preflight_names_a_zone_move_as_replacing_every_node_and_a_first_choice_
     turned_on = nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1a", zoneMove=True)), first_choice)
     assert turned_on == ["zoneMove: false -> true; `pulumi up` replaces every worker (the group is replaced, "
                          "deleting first; with a new availabilityZone the master too)"]
+    fallback = nr.node_settings(spec(onDemandFallback="20m"))
+    assert nr.replacements(nr.node_settings(spec(onDemandFallback="40m")), fallback) == []  # only the wait
+    assert nr.replacements(nr.node_settings(spec()), fallback) == [
+        "onDemandFallback: 20m -> off; `pulumi up` replaces every worker (the group is replaced, deleting first)"]
     listed = nr.replacements(nr.node_settings(spec(instanceTypes=["m7i.48xlarge", "c7i.48xlarge"])),
                              nr.node_settings(spec(instanceType="m7i.48xlarge")))
     assert listed == ["instanceTypes: (not set) -> m7i.48xlarge,c7i.48xlarge; `pulumi up` replaces every worker "

@@ -170,6 +170,16 @@ def test_bad_instance_types_are_named(cfg, expected):
     assert [p for p in problems(**cfg) if expected in p]
 
 
+def test_on_demand_fallback_is_off_or_a_wait_and_needs_spot_workers():
+    assert spec().on_demand_fallback_s is None and spec(onDemandFallback="OFF").on_demand_fallback_s is None
+    assert spec(onDemandFallback="20m").on_demand_fallback_s == 1200
+    (found,) = problems(onDemandFallback="soon")
+    assert found.startswith("onDemandFallback: 'soon' is not a duration") and found.endswith("(or off)")
+    assert problems(onDemandFallback="20m", workerSpot=False) == [
+        "onDemandFallback: '20m' with workerSpot: false, whose workers are on demand already; allowed: off, or "
+        "workerSpot: true"]
+
+
 def test_catalog_type_layout_can_be_overridden():
     s = spec(instanceType="c6i.32xlarge", sockets=1)
     assert (s.instance.sockets, s.instance.physical_cores) == (1, 64)
