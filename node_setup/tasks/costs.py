@@ -185,10 +185,10 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool, move: bool = False) -
     return best
 
 
-def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str
-           ) -> tuple[Price, str]:
+def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str,
+           instance_type: str = "") -> tuple[Price, str]:
     """The given price, or the best one AWS tells (spot history, Pricing API, static table), and the
-    region it is for ("": given with --hourly-usd)."""
+    region it is for ("": given with --hourly-usd). `instance_type`: another than the plan's (instanceTypes)."""
     market = "spot" if inputs.spot else "on-demand"
     if hourly_usd:
         return Price(hourly_usd, market, "given with --hourly-usd"), ""
@@ -202,8 +202,8 @@ def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd
         where = "us-east-1"
         inputs.notes.append("no region set: prices for us-east-1")
     skipped: list[str] = []
-    price = pricing.plan_price(inputs.instance_type, where, spot=inputs.spot, notes=skipped)
-    inputs.notes.extend(f"price note: {n}" for n in skipped)
+    price = pricing.plan_price(instance_type or inputs.instance_type, where, spot=inputs.spot, notes=skipped)
+    inputs.notes.extend(note for note in (f"price note: {n}" for n in skipped) if note not in inputs.notes)
     return price, where
 
 
@@ -296,7 +296,26 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     rows, master_line = costplan.with_on_demand_master(costplan.plan_rows(inputs, price), price, on_demand,
                                                        master_spot=spec.master_spot if spec else True,
                                                        unknown=unknown)
-    return rows, inputs.header, costplan.price_source(price), [master_line, *inputs.notes], inputs
+    return rows, inputs.header, costplan.price_source(price), [master_line, *_spot_notes(
+        inputs, spec, rows, price, on_demand, hourly_usd, region), *inputs.notes], inputs
+
+
+def _spot_notes(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, rows: list, price: Price,
+                on_demand: Price | None, hourly_usd: float, region: str) -> list[str]:
+    """The stack's answers to scarce spot: the price range over its instanceTypes (each priced as the table's
+    type is) and what onDemandFallback would cost (the table's type on demand)."""
+    if spec is None or hourly_usd or inputs.instance_type != spec.instance_type:
+        return []  # a given price, or another type than the stack's: the stack's list does not apply
+    notes = []
+    if spec.instance_types:
+        priced = {spec.instance_type: (price, rows)}
+        for itype in spec.types[1:]:
+            other, _ = _price(inputs, spec, hourly_usd, region, itype)
+            priced[itype] = (other, costplan.plan_rows(inputs, other))
+        notes.append(costplan.types_range_line(priced))
+    if spec.on_demand_fallback_s is not None and price.market == "spot" and on_demand is not None:
+        notes.append(costplan.fallback_line(rows, price, on_demand))
+    return notes
 
 
 @task(help={
