@@ -136,7 +136,8 @@ class WorkerGroup(pulumi.ComponentResource):
             vpc_security_group_ids=None if public else list(network.security_group_ids),
             placement=(aws.ec2.LaunchTemplatePlacementArgs(group_name=network.placement_group)
                        if network.placement_group else None),
-            # With several types the group's mixed instances policy chooses the market (cluster/stack/worker_group.py).
+            # With a mixed instances policy (several types, or onDemandFallback) its distribution chooses the market
+            # (cluster/stack/worker_group.py).
             instance_market_options=None if policy else template_market(spec.worker_spot, spec.spot_max_price),
             instance_initiated_shutdown_behavior=SHUTDOWN_BEHAVIOR,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(name=instance_profile),
