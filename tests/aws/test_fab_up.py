@@ -165,12 +165,13 @@ def test_fab_up_zone_writes_the_zone_and_the_move_before_pulumi_up_and_refuses_a
     assert '"up", "--stack", "dev", "--refresh"' in Path(os.environ["FAKE_PULUMI_LOG"]).read_text()
 
 
+@pytest.mark.slow  # about 4 s (moto, two runs of the Pulumi double)
 def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_spot_returns_after_a_stop(
         site, monkeypatch, capsys):
     from tests.aws.test_worker_group_types import TYPES, _mixed_group
 
     with Path("Pulumi.dev.yaml").open("a") as stack_file:
-        stack_file.write("  xeon-cluster:onDemandFallback: 1s\n  xeon-cluster:instanceTypes:\n"
+        stack_file.write("  xeon-cluster:onDemandFallback: 0.2s\n  xeon-cluster:instanceTypes:\n"
                          + "".join(f"    - {t}\n" for t in TYPES))
     _mixed_group(3)
     double = ShortGroupDouble([{"StatusCode": "Failed", "StatusMessage": REFUSED}])  # 2 of 3, spot refused
@@ -179,9 +180,9 @@ def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_
                             service, region_name=REGION))
     monkeypatch.setattr(task, "CAPACITY_POLL_S", 0.05)
     with pytest.raises(Exit):  # the double keeps one worker missing: fab up still ends short, naming the group
-        task.up(Context(), stack="dev", preflight=False, wait_for_capacity=2)
+        task.up(Context(), stack="dev", preflight=False, wait_for_capacity=0.4)
     out = capsys.readouterr().out
-    assert ("xeon-dev-worker-1a2b: no spot capacity for 1s (" + REFUSED + "); onDemandFallback: the group's "
+    assert ("xeon-dev-worker-1a2b: no spot capacity for 0s (" + REFUSED + "); onDemandFallback: the group's "
             "on-demand base is now 1, so it launches 1 worker(s) on demand, of the same types") in out
     (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups()["AutoScalingGroups"]
     policy = group["MixedInstancesPolicy"]
