@@ -122,8 +122,9 @@ def _group_after_up(spec: ClusterSpec, wait_s: float):
     try:
         group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=first, poll_s=CAPACITY_POLL_S)
         # onDemandFallback: short of spot capacity for its wait, the missing workers go on demand.
+        acts = group is not None and bool(group.types) and first < wait_s and not group.stopped  # types: a policy
         base = group_rules.fallback_base(group.desired, len(group.in_service), group.on_demand_base,
-                                         group.failure) if group and first < wait_s and not group.stopped else None
+                                         group.failure) if group is not None and acts else None
         if group and base is not None:
             set_on_demand_base(group.name, base, spec.region)
             print("fab: " + group_rules.fallback_line(group.name, base, format_duration(first), str(group.failure)),
