@@ -59,17 +59,23 @@ def base_ami_id(spec: ClusterSpec) -> str:
 
 
 def _offered_zones(spec: ClusterSpec) -> list[str]:
-    offers = aws.ec2.get_instance_type_offerings(
-        location_type="availability-zone",
-        filters=[{"name": "instance-type", "values": [spec.instance_type]}],
-    )
-    return sorted(set(offers.locations or []))
+    """The zones that offer every type of the stack (with instanceTypes, each: the group may launch any)."""
+    zones: set[str] | None = None
+    for itype in spec.types:
+        offers = aws.ec2.get_instance_type_offerings(
+            location_type="availability-zone", filters=[{"name": "instance-type", "values": [itype]}])
+        zones = set(offers.locations or []) if zones is None else zones & set(offers.locations or [])
+    return sorted(zones or ())
+
+
+def _types_shown(spec: ClusterSpec) -> str:
+    return spec.instance_type if not spec.instance_types else "every one of " + ", ".join(spec.types)
 
 
 def placement(spec: ClusterSpec) -> Placement:
     """The VPC and the one subnet every node goes into (a cluster placement group is one zone).
 
-    Without subnetId: the lowest-sorting default (or VPC) subnet id in a zone offering the type (in
+    Without subnetId: the lowest-sorting default (or VPC) subnet id in a zone offering the type(s) (in
     availabilityZone when it is set; cluster/stack/subnet_choice.py, the rule `fab preflight` checks with), a
     first choice that an existing master keeps.
     """
@@ -94,12 +100,13 @@ def placement(spec: ClusterSpec) -> Placement:
     zones = _offered_zones(spec)
     if not zones:
         raise AccountLookupError(
-            f"instanceType: {spec.instance_type!r} is not offered in any availability zone of {spec.region}; "
-            "allowed: a type offered there, or another aws:region")
+            (f"instanceTypes: {', '.join(spec.types)} are not offered together in any one availability zone"
+             if spec.instance_types else f"instanceType: {spec.instance_type!r} is not offered in any availability "
+             "zone") + f" of {spec.region}; allowed: a type offered there, or another aws:region")
     if spec.availability_zone:
         if spec.availability_zone not in zones:
             raise AccountLookupError(
-                f"availabilityZone: {spec.availability_zone!r} does not offer {spec.instance_type}; allowed: "
+                f"availabilityZone: {spec.availability_zone!r} does not offer {_types_shown(spec)}; allowed: "
                 f"{', '.join(zones)} (`fab preflight --pick-zone` ranks them)")
         zones = [spec.availability_zone]
     filters = [{"name": "vpc-id", "values": [vpc_id]},
@@ -109,7 +116,7 @@ def placement(spec: ClusterSpec) -> Placement:
     subnet_id = choose_subnet(aws.ec2.get_subnets(filters=filters).ids or [])
     if not subnet_id:
         raise AccountLookupError(
-            f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering {spec.instance_type} "
+            f"subnetId: not set and VPC {vpc_id} has no subnet in a zone offering {_types_shown(spec)} "
             f"({', '.join(zones)}); set subnetId")
     return Placement(vpc_id=vpc_id, subnet_id=subnet_id, default_vpc=default_vpc)
 

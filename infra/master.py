@@ -6,7 +6,7 @@ or another default subnet would otherwise replace the master, re-run setup, re-b
 every worker. With `ignore_changes` the master keeps the values it was created with; the workers
 take the master's (its `ami` and `subnet_id` outputs, read back from the state), and the stack
 exports them as `baseAmiId` and `subnetId`. Setting `baseAmi` or `subnetId` moves the cluster on
-purpose (docs/aws-lifecycle.md).
+purpose (docs/aws-lifecycle.md), and so does a new `availabilityZone` with `zoneMove` (docs/aws.md).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from infra.node import NodeNetwork, node_instance
 
 def kept_on_update(spec: ClusterSpec) -> list[str]:
     """The master's inputs that keep their first value: those the program looked up, not given. With a bake the
-    master boots the built image and follows it (the image's recipe keeps the looked-up base: infra/image.py)."""
-    return [prop for prop, given in (("ami", spec.base_ami or spec.bake), ("subnetId", spec.subnet_id)) if not given]
+    master boots the built image and follows it (the image's recipe keeps the looked-up base: infra/image.py);
+    with zoneMove the subnet is the zone's, as if given (a new availabilityZone moves the master, and the
+    workers with it)."""
+    return [prop for prop, given in (("ami", spec.base_ami or spec.bake), ("subnetId", spec.subnet_id or spec.zone_move))
+            if not given]
 
 
 class MasterNode(pulumi.ComponentResource):

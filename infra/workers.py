@@ -1,4 +1,6 @@
-"""The workers: one Auto Scaling group of `workerCount` instances from one launch template.
+"""The workers: one Auto Scaling group of `workerCount` instances from one launch template (with
+`instanceTypes`, from a mixed instances policy over that template and each listed type:
+cluster/stack/worker_group.py).
 
 The launch template holds what every worker shares with the master's hardening (infra/node.py):
 the image (the baked one, or the master's base image without a bake), the instance type, spot as a
@@ -83,7 +85,7 @@ def template_market(spot: bool, max_price: float | None) -> aws.ec2.LaunchTempla
     )
 
 
-def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
+def group_failure_hook(name: str, wanted: int, types: Sequence[str] = ()) -> pulumi.ErrorHook:
     """An error hook for the group: a `pulumi up` whose group could not be filled ends with one line naming
     AWS's reason when the provider's error carries a failed scaling activity's message, and what to change;
     a timeout (the provider waits through failed activities: `ignore_failed_scaling_activities`) says that
@@ -95,7 +97,7 @@ def group_failure_hook(name: str, wanted: int) -> pulumi.ErrorHook:
             return False
         found = rules.activity_failure(args.errors[0])
         if found:
-            pulumi.log.error(rules.failure_line(args.name, wanted, found[1]))
+            pulumi.log.error(rules.failure_line(args.name, wanted, found[1], types))
         elif "timeout" in args.errors[0].lower():
             pulumi.log.error(rules.timeout_line(args.name, wanted, CAPACITY_TIMEOUT))
         return False
@@ -119,6 +121,8 @@ class WorkerGroup(pulumi.ComponentResource):
         super().__init__("xeon-cluster:infra:Workers", name, None, opts)
         instance_tags = worker_tags(tags, name, spec)
         kept = [KEPT_AS[k] for k in keep]
+        fallback = spec.on_demand_fallback_s is not None
+        policy = rules.uses_policy(spec.types, fallback)
         public = network.public_ip
         # Everything a worker's launch takes from the template but its user data: a change of any of it
         # replaces the group (below); a new user data does not.
@@ -132,7 +136,9 @@ class WorkerGroup(pulumi.ComponentResource):
             vpc_security_group_ids=None if public else list(network.security_group_ids),
             placement=(aws.ec2.LaunchTemplatePlacementArgs(group_name=network.placement_group)
                        if network.placement_group else None),
-            instance_market_options=template_market(spec.worker_spot, spec.spot_max_price),
+            # With a mixed instances policy (several types, or onDemandFallback) its distribution chooses the market
+            # (cluster/stack/worker_group.py).
+            instance_market_options=None if policy else template_market(spec.worker_spot, spec.spot_max_price),
             instance_initiated_shutdown_behavior=SHUTDOWN_BEHAVIOR,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(name=instance_profile),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
@@ -161,14 +167,29 @@ class WorkerGroup(pulumi.ComponentResource):
         assert set(shape) == set(WORKER_TEMPLATE), sorted(set(shape) ^ set(WORKER_TEMPLATE))
         trigger = {**replacement_key(spec, spec.worker_spot), "image": self.template.image_id,
                    "template": {k: shape[k] for k in WORKER_TEMPLATE if shape[k] is not None}}
+        version = self.template.latest_version.apply(str)
+        if spec.zone_move:  # a zone move replaces the group (deleting first) with the master: never two zones
+            trigger["zone"] = spec.availability_zone
+        if policy:  # (a one-type stack's trigger stays as it was: no key added)
+            trigger["instanceTypes"] = list(spec.types)
+            launch: dict = {"mixed_instances_policy": aws.autoscaling.GroupMixedInstancesPolicyArgs(
+                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                    launch_template_specification=(
+                        aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                            launch_template_id=self.template.id, version=version)),
+                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(instance_type=t)
+                               for t in spec.types]),
+                instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+                    **rules.distribution(spec.worker_spot, spec.spot_max_price)))}
+        else:
+            launch = {"launch_template": aws.autoscaling.GroupLaunchTemplateArgs(id=self.template.id, version=version)}
         self.group = aws.autoscaling.Group(
             name,
             min_size=spec.worker_count,
             max_size=spec.worker_count,
             desired_capacity=spec.worker_count,
             vpc_zone_identifiers=[network.subnet_id],
-            launch_template=aws.autoscaling.GroupLaunchTemplateArgs(
-                id=self.template.id, version=self.template.latest_version.apply(str)),
+            **launch,
             health_check_type="EC2",
             capacity_rebalance=False,
             # Delete drains: capacity 0, wait until every worker is terminated (see the module docstring).
@@ -185,8 +206,10 @@ class WorkerGroup(pulumi.ComponentResource):
                 parent=self,
                 delete_before_replace=True,
                 replacement_trigger=trigger,
-                ignore_changes=[p for w, p in kept if w == "group"] or None,
+                # onDemandFallback: the on-demand base is `fab up`'s to raise (node_setup/aws/worker_group.py).
+                ignore_changes=[p for w, p in kept if w == "group"] + ([rules.FALLBACK_FIELD] if fallback else [])
+                or None,
                 custom_timeouts=INSTANCE_TIMEOUTS,
-                hooks=(pulumi.ResourceHookBinding(on_error=[group_failure_hook(name, spec.worker_count)])
+                hooks=(pulumi.ResourceHookBinding(on_error=[group_failure_hook(name, spec.worker_count, spec.types)])
                        if hooks else None)))
         self.register_outputs({"groupName": self.group.name, "launchTemplateId": self.template.id})

@@ -14,7 +14,7 @@ import yaml
 from cluster.stack.config_keys import BY_KEY, PROJECT
 
 
-def set_stack_value(path: str | os.PathLike, key: str, value: str) -> None:
+def set_stack_value(path: str | os.PathLike, key: str, value: str | bool) -> None:
     """`<project>:<key>: <value>` in the stack file's `config:` map, replacing the key's line if there is one."""
     if key not in BY_KEY:
         raise ValueError(f"{key!r} is not a setting of {PROJECT}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from cluster.cost import timemodel as tm
 from cluster.cost.plan_options import PlanInputs
@@ -119,6 +119,37 @@ def with_on_demand_master(rows: list[PlanRow], price: Price, on_demand: Price | 
     basis = (f"the master at ${on_demand.usd_per_hour:.4f}/hour on demand{source} instead of "
              f"${price.usd_per_hour:.4f} spot through provisioning, the run and the idle tail; the workers spot")
     return rows, f"{ON_DEMAND_MASTER}: {already + ': ' if not master_spot else ''}{figures}; {basis}"
+
+
+def types_range_line(priced: Mapping[str, tuple[Price, list[PlanRow]]]) -> str:
+    """instanceTypes: each listed type's price (the first is the table's) and, per node count, the total from the
+    cheapest type's to the dearest's: the workers' group launches any of them."""
+    first = next(iter(priced))
+    per_type = ", ".join(f"{t} ${p.usd_per_hour:.4f}" for t, (p, _) in priced.items())
+    counts = [r.nodes for r in priced[first][1]]
+    ranges = []
+    for i, nodes in enumerate(counts):
+        totals = [rows[i].total_usd for _, rows in priced.values()]
+        ranges.append(f"{'' if len(counts) == 1 else f'{nodes} node(s) '}${min(totals):.2f} to ${max(totals):.2f}")
+    return (f"instanceTypes: the workers may be any of {per_type} per instance-hour (the table prices {first}, the "
+            f"master's type); with every node at one listed type's price the total is {', '.join(ranges)}")
+
+
+def on_demand_workers_extra_usd(row: PlanRow, spot_usd_per_hour: float, on_demand_usd_per_hour: float) -> float:
+    """What the workers on demand add to the row's total: the price difference over each worker's hours (the
+    run and the idle tail; its boot in provisioning is left out, as the fallback starts after a wait)."""
+    workers = row.nodes - 1
+    return (on_demand_usd_per_hour - spot_usd_per_hour) * workers * (
+        row.prediction.run_seconds + (row.idle_tail_seconds or 0.0)) / 3600
+
+
+def fallback_line(rows: list[PlanRow], price: Price, on_demand: Price) -> str:
+    """onDemandFallback: what the table's totals become if every worker ends up on demand."""
+    extras = [on_demand_workers_extra_usd(r, price.usd_per_hour, on_demand.usd_per_hour) for r in rows]
+    figures = ", ".join(f"{'' if len(rows) == 1 else f'{r.nodes} node(s) '}{_signed_usd(extra)} "
+                        f"(total ${r.total_usd + extra:.2f})" for r, extra in zip(rows, extras))
+    return (f"onDemandFallback: if every worker runs on demand (${on_demand.usd_per_hour:.4f}/hour instead of "
+            f"${price.usd_per_hour:.4f} spot, through the run and the idle tail): {figures}")
 
 
 def _signed_usd(usd: float) -> str:

@@ -99,7 +99,10 @@ def _build_defaults() -> dict[tuple[str, str, str], Throughput]:
     per_core = {"spr": (_R7IZ / 32, "r7iz.metal-16xl"), "icx": (_C6I / 32, "c6i.16xlarge")}
     cores = {"r7iz.metal-16xl": ("spr", 32), "r7iz.metal-32xl": ("spr", 64), "c7i.metal-24xl": ("spr", 48),
              "c7i.metal-48xl": ("spr", 96), "m7i.48xlarge": ("spr", 96), "c6i.16xlarge": ("icx", 32),
-             "c6i.32xlarge": ("icx", 64), "c6in.32xlarge": ("icx", 64)}
+             "c6i.32xlarge": ("icx", 64), "c6in.32xlarge": ("icx", 64),
+             "c7i.48xlarge": ("spr", 96), "r7i.48xlarge": ("spr", 96), "m7i.metal-48xl": ("spr", 96),
+             "r7i.metal-48xl": ("spr", 96), "m6i.16xlarge": ("icx", 32), "r6i.16xlarge": ("icx", 32),
+             "m6i.32xlarge": ("icx", 64), "r6i.32xlarge": ("icx", 64)}
     for itype, (cpu, ncores) in cores.items():
         rate, base = per_core[cpu]
         if itype == "r7iz.metal-16xl":

@@ -13,10 +13,10 @@ Sources, per figure:
   Sapphire Rapids: 48 cores; Xeon 6455B SPR: 32 cores) divided into the instance's cores. Rows
   marked `sockets_inferred=True` were not read on a live instance: override with config
   `coresPerSocket`/`sockets` if `lscpu` disagrees.
-- AMX and AVX512-BF16: Sapphire Rapids (R7iz, C7i, M7i) has both; Ice Lake (C6i, C6in) has
-  neither (Intel ARK; `lscpu` flags amx_bf16, avx512_bf16).
+- AMX and AVX512-BF16: Sapphire Rapids (R7iz, C7i, M7i, R7i) has both; Ice Lake (C6i, C6in, M6i, R6i)
+  has neither (Intel ARK; `lscpu` flags amx_bf16, avx512_bf16).
 - clock_ghz: the all-core turbo frequency the AWS instance type pages state (R7iz 3.9 GHz, C7i and
-  M7i 3.2 GHz, C6i and C6in 3.5 GHz); the peak FLOP/s of cluster/cost/flops.py multiply it in.
+  M7i/R7i 3.2 GHz, C6i, C6in, M6i and R6i 3.5 GHz); the peak FLOP/s of cluster/cost/flops.py multiply it in.
 """
 
 from __future__ import annotations
@@ -75,8 +75,62 @@ CATALOG: dict[str, InstanceType] = {
                      sockets_inferred=True, clock_ghz=3.2),
         InstanceType("m7i.48xlarge", 2, 96, 192, 768, 50, True, True, True, False, _SPR + " (8488C)",
                      sockets_inferred=True, clock_ghz=3.2),
+        # The compute, general purpose and memory optimized siblings of one size: one shape (`shape`) with
+        # the rows above, so a stack may list them together in instanceTypes.
+        InstanceType("c7i.48xlarge", 2, 96, 192, 384, 50, True, True, True, False, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+        InstanceType("r7i.48xlarge", 2, 96, 192, 1536, 50, True, True, True, False, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+        InstanceType("m7i.metal-48xl", 2, 96, 192, 768, 50, True, True, True, True, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+        InstanceType("r7i.metal-48xl", 2, 96, 192, 1536, 50, True, True, True, True, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
+        InstanceType("m6i.16xlarge", 1, 32, 64, 256, 25, False, False, False, False, _ICX,
+                     sockets_inferred=True, clock_ghz=3.5),
+        InstanceType("r6i.16xlarge", 1, 32, 64, 512, 25, False, False, False, False, _ICX,
+                     sockets_inferred=True, clock_ghz=3.5),
+        InstanceType("m6i.32xlarge", 2, 64, 128, 512, 50, True, False, False, False, _ICX,
+                     sockets_inferred=True, clock_ghz=3.5),
+        InstanceType("r6i.32xlarge", 2, 64, 128, 1024, 50, True, False, False, False, _ICX,
+                     sockets_inferred=True, clock_ghz=3.5),
     )
 }
+
+# The memory per physical core every catalog type has at least (the compute optimized families' 2 GiB per
+# vCPU): a type with less would be another memory class, whose ranks could not hold what the others' do.
+MIN_GIB_PER_CORE = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one rank layout and one image need to be the same across instance types: sockets, physical
+    cores and hardware threads, the memory class, the CPU's bf16 support (AMX, AVX512-BF16) and bare metal
+    (one boot wait). Memory within the class, network bandwidth and price may differ."""
+    sockets: int
+    physical_cores: int
+    vcpus: int
+    memory_class: str
+    amx: bool
+    avx512_bf16: bool
+    bare_metal: bool
+
+    def words(self) -> str:
+        bf16 = "AMX bf16" if self.amx else ("AVX512-BF16" if self.avx512_bf16 else "no bf16")
+        metal = ", bare metal" if self.bare_metal else ""
+        return (f"{self.sockets} x {self.physical_cores // self.sockets} cores, {self.vcpus} vCPUs, "
+                f"{self.memory_class}, {bf16}{metal}")
+
+
+def shape(t: InstanceType) -> Shape:
+    memory = ("at least" if t.memory_gib >= MIN_GIB_PER_CORE * t.physical_cores else "under") + \
+        f" {MIN_GIB_PER_CORE} GiB per core"
+    return Shape(t.sockets, t.physical_cores, t.vcpus, memory, t.amx, t.avx512_bf16, t.bare_metal)
+
+
+def same_shape(name: str) -> list[str]:
+    """The catalog's types of `name`'s shape, itself included, by name ([] for a type it does not know)."""
+    known = lookup(name)
+    return sorted(t.name for t in CATALOG.values() if known and shape(t) == shape(known))
 
 
 # How long a node of a type may take from launch until its sshd answers and its console lists its host keys:

@@ -28,7 +28,7 @@ import hashlib
 from typing import Any, Mapping
 
 from cluster.stack.config_keys import CONFIG_KEYS
-from cluster.stack.spec import ClusterSpec
+from cluster.stack.spec import FALLBACK_OFF, ClusterSpec
 
 OUTPUT = "nodeSettings"  # the stack output that records them (infra/program.py)
 BAKE_TAG = "bakeTag"  # the image's identity, in that output
@@ -38,12 +38,13 @@ TEMPLATE_SHAPE = "workerTemplate"  # the fields of the workers' template, in tha
 # not listed: a new user data makes a new version and replaces no worker; the image is the group's trigger
 # on its own) -> the stack settings each is made from. A field made of constants lists none.
 WORKER_TEMPLATE: dict[str, tuple[str, ...]] = {
-    "instance_type": ("instanceType",),
+    "instance_type": ("instanceType", "instanceTypes"),  # the first of instanceTypes; the rest are overrides
     "key_name": ("publicKey",),
     "network_interfaces": ("vpcId", "subnetId"),  # with a public address (the default VPC): the groups go here
     "vpc_security_group_ids": ("vpcId", "subnetId"),
     "placement": ("placementGroup",),
-    "instance_market_options": ("workerSpot", "spotMaxPrice"),
+    # none with a mixed instances policy (several types, or onDemandFallback)
+    "instance_market_options": ("workerSpot", "spotMaxPrice", "instanceTypes", "onDemandFallback"),
     "instance_initiated_shutdown_behavior": (),
     "iam_instance_profile": (),
     "metadata_options": (),
@@ -57,6 +58,8 @@ WORKER_SETTINGS = tuple(sorted({s for made_of in WORKER_TEMPLATE.values() for s 
                                | {"workerSpot", "instanceType"} | set(BAKE_SETTINGS) | set(IMAGE_SETTINGS)))
 MASTER_SETTINGS = ("publicKey", "placementGroup", "instanceType", "masterSpot", "spotMaxPrice", "baseAmi",
                    "subnetId", "vpcId", "clusterName")
+# With zoneMove, availabilityZone is every node's zone (`replaced_by`; turning zoneMove on or off replaces the
+# group: its trigger names the zone only with it); without it, a first choice a running master keeps.
 NOT_RECORDED = ("privateKeyPath",)  # a path on the controller that runs pulumi: nothing in AWS depends on it
 
 CANNOT_TELL = "cannot tell whether `pulumi up` would replace nodes"
@@ -107,6 +110,11 @@ def replaced_by(key: str, wanted: Mapping[str, Any]) -> str | None:
         return "the image (Image Builder builds it again) and every node"
     if key == TEMPLATE_SHAPE:
         return "every worker (this checkout's program makes another launch template)"
+    if key == "zoneMove":  # the group's trigger names the zone with it, not without
+        return "every worker (the group is replaced, deleting first; with a new availabilityZone the master too)"
+    if key == "availabilityZone":
+        return "every node (the zone move: the master and the workers' group, deleting first)" if (
+            wanted.get("zoneMove")) else None
     master = key in MASTER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("masterSpot")))
     workers = key in WORKER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("workerSpot")))
     if master and workers:
@@ -147,6 +155,8 @@ def replacements(wanted: Mapping[str, Any], deployed: Mapping[str, Any]) -> list
     for key in wanted:
         if key not in deployed or _normal(deployed[key]) == _normal(wanted[key]):
             continue
+        if key == "onDemandFallback" and (deployed[key] == FALLBACK_OFF) == (wanted[key] == FALLBACK_OFF):
+            continue  # another wait: the group's policy is the same
         what = replaced_by(key, wanted)
         if what:
             name = {BAKE_TAG: "software (the profile's pins)", TEMPLATE_SHAPE: "workers' launch template"}.get(key, key)

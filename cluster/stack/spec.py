@@ -20,6 +20,7 @@ from cluster.stack import catalog
 from cluster import names
 from cluster.stack.catalog import InstanceType
 from cluster.stack.config_keys import CONFIG_KEYS, is_unset
+from cluster.cost.timemodel import parse_duration
 from cluster.node.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 MAX_WORKERS = 128
@@ -55,11 +56,17 @@ class ClusterSpec:
     region: str
     public_key: str
     admin_cidrs: tuple[str, ...]
-    instance_type: str = "r7iz.metal-16xl"
+    instance_type: str = "r7iz.metal-16xl"  # with instanceTypes: the first of them
+    # instanceTypes: the types of one shape the workers' group may launch, in order of preference; () when
+    # the stack names one instanceType (`types` gives either form as a list).
+    instance_types: tuple[str, ...] = ()
     worker_count: int = 3
     master_spot: bool = True
     worker_spot: bool = True
     spot_max_price: float | None = None
+    # onDemandFallback: "off", or how long the workers' group may lack spot capacity before `fab up` fills the
+    # missing workers on demand (cluster/stack/worker_group.py); `on_demand_fallback_s` in seconds.
+    on_demand_fallback: str = "off"
     allow_ssh_from_anywhere: bool = False
     base_ami: str | None = None
     ssh_user: str = "ubuntu"
@@ -73,10 +80,23 @@ class ClusterSpec:
     vpc_id: str | None = None
     subnet_id: str | None = None
     availability_zone: str | None = None
+    # zoneMove: availabilityZone is every node's, not a first choice: changing it replaces the master and the
+    # workers' group together (infra/master.py, infra/workers.py), where otherwise a running master keeps its subnet.
+    zone_move: bool = False
     destroy_bucket: bool = False
     sockets: int | None = None
     physical_cores: int | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """Every type a node may be, in order of preference: instanceTypes, or instanceType alone."""
+        return self.instance_types or (self.instance_type,)
+
+    @property
+    def on_demand_fallback_s(self) -> float | None:
+        """onDemandFallback's wait in seconds; None when off."""
+        return fallback_seconds(self.on_demand_fallback)
 
     @property
     def node_count(self) -> int:
@@ -113,11 +133,15 @@ class ClusterSpec:
                                                 else values["admin_cidrs"] or ())
         values["public_key"] = (values["public_key"] or "").strip()
         values["tags"], tag_problems = _parse_tags(values["tags"] or {})
-        problems += _value_problems(values) + tag_problems
+        problems += _instance_types(values, cfg.get("instanceType")) + _value_problems(values) + tag_problems
+        problems += _fallback_problems(values)
         if not region:
             problems.append("aws:region: not set; allowed: an AWS region name, e.g. "
                             "`pulumi config set aws:region us-east-1`")
         problems += zone_problems(values.get("availability_zone"), region, values.get("subnet_id"))
+        if values["zone_move"] and not values.get("availability_zone"):
+            problems.append("zoneMove: true without availabilityZone; allowed: set availabilityZone to the zone "
+                            "to move to (`fab up --zone auto` picks the best-ranked one and sets both)")
         if problems:
             raise ConfigError(problems)
         return cls(stack=stack, region=region, **values)
@@ -160,6 +184,67 @@ def _convert(raw: Any, kind: type) -> Any:
     if kind is float and not math.isfinite(value):
         raise ValueError(raw)
     return value
+
+
+FALLBACK_OFF = "off"
+
+
+def fallback_seconds(value: str) -> float | None:
+    """onDemandFallback: `off` (None), or a duration such as 20m (seconds); ValueError names the setting."""
+    if str(value).strip().lower() == FALLBACK_OFF:
+        return None
+    try:
+        return parse_duration(value, "onDemandFallback", bare_seconds=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (or {FALLBACK_OFF})") from None
+
+
+def _fallback_problems(v: dict[str, Any]) -> list[str]:
+    try:
+        wait = fallback_seconds(v["on_demand_fallback"])
+    except ValueError as exc:
+        return [str(exc)]
+    if wait is not None and not v["worker_spot"]:
+        return [f"onDemandFallback: {v['on_demand_fallback']!r} with workerSpot: false, whose workers are on demand "
+                f"already; allowed: {FALLBACK_OFF}, or workerSpot: true"]
+    return []
+
+
+def _instance_types(v: dict[str, Any], given_type: Any) -> list[str]:
+    """instanceTypes: a list of catalog types of one shape (cluster/stack/catalog.py `shape`), each once; the
+    first becomes instance_type (the master's and the plan's). Sets v["instance_types"] to a tuple (or ())."""
+    listed = v["instance_types"]
+    v["instance_types"] = ()
+    if not listed:  # unset, or Pulumi.yaml's default []
+        return []
+    if isinstance(listed, str) or not isinstance(listed, (list, tuple)) or not all(
+            isinstance(t, str) and t for t in listed):
+        return [f"instanceTypes: {listed!r} is not a list of instance type names; allowed: a list such as "
+                "[m7i.48xlarge, c7i.48xlarge, r7i.48xlarge] (`pulumi config set --path 'instanceTypes[0]' ...`)"]
+    types = tuple(listed)
+    if len(set(types)) != len(types):
+        return [f"instanceTypes: {', '.join(types)} names a type more than once; allowed: each type once"]
+    unknown = [t for t in types if catalog.lookup(t) is None]
+    if unknown:
+        return [f"instanceTypes: {', '.join(unknown)} not in the catalog, whose shapes it compares; allowed: "
+                f"{', '.join(catalog.known_types())} (one type outside it: instanceType with sockets and "
+                "physicalCores)"]
+    if v["sockets"] is not None or v["physical_cores"] is not None:
+        return ["instanceTypes: set together with sockets/physicalCores, which describe one type outside the "
+                "catalog; allowed: instanceTypes of catalog types alone, or instanceType with sockets and "
+                "physicalCores"]
+    first = catalog.shape(catalog.CATALOG[types[0]])
+    differing = [t for t in types if catalog.shape(catalog.CATALOG[t]) != first]
+    if differing:
+        other = catalog.shape(catalog.CATALOG[differing[0]])
+        return [f"instanceTypes: {', '.join(types)} are of more than one shape: {', '.join(differing)} "
+                f"({other.words()}) against {types[0]} ({first.words()}); allowed: types of one shape, so one "
+                f"rank layout and one image fit every node ({types[0]}'s: {', '.join(catalog.same_shape(types[0]))})"]
+    if not is_unset("instanceType", given_type) and given_type not in (types[0], ClusterSpec.instance_type):
+        return [f"instanceType: {given_type!r} is set together with instanceTypes, whose first type "
+                f"({types[0]}) is every node's first choice; allowed: one of the two"]
+    v["instance_types"], v["instance_type"] = types, types[0]
+    return []
 
 
 def _value_problems(v: dict[str, Any]) -> list[str]:

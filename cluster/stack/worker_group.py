@@ -1,4 +1,14 @@
-"""The workers' Auto Scaling group: why it has fewer instances than it wants, in one line (pure).
+"""The workers' Auto Scaling group: how it spreads over several instance types, and why it has fewer instances
+than it wants, in one line (pure).
+
+With `instanceTypes` (several types of one shape) the group launches from a mixed instances policy
+(infra/workers.py): its launch template's type is the first, each listed type an override in the stack's
+order, and the instances distribution below. Spot uses AWS's recommended `price-capacity-optimized`
+allocation (the pools least likely to be interrupted, then the cheapest of them); it does not follow the
+order: `capacity-optimized-prioritized` would, on a best-effort basis, at the price of launching into a
+pool with less room. On-demand (`workerSpot: false`) follows the order (`prioritized`): the first type that
+has capacity. The launch template holds no spot market options then: AWS refuses a template that asks for
+spot in a mixed instances policy, whose distribution chooses the market.
 
 Two readers share these rules: the Pulumi program's error hook on the group (a `pulumi up` whose
 group could not be filled) and `fab status` (node_setup/aws/worker_group.py, from
@@ -11,7 +21,49 @@ failed yet. These rules find that message and add what to change for it.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+SPOT_ALLOCATION = "price-capacity-optimized"
+ON_DEMAND_ALLOCATION = "prioritized"
+# The field of the policy `fab up` raises for onDemandFallback (the program leaves it to it: ignore_changes).
+FALLBACK_FIELD = "mixedInstancesPolicy.instancesDistribution.onDemandBaseCapacity"
+
+
+def mixed(types: Sequence[str]) -> bool:
+    """Whether the group spreads over several types: more than one type listed."""
+    return len(types) > 1
+
+
+def uses_policy(types: Sequence[str], fallback: bool) -> bool:
+    """Whether the group launches from a mixed instances policy: several types, or onDemandFallback on (whose
+    on-demand base `fab up` raises; a one-type policy then)."""
+    return mixed(types) or fallback
+
+
+def fallback_base(wanted: int, in_service: int, base: int, reason: str | None) -> int | None:
+    """onDemandFallback, after its wait: the on-demand base that fills the missing workers on demand (the group's
+    base so far plus the missing ones; it keeps its spot workers), or None when nothing is missing or the group's
+    latest failure is not one of capacity."""
+    missing = wanted - in_service
+    if missing <= 0 or not reason or advice(reason) != _ADVICE[0][1]:
+        return None
+    return min(wanted, base + missing)
+
+
+def fallback_line(group: str, base: int, waited: str, reason: str) -> str:
+    """`fab up`'s line when it turns to on demand."""
+    return (f"{group}: no spot capacity for {waited} ({reason}); onDemandFallback: the group's on-demand base is "
+            f"now {base}, so it launches {base} worker(s) on demand, of the same types (`fab status` shows each "
+            "node's market); after the idle auto-stop the next `fab up` asks for spot again")
+
+
+def distribution(spot: bool, max_price: float | None) -> dict[str, Any]:
+    """The mixed instances policy's instances distribution (the provider's argument names): every worker spot,
+    or every worker on-demand, none as a base."""
+    return {"on_demand_base_capacity": 0, "on_demand_percentage_above_base_capacity": 0 if spot else 100,
+            "on_demand_allocation_strategy": ON_DEMAND_ALLOCATION, "spot_allocation_strategy": SPOT_ALLOCATION,
+            "spot_max_price": f"{max_price:.4f}" if spot and max_price else ""}
+
 
 # The provider's error for a failed scaling activity (terraform-provider-aws, the group's capacity wait).
 _ACTIVITY = re.compile(r"scaling activity \(([^)]*)\): Failed: (.+?)(?:\n|$)")
@@ -45,9 +97,26 @@ def advice(reason: str) -> str:
     return ""
 
 
-def failure_line(group: str, wanted: int, reason: str) -> str:
-    """One line: the group could not launch its workers, AWS's reason, and what to change."""
-    hint = advice(reason)
+def other_types(reason: str, types: Sequence[str]) -> list[str]:
+    """The group's types besides the one a capacity failure names (its mixed instances policy goes on with
+    them); [] for one type, another kind of failure, or a message that names none of the types."""
+    if not mixed(types) or advice(reason) != _ADVICE[0][1]:  # (capacity: the first advice)
+        return []
+    named = [t for t in types if t in reason]
+    return [t for t in types if t not in named] if named else []
+
+
+def failure_line(group: str, wanted: int, reason: str, types: Sequence[str] = ()) -> str:
+    """One line: the group could not launch its workers, AWS's reason, and what to change. `types`: the group's
+    mixed instances policy's, in order: a capacity failure of one of them names the ones the group goes on
+    with (the advice then is only to wait)."""
+    others = other_types(reason, types)
+    if others:
+        hint = (f"the group goes on with its other type(s), {', '.join(others)} (next: {others[0]}; with spot, AWS "
+                f"picks the pool by {SPOT_ALLOCATION}); if none has room either, one of: workerSpot: false, "
+                "another zone, placementGroup: false")
+    else:
+        hint = advice(reason)
     return (f"{group}: AWS could not launch the {wanted} worker(s) of the group: {reason}"
             + (f"; {hint}" if hint else "") + "; `fab preflight` checks new settings")
 
@@ -65,11 +134,12 @@ def timeout_line(group: str, wanted: int, timeout: str) -> str:
             "`fab up` and `fab status` name the group's latest scaling activity (the reason)")
 
 
-def capacity_line(group: str, wanted: int, in_service: int, reason: str | None, waited: str) -> str:
+def capacity_line(group: str, wanted: int, in_service: int, reason: str | None, waited: str,
+                  types: Sequence[str] = ()) -> str:
     """`fab up`'s line when the group had fewer workers in service than it wants after the wait: how many,
     the group's own reason (its latest scaling activity, when it failed) and what to change, and what the
     group does next."""
-    why = failure_line(group, wanted, reason) if reason else (
+    why = failure_line(group, wanted, reason, types) if reason else (
         f"{group}: no scaling activity has failed (AWS is still launching or looking for capacity)")
     return f"{in_service} of {wanted} worker(s) in service after {waited}; {why}; {KEEPS_TRYING}"
 

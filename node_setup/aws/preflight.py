@@ -103,22 +103,29 @@ def planned_subnet(ec2, spec: ClusterSpec, zones) -> tuple[str, str] | None:
 
 
 def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> str | None:
-    """The zone the cluster will launch in (None if unknown or not offered)."""
-    itype = spec.instance_type
+    """The zone the cluster will launch in (None if unknown or not offered). With instanceTypes every listed
+    type is checked, and the cluster's zone is one that offers them all (infra/lookups.py's rule)."""
+    itype = ", ".join(spec.types)  # what the findings name: the one type, or every listed one
+    key = "instanceTypes" if spec.instance_types else "instanceType"
     try:
-        in_region = offered(clients.ec2, "region", sorted({itype, *catalog.known_types()}))
+        in_region = offered(clients.ec2, "region", sorted({*spec.types, *catalog.known_types()}))
     except ClientError as exc:
         if errors.is_denied(exc):
             denied(report, "offering", "ec2:DescribeInstanceTypeOfferings", exc)
             return None
         raise
-    if not in_region.get(itype):
-        others = sorted(t for t, where in in_region.items() if where and t != itype)
-        report.add("offering", FAIL, f"{itype} is not offered in {spec.region}",
-                   f"set instanceType to one offered here ({', '.join(others) or 'none of the catalog'}) "
-                   "or choose another aws:region")
+    missing = [t for t in spec.types if not in_region.get(t)]
+    if missing:
+        others = sorted(t for t, where in in_region.items() if where and t not in spec.types)
+        report.add("offering", FAIL, f"{', '.join(missing)} is not offered in {spec.region}",
+                   f"set {key} to {'types' if spec.instance_types else 'one'} offered here "
+                   f"({', '.join(others) or 'none of the catalog'}) or choose another aws:region")
         return None
-    zones = offered(clients.ec2, "availability-zone", [itype]).get(itype, set())
+    by_type = offered(clients.ec2, "availability-zone", list(spec.types))
+    zones = set.intersection(*(by_type.get(t, set()) for t in spec.types))
+    if spec.instance_types:
+        for t in spec.types:
+            report.add("offering", OK, f"{t} is offered in {', '.join(sorted(by_type.get(t, set()))) or 'no zone'}")
     if spec.subnet_id:
         try:
             subnet = clients.ec2.describe_subnets(SubnetIds=[spec.subnet_id])["Subnets"][0]
@@ -128,7 +135,8 @@ def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> st
             return None
         zone = subnet["AvailabilityZone"]
         if zone not in zones:
-            report.add("offering", FAIL, f"{itype} is not offered in {zone}, the zone of subnetId {spec.subnet_id}",
+            report.add("offering", FAIL, f"{itype} {'are not all' if spec.instance_types else 'is not'} offered in "
+                       f"{zone}, the zone of subnetId {spec.subnet_id}",
                        f"set subnetId to a subnet in one of: {', '.join(sorted(zones))}")
             return None
         report.add("offering", OK, f"{itype} is offered in {zone} (subnet {spec.subnet_id})")
@@ -150,8 +158,9 @@ def check_offering(report: Report, clients: AwsClients, spec: ClusterSpec) -> st
     subnet, zone = pick
     missing = sorted(set(_default_subnets(clients.ec2).values()) - zones) if not spec.vpc_id else []
     extra = f"; not offered in {', '.join(missing)}" if missing else ""
-    report.add("offering", OK, f"{itype} is offered in {', '.join(sorted(zones))}{extra}; the cluster will use "
-               f"{zone} (subnet {subnet} of {where}, the lowest subnet id there, as `pulumi up` picks)")
+    together = " (each of them)" if spec.instance_types else ""
+    report.add("offering", OK, f"{itype} is offered{together} in {', '.join(sorted(zones))}{extra}; the cluster "
+               f"will use {zone} (subnet {subnet} of {where}, the lowest subnet id there, as `pulumi up` picks)")
     return zone
 
 
@@ -193,15 +202,17 @@ def launch_security_group(ec2, spec: ClusterSpec) -> str | None:
 
 
 def dry_run_params(spec: ClusterSpec, image: dict, zone: str | None, spot: bool,
-                   security_group: str | None = None, role: str = ROLE_MASTER) -> dict:
+                   security_group: str | None = None, role: str = ROLE_MASTER,
+                   instance_type: str | None = None) -> dict:
     """run_instances arguments with the stack's real settings and tags (tagging on launch needs
     ec2:CreateTags) and an existing security group; not the resources the stack has not made yet
     (see the module docstring). With `role` worker: what the workers' launch template holds (its
-    tags, root device, spot options, IMDSv2, encrypted volume), less its instance profile."""
+    tags, root device, spot options, IMDSv2, encrypted volume), less its instance profile. `instance_type`:
+    one of instanceTypes (the group may launch any); the first by default, the master's."""
     tags = [{"Key": k, "Value": v} for k, v in sorted(launch_tags(spec, role).items())]
     device = WORKER_ROOT_DEVICE if role == ROLE_WORKER else image.get("RootDeviceName", WORKER_ROOT_DEVICE)
     params: dict = {
-        "DryRun": True, "ImageId": image["ImageId"], "InstanceType": spec.instance_type,
+        "DryRun": True, "ImageId": image["ImageId"], "InstanceType": instance_type or spec.instance_type,
         "MinCount": 1, "MaxCount": 1,
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [{"DeviceName": device, "Ebs": {
@@ -246,20 +257,23 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
         group = launch_security_group(clients.ec2, spec)
     except ClientError:
         group = None  # DescribeVpcs/DescribeSecurityGroups not allowed: launch without naming a group
-    # The master as infra/node.py launches it, then one worker as the group's launch template would.
-    launches = [(ROLE_MASTER, spec.master_spot)] + ([(ROLE_WORKER, spec.worker_spot)] if spec.worker_count else [])
-    for role, spot in launches:
+    # The master as infra/node.py launches it (the first type), then one worker as the group's launch template
+    # would, of each type the group may launch.
+    launches = [(ROLE_MASTER, spec.master_spot, spec.instance_type)] + (
+        [(ROLE_WORKER, spec.worker_spot, t) for t in spec.types] if spec.worker_count else [])
+    for role, spot, itype in launches:
         market = "spot" if spot else "on-demand"
         who = ("the master" if role == ROLE_MASTER
-               else f"a worker of the group ({spec.worker_count} from its launch template)")
+               else f"a worker of the group ({spec.worker_count} from its launch template"
+               + (f", any of {len(spec.types)} types" if spec.instance_types else "") + ")")
         try:
-            clients.ec2.run_instances(**dry_run_params(spec, image, zone, spot, group, role))
+            clients.ec2.run_instances(**dry_run_params(spec, image, zone, spot, group, role, itype))
         except ClientError as exc:
             code = errors.code(exc)
             if code == "DryRunOperation":
                 baked = (" (the base image: the baked one the workers boot does not exist yet)"
                          if role == ROLE_WORKER and spec.bake else "")
-                report.add("dry-run", OK, f"AWS would launch {who}: {market} {spec.instance_type} from "
+                report.add("dry-run", OK, f"AWS would launch {who}: {market} {itype} from "
                            f"{image['ImageId']}{baked}"
                            + (f" in {zone}" if zone else "") + " with the cluster's tags, IMDSv2 and an encrypted "
                            "root volume"
@@ -269,16 +283,25 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
                            "security groups, key pair)")
                 continue
             if errors.is_denied(exc):
-                report.add("dry-run", FAIL, f"launching {who} ({market} {spec.instance_type}) is not allowed "
+                report.add("dry-run", FAIL, f"launching {who} ({market} {itype}) is not allowed "
                                             f"({errors.describe(exc)})",
                            "grant ec2:RunInstances (and ec2:CreateTags) to your IAM identity, or lift the "
                            "SCP/permission boundary that denies it")
                 continue
+            refused = f"AWS refused a {market} {itype} launch of {who} ({errors.describe(exc)})"
+            others = [t for t in spec.types if t != itype]
+            if code in CAPACITY_CODES and role == ROLE_WORKER and others:
+                # The group goes on to the other listed types; the next dry runs say whether they have room.
+                report.add("dry-run", WARN, f"{refused}; the group launches its workers from its other types "
+                           f"({', '.join(others)})")
+                continue
             fix = _dry_run_fix(code, spec)
             if code in CAPACITY_CODES:
                 fix = next_best_zone_fix(clients.ec2, spec, zone) or fix
-            report.add("dry-run", FAIL, f"AWS refused a {market} {spec.instance_type} launch of {who} "
-                       f"({errors.describe(exc)})", fix)
+                if others:  # the master takes the first of instanceTypes (infra/master.py)
+                    fix = (f"list another type first in instanceTypes (the master takes the first; next: "
+                           f"{others[0]}), or: {fix}")
+            report.add("dry-run", FAIL, refused, fix)
         else:  # pragma: no cover - AWS never launches with DryRun=True
             report.add("dry-run", WARN, "run_instances with DryRun=True returned without DryRunOperation")
 

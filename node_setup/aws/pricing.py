@@ -32,6 +32,14 @@ STATIC_ON_DEMAND_USD = {
     "c7i.metal-24xl": 4.284,
     "c7i.metal-48xl": 8.568,
     "m7i.48xlarge": 9.6768,
+    "c7i.48xlarge": 8.568,
+    "r7i.48xlarge": 12.7008,
+    "m7i.metal-48xl": 9.6768,
+    "r7i.metal-48xl": 12.7008,
+    "m6i.16xlarge": 3.072,
+    "r6i.16xlarge": 4.032,
+    "m6i.32xlarge": 6.144,
+    "r6i.32xlarge": 8.064,
 }
 STATIC_SOURCE = "on-demand, static table (us-east-1 Linux list price; may be out of date)"
 

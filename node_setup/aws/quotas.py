@@ -82,15 +82,19 @@ def _who(master: bool, workers: int) -> str:
 
 
 def check_quotas(report: Report, clients: AwsClients, spec: ClusterSpec) -> None:
-    itype = spec.instance_type
-    group = quota_group(itype)
-    if group != STANDARD:
-        report.add("quota", SKIPPED, f"{itype} counts against {f'the {group}' if group else 'its own'} vCPU quota, "
+    """With instanceTypes, every listed type: each must count against the Standard quota this check reads, and
+    the nodes need the most vCPUs any of them has (one shape: the same for all)."""
+    itype = "/".join(spec.types)  # how the findings name the nodes' type(s)
+    others = [(t, quota_group(t)) for t in spec.types if quota_group(t) != STANDARD]
+    if others:
+        t, group = others[0]
+        report.add("quota", SKIPPED, f"{t} counts against {f'the {group}' if group else 'its own'} vCPU quota, "
                    "not the Standard (A, C, D, H, I, M, R, T, Z) one this check reads; check it in the "
                    "Service Quotas console")
         return
     try:
-        vcpus = _vcpus(clients.ec2, {itype})[itype]
+        sizes = _vcpus(clients.ec2, set(spec.types))
+        vcpus = max(sizes[t] for t in spec.types)
     except (ClientError, KeyError) as exc:
         report.add("quota", WARN, f"could not learn the vCPUs of {itype} ({exc})")
         return
@@ -138,7 +142,7 @@ def check_quotas(report: Report, clients: AwsClients, spec: ClusterSpec) -> None
         if fits:
             fix += f"; or run {fits} node(s) (workerCount {max(0, fits - 1)})"
         smaller = sorted((t.vcpus, t.name) for t in catalog.CATALOG.values()
-                         if t.vcpus * nodes <= available and t.name != itype)
+                         if t.vcpus * nodes <= available and t.name not in spec.types)
         if smaller:
             fix += f"; or a smaller type that fits: {', '.join(n for _, n in smaller[-3:])}"
         if market == "spot":

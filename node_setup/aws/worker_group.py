@@ -13,6 +13,7 @@ and `fab train --managed` waiting for a lost worker's replacement (`wait_for_wor
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,6 +36,9 @@ class WorkerGroup:
     arn: str = ""
     launch_template: str = ""
     states: dict[str, str] = field(default_factory=dict)  # instance id -> lifecycle state
+    types: tuple[str, ...] = ()  # its mixed instances policy's types, in order (() for one launch template type)
+    instance_types: dict[str, str] = field(default_factory=dict)  # instance id -> its type, as the group says
+    on_demand_base: int = 0  # its policy's on-demand base (onDemandFallback raises it)
 
     @property
     def stopped(self) -> bool:
@@ -48,11 +52,17 @@ class WorkerGroup:
             return (f"worker group {self.name}: stopped (min, max and desired 0, as the idle auto-stop sets it); "
                     "`fab up` (pulumi up --refresh) launches the workers again")
         line = f"worker group {self.name}: {len(self.in_service)} of {self.desired} worker(s) in service"
+        if self.types:  # which of its types the group launched
+            counts = Counter(self.instance_types.get(i, "?") for i in self.in_service)
+            line += (f" ({', '.join(f'{n} {t}' for t, n in sorted(counts.items()))})" if counts else "") + \
+                f", from {', '.join(self.types)}"
+        if self.on_demand_base:
+            line += f"; on-demand base {self.on_demand_base} (onDemandFallback: that many workers on demand)"
         if len(self.in_service) < self.desired:
             pending = [f"{i} {s}" for i, s in sorted(self.states.items()) if s != IN_SERVICE]
             line += (f" ({', '.join(pending)})" if pending else "") + "; AWS launches the missing ones"
             if self.failure:
-                line += "; " + rules.failure_line(self.name, self.desired, self.failure)
+                line += "; " + rules.failure_line(self.name, self.desired, self.failure, self.types)
         return line
 
 
@@ -71,13 +81,18 @@ def _groups_of(autoscaling, cluster: str) -> list[dict]:
 
 def from_record(group: dict, activities: list[dict] | None = None) -> WorkerGroup:
     states = {i["InstanceId"]: i.get("LifecycleState", "") for i in group.get("Instances", [])}
-    template = group.get("LaunchTemplate") or {}
+    policy = (group.get("MixedInstancesPolicy") or {}).get("LaunchTemplate") or {}
+    template = group.get("LaunchTemplate") or policy.get("LaunchTemplateSpecification") or {}
     return WorkerGroup(
         name=group["AutoScalingGroupName"], desired=int(group.get("DesiredCapacity", 0)),
         min_size=int(group.get("MinSize", 0)), max_size=int(group.get("MaxSize", 0)),
         instances=tuple(sorted(states)), in_service=tuple(sorted(i for i, s in states.items() if s == IN_SERVICE)),
         failure=rules.latest_failure(activities or []), arn=group.get("AutoScalingGroupARN", ""),
-        launch_template=template.get("LaunchTemplateId", ""), states=states)
+        launch_template=template.get("LaunchTemplateId", ""), states=states,
+        types=tuple(o["InstanceType"] for o in policy.get("Overrides", []) if o.get("InstanceType")),
+        instance_types={i["InstanceId"]: i.get("InstanceType", "") for i in group.get("Instances", [])},
+        on_demand_base=int(((group.get("MixedInstancesPolicy") or {}).get("InstancesDistribution") or {}).get(
+            "OnDemandBaseCapacity") or 0))
 
 
 def worker_group(cluster: str, region: str | None = None, autoscaling=None) -> WorkerGroup | None:
@@ -103,6 +118,20 @@ def wait_for_workers(cluster: str, *, region: str | None = None, timeout_s: floa
         if group is None or len(group.in_service) >= group.desired or clock() >= deadline:
             return group
         sleep(poll_s)
+
+
+def set_on_demand_base(name: str, base: int, region: str | None = None, autoscaling=None) -> None:
+    """onDemandFallback's act: the group's mixed instances policy with its on-demand base set to `base` (the rest
+    of the policy as the group has it: the program's)."""
+    autoscaling = autoscaling or clients.client("autoscaling", clients.resolve_region(region))
+    (group,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    policy = dict(group["MixedInstancesPolicy"])
+    policy["InstancesDistribution"] = {**policy.get("InstancesDistribution", {}), "OnDemandBaseCapacity": base}
+    template = policy["LaunchTemplate"]["LaunchTemplateSpecification"]
+    if template.get("LaunchTemplateId"):  # described with both; an update takes the id or the name, not both
+        policy["LaunchTemplate"] = {**policy["LaunchTemplate"], "LaunchTemplateSpecification": {
+            k: v for k, v in template.items() if k != "LaunchTemplateName"}}
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MixedInstancesPolicy=policy)
 
 
 def status_lines(cluster: str, region: str | None, autoscaling=None) -> tuple[str, str | None]:

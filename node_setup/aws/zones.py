@@ -1,6 +1,6 @@
-"""Which availability zone: the zones that offer the instance type, ranked by EC2's spot placement
-score and the latest spot price (`fab preflight --pick-zone`), and the next-best zone named when a
-launch is refused for capacity."""
+"""Which availability zone: the zones that offer the instance type(s), ranked by EC2's spot placement
+score and the latest spot price (`fab preflight --pick-zone`, `fab up --zone auto`), and the next-best zone
+named when a launch is refused for capacity."""
 
 from __future__ import annotations
 
@@ -40,22 +40,27 @@ ZONE_TABLE_HEADER = f"{'zone':<16} {'zone id':<12} {'score':>5} {'spot $/hour':>
 
 
 def rank_zones(ec2, spec: ClusterSpec) -> list[ZoneRank]:
-    """The region's zones that offer the instance type, best first: placement score (high first),
-    then spot price (low first), then name. The score is asked for the cluster's node count in a
-    single zone, as the cluster is placed (one subnet, one placement group)."""
-    itype = spec.instance_type
-    zones = sorted(offered(ec2, "availability-zone", [itype]).get(itype, set()))
+    """The region's zones that offer the instance type (with instanceTypes: every listed type, as the program
+    picks its zone), best first: placement score (high first), then spot price (low first), then name. The
+    score is asked for the cluster's node count in a single zone, as the cluster is placed (one subnet, one
+    placement group), over all of its types (the score of the group's choice among them); the price is the
+    cheapest listed type's there."""
+    by_type = offered(ec2, "availability-zone", list(spec.types))
+    zones = sorted(set.intersection(*(by_type.get(t, set()) for t in spec.types)))
     if not zones:
         return []
     ids = {z["ZoneName"]: z["ZoneId"] for z in ec2.describe_availability_zones(ZoneNames=zones)["AvailabilityZones"]}
     scores: dict[str, int] = {}
-    answer = ec2.get_spot_placement_scores(InstanceTypes=[itype], TargetCapacity=spec.node_count,
+    answer = ec2.get_spot_placement_scores(InstanceTypes=list(spec.types), TargetCapacity=spec.node_count,
                                            TargetCapacityUnitType="units", SingleAvailabilityZone=True,
                                            RegionNames=[spec.region])
     for entry in answer.get("SpotPlacementScores", []):
         if entry.get("AvailabilityZoneId"):
             scores[entry["AvailabilityZoneId"]] = int(entry["Score"])
-    prices = {zone: price for zone, (price, _) in latest_spot_prices(ec2, itype, zones).items()}
+    prices: dict[str, float] = {}
+    for itype in spec.types:
+        for zone, (price, _) in latest_spot_prices(ec2, itype, zones).items():
+            prices[zone] = min(price, prices.get(zone, price))
     ranked = [ZoneRank(z, ids.get(z, "?"), scores.get(ids.get(z, "")), prices.get(z)) for z in zones]
     return sorted(ranked, key=lambda r: (-(r.score or 0), r.price if r.price is not None else float("inf"), r.zone))
 

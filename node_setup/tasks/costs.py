@@ -135,8 +135,9 @@ def check_node_replacement(report, spec: ClusterSpec) -> None:
         report.add("replace", OK, "no setting that replaces nodes changed since the last `pulumi up`")
 
 
-def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
-    """The zone table; with `write`, availabilityZone set to the best zone in the stack file."""
+def _pick_zone(spec: ClusterSpec, stack: str, write: bool, move: bool = False) -> str:
+    """The zone table; with `write`, availabilityZone set to the best zone in the stack file (with `move`, and
+    zoneMove: true: `fab up --zone auto`). The best zone."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from node_setup.aws import clients as aws
@@ -162,25 +163,32 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool) -> None:
                    code=FAILED) from None
     except (BotoCoreError, aws.AwsSetupError) as exc:
         raise fail(f"cannot rank the zones of {spec.region}: {exc}", code=FAILED) from None
+    types = "/".join(spec.types)
     if not ranked:
-        raise fail(f"{spec.instance_type} is not offered in any zone of {spec.region}", code=FAILED)
-    print(f"{spec.instance_type} x {spec.node_count} (spot placement score for all nodes in one zone, 1-10; "
+        raise fail(f"{types} {'are not offered together' if spec.instance_types else 'is not offered'} in any zone "
+                   f"of {spec.region}", code=FAILED)
+    print(f"{types} x {spec.node_count} (spot placement score for all nodes in one zone, 1-10; "
           f"latest spot price), {spec.region}, best first:")
     print(zone_table(ranked, current=current, label=label))
     best = ranked[0].zone
     if not write:
         print(f"best: {best}; `fab preflight --pick-zone --write` sets availabilityZone to it")
-        return
+        return best
     _, path = choose_stack(stack or None)
     set_stack_value(path, "availabilityZone", best)
+    if move:
+        set_stack_value(path, "zoneMove", True)
+        print(f"{path.name}: availabilityZone = {best}, zoneMove = true (the whole cluster moves there)")
+        return best
     print(f"{path.name}: availabilityZone = {best} (takes effect when the nodes are next created: "
-          "`pulumi up`; a running master keeps its subnet)")
+          "`pulumi up`; a running master keeps its subnet; with zoneMove: true it moves the cluster)")
+    return best
 
 
-def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str
-           ) -> tuple[Price, str]:
+def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd: float, region: str,
+           instance_type: str = "") -> tuple[Price, str]:
     """The given price, or the best one AWS tells (spot history, Pricing API, static table), and the
-    region it is for ("": given with --hourly-usd)."""
+    region it is for ("": given with --hourly-usd). `instance_type`: another than the plan's (instanceTypes)."""
     market = "spot" if inputs.spot else "on-demand"
     if hourly_usd:
         return Price(hourly_usd, market, "given with --hourly-usd"), ""
@@ -194,8 +202,8 @@ def _price(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, hourly_usd
         where = "us-east-1"
         inputs.notes.append("no region set: prices for us-east-1")
     skipped: list[str] = []
-    price = pricing.plan_price(inputs.instance_type, where, spot=inputs.spot, notes=skipped)
-    inputs.notes.extend(f"price note: {n}" for n in skipped)
+    price = pricing.plan_price(instance_type or inputs.instance_type, where, spot=inputs.spot, notes=skipped)
+    inputs.notes.extend(note for note in (f"price note: {n}" for n in skipped) if note not in inputs.notes)
     return price, where
 
 
@@ -288,7 +296,26 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     rows, master_line = costplan.with_on_demand_master(costplan.plan_rows(inputs, price), price, on_demand,
                                                        master_spot=spec.master_spot if spec else True,
                                                        unknown=unknown)
-    return rows, inputs.header, costplan.price_source(price), [master_line, *inputs.notes], inputs
+    return rows, inputs.header, costplan.price_source(price), [master_line, *_spot_notes(
+        inputs, spec, rows, price, on_demand, hourly_usd, region), *inputs.notes], inputs
+
+
+def _spot_notes(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, rows: list, price: Price,
+                on_demand: Price | None, hourly_usd: float, region: str) -> list[str]:
+    """The stack's answers to scarce spot: the price range over its instanceTypes (each priced as the table's
+    type is) and what onDemandFallback would cost (the table's type on demand)."""
+    if spec is None or hourly_usd or inputs.instance_type != spec.instance_type:
+        return []  # a given price, or another type than the stack's: the stack's list does not apply
+    notes = []
+    if spec.instance_types:
+        priced = {spec.instance_type: (price, rows)}
+        for itype in spec.types[1:]:
+            other, _ = _price(inputs, spec, hourly_usd, region, itype)
+            priced[itype] = (other, costplan.plan_rows(inputs, other))
+        notes.append(costplan.types_range_line(priced))
+    if spec.on_demand_fallback_s is not None and price.market == "spot" and on_demand is not None:
+        notes.append(costplan.fallback_line(rows, price, on_demand))
+    return notes
 
 
 @task(help={

@@ -38,6 +38,49 @@ def _spec(stack: str) -> ClusterSpec:
     return _stack_spec(stack, required=True)
 
 
+ZONE_AUTO = "auto"
+
+
+def _move_zone(spec: ClusterSpec, stack: str, zone: str) -> None:
+    """`fab up --zone`: availabilityZone (the best-ranked zone for `auto`) and zoneMove: true in the stack file,
+    checked before anything is written."""
+    from cluster.stack.spec import zone_problems
+    from node_setup.stack_config import choose_stack
+    from node_setup.stack_edit import set_stack_value
+    from node_setup.tasks.costs import _pick_zone
+
+    if spec.subnet_id:
+        raise fail(f"--zone: the stack sets subnetId {spec.subnet_id!r}, whose zone decides; allowed: unset it "
+                   "(`pulumi config rm subnetId`), or change subnetId to move the cluster")
+    if zone == ZONE_AUTO:
+        _pick_zone(spec, stack, write=True, move=True)
+        return
+    problems = zone_problems(zone, spec.region)
+    if problems:
+        raise fail("--zone: " + problems[0].removeprefix("availabilityZone: ") + f" or {ZONE_AUTO}")
+    _, path = choose_stack(stack or None)
+    set_stack_value(path, "availabilityZone", zone)
+    set_stack_value(path, "zoneMove", True)
+    print(f"{path.name}: availabilityZone = {zone}, zoneMove = true (the whole cluster moves there)", flush=True)
+
+
+def _spot_again(spec: ClusterSpec) -> None:
+    """onDemandFallback: a group the idle auto-stop set to 0 with its on-demand base raised is set back to spot
+    first (base 0) before `pulumi up` launches its workers again; a group that runs keeps its base."""
+    from node_setup.aws import clients, errors
+    from node_setup.aws.worker_group import set_on_demand_base, worker_group
+
+    try:
+        group = worker_group(spec.cluster_name, spec.region)
+        if group is not None and group.stopped and group.on_demand_base:
+            set_on_demand_base(group.name, 0, spec.region)
+            print(f"fab: {group.name}: on-demand base {group.on_demand_base} -> 0 (onDemandFallback: the group is "
+                  "stopped, its next workers are asked for as spot first)", flush=True)
+    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
+        print(f"warning: could not read the workers' group ({str(exc).splitlines()[0]}): its on-demand base is "
+              "left as it is", flush=True)
+
+
 def _need_pulumi(steps: list[lifecycle.Step]) -> None:
     if not pulumi_cli.find_pulumi():
         raise fail(lifecycle.missing_cli_message(steps))
@@ -72,8 +115,22 @@ def _group_after_up(spec: ClusterSpec, wait_s: float):
     from node_setup.aws import clients, errors
     from node_setup.aws.worker_group import wait_for_workers
 
+    from node_setup.aws.worker_group import set_on_demand_base
+
+    fallback = spec.on_demand_fallback_s
+    first = min(wait_s, fallback) if fallback is not None and wait_s else wait_s
     try:
-        group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=wait_s, poll_s=CAPACITY_POLL_S)
+        group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=first, poll_s=CAPACITY_POLL_S)
+        # onDemandFallback: short of spot capacity for its wait, the missing workers go on demand.
+        acts = group is not None and bool(group.types) and first < wait_s and not group.stopped  # types: a policy
+        base = group_rules.fallback_base(group.desired, len(group.in_service), group.on_demand_base,
+                                         group.failure) if group is not None and acts else None
+        if group and base is not None:
+            set_on_demand_base(group.name, base, spec.region)
+            print("fab: " + group_rules.fallback_line(group.name, base, format_duration(first), str(group.failure)),
+                  flush=True)
+            group = wait_for_workers(spec.cluster_name, region=spec.region, timeout_s=wait_s - first,
+                                     poll_s=CAPACITY_POLL_S)
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
         print(f"warning: could not read the workers' group ({str(exc).splitlines()[0]}): whether its workers are "
               "in service is not checked (`fab status` shows it)", file=sys.stderr, flush=True)
@@ -81,7 +138,7 @@ def _group_after_up(spec: ClusterSpec, wait_s: float):
     if group is None or group.stopped or len(group.in_service) >= group.desired:
         return group, None
     return group, group_rules.capacity_line(group.name, group.desired, len(group.in_service), group.failure,
-                                            format_duration(wait_s))
+                                            format_duration(wait_s), group.types)
 
 
 def _arm_autostop(spec: ClusterSpec) -> str | None:
@@ -118,8 +175,11 @@ def _arm_autostop(spec: ClusterSpec) -> str | None:
     "wait-for-capacity": "after `pulumi up`, wait this long at most for every worker of the group to be in "
                          f"service, e.g. 1h (default {METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: "
                          "check once); short of workers then, fab up fails with the group's reason",
+    "zone": "move the whole cluster to this zone (auto: the best-ranked one, as `fab preflight --pick-zone` "
+            "ranks them): sets availabilityZone and zoneMove: true in the stack file first; preflight names what "
+            "`pulumi up` replaces",
 }, kinds={"wait-for-capacity": duration_or_off})
-def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S)):
+def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S), zone=""):
     """Preflight, then `pulumi up --refresh` for the stack, its output streamed.
 
     Then waits for the workers' group to be full and arms the idle auto-stop; exits with Pulumi's code when
@@ -129,6 +189,9 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
     Pulumi once (it cancels cleanly) and `fab` waits for it to exit: Pulumi is never killed.
     """
     spec = _spec(stack)
+    if zone:
+        _move_zone(spec, stack, zone)
+        spec = _spec(stack)
     steps = lifecycle.up_steps(spec.stack, preflight=preflight)
     _need_pulumi(steps)
     if not preflight:  # preflight's report says it otherwise
@@ -142,6 +205,8 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
                 raise Exit(f"error: preflight failed (exit code {code}): nothing was created; fix what it names "
                            "and run `fab up` again", code=code)
         else:
+            if spec.on_demand_fallback_s is not None and step.kind == lifecycle.PULUMI_STEP and _has_credentials():
+                _spot_again(spec)
             code = _pulumi(step)
     group, short, unarmed = None, None, None
     if not _has_credentials():
@@ -162,7 +227,7 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
     if code:
         if group is not None and len(group.in_service) < group.desired:
             print(group_rules.capacity_line(group.name, group.desired, len(group.in_service), group.failure,
-                                            "`pulumi up`"), flush=True)
+                                            "`pulumi up`", group.types), flush=True)
         raise Exit(f"error: `pulumi up` exited with code {code}", code=code)
     if short:
         raise Exit(f"error: {short}", code=FAILED)

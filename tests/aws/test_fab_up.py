@@ -146,3 +146,56 @@ def test_a_workers_console_is_read_as_long_as_the_clusters_type_boots():
                                                 instance_id="i-0123456789abcdef0"),)))
 
     assert console("r7iz.metal-16xl").wait_s == 2400 and console("c6i.16xlarge").wait_s == 900
+
+
+def test_fab_up_zone_writes_the_zone_and_the_move_before_pulumi_up_and_refuses_a_bad_zone_first(site, capsys):
+    stack_file = Path("Pulumi.dev.yaml")
+    before = stack_file.read_text()
+    with pytest.raises(Exit) as bad:
+        task.up(Context(), stack="dev", preflight=False, zone="us-west-2a")
+    assert bad.value.code == 2 and bad.value.message.startswith(
+        "error: --zone: 'us-west-2a' is not a zone of aws:region us-east-1; allowed: a zone name")
+    assert stack_file.read_text() == before and not Path(os.environ["FAKE_PULUMI_LOG"]).exists()
+    _as_the_program_makes_it()
+    task.up(Context(), stack="dev", preflight=False, zone="us-east-1c", wait_for_capacity=0)
+    out = capsys.readouterr().out
+    assert "Pulumi.dev.yaml: availabilityZone = us-east-1c, zoneMove = true (the whole cluster moves there)" in out
+    text = stack_file.read_text()
+    assert "xeon-cluster:availabilityZone: us-east-1c\n" in text and "xeon-cluster:zoneMove: true\n" in text
+    assert '"up", "--stack", "dev", "--refresh"' in Path(os.environ["FAKE_PULUMI_LOG"]).read_text()
+
+
+@pytest.mark.slow  # about 4 s (moto, two runs of the Pulumi double)
+def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_spot_returns_after_a_stop(
+        site, monkeypatch, capsys):
+    from tests.aws.test_worker_group_types import TYPES, _mixed_group
+
+    with Path("Pulumi.dev.yaml").open("a") as stack_file:
+        stack_file.write("  xeon-cluster:onDemandFallback: 0.2s\n  xeon-cluster:instanceTypes:\n"
+                         + "".join(f"    - {t}\n" for t in TYPES))
+    _mixed_group(3)
+    double = ShortGroupDouble([{"StatusCode": "Failed", "StatusMessage": REFUSED}])  # 2 of 3, spot refused
+    monkeypatch.setattr(aws_worker_group.clients, "client",
+                        lambda service, region=None: double if service == "autoscaling" else boto3.client(
+                            service, region_name=REGION))
+    monkeypatch.setattr(task, "CAPACITY_POLL_S", 0.05)
+    with pytest.raises(Exit):  # the double keeps one worker missing: fab up still ends short, naming the group
+        task.up(Context(), stack="dev", preflight=False, wait_for_capacity=0.4)
+    out = capsys.readouterr().out
+    assert ("xeon-dev-worker-1a2b: no spot capacity for 0s (" + REFUSED + "); onDemandFallback: the group's "
+            "on-demand base is now 1, so it launches 1 worker(s) on demand, of the same types") in out
+    (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups()["AutoScalingGroups"]
+    policy = group["MixedInstancesPolicy"]
+    assert policy["InstancesDistribution"]["OnDemandBaseCapacity"] == 1
+    assert [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]] == TYPES  # the rest kept
+    # the idle auto-stop sets the group to 0 (moto drops a policy an update does not repeat): the next fab up
+    # asks for spot first again
+    policy["LaunchTemplate"]["LaunchTemplateSpecification"].pop("LaunchTemplateName")
+    boto3.client("autoscaling", REGION).update_auto_scaling_group(
+        AutoScalingGroupName=group["AutoScalingGroupName"], MinSize=0, MaxSize=0, DesiredCapacity=0,
+        MixedInstancesPolicy=policy)
+    monkeypatch.setattr(aws_worker_group.clients, "client", CLIENT)
+    task.up(Context(), stack="dev", preflight=False, wait_for_capacity=0)
+    assert "on-demand base 1 -> 0 (onDemandFallback: the group is stopped" in capsys.readouterr().out
+    (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups()["AutoScalingGroups"]
+    assert group["MixedInstancesPolicy"]["InstancesDistribution"]["OnDemandBaseCapacity"] == 0

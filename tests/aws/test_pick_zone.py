@@ -153,3 +153,13 @@ def test_pick_zone_marks_the_zone_the_program_will_use(mocked_aws, monkeypatch, 
     costs._pick_zone(spec_for(vpcId=vpc), "", write=False)
     marked = [line for line in capsys.readouterr().out.splitlines() if "<-" in line]
     assert len(marked) == 1 and marked[0].startswith(zone) and "the zone `pulumi up` will use" in marked[0]
+
+
+def test_with_instance_types_the_zones_offer_every_type_and_are_scored_for_all_of_them(mocked_aws):
+    types = ["m7i.48xlarge", "c7i.48xlarge", "r7i.48xlarge"]
+    ec2 = ScoresAndPricesEc2(boto3.client("ec2", region_name="us-east-1"), SCORES, PRICES)
+    ranked = zones.rank_zones(ec2, spec_for(instanceType="", instanceTypes=types))
+    every = set.intersection(*zones.offered(ec2, "availability-zone", types).values())
+    assert {r.zone for r in ranked} == every and ranked
+    (asked,) = ec2.score_requests
+    assert asked["InstanceTypes"] == types and asked["TargetCapacity"] == 4

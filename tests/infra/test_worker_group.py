@@ -13,6 +13,7 @@ import pulumi
 import pytest
 
 from cluster.node import profiles
+from cluster.stack import node_replacement
 from cluster.stack import worker_group as rules
 from infra import workers as infra_workers
 from infra.image import ImageReleaseProvider
@@ -170,3 +171,51 @@ def test_only_the_newest_activity_is_the_reason():
     assert rules.latest_failure([{"StatusCode": "Successful"}, failed]) is None
     assert rules.latest_failure([]) is None
     assert rules.activity_failure("no activity here") is None
+
+
+SHAPE_OF_THREE = ["m7i.48xlarge", "c7i.48xlarge", "r7i.48xlarge"]
+
+
+@pytest.mark.parametrize("spot", [True, False], ids=["spot", "on-demand"])
+def test_three_types_of_one_shape_are_the_group_s_mixed_instances_in_the_stack_s_order(harness, spot):
+    harness.run(minimal_config(instanceTypes=SHAPE_OF_THREE, workerSpot=spot, spotMaxPrice="3.5"))
+    template, group = template_and_group(harness.monitor)
+    assert not group.inputs.get("launchTemplate")  # the policy's template instead
+    policy = group.inputs["mixedInstancesPolicy"]
+    assert policy["launchTemplate"]["launchTemplateSpecification"] == {
+        "launchTemplateId": template.id, "version": str(template.state["latestVersion"])}
+    assert [o["instanceType"] for o in policy["launchTemplate"]["overrides"]] == SHAPE_OF_THREE
+    assert policy["instancesDistribution"] == {
+        "onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 0 if spot else 100,
+        "onDemandAllocationStrategy": "prioritized", "spotAllocationStrategy": "price-capacity-optimized",
+        "spotMaxPrice": "3.5000" if spot else ""}
+    # The template is the first type's, without spot options (AWS refuses them in a mixed instances policy).
+    assert template.inputs["instanceType"] == "m7i.48xlarge" and not template.inputs.get("instanceMarketOptions")
+    # The master takes the first type.
+    (master,) = [r for r in harness.monitor.of_type(INSTANCE)]
+    assert master.inputs["instanceType"] == "m7i.48xlarge"
+
+
+def test_another_list_of_types_replaces_the_group_and_one_type_keeps_its_trigger():
+    one, _ = fresh_run(minimal_config(instanceType="m7i.48xlarge"))
+    three, _ = fresh_run(minimal_config(instanceTypes=SHAPE_OF_THREE))
+    reordered, _ = fresh_run(minimal_config(instanceTypes=SHAPE_OF_THREE[:1] + SHAPE_OF_THREE[:0:-1]))
+    one_trigger = template_and_group(one)[1].replacement_trigger
+    assert "instanceTypes" not in one_trigger  # a one-type stack's group is not replaced by this program
+    assert template_and_group(three)[1].replacement_trigger["instanceTypes"] == SHAPE_OF_THREE
+    assert template_and_group(reordered)[1].replacement_trigger != template_and_group(three)[1].replacement_trigger
+    assert "instanceTypes" in node_replacement.WORKER_SETTINGS
+
+
+def test_on_demand_fallback_gives_one_type_a_policy_whose_on_demand_base_is_left_to_fab_up(harness):
+    harness.run(minimal_config(onDemandFallback="20m"))
+    template, group = template_and_group(harness.monitor)
+    policy = group.inputs["mixedInstancesPolicy"]
+    assert [o["instanceType"] for o in policy["launchTemplate"]["overrides"]] == ["r7iz.metal-16xl"]
+    assert policy["instancesDistribution"]["onDemandBaseCapacity"] == 0  # spot until fab up's fallback
+    assert rules.FALLBACK_FIELD in group.ignore_changes and not template.inputs.get("instanceMarketOptions")
+    # off (the default): the one launch template, spot in the template, nothing left to fab up
+    again, _ = fresh_run(minimal_config())
+    plain = template_and_group(again)[1]
+    assert plain.inputs.get("launchTemplate") and not plain.inputs.get("mixedInstancesPolicy")
+    assert rules.FALLBACK_FIELD not in plain.ignore_changes

@@ -9,7 +9,8 @@ import pytest
 from cluster.stack import catalog
 
 REQUIRED = ["r7iz.metal-16xl", "r7iz.metal-32xl", "c6i.16xlarge", "c6i.32xlarge", "c7i.metal-24xl",
-            "c7i.metal-48xl", "m7i.48xlarge", "c6in.32xlarge"]
+            "c7i.metal-48xl", "m7i.48xlarge", "c6in.32xlarge", "c7i.48xlarge", "r7i.48xlarge", "m7i.metal-48xl",
+            "r7i.metal-48xl", "m6i.16xlarge", "r6i.16xlarge", "m6i.32xlarge", "r6i.32xlarge"]
 
 # docs/design.md, "The time model": bandwidth and EFA per type.
 NETWORK = {
@@ -18,8 +19,8 @@ NETWORK = {
     "m7i.48xlarge": (50, True), "c6in.32xlarge": (200, True),
 }
 # AWS sizes every family at a fixed memory per vCPU: compute 2, general purpose 4, memory 8 GiB.
-GIB_PER_VCPU = {"c6i": 2, "c6in": 2, "c7i": 2, "m7i": 4, "r7iz": 8}
-SAPPHIRE_RAPIDS = ("r7iz", "c7i", "m7i")
+GIB_PER_VCPU = {"c6i": 2, "c6in": 2, "c7i": 2, "m7i": 4, "r7iz": 8, "r7i": 8, "m6i": 4, "r6i": 8}
+SAPPHIRE_RAPIDS = ("r7iz", "c7i", "m7i", "r7i")
 
 
 def family(name: str) -> str:
@@ -67,3 +68,22 @@ def test_unknown_type_and_custom_description():
     custom = catalog.custom("x9z.huge", sockets=2, physical_cores=48)
     assert (custom.sockets, custom.cores_per_socket, custom.vcpus, custom.bf16) == (2, 24, 96, False)
     assert catalog.custom("y", 1, 8, vcpus=8, bf16=True).threads_per_core == 1
+
+
+# AWS's families of one generation and size: the same processor and core count, memory 2/4/8 GiB per vCPU.
+SIBLINGS = [("c7i.48xlarge", "m7i.48xlarge", "r7i.48xlarge"), ("c7i.metal-48xl", "m7i.metal-48xl", "r7i.metal-48xl"),
+            ("c6i.32xlarge", "c6in.32xlarge", "m6i.32xlarge", "r6i.32xlarge"),
+            ("c6i.16xlarge", "m6i.16xlarge", "r6i.16xlarge")]
+
+
+@pytest.mark.parametrize("siblings", SIBLINGS, ids=lambda s: s[0])
+def test_the_c_m_and_r_types_of_one_size_are_one_shape_and_no_other_type_is(siblings):
+    for name in siblings:
+        assert catalog.same_shape(name) == sorted(siblings)
+
+
+def test_a_shape_differs_in_cores_bf16_or_bare_metal():
+    shapes = {catalog.shape(catalog.CATALOG[n]) for n in ("c7i.48xlarge", "c7i.metal-48xl", "c6i.32xlarge",
+                                                          "r7iz.metal-32xl", "c7i.metal-24xl")}
+    assert len(shapes) == 5
+    assert catalog.same_shape("x9z.huge") == []

@@ -429,3 +429,37 @@ def test_fab_plan_with_a_given_price_does_not_guess_the_on_demand_one(tmp_path, 
     assert json.loads(costplan.render_json(rows))[0]["on_demand_master_extra_usd"] is None
     rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4", on_demand=True), hourly_usd=5.0)
     assert notes[0].endswith("master already on demand (this plan prices every node on demand)")
+
+
+# --- the stack's answers to scarce spot: instanceTypes and onDemandFallback ------------------------
+
+SCARCE = ("  xeon-cluster:onDemandFallback: 20m\n  xeon-cluster:instanceTypes:\n    - m7i.48xlarge\n"
+          "    - c7i.48xlarge\n    - r7i.48xlarge\n")
+
+
+def test_fab_plan_shows_the_range_over_the_listed_types_and_what_the_fallback_costs(tmp_path, monkeypatch):
+    from node_setup.aws import pricing
+    from node_setup.tasks.costs import build_plan
+    from tests.unit.test_fab_bad_input import STACK
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Pulumi.lab.yaml").write_text(STACK + SCARCE)
+    # each type's price as the static table's on-demand price (the test double for AWS's answers)
+    monkeypatch.setattr(pricing, "hourly_price", lambda itype, region, spot=True, **kw: costplan.Price(
+        pricing.STATIC_ON_DEMAND_USD[itype], "on-demand", "static table"))
+    rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4"))
+    (row,) = rows
+    assert row.instance_type == "m7i.48xlarge"  # the first type: the master's, and the table's
+    (listed,) = [n for n in notes if n.startswith("instanceTypes:")]
+    assert ("any of m7i.48xlarge $4.8384, c7i.48xlarge $4.2840, r7i.48xlarge $6.3504 per instance-hour" in listed)
+    # the same plan at each type's spot estimate: totals scale with the price (the same time model: one shape)
+    low, high = (row.total_usd * pricing.STATIC_ON_DEMAND_USD[t] / 9.6768 for t in ("c7i.48xlarge", "r7i.48xlarge"))
+    assert listed.endswith(f"the total is ${low:.2f} to ${high:.2f}")
+    (fallback,) = [n for n in notes if n.startswith("onDemandFallback:")]
+    # by hand: 3 workers x (9.6768 - 4.8384) $/hour over the run and the idle tail
+    extra = 3 * (9.6768 - 4.8384) * (row.prediction.run_seconds + row.idle_tail_seconds) / 3600
+    assert fallback == (f"onDemandFallback: if every worker runs on demand ($9.6768/hour instead of $4.8384 spot, "
+                        f"through the run and the idle tail): +${extra:.2f} (total ${row.total_usd + extra:.2f})")
+    # a given price, or no such settings: no such lines
+    _, _, _, given, _ = build_plan(plan_options.PlanOptions(nodes="4"), hourly_usd=5.0)
+    assert not [n for n in given if n.startswith(("instanceTypes:", "onDemandFallback:"))]

@@ -249,7 +249,9 @@ STACK = ("config:\n  aws:region: eu-west-1\n  xeon-cluster:workerCount: \"1\"\n"
     ("- config\n- aws:region\n", "Pulumi.lab.yaml: not Pulumi stack config; allowed: a map with a `config` map"),
     ("config: [aws:region]\n", "Pulumi.lab.yaml: `config` must be a map of keys like xeon-cluster:instanceType"),
     ("config: {aws:region: [eu\n", "Pulumi.lab.yaml: not valid YAML ("),
-], ids=["misspelt key", "top level a list", "config a list", "not yaml"])
+    (STACK + "  xeon-cluster:instanceTypes: [m7i.48xlarge, c6i.32xlarge]\n",
+     "instanceTypes: m7i.48xlarge, c6i.32xlarge are of more than one shape: c6i.32xlarge (2 x 32 cores"),
+], ids=["misspelt key", "top level a list", "config a list", "not yaml", "two shapes"])
 def test_a_bad_stack_file_stops_before_any_aws_call(task, text, message, tmp_path):
     (tmp_path / "Pulumi.lab.yaml").write_text(text)
     price = ["--hourly-usd", "5"] if task == "plan" else []

@@ -50,6 +50,26 @@ def test_no_change_and_settings_that_replace_nothing_give_no_line():
     assert nr.deployed_settings(None) is None and nr.deployed_settings({"clusterName": "x"}) is None
 
 
+def test_preflight_names_a_zone_move_as_replacing_every_node_and_a_first_choice_zone_as_nothing():
+    moving = nr.node_settings(spec(availabilityZone="us-east-1a", zoneMove=True))
+    assert nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1c", zoneMove=True)), moving) == [
+        "availabilityZone: us-east-1a -> us-east-1c; `pulumi up` replaces every node (the zone move: the master "
+        "and the workers' group, deleting first)"]
+    first_choice = nr.node_settings(spec(availabilityZone="us-east-1a"))
+    assert nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1c")), first_choice) == []
+    turned_on = nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1a", zoneMove=True)), first_choice)
+    assert turned_on == ["zoneMove: false -> true; `pulumi up` replaces every worker (the group is replaced, "
+                         "deleting first; with a new availabilityZone the master too)"]
+    fallback = nr.node_settings(spec(onDemandFallback="20m"))
+    assert nr.replacements(nr.node_settings(spec(onDemandFallback="40m")), fallback) == []  # only the wait
+    assert nr.replacements(nr.node_settings(spec()), fallback) == [
+        "onDemandFallback: 20m -> off; `pulumi up` replaces every worker (the group is replaced, deleting first)"]
+    listed = nr.replacements(nr.node_settings(spec(instanceTypes=["m7i.48xlarge", "c7i.48xlarge"])),
+                             nr.node_settings(spec(instanceType="m7i.48xlarge")))
+    assert listed == ["instanceTypes: (not set) -> m7i.48xlarge,c7i.48xlarge; `pulumi up` replaces every worker "
+                      "(the group is replaced, deleting first)"]
+
+
 @pytest.fixture
 def fake_pulumi(tmp_path, monkeypatch):
     """Test double for the Pulumi CLI on PATH: `stack output --json` prints $FAKE_OUTPUTS, or fails with

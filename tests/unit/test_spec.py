@@ -136,6 +136,50 @@ def test_unknown_instance_type_needs_its_core_counts():
     assert spec(sockets=0).sockets is None  # 0 is the schema default that means "from the catalog"
 
 
+SHAPE_OF_THREE = ["m7i.48xlarge", "c7i.48xlarge", "r7i.48xlarge"]
+
+
+def test_instance_types_of_one_shape_are_every_node_s_types_the_first_the_master_s():
+    s = spec(instanceTypes=SHAPE_OF_THREE)
+    assert s.types == tuple(SHAPE_OF_THREE) and s.instance_type == "m7i.48xlarge"
+    assert s.instance == spec(instanceType="m7i.48xlarge").instance  # one rank layout for all three
+    assert spec().types == ("r7iz.metal-16xl",) and spec().instance_types == ()
+    assert spec(instanceTypes=[]).types == ("r7iz.metal-16xl",)  # Pulumi.yaml's default: not set
+    # instanceType alongside: its default, or the same first type, is no conflict
+    assert spec(instanceTypes=SHAPE_OF_THREE, instanceType="m7i.48xlarge").types == tuple(SHAPE_OF_THREE)
+    assert spec(instanceTypes=SHAPE_OF_THREE, instanceType="r7iz.metal-16xl").instance_type == "m7i.48xlarge"
+
+
+def test_instance_types_of_two_shapes_are_refused_in_one_line_naming_the_differing_types():
+    found = problems(instanceTypes=["m7i.48xlarge", "c7i.48xlarge", "c6i.32xlarge", "c7i.metal-48xl"])
+    assert len(found) == 1
+    assert found[0].startswith("instanceTypes: m7i.48xlarge, c7i.48xlarge, c6i.32xlarge, c7i.metal-48xl are of "
+                               "more than one shape: c6i.32xlarge, c7i.metal-48xl (2 x 32 cores, 128 vCPUs")
+    assert "(m7i.48xlarge's: c7i.48xlarge, m7i.48xlarge, r7i.48xlarge)" in found[0]
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    ({"instanceTypes": "m7i.48xlarge"}, "instanceTypes: 'm7i.48xlarge' is not a list of instance type names"),
+    ({"instanceTypes": ["m7i.48xlarge", "m7i.48xlarge"]}, "names a type more than once"),
+    ({"instanceTypes": ["m7i.48xlarge", "x9z.huge"]}, "instanceTypes: x9z.huge not in the catalog"),
+    ({"instanceTypes": SHAPE_OF_THREE, "sockets": 2}, "instanceTypes: set together with sockets/physicalCores"),
+    ({"instanceTypes": SHAPE_OF_THREE, "instanceType": "c6i.32xlarge"},
+     "instanceType: 'c6i.32xlarge' is set together with instanceTypes"),
+])
+def test_bad_instance_types_are_named(cfg, expected):
+    assert [p for p in problems(**cfg) if expected in p]
+
+
+def test_on_demand_fallback_is_off_or_a_wait_and_needs_spot_workers():
+    assert spec().on_demand_fallback_s is None and spec(onDemandFallback="OFF").on_demand_fallback_s is None
+    assert spec(onDemandFallback="20m").on_demand_fallback_s == 1200
+    (found,) = problems(onDemandFallback="soon")
+    assert found.startswith("onDemandFallback: 'soon' is not a duration") and found.endswith("(or off)")
+    assert problems(onDemandFallback="20m", workerSpot=False) == [
+        "onDemandFallback: '20m' with workerSpot: false, whose workers are on demand already; allowed: off, or "
+        "workerSpot: true"]
+
+
 def test_catalog_type_layout_can_be_overridden():
     s = spec(instanceType="c6i.32xlarge", sockets=1)
     assert (s.instance.sockets, s.instance.physical_cores) == (1, 64)
