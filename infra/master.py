@@ -24,8 +24,8 @@ def kept_on_update(spec: ClusterSpec) -> list[str]:
     master boots the built image and follows it (the image's recipe keeps the looked-up base: infra/image.py);
     with zoneMove the subnet is the zone's, as if given (a new availabilityZone moves the master, and the
     workers with it)."""
-    return [prop for prop, given in (("ami", spec.base_ami or spec.bake), ("subnetId", spec.subnet_id or spec.zone_move))
-            if not given]
+    looked_up = (("ami", spec.base_ami or spec.bake), ("subnetId", spec.subnet_id or spec.zone_move))
+    return [prop for prop, given in looked_up if not given]
 
 
 class MasterNode(pulumi.ComponentResource):
