@@ -27,7 +27,7 @@ from typing import Mapping, Sequence, TextIO
 from cluster.job import joblist, jobsummary
 from cluster import shell
 from cluster.job.jobplan import JOB_ID_RE, JobPlan, check_job_id
-from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
+from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, file_mode, job_files,
                                   prepare_command, start_command)
 from cluster.job.jobcommands import sh_command as _sh
 from cluster.job.logstream import LogAssembler, LogSink
@@ -73,7 +73,7 @@ def start(master, plan: JobPlan) -> int:
     """Put the job's files on the master and start the job script detached; returns its pid."""
     d = job_dir(plan.job_id)
     for name, text in job_files(plan).items():
-        master.put(io.StringIO(text), remote=f"{d}/{name}")
+        write_remote_text(master, f"{d}/{name}", text, mode=file_mode(name))
     result = master.run(start_command(plan), hide=True, warn=True, in_stream=False)
     pid = result.stdout.strip()
     if not result.ok or not pid.isdigit():

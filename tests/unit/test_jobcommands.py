@@ -67,7 +67,7 @@ def test_fab_and_the_supervisor_start_a_job_of_one_request_with_the_same_files_a
 
     assert Lifecycle(Shell("node0", request.run_id), lambda line: None).start(job, request) == 4242
     assert ran[-1] == jobcommands.start_command(job)
-    written = {name: (tmp_path / d / name).read_text() for name in ("hosts", "run.sh", "job.json")}
+    written = {name: (tmp_path / d / name).read_text() for name in jobcommands.job_files(job)}
     assert _unstamped(written) == _unstamped(jobcommands.job_files(job))
 
 
