@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from cluster.stack import catalog
-from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
-                            master_port_for, plan_launch)
+from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError,
+                                hostfile_text, master_port_for, plan_launch)
 from cluster.job.layout import plan_layout
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
