@@ -23,7 +23,7 @@ Every value reaches the job script single-quoted (cluster.shell.render): a MASTE
 holding `$(...)` or backticks stays a literal string. The only expansion is the node's own PATH and
 LD_LIBRARY_PATH, which the script extends with the venv's directories (`LaunchPlan.prepends`). The
 user's `--env` values are in neither the script nor any command line: the job's 0600 ENV_FILE holds
-them (quoted the same way) and the launcher passes them on by name.
+them (quoted the same way) and the launcher passes them on from its environment.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ PYTHON_VARIABLE = "XEON_CLUSTER_PYTHON"
 NOTICE_FILE = "notice"  # in the job directory on every node
 # In the job directory on the master, mode 0600 (cluster/job/jobcommands.py FILE_MODES): the user's
 # `--env` values as `export NAME='value'` lines. The job script reads it just before the launcher, which
-# passes the names on (mpirun `-genvlist`/`-x NAME`; torchrun's node command reads it from its stdin),
+# passes them on (Intel MPI `-genvall`, Open MPI `-x NAME`; torchrun's node command reads it on its stdin),
 # so no value is on a command line (/proc/<pid>/cmdline is world-readable) nor in the 0644 run.sh.
 ENV_FILE = "env"
 # Set by the launch itself: `--env` may not set them.
@@ -322,8 +322,8 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
                 "-prepend-rank"]
         for key, value in on_line.items():
             argv += ["-genv", key, value]
-        if user_env:  # the values from mpirun's environment: the job script read ENV_FILE
-            argv += ["-genvlist", ",".join(user_env)]
+        if user_env:  # the values from mpirun's environment (the job script read ENV_FILE): all of it, as by
+            argv.append("-genvall")  # default (a -genvlist would pass only the names it lists)
     argv += wrapper
     return LaunchPlan(flavour=flavour, job_id=job_id, hosts=tuple(hosts), master_addr=master_addr,
                       master_port=port, layout=layout, argv=tuple(argv),

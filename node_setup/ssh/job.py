@@ -25,7 +25,7 @@ import time
 from typing import Mapping, Sequence, TextIO
 
 from cluster.job import joblist, jobsummary
-from cluster import shell
+from cluster import records, shell
 from cluster.job.jobplan import JOB_ID_RE, JobPlan, check_job_id
 from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, file_mode, job_files,
                                   prepare_command, start_command)
@@ -104,13 +104,11 @@ def resolve_job_id(master, job_id: str | None) -> str:
 def read_metadata(master, job_id: str) -> dict:
     """The job's job.json on the master, checked (cluster/job/joblist.py `job_record`: a field fab reads that is
     malformed is left out); JobError with one line naming the node and the file when it is not a JSON object."""
-    out = io.BytesIO()
-    try:
-        master.get(f"{job_dir(job_id)}/job.json", local=out)
-    except (OSError, IOError) as exc:
-        raise JobError(f"job {job_id!r} not found on the master ({exc}); `fab status` lists the newest job") from None
-    record, problem = joblist.job_record(out.getvalue().decode(errors="replace"),
-                                         f"{getattr(master, 'host', 'the master')}: {joblist.job_file(job_id)}")
+    text = read_remote_record(master, f"{job_dir(job_id)}/job.json")
+    if text is None:
+        raise JobError(f"job {job_id!r} not found on the master (no {joblist.job_file(job_id)}); `fab status` lists "
+                       "the newest job")
+    record, problem = joblist.job_record(text, f"{getattr(master, 'host', 'the master')}: {joblist.job_file(job_id)}")
     if problem and not record:
         raise JobError(printable(problem))
     return record
@@ -197,10 +195,17 @@ def read_remote_file(conn, path: str) -> str | None:
     return out.getvalue().decode(errors="replace")
 
 
+def read_remote_record(conn, path: str, limit: int = records.MAX_BYTES) -> str | None:
+    """A record's text on the node (cluster/records.py read_command: at most `limit` + 1 bytes of a regular
+    file that is not a link, records.REFUSED for another; records.load reads both), None when there is none."""
+    result = conn.run(records.read_command(path, limit), hide=True, warn=True, in_stream=False)
+    return result.stdout if result.ok else None
+
+
 def read_remote_summary(conn, path: str, say=print) -> dict | None:
     """The job's summary.json at `path` on the node, checked (cluster/job/jobsummary.py): None when it is
     missing, not JSON or not an object; each malformed field left out is one warning line to `say`."""
-    summary, warnings = jobsummary.parse(read_remote_file(conn, path), path)
+    summary, warnings = jobsummary.parse(read_remote_record(conn, path), path)
     for line in warnings:
         say(line)
     return summary
