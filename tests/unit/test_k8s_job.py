@@ -291,3 +291,12 @@ def test_an_env_name_that_changes_how_a_program_starts_needs_allow_env_and_a_lau
                              "--allow-env", "PYTHONHASHSEED")
     assert allowed.returncode == 0, allowed.stderr
     assert "- name: PYTHONHASHSEED\n" in allowed.stdout
+
+
+@pytest.mark.parametrize("check, good", [(k8s.check_name, "train-1"), (k8s.check_namespace, "ml"),
+                                         (k8s.check_pvc, "data.v1"), (k8s.check_image, "ghcr.io/o/img:1")])
+def test_every_name_pattern_is_a_whole_match_so_a_trailing_newline_is_refused(check, good):
+    assert check(good) == good
+    for bad in (f"{good}\n", f"{good}\nx", f"\n{good}"):
+        with pytest.raises(k8s.K8sJobError):
+            check(bad)
