@@ -37,7 +37,7 @@ from cluster.names import printable
 MAX_BYTES = 1 << 20  # a record larger than 1 MiB is not read
 MAX_DEPTH = 32  # objects and arrays inside each other
 MAX_MAGNITUDE = 1e15
-MIN_MAGNITUDE = 1e-15  # (0 aside) smaller numbers are refused: 1/x of one must not overflow
+MIN_MAGNITUDE = 1e-200  # (0 aside) smaller ones (1e-320, subnormal) are refused: MAX_MAGNITUDE / x stays finite
 MAX_DIGITS = 18  # a whole number's digits (below 2**63)
 REFUSED = "\x01xeon-cluster: not a regular file\x01"  # what read_command prints for a link, a device, a FIFO
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)

@@ -32,7 +32,7 @@ def _number(value) -> float | None:
 def parse(text: str | None, where: str) -> tuple[Progress | None, str | None]:
     """(the record, None), (None, None) when there is none yet, or (None, one line naming `where`)."""
     try:
-        value = records.load(text, where)  # bounded: size, nesting, numbers, printable text
+        value = records.load(text, where)  # bounded: size, nesting, numbers
     except records.RecordError as exc:
         return None, str(exc)
     if value is None:

@@ -124,7 +124,7 @@ def checked(data: Any, where: str = "summary.json") -> tuple[dict | None, list[s
 def parse(text: str | None, where: str = "summary.json") -> tuple[dict | None, list[str]]:
     """`checked` of the JSON in `text`; (None, [why]) when there is no text or it is not JSON."""
     try:
-        data = records.load(text, where)  # bounded: size, nesting, numbers, printable text
+        data = records.load(text, where)  # bounded: size, nesting, numbers
     except records.RecordError as exc:
         return None, [f"warning: {exc}"]
     if data is None:

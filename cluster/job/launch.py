@@ -63,7 +63,7 @@ TORCH_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 WORKDIR_VARIABLE = "XEON_CLUSTER_WORKDIR"
 PYTHON_VARIABLE = "XEON_CLUSTER_PYTHON"
 NOTICE_FILE = "notice"  # in the job directory on every node
-# In the job directory on the master, mode 0600 (cluster/job/jobcommands.py FILE_MODES): the user's
+# In the job directory on the master, mode 0600 (cluster/job/jobcommands.py file_mode): the user's
 # `--env` values as `export NAME='value'` lines. The job script reads it just before the launcher, which
 # passes them on (Intel MPI `-genvall`, Open MPI `-x NAME`; torchrun's node command reads it on its stdin),
 # so no value is on a command line (/proc/<pid>/cmdline is world-readable) nor in the 0644 run.sh.
@@ -170,7 +170,7 @@ class LaunchPlan:
     layout: Layout
     argv: tuple[str, ...]  # mpirun ... sh -c WRAPPER xeon-rank PROGRAM...
     exports: dict[str, str]  # exported on the master before mpirun, literally (never expanded)
-    rank_env: dict[str, str]  # what every rank gets on top (inside argv; user_env's by name only)
+    rank_env: dict[str, str]  # what every rank gets on top (inside argv, but for user_env's values)
     prepends: dict[str, str] = field(default_factory=dict)  # PATH-like (PREPENDED): dirs put in front
     setup: tuple[str, ...] = ()  # steps of SETUP_STEPS the job script takes before mpirun
     hostfile: str = ""
@@ -181,7 +181,7 @@ class LaunchPlan:
     node_commands: dict[str, str] = field(default_factory=dict)
     stop_command: str = ""  # what ends one node's torchrun
     torchrun: TorchrunPlan | None = None
-    user_env: dict[str, str] = field(default_factory=dict)  # the user's --env: names in argv, values in ENV_FILE
+    user_env: dict[str, str] = field(default_factory=dict)  # the user's --env: its values in ENV_FILE only
 
     @property
     def launcher(self) -> str:

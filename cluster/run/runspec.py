@@ -43,6 +43,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from cluster import records
 from cluster.job import request as rq
 from cluster.job.secrets import secret_looking
 from cluster.job.userjob import CopyPlan
@@ -143,10 +144,10 @@ def read(text: str | bytes | None, where: str, key: bytes, binding: Binding | No
         return RunSpecError(f"{where}: {what}; it is not a run spec `fab train --managed` wrote on this controller, "
                             "so the run cannot be resumed from it")
 
-    try:
-        found = json.loads(text) if text is not None else None
-    except ValueError as exc:
-        raise bad(f"not JSON ({str(exc).splitlines()[0]})") from None
+    try:  # the one reader of a record from elsewhere (cluster/records.py): size, nesting, numbers bounded
+        found = records.load(text, where)
+    except records.RecordError as exc:
+        raise bad(exc.why) from None
     if not isinstance(found, dict):
         raise bad("not a JSON object")
     given = found.get(SIGNATURE)

@@ -356,3 +356,9 @@ def test_workdir_changed_ok_is_refused_where_no_workdir_is_copied_again():
         runspec.resumed(found, {"HF_TOKEN": "x"}, AGAIN, workdir_changed_ok=True)
     with pytest.raises(rq.RequestError, match=r"^--workdir-changed-ok: only with --managed --resume"):
         request_from_options(dict(nodes=2, workdir_changed_ok=True), _inventory(), run_id=RUN)
+
+
+@pytest.mark.parametrize("body", ["[" * 60_000, '{"format": 1e400}', '{"format": NaN}'])
+def test_a_spec_nested_past_the_parser_or_with_numbers_past_a_float_is_one_refusal(body):
+    with pytest.raises(runspec.RunSpecError, match="^here: not JSON"):
+        runspec.read(body, "here", KEY)
