@@ -208,11 +208,12 @@ STATUSES = (STARTING, RUNNING, RECOVERING, *FINAL)
 def checked_state(value: object, where: str) -> tuple[dict | None, list[str]]:
     """A state file read back from the master (cluster/records.py load's value), its fields typed: (the
     state with a malformed field left out, one line for each), or (None, [why]) when it has no known status
-    or is not an object; (None, []) for no state file."""
+    and run id or is not an object; (None, []) for no state file."""
     if value is None:
         return None, []
-    if not isinstance(value, dict) or value.get("status") not in STATUSES:
-        return None, [f"{where}: not a supervised run's state (no known status); not read"]
+    known_run = _STATE_FIELDS["run"][0]
+    if not isinstance(value, dict) or value.get("status") not in STATUSES or not known_run(value.get("run")):
+        return None, [f"{where}: not a supervised run's state (no known status and run id); not read"]
     state, problems = dict(value), []
     for key, (check, allowed) in _STATE_FIELDS.items():
         if key in state and not check(state[key]):

@@ -177,3 +177,26 @@ def test_auto_stop_status_and_its_unstopped_file(pairs):
     for line in (autostop.status_line(status), autostop.problem(status) or ""):
         assert printable(line) == line
     assert all(printable(name) == name for name in (*status.unstopped, *status.nodes))
+
+
+@pytest.mark.parametrize("text", ['{"status": "running", "run": "20260102-030405-aaaa", "nodes": 5}', "[" * 60_000,
+                                  '{"status": "running", "run": "\\u001b]0;x\\u0007"}', records.REFUSED])
+def test_fab_stop_reads_a_hostile_state_file_in_one_line_and_goes_on(text):
+    """`fab stop` asks the supervisor to stop first (request_stop): a state file it cannot use is one line."""
+    from types import SimpleNamespace
+
+    from node_setup.ssh import recovery
+
+    class Master:  # test double of the master's connection: every command answered with the state file
+        host = "node0"
+        ran: list[str] = []
+
+        def run(self, command, **_):
+            self.ran.append(command)
+            return SimpleNamespace(ok=True, stdout=text)
+
+    said: list[str] = []
+    state = recovery.supervised_state(Master(), say=said.append)
+    assert all("\n" not in line and printable(line) == line and "node0: ~/" in line for line in said) and said
+    assert state is None or "nodes" not in state
+
