@@ -1,5 +1,6 @@
 """One reader for every record read back from a node (pure): job.json, progress.json, summary.json, the
-supervisor's state.json, the ranks' world records, the idle auto-stop's status (its `unstopped` file).
+supervisor's state.json, the ranks' world records, the idle auto-stop's status (its `unstopped` file),
+and a supervised run's spec (from the bucket every node may write, cluster/run/runspec.py).
 
 A node is not trusted to write what this project wrote there: a record may be huge, a link to
 /dev/zero, nested 60,000 deep, hold 1e400 or 1e-320, or text with terminal escapes. Whatever it holds,
@@ -18,10 +19,10 @@ never a hang:
   `whole(value)` a whole number of ASCII digits or None (for values that come as text, e.g. the
   auto-stop's `key=value` lines, an exit code), `is_printable(value)` for a record's text fields.
 
-The typed fields of each record are its own module's, and each keeps a text field only when it is
-printable (or shows it through printable) (cluster/job/joblist.py, jobprogress.py,
-jobsummary.py, worldcheck.py, cluster/run/supervision.py, cluster/node/autostop.py); they all start
-here. tests/unit/test_node_records.py proves it with hypothesis over every record type.
+The typed fields of each record are its own module's (cluster/job/joblist.py, jobprogress.py,
+jobsummary.py, worldcheck.py, cluster/run/supervision.py, cluster/node/autostop.py, runspec.py), each
+keeping a text field only when it is printable or showing it through printable; they all start here.
+tests/unit/test_node_records.py proves it with hypothesis over every record type.
 """
 
 from __future__ import annotations
