@@ -34,7 +34,7 @@ DEFAULT_STEPS = 10
 DEFAULT_REPEATS = 5
 LIMITS = {"batch": (1, 4096), "seq-len": (8, 8192), "steps": (1, 1000), "repeats": (1, 100)}
 # A model directory on the nodes: an absolute path of plain characters (it reaches the nodes' shell).
-_MODEL_DIR_RE = re.compile(r"^/[A-Za-z0-9._/+-]{1,255}$")
+_MODEL_DIR_RE = re.compile(r"/[A-Za-z0-9._/+-]{1,255}")  # a whole match (fullmatch)
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class BenchOptions:
 
 def check_options(o: BenchOptions) -> BenchOptions:
     """The options, or ValueError naming the option, the value and what is allowed."""
-    if o.model != SYNTHETIC_MODEL and not _MODEL_DIR_RE.match(o.model or "") or ".." in o.model.split("/"):
+    if o.model != SYNTHETIC_MODEL and not _MODEL_DIR_RE.fullmatch(o.model or "") or ".." in o.model.split("/"):
         raise ValueError(f"--model: {o.model!r} is not allowed; allowed: {SYNTHETIC_MODEL} (the offline demo's "
                          "tiny model) or the absolute path of a model directory on the nodes (nothing is downloaded)")
     for name, value in (("batch", o.batch), ("seq-len", o.seq_len), ("steps", o.steps), ("repeats", o.repeats)):

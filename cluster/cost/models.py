@@ -78,7 +78,7 @@ DATASETS: dict[str, DatasetSize] = {
 DATASET_ALIASES = {"squad_v1": "squad", "squad-v1": "squad", "mrpc": "glue-mrpc", "qqp": "glue-qqp",
                    "sst2": "glue-sst2"}
 
-_PARAMS_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMbB]?)\s*$")
+_PARAMS_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMbB]?)\s*\Z")
 
 
 def _strip_owner(name: str) -> str:

@@ -272,7 +272,7 @@ TYPED_FLAGS = {
 }
 # What a recovery's batch override replaces (cluster/run/recovery.py's BatchPlan): never kept from --extra.
 BATCH_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size")
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_NEGATIVE_NUMBER = re.compile(r"^-\d+\Z|^-\d*\.\d+\Z")
 _VALUE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")
 
 

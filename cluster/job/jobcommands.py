@@ -22,7 +22,7 @@ from typing import Iterable
 
 from cluster import shell
 from cluster.job.jobplan import JOB_ID_RE, JobPlan
-from cluster.job.launch import JOBS_DIR, job_dir
+from cluster.job.launch import ENV_FILE, JOBS_DIR, job_dir
 from cluster.job.torchrun import AGENT_FILE
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.node.setup_script import PROJECT_MARKER
@@ -51,9 +51,16 @@ def sh_command(script: str, *args: object) -> str:
 
 def job_files(plan: JobPlan, **metadata: object) -> dict[str, str]:
     """The files a job's directory on the master holds before its start (name -> text): the hostfile,
-    the job script and job.json (the plan's metadata, with `metadata` added)."""
+    the job script, job.json (the plan's metadata, with `metadata` added) and the user's --env values
+    (ENV_FILE, written with `file_mode`'s 0600)."""
     return {"hosts": plan.launch.hostfile, "run.sh": plan.launch.script(),
-            "job.json": json.dumps({**plan.metadata(), **metadata}, indent=2) + "\n"}
+            "job.json": json.dumps({**plan.metadata(), **metadata}, indent=2) + "\n",
+            ENV_FILE: plan.launch.env_file()}
+
+
+def file_mode(name: str) -> int:
+    """The mode a job file (job_files) is written with: 0600 for the --env values, 0644 for the others."""
+    return 0o600 if name == ENV_FILE else 0o644
 
 
 def start_command(plan: JobPlan) -> str:

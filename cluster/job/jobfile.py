@@ -93,6 +93,9 @@ def resolve(options: Mapping[str, Option], data: Any, *, given: Collection[str] 
             raise JobFileError(f"{where}: key {key!r} is not allowed; keys are option names such as "
                                f"{', '.join(sorted(known)[:3])}")
         name = known.get(dashed(key.strip()))
+        if name is None and dashed(key.strip()) in {dashed(r) for r in refused}:
+            raise JobFileError(f"{where}: {key!r} is not allowed in a job file; give --{dashed(key.strip())} on "
+                               "the command line")
         if name is None:
             close = difflib.get_close_matches(dashed(key.strip()), list(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""

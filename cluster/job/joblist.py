@@ -28,6 +28,7 @@ from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
 from cluster.job.launch import JOBS_DIR, LAUNCHERS
+from cluster import records
 from cluster.cost.spend import COST_KEY
 from cluster.job import jobprogress, jobsummary
 from cluster.names import JOB_NAME_RE, printable
@@ -69,8 +70,7 @@ def epoch(stamp) -> int | None:
 
 
 def _int(text) -> int | None:
-    text = str(text).strip()
-    return int(text) if text.lstrip("-").isdigit() and len(text) < 12 else None
+    return records.whole(str(text), -(10 ** 11), 10 ** 11)  # ASCII digits only ('²' is a digit to str.isdigit)
 
 
 def _count(value) -> int | None:
@@ -98,6 +98,10 @@ _CHECKS = {
 }
 
 
+# job-list.sh's answer: every job's records, each file read bounded there (job.json: 64 KiB)
+LIST_LIMIT = 256 * records.MAX_BYTES
+
+
 def job_file(job_id: str, name: str = "job.json") -> str:
     """A file of the job's directory on the master, as a line names it."""
     return f"~/{JOBS_DIR}/{job_id}/{name}"
@@ -106,14 +110,12 @@ def job_file(job_id: str, name: str = "job.json") -> str:
 def job_record(text: str | None, where: str) -> tuple[dict, str | None]:
     """A job.json's fields, checked: (every field, those fab reads only when they are what they must be; the
     first problem as one line naming `where`, or None). Missing text is no problem (an empty record)."""
-    if text is None or not text.strip():
-        return {}, None
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        return {}, f"{where}: not JSON ({exc})"
-    if not isinstance(value, dict):
-        return {}, f"{where}: not a JSON object"
+        value = records.load_object(text, where)
+    except records.RecordError as exc:
+        return {}, str(exc)
+    if value is None:
+        return {}, None
     problem = None
     for key, (check, allowed) in _CHECKS.items():
         if key in value and not check(value[key]):
@@ -205,9 +207,9 @@ def parse(answer: str, node: str) -> tuple[list[JobRow], list[str]]:
     """(the rows of job-list.sh's answer from `node`, newest first (job ids begin with their start time); the
     problems found, one line each, naming the node and the file)."""
     try:
-        value = json.loads(answer)
-    except ValueError as exc:
-        return [], [f"{node}: the job list is not JSON ({exc}); is this project's job-list.sh what ran there?"]
+        value = records.load(answer, f"{node}: the job list", limit=LIST_LIMIT)
+    except records.RecordError as exc:
+        return [], [f"{node}: the job list is {exc.why}; is this project's job-list.sh what ran there?"]
     if not isinstance(value, dict) or not isinstance(value.get("jobs"), list):
         return [], [f"{node}: the job list is not the object job-list.sh writes"]
     now = _count(value.get("now"))

@@ -115,7 +115,7 @@ class JobPlan:
             out.append(f"  elastic: trains on {run.min_nodes} to {run.nodes} nodes; torchrun restarts the ranks up to "
                        f"{run.max_restarts} time(s) when a node leaves or joins")
         out += ["", "environment of every rank (given to each node's torchrun, which passes it on):"]
-        out += [f"  {k}={v}" for k, v in launch.rank_env.items()]
+        out += self._describe_rank_env()
         out += ["", "command on the master (each node runs it with its own --local-addr and XEON_CLUSTER_NODE):",
                 f"  {launch.command_line()}",
                 "  (<rank-wrapper>: records the program's pid and process group in the job directory, sets",
@@ -123,6 +123,13 @@ class JobPlan:
                 "   runs the program" + (" under taskset of the local rank's cores" if self.layout.pin else "")
                 + " and names it when it fails)"]
         return out
+
+    def _describe_rank_env(self) -> list[str]:
+        """Every rank's environment, the user's --env by name: its values stay in the job's 0600 env file
+        (cluster/job/launch.py ENV_FILE)."""
+        user = self.launch.user_env
+        return [f"  {k}=<--env, from the job's 0600 env file>" if k in user else f"  {k}={v}"
+                for k, v in self.launch.rank_env.items()]
 
     def describe(self) -> str:
         """The dry-run text: nodes, layout, environment and the full command."""
@@ -149,7 +156,7 @@ class JobPlan:
             out += [f"  {k}={v}" for k, v in launch.env.items()]
             if launch.setup:
                 out += ["", "run on the master before mpirun:"] + [f"  {line}" for line in launch.setup]
-            out += ["", "environment of every rank:"] + [f"  {k}={v}" for k, v in launch.rank_env.items()]
+            out += ["", "environment of every rank:"] + self._describe_rank_env()
             out += ["", "hostfile:"] + [f"  {h}" for h in launch.hostfile.splitlines()]
             out += ["", "command (run from the master's home directory):", f"  {launch.command_line()}",
                     "  (<rank-wrapper>: records the rank's pid and process group in the job directory, sets",

@@ -6,10 +6,10 @@ started.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
+from cluster import records
 from xeon_cluster import progress as record_format
 
 FILE = record_format.FILE
@@ -31,12 +31,12 @@ def _number(value) -> float | None:
 
 def parse(text: str | None, where: str) -> tuple[Progress | None, str | None]:
     """(the record, None), (None, None) when there is none yet, or (None, one line naming `where`)."""
-    if text is None or not text.strip():
-        return None, None
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        return None, f"{where}: not JSON ({exc})"
+        value = records.load(text, where)  # bounded: size, nesting, numbers
+    except records.RecordError as exc:
+        return None, str(exc)
+    if value is None:
+        return None, None
     if not isinstance(value, dict) or value.get("format") != record_format.FORMAT:
         return None, f"{where}: not a progress record of this version"
     step, total, updated = value.get("step"), value.get("total"), _number(value.get("updated"))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cluster import records
+
 # The fields `fab train` prints after a run, as they are (cluster/job/jobreport.py): scalars only.
 PRINTED = ("status", "world_size", "nodes", "global_batch_size", "steps", "epoch", "train_loss",
            "samples_per_second", "wall_seconds", "final_model")
@@ -121,11 +123,11 @@ def checked(data: Any, where: str = "summary.json") -> tuple[dict | None, list[s
 
 def parse(text: str | None, where: str = "summary.json") -> tuple[dict | None, list[str]]:
     """`checked` of the JSON in `text`; (None, [why]) when there is no text or it is not JSON."""
-    if text is None:
-        return None, []
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
-        return None, [f"warning: {where}: not JSON (or nested deeper than a reader goes); not read"]
+        data = records.load(text, where)  # bounded: size, nesting, numbers
+    except records.RecordError as exc:
+        return None, [f"warning: {exc}"]
+    if data is None:
+        return None, [] if text is None else [f"warning: {where}: empty; not read"]
     return checked(data, where)
 

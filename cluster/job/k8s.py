@@ -99,16 +99,16 @@ FILE_MODE, EXECUTABLE_MODE = 0o644, 0o755
 TORCHRUN_ENV_PREFIX = "PET_"
 
 # DNS-1035 label (a job's pods are <name>-worker-<i> or <name>-node-0-<i>, each also a host name).
-_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # each pattern a whole match (fullmatch: no newline after)
 NAME_MAX = 63 - len("-worker-") - 4  # room for 4 digits of replica index (the TrainJob's "-node-0-" is as long)
-_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_PVC = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_PVC = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # registry[:port]/path[:tag][@sha256:digest]: lower-case path components, as the distribution spec says.
-_IMAGE = re.compile(r"^(?=.{1,255}$)"
+_IMAGE = re.compile(r"(?=.{1,255}\Z)"
                     r"([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?"
                     r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
                     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-                    r"(@sha256:[0-9a-f]{64})?$")
+                    r"(@sha256:[0-9a-f]{64})?")
 
 
 class K8sJobError(ValueError):
@@ -123,21 +123,21 @@ def check_api(value: str) -> str:
 
 
 def check_name(value: str, pods: str = "<name>-worker-<i>") -> str:
-    if not _NAME.match(value or "") or len(value) > NAME_MAX:
+    if not _NAME.fullmatch(value or "") or len(value) > NAME_MAX:
         raise K8sJobError(f"--name: {value!r} is not allowed; allowed: lower-case letters, digits and '-', starting "
                           f"with a letter, up to {NAME_MAX} characters (its pods are {pods})")
     return value
 
 
 def check_namespace(value: str) -> str:
-    if not _NAMESPACE.match(value or "") or len(value) > 63:
+    if not _NAMESPACE.fullmatch(value or "") or len(value) > 63:
         raise K8sJobError(f"--namespace: {value!r} is not allowed; allowed: a Kubernetes namespace (lower-case "
                           "letters, digits and '-', up to 63 characters)")
     return value
 
 
 def check_pvc(value: str) -> str:
-    if not _PVC.match(value or "") or len(value) > 253:
+    if not _PVC.fullmatch(value or "") or len(value) > 253:
         raise K8sJobError(f"--pvc: {value!r} is not allowed; allowed: the name of a PersistentVolumeClaim in the "
                           "job's namespace (lower-case letters, digits, '-' and '.')")
     return value
@@ -147,7 +147,7 @@ def check_image(value: str) -> str:
     if not value:
         raise K8sJobError("--image: not given; allowed: the training image's reference, e.g. "
                           "registry.example.com/xeon-cluster:0.1.0 (build it from docker/Dockerfile)")
-    if not _IMAGE.match(value):
+    if not _IMAGE.fullmatch(value):
         raise K8sJobError(f"--image: {value!r} is not an image reference; allowed: "
                           f"[REGISTRY/]NAME[:TAG][@sha256:DIGEST], "
                           "e.g. registry.example.com/xeon-cluster:0.1.0")

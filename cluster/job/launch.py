@@ -19,10 +19,11 @@ Every rank runs through a small `sh` wrapper (RANK_WRAPPER) that records its pid
 group on its node, under the job directory, so `fab stop` can end exactly this job's processes
 on every node, and that finds the network interface towards MASTER_ADDR for gloo.
 
-Every value reaches the job script single-quoted (cluster.shell.render): a MASTER_ADDR, job id or
-`--env` value holding `$(...)` or backticks stays a literal string. The only expansion is the
-node's own PATH and LD_LIBRARY_PATH, which the script extends with the venv's directories
-(`LaunchPlan.prepends`).
+Every value reaches the job script single-quoted (cluster.shell.render): a MASTER_ADDR or job id
+holding `$(...)` or backticks stays a literal string. The only expansion is the node's own PATH and
+LD_LIBRARY_PATH, which the script extends with the venv's directories (`LaunchPlan.prepends`). The
+user's `--env` values are in neither the script nor any command line: the job's 0600 ENV_FILE holds
+them (quoted the same way) and the launcher passes them on from its environment.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ TORCH_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 WORKDIR_VARIABLE = "XEON_CLUSTER_WORKDIR"
 PYTHON_VARIABLE = "XEON_CLUSTER_PYTHON"
 NOTICE_FILE = "notice"  # in the job directory on every node
+# In the job directory on the master, mode 0600 (cluster/job/jobcommands.py file_mode): the user's
+# `--env` values as `export NAME='value'` lines. The job script reads it just before the launcher, which
+# passes them on (Intel MPI `-genvall`, Open MPI `-x NAME`; torchrun's node command reads it on its stdin),
+# so no value is on a command line (/proc/<pid>/cmdline is world-readable) nor in the 0644 run.sh.
+ENV_FILE = "env"
 # Set by the launch itself: `--env` may not set them.
 RESERVED_VARIABLES = (*TORCH_LAUNCH_VARIABLES, JOB_MARKER, OUTPUT_DIR_VARIABLE, NOTICE_FILE_VARIABLE,
                       WORKDIR_VARIABLE, PYTHON_VARIABLE, NOTICE_SIGNAL_VARIABLE, RANK_DIR_VARIABLE)
@@ -164,7 +170,7 @@ class LaunchPlan:
     layout: Layout
     argv: tuple[str, ...]  # mpirun ... sh -c WRAPPER xeon-rank PROGRAM...
     exports: dict[str, str]  # exported on the master before mpirun, literally (never expanded)
-    rank_env: dict[str, str]  # what every rank gets on top (also inside argv)
+    rank_env: dict[str, str]  # what every rank gets on top (inside argv, but for user_env's values)
     prepends: dict[str, str] = field(default_factory=dict)  # PATH-like (PREPENDED): dirs put in front
     setup: tuple[str, ...] = ()  # steps of SETUP_STEPS the job script takes before mpirun
     hostfile: str = ""
@@ -175,6 +181,7 @@ class LaunchPlan:
     node_commands: dict[str, str] = field(default_factory=dict)
     stop_command: str = ""  # what ends one node's torchrun
     torchrun: TorchrunPlan | None = None
+    user_env: dict[str, str] = field(default_factory=dict)  # the user's --env: its values in ENV_FILE only
 
     @property
     def launcher(self) -> str:
@@ -195,6 +202,10 @@ class LaunchPlan:
     @property
     def job_dir(self) -> str:
         return job_dir(self.job_id)
+
+    def env_file(self) -> str:
+        """ENV_FILE's text: the user's --env as `export NAME='value'` lines (cluster.shell quoting)."""
+        return "".join(f"{line}\n" for line in shell.header(self.user_env, bash=False, exported=self.user_env))
 
     def command_line(self, argv: Sequence[str] | None = None) -> str:
         """argv as one shell-quoted line (the wrapper shown as `<rank-wrapper>` for reading)."""
@@ -217,6 +228,7 @@ class LaunchPlan:
             **{f"{key}_PREPEND": self.prepends.get(key, "") for key in PREPENDED},
             "ONECCL_PYTHON": f"{self.venv}/bin/python" if ONECCL_ENV_SETUP in self.setup else "",
             "HYDRA_IFACE": "yes" if HYDRA_IFACE_SETUP in self.setup else "no",
+            "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
             "MPIRUN": self.argv,  # the positional parameters
         }
         clash = set(values) & set(self.exports)
@@ -234,6 +246,7 @@ class LaunchPlan:
             "ELASTIC": "yes" if plan.min_nodes is not None else "no",
             "NODES": list(self.node_commands), "COMMANDS": list(self.node_commands.values()),
             "STOP_COMMAND": self.stop_command, "END_WAIT": str(TORCHRUN_END_WAIT_SECONDS),
+            "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
         }
         clash = set(values) & set(self.exports)
         if clash:
@@ -284,10 +297,12 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
     if reserved:
         raise LaunchError(f"--env: {reserved[0]} is set by the launch itself; allowed: any other variable")
     rank_env.update(job_env or {})
-    rank_env.update(extra_env or {})
+    user_env = dict(extra_env or {})
+    rank_env.update(user_env)
     for key in rank_env:
         if not is_variable_name(key):
             raise LaunchError(f"environment: {key!r} is not a valid variable name")
+    on_line = {key: value for key, value in rank_env.items() if key not in user_env}
 
     wrapper = ("sh", "-c", RANK_WRAPPER, "xeon-rank", *program)
     if flavour == "openmpi":
@@ -298,17 +313,21 @@ def plan_launch(*, flavour: str, job_id: str, hosts: Sequence[str], master_addr:
             argv.append("--allow-run-as-root")
         for key in [*exports, *prepends]:
             argv += ["-x", key]
-        for key, value in rank_env.items():
+        for key, value in on_line.items():
             argv += ["-x", f"{key}={value}"]
+        for key in user_env:  # the value from mpirun's environment: the job script read ENV_FILE
+            argv += ["-x", key]
     else:
         argv = ["mpirun", "-f", hostfile, "-n", str(world), "-ppn", str(layout.ranks_per_node),
                 "-prepend-rank"]
-        for key, value in rank_env.items():
+        for key, value in on_line.items():
             argv += ["-genv", key, value]
+        if user_env:  # the values from mpirun's environment (the job script read ENV_FILE): all of it, as by
+            argv.append("-genvall")  # default (a -genvlist would pass only the names it lists)
     argv += wrapper
     return LaunchPlan(flavour=flavour, job_id=job_id, hosts=tuple(hosts), master_addr=master_addr,
                       master_port=port, layout=layout, argv=tuple(argv),
                       exports=exports, rank_env=rank_env, prepends=prepends, setup=tuple(setup),
                       hostfile=hostfile_text(hosts, flavour, layout.ranks_per_node),
-                      program=tuple(program), venv=venv)
+                      program=tuple(program), venv=venv, user_env=user_env)
 

@@ -64,8 +64,16 @@ def _step(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+STATE_MAX_BYTES = 64 << 20  # a long run's log history: about 150 bytes a logged step
+
+
 def _json(text: str | None, where: str, problems: list[str]):
+    """The record's JSON (read on the node at most STATE_MAX_BYTES, never through a link: node_setup/ssh/job.py);
+    a Trainer's own NaN loss stays a value here, for `_finite` to leave out, so not cluster/records.py's load."""
     if text is None or not text.strip():
+        return None
+    if len(text) > STATE_MAX_BYTES:
+        problems.append(f"{where}: larger than {STATE_MAX_BYTES} bytes; left out")
         return None
     try:
         return json.loads(text)

@@ -10,14 +10,14 @@ beside the checkpoints and in the output folder (cluster/run/runspec.py), the Py
   PASSPHRASE or SIGNATURE (HF_TOKEN, AUTHTOKEN, WANDB_API_KEY, APIKEY); a word PASS, CREDS,
   COOKIE(S), JWT, BEARER, SIG or DSN; a last word AUTH, AUTHORIZATION, PAT or PWD after another
   (GITHUB_PAT, REDISCLI_AUTH, MYSQL_PWD; the shell's PWD and PATH are not); DATABASE_URL/_URI,
-  DB_URL/_URI and a connection string (*_CONNECTION_STRING, *_CONN_STR);
+  DB_URL/_URI and a connection string (*_CONNECTION_STRING, *_CONN_STR); SSHPASS and DOCKER_AUTH_CONFIG;
 - by value (`secret_value`), anywhere in it: credentials in a URL (scheme://user:password@host, or
   a token as the user), a secret-named parameter (`?access_token=`, `&X-Amz-Signature=`, a connection
   string's `Password=`/`AccountKey=`, libpq's `password=`, `--hub_token=`), an AWS access key id or a
   secret-access-key-shaped word (40 of base64's letters, upper and lower case and digits), a private
   key block, a JWT, and the tokens of the common services by their published prefixes (GitHub,
-  GitLab, Hugging Face, Slack, OpenAI/Anthropic/Stripe `sk-`/`sk_live_`, Google API keys and OAuth
-  access tokens, npm, PyPI).
+  GitLab's glpat-, glrt-, gldt-, ..., Hugging Face, Slack, OpenAI/Anthropic/Stripe `sk-`/`sk_live_`,
+  Google API keys and OAuth access tokens, npm, PyPI).
 
 A value that is empty or a switch word (0, 1, true, false, yes, no, on, off) is never a secret,
 whatever its name (HF_HUB_DISABLE_IMPLICIT_TOKEN=1 is a setting): there is nothing to keep apart.
@@ -40,8 +40,11 @@ _WORDS = frozenset({"PASS", "CREDS", "COOKIE", "COOKIES", "JWT", "BEARER", "SIG"
 _NAME_PARTS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "WEBHOOK")
 # The last word, after at least one other (GITHUB_PAT, NPM_CONFIG__AUTH, MYSQL_PWD: not PWD, PATH).
 _LAST_WORDS = frozenset({"AUTH", "AUTHORIZATION", "PAT", "PWD"})
-_NAME_RES = (re.compile(r"(?:^|_)(?:DATABASE|DB)_UR[IL]$"),
-             re.compile(r"CONN(?:ECTION)?_?STR(?:ING)?(?:$|_)"))
+_NAME_RES = (re.compile(r"(?:^|_)(?:DATABASE|DB)_UR[IL]\Z"),
+             re.compile(r"CONN(?:ECTION)?_?STR(?:ING)?(?:\Z|_)"))
+# Whole names of well-known tools' secrets the rules above miss: sshpass(1)'s password, Docker's registry
+# credentials (GitLab CI's DOCKER_AUTH_CONFIG, a config.json with base64 user:password).
+_SECRET_NAMES = frozenset({"SSHPASS", "DOCKER_AUTH_CONFIG"})
 SWITCH_VALUES = frozenset({"", "0", "1", "TRUE", "FALSE", "YES", "NO", "ON", "OFF"})
 
 _URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^/?#@\s]+)@")
@@ -53,7 +56,8 @@ _AWS_SECRET_SHAPE = re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-
 _TOKEN_SHAPES = re.compile("|".join((
     r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----",
     r"(?<![A-Za-z0-9_])(?:"
-    r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"  # GitHub, GitLab
+    r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
+    r"|gl(?:pat|rt|dt|ptt|cbt|ft|soat|imt)-[A-Za-z0-9_-]{20,}"  # GitLab: personal, runner, deploy, trigger ...
     r"|hf_[A-Za-z0-9]{30,}|xox[abeoprs]-[A-Za-z0-9-]{10,}"  # Hugging Face, Slack
     r"|sk-[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"  # OpenAI, Anthropic; Stripe
     r"|AIza[0-9A-Za-z_-]{35}|ya29\.[0-9A-Za-z_-]{20,}"  # Google API key, OAuth access token
@@ -67,7 +71,7 @@ def secret_name(name: str) -> bool:
     upper = name.upper().replace("-", "_").replace(".", "_")
     parts = upper.split("_")
     words = [w for w in parts if w]
-    return (any(part in upper for part in _NAME_PARTS)
+    return (upper in _SECRET_NAMES or any(part in upper for part in _NAME_PARTS)
             or any(w.endswith(_WORD_ENDINGS) or w in _WORDS for w in words)
             or (len(parts) > 1 and bool(words) and words[-1] in _LAST_WORDS)
             or any(r.search(upper) for r in _NAME_RES))

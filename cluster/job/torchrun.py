@@ -203,21 +203,27 @@ def plan_torchrun_launch(*, job_id: str, hosts: Sequence[str], addresses: Sequen
         plan = plan_torchrun(layout=layout, nodes=len(hosts), program=("sh", "-c", RANK_WRAPPER, "xeon-rank", *program),
                              rdzv_host=addresses[0], rdzv_id=job_id, rdzv_port=port,
                              min_nodes=min_nodes, max_restarts=max_restarts, torchrun=f"{venv}/bin/torchrun",
-                             extra_env={**(job_env or {}), **(extra_env or {})}, no_python=True, bound=bound)
+                             extra_env=job_env, no_python=True, bound=bound)
     except TorchrunError as exc:
         raise LaunchError(str(exc)) from None
-    env = {JOB_MARKER: job_id, **plan.env}
+    user_env = dict(extra_env or {})
+    for key in user_env:
+        if not is_variable_name(key):
+            raise LaunchError(f"--env: {key!r} is not a valid variable name; allowed: letters, digits and '_', "
+                              "not starting with a digit")
+    env = {JOB_MARKER: job_id, **plan.env, **user_env}
     if bound:
         env[CPUS_VARIABLE] = " ".join(",".join(str(c) for c in slot.cores) for slot in layout.slots)
     agent = shlex.quote(f"{job_dir(job_id)}/{AGENT_FILE}")
     commands = {}
     for host, address in zip(hosts, addresses):
-        assignments = shlex.join(f"{k}={v}" for k, v in {**env, NODE_VARIABLE: host}.items())
-        commands[host] = (f"cd && echo $$ > {agent} && exec env {assignments} "
-                          f"{shlex.join(node_argv(plan, address))}")
+        assignments = shlex.join(f"{k}={v}" for k, v in {**env, NODE_VARIABLE: host}.items() if k not in user_env)
+        # the user's --env from stdin (the job script gives each node the job's ENV_FILE there), then torchrun
+        commands[host] = (f"cd && echo $$ > {agent} && . /dev/stdin && exec env {assignments} "
+                          f"{shlex.join(node_argv(plan, address))} </dev/null")
     exports = {JOB_MARKER: job_id, "MASTER_ADDR": addresses[0], "MASTER_PORT": str(port)}
     return LaunchPlan(flavour=TORCHRUN_FLAVOUR, job_id=job_id, hosts=tuple(hosts), master_addr=addresses[0],
                       master_port=port, layout=layout, argv=node_argv(plan, addresses[0]), exports=exports,
                       rank_env=env, hostfile="".join(f"{h}\n" for h in hosts), program=tuple(program), venv=venv,
                       node_commands=commands, torchrun=plan,
-                      stop_command=f"cd && kill -TERM \"$(cat {agent})\"")
+                      stop_command=f"cd && kill -TERM \"$(cat {agent})\"", user_env=user_env)

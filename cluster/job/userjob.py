@@ -59,7 +59,16 @@ CREDENTIAL_NAMES = ("id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "
                     "legacy_credentials", "accessTokens.json", "msal_token_cache.*", "service_principal_entries.*",
                     "kube/config", "kubeconfig", "kubeconfig.y*ml", "*.kubeconfig", "docker/config.json",
                     "gh/hosts.yml", "huggingface/token", "stored_tokens", "rclone.conf", "credentials.tfrc.json",
-                    "git-credentials", "htpasswd", "*.ovpn")
+                    "git-credentials", "htpasswd", "*.ovpn", "*.ppk", "deploy_key*", "ssh_host_*_key",
+                    "*.tfstate", "*.tfstate.backup")
+# What a private key's file holds, whatever its name (a workdir file holding one is withheld by content):
+# OpenSSH's, PEM's (PKCS#1 RSA, SEC1 EC, DSA, PKCS#8 and its encrypted form), PuTTY's and OpenPGP's
+# private key block. A service account's JSON holds the PKCS#8 header in its "private_key" string.
+PRIVATE_KEY_MARKERS = (b"-----BEGIN OPENSSH PRIVATE KEY-----", b"-----BEGIN RSA PRIVATE KEY-----",
+                       b"-----BEGIN EC PRIVATE KEY-----", b"-----BEGIN DSA PRIVATE KEY-----",
+                       b"-----BEGIN PRIVATE KEY-----", b"-----BEGIN ENCRYPTED PRIVATE KEY-----",
+                       b"PuTTY-User-Key-File-", b"-----BEGIN PGP PRIVATE KEY BLOCK-----")
+CONTENT_SCAN_BYTES = 1 << 20  # how much of each file is looked at for PRIVATE_KEY_MARKERS
 # Well-known folders that hold credentials ("/"-separated, as under a home). A workdir that is one, lies
 # inside one or holds one below a dot-folder (~/.config holds gcloud/, which is no dot-name) is refused
 # by name (`check_workdir`), wherever it is: a copy of a home's .aws elsewhere is as secret.
@@ -69,6 +78,7 @@ CREDENTIAL_FOLDERS = (".aws", ".ssh", ".gnupg", ".kube", ".docker", ".azure", ".
 INCLUDE_FILE = ".xeon-cluster-include"  # in the workdir: paths (one a line) to ship although withheld
 WITHHELD_DOT, WITHHELD_CREDENTIAL, WITHHELD_LINK = "dot-files and dot-folders", "named like credentials", \
     "links that lead out of the workdir"
+WITHHELD_KEY = "holding a private key"
 WITHHELD_SHOWN = 20  # per kind in the launch's summary (the dry run lists all)
 # On every node, relative to the SSH user's home: one file per content, named by its SHA-256
 # (".x" appended for an executable file).
@@ -249,6 +259,11 @@ def withheld_reason(path: str, includes: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+def holds_private_key(head: bytes) -> bool:
+    """Whether a file's first CONTENT_SCAN_BYTES (`head`) hold one of PRIVATE_KEY_MARKERS."""
+    return any(marker in head for marker in PRIVATE_KEY_MARKERS)
+
+
 def link_inside(workdir: str, target: str) -> str | None:
     """A link's resolved target relative to the workdir (both absolute, resolved), or None when the
     link leads out of the workdir."""
@@ -309,7 +324,7 @@ class CopyPlan:
     def withheld_lines(self, shown: int | None = None) -> list[str]:
         """What was withheld, by kind (at most `shown` paths each), and how to ship one on purpose."""
         lines = []
-        for kind in (WITHHELD_DOT, WITHHELD_CREDENTIAL, WITHHELD_LINK):
+        for kind in (WITHHELD_DOT, WITHHELD_CREDENTIAL, WITHHELD_KEY, WITHHELD_LINK):
             paths = sorted(p for p, k in self.withheld if k == kind)
             if paths:
                 more = f" and {len(paths) - shown} more (--dry-run lists all)" if shown and len(paths) > shown else ""

@@ -16,10 +16,10 @@ the terminal as an escape sequence.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from cluster import records as node_records
 from cluster.names import printable
 from xeon_cluster.run import WORLD_RECORD_KEYS, WORLD_RECORD_PREFIX
 
@@ -66,10 +66,6 @@ def check_record(value: Any) -> str | None:
     return None
 
 
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def parse_records(found: Iterable[tuple[str, str]], folder: str = "") -> Records:
     """The ranks' records from each node's listing, (node, text): one `FILE<tab>CONTENT` line per record
     file (node_setup/ssh/world.py reads them so). A line whose content is not a record (`check_record`;
@@ -82,14 +78,14 @@ def parse_records(found: Iterable[tuple[str, str]], folder: str = "") -> Records
             name, tab, content = line.partition("\t")
             if not tab:
                 continue
+            where = f"{folder.rstrip('/')}/{name}" if folder else name
             try:
-                value = json.loads(content, parse_constant=_refuse_constant)
-            except (ValueError, RecursionError) as exc:
-                why: str | None = f"not JSON ({_shown(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)})"
+                value = node_records.load(content, where)
+            except node_records.RecordError as exc:
+                why: str | None = exc.why
             else:
                 why = check_record(value)
             if why:
-                where = f"{folder.rstrip('/')}/{name}" if folder else name
                 problems.append(f"world: {_shown(node)}: {_shown(where)} is not a world record ({why}); left out")
             else:
                 records[value["rank"]] = value

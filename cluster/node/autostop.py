@@ -53,7 +53,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from cluster import shell
+from cluster import records, shell
 from cluster.job.launch import JOBS_DIR
 from cluster.node.profiles import NODE_ROOT
 from cluster.inventory import Node
@@ -92,6 +92,7 @@ KNOWN_HOSTS_FILE = "known_hosts"  # their host keys, as the controller verified 
 UNSTOPPED_FILE = "unstopped"  # at=<time>, then one `<node> <reason>` line per worker not stopped
 STOPPED_FILE = "stopped"  # workers already stopped in this power-off
 UNLISTED = "(unlisted)"  # in UNSTOPPED_FILE: no full node list was recorded, other workers may run
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # what a status line's node name may be
 
 # What no image may carry (relative to the home; the pre-bake removes them): the master's arming and
 # its activity records. An instance made from the image is not the master they were written for.
@@ -292,15 +293,22 @@ class Status:
 
 
 def _number(value: str | None) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+    return records.number(value) if value not in (None, "") else None
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """Node names of a status line; a word that cannot be a node's name is left out."""
+    return tuple(w for w in (value or "").split() if w == UNLISTED or _NODE_NAME.fullmatch(w))
 
 
 def parse_status(text: str) -> Status:
-    """autostop.sh `status` output (`key=value` lines) -> Status."""
-    facts = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    """autostop.sh `status` output (`key=value` lines, read from the master as any record: cluster/records.py,
+    its numbers bounded, its names node names) -> Status."""
+    try:
+        lines = (records.text(text, "auto-stop status") or "").splitlines()
+    except records.RecordError:  # larger than any status autostop.sh prints: nothing of it is read
+        lines = []
+    facts = dict(line.split("=", 1) for line in lines if "=" in line)
     if facts.get("installed") == "no":
         return Status(armed=False, installed=False)
     idle = _number(facts.get("idle"))
@@ -308,8 +316,8 @@ def parse_status(text: str) -> Status:
                   mode=facts.get("mode", ""), since=_number(facts.get("since")), last=_number(facts.get("last")),
                   running=int(_number(facts.get("running")) or 0), now=_number(facts.get("now")),
                   deadline=_number(facts.get("deadline")), powered_off=_number(facts.get("powered_off")),
-                  unstopped=tuple(facts.get("unstopped", "").split()), unstopped_at=_number(facts.get("unstopped_at")),
-                  nodes=tuple(facts.get("nodes", "").split()))
+                  unstopped=_names(facts.get("unstopped")), unstopped_at=_number(facts.get("unstopped_at")),
+                  nodes=_names(facts.get("nodes")))
 
 
 def short_duration(seconds: float) -> str:
@@ -322,7 +330,10 @@ def short_duration(seconds: float) -> str:
 
 
 def _clock(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    try:
+        return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):  # a time read from the master that no calendar holds
+        return "an unreadable time"
 
 
 def status_line(status: Status) -> str:

@@ -19,9 +19,11 @@ type), usually behind the syslog tag cloud-init logs them with; the keys block i
 A console may hold several boots (an instance rebooted) and text that is not cloud-init's (kernel
 messages, and anything root on the node writes to the console). Rules:
 
-- This boot: only the text after the console's last boot line counts (BOOT_LINE: the kernel's
-  `[    0.000000] Linux version ...`, or cloud-init's `Cloud-init v. ... running 'init-local' at ...`,
-  which every boot prints before the blocks); a console with neither is one boot.
+- This boot: only the text after the console's last boot line counts (BOOT_LINE: cloud-init's own
+  mark of a boot, `Cloud-init v. ... running 'init-local' at ...`, which every boot prints before the
+  blocks); a console without one is one boot. The kernel's `[    0.000000] Linux version ...` banner
+  is no boot line: one such line written after cloud-init's block (by anything that may write to the
+  console) would otherwise make a forged block the only one that counts.
 - The block: a marker counts wherever it stands in a line (behind any prefix); only a complete
   block (BEGIN ... END) counts, and of this boot's the FIRST, the one cloud-init printed at the end of
   boot: a block printed after it is never the one that counts. Inside a block only lines of the
@@ -60,8 +62,8 @@ TYPE_LABELS = {
 _FINGERPRINT_LINE = re.compile(r"(?:^|(?<=\s))(\d{3,5}) (SHA256:[A-Za-z0-9+/]{43}) (.*?) ?\(([A-Z0-9-]+)\)\s*\Z")
 _KEY_LINE = re.compile(r"(?:^|(?<=\s))(" + "|".join(re.escape(t) for t in TYPE_LABELS)
                        + r") (AAAA[A-Za-z0-9+/]+={0,2})(?: .*)?\Z")
-# The first line of every boot a console shows: the kernel's banner, or cloud-init's first stage.
-BOOT_LINE = re.compile(r"\[\s*0\.0+\] Linux version |running 'init-local' at ")
+# How cloud-init marks the start of every boot on the console: its first stage's line.
+BOOT_LINE = re.compile(r"Cloud-init v\. \S+ running 'init-local' at ")
 
 
 class ConsoleUnreadable(RuntimeError):

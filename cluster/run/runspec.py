@@ -20,7 +20,11 @@ profile's (cluster/node/profiles.py), and the offline demo is stored as its task
   values (the supervisor's spec on the master holds none either: they go to a file of their own).
 - `handoff(...)`: the supervisor's spec on the master (the request less its secret values, which go to
   a file of their own, SECRETS_FILE, 0600, removed with the run) and the machines.
-- `read(text, where, key)` -> Found; `resumed(found, env, run_id, workdir=...)`: the request again, --resume
+- `read(text, where, key, binding)` -> Found: `binding` (a Binding) is what --resume resumes: the
+  cluster (name and kind) and where the spec was read; the spec must have been signed for it, so one
+  copied over another run's (in the bucket every node may write) or from another cluster is refused.
+  The key can be rotated (`fab forget --spec-key`): every spec signed before is refused after.
+- `resumed(found, env, run_id, workdir=...)`: the request again, --resume
   set, a new run id, the withheld values given again with --env (RunSpecError naming --env when one is
   missing); for your own program (--script/--module) with its workdir's copy plan made again on this
   controller, checked against the digest the spec recorded (`workdir_changes`): a workdir that changed
@@ -39,18 +43,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from cluster import records
 from cluster.job import request as rq
 from cluster.job.secrets import secret_looking
 from cluster.job.userjob import CopyPlan
 from cluster.run import supervision as sv
 
 RUN_FOLDER = "xeon-cluster-run"
-FORMAT = 2
+FORMAT = 3  # 3: the run id, cluster, kind and checkpoint URI signed beside the request (`Binding`)
 WITHHELD = "(withheld)"
 SIGNATURE = "signature"
 SCHEME = "hmac-sha256"
 KINDS = ("aws", "local", "file")
-_FIELDS = ("format", "kind", "request", "withheld", SIGNATURE)
+_FIELDS = ("format", "kind", "cluster", "run", "checkpoint_uri", "request", "withheld", SIGNATURE)
 CHANGES_SHOWN = 5  # names per kind in the refusal
 
 
@@ -63,6 +68,19 @@ class Found:
     request: rq.RunRequest  # with WITHHELD in place of the withheld values
     kind: str  # the kind of cluster it ran on
     withheld: tuple[str, ...]
+    cluster: str = ""  # the cluster's name it ran on
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What `--resume` resumes, which a spec must have been signed for (`read`): the cluster (its name and
+    kind) and where the spec was read: beside the checkpoints of `checkpoint_uri`, or in `output_dir` on
+    the master. A spec copied from another run's place, or from another cluster, is refused."""
+
+    cluster: str
+    kind: str
+    checkpoint_uri: str | None = None
+    output_dir: str | None = None
 
 
 def spec_uri(checkpoint_uri: str) -> str:
@@ -93,10 +111,12 @@ def withhold(request: rq.RunRequest) -> tuple[rq.RunRequest, dict[str, str]]:
     return request.with_env({name: WITHHELD for name in secrets}), secrets
 
 
-def signed_text(request: rq.RunRequest, kind: str, key: bytes) -> str:
-    """The spec's text for `request` (its secret values withheld), signed with `key`."""
+def signed_text(request: rq.RunRequest, kind: str, key: bytes, cluster: str = "") -> str:
+    """The spec's text for `request` (its secret values withheld) on the cluster `cluster` of `kind`, signed
+    with `key`: the run id, cluster, kind and checkpoint URI are signed with it (`Binding`)."""
     kept, secrets = withhold(request)
-    data: dict[str, Any] = {"format": FORMAT, "kind": kind, "request": kept.to_mapping(),
+    data: dict[str, Any] = {"format": FORMAT, "kind": kind, "cluster": cluster, "run": request.run_id,
+                            "checkpoint_uri": _uri(request.checkpoint_uri), "request": kept.to_mapping(),
                             "withheld": sorted(secrets)}
     data[SIGNATURE] = signature(data, key)
     return json.dumps(data, indent=2) + "\n"
@@ -113,17 +133,21 @@ def handoff(request: rq.RunRequest, *, kind: str, run_nodes: dict, cluster: dict
     return spec, secrets
 
 
-def read(text: str | bytes | None, where: str, key: bytes) -> Found:
-    """The spec read back: its signature checked against `key` first, then every field (RunSpecError: one
-    line naming `where`)."""
+def _uri(uri: str | None) -> str | None:
+    return uri.rstrip("/") if uri else None
+
+
+def read(text: str | bytes | None, where: str, key: bytes, binding: Binding | None = None) -> Found:
+    """The spec read back: its signature checked against `key` first, then every field, then that it was
+    signed for `binding` (what --resume resumes; RunSpecError: one line naming `where`)."""
     def bad(what: str) -> RunSpecError:
         return RunSpecError(f"{where}: {what}; it is not a run spec `fab train --managed` wrote on this controller, "
                             "so the run cannot be resumed from it")
 
-    try:
-        found = json.loads(text) if text is not None else None
-    except ValueError as exc:
-        raise bad(f"not JSON ({str(exc).splitlines()[0]})") from None
+    try:  # the one reader of a record from elsewhere (cluster/records.py): size, nesting, numbers bounded
+        found = records.load(text, where)
+    except records.RecordError as exc:
+        raise bad(exc.why) from None
     if not isinstance(found, dict):
         raise bad("not a JSON object")
     given = found.get(SIGNATURE)
@@ -155,7 +179,28 @@ def read(text: str | bytes | None, where: str, key: bytes) -> Found:
                   "workdir against; start it again with `fab train --managed --script ...`")
     if request.managed is None:
         raise bad("it has no --managed settings")
-    return Found(request, found["kind"], tuple(withheld))
+    if found.get("run") != request.run_id or found.get("checkpoint_uri") != _uri(request.checkpoint_uri) \
+            or not isinstance(found.get("cluster"), str):
+        raise bad("its run id, cluster or checkpoint URI is not the run's it holds")
+    if binding is not None:
+        _check_binding(found, request, binding, where)
+    return Found(request, found["kind"], tuple(withheld), found["cluster"])
+
+
+def _check_binding(found: dict, request: rq.RunRequest, binding: Binding, where: str) -> None:
+    """RunSpecError unless the spec was signed for the run `binding` names (see Binding)."""
+    def elsewhere(what: str) -> RunSpecError:
+        return RunSpecError(f"{where}: it was signed for {what} (a spec copied from another run's place or "
+                            "cluster); this run cannot be resumed from it")
+
+    for what, signed, here in (("cluster", found["cluster"], binding.cluster), ("kind", found["kind"], binding.kind)):
+        if signed != here:
+            raise elsewhere(f"{what} {signed!r}, not this {what} {here!r}")
+    if binding.checkpoint_uri is not None and found["checkpoint_uri"] != _uri(binding.checkpoint_uri):
+        raise elsewhere(f"the run of checkpoint URI {found['checkpoint_uri']!r}, not {_uri(binding.checkpoint_uri)!r}")
+    directory = (request.output_dir or "").rstrip("/")
+    if binding.output_dir is not None and directory != binding.output_dir.rstrip("/"):
+        raise elsewhere(f"the run of output directory {request.output_dir!r}, not {binding.output_dir!r}")
 
 
 @dataclass(frozen=True)

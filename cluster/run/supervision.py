@@ -29,6 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+from cluster import records
 from cluster.node.console import describe, fingerprint, parse_console
 from cluster.stack.catalog import boot_wait_s
 from xeon_cluster import RESUME_FROM_VARIABLE
@@ -180,6 +181,45 @@ def restarted(returncode: int, status: str | None) -> bool:
     stop's (systemd's Restart=on-abnormal, the unit's on AWS; the local respawner's rule too), before its
     run ended."""
     return returncode < 0 and -returncode not in CLEAN_STOP_SIGNALS and status not in FINAL
+
+
+def _texts(value: object) -> bool:
+    return isinstance(value, list) and all(records.is_printable(v) for v in value)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# The state file's fields as `state_record` writes them: what each must be to be kept.
+_STATE_FIELDS = {
+    "run": (lambda v: isinstance(v, str) and bool(RUN_ID_RE.fullmatch(v)), "a run id"),
+    "job": (lambda v: v is None or (isinstance(v, str) and bool(RUN_ID_RE.fullmatch(v))), "null or a job id"),
+    "nodes": (_texts, "a list of node names"), "awaiting": (_texts, "a list of node names"),
+    "recoveries": (_count, "a whole number"), "output_dir": (records.is_printable, "a path"),
+    "updated": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "epoch seconds"),
+    "pid": (lambda v: v is None or _count(v), "null or a pid"), "keeper": (lambda v: v is None or _count(v), "a pid"),
+    "line": (records.is_printable, "one line of printable text"),
+    "restart": (lambda v: isinstance(v, dict), "a map"),
+}
+STATUSES = (STARTING, RUNNING, RECOVERING, *FINAL)
+
+
+def checked_state(value: object, where: str) -> tuple[dict | None, list[str]]:
+    """A state file read back from the master (cluster/records.py load's value), its fields typed: (the
+    state with a malformed field left out, one line for each), or (None, [why]) when it has no known status
+    and run id or is not an object; (None, []) for no state file."""
+    if value is None:
+        return None, []
+    known_run = _STATE_FIELDS["run"][0]
+    if not isinstance(value, dict) or value.get("status") not in STATUSES or not known_run(value.get("run")):
+        return None, [f"{where}: not a supervised run's state (no known status and run id); not read"]
+    state, problems = dict(value), []
+    for key, (check, allowed) in _STATE_FIELDS.items():
+        if key in state and not check(state[key]):
+            problems.append(f"{where}: {key} left out; allowed: {allowed}")
+            del state[key]
+    return state, problems
 
 
 def status_line(state: dict) -> str:

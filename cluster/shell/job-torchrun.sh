@@ -9,7 +9,9 @@
 # Header: the exported XEON_CLUSTER_JOB, MASTER_ADDR (the rendezvous host), MASTER_PORT (its port);
 # JOB_DIR (relative to $HOME), WORLD_SIZE, RANKS_PER_NODE, NNODES (N or MIN:MAX), ELASTIC (yes/no),
 # NODES (node names, master first), COMMANDS (each node's command line, shell-quoted) and
-# STOP_COMMAND (what ends a node's torchrun: TERM to the pid it recorded), END_WAIT (seconds).
+# STOP_COMMAND (what ends a node's torchrun: TERM to the pid it recorded), END_WAIT (seconds), ENV_FILE
+# (relative to $HOME: the user's --env as export lines, 0600), which each node's command reads from its
+# stdin, so that no value is on the ssh command line.
 cd "$HOME" || exit 1
 d="$HOME/$JOB_DIR"
 echo $$ > "$d/pid"
@@ -30,7 +32,7 @@ on_node() {
 trap ':' TERM  # `fab stop` ends the session: the nodes' codes are still collected and recorded (fab jobs)
 pids=()
 for i in "${!NODES[@]}"; do
-  { on_node "$i" "${COMMANDS[$i]}" </dev/null 2>&1 | label "${NODES[$i]}"; exit "${PIPESTATUS[0]}"; } &
+  { on_node "$i" "${COMMANDS[$i]}" <"$HOME/$ENV_FILE" 2>&1 | label "${NODES[$i]}"; exit "${PIPESTATUS[0]}"; } &
   pids+=("$!")
 done
 # Collect every node's code as it ends. The job ends with the master's torchrun in an elastic run

@@ -6,7 +6,8 @@
 # flavour's own), JOB_DIR (relative to $HOME), WORLD_SIZE, RANKS_PER_NODE, PATH_PREPEND and
 # LD_LIBRARY_PATH_PREPEND (the venv's directories, put in front of the node's own values),
 # ONECCL_PYTHON (non-empty: source the oneCCL bindings' setvars.sh, found by this Python),
-# HYDRA_IFACE (yes: point Hydra at the interface holding MASTER_ADDR), and the mpirun command line
+# HYDRA_IFACE (yes: point Hydra at the interface holding MASTER_ADDR), ENV_FILE (relative to $HOME:
+# the user's --env as export lines, 0600; mpirun passes them on by name) and the mpirun command line
 # as the positional parameters.
 cd "$HOME" || exit 1
 d="$HOME/$JOB_DIR"
@@ -39,7 +40,8 @@ fi
 
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB started $(date -u +%Y-%m-%dT%H:%M:%SZ): $WORLD_SIZE ranks, $RANKS_PER_NODE per node, MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 trap ':' TERM  # `fab stop` ends the session: the launcher's code is still recorded (fab jobs shows it)
-"$@"
+# shellcheck source=/dev/null  # the job's own env file (cluster/job/launch.py ENV_FILE)
+( if [ -e "$HOME/$ENV_FILE" ]; then . "$HOME/$ENV_FILE" || exit 2; fi; exec "$@" )
 code=$?
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB exited with code $code"
 echo "$code" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"

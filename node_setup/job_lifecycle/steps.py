@@ -151,7 +151,7 @@ class Lifecycle:
     def start(self, plan: JobPlan, request: RunRequest, **metadata: object) -> int:
         master, d = self.transport.master, job_dir(plan.job_id)
         for name, text in jc.job_files(plan, **metadata).items():
-            self.transport.put(master, f"{d}/{name}", text.encode())
+            self.transport.put(master, f"{d}/{name}", text.encode(), mode=jc.file_mode(name))
         started = self.transport.run([master], jc.start_command(plan))[0]
         pid = started.out.strip()
         if not started.ok or not pid.isdigit():

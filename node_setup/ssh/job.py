@@ -25,9 +25,9 @@ import time
 from typing import Mapping, Sequence, TextIO
 
 from cluster.job import joblist, jobsummary
-from cluster import shell
+from cluster import records, shell
 from cluster.job.jobplan import JOB_ID_RE, JobPlan, check_job_id
-from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, job_files,
+from cluster.job.jobcommands import (CURRENT, RANKS_SH, STATE_SH, STOP_MASTER_SH, STOP_NODE_SH, file_mode, job_files,
                                   prepare_command, start_command)
 from cluster.job.jobcommands import sh_command as _sh
 from cluster.job.logstream import LogAssembler, LogSink
@@ -73,7 +73,7 @@ def start(master, plan: JobPlan) -> int:
     """Put the job's files on the master and start the job script detached; returns its pid."""
     d = job_dir(plan.job_id)
     for name, text in job_files(plan).items():
-        master.put(io.StringIO(text), remote=f"{d}/{name}")
+        write_remote_text(master, f"{d}/{name}", text, mode=file_mode(name))
     result = master.run(start_command(plan), hide=True, warn=True, in_stream=False)
     pid = result.stdout.strip()
     if not result.ok or not pid.isdigit():
@@ -111,13 +111,11 @@ def resolve_job_id(master, job_id: str | None) -> str:
 def read_metadata(master, job_id: str) -> dict:
     """The job's job.json on the master, checked (cluster/job/joblist.py `job_record`: a field fab reads that is
     malformed is left out); JobError with one line naming the node and the file when it is not a JSON object."""
-    out = io.BytesIO()
-    try:
-        master.get(f"{job_dir(job_id)}/job.json", local=out)
-    except (OSError, IOError) as exc:
-        raise JobError(f"job {job_id!r} not found on the master ({exc}); `fab status` lists the newest job") from None
-    record, problem = joblist.job_record(out.getvalue().decode(errors="replace"),
-                                         f"{getattr(master, 'host', 'the master')}: {joblist.job_file(job_id)}")
+    text = read_remote_record(master, f"{job_dir(job_id)}/job.json")
+    if text is None:
+        raise JobError(f"job {job_id!r} not found on the master (no {joblist.job_file(job_id)}); `fab status` lists "
+                       "the newest job")
+    record, problem = joblist.job_record(text, f"{getattr(master, 'host', 'the master')}: {joblist.job_file(job_id)}")
     if problem and not record:
         raise JobError(printable(problem))
     return record
@@ -207,22 +205,32 @@ def read_remote_file(conn, path: str) -> str | None:
 def read_job_records(conn, output_dir: str) -> dict[str, str | None]:
     """The texts of the records `fab report` reads in a job's output folder (cluster/job/runreport.py FILES;
     None for one that is not there): its trainer_state.json, else its newest checkpoint's."""
-    from cluster.job.runreport import FILES
+    from cluster.job.runreport import FILES, STATE_MAX_BYTES
 
-    texts = {name: read_remote_file(conn, f"{output_dir}/{name}") for name in FILES}
+    def read(path: str) -> str | None:
+        return read_remote_record(conn, path, limit=STATE_MAX_BYTES)
+
+    texts = {name: read(f"{output_dir}/{name}") for name in FILES}
     if texts["trainer_state.json"] is None:
         found = conn.run(f"ls -d {shlex.quote(output_dir)}/checkpoint-*/trainer_state.json 2>/dev/null | "
                          "sort -V | tail -n 1", hide=True, warn=True, in_stream=False)
         newest = found.stdout.strip() if found.ok else ""
         if newest:
-            texts["trainer_state.json"] = read_remote_file(conn, newest)
+            texts["trainer_state.json"] = read(newest)
     return texts
+
+
+def read_remote_record(conn, path: str, limit: int = records.MAX_BYTES) -> str | None:
+    """A record's text on the node (cluster/records.py read_command: at most `limit` + 1 bytes of a regular
+    file that is not a link, records.REFUSED for another; records.load reads both), None when there is none."""
+    result = conn.run(records.read_command(path, limit), hide=True, warn=True, in_stream=False)
+    return result.stdout if result.ok else None
 
 
 def read_remote_summary(conn, path: str, say=print) -> dict | None:
     """The job's summary.json at `path` on the node, checked (cluster/job/jobsummary.py): None when it is
     missing, not JSON or not an object; each malformed field left out is one warning line to `say`."""
-    summary, warnings = jobsummary.parse(read_remote_file(conn, path), path)
+    summary, warnings = jobsummary.parse(read_remote_record(conn, path), path)
     for line in warnings:
         say(line)
     return summary

@@ -153,12 +153,8 @@ SPEC_KEY_FILE = "run-spec.key"  # in the key store's root: the key that signs su
 SPEC_KEY_BYTES = 32
 
 
-def spec_key() -> bytes:
-    """The key that signs supervised runs' specs (cluster/run/runspec.py): 32 random bytes made on first use,
-    kept 0600 in the key store (0700) and never sent anywhere, so a spec read back from a bucket the nodes may
-    write is refused unless this controller wrote it."""
-    import secrets
-
+def _spec_key_path() -> Path:
+    """SPEC_KEY_FILE in the key store's root (0700, made here), never inside the checkout."""
     root = config_root() / "keys"
     resolved = root.resolve()
     if resolved == PROJECT_ROOT or PROJECT_ROOT in resolved.parents:
@@ -166,7 +162,29 @@ def spec_key() -> bytes:
                             "be in the repository: set XDG_CONFIG_HOME to a directory outside it (default ~/.config)")
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     root.chmod(0o700)
-    path = root / SPEC_KEY_FILE
+    return root / SPEC_KEY_FILE
+
+
+def rotate_spec_key() -> Path:
+    """A new spec key in place of the old (`fab forget --spec-key`): made 0600 beside it, then moved over it in
+    one step, so that every spec signed before is refused from now on. Returns the key file."""
+    import secrets
+
+    path = _spec_key_path()
+    new = path.with_name(f"{SPEC_KEY_FILE}.new")
+    new.unlink(missing_ok=True)
+    _write_new(new, secrets.token_hex(SPEC_KEY_BYTES).encode() + b"\n", 0o600)
+    os.replace(new, path)
+    return path
+
+
+def spec_key() -> bytes:
+    """The key that signs supervised runs' specs (cluster/run/runspec.py): 32 random bytes made on first use,
+    kept 0600 in the key store (0700) and never sent anywhere, so a spec read back from a bucket the nodes may
+    write is refused unless this controller wrote it."""
+    import secrets
+
+    path = _spec_key_path()
     _write_new(path, secrets.token_hex(SPEC_KEY_BYTES).encode() + b"\n", 0o600)
     path.chmod(0o600)
     try:

@@ -6,9 +6,10 @@ themselves are the supervisor's (node_setup/supervisor/), which runs on the mast
 
 from __future__ import annotations
 
-import json
 import shlex
+from typing import Callable
 
+from cluster import records
 from cluster.run import supervision as sv
 from cluster.node.profiles import get_profile, venv_dir
 
@@ -48,17 +49,21 @@ def start_supervisor(master, spec: dict, secrets: dict[str, str], *, systemd: bo
     return d
 
 
-def supervised_state(master, run_id: str | None = None) -> dict | None:
-    """The state file of the given (or newest) supervised run on the master; None when there is none."""
-    from node_setup.ssh.job import read_remote_file
+def supervised_state(master, run_id: str | None = None, say: Callable[[str], None] = print) -> dict | None:
+    """The state file of the given (or newest) supervised run on the master; None when there is none or it
+    cannot be read (one line to `say` naming the master and the file; a malformed field: one line, left out)."""
+    from node_setup.ssh.job import read_remote_record
 
     d = _run_dir(run_id) if run_id else sv.CURRENT_LINK
-    text = read_remote_file(master, f"{d}/{sv.STATE_FILE}")
-    try:
-        state = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return state if isinstance(state, dict) else None
+    where = f"{getattr(master, 'host', 'the master')}: ~/{d}/{sv.STATE_FILE}"
+    try:  # one reader for every record from a node (cluster/records.py), its fields typed (supervision.py)
+        state, problems = sv.checked_state(records.load(read_remote_record(master, f"{d}/{sv.STATE_FILE}"), where),
+                                           where)
+    except records.RecordError as exc:
+        state, problems = None, [str(exc)]
+    for line in problems:
+        say(f"warning: {line}")
+    return state
 
 
 def request_stop(master) -> str | None:

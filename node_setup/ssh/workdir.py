@@ -27,10 +27,11 @@ from pathlib import Path
 
 from cluster import shell
 from cluster.job.launch import job_dir
-from cluster.job.userjob import (ALWAYS_SKIPPED, DEFAULT_WORKDIR_LIMIT_MB, FILE_STORE, INCLUDE_FILE, VENV_MARKER,
-                             WITHHELD_LINK, WITHHELD_SHOWN, CopyPlan, FileEntry, UserJobError, check_entry_path,
-                             check_workdir, human_bytes, leads_to_include, link_inside, parse_includes,
-                             withheld_reason, workdir_on_node)
+from cluster.job.userjob import (ALWAYS_SKIPPED, CONTENT_SCAN_BYTES, DEFAULT_WORKDIR_LIMIT_MB, FILE_STORE,
+                             INCLUDE_FILE, VENV_MARKER, WITHHELD_KEY, WITHHELD_LINK, WITHHELD_SHOWN, CopyPlan,
+                             FileEntry, UserJobError, check_entry_path, check_workdir, holds_private_key, human_bytes,
+                             is_included, leads_to_include, link_inside, parse_includes, withheld_reason,
+                             workdir_on_node)
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import NodeOutcome, each_node
 
@@ -66,8 +67,8 @@ def _includes(root: Path) -> tuple[str, ...]:
 def scan(workdir: str | Path, limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024 * 1024) -> CopyPlan:
     """The workdir's files after the skip rules, hashed; UserJobError when it is the home folder or a
     credentials folder such as ~/.aws (before anything is read) or over the limit. Dot-names, credential
-    names and links out of the workdir are withheld (CopyPlan.withheld) unless the allow file lists them
-    (never a link out)."""
+    names, files holding a private key (by their content, whatever their name) and links out of the workdir
+    are withheld (CopyPlan.withheld) unless the allow file lists them (never a link out)."""
     root = Path(check_workdir(str(Path(workdir).resolve()), str(Path.home().resolve())))
     spec = _ignore_spec(root)
     includes = _includes(root)
@@ -101,6 +102,9 @@ def scan(workdir: str | Path, limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024
                 skipped.append(path)
                 continue
             reason = withheld_reason(path, includes) or withheld_reason(target, includes)
+            if not reason and not is_included(path, includes):
+                with open(full, "rb") as head:
+                    reason = WITHHELD_KEY if holds_private_key(head.read(CONTENT_SCAN_BYTES)) else None
             if reason:
                 withheld.append((path, reason))
                 continue

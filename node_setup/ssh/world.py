@@ -23,7 +23,7 @@ def records_folder(job_id: str) -> str:
 def listing_command(job_id: str) -> str:
     """The shell command that lists a node's record files (nothing, exit 0, without the folder)."""
     return (f"cd && cd {shlex.quote(records_folder(job_id))} 2>/dev/null || exit 0; n=0; "
-            f"for f in {RECORD_GLOB}; do [ -f \"$f\" ] || continue; n=$((n + 1)); "
+            f"for f in {RECORD_GLOB}; do {{ [ -f \"$f\" ] && [ ! -L \"$f\" ]; }} || continue; n=$((n + 1)); "
             f"[ \"$n\" -gt {RECORDS_PER_NODE} ] && break; "
             "printf '%s' \"$f\" | tr '\\n\\r\\t' '???'; printf '\\t'; "
             f"head -c {RECORD_BYTES} \"$f\" | tr '\\n\\r' '  '; echo; done; exit 0")

@@ -14,7 +14,8 @@ key directory inside the checkout): one line saying what to do, exit code 2.
 A task with a `file` option (`fab train -f job.yaml`) takes its options from that YAML mapping
 (cluster/job/jobfile.py decides, by the kinds invoke reports for the task's options): what was given
 on the command line wins, what the file sets replaces the defaults, before the remainder after
-`--` is added to `--extra`.
+`--` is added to `--extra`. A file may not set `file` itself, nor `allow-env` (which lifts the refusal
+of start-up-changing --env names: only a person on the command line may do that).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def job_file_kwargs(context: ParserContext, task) -> dict:
     import yaml
 
     from cluster.job import jobfile
+    from cluster.job.run_env import ALLOW_ENV_KEY
 
     arguments = {a.name: a for a in set(context.args.values())}
     given = {name for name, a in arguments.items() if a.got_value}
@@ -56,7 +58,8 @@ def job_file_kwargs(context: ParserContext, task) -> dict:
         resolved = jobfile.resolve(options, data, given=given, folder=str(file.resolve().parent), where=path,
                                    paths=getattr(task, "job_file_paths", ()),
                                    maybe_paths=getattr(task, "job_file_maybe_paths", ()),
-                                   exists=lambda p: Path(p).expanduser().is_file(), refused=(FILE_OPTION,))
+                                   exists=lambda p: Path(p).expanduser().is_file(),
+                                   refused=(FILE_OPTION, ALLOW_ENV_KEY))
     except jobfile.JobFileError as exc:
         raise fail(str(exc)) from None
     for name, value in resolved.items():  # the command line's checks: a count's range, a duration's unit

@@ -111,7 +111,7 @@ def read_summary(master, job: JobPlan) -> tuple[dict | None, str | None]:
     """(summary.json of the job on the master, checked: cluster/job/jobsummary.py, None), or (None, why
     there is none to read)."""
     path = f"{job.output_dir}/summary.json"
-    text = jobs.read_remote_file(master, path)
+    text = jobs.read_remote_record(master, path)
     if text is None:
         return None, f"(no {path} on the master)"
     summary, warnings = jobsummary.parse(text, path)

@@ -154,7 +154,7 @@ def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, f
     if not meta.get("output_dir"):
         return
     path = f"{meta['output_dir']}/{jobprogress.FILE}"
-    record, problem = jobprogress.parse(jobs.read_remote_file(master, path),
+    record, problem = jobprogress.parse(jobs.read_remote_record(master, path),
                                         f"{getattr(master, 'host', 'the master')}: {shown(path)}")
     if problem:
         facts["problems"].append(problem)

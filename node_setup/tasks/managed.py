@@ -74,7 +74,7 @@ def publish_spec(master, request: RunRequest, inventory: Inventory, output_dir: 
     from node_setup.aws import run_spec as spec_store
     from node_setup.ssh.job import write_remote_text
 
-    text = runspec.signed_text(request, inventory.kind, key)
+    text = runspec.signed_text(request, inventory.kind, key, cluster=inventory.name)
     path = runspec.spec_path(output_dir)
     master.run(f"cd && mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", hide=True, in_stream=False)
     write_remote_text(master, path, text)
@@ -173,9 +173,11 @@ def follow_run(master, run_id: str, *, last_lines: int | None = None, all_ranks:
 # ---------------------------------------------------------------- --managed --resume
 
 
-def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, master=None, s3=None) -> tuple[str, str]:
-    """(the run's spec text, where it was read): beside the checkpoints of --checkpoint-uri, else in
-    --output-dir (or the newest job's) on the master. One line and exit 2 when it is missing."""
+def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, master=None,
+              s3=None) -> tuple[str, str, str]:
+    """(the run's spec text, where it was read, the output directory it was read from: "" for S3): beside the
+    checkpoints of --checkpoint-uri, else in --output-dir (or the newest job's) on the master. One line and exit 2
+    when it is missing."""
     from node_setup.aws import run_spec as spec_store
     from node_setup.ssh import job as jobs
 
@@ -186,7 +188,7 @@ def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, mas
             parse_s3_uri(checkpoint_uri)
         except JobArgsError as exc:
             raise fail(str(exc)) from None
-        where = runspec.spec_uri(checkpoint_uri)
+        where, directory = runspec.spec_uri(checkpoint_uri), ""
         text, why = spec_store.get(where, s3, inventory.region)
     else:
         directory = output_dir
@@ -203,7 +205,7 @@ def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, mas
     if text is None:
         raise fail(f"--resume: no run spec at {where} ({why}); `fab train --managed` writes it there when it hands "
                    "a run over: give the run's --checkpoint-uri or --output-dir, or start the run without --resume")
-    return text, where
+    return text, where, directory
 
 
 def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: str, s3=None) -> RunRequest:
@@ -216,9 +218,11 @@ def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: st
 
     uri, output_dir = options.get("checkpoint_uri") or "", options.get("output_dir") or ""
     master = common.connect(inventory)[inventory.master.name] if not uri else None
-    text, where = read_spec(inventory, checkpoint_uri=uri, output_dir=output_dir, master=master, s3=s3)
+    text, where, read_from = read_spec(inventory, checkpoint_uri=uri, output_dir=output_dir, master=master, s3=s3)
     try:
-        found = runspec.read(text, where, _spec_key())
+        binding = runspec.Binding(inventory.name, inventory.kind, checkpoint_uri=uri or None,
+                                  output_dir=None if uri else read_from)
+        found = runspec.read(text, where, _spec_key(), binding)
         env = dict(check_env(env_pairs(options.get("env") or ""), found.request.allow_env))
         own = found.request.own
         request = runspec.resumed(found, env, run_id, workdir=workdir_again(own) if own is not None else None,

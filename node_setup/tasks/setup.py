@@ -198,15 +198,26 @@ def _cluster_name(cluster: str) -> str:
 @task(help={
     "cluster": "the cluster whose keys to forget: an AWS cluster name, `local` (or local:NAME) or an inventory file",
     "host": "forget only this node's recorded host key (its address), e.g. after it was replaced",
+    "spec-key": "replace the key that signs supervised runs' specs: every spec signed before is refused after",
 })
-def forget(c, cluster="", host=""):
+def forget(c, cluster="", host="", spec_key=False):
     """Forget what the controller keeps for a cluster: its SSH key pair and recorded host keys.
 
     Run it after `pulumi destroy` (a later cluster may reuse the addresses), or with --host after a
-    node was replaced (it comes back with a new host key).
+    node was replaced (it comes back with a new host key). With --spec-key (no --cluster needed) the key
+    that signs supervised runs' specs is replaced by a new one: every spec signed before is refused by
+    `fab train --managed --resume` from then on.
     """
     from node_setup.ssh import keys
 
+    if spec_key:
+        try:
+            path = keys.rotate_spec_key()
+        except keys.KeyStoreError as exc:
+            raise fail(str(exc)) from None
+        print(f"the run-spec key {path} is new: specs signed before can no longer be resumed")
+        if not cluster:
+            return
     if not cluster:
         raise fail("--cluster: not given; name the cluster whose keys to forget (e.g. --cluster demo)")
     name = _cluster_name(cluster)

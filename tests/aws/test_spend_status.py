@@ -94,7 +94,7 @@ def job_on_master(monkeypatch, unreachable_nodes):
         "output_dir": "xeon-cluster-runs/job-7", "rank_hosts": ["node0", "node1", "node2"], "launcher": "mpirun"})
     monkeypatch.setattr(ssh_job, "log_tail", lambda master, job_id, lines=20: "[0] step 12/40 loss 1.25\n")
     monkeypatch.setattr(ssh_job, "log_first", lambda master, job_id, text: "")  # no MFU line in the log
-    monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: None)  # no progress record yet
+    monkeypatch.setattr(ssh_job, "read_remote_record", lambda conn, path: None)  # no progress record yet
 
 
 def status(capsys, *flags):
@@ -192,7 +192,7 @@ def test_status_shows_a_running_job_s_progress_and_its_cost_so_far(cluster, job_
     record = {"format": 1, "step": 120, "total": 400, "steps_per_second": 0.5, "samples_per_second": 48.0,
               "updated": NOW.timestamp() - 3}
     read = {"xeon-cluster-runs/job-7/progress.json": json.dumps(record)}
-    monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: read.get(path))
+    monkeypatch.setattr(ssh_job, "read_remote_record", lambda conn, path: read.get(path))
     out = status(capsys)
     assert "  progress: step 120 of 400 (30%), 48 samples/s, about 9m20s left, $1.17 so far (record 3s old)" in out
     data = json.loads(status(capsys, "json"))

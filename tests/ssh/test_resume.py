@@ -130,7 +130,9 @@ def test_a_spec_anyone_else_wrote_or_changed_is_refused_before_anything_starts(i
     uri = f"s3://{BUCKET}/signed-{secrets.token_hex(3)}"
     options = dict(nodes=3, synthetic_examples=200, max_steps=6, checkpoint_uri=uri, managed=True)
     request, _ = request_from_options(options, cluster.inventory, run_id="20261127-101500-ab12")
-    signed = json.loads(runspec.signed_text(request, "local", spec_key()))
+    signed = json.loads(runspec.signed_text(request, "local", spec_key(), cluster=cluster.inventory.name))
+    other, _ = request_from_options({**options, "checkpoint_uri": f"{uri}-other"}, cluster.inventory,
+                                    run_id="20261127-101600-cd34")  # another run's spec, validly signed
     key = f"{uri.split('/', 3)[3]}/{runspec.RUN_FOLDER}/spec.json"
     env = {**cluster.env(), "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -145,6 +147,8 @@ def test_a_spec_anyone_else_wrote_or_changed_is_refused_before_anything_starts(i
         "an interpreter named": lambda d: d["request"]["program"].update(python="/tmp/evil/bin/python"),
         "an added training argument": lambda d: d["request"]["program"]["extra"].append(["--push_to_hub"]),
         "the signature removed": lambda d: d.pop(runspec.SIGNATURE),
+        "another run's spec copied here": lambda d: d.clear() or d.update(json.loads(runspec.signed_text(
+            other, "local", spec_key(), cluster=cluster.inventory.name))),
     }
     before = _started(cluster)
     for what, change in changes.items():

@@ -9,6 +9,7 @@ of this module's own for the elastic run, whose node 2 loses its sshd and its pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ TORCHRUN = ["--launcher", "torchrun", "--threads", "1"]
 SMALL = ["--synthetic-examples", "200"]
 
 USER_SCRIPT = '''
-import os, sys, time
+import hashlib, os, sys, time
 import torch
 import torch.distributed as dist
 
@@ -44,7 +45,9 @@ rank, world = dist.get_rank(), dist.get_world_size()
 assert os.environ["LOCAL_RANK"] == "0" and os.environ["NODE_RANK"] == str(rank), dict(os.environ)
 total = torch.tensor([rank + 1])
 dist.all_reduce(total)
-print(f"rank {rank} of {world} on {os.environ['XEON_CLUSTER_NODE']}: sum {int(total)}, args {sys.argv[1:]}", flush=True)
+token = hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()[:16]  # the --env secret, never printed
+print(f"rank {rank} of {world} on {os.environ['XEON_CLUSTER_NODE']}: sum {int(total)}, args {sys.argv[1:]}, "
+      f"token {token}", flush=True)
 if "--fail" in sys.argv and rank == 1:
     sys.exit(7)
 if "--wait" in sys.argv:
@@ -100,11 +103,17 @@ def test_user_script_under_torchrun_runs_fails_with_its_code_and_stops(cluster, 
     work = tmp_path / "work"
     work.mkdir()
     (work / "run.py").write_text(textwrap.dedent(USER_SCRIPT))
-    ok = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"), "--args", "--x 'a b'")
+    secret = "hf_" + "Qw3" * 12
+    ok = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"), "--args", "--x 'a b'",
+             "--env", f"HF_TOKEN={secret}")
     out = ok.stdout + ok.stderr
     assert ok.returncode == 0, out[-4000:]
-    for rank in range(3):
-        assert f"rank {rank} of 3 on node{rank}: sum 6, args ['--x', 'a b']" in out, out[-4000:]
+    token = hashlib.sha256(secret.encode()).hexdigest()[:16]
+    for rank in range(3):  # every node's torchrun got the secret on its stdin, from the master's 0600 env file
+        assert f"rank {rank} of 3 on node{rank}: sum 6, args ['--x', 'a b'], token {token}" in out, out[-4000:]
+    job_dir = node_home(cluster, 0) / JOBS_DIR / re.search(r"^job (\S+) started", out, re.M).group(1)
+    assert (job_dir / "env").stat().st_mode & 0o777 == 0o600
+    assert secret not in (job_dir / "run.sh").read_text() and secret not in (job_dir / "log").read_text()
 
     failed = fab(cluster, "train", "--nodes", "3", *TORCHRUN, "--script", str(work / "run.py"),
                  "--args", "--fail --wait")

@@ -8,6 +8,7 @@ Budget: about 2 minutes on a 2-core machine (one cluster, four short jobs).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -32,7 +33,7 @@ VENV = venv_dir(PROFILES["stock"])
 ONE_THREAD = ["--threads", "1"]
 
 PLAIN_TORCH = '''
-import json, os, sys
+import hashlib, json, os, sys
 import torch
 import torch.distributed as dist
 import cluster  # the workdir's own cluster.py, not the toolkit's
@@ -46,7 +47,9 @@ assert os.environ["LOCAL_RANK"] == "0" and os.environ["LOCAL_WORLD_SIZE"] == "1"
 assert os.environ["NODE_RANK"] == os.environ["GROUP_RANK"] == str(rank)
 total = torch.tensor([rank])
 dist.all_reduce(total)
-print(f"rank {rank} of {world}: sum {int(total)}, tinypkg {tinypkg.VERSION}, args {sys.argv[1:]}", flush=True)
+token = hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()[:16]  # the --env secret, never printed
+print(f"rank {rank} of {world}: sum {int(total)}, tinypkg {tinypkg.VERSION}, args {sys.argv[1:]}, token {token}",
+      flush=True)
 if rank == 0:
     out = os.environ["XEON_CLUSTER_OUTPUT_DIR"]
     with open(os.path.join(out, "result.json"), "w") as f:
@@ -124,15 +127,22 @@ def test_plain_pytorch_script_with_requirements_then_fab_get(cluster, tmp_path, 
                                      ".gitignore": "big.bin\n", "big.bin": "x" * 1000,
                                      "requirements.txt": f"xc-test-tinypkg=={version}\ntorch>=2.10\n"})
     pip_offline = {"PIP_FIND_LINKS": str(wheels), "PIP_NO_INDEX": "1"}
+    secret = "hf_" + "Xy7" * 12
     result = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
-                 "--requirements", str(work / "requirements.txt"), "--args", "--name 'a b'", env=pip_offline)
+                 "--requirements", str(work / "requirements.txt"), "--args", "--name 'a b'",
+                 "--env", f"HF_TOKEN={secret}", env=pip_offline)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert out.count("requirements installed") == 1 and out.count("requirements unchanged") == 2, out
+    token = hashlib.sha256(secret.encode()).hexdigest()[:16]
     for rank in range(3):
         # (mpirun may glue two ranks' lines together, so the rank's own line is looked for, not its label)
-        assert f"rank {rank} of 3: sum 3, tinypkg {version}, args ['--name', 'a b']" in out, out
+        assert f"rank {rank} of 3: sum 3, tinypkg {version}, args ['--name', 'a b'], token {token}" in out, out
     job = job_id_of(out)
+    # every rank got the --env secret from the job's 0600 env file on the master: not in run.sh nor the log
+    job_dir = Path(cluster.state.nodes[0].dir) / "root" / ".xeon-cluster" / "jobs" / job
+    assert (job_dir / "env").stat().st_mode & 0o777 == 0o600 and secret in (job_dir / "env").read_text()
+    assert secret not in (job_dir / "run.sh").read_text() and secret not in (job_dir / "log").read_text()
 
     again = fab(cluster, "train", "--nodes", "3", *ONE_THREAD, "--script", str(work / "train.py"),
                 "--requirements", str(work / "requirements.txt"), env=pip_offline)

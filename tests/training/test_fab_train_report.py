@@ -33,7 +33,7 @@ def record(step, uri=URI, error=None):
 def follow_to_end(monkeypatch, capsys, code, text):
     monkeypatch.setattr(fab_train.jobs, "follow", lambda *a, **k: None)
     monkeypatch.setattr(fab_train.jobs, "log_text", lambda master, job_id: "")
-    monkeypatch.setattr(fab_train.jobs, "read_remote_file", lambda conn, path: text)
+    monkeypatch.setattr(fab_train.jobs, "read_remote_record", lambda conn, path: text)
     plan = NS(job_id="job-1", launch=NS(rank_hosts=["node0", "node1"], launcher="mpirun"), output_dir=OUT, user=None,
               inventory=NS(master=NS(name="node0")))
     life = NS(transport=NS(master="node0", conns={"node0": object()}), stop=lambda job, grace=10: [],

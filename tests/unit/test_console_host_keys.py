@@ -130,6 +130,15 @@ def test_only_this_boots_block_counts(host_keys, tmp_path):
     assert parse_console(cloud_init_console(host_keys) + REBOOT.split("\r\n")[1]).fingerprints == ()
 
 
+def test_a_forged_kernel_banner_does_not_start_a_boot_so_a_forged_block_after_it_pins_nothing(host_keys, tmp_path):
+    """One `Linux version` line written to the console after cloud-init's block, then a block of another key:
+    cloud-init marked no new boot, so the two blocks are one boot's and conflict; the forged key is not verified."""
+    forged_line, listed = _other_key(tmp_path)
+    shown = parse_console(cloud_init_console(host_keys) + REBOOT.split("\r\n")[0] + "\r\n" + _block(listed))
+    assert shown.match(*forged_line.split()) is None and shown.verified_keys() == ()
+    assert shown.conflicts and shown.fingerprints[0].sha256 == host_keys["ECDSA"]["keygen"].split()[1]
+
+
 def test_a_second_block_for_a_key_type_is_a_conflict_and_verifies_no_key(host_keys, tmp_path):
     """Text written to the console after cloud-init's block (root on the node) cannot pin another key."""
     forged_line, listed = _other_key(tmp_path)

@@ -14,7 +14,7 @@ from cluster.job import jobcommands
 from cluster.inventory import Inventory
 from cluster.job.jobplan import plan
 from cluster.job.request import BuiltinJob, RunRequest
-from cluster.job.launch import job_dir
+from cluster.job.launch import ENV_FILE, job_dir
 from node_setup.job_lifecycle.transport import Answer
 
 
@@ -46,7 +46,9 @@ def test_fab_and_the_supervisor_start_a_job_of_one_request_with_the_same_files_a
     from node_setup.supervisor.onmaster import ShellTransport
 
     inventory = _plan().inventory
-    request = RunRequest("20261126-101500-ab12", 2, BuiltinJob(max_steps=3), output_dir="runs/r1")
+    token = "hf_" + "a1B2" * 9
+    request = RunRequest("20261126-101500-ab12", 2, BuiltinJob(max_steps=3), output_dir="runs/r1",
+                         env=(("HF_TOKEN", token),))
     job = plan(request, inventory)
     master = MasterDouble()
     fab = FabricTransport(inventory, {"node0": master, "node1": MasterDouble()})
@@ -55,6 +57,11 @@ def test_fab_and_the_supervisor_start_a_job_of_one_request_with_the_same_files_a
     assert master.commands[-1] == jobcommands.start_command(job)
     assert _unstamped({p.rsplit("/", 1)[1]: t for p, t in master.files.items() if p.startswith(d)}) == \
         _unstamped(jobcommands.job_files(job))
+    # the --env value only in the env file, made 0600 before its first byte; never in a command or another file
+    env_file = f"{d}/{ENV_FILE}"
+    assert token in master.files[env_file] and f"chmod 600 {env_file}.xc-new" in " ".join(master.commands)
+    assert not [c for c in master.commands if token in c]
+    assert not [p for p, t in master.files.items() if token in t and p != env_file]
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / d).mkdir(parents=True)
@@ -67,8 +74,11 @@ def test_fab_and_the_supervisor_start_a_job_of_one_request_with_the_same_files_a
 
     assert Lifecycle(Shell("node0", request.run_id), lambda line: None).start(job, request) == 4242
     assert ran[-1] == jobcommands.start_command(job)
-    written = {name: (tmp_path / d / name).read_text() for name in ("hosts", "run.sh", "job.json")}
+    written = {name: (tmp_path / d / name).read_text() for name in jobcommands.job_files(job)}
     assert _unstamped(written) == _unstamped(jobcommands.job_files(job))
+    assert (tmp_path / d / ENV_FILE).stat().st_mode & 0o777 == 0o600 and token in written[ENV_FILE]
+    assert (tmp_path / d / "run.sh").stat().st_mode & 0o777 == 0o644 and token not in written["run.sh"]
+    assert not [c for c in ran if token in c]
 
 
 def _unstamped(files: dict[str, str]) -> dict:

@@ -30,7 +30,7 @@ def test_an_unknown_key_is_refused_by_name_with_a_suggestion():
 
 
 def test_the_file_option_itself_is_not_a_key_of_the_file():
-    with pytest.raises(JobFileError, match="unknown key 'file'"):
+    with pytest.raises(JobFileError, match="'file' is not allowed in a job file; give --file on the command line"):
         resolve(OPTIONS, {"file": "other.yaml"}, refused=("file",))
 
 
@@ -103,7 +103,7 @@ def test_fab_train_refuses_a_bad_job_file_in_one_line_with_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {job}: unknown key 'batchsize'; did you mean 'batch-size'? (allowed: the options of the task, "
-        "e.g. all-ranks, allow-busy, allow-env, args)"]
+        "e.g. all-ranks, allow-busy, args, batch-size)"]
     job.write_text("nodes: [2\n")
     result = fab_train(tmp_path, "-f", str(job), "--dry-run")
     assert result.returncode == 2 and result.stderr.strip() == f"error: --file: {str(job)!r} is not YAML at line 2; " \

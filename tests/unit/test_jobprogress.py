@@ -61,7 +61,7 @@ def test_other_ranks_write_nothing(tmp_path, monkeypatch):
     ('{"format": 2, "step": 1, "updated": 5}', "node0: progress.json: not a progress record of this version"),
     ('{"format": 1, "step": -1, "updated": 5}', "node0: progress.json: no step and time"),
     ('{"format": 1, "step": true, "updated": 5}', "node0: progress.json: no step and time"),
-    ('{"format": 1, "step": 3, "updated": NaN}', "node0: progress.json: no step and time"),
+    ('{"format": 1, "step": 3, "updated": NaN}', "node0: progress.json: not JSON (NaN is not a number JSON allows)"),
 ])
 def test_a_malformed_record_is_one_line_naming_node_and_file(text, problem):
     assert jobprogress.parse(text, "node0: progress.json") == (None, problem)

@@ -280,7 +280,7 @@ def test_a_secret_looking_env_gets_one_warning_line_that_names_it_and_says_to_us
 
 @pytest.mark.parametrize("api", k8s.APIS)
 def test_an_env_name_that_changes_how_a_program_starts_needs_allow_env_and_a_launch_variable_is_refused(api):
-    for env, message in (("LD_PRELOAD=/tmp/x.so", "--env: LD_PRELOAD changes how an interpreter"),
+    for env, message in (("LD_PRELOAD=/tmp/x.so", "--env: LD_PRELOAD changes how the dynamic loader"),
                          ("RANK=3", "--env: RANK is set by the launch itself"),
                          ("PET_NPROC_PER_NODE=8", "--env: PET_NPROC_PER_NODE is set by the launch itself")):
         result = fab_in_process("k8s-job", "--api", api, "--image", IMAGE, "--env", env)
@@ -291,3 +291,12 @@ def test_an_env_name_that_changes_how_a_program_starts_needs_allow_env_and_a_lau
                              "--allow-env", "PYTHONHASHSEED")
     assert allowed.returncode == 0, allowed.stderr
     assert "- name: PYTHONHASHSEED\n" in allowed.stdout
+
+
+@pytest.mark.parametrize("check, good", [(k8s.check_name, "train-1"), (k8s.check_namespace, "ml"),
+                                         (k8s.check_pvc, "data.v1"), (k8s.check_image, "ghcr.io/o/img:1")])
+def test_every_name_pattern_is_a_whole_match_so_a_trailing_newline_is_refused(check, good):
+    assert check(good) == good
+    for bad in (f"{good}\n", f"{good}\nx", f"\n{good}"):
+        with pytest.raises(k8s.K8sJobError):
+            check(bad)

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from cluster.stack import catalog
-from cluster.job.launch import (FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError, hostfile_text,
-                            master_port_for, plan_launch)
+from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError,
+                                hostfile_text, master_port_for, plan_launch)
 from cluster.job.layout import plan_layout
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
@@ -103,8 +103,10 @@ def test_master_port_differs_per_job_and_stays_in_range():
 
 def test_extra_env_overrides_layout_and_bad_names_are_refused():
     plan = _plan(catalog.lookup("c6i.16xlarge"), "intel-mpi", extra_env={"OMP_NUM_THREADS": "4", "FI_PROVIDER": "tcp"})
-    env = _genv(plan.argv)
-    assert env["OMP_NUM_THREADS"] == "4" and env["FI_PROVIDER"] == "tcp"
+    env = _genv(plan.argv)  # the user's values come from the job's env file, by name: none is on the command line
+    assert "OMP_NUM_THREADS" not in env and "FI_PROVIDER" not in env
+    assert "-genvall" in plan.argv  # mpirun's environment, where the job script put them, goes to every rank
+    assert plan.user_env == {"OMP_NUM_THREADS": "4", "FI_PROVIDER": "tcp"}
     with pytest.raises(LaunchError, match="not a valid variable name"):
         _plan(catalog.lookup("c6i.16xlarge"), "intel-mpi", extra_env={"A-B": "1"})
 
@@ -157,6 +159,7 @@ def run_job_script(tmp_path, flavour, *, job_id="20260101-000000-abcd", master_a
     (home / plan.job_dir).mkdir(parents=True)
     script = home / plan.job_dir / "run.sh"
     script.write_text(plan.script())
+    (home / plan.job_dir / ENV_FILE).write_text(plan.env_file())
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", **(node_env or {})}
     done = subprocess.run(["sh", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
     args = (home / "mpirun.args").read_bytes().decode().split("\0")[:-1] if (home / "mpirun.args").exists() else None
@@ -215,9 +218,11 @@ def test_values_reach_the_job_script_literally_and_nothing_runs(tmp_path):
         assert env["MASTER_ADDR"] == "10.0.0.1$(touch pwned-addr)"
         assert env["XEON_CLUSTER_JOB"] == "j$(touch pwned-job)`touch pwned-job2`"
         assert args == list(plan.argv[1:])
-        for key, value in evil.items():
-            assert (["-x", f"{key}={value}"] if flavour == "openmpi" else ["-genv", key, value]) in [
-                args[i:i + (2 if flavour == "openmpi" else 3)] for i in range(len(args))]
+        for key, value in evil.items():  # in mpirun's environment, passed on by name; no value in argv or run.sh
+            assert env[key] == value
+            assert (["-x", key] if flavour == "openmpi" else ["-genvall", "sh"]) in [
+                args[i:i + 2] for i in range(len(args))]
+            assert value not in " ".join(args) and value not in plan.script()
         for text in (plan.script(), RANK_WRAPPER):
             assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
 

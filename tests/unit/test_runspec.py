@@ -147,8 +147,52 @@ def test_the_spec_written_at_the_hand_off_is_read_back_and_the_run_resumes(s3, t
     resumed = managed.resumed_request(inventory, options, run_id=AGAIN, s3=s3)
     assert resumed == dataclasses.replace(_request().with_env({"HF_TOKEN": "hf_again"}), run_id=AGAIN, resume=True)
     # the output directory on the master holds the same spec (a local cluster's shared disk)
-    text, where = managed.read_spec(inventory, checkpoint_uri="", output_dir="runs/qa", master=master)
+    text, where, _ = managed.read_spec(inventory, checkpoint_uri="", output_dir="runs/qa", master=master)
     assert where == f"node0:runs/qa/{runspec.RUN_FOLDER}/{sv.SPEC_FILE}" and text == in_bucket.decode()
+
+
+def test_a_spec_copied_over_another_runs_or_from_another_cluster_is_refused(s3, monkeypatch):
+    """Run A's validly signed spec written in run B's place in the bucket (every node's role may write it):
+    resuming B refuses it, as it refuses a spec signed for another cluster or kind."""
+    monkeypatch.setattr(managed, "_spec_key", lambda: KEY)
+    inventory = _inventory()
+    other_uri = f"s3://{BUCKET}/runs/other"
+    s3.put_object(Bucket=BUCKET, Key=f"runs/other/{runspec.RUN_FOLDER}/{sv.SPEC_FILE}",
+                  Body=runspec.signed_text(_request(), inventory.kind, KEY, cluster=inventory.name).encode())
+    with pytest.raises(invoke.exceptions.Exit, match="signed for the run of checkpoint URI 's3://xc-checkpoints/runs/qa'"):
+        managed.resumed_request(inventory, dict(checkpoint_uri=other_uri, env="HF_TOKEN=x"), run_id=AGAIN, s3=s3)
+    text = runspec.signed_text(_request(), "file", KEY, cluster="lab")
+    here = runspec.Binding("lab", "file", checkpoint_uri=URI)
+    assert runspec.read(text, "here", KEY, here).cluster == "lab"  # the run's own place
+    for binding, said in ((dataclasses.replace(here, checkpoint_uri=other_uri), "signed for the run of checkpoint"),
+                          (dataclasses.replace(here, cluster="prod"), "signed for cluster 'lab'"),
+                          (dataclasses.replace(here, kind="aws"), "signed for kind 'file'"),
+                          (runspec.Binding("lab", "file", output_dir="runs/other"), "output directory")):
+        with pytest.raises(runspec.RunSpecError, match=said):
+            runspec.read(text, "here", KEY, binding)
+
+
+def test_a_spec_whose_bound_fields_are_not_its_requests_is_refused_even_when_signed():
+    data = json.loads(runspec.signed_text(_request(), "file", KEY, cluster="lab"))
+    data["run"] = AGAIN
+    data[runspec.SIGNATURE] = runspec.signature(data, KEY)
+    with pytest.raises(runspec.RunSpecError, match="not the run's it holds"):
+        runspec.read(json.dumps(data), "here", KEY)
+
+
+def test_after_fab_forget_spec_key_a_spec_signed_before_is_refused(tmp_path, monkeypatch):
+    from node_setup.ssh import keys
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    old = keys.spec_key()
+    text = runspec.signed_text(_request(), "file", old, cluster="lab")
+    assert runspec.read(text, "here", keys.spec_key()).request.run_id == RUN
+    done = fab_in_process("forget", "--spec-key")
+    assert done.returncode == 0 and "specs signed before can no longer be resumed" in done.stdout, done.stderr
+    new = keys.spec_key()
+    assert new != old and (tmp_path / "config/xeon-cluster/keys" / keys.SPEC_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    with pytest.raises(runspec.RunSpecError, match="signature does not match"):
+        runspec.read(text, "here", new)
 
 
 def test_the_supervisors_spec_holds_no_secret_value_they_go_apart():
@@ -312,3 +356,9 @@ def test_workdir_changed_ok_is_refused_where_no_workdir_is_copied_again():
         runspec.resumed(found, {"HF_TOKEN": "x"}, AGAIN, workdir_changed_ok=True)
     with pytest.raises(rq.RequestError, match=r"^--workdir-changed-ok: only with --managed --resume"):
         request_from_options(dict(nodes=2, workdir_changed_ok=True), _inventory(), run_id=RUN)
+
+
+@pytest.mark.parametrize("body", ["[" * 60_000, '{"format": 1e400}', '{"format": NaN}'])
+def test_a_spec_nested_past_the_parser_or_with_numbers_past_a_float_is_one_refusal(body):
+    with pytest.raises(runspec.RunSpecError, match="^here: not JSON"):
+        runspec.read(body, "here", KEY)

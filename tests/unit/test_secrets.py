@@ -22,7 +22,7 @@ JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_X
     "DATABASE_URL", "SQLALCHEMY_DATABASE_URI", "ANALYTICS_DB_URL", "AZURE_STORAGE_CONNECTION_STRING",
     "PG_CONN_STR", "SENTRY_DSN", "DSN", "GITHUB_PAT", "AZURE_DEVOPS_PAT", "REDISCLI_AUTH", "NPM_CONFIG__AUTH",
     "PROXY_AUTHORIZATION", "GOOGLE_APPLICATION_CREDENTIALS", "REGISTRY_CREDS", "SLACK_WEBHOOK_URL",
-    "SESSION_COOKIE", "API_JWT", "X-Amz-Signature",
+    "SESSION_COOKIE", "API_JWT", "X-Amz-Signature", "SSHPASS", "DOCKER_AUTH_CONFIG",
 ])
 def test_a_secret_name_is_a_secret(name):
     assert secrets.secret_name(name) and secrets.is_secret(name, "some-value")
@@ -49,7 +49,8 @@ def test_an_ordinary_setting_is_not(name):
     "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=abc==;EndpointSuffix=core.windows.net",
     "Driver={x};Server=db;Uid=app;Pwd=s3cret", "host=db user=app password=s3cret dbname=app",
     "--hub_token=abc --other=1", "AKIAIOSFODNN7EXAMPLE", AWS_SECRET, GITHUB, "github_pat_" + "A1b2" * 8,
-    "glpat-" + "a1B2c3D4e5" * 2, HUGGING_FACE, "xoxb-123456789012-abcdefghij", "sk-proj-" + "Ab1" * 10,
+    "glpat-" + "a1B2c3D4e5" * 2, "glrt-" + "a1B2c3D4e5" * 2, "gldt-" + "Zz9_x" * 5,
+    HUGGING_FACE, "xoxb-123456789012-abcdefghij", "sk-proj-" + "Ab1" * 10,
     "sk_live_" + "a1B2" * 6, "AIza" + "B" * 35, "ya29." + "c" * 30, "npm_" + "d1" * 18, "pypi-AgE" + "e" * 60, JWT,
     "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...\n-----END OPENSSH PRIVATE KEY-----",
 ])

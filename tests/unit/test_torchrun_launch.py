@@ -17,7 +17,7 @@ from cluster.inventory import Inventory
 from cluster.job.job_args import JobArgsError, training_arguments
 from cluster.job.joblog import failure_report, first_failure
 from cluster.job.logstream import assemble
-from cluster.job.launch import RANK_WRAPPER, LaunchError, env_pairs
+from cluster.job.launch import ENV_FILE, RANK_WRAPPER, LaunchError, env_pairs
 from cluster.job.layout import plan_layout
 from cluster.job.request import RequestError
 from cluster.job.torchrun import CPUS_VARIABLE, NODE_VARIABLE, plan_torchrun_launch
@@ -50,7 +50,8 @@ def test_every_node_runs_torchrun_with_its_own_address_and_the_masters_rendezvou
         assert argv[argv.index("--rdzv-id") + 1] == JOB and argv[argv.index("--nnodes") + 1] == "2"
         assert argv[argv.index("--no-python") + 1:][:4] == ["sh", "-c", RANK_WRAPPER, "xeon-rank"]
         assigned = dict(w.split("=", 1) for w in words[words.index("env") + 1:words.index("/v/bin/torchrun")])
-        assert assigned[NODE_VARIABLE] == node and assigned["HF_TOKEN"] == "x'y $(touch pwned)"
+        assert assigned[NODE_VARIABLE] == node and "HF_TOKEN" not in assigned  # from the env file on stdin
+        assert words[words.index("env") - 4:words.index("env") - 1] == [".", "/dev/stdin", "&&"]
         assert assigned["XEON_CLUSTER_JOB"] == JOB and not any(k.startswith("I_MPI_") for k in assigned)
     # pinned (bare metal): each local rank's cores reach the wrapper, threads packed inside them
     assert plan.rank_env[CPUS_VARIABLE] == " ".join([",".join(map(str, range(16))), ",".join(map(str, range(16, 32)))])
@@ -64,6 +65,33 @@ def test_the_torchrun_job_script_passes_shellcheck_and_keeps_values_literal(tmp_
     if shutil.which("shellcheck"):
         result = subprocess.run(["shellcheck", "--severity=style", "-"], input=script, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
+
+
+def test_the_torchrun_job_script_gives_torchrun_the_env_files_values_and_no_command_line_holds_them(tmp_path):
+    """The job script run for real on a one-node plan, a fake torchrun in a fake venv: the --env value
+    reaches torchrun's environment (from the job's env file, on the node command's stdin) and is in
+    neither torchrun's argv, the node command, nor run.sh."""
+    secret = "hf_" + "Zq9" * 12 + " $(touch pwned)"
+    home, venv = tmp_path / "home", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "torchrun"  # records its argv and its environment, NUL-separated
+    fake.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$HOME/torchrun.args"\nenv -0 > "$HOME/torchrun.env"\n')
+    fake.chmod(0o755)
+    layout = plan_layout(catalog.custom("test", 1, 2), backend="gloo")
+    plan = plan_torchrun_launch(job_id=JOB, hosts=["node0"], addresses=["127.0.0.1"], layout=layout,
+                                program=["python3", "x.py"], venv=str(venv), extra_env={"HF_TOKEN": secret})
+    d = home / plan.job_dir
+    d.mkdir(parents=True)
+    (d / "run.sh").write_text(plan.script())
+    (d / ENV_FILE).write_text(plan.env_file())
+    done = subprocess.run(["bash", str(d / "run.sh")], env={"HOME": str(home), "PATH": PATH}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert (d / "exit_code").read_text() == "0\n", (d / "log").read_text() + done.stderr
+    env = dict(item.split("=", 1) for item in (home / "torchrun.env").read_text().split("\0") if item)
+    assert env["HF_TOKEN"] == secret and env[NODE_VARIABLE] == "node0"
+    assert not list(tmp_path.rglob("pwned*"))
+    assert secret not in (home / "torchrun.args").read_text()
+    assert secret not in plan.node_commands["node0"] and secret not in plan.script()
 
 
 def test_elastic_runs_of_the_builtin_job_always_resume_and_mpirun_refuses_elastic_options():

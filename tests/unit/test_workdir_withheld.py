@@ -261,3 +261,32 @@ def test_the_prebake_scrub_removes_the_nodes_file_store_and_job_folders(tmp_path
     listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
     for gone in (f"/home/ubuntu/{FILE_STORE}", f"/root/{FILE_STORE}", "/home/ubuntu/.xeon-cluster/jobs"):
         assert gone in listed, listed
+
+
+KEY_BODY = "\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n"
+PRIVATE_KEYS = {  # a private key of each common format under a name no rule withholds
+    "notes/openssh.txt": f"-----BEGIN OPENSSH PRIVATE KEY-----{KEY_BODY}-----END OPENSSH PRIVATE KEY-----\n",
+    "notes/rsa.txt": f"-----BEGIN RSA PRIVATE KEY-----{KEY_BODY}-----END RSA PRIVATE KEY-----\n",
+    "notes/ec.txt": f"-----BEGIN EC PRIVATE KEY-----{KEY_BODY}-----END EC PRIVATE KEY-----\n",
+    "notes/dsa.txt": f"-----BEGIN DSA PRIVATE KEY-----{KEY_BODY}-----END DSA PRIVATE KEY-----\n",
+    "notes/pkcs8.txt": f"-----BEGIN PRIVATE KEY-----{KEY_BODY}-----END PRIVATE KEY-----\n",
+    "notes/encrypted.txt": f"-----BEGIN ENCRYPTED PRIVATE KEY-----{KEY_BODY}-----END ENCRYPTED PRIVATE KEY-----\n",
+    "notes/putty.txt": "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n",
+    "notes/private.asc": f"-----BEGIN PGP PRIVATE KEY BLOCK-----{KEY_BODY}-----END PGP PRIVATE KEY BLOCK-----\n",
+    "conf/sa-key.json": '{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\\nMIIE\\n"}\n',
+}
+
+
+def test_a_file_holding_a_private_key_is_withheld_by_its_content_whatever_its_name(tmp_path):
+    from cluster.job.userjob import WITHHELD_KEY
+
+    work = make(tmp_path / "work", {"train.py": "print(1)\n", "notes/public.txt": "-----BEGIN PUBLIC KEY-----\n",
+                                    **PRIVATE_KEYS, "deploy_key": "x", "etc/ssh_host_ed25519_key": "x",
+                                    "key.ppk": "x", "infra/terraform.tfstate": "{}"})
+    plan = scan(work)
+    assert sorted(f.path for f in plan.files) == ["notes/public.txt", "train.py"]
+    assert {p for p, k in plan.withheld if k == WITHHELD_KEY} == set(PRIVATE_KEYS)
+    assert {p for p, k in plan.withheld if k == WITHHELD_CREDENTIAL} == {
+        "deploy_key", "etc/ssh_host_ed25519_key", "key.ppk", "infra/terraform.tfstate"}
+    (work / INCLUDE_FILE).write_text("notes/rsa.txt\n")  # shipped on purpose when the allow file lists it
+    assert "notes/rsa.txt" in {f.path for f in scan(work).files}
