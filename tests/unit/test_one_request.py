@@ -76,9 +76,13 @@ def test_the_supervisors_relaunch_runs_the_planned_command(tmp_path, monkeypatch
     known = tmp_path / ".ssh" / "xeon-cluster-lab.known_hosts"
     known.parent.mkdir()
     known.write_text("".join(f"node{i} {new_key()}\n" for i in range(3)))
+    from cluster.job.job_args import SYNTHETIC_MODEL_DIR
+
     demo = tmp_path / "xeon-cluster-data" / "synthetic-qa-200" / "train.json"  # made already: not made again here
     demo.parent.mkdir(parents=True)
     demo.write_text("{}")
+    (tmp_path / SYNTHETIC_MODEL_DIR).mkdir()  # the demo's model too: else the preparation, run for real here, runs
+    # the node venv's python to make it (it failed where no local cluster had made that venv yet)
     supervisors = from_the_supervisors_spec(request(managed=True), tmp_path)
     shell = recording_shell()
     job = onmaster.Job(supervisors, shell, onmaster.Nodes(shell, inventory(), None, "/venv/bin/python"))
