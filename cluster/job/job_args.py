@@ -47,7 +47,7 @@ SYNTHETIC_ARGS = {
     "classification": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["classification"]), "--learning_rate", "0.005",
                        "--warmup_steps", "5"),
     "causal-lm": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["causal-lm"]), "--learning_rate", "0.01",
-                  "--warmup_steps", "5", "--weight_decay", "0.0"),
+                  "--warmup_steps", "5", "--weight_decay", "0.0", "--logging_steps", "4"),
 }
 SYNTHETIC_EPOCHS = "1"
 SYNTHETIC_BATCH_SIZE = 16
