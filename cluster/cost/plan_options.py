@@ -317,8 +317,8 @@ def _flops_scaled(itype: str, model_name: str, data_name: str, trained: int) -> 
         return None
     if not size.matmul_params or not size.hidden:
         return None
-    base = models.lookup_model("distilbert-base-uncased")
-    ratio = (flops.train_flops_per_sample(base.matmul_params, base.layers, base.hidden, 384)
+    base, squad = models.lookup_model("distilbert-base-uncased"), models.lookup_dataset("squad")
+    ratio = (flops.train_flops_per_sample(base.matmul_params, base.layers, base.hidden, squad.seq_len)
              / flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, data.seq_len,
                                             min(trained, size.matmul_params)))
     return tm.Throughput(reference.samples_per_s * ratio,

@@ -1,11 +1,13 @@
 """LoRA fine-tuning's settings (pure): the choices of the built-in job's --peft, its defaults, and the
 modules LoRA adapts in each model family when --lora_target_modules is not given.
 
-The job (training/causal_lm.py) and the planner (cluster/cost/flops.py) read the same facts.
+The job (training/args.py, training/causal_lm.py) and the planner (cluster/cost/plan_options.py) read the
+same facts.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 PEFT_CHOICES = ("none", "lora")
@@ -55,9 +57,9 @@ def check(rank: int, alpha: float, dropout: float) -> None:
     """The rank, alpha and dropout LoRA can use; one line naming the first that is not."""
     if rank < 1:
         raise LoraSettingError(f"--lora_r {rank} is not allowed; allowed: a whole number of 1 or more, e.g. 16")
-    if not alpha > 0 or alpha == float("inf"):
+    if not (math.isfinite(alpha) and alpha > 0):
         raise LoraSettingError(f"--lora_alpha {alpha:g} is not allowed; allowed: a number above 0, e.g. 32")
-    if not 0 <= dropout < 1:
+    if not (math.isfinite(dropout) and 0 <= dropout < 1):
         raise LoraSettingError(f"--lora_dropout {dropout:g} is not allowed; allowed: 0 or more and below 1")
 
 
