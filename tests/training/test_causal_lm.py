@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.training.conftest import free_port, mpi_env, read_summary, requires_mpi, run_mpi
+from tests.training.ddp_ranks import lora_model, reduced_by_ddp
 from training import causal_lm
 from training.causal_lm import IGNORED
 
@@ -28,18 +28,6 @@ def tokenizer(causal_demo):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(causal_demo["model"])
-
-
-def tiny_lora_model(causal_demo, **overrides):
-    from types import SimpleNamespace
-
-    from transformers import AutoModelForCausalLM
-
-    from cluster.job import lora
-
-    settings = {"lora_r": lora.DEFAULT_RANK, "lora_alpha": lora.DEFAULT_ALPHA, "lora_dropout": 0.0,
-                "lora_target_modules": None, **overrides}
-    return causal_lm.apply_lora(AutoModelForCausalLM.from_pretrained(causal_demo["model"]), SimpleNamespace(**settings))
 
 
 # ---- the loss mask
@@ -115,7 +103,7 @@ def test_a_target_module_the_model_lacks_is_named(causal_demo):
     from training.errors import BadInput
 
     with pytest.raises(BadInput, match="--lora_target_modules: c_attn is not a module of 'llama' models"):
-        tiny_lora_model(causal_demo, lora_target_modules="c_attn")
+        lora_model(causal_demo["model"], lora_target_modules="c_attn")
 
 
 # ---- FLOPs
@@ -130,7 +118,7 @@ def test_lora_step_flops_match_torchs_flop_counter(causal_demo):
 
     from training import mfu
 
-    model = tiny_lora_model(causal_demo)
+    model = lora_model(causal_demo["model"])
     seq, batch = 32, 4
     ids = torch.randint(10, model.config.vocab_size, (batch, seq))
     counter = FlopCounterMode(display=False)
@@ -150,40 +138,12 @@ def test_lora_step_flops_match_torchs_flop_counter(causal_demo):
 # ---- DDP all-reduces only the adapters' gradients
 
 
-def _ddp_rank(rank: int, world: int, port: int, model_dir: str, record: str) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = DistributedDataParallel(tiny_lora_model({"model": model_dir}))
-    reduced: list[int] = []
-
-    def counting_hook(state, bucket):
-        reduced.append(bucket.buffer().numel())
-        return allreduce_hook(state, bucket)
-
-    model.register_comm_hook(None, counting_hook)
-    ids = torch.randint(10, 100, (2, 16)) + rank
-    model(input_ids=ids, labels=ids).loss.backward()
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    everything = sum(p.numel() for p in model.parameters())
-    Path(f"{record}.{rank}").write_text(json.dumps({"reduced": sum(reduced), "trainable": trainable,
-                                                    "parameters": everything}))
-    dist.destroy_process_group()
-
-
 @pytest.mark.slow
 def test_ddp_all_reduces_only_the_adapters_gradients(causal_demo, tmp_path):
     import torch.multiprocessing as mp
 
     record = str(tmp_path / "reduced")
-    # fork: the ranks start with torch and the model code already imported (spawn would import them again)
-    mp.start_processes(_ddp_rank, args=(2, free_port(), causal_demo["model"], record), nprocs=2, join=True,
-                       start_method="fork")
+    mp.spawn(reduced_by_ddp, args=(2, free_port(), causal_demo["model"], record), nprocs=2, join=True)
     for rank in (0, 1):
         seen = json.loads(Path(f"{record}.{rank}").read_text())
         assert seen["reduced"] == seen["trainable"] < seen["parameters"] / 10, seen
