@@ -63,6 +63,22 @@ def test_alpaca_rows_become_instruction_and_input_prompts():
     assert causal_lm.prompt_texts(examples, ("instruction", "output")) == ["add\n\n1 2\n\n", "greet\n\n"]
 
 
+def test_the_demo_is_byte_identical_for_a_seed_and_its_completions_copy_the_prompt(tmp_path):
+    import hashlib
+
+    from training.synthetic import write_demo
+
+    def digests(root: Path) -> dict[str, str]:
+        return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    first = write_demo(tmp_path / "a", task="causal-lm", examples=20, seed=3)
+    write_demo(tmp_path / "b", task="causal-lm", examples=20, seed=3)
+    assert digests(tmp_path / "a") == digests(tmp_path / "b") and "model/model.safetensors" in digests(tmp_path / "a")
+    rows = [json.loads(line) for line in Path(first["train_file"]).read_text().splitlines()]
+    assert len(rows) == 20 and all(r["completion"] == r["prompt"][len("repeat "):-len(":")] + "." for r in rows)
+
+
 # ---- the arguments
 
 
