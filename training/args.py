@@ -17,11 +17,14 @@ from typing import Sequence
 
 from cluster.job.job_args import (COMPILE_CHOICES, DEFAULT_COMPILE, DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES,
                               GRAD_COMM_MEASURE_ONLY, TASKS)
+from cluster.job import lora
 from training.checkpoint_s3 import parse_s3_uri
 from training.errors import BadInput
 
-DEFAULT_DATASETS = {"qa": ("squad", None), "classification": ("glue", "mrpc")}
-DEFAULT_MAX_SEQ_LENGTH = {"qa": 384, "classification": 128}
+DEFAULT_DATASETS = {"qa": ("squad", None), "classification": ("glue", "mrpc"), "causal-lm": ("tatsu-lab/alpaca", None)}
+DEFAULT_MAX_SEQ_LENGTH = {"qa": 384, "classification": 128, "causal-lm": 512}
+DEFAULT_MODELS = {"qa": "distilbert-base-uncased", "classification": "distilbert-base-uncased",
+                  "causal-lm": "Qwen/Qwen2.5-0.5B"}
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl")
 BACKEND_CHOICES = ("auto", "gloo", "ccl")
 IPEX_CHOICES = ("auto", "on", "off")
@@ -47,8 +50,9 @@ TRAINING_DEFAULTS = {
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: str = field(default="distilbert-base-uncased", metadata={
-        "help": "Hub model id or local directory (config, weights and a fast tokenizer)."})
+    model_name_or_path: str | None = field(default=None, metadata={
+        "help": "Hub model id or local directory (config, weights and a fast tokenizer); default "
+                "distilbert-base-uncased for qa and classification, Qwen/Qwen2.5-0.5B for causal-lm."})
     tokenizer_name: str | None = field(default=None, metadata={
         "help": "Tokenizer id or directory when it differs from the model's."})
     cache_dir: str | None = field(default=None, metadata={"help": "Where hub downloads are cached."})
@@ -58,7 +62,8 @@ class ModelArguments:
 class DataArguments:
     task: str = field(default="qa", metadata={"help": f"What to train: {' or '.join(TASKS)}."})
     dataset_name: str | None = field(default=None, metadata={
-        "help": "Hub dataset (default: squad for qa, glue/mrpc for classification). Ignored with --train_file."})
+        "help": "Hub dataset (default: squad for qa, glue/mrpc for classification, tatsu-lab/alpaca for "
+                "causal-lm). Ignored with --train_file."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration (e.g. mrpc)."})
     train_file: str | None = field(default=None, metadata={
         "help": "Local training data, .json or .jsonl: SQuAD (nested or flat) for qa, GLUE rows for classification."})
@@ -70,8 +75,14 @@ class DataArguments:
                 "found: sentence1,sentence2 / question1,question2 / question,sentence / premise,hypothesis / "
                 "sentence)."})
     label_column: str = field(default="label", metadata={"help": "classification: the label column."})
+    prompt_column: str = field(default="prompt", metadata={
+        "help": "causal-lm: the prompt column of prompt/completion rows (the loss is over the completion only)."})
+    completion_column: str = field(default="completion", metadata={"help": "causal-lm: the completion column."})
+    text_column: str = field(default="text", metadata={
+        "help": "causal-lm: the column of plain text rows (the loss is over every token), used when the rows have "
+                "neither prompt/completion nor instruction/output (Alpaca's shape)."})
     max_seq_length: int | None = field(default=None, metadata={
-        "help": "Tokens per feature (default 384 for qa, 128 for classification)."})
+        "help": "Tokens per feature (default 384 for qa, 128 for classification, 512 for causal-lm)."})
     doc_stride: int = field(default=128, metadata={"help": "qa: overlap between chunks of a long context."})
     n_best_size: int = field(default=20, metadata={"help": "qa: start/end candidates per feature."})
     max_answer_length: int = field(default=30, metadata={"help": "qa: longest answer in tokens."})
@@ -120,6 +131,16 @@ class JobArguments:
     compile_estimate: str | None = field(default=None, metadata={
         "help": "EAGER_S,COMPILED_S,COMPILE_S: the steady step eager and compiled and the compile time fab bench "
                 "measured (fab train passes them from the cluster's calibration)."})
+    peft: str = field(default=lora.DEFAULT_PEFT, metadata={
+        "help": "causal-lm: lora trains low-rank adapters on a frozen model (peft's LoRA; the output holds the "
+                "adapter only); none trains every parameter."})
+    lora_r: int = field(default=lora.DEFAULT_RANK, metadata={"help": "--peft lora: the adapters' rank."})
+    lora_alpha: float = field(default=lora.DEFAULT_ALPHA, metadata={
+        "help": "--peft lora: the adapters' scale (alpha / rank multiplies their output)."})
+    lora_dropout: float = field(default=lora.DEFAULT_DROPOUT, metadata={"help": "--peft lora: dropout before A."})
+    lora_target_modules: str | None = field(default=None, metadata={
+        "help": "--peft lora: comma-separated modules to adapt (default per model family: q_proj,k_proj,v_proj,"
+                "o_proj for llama, mistral, qwen2/3 and gemma; see cluster/job/lora.py)."})
     instance_type: str | None = field(default=None, metadata={
         "help": "The nodes' EC2 instance type (fab train passes it): its catalogued cores and clock give the "
                 "peak FLOP/s the summary's MFU is measured against; default: what lscpu says on rank 0's node."})
@@ -245,6 +266,18 @@ def validate_job(model: ModelArguments, data: DataArguments, job: JobArguments) 
     _choice("use_ipex", job.use_ipex, IPEX_CHOICES)
     _choice("spot_watch", job.spot_watch, SPOT_WATCH_CHOICES)
     _choice("grad_comm", job.grad_comm, (*GRAD_COMM_CHOICES, GRAD_COMM_MEASURE_ONLY))
+    if model.model_name_or_path is None:
+        model.model_name_or_path = DEFAULT_MODELS[data.task]
+    _choice("peft", job.peft, lora.PEFT_CHOICES)
+    if job.peft != "none" and data.task != "causal-lm":
+        raise BadInput(f"--peft {job.peft} is not allowed with --task {data.task}; allowed: --task causal-lm "
+                       "(or --peft none)")
+    try:
+        lora.check(job.lora_r, job.lora_alpha, job.lora_dropout)
+        if job.lora_target_modules is not None:
+            lora.target_modules("", job.lora_target_modules)
+    except lora.LoraSettingError as exc:
+        raise BadInput(str(exc)) from None
     if data.max_seq_length is None:
         data.max_seq_length = DEFAULT_MAX_SEQ_LENGTH[data.task]
     if data.max_seq_length < 16:

@@ -246,9 +246,29 @@ def load_splits(data_args, cache_dir: str | None = None):
     return splits[data_args.train_split], evaluation, {"dataset": name, "config": data_args.dataset_config_name}
 
 
+INSTRUCTION_COLUMNS = ("instruction", "output")  # Alpaca's rows (and an optional "input")
+
+
+def causal_lm_columns(columns: list[str], data_args, source: str) -> tuple[str, str | None]:
+    """(prompt, completion) of prompt/completion rows (or Alpaca's instruction/output), else (text, None)."""
+    for pair in ((data_args.prompt_column, data_args.completion_column), INSTRUCTION_COLUMNS):
+        if not _missing(columns, pair):
+            return pair
+    if data_args.text_column in columns:
+        return data_args.text_column, None
+    raise BadInput(f"{source}: no text for --task causal-lm (found: {', '.join(columns) or 'none'}); allowed: "
+                   f"{data_args.prompt_column}/{data_args.completion_column} rows (the loss over the completion), "
+                   f"instruction/output rows as Alpaca's, or {data_args.text_column} rows; name them with "
+                   "--prompt_column/--completion_column or --text_column")
+
+
 def check_columns(dataset, data_args, source: str) -> tuple[str, str | None] | None:
-    """BadInput when `dataset` lacks what the task needs; the text column pair for classification."""
+    """BadInput when `dataset` lacks what the task needs; the text column pair for classification and causal-lm."""
     first = dataset[0] if len(dataset) else None
+    if data_args.task == "causal-lm":
+        pair = causal_lm_columns(dataset.column_names, data_args, source)
+        check_text_columns(dataset, [c for c in pair if c], source, "causal-lm")
+        return pair
     if data_args.task == "qa":
         check_qa_columns(dataset.column_names, source, first)
         check_text_columns(dataset, ("question", "context"), source, "qa")

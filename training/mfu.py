@@ -46,16 +46,22 @@ def node_peak(bf16: bool, instance_type: str | None) -> flops.Peak | None:
     return peak or flops.peak_from_lscpu(lscpu_text(), bf16, current_mhz=current_mhz())
 
 
-def model_shape(model) -> tuple[int, int, int]:
-    """(parameters outside embedding tables, layers, hidden width) of a transformers model."""
+def model_shape(model) -> tuple[int, int, int, int]:
+    """(parameters outside embedding tables, those of them that train, layers, hidden width) of a transformers
+    model (a peft model's too). A language model's output layer is a matmul even when it shares the input
+    embedding's table."""
     import torch
 
     embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    matmul = sum(p.numel() for p in model.parameters() if id(p) not in embedded)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if output is not None and id(output.weight) in embedded:
+        embedded.discard(id(output.weight))
+    matmul = [p for p in model.parameters() if id(p) not in embedded]
+    trained = sum(p.numel() for p in matmul if p.requires_grad)
     config = model.config
     layers = next((getattr(config, k) for k in ("num_hidden_layers", "n_layers") if getattr(config, k, None)), 0)
     hidden = next((getattr(config, k) for k in ("hidden_size", "dim") if getattr(config, k, None)), 0)
-    return matmul, int(layers), int(hidden)
+    return sum(p.numel() for p in matmul), trained, int(layers), int(hidden)
 
 
 @dataclass
@@ -63,6 +69,7 @@ class ModelFlops:
     """What MFU needs besides the step time: FLOPs per sample, samples per step per node, the peak."""
 
     matmul_params: int
+    trained_params: int  # of the matmul parameters, those with a gradient (LoRA: the adapters')
     layers: int
     hidden: int
     seq_len: float
@@ -82,12 +89,14 @@ class ModelFlops:
             "mfu": round(ratio, 6) if ratio is not None else None,
             "mfu_inputs": {
                 "model_flops_per_sample": round(self.per_sample), "matmul_params": self.matmul_params,
+                "trained_matmul_params": self.trained_params,
                 "layers": self.layers, "hidden": self.hidden, "seq_len": round(self.seq_len, 2),
                 "global_batch_size": self.global_batch, "nodes": self.nodes,
                 "steady_step_seconds": steady_step_seconds,
                 "achieved_flops_per_s_per_node": round(achieved),
                 "peak": self.peak.as_dict() if self.peak else None,
-                "formula": "6 x matmul_params x seq_len + 12 x layers x hidden x seq_len^2 FLOPs per sample; "
+                "formula": "6 x trained_matmul_params x seq_len + 4 x the frozen rest x seq_len + 12 x layers x "
+                           "hidden x seq_len^2 FLOPs per sample; "
                            "MFU = achieved / peak per node",
             },
         }
@@ -95,9 +104,10 @@ class ModelFlops:
 
 def model_flops(model, *, task: str, max_seq_length: int, tokens_per_sample: float, global_batch: int, nodes: int,
                 peak: flops.Peak | None) -> ModelFlops:
-    matmul, layers, hidden = model_shape(model)
+    matmul, trained, layers, hidden = model_shape(model)
     seq = float(max_seq_length) if task in PADDED_TO_MAX_LENGTH else max(1.0, tokens_per_sample)
-    return ModelFlops(matmul, layers, hidden, seq, flops.train_flops_per_sample(matmul, layers, hidden, seq),
+    return ModelFlops(matmul, trained, layers, hidden, seq,
+                      flops.train_flops_per_sample(matmul, layers, hidden, seq, trained),
                       global_batch, max(1, nodes), peak)
 
 

@@ -25,10 +25,13 @@ def load_tokenizer(model_args, task: str):
 
 
 def load_model(model_args, task: str, num_labels: int | None = None, label_names=None):
-    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForQuestionAnswering,
+                              AutoModelForSequenceClassification)
 
     name = model_args.model_name_or_path
     try:
+        if task == "causal-lm":
+            return AutoModelForCausalLM.from_pretrained(name, cache_dir=model_args.cache_dir)
         if task == "qa":
             model = AutoModelForQuestionAnswering.from_pretrained(name, cache_dir=model_args.cache_dir)
         else:

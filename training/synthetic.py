@@ -1,6 +1,6 @@
 """A tiny offline model, tokenizer and data set for tests and the no-AWS demo.
 
-`python -m training.synthetic --out DIR [--task qa|classification] [--examples N] [--seed S] [--model-dir M]`
+`python -m training.synthetic --out DIR [--task qa|classification|causal-lm] [--examples N] [--seed S] [--model-dir M]`
 writes DIR/model (a small DistilBERT-shaped model with a generated word-level vocabulary and a
 fast tokenizer), DIR/train.json and DIR/eval.json. The same seed gives byte-identical files, so
 every node of a cluster can make its own copy. With --model-dir the model goes to M instead, and only
@@ -15,6 +15,8 @@ Classification: both sentences end in "key <word> ."; the label is 1 when senten
 first half of the key words (a lexicon, as in sentiment), 0 for the other half; sentence1's key and the filler
 words carry nothing. The key words never appear as filler. The tiny model reaches over 90 % accuracy in three
 epochs of 300 examples (about 60 steps); a rule that compares the two sentences' keys is beyond it at that size.
+Causal LM (a tiny Llama-shaped model, its own shared directory): the prompt "repeat <words> :" and the completion the
+same words again, so the loss over the completion falls as the model learns to copy.
 """
 
 from __future__ import annotations
@@ -87,6 +89,43 @@ def _pair_example(rng: random.Random, index: int, words: list[str]) -> dict:
     return {"idx": index, "sentence1": " ".join(s1), "sentence2": " ".join(s2), "label": label}
 
 
+CAUSAL_SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
+CAUSAL_WORDS = 200  # the copied words: the first generated ones
+CAUSAL_MODEL_CONFIG = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "max_position_embeddings": 64}
+
+
+def _causal_example(rng: random.Random, index: int, words: list[str]) -> dict:
+    copied = [rng.choice(words[:CAUSAL_WORDS]) for _ in range(rng.randint(3, 6))]
+    return {"id": index, "prompt": "repeat " + " ".join(copied) + " :", "completion": " ".join(copied) + " ."}
+
+
+def _write_causal_model(model_dir: Path, seed: int) -> None:
+    """A tiny Llama (LlamaConfig) with a word-level fast tokenizer of the demo's vocabulary."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model_dir.mkdir(parents=True, exist_ok=True)
+    vocab = [*CAUSAL_SPECIAL_TOKENS, "repeat", ":", *FIXED_WORDS, *CUES, *_words()]
+    vocab = list(dict.fromkeys(vocab))  # ":" and "." once each
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", unk_token="<unk>",
+                                        bos_token="<s>", eos_token="</s>",
+                                        model_max_length=CAUSAL_MODEL_CONFIG["max_position_embeddings"])
+    tokenizer.save_pretrained(str(model_dir))
+    config = LlamaConfig(vocab_size=len(vocab), pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                         **CAUSAL_MODEL_CONFIG)
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(generator_state)
+    model.save_pretrained(str(model_dir))
+
+
 def _write_model(model_dir: Path, seed: int) -> None:
     import torch  # here, not above: writing the data alone never pays for torch and transformers
     from transformers import DistilBertConfig, DistilBertModel, DistilBertTokenizerFast
@@ -108,7 +147,7 @@ def _write_model(model_dir: Path, seed: int) -> None:
     model.save_pretrained(str(model_dir))
 
 
-def _shared_model(model_dir: Path, seed: int) -> None:
+def _shared_model(model_dir: Path, seed: int, write=_write_model) -> None:
     """The model in `model_dir`, made only when it is not there yet. Demos made at once (the nodes of a cluster
     that share the directory) wait for each other on a lock beside it, so one makes it and the others find it;
     it is made beside it and renamed into place, so the directory exists only complete (and where the lock
@@ -124,7 +163,7 @@ def _shared_model(model_dir: Path, seed: int) -> None:
         staging = Path(tempfile.mkdtemp(prefix=f"{hidden}-", dir=model_dir.parent))
         staging.chmod(0o755)  # as a plain mkdir under the usual umask: mkdtemp makes it 0700
         try:
-            _write_model(staging, seed)
+            write(staging, seed)
             try:
                 staging.rename(model_dir)
             except OSError:
@@ -143,24 +182,27 @@ def write_demo(out_dir, task: str = "qa", examples: int = 2000, seed: int = 0, m
     training arguments ("args") for this tiny model. `model_dir`: the model there instead of DIR/model,
     made only if it is not there yet."""
     if task not in SYNTHETIC_ARGS:
-        raise ValueError(f"task: {task!r} is not allowed; choose qa or classification")
+        raise ValueError(f"task: {task!r} is not allowed; choose {', '.join(SYNTHETIC_ARGS)}")
     if examples < 1:
         raise ValueError(f"examples: {examples} must be positive")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    write = _write_causal_model if task == "causal-lm" else _write_model
     if model_dir is None:
         model = out / "model"
-        _write_model(model, seed)
+        write(model, seed)
     else:
         model = Path(model_dir)
-        _shared_model(model, seed)
+        _shared_model(model, seed, write)
     rng = random.Random(seed)
     words = _words()
     paths = {"model": str(model), "train_file": str(out / "train.json"),
              "validation_file": str(out / "eval.json")}
     for split, count, path in (("train", examples, paths["train_file"]),
                                ("eval", default_eval_examples(examples), paths["validation_file"])):
-        if task == "qa":
+        if task == "causal-lm":
+            text = "".join(json.dumps(_causal_example(rng, i, words), sort_keys=True) + "\n" for i in range(count))
+        elif task == "qa":
             rows = [_qa_example(rng, i, words, split) for i in range(count)]
             text = json.dumps(_squad_document(rows, f"synthetic {split}"), sort_keys=True)
         else:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from training.causal_lm import CausalLM
 from training.classification import Classification
 from training.qa import QuestionAnswering
 
-TASKS = {"qa": QuestionAnswering, "classification": Classification}
+TASKS = {"qa": QuestionAnswering, "classification": Classification, "causal-lm": CausalLM}
 
 
 def for_name(name: str):
@@ -34,3 +35,5 @@ class Prepared:
     eval_features: Any | None
     model: Any
     tokens_per_sample: float  # real (unpadded) tokens per training feature, on average
+    parameters: int  # the model's, every one
+    trainable_parameters: int  # those that train (with --peft lora: the adapters')

@@ -173,7 +173,9 @@ class Job:
         masks = sample["attention_mask"]
         return tasks.Prepared(tokenizer=tokenizer, source=source, train_examples=len(train_raw),
                               train_features=train_features, eval_raw=eval_raw, eval_features=eval_features,
-                              model=model, tokens_per_sample=sum(map(sum, masks)) / max(1, len(masks)))
+                              model=model, tokens_per_sample=sum(map(sum, masks)) / max(1, len(masks)),
+                              parameters=sum(p.numel() for p in model.parameters()),
+                              trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
 
     def _agreed(self, stage):
         """Run `stage()` on every rank; if any rank raises BadInput, all raise the first message."""

@@ -5,6 +5,9 @@ training step costs 6 FLOPs per matmul parameter per token (2 forward, 4 backwar
 attention's two sequence-by-sequence matmuls (QK^T and AV: 4 x seq x hidden per token forward,
 12 x seq x hidden with backward). Embedding tables are lookups, not matmuls, and are left out
 (Kaplan et al. 2020, "Scaling laws", section 2.1; Chowdhery et al. 2022, PaLM, appendix B).
+The 4 backward FLOPs are 2 for the activations' gradient and 2 for the weights' own: a frozen
+weight (LoRA's base model) costs 2 forward and 2 backward (the gradient still flows through it to
+the adapters below), a trained one (every weight of a full fine-tune, LoRA's adapters) all 6.
 
 A node's peak: physical cores x clock x FLOPs per cycle per core of the precision in use:
 
@@ -42,8 +45,10 @@ FLOPS_PER_CYCLE = {AMX_BF16: 1024, AVX512_BF16: 128, FP32_AVX512: 64, FP32_AVX2:
 HALVED_ON_AMD = (AVX512_BF16, FP32_AVX512)
 _FLAG = {AMX_BF16: "amx_bf16", AVX512_BF16: "avx512_bf16", FP32_AVX512: "avx512f", FP32_AVX2: "avx2"}
 
-# 6 FLOPs per matmul parameter per token in training; 12 per layer x seq x hidden for attention
+# 6 FLOPs per matmul parameter per token in training (2 forward, 2 for the activations' gradient, 2 for the
+# weight's own gradient); 12 per layer x seq x hidden for attention
 TRAIN_FLOPS_PER_PARAM_TOKEN = 6
+FROZEN_FLOPS_PER_PARAM_TOKEN = 4
 TRAIN_ATTENTION_FLOPS = 12
 
 # the line the job logs as it trains (training/callbacks.py) and `fab status` finds in the log
@@ -51,12 +56,16 @@ PROGRESS_MARKER = "model FLOP/s per node"
 _PROGRESS_RE = re.compile(r"model FLOP/s per node ([0-9.]+) TFLOP/s, MFU ([0-9.]+)% of ([0-9.]+) TFLOP/s")
 
 
-def train_flops_per_sample(matmul_params: int, layers: int, hidden: int, seq_len: float) -> float:
-    """Model FLOPs of one training sample (forward and backward) of `seq_len` tokens."""
-    if matmul_params <= 0 or layers < 0 or hidden < 0 or seq_len <= 0:
-        raise ValueError(f"model FLOPs: parameters {matmul_params!r}, layers {layers!r}, hidden {hidden!r} and "
-                         f"sequence length {seq_len!r} must be positive")
-    return (TRAIN_FLOPS_PER_PARAM_TOKEN * matmul_params * seq_len
+def train_flops_per_sample(matmul_params: int, layers: int, hidden: int, seq_len: float,
+                           trained_params: int | None = None) -> float:
+    """Model FLOPs of one training sample (forward and backward) of `seq_len` tokens; `trained_params`: how many
+    of the matmul parameters get a gradient (None: all; LoRA: the adapters', the rest frozen)."""
+    trained = matmul_params if trained_params is None else trained_params
+    if matmul_params <= 0 or layers < 0 or hidden < 0 or seq_len <= 0 or not 0 <= trained <= matmul_params:
+        raise ValueError(f"model FLOPs: parameters {matmul_params!r} ({trained!r} trained), layers {layers!r}, "
+                         f"hidden {hidden!r} and sequence length {seq_len!r} must be positive")
+    return (TRAIN_FLOPS_PER_PARAM_TOKEN * trained * seq_len
+            + FROZEN_FLOPS_PER_PARAM_TOKEN * (matmul_params - trained) * seq_len
             + TRAIN_ATTENTION_FLOPS * layers * hidden * seq_len * seq_len)
 
 

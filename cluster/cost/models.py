@@ -25,6 +25,15 @@ class ModelSize:
     source: str
     hidden: int = 0  # the width of a layer (attention's FLOPs, cluster/cost/flops.py); 0: not known
     matmul_params: int = 0  # the parameters outside the embedding tables (the model FLOPs); 0: not known
+    kv_hidden: int = 0  # the width of the key and value projections (grouped-query attention); 0: not known
+
+    def attention_shapes(self) -> list[tuple[int, int]]:
+        """(in, out) of every attention projection (q, k, v, o of each layer): what LoRA adapts by default
+        (cluster/job/lora.py); [] when the shape is not known."""
+        if not (self.hidden and self.kv_hidden):
+            return []
+        h, kv = self.hidden, self.kv_hidden
+        return [(h, h), (h, kv), (h, kv), (h, h)] * self.layers
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,15 @@ MODELS: dict[str, ModelSize] = {
                   matmul_params=85_646_592),
         ModelSize("all-minilm-l6-v2", 22_713_216, 6, "MiniLM-L6-H384 BERT (sentence-transformers: 22.7M)", hidden=384,
                   matmul_params=10_795_392),
+        # causal LMs with tied embeddings: the output layer is the embedding table, a matmul (so matmul_params ==
+        # params); their shapes are checked against transformers' own configs (tests/training/test_causal_lm.py)
+        ModelSize("llama-3.2-1b", 1_235_814_400, 16,
+                  "meta-llama/Llama-3.2-1B's LlamaConfig: 16 layers, hidden 2048, 32 heads, 8 KV heads of 64, "
+                  "MLP 8192, vocab 128256, tied embeddings (1.24B)", hidden=2048, matmul_params=1_235_814_400,
+                  kv_hidden=512),
+        ModelSize("qwen2.5-1.5b", 1_543_714_304, 28,
+                  "Qwen/Qwen2.5-1.5B's Qwen2Config: 28 layers, hidden 1536, 12 heads, 2 KV heads of 128, MLP 8960, "
+                  "vocab 151936, tied embeddings (1.54B)", hidden=1536, matmul_params=1_543_714_304, kv_hidden=256),
     )
 }
 
@@ -61,6 +79,8 @@ ALIASES = {
     "bert-base-cased": "bert-base-uncased",
     "bert-large": "bert-large-uncased",
     "minilm": "all-minilm-l6-v2",
+    "llama-3.2-1b-instruct": "llama-3.2-1b",
+    "qwen2.5-1.5b-instruct": "qwen2.5-1.5b",
 }
 
 DATASETS: dict[str, DatasetSize] = {
@@ -72,11 +92,14 @@ DATASETS: dict[str, DatasetSize] = {
         DatasetSize("glue-mrpc", 3_668, 128, "GLUE MRPC train split"),
         DatasetSize("glue-qqp", 363_846, 128, "GLUE QQP train split"),
         DatasetSize("glue-sst2", 67_349, 128, "GLUE SST-2 train split"),
+        DatasetSize("alpaca", 52_002, 256,
+                    "tatsu-lab/alpaca train (52,002 instruction rows); 256 tokens a feature: about a batch's longest "
+                    "row with a Llama 3 or Qwen 2.5 tokenizer (an estimate)"),
     )
 }
 
 DATASET_ALIASES = {"squad_v1": "squad", "squad-v1": "squad", "mrpc": "glue-mrpc", "qqp": "glue-qqp",
-                   "sst2": "glue-sst2"}
+                   "sst2": "glue-sst2", "tatsu-lab/alpaca": "alpaca"}
 
 _PARAMS_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMbB]?)\s*\Z")
 

@@ -51,7 +51,8 @@ def plan_flops(options: PlanOptions, inputs: PlanInputs, cal: Calibration | None
                          "the catalog's cores and clock" if peak else f"the catalog has no clock for "
                                                                       f"{inputs.instance.name}")]
     try:
-        (model_name, _), (data_name, _), _ = plan_options.sizes(options, cal)
+        (model_name, n_params), (data_name, _), _ = plan_options.sizes(options, cal)
+        trained, _ = plan_options.trained_params(options, model_name, n_params)
         size = models.lookup_model(model_name)
         seq = (cal.seq_len if cal and cal.model == model_name and cal.seq_len
                else models.lookup_dataset(data_name).seq_len)
@@ -59,8 +60,11 @@ def plan_flops(options: PlanOptions, inputs: PlanInputs, cal: Calibration | None
         return PlanFlops(0.0, peak, sources + [("model FLOPs", "not known", "the model is not in the model catalog")])
     if not size.matmul_params:
         return PlanFlops(0.0, peak, sources + [("model FLOPs", "not known", f"no shape for {size.name}")])
-    per_sample = flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, seq)
+    trained = min(trained, size.matmul_params)
+    per_sample = flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, seq, trained)
+    frozen = size.matmul_params - trained
+    terms = (f"6 x {trained / 1e6:.1f}M trained + 4 x {frozen / 1e6:.1f}M frozen matmul params" if frozen
+             else f"6 x {size.matmul_params / 1e6:.1f}M matmul params")
     return PlanFlops(per_sample, peak, sources + [(
         "model FLOPs", f"{per_sample / 1e9:.1f} GFLOP per sample",
-        f"6 x {size.matmul_params / 1e6:.1f}M matmul params x {seq} tokens + attention, {size.layers} layers of "
-        f"{size.hidden} (cluster/cost/flops.py)")])
+        f"{terms} x {seq} tokens + attention, {size.layers} layers of {size.hidden} (cluster/cost/flops.py)")])

@@ -23,6 +23,8 @@ from cluster.cost import models
 from cluster.cost import timemodel as tm
 from cluster.cost.calibration import Calibration
 from cluster.stack.catalog import InstanceType
+from cluster.cost import flops
+from cluster.job import lora
 from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES
 from cluster.node.profiles import DEFAULT_PROFILE, PROFILES
 from cluster.stack.spec import ClusterSpec
@@ -55,6 +57,7 @@ class PlanOptions:
     auto_stop_idle: str = ""  # the idle tail: a duration or "off"; "": the stack's autoStopIdle, else the default
     provisioning: bool = True  # count the first `pulumi up` (False: the cluster is already up)
     compile: str = "auto"  # torch.compile: on, off, or auto (when the calibration's measurement says it pays)
+    peft: str = ""  # lora: the job's --peft lora at its default rank (only the adapters train, are all-reduced)
 
 
 Sources = list[tuple[str, str, str]]  # (input, value, where it came from)
@@ -118,12 +121,14 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
                 "given (--grad-comm)" if o.grad_comm else "the job's default (--grad_comm)"),
                ("DDP bucket", f"{bucket_mb:g} MB", "given (--ddp-bucket-mb)" if o.bucket_mb else "DDP's default")]
     (model_name, n_params), (data_name, n_samples), size_sources = sizes(o, cal)
-    workload = tm.Workload(params=n_params, samples=n_samples, batch_per_rank=batch, gradient_bytes=grad_bytes,
+    trained, trained_sources = trained_params(o, model_name, n_params)
+    size_sources += trained_sources
+    workload = tm.Workload(params=trained, samples=n_samples, batch_per_rank=batch, gradient_bytes=grad_bytes,
                            epochs=o.epochs, bucket_bytes=round(bucket_mb * 2**20),
                            bucket_gradient_bytes=tm.GRADIENT_BYTES["bf16" if profile == "intel" else "fp32"])
     node_counts = parse_node_counts(o.nodes)
     rate, rate_source, rates, rate_sources = _compute_rate(o, cal, itype, model_name, data_name, batch, n_samples,
-                                                           node_counts)
+                                                           node_counts, trained)
     network, networks, network_sources = _network(o, cal, instance, itype, grad_comm, node_counts)
     sources += size_sources + rate_sources + network_sources
     ranks, rate, rates, layout_sources = _ranks(o, cal, instance, rate, rates)
@@ -153,7 +158,9 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
                      "to plan the stack's cluster")
     where = (f"calibrated on {cal.cluster} ({cal.link or 'link not limited'})" if cal
              else itype)
-    header = (f"{where}, {model_name} ({n_params / 1e6:.0f}M params, {grad_bytes}-byte gradients ({grad_comm}), "
+    lora_text = f", LoRA: {trained / 1e6:.1f}M trained" if trained != n_params else ""
+    header = (f"{where}, {model_name} ({n_params / 1e6:.0f}M params{lora_text}, {grad_bytes}-byte gradients "
+              f"({grad_comm}), "
               f"{bucket_mb:g} MB buckets, profile {profile}), "
               f"{data_name} ({n_samples} samples) x {o.epochs:g} epoch(s), batch {batch}/rank, {ranks} ranks/node, "
               f"{'in' if o.placement_group else 'no'} placement group")
@@ -274,10 +281,62 @@ def sizes(o: PlanOptions, cal: Calibration | None) -> tuple[tuple[str, int], tup
     return (model_name, n_params), (data_name, n_samples), sources
 
 
+# checkpoint bytes: fp32 weights saved, and AdamW's two fp32 moments of every trained parameter
+CHECKPOINT_WEIGHT_BYTES = 4
+CHECKPOINT_OPTIMIZER_BYTES = 8
+
+
+def trained_params(o: PlanOptions, model_name: str, n_params: int) -> tuple[int, Sources]:
+    """(the parameters that train and are all-reduced, the sources: what LoRA trains, the checkpoint's size):
+    every one, or with --peft lora the adapters of the model's attention projections (the catalog's shape)."""
+    peft = (o.peft or lora.DEFAULT_PEFT).strip().lower()
+    if peft not in lora.PEFT_CHOICES:
+        raise ValueError(f"--peft: {o.peft!r} is not allowed; choose {' or '.join(lora.PEFT_CHOICES)}")
+    rank = lora.DEFAULT_RANK
+    if peft == "none":
+        trained, saved, what = n_params, n_params, "every parameter (full fine-tuning)"
+    else:
+        try:
+            shapes = models.lookup_model(model_name).attention_shapes()
+        except ValueError:
+            shapes = []
+        if not shapes:
+            raise ValueError(f"--peft lora: the attention shape of {model_name!r} is not in the model catalog "
+                             f"(known: {', '.join(m.name for m in models.MODELS.values() if m.attention_shapes())})")
+        trained = lora.adapter_parameters(shapes, rank)
+        saved, what = trained, f"LoRA rank {rank} on q,k,v,o of {len(shapes) // 4} layers ({trained / n_params:.2%})"
+    size = saved * CHECKPOINT_WEIGHT_BYTES + trained * CHECKPOINT_OPTIMIZER_BYTES
+    return trained, [("trained parameters", f"{trained / 1e6:.2f}M, all-reduced every step", what),
+                     ("checkpoint", f"{size / 2**20:,.0f} MiB per rank's copy",
+                      "fp32 weights saved" + (" (the adapter only)" if peft == "lora" else "")
+                      + " + AdamW's two fp32 moments of each trained parameter")]
+
+
+def _flops_scaled(itype: str, model_name: str, data_name: str, trained: int) -> tm.Throughput | None:
+    """A model the throughput table lacks, whose shape the catalog knows: DistilBERT's SQuAD rate on this type
+    scaled by the FLOPs per sample (the same share of the peak: an estimate; fab bench measures it)."""
+    try:
+        size, data = models.lookup_model(model_name), models.lookup_dataset(data_name)
+        reference = tm.default_throughput(itype, "distilbert-base-uncased", "squad")
+    except ValueError:
+        return None
+    if not size.matmul_params or not size.hidden:
+        return None
+    base, squad = models.lookup_model("distilbert-base-uncased"), models.lookup_dataset("squad")
+    ratio = (flops.train_flops_per_sample(base.matmul_params, base.layers, base.hidden, squad.seq_len)
+             / flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, data.seq_len,
+                                            min(trained, size.matmul_params)))
+    return tm.Throughput(reference.samples_per_s * ratio,
+                         f"estimate: DistilBERT's SQuAD rate x {ratio:.4f}, its model FLOPs per sample over "
+                         f"{size.name}'s at {data.seq_len} tokens (cluster/cost/flops.py); {reference.source}")
+
+
 def _compute_rate(o: PlanOptions, cal: Calibration | None, itype: str, model_name: str, data_name: str, batch: int,
-                  n_samples: int, node_counts: list[int]) -> tuple[float, str, dict[int, float], Sources]:
+                  n_samples: int, node_counts: list[int], trained: int = 0
+                  ) -> tuple[float, str, dict[int, float], Sources]:
     """(one node's samples/s, where it came from, the measured rate per node count, the sources):
-    from --single-node-time, the calibration when it measured this model and batch, else the catalog."""
+    from --single-node-time, the calibration when it measured this model and batch, else the catalog (for a
+    model it has no rate for, its FLOPs-scaled estimate)."""
     rates: dict[int, float] = {}
     if o.single_node_time:
         seconds = tm.parse_duration(o.single_node_time)
@@ -292,7 +351,9 @@ def _compute_rate(o: PlanOptions, cal: Calibration | None, itype: str, model_nam
             sources.append((f"compute, {n} node(s)", f"{rates[n]:.1f} samples/s per node",
                             f"measured with {at} node(s) busy at once"))
         return rate, f"measured by fab bench ({cal.source})", rates, sources
-    default = tm.default_throughput(itype, model_name, data_name)
+    default = (_flops_scaled(itype, model_name, data_name, trained)
+               if (itype, model_name, data_name) not in tm.DEFAULT_THROUGHPUTS else None)
+    default = default or tm.default_throughput(itype, model_name, data_name)
     rate, rate_source = default.samples_per_s, default.source
     why = ""
     if cal:

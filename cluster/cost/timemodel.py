@@ -97,7 +97,8 @@ def _build_defaults() -> dict[tuple[str, str, str], Throughput]:
     table: dict[tuple[str, str, str], Throughput] = {}
     # Per physical core figures of the two measured CPUs; other sizes of the same CPU scale by cores.
     per_core = {"spr": (_R7IZ / 32, "r7iz.metal-16xl"), "icx": (_C6I / 32, "c6i.16xlarge")}
-    cores = {"r7iz.metal-16xl": ("spr", 32), "r7iz.metal-32xl": ("spr", 64), "c7i.metal-24xl": ("spr", 48),
+    cores = {"r7iz.metal-16xl": ("spr", 32), "r7iz.metal-32xl": ("spr", 64), "c7i.16xlarge": ("spr", 32),
+             "c7i.metal-24xl": ("spr", 48),
              "c7i.metal-48xl": ("spr", 96), "m7i.48xlarge": ("spr", 96), "c6i.16xlarge": ("icx", 32),
              "c6i.32xlarge": ("icx", 64), "c6in.32xlarge": ("icx", 64),
              "c7i.48xlarge": ("spr", 96), "r7i.48xlarge": ("spr", 96), "m7i.metal-48xl": ("spr", 96),

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-TASKS = ("qa", "classification")
+TASKS = ("qa", "classification", "causal-lm")
 # How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
 GRAD_COMM_CHOICES = ("fp32", "bf16")
 # The job only, for `fab bench`'s compute measurement: DDP runs in lock-step but no gradient is
@@ -36,14 +36,18 @@ BF16_CHOICES = ("auto", "on", "off")
 SYNTHETIC_ROOT = "xeon-cluster-data"
 SYNTHETIC_MODEL_NAME = "synthetic-model"
 SYNTHETIC_MODEL_DIR = f"{SYNTHETIC_ROOT}/{SYNTHETIC_MODEL_NAME}"
+# The tasks whose demo model is not the shared DistilBERT-shaped one: causal-lm's is a tiny Llama, shared the same way.
+SYNTHETIC_TASK_MODEL_NAMES = {"causal-lm": "synthetic-causal-lm-model"}
 # Settings under which the tiny demo model learns in a few dozen steps (with 16 per rank). No batch
 # size here: callers add their own before these.
-SYNTHETIC_SEQ_LENGTHS = {"qa": 64, "classification": 48}  # the demo's tokens per sample
+SYNTHETIC_SEQ_LENGTHS = {"qa": 64, "classification": 48, "causal-lm": 32}  # the demo's tokens per sample
 SYNTHETIC_ARGS = {
     "qa": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["qa"]), "--doc_stride", "16", "--learning_rate", "0.005",
            "--warmup_steps", "5", "--weight_decay", "0.0"),
     "classification": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["classification"]), "--learning_rate", "0.005",
                        "--warmup_steps", "5"),
+    "causal-lm": ("--max_seq_length", str(SYNTHETIC_SEQ_LENGTHS["causal-lm"]), "--learning_rate", "0.01",
+                  "--warmup_steps", "5", "--weight_decay", "0.0", "--logging_steps", "4"),
 }
 SYNTHETIC_EPOCHS = "1"
 SYNTHETIC_BATCH_SIZE = 16
@@ -231,7 +235,8 @@ def synthetic_data(task: str, examples: int | None, python: str, shared_root: st
     if examples is not None and examples < 1:
         raise JobArgsError(f"--synthetic-examples: {examples} is not allowed; give 1 or more")
     directory = f"{SYNTHETIC_ROOT}/synthetic-{task}" + (f"-{examples}" if examples else "")
-    model = f"{shared_root.rstrip('/')}/.{SYNTHETIC_MODEL_NAME}" if shared_root else SYNTHETIC_MODEL_DIR
+    name = SYNTHETIC_TASK_MODEL_NAMES.get(task, SYNTHETIC_MODEL_NAME)
+    model = f"{shared_root.rstrip('/')}/.{name}" if shared_root else f"{SYNTHETIC_ROOT}/{name}"
     command = [python, "-m", "training.synthetic", "--out", directory, "--task", task, "--model-dir", model]
     if examples:
         command += ["--examples", str(examples)]
@@ -269,6 +274,7 @@ TYPED_FLAGS = {
     "--checkpoint_minutes": ("checkpoint_minutes", "--checkpoint-every"),
     "--checkpoint_uri": ("checkpoint_uri", "--checkpoint-uri"), "--resume": ("resume", "--resume"),
     "--output_dir": ("output_dir", "--output-dir"), "--compile_estimate": ("compile_estimate", "--compile"),
+    "--peft": ("peft", "--peft"),
 }
 # What a recovery's batch override replaces (cluster/run/recovery.py's BatchPlan): never kept from --extra.
 BATCH_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size")

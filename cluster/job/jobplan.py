@@ -247,6 +247,8 @@ def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: st
                               grad_comm=job.grad_comm, ddp_bucket_mb=job.ddp_bucket_mb, extra_args=extra)
     if job.compile is not None:
         args += ["--compile", job.compile]
+    if job.peft is not None:
+        args += ["--peft", job.peft]
     if job.compile_estimate is not None:
         args += ["--compile_estimate", ",".join(f"{v:.4f}" if i < 2 else f"{v:.1f}"
                                                 for i, v in enumerate(job.compile_estimate))]

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS, ExtraArg, JobArgsError,
                                   check_extra, parse_s3_uri)
 from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS
+from cluster.job.lora import PEFT_CHOICES
 from cluster.job import checks as ck
 from cluster.job.checks import RequestError, check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
@@ -116,6 +117,7 @@ class BuiltinJob:
     ddp_bucket_mb: float | None = None
     compile: str | None = None  # None: the job's own default
     compile_estimate: tuple[float, float, float] | None = None  # fab bench's: eager step, compiled step, compile s
+    peft: str | None = None  # None: the job's own default (none)
     demo: Demo | None = None
     extra: tuple[ExtraArg, ...] = ()
 
@@ -132,6 +134,10 @@ class BuiltinJob:
         ck.whole("--max-steps", self.max_steps, 1, 1 << 40)
         ck.choice("--bf16", self.bf16, BF16_CHOICES, optional=False)
         ck.choice("--grad-comm", self.grad_comm, GRAD_COMM_CHOICES)
+        ck.choice("--peft", self.peft, PEFT_CHOICES)
+        if self.peft not in (None, "none") and (self.task or TASKS[0]) != "causal-lm":
+            raise RequestError(f"--peft: {self.peft} is not allowed with --task {self.task or TASKS[0]}; allowed: "
+                               "--task causal-lm")
         if self.ddp_bucket_mb is not None and not (isinstance(self.ddp_bucket_mb, (int, float)) and not isinstance(
                 self.ddp_bucket_mb, bool) and math.isfinite(self.ddp_bucket_mb) and self.ddp_bucket_mb > 0):
             raise RequestError(f"--ddp-bucket-mb: {self.ddp_bucket_mb!r} is not allowed; give a positive number of MB "

@@ -33,7 +33,7 @@ TRUE_WORDS, FALSE_WORDS = ("", "true", "yes", "1", "on"), ("false", "no", "0", "
 # The built-in job's options, which mean nothing to your own program (--script/--module).
 BUILTIN_OPTIONS = ("task", "model", "dataset", "dataset_config", "train_file", "validation_file", "epochs",
                    "batch_size", "max_steps", "checkpoint_every", "checkpoint_uri", "resume", "synthetic_examples",
-                   "grad_comm", "ddp_bucket_mb", "compile")
+                   "grad_comm", "ddp_bucket_mb", "compile", "peft")
 OWN_OPTIONS = ("script", "module", "args", "workdir", "requirements", "independent_ranks")
 MANAGED_ONLY = ("max_recoveries", "wait_for_capacity", "detach", "resume_arg")
 
@@ -158,6 +158,7 @@ def _builtin(options: dict[str, Any], offline: bool, run_id: str, *, calibration
         max_steps=options.get("max_steps") or None, bf16=(options.get("bf16") or "auto").lower(),
         grad_comm=(options.get("grad_comm") or "").strip().lower() or None,
         ddp_bucket_mb=options.get("ddp_bucket_mb"), compile=choice,
+        peft=(options.get("peft") or "").strip().lower() or None,
         compile_estimate=options.get("compile_estimate") or measured, demo=demo, extra=extra)
     return job, files, [compile_line]
 

@@ -103,6 +103,7 @@ PROFILES: dict[str, Profile] = {
                 "torch==2.13.0",
                 "transformers==5.23.0",
                 "accelerate==1.15.0",
+                "peft==0.21.2",  # --task causal-lm --peft lora
                 "datasets==5.2.0",
                 "impi-rt==2021.18.1",  # 2021.19 needs a libfabric that PyPI lacks
                 "boto3>=1.35",

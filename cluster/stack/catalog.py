@@ -69,6 +69,8 @@ CATALOG: dict[str, InstanceType] = {
                      sockets_inferred=True, clock_ghz=3.5),
         InstanceType("c6in.32xlarge", 2, 64, 128, 256, 200, True, False, False, False, _ICX,
                      sockets_inferred=True, clock_ghz=3.5),
+        InstanceType("c7i.16xlarge", 1, 32, 64, 128, 25, False, True, True, False, _SPR + " (8488C)",
+                     sockets_inferred=True, clock_ghz=3.2),
         InstanceType("c7i.metal-24xl", 1, 48, 96, 192, 37.5, False, True, True, True, _SPR + " (8488C)",
                      sockets_inferred=True, clock_ghz=3.2),
         InstanceType("c7i.metal-48xl", 2, 96, 192, 384, 50, True, True, True, True, _SPR + " (8488C)",

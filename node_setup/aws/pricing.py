@@ -29,6 +29,7 @@ STATIC_ON_DEMAND_USD = {
     "c6i.16xlarge": 2.72,
     "c6i.32xlarge": 5.44,
     "c6in.32xlarge": 7.2576,
+    "c7i.16xlarge": 2.856,
     "c7i.metal-24xl": 4.284,
     "c7i.metal-48xl": 8.568,
     "m7i.48xlarge": 9.6768,

@@ -352,6 +352,9 @@ def _spot_notes(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, rows:
     "ddp_bucket_mb": "DDP's gradient bucket size in MB (default DDP's 25; the job's --ddp_bucket_mb)",
     "calibration": "a calibration file `fab bench` wrote (default: the --cluster's, if it has one)",
     "cluster": "use the calibration `fab bench` measured on this cluster (local, local:NAME or an AWS cluster name)",
+    "peft": "lora: plan the job's --peft lora (only the adapters of the attention projections train, are "
+            "all-reduced and checkpointed; the job's default rank, the model's shape from the catalog); default "
+            "none (full fine-tuning)",
     "compile": "torch.compile: auto (compiled rows where the calibration's `fab bench --compile` figures say the "
                "saving over the run's steps exceeds the compile time), on or off; compile time goes in the start-up",
 })
@@ -361,7 +364,8 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=plan_options.DE
          ranks_per_node=Unset(int, "the type's sockets"), flows_per_rank=1, placement_group=True, on_demand=False,
          hourly_usd=Unset(float), region="", stack="", json=False, plot="", grad_comm="", ddp_bucket_mb=Unset(float),
          calibration="", cluster="",
-         auto_stop_idle=Unset(duration_or_off), provisioning=True, compile="auto"):  # noqa: A002
+         auto_stop_idle=Unset(duration_or_off), provisioning=True, compile="auto",
+         peft=""):  # noqa: A002
     """Predict epoch time, scaling efficiency and the whole cost (provisioning, run, idle tail) per node count."""
     idle = "" if not given(auto_stop_idle) else f"{auto_stop_idle:g}s" if auto_stop_idle else "off"
     options = PlanOptions(nodes=nodes, instance_type=instance_type, model=model, dataset=dataset, epochs=epochs,
@@ -370,7 +374,7 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=plan_options.DE
                           ranks_per_node=ranks_per_node or 0, flows_per_rank=flows_per_rank,
                           placement_group=placement_group, on_demand=on_demand, grad_comm=grad_comm,
                           bucket_mb=ddp_bucket_mb or 0.0, auto_stop_idle=idle, provisioning=provisioning,
-                          compile=str(compile).strip().lower())
+                          compile=str(compile).strip().lower(), peft=peft)
     try:
         cal, cal_note = load_calibration(calibration, cluster)
         rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd or 0.0, region=region,

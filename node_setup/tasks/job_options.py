@@ -15,6 +15,7 @@ from typing import Any
 from cluster.inventory import Inventory
 from cluster.job import request as rq
 from cluster.job.job_args import BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS
+from cluster.job.lora import PEFT_CHOICES
 from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
 from node_setup.tasks.common import Unset, duration_or_off, given
 
@@ -47,6 +48,9 @@ TRAIN_HELP = {
                  "DDP's buckets)",
     "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default "
                      "25)",
+    "peft": f"causal-lm: {' or '.join(PEFT_CHOICES)} (lora: peft's LoRA adapters on a frozen model, the output "
+            "holds the adapter only; --extra '--lora_r 8' and the job's other --lora_* flags tune it; the job's "
+            "--peft)",
     "compile": f"torch.compile the model: {', '.join(COMPILE_CHOICES)} (default auto: compiled when the saving "
                "`fab bench --compile` measured, over the run's steps, exceeds the compile time; the job's --compile)",
 }
@@ -61,7 +65,7 @@ DEFAULTS: dict[str, Any] = {
 GROUPS = {
     "program": ("ranks-per-node", "threads", "ccl-workers", "env", "allow-env"),
     "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
-                 "max-steps", "bf16", "grad-comm", "ddp-bucket-mb", "compile", "synthetic-examples", "extra"),
+                 "max-steps", "bf16", "grad-comm", "ddp-bucket-mb", "compile", "peft", "synthetic-examples", "extra"),
     "spot and recovery": ("min-nodes", "max-restarts"),
     "output": ("checkpoint-every", "checkpoint-uri"),
 }

@@ -91,7 +91,7 @@ def train(c, nodes=Unset(int, "all nodes"), cluster="", region="", task="", mode
           synthetic_examples=D["synthetic_examples"], dry_run=False, script="", module="", args="", workdir="",
           workdir_limit_mb=DEFAULT_WORKDIR_LIMIT_MB, requirements="", notice_signal=DEFAULT_NOTICE_SIGNAL,
           launcher=DEFAULT_LAUNCHER, min_nodes=D["min_nodes"], max_restarts=D["max_restarts"], grad_comm="",
-          ddp_bucket_mb=Unset(float), compile="", managed=False, max_recoveries=Unset(int),
+          ddp_bucket_mb=Unset(float), compile="", peft="", managed=False, max_recoveries=Unset(int),
           wait_for_capacity=Unset(duration_or_off), independent_ranks=False, allow_busy=False, resume_arg="",
           workdir_changed_ok=False, detach=False, all_ranks=False, name="", file=""):  # noqa: A002 - `file`: the job file, applied by node_setup/tasks/executor.py; `compile`
     """Launch distributed training (mpirun, or torchrun per node) on N nodes and stream its output."""

@@ -47,9 +47,11 @@ def test_build_summary_reports_an_interruption_and_every_key():
     from training import exit_codes
 
     parsed = NS(training=NS(per_device_train_batch_size=4, gradient_accumulation_steps=2),
-                job=NS(checkpoint_minutes=5.0, checkpoint_uri="s3://bucket/run", grad_comm="bf16", ddp_bucket_mb=None),
+                job=NS(checkpoint_minutes=5.0, checkpoint_uri="s3://bucket/run", grad_comm="bf16", ddp_bucket_mb=None,
+                       peft="none"),
                 data=NS(task="qa", max_seq_length=64), model=NS(model_name_or_path="tiny"))
-    prepared = NS(source={"train": "t.json"}, train_examples=10, train_features=[0] * 12, tokens_per_sample=33.333)
+    prepared = NS(source={"train": "t.json"}, train_examples=10, train_features=[0] * 12, tokens_per_sample=33.333,
+                  parameters=1000, trainable_parameters=40)
     timer = NS(step_seconds=[2.0, 1.0, 1.0], train_begin=100.0, first_step_end=102.0, last_step_end=104.0,
                start_step=5)
     spot = NS(interrupted_at=8, notice_rank=1, watcher=object(), saved=[
@@ -62,7 +64,8 @@ def test_build_summary_reports_an_interruption_and_every_key():
         digests=["x", "x"], settings={"backend": "gloo"}, versions={"python": "3"}, started=90.0, now=110.0,
         run_id="20260101T000000Z-abcd")
     assert list(data) == [
-        "status", "exit_code", "run_id", "task", "model", "data", "world_size", "nodes", "hosts", "per_rank_batch_size",
+        "status", "exit_code", "run_id", "task", "model", "data", "parameters", "trainable_parameters", "world_size",
+        "nodes", "hosts", "per_rank_batch_size",
         "gradient_accumulation_steps", "global_batch_size", "train_examples", "train_features",
         "tokens_per_sample", "max_seq_length", "start_step", "steps", "max_steps", "steps_this_run", "epoch",
         "train_seconds", "samples", "samples_per_second", "samples_per_second_per_rank", "tokens_per_second",
@@ -79,8 +82,9 @@ def test_build_summary_reports_an_interruption_and_every_key():
     assert data["run_id"] == "20260101T000000Z-abcd"
     assert data["checkpoint_upload_errors"] == [{"step": 4, "error": "ClientError: AccessDenied"}]
     assert data["settings"] == {"backend": "gloo", "checkpoint_minutes": 5.0, "checkpoint_uri": "s3://bucket/run",
-                                "spot_watch": True, "grad_comm": "bf16", "ddp_bucket_mb": None,
+                                "spot_watch": True, "grad_comm": "bf16", "ddp_bucket_mb": None, "peft": None,
                                 "versions": {"python": "3"}}
+    assert (data["parameters"], data["trainable_parameters"]) == (1000, 40)
 
 
 def test_write_summary_replaces_the_file_whole(tmp_path):

@@ -34,7 +34,20 @@ def test_distilbert_squad_sample_costs_about_106_gflops():
 
 def test_every_catalogued_model_has_its_shape():
     for size in models.MODELS.values():
-        assert 0 < size.matmul_params < size.params and size.hidden > 0, size.name
+        # a causal LM's tied output layer is its embedding table and a matmul: then every parameter counts
+        assert 0 < size.matmul_params <= size.params and size.hidden > 0, size.name
+
+
+def test_a_lora_step_trains_the_adapters_and_runs_the_frozen_base_forward_and_backward():
+    size = models.lookup_model("meta-llama/Llama-3.2-1B")
+    adapters = 3_407_872  # rank 16 on q, k, v, o: 16 x (2048+2048 + 2 x (2048+512) + 2048+2048) x 16 layers
+    lora = flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, 256, adapters)
+    attention = 12 * 16 * 2048 * 256 ** 2
+    assert lora == 6 * adapters * 256 + 4 * (size.matmul_params - adapters) * 256 + attention
+    full = flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, 256)
+    assert full == 6 * size.matmul_params * 256 + attention and 0.6 < lora / full < 0.7
+    with pytest.raises(ValueError, match="trained"):
+        flops.train_flops_per_sample(size.matmul_params, size.layers, size.hidden, 256, size.matmul_params + 1)
 
 
 @pytest.mark.parametrize("bf16, flags, expected", [

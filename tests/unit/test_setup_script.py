@@ -155,8 +155,8 @@ def _check_events(**overrides):
              "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
              "disk_free_kib": f"{50 * 2**20} /opt/xeon-cluster/venv-stock"}
     facts.update(overrides.pop("facts", {}))
-    pkgs = {"torch": "2.13.0+cpu", "transformers": "5.23.0", "accelerate": "1.15.0", "datasets": "5.2.0",
-            "impi-rt": "2021.18.1", "boto3": "1.40.0"}
+    pkgs = {"torch": "2.13.0+cpu", "transformers": "5.23.0", "accelerate": "1.15.0", "peft": "0.21.2",
+            "datasets": "5.2.0", "impi-rt": "2021.18.1", "boto3": "1.40.0"}
     pkgs.update(overrides.pop("pkgs", {}))
     lines = [f"::xc:: fact {k} {v}" for k, v in facts.items()] + [f"::xc:: fact pkg {k} {v}" for k, v in pkgs.items()]
     return parse_events("\n".join(lines))
