@@ -22,7 +22,8 @@ import pytest
 from cluster.stack import catalog
 from cluster.job.layout import plan_layout
 from cluster.job.torchrun import torchrun_env
-from tests.training.conftest import free_port, run_together
+from tests.processes import run_together
+from tests.training.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
