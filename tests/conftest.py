@@ -22,6 +22,7 @@ import atexit
 import functools
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -105,3 +106,17 @@ def pytest_collection_modifyitems(config, items):
         return (rank.get(name, len(rank)), item.path not in long_files)
 
     items.sort(key=key)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A subprocess that ran past its bound (`subprocess.run(..., timeout=N)`, `communicate(timeout=N)`)
+    fails the test with what it had printed by then, not with its command line alone."""
+    outcome = yield
+    if call.excinfo is None or not isinstance(call.excinfo.value, subprocess.TimeoutExpired):
+        return
+    expired = call.excinfo.value
+    for name, data in (("stdout", expired.stdout), ("stderr", expired.stderr)):
+        if data:
+            text = data.decode(errors="replace") if isinstance(data, bytes) else data
+            outcome.get_result().sections.append((f"{name} of the command that timed out", text[-6000:]))

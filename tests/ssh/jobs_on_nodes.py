@@ -93,8 +93,17 @@ def act_while_training(cluster, train_args: list[str], action: list[str], ready:
             break
     acted = subprocess.run([sys.executable, "-m", "fabric", *action, "--cluster", f"local:{cluster.name}"],
                            cwd=REPO_ROOT, env=cluster.env(), capture_output=True, text=True, timeout=300)
-    code = job.wait(timeout=timeout)
+    try:
+        code = job.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+        code = None
     reader.join(timeout=10)
     while not lines.empty():
         log.append(lines.get())
+    if code is None:
+        raise AssertionError(f"fab {' '.join(train_args[:1])} had not ended {timeout:.0f} s after `fab "
+                             f"{' '.join(action)}`; it printed:\n{''.join(log)[-6000:]}\nthe action's output:\n"
+                             f"{acted.stdout[-2000:]}{acted.stderr[-2000:]}")
     return acted, code, "".join(log)

@@ -19,6 +19,7 @@ from cluster.node import autostop
 from node_setup.local import imds_server
 from node_setup.local import system as local_system
 from tests.ssh.conftest import FAB, REPO_ROOT, run_fab
+from tests.ssh.jobs_on_nodes import node_home, wait_for
 
 pytestmark = [pytest.mark.ssh]
 
@@ -51,7 +52,9 @@ def test_nodes_power_off_after_the_idle_time_and_an_exec_resets_it(local_cluster
     # runs past the first deadline: a running exec is never idle, and its end restarts the clock
     busy = subprocess.Popen([*FAB, "exec", f"sleep {IDLE_S + 4}", "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
                             env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)
+    records = node_home(cluster, 0) / autostop.ACTIVITY_DIR
+    wait_for(lambda: busy.poll() is not None or any(records.glob("exec-*")), 60, f"the exec's record in {records}")
+    assert busy.poll() is None, f"the exec ended before its record was seen:\n{busy.communicate()[0]}"
     status = run_fab(cluster, "status", timeout=60)
     assert f"auto-stop: armed, {IDLE_S}s idle (powers off node0, node1); 1 job(s)/exec(s) running" in status.stdout, (
         status.stdout + status.stderr)

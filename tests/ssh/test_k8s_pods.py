@@ -31,7 +31,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import pytest
 from cluster.job import k8s, trainjob
 from node_setup import kubeflow
 from tests.k8s_operator import MASTER_ONLY_VARIABLES, operator_env
+from tests.processes import run_together
 from tests.k8s_trainer import trainer_env, webhook_problems
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -234,24 +234,17 @@ def run_pods(pod_nodes, tmp_path: Path, text: str) -> tuple[list[Pod], list[dict
                                      timeout=300)
             assert prepared.returncode == 0, prepared.stdout + prepared.stderr
         lines.append(pod_command(pod.main, dirs))
-    started = [subprocess.Popen(ssh_argv(pod_nodes, i, line), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True) for i, line in enumerate(lines)]
-    outputs = []
     try:
-        deadline = time.monotonic() + 420
-        for pod in started:
-            outputs.append(pod.communicate(timeout=max(1, deadline - time.monotonic()))[0])
+        started = run_together([ssh_argv(pod_nodes, i, line) for i, line in enumerate(lines)], tmp_path / "pod-logs",
+                               timeout=420)
     finally:
         for pid in processes_under(str(tmp_path)):  # whatever of this test's pods is still running
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for pod in started:
-            if pod.poll() is None:
-                pod.kill()
-    logs = "\n".join(f"--- pod {i} (exit {p.returncode}) "
-                     f"---\n{o[-6000:]}" for i, (p, o) in enumerate(zip(started, outputs)))
+    logs = "\n".join(f"--- pod {i} (exit {p.returncode}) ---\n{(p.stdout + p.stderr)[-6000:]}"
+                     for i, p in enumerate(started))
     assert [p.returncode for p in started] == [0] * PODS, logs
     return found, all_dirs
 

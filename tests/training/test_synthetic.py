@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.processes import run_together
 from tests.training.conftest import REPO
 from training import synthetic
 
@@ -68,7 +69,7 @@ def test_demos_with_a_model_dir_share_one_model_made_once(tmp_path):
             f"assert synthetic.main(['--out', {str(later)!r}, '--task', 'classification', '--examples', '30', "
             f"'--model-dir', {str(shared)!r}]) == 0; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]", done.stdout  # neither was imported
     assert json.loads("\n".join(done.stdout.splitlines()[:-1]))["model"] == str(shared)
@@ -83,11 +84,9 @@ def test_demos_made_at_once_with_one_model_dir_make_the_model_once(tmp_path):
     code = ("import sys; from training import synthetic; "
             "assert synthetic.main(['--out', sys.argv[1], '--examples', '20', '--model-dir', sys.argv[2]]) == 0; "
             "print('torch' in sys.modules)")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"node{i}"), str(shared)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=REPO) for i in range(3)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
-    assert sorted(out.splitlines()[-1] for out, _ in outs) == ["False", "False", "True"]
+    procs = run_together([[sys.executable, "-c", code, str(tmp_path / f"node{i}"), str(shared)] for i in range(3)],
+                         tmp_path / "logs", timeout=300, cwd=REPO)
+    assert [p.returncode for p in procs] == [0, 0, 0], [p.stderr for p in procs]
+    assert sorted(p.stdout.splitlines()[-1] for p in procs) == ["False", "False", "True"]
     assert (shared / "model.safetensors").is_file()
     assert sorted(p.name for p in shared.parent.iterdir() if p.is_dir()) == [".synthetic-model"]
