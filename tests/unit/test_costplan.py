@@ -452,8 +452,14 @@ def test_fab_plan_shows_the_range_over_the_listed_types_and_what_the_fallback_co
     assert row.instance_type == "m7i.48xlarge"  # the first type: the master's, and the table's
     (listed,) = [n for n in notes if n.startswith("instanceTypes:")]
     assert ("any of m7i.48xlarge $4.8384, c7i.48xlarge $4.2840, r7i.48xlarge $6.3504 per instance-hour" in listed)
-    # the same plan at each type's spot estimate: totals scale with the price (the same time model: one shape)
-    low, high = (row.total_usd * pricing.STATIC_ON_DEMAND_USD[t] / 9.6768 for t in ("c7i.48xlarge", "r7i.48xlarge"))
+    # the same plan at each type's spot estimate: the nodes' part of the total scales with the price (the same time
+    # model: one shape); the image's build on its own small instance costs the same whatever the nodes' type
+    from cluster.node.profiles import get_profile
+    from cluster.stack import catalog, lifecycle
+
+    build = lifecycle.first_up(catalog.lookup("m7i.48xlarge"), get_profile("stock").min_root_volume_gib).builder_usd
+    low, high = (build + (row.total_usd - build) * pricing.STATIC_ON_DEMAND_USD[t] / 9.6768
+                 for t in ("c7i.48xlarge", "r7i.48xlarge"))
     assert listed.endswith(f"the total is ${low:.2f} to ${high:.2f}")
     (fallback,) = [n for n in notes if n.startswith("onDemandFallback:")]
     # by hand: 3 workers x (9.6768 - 4.8384) $/hour over the run and the idle tail
