@@ -11,7 +11,7 @@ from invoke import Exit
 
 from cluster.cost import flops, spend
 from cluster.job import jobprogress, joblist
-from cluster.job.jobplan import shown
+from cluster.job.jobplan import check_job_id, shown
 from cluster.job.logstream import assemble
 from cluster.job.launch import DEFAULT_LAUNCHER
 from cluster.inventory import DOWN
@@ -49,6 +49,11 @@ def status(c, cluster="", region="", job="", json=False):
     The nodes' state, type, market, uptime, hourly price and spend so far and the cluster's total; the job's
     state, program, progress (step of total, samples/s, time left, cost so far) and last log line; --json
     prints the same as one JSON object."""
+    if job:
+        try:
+            check_job_id(job)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     inventory = common.inventory(cluster, region)
     spent = node_spend.cluster_spend(inventory)
     facts: dict = {"nodes": [], "job": None, "problems": []}
@@ -74,6 +79,9 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         job_id, unreached = None, True
         facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
         print(facts["problems"][-1])
+    if job and job_id and jobs.job_state(master, job_id)[0] == "missing":  # as `fab logs` and `fab get` refuse it
+        raise fail(f"--job: job {job_id!r} is not on the master {inventory.master.name}; `fab jobs` lists the jobs "
+                   "there")
     ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
     print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
     print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {spend.SPEND_HEADER} {'reachable':<10} ranks")
