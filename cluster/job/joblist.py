@@ -25,10 +25,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
-from cluster.job.launch import JOBS_DIR, LAUNCHERS
+from cluster.job.launch import INTERRUPTED_CODE, JOBS_DIR, LAUNCHERS
 from cluster.names import printable
 
-INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 UNKNOWN = "unknown"
 STATES = ("running", "completed", "failed", "interrupted", "stopped", UNKNOWN)
 _MASTER_STATES = ("running", "stopped", "exited", "lost")  # what job-list.sh says of a job

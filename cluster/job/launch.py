@@ -78,6 +78,7 @@ MASTER_PORT_SPAN = 2000
 # records "pid pgid host" ("-" for a pgid it could not read) in ~/.xeon-cluster/jobs/<job>/ranks/rank-<rank>,
 # picks GLOO_SOCKET_IFNAME (the interface that holds MASTER_ADDR on the master, the one routing to it
 # elsewhere) unless it is set, then runs the program (the recorded pid is the program's).
+INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 RANK_WRAPPER = shell.render("rank-wrapper.sh", {"JOBS_DIR": JOBS_DIR})
 
 # What the job script does on the master before mpirun (LaunchPlan.setup; job.sh does it).
@@ -217,6 +218,7 @@ class LaunchPlan:
             **{f"{key}_PREPEND": self.prepends.get(key, "") for key in PREPENDED},
             "ONECCL_PYTHON": f"{self.venv}/bin/python" if ONECCL_ENV_SETUP in self.setup else "",
             "HYDRA_IFACE": "yes" if HYDRA_IFACE_SETUP in self.setup else "no",
+            "INTERRUPTED": str(INTERRUPTED_CODE),
             "MPIRUN": self.argv,  # the positional parameters
         }
         clash = set(values) & set(self.exports)

@@ -199,3 +199,17 @@ def test_a_job_fab_train_starts_is_in_the_history_before_any_fab_jobs(tmp_path, 
         ("20261127-090000-aaaa", "completed", "node0", None, None, None)]  # the others as they were
     after = job_history.record("lab", [])  # a new master lists none of them
     assert [(r.id, r.state) for r in after] == [(RUN, "unknown"), ("20261127-090000-aaaa", "completed")]
+
+
+def test_a_supervised_runs_folder_is_not_a_job_and_its_jobs_are(tmp_path):
+    """`fab train --managed` keeps its workdir and data files in ~/.xeon-cluster/jobs/<run id>/ (an id of the
+    same form as a job's) with no job.json: no row of "unknown"s for it, and no problem line; its jobs are
+    rows."""
+    run = "20260102-030400-9999"
+    folder = job(tmp_path, run)
+    (folder / "workdir").mkdir()
+    (folder / "workdir" / "train.py").write_text("print(1)\n")
+    (folder / "data").mkdir()
+    job(tmp_path, "20260102-030405-aaaa", meta={**META, "supervised_run": run}, exit_code="0\n", ended=START + 5)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert [(r.id, r.state) for r in rows] == [("20260102-030405-aaaa", "completed")] and problems == []
