@@ -83,6 +83,7 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         raise fail(f"--job: job {job_id!r} is not on the master {inventory.master.name}; `fab jobs` lists the jobs "
                    "there")
     ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
+    state, detail = jobs.job_state(master, job_id) if job_id else ("", "")  # after the ranks: an end is not missed
     print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
     print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {spend.SPEND_HEADER} {'reachable':<10} ranks")
     for node in sorted((*inventory.nodes, *inventory.down), key=lambda n: n.rank):  # down: the backend's, not reached
@@ -91,7 +92,9 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         running = ""
         if outcome and outcome.ok and job_id:
             live = [line.split()[0] for line in outcome.detail.splitlines() if line.endswith(" running")]
-            running = f"{len(live)} running ({', '.join('r' + r for r in live)})" if live else "none running"
+            # a job that ended has no rank running: one still alive is left over (fab stop ends it)
+            alive = "running" if state == "running" else "left after the job's end"
+            running = f"{len(live)} {alive} ({', '.join('r' + r for r in live)})" if live else "none running"
         elif outcome and not outcome.ok:
             running = outcome.detail.splitlines()[-1][:60] if outcome.detail else ""
         itype = node.instance_type or inventory.instance_type
@@ -123,7 +126,6 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     if not job_id:
         print("no job started yet (fab train starts one)")
         return
-    state, detail = jobs.job_state(master, job_id)
     detail = printable(detail)  # read from the master: shown as text, nothing a terminal would act on
     try:
         meta = jobs.read_metadata(master, job_id)
@@ -169,6 +171,9 @@ def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, f
         return
     now = node_spend.clock()
     started = joblist.epoch(meta.get("started"))
+    if started is not None and record.updated < started:  # an earlier job's, in the same output folder
+        print(f"  progress: none yet from this job (the record in {shown(printable(path))} is from before it started)")
+        return
     running_s = (now if running else record.updated) - started if started is not None else None
     prices = [spent.node(host) for host in meta.get("hosts", [])]
     usd_per_hour = (sum(p.usd_per_hour for p in prices if p is not None and p.usd_per_hour is not None)
