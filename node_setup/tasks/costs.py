@@ -278,11 +278,11 @@ def _local_machine(cluster: str, instance_type: str) -> tuple[str, int] | None:
     is given (the plan is for the local nodes), else None."""
     from cluster.backend import LOCAL
     from node_setup.backends import cluster_kind
-    from training.hardware import cpu_model, physical_cores
+    from node_setup.local.system import machine_cpu
 
     if not cluster or instance_type or cluster_kind(cluster)[0] != LOCAL:
         return None
-    return cpu_model(), physical_cores()
+    return machine_cpu()
 
 
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",

@@ -109,6 +109,7 @@ def run(request: RunRequest, inventory: Inventory, job: JobPlan, *, all_ranks: b
     if own is not None and code == 0:
         code = world_check(life, job, own.independent_ranks)
     cost.at_end(master, job, code)  # prints the actual ones, records both in summary.json
+    job_history.observed(job.inventory, master)  # its end, as the master recorded it
     return code
 
 

@@ -154,7 +154,7 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     facts["job"]["mfu"] = progress["mfu"] if progress else None
     if progress:
         print(f"  MFU: {progress['line']}")
-    _remember(inventory, master, facts)
+    job_history.observed(inventory, master, say=lambda line: facts["problems"].append(line))  # into the history
 
 
 def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, facts: dict) -> None:
@@ -182,15 +182,6 @@ def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, f
         record = dataclasses.replace(record, steps_per_second=None)  # no time left for a job that ended
     facts["job"]["progress"] = jobprogress.as_json(record, running_s=running_s, usd_per_hour=usd_per_hour)
     print(f"  progress: {jobprogress.line(record, now=now, running_s=running_s, usd_per_hour=usd_per_hour)}")
-
-
-def _remember(inventory, master, facts: dict) -> None:
-    """The master's job records into the controller's job history (node_setup/job_history.py)."""
-    try:
-        rows, _ = joblist.parse(jobs.list_jobs(master), inventory.master.name)
-    except Exception:  # noqa: BLE001 - the history waits for the next read; the status stands
-        return
-    job_history.record(inventory.name, rows, say=lambda line: facts["problems"].append(line))
 
 
 def _supervised(master, facts: dict) -> None:
@@ -293,7 +284,7 @@ def list_jobs(c, cluster="", region="", json=False):
         rows, problems = joblist.parse(jobs.list_jobs(master), inventory.master.name)
     except jobs.JobError as exc:
         raise fail(str(exc)) from None
-    rows = job_history.record(inventory.name, rows, say=problems.append)
+    rows = job_history.record(inventory.name, rows, say=problems.append, identity=job_history.identity(inventory))
     if json:
         print(joblist.as_json(rows, inventory.name, problems))
         return

@@ -116,7 +116,8 @@ def get(c, job="", path="", to="", cluster="", region=""):
         job_id = jobs.resolve_job_id(master, job or None)
         output_dir = jobs.read_metadata(master, job_id).get("output_dir")
     except jobs.JobError as exc:
-        past = jobhistory.find(job_history.read(inventory.name), job) if job else None
+        past = (jobhistory.find(job_history.read(inventory.name, identity=job_history.identity(inventory)), job)
+                if job else None)
         if past is None:
             raise fail(str(exc)) from None
         job_id, output_dir = past.id, past.output_dir  # still there if the nodes share the disk it was on
