@@ -79,11 +79,18 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         job_id, unreached = None, True
         facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
         print(facts["problems"][-1])
-    if job and job_id and jobs.job_state(master, job_id)[0] == "missing":  # as `fab logs` and `fab get` refuse it
+    state, detail = "", ""
+    if job_id:
+        try:
+            state, detail = jobs.job_state(master, job_id)
+        except Exception as exc:  # noqa: BLE001 - as above: the table still shows every node
+            job_id, unreached = None, True
+            facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
+            print(facts["problems"][-1])
+    if job and state == "missing":  # as `fab logs` and `fab get` refuse it
         raise fail(f"--job: job {job_id!r} is not on the master {inventory.master.name}; `fab jobs` lists the jobs "
                    "there")
     ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
-    state, detail = jobs.job_state(master, job_id) if job_id else ("", "")  # after the ranks: an end is not missed
     print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
     print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {spend.SPEND_HEADER} {'reachable':<10} ranks")
     for node in sorted((*inventory.nodes, *inventory.down), key=lambda n: n.rank):  # down: the backend's, not reached
