@@ -236,12 +236,12 @@ def foreign_machine(cal: Calibration, *, instance_type: str = "", cpu: str = "",
     return f"it measured {cal.machine()}, not this machine ({cpu or 'CPU unknown'}, {cores or 'unknown'} cores)"
 
 
-def noisy_counts(cal: Calibration, tolerance: float = 0.0) -> list[int]:
-    """The node counts whose measured samples/s per node are above one node's (times 1 + `tolerance`): with n
-    nodes each node cannot train faster than one alone, so such a figure is measurement noise."""
+def noisy_counts(cal: Calibration) -> list[int]:
+    """The node counts whose measured samples/s per node are above one node's: with n nodes each node cannot
+    train faster than one alone, so such a figure is measurement noise."""
     if 1 not in cal.compute:
         return []
-    return sorted(n for n, rate in cal.compute.items() if n > 1 and rate > cal.compute[1] * (1 + tolerance))
+    return sorted(n for n, rate in cal.compute.items() if n > 1 and rate > cal.compute[1])
 
 
 def parse(text: str, source: str = "") -> Calibration:
