@@ -73,12 +73,12 @@ RESERVED_VARIABLES = (*TORCH_LAUNCH_VARIABLES, JOB_MARKER, OUTPUT_DIR_VARIABLE, 
 CPU_WORLD_ENV = {ACCELERATE_CPU_VARIABLE: "true"}
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
+INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 
 # Runs as `sh -c RANK_WRAPPER xeon-rank PROGRAM ARGS...` on every node (cluster/shell/rank-wrapper.sh):
 # records "pid pgid host" ("-" for a pgid it could not read) in ~/.xeon-cluster/jobs/<job>/ranks/rank-<rank>,
 # picks GLOO_SOCKET_IFNAME (the interface that holds MASTER_ADDR on the master, the one routing to it
 # elsewhere) unless it is set, then runs the program (the recorded pid is the program's).
-INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 RANK_WRAPPER = shell.render("rank-wrapper.sh", {"JOBS_DIR": JOBS_DIR})
 
 # What the job script does on the master before mpirun (LaunchPlan.setup; job.sh does it).

@@ -5,8 +5,8 @@
 # "state" is running, stopped, exited or lost (as job-state.sh says it); "ended" the epoch seconds
 # when exit_code (else stopped) was written, or null; "stopped", "exit_code" and "job_json" are the
 # first bytes of those files in base64 ("" when there is none). Only a directory whose name can be a
-# job id and that holds a job.json is listed, so every value written here is digits, a fixed word or base64: whatever a file
-# holds, the answer stays JSON and one job's record cannot make another's.
+# job id and that holds a job.json is listed, so every value written here is digits, a fixed word or
+# base64: whatever a file holds, the answer stays JSON and one job's record cannot make another's.
 # Header: JOBS_DIR.
 digits() { head -c 32 "$1" 2>/dev/null | tr -cd 0-9; }
 b64() { if [ -f "$1" ]; then head -c "$2" "$1" | base64 | tr -d '\n'; fi; }
