@@ -45,13 +45,14 @@ def resolve_cluster(cluster: str | None, region: str | None = None) -> Inventory
 
 
 def local_suggestion(name: str) -> str:
-    """'; did you mean `--cluster local:NAME`?' for a name close to a local cluster's (`local`, `local:NAME` or
-    NAME of one this machine has), else ''."""
+    """'; did you mean `--cluster local:NAME`?' for a name that is, or is close to, a local cluster's (`local`,
+    `local:NAME` or NAME of one this machine has), else ''."""
     from node_setup.local.state import DEFAULT_NAME, paths_for
 
     root = paths_for(DEFAULT_NAME).cluster_dir.parent
     names = sorted(p.name for p in root.iterdir() if (p / "state.json").is_file()) if root.is_dir() else []
     choices = {LOCAL: LOCAL, **{f"{LOCAL}:{n}": f"{LOCAL}:{n}" for n in names},
                **{n: f"{LOCAL}:{n}" for n in names if n != DEFAULT_NAME}}
-    close = difflib.get_close_matches(name, [c for c in choices if c != name], n=1, cutoff=0.6)
+    # the exact name a local cluster was given (`local-up --name t1`, then `--cluster t1`) is the closest match
+    close = difflib.get_close_matches(name, [c for c in choices if choices[c] != name], n=1, cutoff=0.6)
     return f"; did you mean `--cluster {choices[close[0]]}`?" if close else ""

@@ -227,6 +227,7 @@ def main(argv=None) -> int:
     if rank == 0:
         result = {"model": o.model, "params": params, "batch": o.batch, "seq_len": o.seq_len, "steps": o.steps,
                   "bucket_mb": o.bucket_mb, "backend": backend, "bf16": bf16, "cpu": hardware.cpu_model(),
+                  "cores": hardware.physical_cores(),
                   "world_size": world, "compute": compute, "allreduce": allreduce}
         if compile_block:
             result["compile"] = compile_block

@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass, replace
 
+from cluster.backend import AWS
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory
@@ -150,6 +151,7 @@ def calibration_from(figures: dict, inventory: Inventory, *, link: str = "", cre
                      ) -> calib.Calibration:
     """The calibration of `inventory`'s cluster from training/bench.py's figures."""
     data = {**figures, "version": calib.VERSION, "cluster": inventory.name, "kind": inventory.kind,
+            "instance_type": (inventory.instance_type or "") if inventory.kind == AWS else "",
             "link": link, "ranks_per_node": 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
     return calib.from_mapping(data, "fab bench")
@@ -187,4 +189,9 @@ def render_table(cal: calib.Calibration) -> str:
         for r in sorted(lay.step_s):
             mark = "  fastest" if r == lay.ranks_per_node else ""
             lines.append(f"{r:>10}  {lay.step_s[r] * 1e3:>8.1f}  {lay.samples_per_s(r):>14.1f}{mark}")
+    noisy = calib.noisy_counts(cal)
+    if noisy:
+        lines.append(f"not stable: at {', '.join(map(str, noisy))} node(s) it measured more samples/s per node than "
+                     f"one node alone ({cal.compute[1]:.1f}), which is noise; rerun with more --steps and --repeats "
+                     "(fab plan flags such figures)")
     return "\n".join(lines)

@@ -3,6 +3,8 @@
 The file (JSON, `<config dir>/calibration/<cluster>.json`, see `path_for`) holds::
 
     cluster, kind, created, cpu, backend, link       where and on what it was measured
+    instance_type, cores                              the machine: its AWS instance type ("": a local or
+                                                      inventory cluster's), its physical cores
     model, params, batch, seq_len, ranks_per_node     what was measured
     bucket_mb                                         DDP's bucket size the all-reduce was cut into
     compute:   {"<n>": samples/s per node while n nodes train at once, no all-reduce}
@@ -19,6 +21,11 @@ else above), and the all-reduce bandwidth and latency for the gradients' dtype
 (cluster/cost/timemodel.py, `Network.measured_gbps`). `fab train` and `fab plan` take the measured
 layout's ranks per node instead of the rule (one per socket) when the node is the one it was
 measured on (`layout_for`).
+
+A calibration applies only to the machine it measured (`foreign_machine`): the same AWS instance type,
+or, for a local or inventory cluster, the same CPU model and physical core count; `fab plan` refuses
+any other unless asked to apply it anyway. A node count whose measured rate per node is above one
+node's would plan an efficiency above 100 %: noise, not scaling (`noisy_counts`).
 """
 
 from __future__ import annotations
@@ -94,6 +101,15 @@ class Calibration:
     source: str = ""  # the file it was read from
     compile: dict | None = None  # {"eager_step_s", "compiled_step_s", "compile_s"}; None: not measured
     layout: LayoutChoice | None = None  # None: not measured (`fab bench --layouts`)
+    instance_type: str = ""  # the AWS instance type it measured ("": a local or inventory cluster's machine)
+    cores: int = 0  # the measured node's physical cores, as its /proc/cpuinfo says (0: not recorded)
+
+    def machine(self) -> str:
+        """The machine it measured, in words: `c6i.16xlarge`, or `a local cluster's (Intel Xeon ..., 16 cores)`."""
+        if self.instance_type:
+            return self.instance_type
+        return (f"{'an' if (self.kind or 'a')[0] in 'aeiou' else 'a'} {self.kind or 'unknown'} cluster's machine "
+                f"({self.cpu or 'CPU unknown'}, {self.cores or 'unknown'} cores)")
 
     def compile_cost(self):
         """The measured torch.compile figures as cluster.cost.timemodel.CompileCost, or None."""
@@ -160,7 +176,8 @@ def from_mapping(data: dict, source: str = "") -> Calibration:
                            cpu=str(data.get("cpu", "")), link=str(data.get("link") or ""),
                            created=str(data.get("created", "")), source=source,
                            compile=_compile(data.get("compile"), source),
-                           layout=_layout(data.get("layout"), source))
+                           layout=_layout(data.get("layout"), source),
+                           instance_type=str(data.get("instance_type") or ""), cores=int(data.get("cores") or 0))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, CalibrationError):
             raise
@@ -205,6 +222,26 @@ def layout_for(cal: Calibration | None, machine: str) -> tuple[int | None, str]:
                       f"{when}, not this node ({machine!r})")
     return lay.ranks_per_node, (f"layout: {lay.ranks_per_node} rank(s) per node, measured fastest by fab bench on "
                                 f"{when} ({lay.summary()}; {cal.source or 'the calibration'})")
+
+
+def foreign_machine(cal: Calibration, *, instance_type: str = "", cpu: str = "", cores: int = 0) -> str:
+    """Why `cal` does not apply to the machine a plan is for ("" when it does): an AWS `instance_type`, or
+    (no instance type) a local or inventory cluster's machine, its `cpu` model and physical `cores`."""
+    if instance_type:
+        if cal.instance_type == instance_type:
+            return ""
+        return f"it measured {cal.machine()}, not {instance_type}"
+    if not cal.instance_type and cal.cpu and cal.cpu == cpu and cal.cores and cal.cores == cores:
+        return ""
+    return f"it measured {cal.machine()}, not this machine ({cpu or 'CPU unknown'}, {cores or 'unknown'} cores)"
+
+
+def noisy_counts(cal: Calibration) -> list[int]:
+    """The node counts whose measured samples/s per node are above one node's: with n nodes each node cannot
+    train faster than one alone, so such a figure is measurement noise."""
+    if 1 not in cal.compute:
+        return []
+    return sorted(n for n, rate in cal.compute.items() if n > 1 and rate > cal.compute[1])
 
 
 def parse(text: str, source: str = "") -> Calibration:

@@ -21,7 +21,7 @@ from cluster.stack import catalog, lifecycle
 from cluster.stack.image_reuse import SNAPSHOT_USD_PER_GIB_MONTH
 from cluster.cost import models
 from cluster.cost import timemodel as tm
-from cluster.cost.calibration import Calibration
+from cluster.cost.calibration import Calibration, foreign_machine, noisy_counts
 from cluster.stack.catalog import InstanceType
 from cluster.cost import flops
 from cluster.job import lora
@@ -58,6 +58,8 @@ class PlanOptions:
     provisioning: bool = True  # count the first `pulumi up` (False: the cluster is already up)
     compile: str = "auto"  # torch.compile: on, off, or auto (when the calibration's measurement says it pays)
     peft: str = ""  # lora: the job's --peft lora at its default rank (only the adapters train, are all-reduced)
+    any_machine: bool = False  # apply the calibration even where it measured another machine
+    local_machine: tuple[str, int] | None = None  # a local cluster planned: this machine's (CPU model, cores)
 
 
 Sources = list[tuple[str, str, str]]  # (input, value, where it came from)
@@ -109,6 +111,7 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     instance = spec.instance if spec and spec.instance_type == itype else catalog.lookup(itype)
     if instance is None:
         raise ValueError(f"--instance-type: {itype!r} is not in the catalog ({', '.join(catalog.known_types())})")
+    foreign = _foreign(o, cal, itype)
     profile = o.profile or (spec.software_profile if spec else DEFAULT_PROFILE)
     if profile not in PROFILES:
         raise ValueError(f"--profile: {profile!r} is unknown; allowed: {', '.join(sorted(PROFILES))}")
@@ -151,6 +154,12 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
         notes.append(f"image storage: the built image's {build_gib} GiB snapshot bills at most "
                      f"${build_gib * SNAPSHOT_USD_PER_GIB_MONTH:.2f}/month while it is kept (keepImage, or another "
                      "stack boots it); `fab images` lists the kept ones with their cost")
+    notes += [foreign] if foreign else []
+    noisy = noisy_counts(cal) if cal else []
+    if cal and noisy:
+        notes.append(f"calibration: at {', '.join(map(str, noisy))} node(s) it measured more samples/s per node than "
+                     f"one node alone ({cal.compute[1]:.1f}): noise, not scaling, so an efficiency above 100 % "
+                     "below is not real; rerun `fab bench`")
     if spec and spec.placement_group != o.placement_group:
         notes.append(f"the stack sets placementGroup {str(spec.placement_group).lower()} but this plan is "
                      f"{'with' if o.placement_group else 'without'} a placement group; "
@@ -170,6 +179,22 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
                       rates=rates, networks=networks, sources=sources, first_up=up, other_up=other,
                       kept_image=kept_image if o.provisioning else "", idle_tail_s=idle_tail_s,
                       compiled=compiled, compile=o.compile)
+
+
+def _foreign(o: PlanOptions, cal: Calibration | None, itype: str) -> str:
+    """"" when the calibration measured the machine planned (the instance type, or the local machine); the note
+    when --any-machine applies it anyway; ValueError naming --calibration otherwise."""
+    if cal is None:
+        return ""
+    here = o.local_machine
+    why = foreign_machine(cal, instance_type="" if here else itype, cpu=here[0] if here else "",
+                          cores=here[1] if here else 0)
+    if not why:
+        return ""
+    if o.any_machine:
+        return f"calibration {cal.source}: {why}; applied anyway (--any-machine)"
+    raise ValueError(f"--calibration: {cal.source or 'the calibration'} does not apply here: {why}; measure this "
+                     "machine with `fab bench`, or pass --any-machine to apply it anyway")
 
 
 def _ranks(o: PlanOptions, cal: Calibration | None, instance: InstanceType, rate: float, rates: dict[int, float]

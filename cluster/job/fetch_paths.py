@@ -14,11 +14,17 @@ never followed on either side.
 A file copied here gets the master's permission bits (`local_mode`), less the user's umask and
 never a setuid, setgid or sticky bit: a 0600 checkpoint stays 0600, nothing is wider than on the
 master.
+
+Whether a file already here is the master's is decided by content, never by size: `fab get` compares
+the sha256 of the local copy with the one the master computes (`digest_command`) of the whole remote
+file (kept as unchanged) or of the prefix a shorter local copy holds (resumed after it); anything else
+is copied from the start, and every copy is compared with the master's digest once it is written.
 """
 
 from __future__ import annotations
 
 import posixpath
+import shlex
 from typing import Sequence
 
 from cluster.names import printable
@@ -84,3 +90,33 @@ def local_parts(parts: Sequence[str], dest: str) -> tuple[str, ...]:
     if not parts or not stays_under(dest, parts):
         raise ValueError(f"{'/'.join(parts)!r} does not stay under {dest!r}")
     return tuple(parts)
+
+
+DIGEST = "sha256"  # what `fab get` compares a local file with the master's by (computed on the master)
+_HEX_DIGEST_LENGTH = 64
+
+
+def digest_command(path: str, nbytes: int | None = None) -> str:
+    """The shell command that prints the sha256 of the file at `path` on the master (of its first `nbytes`
+    bytes when given: the prefix a resumed copy continues after), as `sha256sum` prints it: `<hex>  -`.
+
+    The path is quoted; it is read through a redirection, so no name reads as an option and `sha256sum`
+    never escapes it in its output.
+    """
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"nbytes: {nbytes!r} is not a byte count")
+    quoted = shlex.quote(path)
+    if nbytes is None:
+        return f"sha256sum < {quoted}"
+    return f"head -c {nbytes} < {quoted} | sha256sum"
+
+
+def parse_digest(text: str) -> str | None:
+    """The hex digest `digest_command`'s output holds, lower case; None when it holds no such line."""
+    lines = text.strip().splitlines()
+    if len(lines) != 1:
+        return None
+    first = lines[0].split(" ", 1)[0].lower()
+    if len(first) != _HEX_DIGEST_LENGTH or any(ch not in "0123456789abcdef" for ch in first):
+        return None
+    return first

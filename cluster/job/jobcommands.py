@@ -41,6 +41,10 @@ STATE_SH = shell.render("job-state.sh", {"JOBS_DIR": JOBS_DIR})
 # On every node before a launch: the other jobs still running there (read by busy_jobs()).
 BUSY_SH = shell.render("job-busy.sh", {"JOBS_DIR": JOBS_DIR})
 BUSY = "xeon-cluster busy: "  # the lines BUSY_SH prints, one per running job script or rank
+LAUNCHING = "launching"  # CLAIM_SH's busy line: "xeon-cluster busy: <job> launching"
+# On the master before a launch: the cluster's next launch claimed for the job (read by busy_jobs() too).
+CLAIM_SH = shell.render("job-claim.sh", {"JOBS_DIR": JOBS_DIR})
+CLAIM_TTL_S = 3600  # a launch's claim holds this long at most (its fab gone before its start, say)
 INSTALLED = "xeon-cluster installed: "  # the line prepare_command starts each node's output with
 
 
@@ -75,7 +79,18 @@ def start_command(plan: JobPlan) -> str:
     return (f"cd && ln -sfn {shlex.quote(plan.job_id)} {shlex.quote(CURRENT)} && ln -sfn {target} {qd}/output && "
             f"(setsid nohup {runner} {qd}/run.sh </dev/null >/dev/null 2>&1 &) && "
             f"i=0; while [ ! -s {qd}/pid ] && [ $i -lt {PID_WAIT_TENTHS} ]; do sleep 0.1; i=$((i + 1)); done; "
-            f"cat {qd}/pid")
+            f"cat {qd}/pid; {release_command(plan.job_id)} >/dev/null 2>&1 || :")
+
+
+def claim_command(job_id: str) -> str:
+    """On the master: the next launch claimed for `job_id`, or one BUSY line and exit 4 when another launch
+    holds the claim (cluster/shell/job-claim.sh)."""
+    return sh_command(CLAIM_SH, job_id, CLAIM_TTL_S)
+
+
+def release_command(job_id: str) -> str:
+    """On the master: `job_id`'s launch claim given up (another job's is left)."""
+    return sh_command(CLAIM_SH, job_id, "release")
 
 
 def prepare_command(plan: JobPlan, *, refuse_busy: bool) -> str:
@@ -114,6 +129,10 @@ def busy_line(busy: dict[str, list[str]]) -> str:
     """Why a launch stops when a chosen node still runs another job (busy_jobs' answer, not empty)."""
     other = max(busy)  # the newest running job (ids begin with their start time)
     more = f" (and {len(busy) - 1} other job(s))" if len(busy) > 1 else ""
+    if busy[other][0].endswith(f"({LAUNCHING})"):
+        return (f"cannot launch: another fab train is launching job {other} on {busy[other][0].split(' ')[0]} (it "
+                f"holds the launch claim until its start); wait for it and see `fab status`, or pass --allow-busy to "
+                "start this job beside it")
     return (f"cannot launch: job {other} still runs on {', '.join(busy[other])}{more}; follow it with "
             f"`fab logs --follow --job {other}`, end it with `fab stop --job {other}`, or pass --allow-busy to "
             "start this job beside it")

@@ -27,13 +27,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
-from cluster.job.launch import JOBS_DIR, LAUNCHERS
+from cluster.job.launch import INTERRUPTED_CODE, JOBS_DIR, LAUNCHERS
 from cluster import records
 from cluster.cost.spend import COST_KEY
 from cluster.job import jobprogress, jobsummary
 from cluster.names import JOB_NAME_RE, printable
 
-INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 UNKNOWN = "unknown"
 STATES = ("running", "completed", "failed", "interrupted", "stopped", UNKNOWN)
 _MASTER_STATES = ("running", "stopped", "exited", "lost")  # what job-list.sh says of a job

@@ -79,6 +79,7 @@ RESERVED_VARIABLES = (*TORCH_LAUNCH_VARIABLES, JOB_MARKER, OUTPUT_DIR_VARIABLE, 
 CPU_WORLD_ENV = {ACCELERATE_CPU_VARIABLE: "true"}
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
+INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 
 # Runs as `sh -c RANK_WRAPPER xeon-rank PROGRAM ARGS...` on every node (cluster/shell/rank-wrapper.sh):
 # records "pid pgid host" ("-" for a pgid it could not read) in ~/.xeon-cluster/jobs/<job>/ranks/rank-<rank>,
@@ -228,6 +229,7 @@ class LaunchPlan:
             **{f"{key}_PREPEND": self.prepends.get(key, "") for key in PREPENDED},
             "ONECCL_PYTHON": f"{self.venv}/bin/python" if ONECCL_ENV_SETUP in self.setup else "",
             "HYDRA_IFACE": "yes" if HYDRA_IFACE_SETUP in self.setup else "no",
+            "INTERRUPTED": str(INTERRUPTED_CODE),
             "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
             "MPIRUN": self.argv,  # the positional parameters
         }

@@ -7,9 +7,10 @@
 # when exit_code (else stopped) was written, or null; "stopped", "exit_code" and "job_json" are the
 # first bytes of those files in base64 ("" when there is none), "summary" and "progress" those of
 # summary.json (the built-in job's in its output folder, through the directory's `output` link, else
-# the one fab writes beside a program of your own) and progress.json in the output folder. Only a directory whose name can be a
-# job id is listed, so every value written here is digits, a fixed word or base64: whatever a file
-# holds, the answer stays JSON and one job's record cannot make another's.
+# the one fab writes beside a program of your own) and progress.json in the output folder. Only a
+# directory whose name can be a job id and that holds a job.json is listed, so every value written here
+# is digits, a fixed word or base64: whatever a file holds, the answer stays JSON and one job's record
+# cannot make another's.
 # Header: JOBS_DIR.
 digits() { head -c 32 "$1" 2>/dev/null | tr -cd 0-9; }
 b64() { if [ -f "$1" ]; then head -c "$2" "$1" | base64 | tr -d '\n'; fi; }
@@ -18,6 +19,9 @@ sep=""
 for d in "$HOME/$JOBS_DIR"/*/; do
   d="${d%/}"; job="${d##*/}"
   if [ ! -d "$d" ] || [ -L "$d" ]; then continue; fi
+  # a job's directory holds its job.json from its start; a supervised run's folder of the same id
+  # form (its workdir, its data files) holds none: not a job
+  if [ ! -f "$d/job.json" ] && [ ! -L "$d/job.json" ]; then continue; fi
   case "$job" in
     [0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9][0-9][0-9][0-9]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]) ;;
     *) continue ;;

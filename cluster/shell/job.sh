@@ -6,9 +6,10 @@
 # flavour's own), JOB_DIR (relative to $HOME), WORLD_SIZE, RANKS_PER_NODE, PATH_PREPEND and
 # LD_LIBRARY_PATH_PREPEND (the venv's directories, put in front of the node's own values),
 # ONECCL_PYTHON (non-empty: source the oneCCL bindings' setvars.sh, found by this Python),
-# HYDRA_IFACE (yes: point Hydra at the interface holding MASTER_ADDR), ENV_FILE (relative to $HOME:
-# the user's --env as export lines, 0600; mpirun passes them on by name) and the mpirun command line
-# as the positional parameters.
+# HYDRA_IFACE (yes: point Hydra at the interface holding MASTER_ADDR), INTERRUPTED (the program's exit
+# code after a spot notice: rank 0's, when mpirun returned another, is the job's), ENV_FILE (relative
+# to $HOME: the user's --env as export lines, 0600; mpirun passes them on by name) and the mpirun
+# command line as the positional parameters.
 cd "$HOME" || exit 1
 d="$HOME/$JOB_DIR"
 echo $$ > "$d/pid"
@@ -43,6 +44,13 @@ trap ':' TERM  # `fab stop` ends the session: the launcher's code is still recor
 # shellcheck source=/dev/null  # the job's own env file (cluster/job/launch.py ENV_FILE)
 ( if [ -e "$HOME/$ENV_FILE" ]; then . "$HOME/$ENV_FILE" || exit 2; fi; exec "$@" )
 code=$?
+# rank 0 (on this node) ended INTERRUPTED at a spot notice, its checkpoint saved, and mpirun returned
+# another code once a reclaimed node was gone: the job's outcome is the program's, the launcher's kept
+own=$(cat "$d/ranks/exit-0" 2>/dev/null)
+if [ "$code" != 0 ] && [ "$code" != "$INTERRUPTED" ] && [ "$own" = "$INTERRUPTED" ]; then
+  echo "[xeon-cluster] job $XEON_CLUSTER_JOB: rank 0 ended with code $own (interrupted); the launcher returned $code"
+  echo "$code" > "$d/launcher_exit_code"; code=$own
+fi
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB exited with code $code"
 echo "$code" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 exit "$code"

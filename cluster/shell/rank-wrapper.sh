@@ -11,7 +11,8 @@
 # pgid host" of the program for fab stop, forwards TERM, INT, HUP, USR1 and USR2 to it, and when it
 # fails prints "[xeon-cluster] rank R on host H (pid P): exited with code C" (or "killed by signal
 # S"; "on node N" under torchrun; cluster/job/joblog.py failure_report reads it) and exits with the
-# program's code. The program's stderr and the wrapper's line go to its stdout: one stream per rank, in
+# program's code, which it also writes to exit-RANK in the ranks folder (the job script reads rank 0's).
+# The program's stderr and the wrapper's line go to its stdout: one stream per rank, in
 # the order they were written (cluster/job/logstream.py joins a rank's pieces into lines).
 # Under torchrun (XEON_CLUSTER_NODE set: the node's name) every line of the program is labelled
 # "[N rR] ", as mpirun's -prepend-rank labels it "[R] ", and with XEON_CLUSTER_CPUS (each local
@@ -74,4 +75,5 @@ if [ -n "$label" ]; then wait "$labeller"; rm -f "$fifo"; fi
 if [ "$code" -gt 128 ] && [ "$code" -lt 160 ]; then how="killed by signal $((code - 128))"
 else how="exited with code $code"; fi
 [ "$code" = 0 ] || echo "${label}[xeon-cluster] rank $RANK on $where (pid $child): $how"
+echo "$code" > "$d/exit-$RANK"
 exit "$code"

@@ -4,9 +4,11 @@
 
     launch(plan, request, expected_version=...)   prepare, upload, hosts, start; the job script's pid
     prepare(plan, refuse_busy=..., expected_version=...)   every node: the version its venv holds (a
-                        warning line when it is not `expected_version`), with `refuse_busy` another job
-                        still running there (the launch stops, this job's directory removed), the job's
-                        directory, the offline demo's data
+                        warning line when it is not `expected_version`), with `refuse_busy` first the
+                        launch claimed on the master (`claim`: of two launches at once one goes on, the
+                        start or `release` gives it up), then another job still running there (the
+                        launch stops, this job's directory removed), the job's directory, the offline
+                        demo's data
     upload(plan, data_files)   data files of this machine, your workdir, your requirements
     hosts(plan)         ssh config, known_hosts and hostfile on the master for the plan's nodes
     start(plan, request, **metadata)   the job's files on the master, its script started detached, and
@@ -83,25 +85,55 @@ class Lifecycle:
     def launch(self, plan: JobPlan, request: RunRequest, *, expected_version: str | None,
                **metadata: object) -> int:
         self.prepare(plan, refuse_busy=not request.allow_busy, expected_version=expected_version)
-        self.upload(plan, request.data_files)
-        self.hosts(plan)
-        return self.start(plan, request, **metadata)
+        try:
+            self.upload(plan, request.data_files)
+            self.hosts(plan)
+            return self.start(plan, request, **metadata)
+        except BaseException:
+            self.release(plan)
+            raise
 
-    def prepare(self, plan: JobPlan, *, refuse_busy: bool, expected_version: str | None) -> list[Answer]:
-        self.say(f"preparing {len(plan.inventory.nodes)} node(s): job directory"
-                 + (", synthetic model and data" if plan.prepare and plan.user is None else "") + " ...")
-        answers = self.transport.run(self.nodes(plan), jc.prepare_command(plan, refuse_busy=refuse_busy),
-                                     timeout=PREPARE_TIMEOUT_S)
+    def claim(self, plan: JobPlan) -> None:
+        """The cluster's next launch claimed for this job on the master (cluster/shell/job-claim.sh), so that
+        of two launches at once exactly one passes the busy check and starts; the start releases it.
+        LifecycleError BUSY when another launch holds it."""
+        answers = self.transport.run([self.transport.master], jc.claim_command(plan.job_id), timeout=90)
         busy = jc.busy_jobs((a.node, a.out) for a in answers)
         if busy:
-            self.transport.run(self.nodes(plan), f"cd && rm -rf {shlex.quote(job_dir(plan.job_id))}", timeout=30)
             raise LifecycleError(jc.busy_line(busy), BUSY, answers)
-        if expected_version is not None:
-            warning = jobreport.software_warning({a.node: jc.installed_version(a.out) for a in answers if a.ok},
-                                                 expected_version)
-            if warning:
-                self.say(warning)
-        _failed(answers, "preparing the node", UNREACHABLE)
+        _failed(answers, "claiming the launch on the master", UNREACHABLE)
+
+    def release(self, plan: JobPlan) -> None:
+        """This job's launch claim given up (a launch that stops before its start); never raises."""
+        try:
+            self.transport.run([self.transport.master], jc.release_command(plan.job_id), timeout=30)
+        except Exception:  # noqa: BLE001 - an unreleased claim expires (CLAIM_TTL_S) or goes with the start
+            pass
+
+    def prepare(self, plan: JobPlan, *, refuse_busy: bool, expected_version: str | None) -> list[Answer]:
+        """Every node prepared; with `refuse_busy` the launch claimed first (`claim`), and given up again when
+        this step stops."""
+        self.say(f"preparing {len(plan.inventory.nodes)} node(s): job directory"
+                 + (", synthetic model and data" if plan.prepare and plan.user is None else "") + " ...")
+        if refuse_busy:
+            self.claim(plan)
+        try:
+            answers = self.transport.run(self.nodes(plan), jc.prepare_command(plan, refuse_busy=refuse_busy),
+                                         timeout=PREPARE_TIMEOUT_S)
+            busy = jc.busy_jobs((a.node, a.out) for a in answers)
+            if busy:
+                self.transport.run(self.nodes(plan), f"cd && rm -rf {shlex.quote(job_dir(plan.job_id))}", timeout=30)
+                raise LifecycleError(jc.busy_line(busy), BUSY, answers)
+            if expected_version is not None:
+                warning = jobreport.software_warning({a.node: jc.installed_version(a.out) for a in answers if a.ok},
+                                                     expected_version)
+                if warning:
+                    self.say(warning)
+            _failed(answers, "preparing the node", UNREACHABLE)
+        except BaseException:
+            if refuse_busy:
+                self.release(plan)
+            raise
         return answers
 
     def upload(self, plan: JobPlan, data_files: Sequence[DataFile] = ()) -> None:

@@ -58,6 +58,14 @@ def check_tc() -> None:
         raise LocalClusterError("--link-mbit needs `tc`: install iproute2 (apt-get install iproute2)")
 
 
+def machine_cpu() -> tuple[str, int]:
+    """This machine's CPU model and physical cores as the bench program records a node's (training/hardware.py
+    reads /proc/cpuinfo; a local node's is this machine's): what `fab plan --cluster local` plans for."""
+    from training.hardware import cpu_model, physical_cores
+
+    return cpu_model(), physical_cores()
+
+
 def machine_topology() -> tuple[int, int]:
     """(sockets, physical cores in all sockets) of this machine, from sysfs."""
     cpus = Path("/sys/devices/system/cpu")

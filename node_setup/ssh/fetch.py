@@ -8,11 +8,16 @@ file is opened relative to the destination folder's own descriptor with O_NOFOLL
 link at or under the destination is never written through, whatever it points to. A file is written
 0600 and then given the master's permission bits less the umask (fetch_paths.local_mode), also when it
 was already here: never wider than on the master, never setuid, setgid or sticky.
+
+A file already here is kept or resumed only when its content is the master's: its sha256 against the
+one the master computes (`remote_digest`, over SSH) of the whole file or of the prefix it holds, never
+its size alone; each copy is compared with the master's digest once written (fetch_paths.digest_command).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import posixpath
 import stat as stat_mode
@@ -21,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from cluster.job.fetch_paths import local_mode, local_parts, refused_name
+from cluster.job.fetch_paths import DIGEST, digest_command, local_mode, local_parts, parse_digest, refused_name
 from cluster.job.jobplan import shown
 from cluster.job.userjob import human_bytes
+from cluster.names import printable
 
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024  # files at least this large report progress
 CHUNK = 1024 * 1024
@@ -177,6 +183,29 @@ class LocalTree:
             raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link or not a file")
         return st.st_size
 
+    def hashed(self, parts: tuple[str, ...]):
+        """The sha256 state (hashlib) of the file here at `parts`, read without following a link."""
+        parts = local_parts(parts, str(self.dest))
+        fd = self._folder(parts[:-1], make=False)
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, "not here", "/".join(parts))
+        try:
+            try:
+                src = os.open(parts[-1], _MODE_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EMLINK):
+                    raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link") from None
+                raise
+        finally:
+            os.close(fd)
+        state = hashlib.new(DIGEST)
+        with os.fdopen(src, "rb") as f:
+            if not stat_mode.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise UnsafeLocalPath(f"{parts[-1]!r} here is not a file")
+            while block := f.read(CHUNK):
+                state.update(block)
+        return state
+
     def open(self, parts: tuple[str, ...], append: bool):
         """`parts` for writing (appended to, or emptied first), never through a link."""
         parts = local_parts(parts, str(self.dest))
@@ -217,27 +246,79 @@ class LocalTree:
             os.close(target)
 
 
-def copy(sftp, remote: str, tree: LocalTree, parts: tuple[str, ...], size: int, mode: int | None = None) -> str:
-    """One file, resumed when the local copy is shorter, then given the master's mode `mode` (its st_mode
-    there: fetch_paths.local_mode); returns what happened."""
-    have = tree.size(parts)
-    if have == size:
-        tree.set_mode(parts, mode)
-        return "unchanged"
-    if have > size:
-        have = 0
-    shown_at, start = -1, time.monotonic()
-    with sftp.open(remote, "rb") as src, tree.open(parts, append=bool(have)) as dst:
+VERIFIED = ("copied", "resumed", "unchanged")  # copy()'s outcomes (its first word): each matched the master's digest
+Digest = Callable[[str, "int | None"], str]  # sha256 hex of a remote file's first n bytes (None: all of it)
+
+
+class ChangedWhileCopied(OSError):
+    """A file whose copy did not match the master's digest, twice: it kept changing while it was copied."""
+
+
+def remote_digest(conn) -> Digest:
+    """The master's own sha256 of a file there (or of its first n bytes), over `conn` (a Fabric connection)."""
+
+    def digest(path: str, nbytes: int | None = None) -> str:
+        result = conn.run(digest_command(path, nbytes), hide=True, warn=True, in_stream=False)
+        found = parse_digest(result.stdout) if result.ok else None
+        if found is None:
+            detail = printable(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no digest")
+            raise OSError(f"cannot compute its {DIGEST} on the master (exit {result.exited}: {detail[:200]})")
+        return found
+
+    return digest
+
+
+def _pull(sftp, remote: str, dst, have: int, size: int, state, label: str) -> str:
+    """The master's `remote` from byte `have` to its end, appended to `dst` and to the digest `state`
+    (which holds the bytes before `have`); returns the local copy's hex digest."""
+    shown_at = -1
+    with sftp.open(remote, "rb") as src:
         src.seek(have)
         done = have
-        while done < size:
-            block = src.read(min(CHUNK, size - done))
+        while True:
+            block = src.read(CHUNK)
             if not block:
                 break
             dst.write(block)
+            state.update(block)
             done += len(block)
-            if size >= PROGRESS_FROM_BYTES and done * 10 // size != shown_at:
-                shown_at = done * 10 // size
-                print(f"  {parts[-1]}: {human_bytes(done)} of {human_bytes(size)} ({100 * done // size}%)", flush=True)
+            if size >= PROGRESS_FROM_BYTES and min(done, size) * 10 // size != shown_at:
+                shown_at = min(done, size) * 10 // size
+                print(f"  {label}: {human_bytes(done)} of {human_bytes(size)} ({100 * min(done, size) // size}%)",
+                      flush=True)
+    return state.hexdigest()
+
+
+def copy(sftp, remote: str, tree: LocalTree, parts: tuple[str, ...], size: int, mode: int | None = None, *,
+         digest: Digest) -> str:
+    """One file, then given the master's mode `mode` (its st_mode there: fetch_paths.local_mode); returns what
+    happened. A local copy is kept ("unchanged") only when its sha256 is the master's `digest` of the whole
+    file, and resumed only when it is the digest of the prefix it holds; otherwise the file is copied from the
+    start. Every copy is compared with the master's digest of the whole file once written: a mismatch (the
+    file changed while it was read) copies it again from the start, once; ChangedWhileCopied after that."""
+    have = tree.size(parts)
+    state = hashlib.new(DIGEST)
+    if have and have <= size:
+        state = tree.hashed(parts)
+        if digest(remote, None if have == size else have) == state.hexdigest():
+            if have == size:
+                tree.set_mode(parts, mode)
+                return "unchanged"
+        else:
+            have, state = 0, hashlib.new(DIGEST)
+    else:
+        have = 0
+    resumed_at, start = have, time.monotonic()
+    for attempt in range(2):
+        with tree.open(parts, append=bool(have)) as dst:
+            local = _pull(sftp, remote, dst, have, size, state, parts[-1])
+        if local == digest(remote, None):
+            tree.set_mode(parts, mode)
+            again = " (copied again: it changed while it was read)" if attempt else ""
+            return ((f"resumed at {human_bytes(resumed_at)}" if resumed_at and not attempt else "copied")
+                    + f" in {time.monotonic() - start:.1f} s{again}")
+        have, state = 0, hashlib.new(DIGEST)
+        size = sftp.lstat(remote).st_size or 0
     tree.set_mode(parts, mode)
-    return (f"resumed at {human_bytes(have)}" if have else "copied") + f" in {time.monotonic() - start:.1f} s"
+    raise ChangedWhileCopied("it changed on the master while it was copied, twice: the copy here is not the "
+                             "master's file (run fab get again once the job stops writing it)")

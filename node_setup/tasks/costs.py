@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from invoke import Exit
@@ -11,6 +12,7 @@ from invoke import Exit
 from cluster.cost import calibration as calib
 from cluster.cost import costplan, models, plan_options
 from cluster.cost.costplan import Price
+from cluster.cost.spend import LOCAL_NO_PRICE
 from cluster.cost.plan_options import PlanOptions
 from cluster.cost.plan_mfu import plan_flops
 from cluster.stack.config_keys import AUTO_STOP_IDLE
@@ -279,6 +281,18 @@ def _kept_image(spec: ClusterSpec | None) -> tuple[str, str]:
     return choice.source if choice.image else "", choice.why
 
 
+def _local_machine(cluster: str, instance_type: str) -> tuple[str, int] | None:
+    """This machine's (CPU model, physical cores) when `--cluster` names a local cluster and no --instance-type
+    is given (the plan is for the local nodes), else None."""
+    from cluster.backend import LOCAL
+    from node_setup.backends import cluster_kind
+    from node_setup.local.system import machine_cpu
+
+    if not cluster or instance_type or cluster_kind(cluster)[0] != LOCAL:
+        return None
+    return machine_cpu()
+
+
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
                calibration: calib.Calibration | None = None):
     """(rows, header, price source, notes, inputs) for `fab plan`'s options; ValueError/LookupError name the problem.
@@ -291,6 +305,10 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     kept, why = _kept_image(spec) if options.provisioning else ("", "")
     inputs = plan_options.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec),
                                       kept_image=kept, kept_why=why)
+    if options.local_machine:  # a local cluster's nodes: no price, as `fab status` says
+        price = Price(0.0, "local", LOCAL_NO_PRICE)
+        rows = [replace(r, on_demand_master_usd=0.0) for r in costplan.plan_rows(inputs, price)]
+        return rows, inputs.header, costplan.price_source(price), [LOCAL_NO_PRICE, *inputs.notes], inputs
     price, where = _price(inputs, spec, hourly_usd, region)
     on_demand, unknown = _on_demand_price(inputs, price, where)
     rows, master_line = costplan.with_on_demand_master(costplan.plan_rows(inputs, price), price, on_demand,
@@ -350,7 +368,9 @@ def _spot_notes(inputs: plan_options.PlanInputs, spec: ClusterSpec | None, rows:
     "grad_comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (default {DEFAULT_GRAD_COMM}, as the "
                  "job's --grad_comm)",
     "ddp_bucket_mb": "DDP's gradient bucket size in MB (default DDP's 25; the job's --ddp_bucket_mb)",
-    "calibration": "a calibration file `fab bench` wrote (default: the --cluster's, if it has one)",
+    "calibration": "a calibration file `fab bench` wrote (default: the --cluster's, if it has one); it must have "
+                   "measured the machine planned (the instance type; a local cluster: this CPU and core count)",
+    "any_machine": "apply the calibration even though it measured another machine (a note says so)",
     "cluster": "use the calibration `fab bench` measured on this cluster (local, local:NAME or an AWS cluster name)",
     "peft": "lora: plan the job's --peft lora (only the adapters of the attention projections train, are "
             "all-reduced and checkpointed; the job's default rank, the model's shape from the catalog); default "
@@ -363,18 +383,21 @@ def plan(c, nodes="1,2,4,8", instance_type="", model="", dataset=plan_options.DE
          batch_size=Unset(int, "the calibration's, else 32"), profile="",
          ranks_per_node=Unset(int, "the type's sockets"), flows_per_rank=1, placement_group=True, on_demand=False,
          hourly_usd=Unset(float), region="", stack="", json=False, plot="", grad_comm="", ddp_bucket_mb=Unset(float),
-         calibration="", cluster="",
+         calibration="", cluster="", any_machine=False,
          auto_stop_idle=Unset(duration_or_off), provisioning=True, compile="auto",
          peft=""):  # noqa: A002
     """Predict epoch time, scaling efficiency and the whole cost (provisioning, run, idle tail) per node count."""
     idle = "" if not given(auto_stop_idle) else f"{auto_stop_idle:g}s" if auto_stop_idle else "off"
+    local = _local_machine(cluster, instance_type)
     options = PlanOptions(nodes=nodes, instance_type=instance_type, model=model, dataset=dataset, epochs=epochs,
                           single_node_time=f"{single_node_time:g}s" if given(single_node_time) else "", params=params,
                           samples=samples or 0, batch=batch_size or None, profile=profile,
                           ranks_per_node=ranks_per_node or 0, flows_per_rank=flows_per_rank,
                           placement_group=placement_group, on_demand=on_demand, grad_comm=grad_comm,
-                          bucket_mb=ddp_bucket_mb or 0.0, auto_stop_idle=idle, provisioning=provisioning,
-                          compile=str(compile).strip().lower(), peft=peft)
+                          bucket_mb=ddp_bucket_mb or 0.0, auto_stop_idle=idle,
+                          provisioning=provisioning and local is None,  # a local cluster has no `pulumi up`
+                          compile=str(compile).strip().lower(), peft=peft, any_machine=any_machine,
+                          local_machine=local)
     try:
         cal, cal_note = load_calibration(calibration, cluster)
         rows, header, source, notes, inputs = build_plan(options, hourly_usd=hourly_usd or 0.0, region=region,

@@ -65,8 +65,12 @@ def prepared(request: RunRequest, inventory: Inventory, job: JobPlan):
             say(f"resuming in {previous} (the newest job's output directory)")
     try:
         life.prepare(job, refuse_busy=not request.allow_busy, expected_version=project_version())
-        life.upload(job, request.data_files)
-        life.hosts(job)
+        try:
+            life.upload(job, request.data_files)
+            life.hosts(job)
+        except BaseException:
+            life.release(job)
+            raise
     except LifecycleError as exc:
         if exc.reason != BUSY:
             say("node preparation:\n" + table(exc.answers))
@@ -83,13 +87,17 @@ def run(request: RunRequest, inventory: Inventory, job: JobPlan, *, all_ranks: b
     from node_setup.tasks import managed
     from node_setup.tasks.spend import RunCostClock
 
-    life, job = prepared(request, inventory, job)
+    life, job = prepared(request, inventory, job)  # the launch claimed on the master (not with --allow-busy)
     if request.managed is not None:
+        life.release(job)  # the supervisor's own launch claims it again
         return managed.hand_off(request, inventory, job, life, all_ranks=all_ranks)
     try:
-        pid = life.start(job, request)
-    except LifecycleError as exc:
-        raise fail(str(exc), FAILED) from None
+        pid = life.start(job, request)  # its start command gives the claim up
+    except BaseException as exc:
+        life.release(job)
+        if isinstance(exc, LifecycleError):
+            raise fail(str(exc), FAILED) from None
+        raise
     say(f"layout: {job.layout.describe()[1]}")
     say(f"job {job.job_id} started on {job.inventory.master.name} (pid {pid}): {job.launch.world_size} ranks on "
         f"{', '.join(job.launch.hosts)}; output {shown(job.output_dir)}")
@@ -101,6 +109,7 @@ def run(request: RunRequest, inventory: Inventory, job: JobPlan, *, all_ranks: b
     if own is not None and code == 0:
         code = world_check(life, job, own.independent_ranks)
     cost.at_end(master, job, code)  # prints the actual ones, records both in summary.json
+    job_history.observed(job.inventory, master)  # its end, as the master recorded it
     return code
 
 

@@ -11,7 +11,7 @@ from invoke import Exit
 
 from cluster.cost import flops, spend
 from cluster.job import jobprogress, joblist
-from cluster.job.jobplan import shown
+from cluster.job.jobplan import check_job_id, shown
 from cluster.job.logstream import assemble
 from cluster.job.launch import DEFAULT_LAUNCHER
 from cluster.inventory import DOWN
@@ -49,6 +49,11 @@ def status(c, cluster="", region="", job="", json=False):
     The nodes' state, type, market, uptime, hourly price and spend so far and the cluster's total; the job's
     state, program, progress (step of total, samples/s, time left, cost so far) and last log line; --json
     prints the same as one JSON object."""
+    if job:
+        try:
+            check_job_id(job)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     inventory = common.inventory(cluster, region)
     spent = node_spend.cluster_spend(inventory)
     facts: dict = {"nodes": [], "job": None, "problems": []}
@@ -74,6 +79,17 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         job_id, unreached = None, True
         facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
         print(facts["problems"][-1])
+    state, detail = "", ""
+    if job_id:
+        try:
+            state, detail = jobs.job_state(master, job_id)
+        except Exception as exc:  # noqa: BLE001 - as above: the table still shows every node
+            job_id, unreached = None, True
+            facts["problems"].append(f"master {inventory.master.name} unreachable: {type(exc).__name__}: {exc}")
+            print(facts["problems"][-1])
+    if job and state == "missing":  # as `fab logs` and `fab get` refuse it
+        raise fail(f"--job: job {job_id!r} is not on the master {inventory.master.name}; `fab jobs` lists the jobs "
+                   "there")
     ranks = jobs.rank_states(conns, job_id) if job_id else {o.node: o for o in on_nodes(conns, "true", timeout=30)}
     print(f"cluster {inventory.name} ({inventory.kind}, profile {inventory.profile}, {len(inventory.nodes)} node(s))")
     print(f"  {'node':<10} {'address':<16} {'state':<9} {'type':<16} {spend.SPEND_HEADER} {'reachable':<10} ranks")
@@ -83,7 +99,9 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
         running = ""
         if outcome and outcome.ok and job_id:
             live = [line.split()[0] for line in outcome.detail.splitlines() if line.endswith(" running")]
-            running = f"{len(live)} running ({', '.join('r' + r for r in live)})" if live else "none running"
+            # a job that ended has no rank running: one still alive is left over (fab stop ends it)
+            alive = "running" if state == "running" else "left after the job's end"
+            running = f"{len(live)} {alive} ({', '.join('r' + r for r in live)})" if live else "none running"
         elif outcome and not outcome.ok:
             running = outcome.detail.splitlines()[-1][:60] if outcome.detail else ""
         itype = node.instance_type or inventory.instance_type
@@ -115,7 +133,6 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     if not job_id:
         print("no job started yet (fab train starts one)")
         return
-    state, detail = jobs.job_state(master, job_id)
     detail = printable(detail)  # read from the master: shown as text, nothing a terminal would act on
     try:
         meta = jobs.read_metadata(master, job_id)
@@ -146,7 +163,7 @@ def _status(inventory, job: str, spent: spend.ClusterSpend, facts: dict) -> None
     facts["job"]["mfu"] = progress["mfu"] if progress else None
     if progress:
         print(f"  MFU: {progress['line']}")
-    _remember(inventory, master, facts)
+    job_history.observed(inventory, master, say=lambda line: facts["problems"].append(line))  # into the history
 
 
 def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, facts: dict) -> None:
@@ -163,6 +180,9 @@ def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, f
         return
     now = node_spend.clock()
     started = joblist.epoch(meta.get("started"))
+    if started is not None and record.updated < started:  # an earlier job's, in the same output folder
+        print(f"  progress: none yet from this job (the record in {shown(printable(path))} is from before it started)")
+        return
     running_s = (now if running else record.updated) - started if started is not None else None
     prices = [spent.node(host) for host in meta.get("hosts", [])]
     usd_per_hour = (sum(p.usd_per_hour for p in prices if p is not None and p.usd_per_hour is not None)
@@ -171,15 +191,6 @@ def _progress(master, meta: dict, spent: spend.ClusterSpend, *, running: bool, f
         record = dataclasses.replace(record, steps_per_second=None)  # no time left for a job that ended
     facts["job"]["progress"] = jobprogress.as_json(record, running_s=running_s, usd_per_hour=usd_per_hour)
     print(f"  progress: {jobprogress.line(record, now=now, running_s=running_s, usd_per_hour=usd_per_hour)}")
-
-
-def _remember(inventory, master, facts: dict) -> None:
-    """The master's job records into the controller's job history (node_setup/job_history.py)."""
-    try:
-        rows, _ = joblist.parse(jobs.list_jobs(master), inventory.master.name)
-    except Exception:  # noqa: BLE001 - the history waits for the next read; the status stands
-        return
-    job_history.record(inventory.name, rows, say=lambda line: facts["problems"].append(line))
 
 
 def _supervised(master, facts: dict) -> None:
@@ -284,7 +295,7 @@ def list_jobs(c, cluster="", region="", json=False, costs=False):
         rows, problems = joblist.parse(jobs.list_jobs(master), inventory.master.name)
     except jobs.JobError as exc:
         raise fail(str(exc)) from None
-    rows = job_history.record(inventory.name, rows, say=problems.append)
+    rows = job_history.record(inventory.name, rows, say=problems.append, identity=job_history.identity(inventory))
     if json:
         print(joblist.as_json(rows, inventory.name, problems))
         return

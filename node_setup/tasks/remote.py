@@ -5,8 +5,11 @@
                                           per-node results; exit 1 if a command failed, 3 if a node
                                           could not be reached
     fab get [--job ID] [--path P] [--to DIR]
-                                          the job's output folder (or P under it) from the master,
-                                          resumable (a partial file continues where it stopped),
+                                          the job's output folder (or P under it) from the master
+                                          into DIR/<job id> (default ./xeon-cluster-runs/<job id>),
+                                          resumable (a partial file continues where it stopped, when
+                                          the master's sha256 of that prefix is its own), each file
+                                          checked against the master's sha256 once copied,
                                           with progress for large files; default job: the newest.
                                           Walked over SFTP (node_setup/ssh/fetch.py): names that could
                                           leave --to refused (cluster/job/fetch_paths.py), links never
@@ -28,7 +31,7 @@ from node_setup.ssh.fanout import NodeOutcome, each_node, outcome_table
 from node_setup.tasks import common
 from node_setup.tasks.common import CLUSTER_HELP, FAILED, JOB_HELP, REGION_HELP, UNREACHABLE, Unset, fail, task
 
-DEFAULT_GET_ROOT = "xeon-cluster-runs"  # `fab get` default: ./xeon-cluster-runs/<job id>
+DEFAULT_GET_ROOT = "xeon-cluster-runs"  # `fab get` default --to: ./xeon-cluster-runs/<job id>
 
 
 def _first_nodes(inventory, nodes: int):
@@ -90,7 +93,7 @@ def check_remote_path(path: str) -> str:
 @task(help={
     "job": JOB_HELP,
     "path": "a file or folder under the job's output folder (default: all of it)",
-    "to": f"local folder to copy into (default ./{DEFAULT_GET_ROOT}/<job id>)",
+    "to": f"local folder to copy into: the job's files go to DIR/<job id> (default ./{DEFAULT_GET_ROOT})",
     "cluster": CLUSTER_HELP,
     "region": REGION_HELP,
 })
@@ -113,7 +116,8 @@ def get(c, job="", path="", to="", cluster="", region=""):
         job_id = jobs.resolve_job_id(master, job or None)
         output_dir = jobs.read_metadata(master, job_id).get("output_dir")
     except jobs.JobError as exc:
-        past = jobhistory.find(job_history.read(inventory.name), job) if job else None
+        past = (jobhistory.find(job_history.read(inventory.name, identity=job_history.identity(inventory)), job)
+                if job else None)
         if past is None:
             raise fail(str(exc)) from None
         job_id, output_dir = past.id, past.output_dir  # still there if the nodes share the disk it was on
@@ -143,29 +147,36 @@ def get(c, job="", path="", to="", cluster="", region=""):
         print(line, flush=True)
 
     files = list(fetch.walk(sftp, root, say))
-    dest = dest or Path(DEFAULT_GET_ROOT, job_id)
+    base = dest or Path(DEFAULT_GET_ROOT)
+    dest = base / job_id  # each job in its own folder: one job's files never meet another's
     print(f"job {job_id}: {len(files)} file(s), {human_bytes(sum(f.size for f in files))} in "
           f"{shown(root)!r} on {inventory.master.name} -> {dest}", flush=True)
     try:
-        tree = fetch.LocalTree(dest)
+        tree = fetch.LocalTree(base)
     except fetch.UnsafeLocalPath as exc:
         raise fail(f"--to: {exc}", FAILED) from None
     counts: dict[str, int] = {}
+    digest = fetch.remote_digest(master)
     with tree:
         for file in files:
             try:
-                what = fetch.copy(sftp, file.remote, tree, file.parts, file.size, file.mode)
+                what = fetch.copy(sftp, file.remote, tree, (job_id, *file.parts), file.size, file.mode, digest=digest)
             except (fetch.UnsafeLocalPath, ValueError) as exc:  # ValueError: the name rule, checked again here
                 what = "refused"
                 print(f"refused {'/'.join(file.parts)!r} in {dest}: {exc}; not written", flush=True)
+            except fetch.ChangedWhileCopied as exc:
+                what = "changed"
+                print(f"changed {'/'.join(file.parts)!r}: {exc}", flush=True)
             except OSError as exc:  # unreadable on the master, or not writable here
                 what = "failed"
                 print(f"failed {'/'.join(file.parts)!r}: {exc}", flush=True)
             counts[what.split(" ")[0]] = counts.get(what.split(" ")[0], 0) + 1
+    verified = sum(counts.get(k, 0) for k in fetch.VERIFIED)
     for what in left_out:
         counts[what] = counts.get(what, 0) + 1
-    print("done: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to copy") + f"; in {dest}")
-    if counts.get("refused") or counts.get("failed"):
+    print("done: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to copy")
+          + (f"; {verified} verified ({fetch_paths.DIGEST} on the master)" if verified else "") + f"; in {dest}")
+    if counts.get("refused") or counts.get("failed") or counts.get("changed"):
         raise Exit(code=FAILED)
 
 

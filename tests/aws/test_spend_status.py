@@ -202,3 +202,33 @@ def test_status_shows_a_running_job_s_progress_and_its_cost_so_far(cluster, job_
     out = status(capsys)
     assert "  progress: the master: ~/xeon-cluster-runs/job-7/progress.json: not JSON (Invalid control" in out
     assert "\x1b" not in out
+
+
+def test_an_ended_job_shows_no_rank_running_and_no_record_from_before_its_start(cluster, job_on_master, capsys,
+                                                                                 monkeypatch):
+    """After a silent loss the job script has ended (exit 255) while a rank is still alive: that rank is shown as
+    left over, never "running" beside "finished"; the output folder's progress record is an earlier job's (it
+    was updated before this job started): not shown as this job's progress."""
+    monkeypatch.setattr(ssh_job, "job_state", lambda master, job_id: ("exited", "255"))
+    started = dt.datetime(2026, 5, 1, 11, 50, tzinfo=dt.timezone.utc).timestamp()
+    record = {"format": 1, "step": 46, "total": 400, "steps_per_second": 0.5, "samples_per_second": 48.0,
+              "updated": started - 66}
+    monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: json.dumps(record))
+    out = status(capsys)
+    assert "job job-7: finished, exit code 255" in out, out
+    assert " running (r" not in out and "1 left after the job's end (r0)" in out, out
+    assert ("  progress: none yet from this job (the record in ~/xeon-cluster-runs/job-7/progress.json is from "
+            "before it started)") in out, out
+    assert "step 46 of 400" not in out
+
+
+def test_status_of_a_job_the_master_does_not_hold_is_one_line_and_exit_2(cluster, job_on_master, capsys, monkeypatch):
+    from invoke import Exit
+
+    monkeypatch.setattr(ssh_job, "resolve_job_id", lambda master, job_id: job_id)
+    monkeypatch.setattr(ssh_job, "job_state", lambda master, job_id: ("missing", ""))
+    with pytest.raises(Exit) as refused:
+        job_tasks.status(Context(), cluster="demo", job="20260501-115000-dead")
+    assert refused.value.code == 2 and capsys.readouterr().out == ""
+    assert str(refused.value.message) == ("error: --job: job '20260501-115000-dead' is not on the master node0; "
+                                          "`fab jobs` lists the jobs there")

@@ -34,15 +34,22 @@ def test_fab_bench_keeps_a_calibration_that_fab_plan_uses(installed_cluster, two
     assert cal.model == "synthetic" and cal.params > 100_000 and cal.backend == "gloo"
     assert "samples/s/node" in bench.stdout and str(out) in bench.stdout
 
+    assert cal.instance_type == "" and cal.cores > 0 and cal.cpu  # the local machine it measured
     env = installed_cluster.env()  # tests/conftest.py keeps boto3 off the metadata address
-    plan = subprocess.run([*FAB, "plan", "--calibration", str(out), "--nodes", "1,2", "--samples", "640",
-                           "--hourly-usd", "1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    common = [*FAB, "plan", "--calibration", str(out), "--nodes", "1,2", "--samples", "640"]
+    foreign = subprocess.run([*common, "--instance-type", "c6i.16xlarge", "--hourly-usd", "1"], cwd=REPO_ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert foreign.returncode == 2 and len(foreign.stderr.strip().splitlines()) == 1, foreign.stdout + foreign.stderr
+    assert "does not apply here: it measured a local cluster's machine" in foreign.stderr, foreign.stderr
+    local = ["--cluster", f"local:{installed_cluster.name}"]  # the machine it measured: this one, with no price
+    plan = subprocess.run([*common, *local], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert plan.returncode == 0, plan.stderr
     assert "measured with 2 node(s) busy at once" in plan.stdout
     assert f"measured in {DEFAULT_GRAD_COMM} across 2 node(s)" in plan.stdout
-    rows = json.loads(subprocess.run([*FAB, "plan", "--calibration", str(out), "--nodes", "1,2", "--samples", "640",
-                                      "--hourly-usd", "1", "--json"], cwd=REPO_ROOT, env=env, capture_output=True,
+    assert "local $0.0000/instance-hour, local cluster: no price" in plan.stdout, plan.stdout
+    rows = json.loads(subprocess.run([*common, *local, "--json"], cwd=REPO_ROOT, env=env, capture_output=True,
                                      text=True, timeout=60).stdout)
     # the measured compute rate decides the compute part of a single node's step: 16 samples at cal.compute[1]
     assert rows[0]["step_seconds"] == round(16 / cal.compute[1], 4)
+    assert all(row["total_usd"] == 0 and row["provisioning_seconds"] == 0 for row in rows), rows
     assert not Path(calib.path_for(Path(env["XDG_CONFIG_HOME"]) / "xeon-cluster", installed_cluster.name)).exists()

@@ -1,4 +1,5 @@
-"""`fab get` writes only under `--to`, whatever the job's output folder on the master holds.
+"""`fab get` writes only under `--to`, whatever the job's output folder on the master holds, each job in its
+own folder there, and keeps or resumes a file only when its content is the master's.
 
 A one-node local cluster (real sshd, real SFTP): its master records a job whose output folder holds
 names built to escape a copy that parses a text listing (a folder `p\\n` whose inside reads as an
@@ -8,13 +9,18 @@ them 0600 and one setuid. On this side the destination already holds a link poin
 The job's files are written by the test over SSH, as a job (or whoever controls the master) could
 write them; `fab get` reads only the job's record and that folder.
 
-Budget: a few seconds on a 2-core machine (one node, two `fab get`).
+The second test: two jobs' output folders whose files have the same sizes, fetched into one `--to`, then
+the second job's copy left as a size-trusting copy used to leave it (another job's same-size file, its
+own first bytes, another file's first bytes): each comes back byte for byte its own job's.
+
+Budget: a few seconds each on a 2-core machine (one node; two and five `fab get`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 from pathlib import Path
 
@@ -85,8 +91,8 @@ def test_fab_get_writes_only_under_to_refuses_escaping_names_and_follows_no_link
     outside = tmp_path / "outside"
     outside.mkdir()
     to = tmp_path / "runs" / "got"
-    to.mkdir(parents=True)
-    (to / "ckpt").symlink_to(outside)
+    (to / JOB).mkdir(parents=True)  # the job's own folder under --to
+    (to / JOB / "ckpt").symlink_to(outside)
     record = {"job_id": JOB, "output_dir": out}
     try:
         made = cluster.ssh(0, "python3 -c " + " ".join(shlex.quote(a) for a in (
@@ -114,16 +120,17 @@ def test_fab_get_writes_only_under_to_refuses_escaping_names_and_follows_no_link
         assert any(line.startswith("refused 'ckpt/weights.bin' in ") and "symbolic link" in line
                    for line in lines), text
         # the plain files arrived, at their own names under --to
-        assert (to / "result.json").read_text() == '{"loss": 0.5}'
-        assert (to / "logs" / "rank0.txt").read_text() == "rank 0 done\n"
-        assert (to / "more.txt").read_text() == "abc"
-        assert (to / str(bashrc).lstrip("/")).read_text() == "pwned!\n"  # a plain path under --to: harmless
+        assert (to / JOB / "result.json").read_text() == '{"loss": 0.5}'
+        assert (to / JOB / "logs" / "rank0.txt").read_text() == "rank 0 done\n"
+        assert (to / JOB / "more.txt").read_text() == "abc"
+        assert (to / JOB / str(bashrc).lstrip("/")).read_text() == "pwned!\n"  # a plain path under --to: harmless
         # each file keeps its mode on the master (less the umask): a 0600 file stays 0600, no setuid bit
         umask = os.umask(0o022)
         os.umask(umask)
-        assert (to / "model.safetensors").stat().st_mode & 0o7777 == 0o600, text
-        assert (to / "tool").stat().st_mode & 0o7777 == 0o755 & ~umask, text
-        assert lines[-1] == f"done: 6 copied, 5 refused, 2 skipped; in {to}", text
+        assert (to / JOB / "model.safetensors").stat().st_mode & 0o7777 == 0o600, text
+        assert (to / JOB / "tool").stat().st_mode & 0o7777 == 0o755 & ~umask, text
+        assert lines[-1] == (f"done: 6 copied, 5 refused, 2 skipped; 6 verified (sha256 on the master); "
+                             f"in {to / JOB}"), text
 
         # --to itself a link: refused before anything is read or written
         linked = tmp_path / "linked-to"
@@ -136,4 +143,53 @@ def test_fab_get_writes_only_under_to_refuses_escaping_names_and_follows_no_link
         assert not any(outside.iterdir())
     finally:
         cluster.ssh(0, f"rm -rf {shlex.quote(runs)} {shlex.quote(job_dir(JOB))}")
+        cluster.destroy()
+
+
+JOB_A, JOB_B = "20250101-000000-0aaa", "20250101-000001-0bbb"
+SIZES = {"summary.json": 4098 + 37, "progress.json": 300, "ckpt/model.safetensors": 3 * 1024 * 1024 + 5}
+
+
+def tree_of(top: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
+
+
+def test_two_jobs_same_size_files_fetched_into_one_to_come_back_each_its_own(local_cluster_factory, tmp_path):
+    cluster = local_cluster_factory(1)
+    home = Path(cluster.state.nodes[0].dir) / "root"  # the master's /root, seen from here
+    made: dict[str, dict[str, bytes]] = {}
+    try:
+        for seed, job in enumerate((JOB_A, JOB_B)):
+            rng = random.Random(seed)
+            made[job] = {name: rng.randbytes(size) for name, size in SIZES.items()}
+            for name, data in made[job].items():
+                (home / "xc-get-digest" / job / name).parent.mkdir(parents=True, exist_ok=True)
+                (home / "xc-get-digest" / job / name).write_bytes(data)
+            record = home / job_dir(job) / "job.json"
+            record.parent.mkdir(parents=True)
+            record.write_text(json.dumps({"job_id": job, "output_dir": f"/root/xc-get-digest/{job}"}))
+        to = tmp_path / "got"
+
+        def get(job: str, says: str) -> None:
+            got = run_fab(cluster, "get", "--job", job, "--to", str(to), timeout=120)
+            text = got.stdout + got.stderr
+            assert got.returncode == 0, text
+            last = got.stdout.splitlines()[-1]
+            assert last == f"done: {says}; 3 verified (sha256 on the master); in {to / job}", text
+            assert tree_of(to / job) == made[job], text  # byte for byte the job's own files
+
+        get(JOB_A, "3 copied")
+        get(JOB_B, "3 copied")
+        assert sorted(p.name for p in to.iterdir()) == [JOB_A, JOB_B]
+        # B's copy as a size-trusting fetch could have left it: A's same-size summary, B's own first MB of the
+        # model (a true prefix), A's progress record cut short (a prefix of another file)
+        mine = to / JOB_B
+        (mine / "summary.json").write_bytes(made[JOB_A]["summary.json"])
+        (mine / "ckpt" / "model.safetensors").write_bytes(made[JOB_B]["ckpt/model.safetensors"][:1024 * 1024])
+        (mine / "progress.json").write_bytes(made[JOB_A]["progress.json"][:100])
+        get(JOB_B, "2 copied, 1 resumed")
+        get(JOB_B, "3 unchanged")
+        assert tree_of(to / JOB_A) == made[JOB_A]
+    finally:
+        cluster.ssh(0, "rm -rf /root/xc-get-digest " + " ".join(shlex.quote(job_dir(j)) for j in (JOB_A, JOB_B)))
         cluster.destroy()

@@ -87,6 +87,19 @@ def test_fabric_connects_with_the_inventory(local_cluster, tmp_path):
         assert conn.run("hostname", hide=True).stdout.strip() == node.name
 
 
+def test_status_of_a_job_the_master_does_not_hold_is_one_line_and_exit_2(local_cluster):
+    """`fab status --job ID` with a well-formed id of no job there: one line and exit 2 (as `fab logs` and `fab get`
+    refuse it), before the table; not "not found" twice and exit 0."""
+    missing = "20250101-000000-dead"
+    status = subprocess.run([sys.executable, "-m", "fabric", "status", "--job", missing, "--cluster",
+                             local_cluster.cluster_arg], cwd=REPO, env=local_cluster.env(), capture_output=True,
+                            text=True, timeout=120)
+    assert status.returncode == 2, status.stdout + status.stderr
+    assert status.stdout == "", status.stdout
+    assert status.stderr.strip().splitlines() == [f"error: --job: job '{missing}' is not on the master node0; "
+                                                  "`fab jobs` lists the jobs there"], status.stderr
+
+
 def test_local_up_refuses_a_running_cluster_and_replace_replaces(local_cluster_factory):
     cluster = local_cluster_factory(1)
     with pytest.raises(local_state.LocalClusterError, match="already up"):

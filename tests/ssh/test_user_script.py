@@ -151,7 +151,7 @@ def test_plain_pytorch_script_with_requirements_then_fab_get(cluster, tmp_path, 
 
     got = fab(cluster, "get", "--job", job, "--path", "result.json", "--to", str(tmp_path / "got"), timeout=60)
     assert got.returncode == 0, got.stdout + got.stderr
-    result_file = json.loads((tmp_path / "got" / "result.json").read_text())
+    result_file = json.loads((tmp_path / "got" / job / "result.json").read_text())
     assert result_file == {"sum": 3, "world": 3, "args": ["--name", "a b"], "job": job}
     home = Path(cluster.state.nodes[1].dir) / "root" / ".xeon-cluster" / "jobs" / job / "workdir"
     assert (home / "train.py").is_file() and not (home / "big.bin").exists()  # .gitignore respected

@@ -19,7 +19,7 @@ PARAMS = 135_618
 
 def _figures(**over) -> dict:
     figures = {"model": "synthetic", "params": PARAMS, "batch": 16, "seq_len": 64, "bucket_mb": 25, "backend": "gloo",
-               "cpu": "Test CPU", "compute": {"1": 800.0, "2": 600.0, "3": 450.0},
+               "cpu": "Test CPU", "cores": 2, "compute": {"1": 800.0, "2": 600.0, "3": 450.0},
                "allreduce": {"2": {"fp32": {"gbps": 0.02, "latency_s": 2e-4, "seconds": 0.2},
                                    "bf16": {"gbps": 0.019, "latency_s": 2e-4, "seconds": 0.11}},
                              "3": {"fp32": {"gbps": 0.018, "latency_s": 1e-4, "seconds": 0.3}}}}
@@ -33,6 +33,9 @@ def _inventory() -> Inventory:
                        role="master" if i == 0 else "worker") for i in range(3))
     return local_facts(Inventory(name="demo", kind="local", user="root", nodes=nodes, key_path="/k", profile="stock",
                                  sockets=1, physical_cores=2))
+
+
+HERE = ("Test CPU", 2)  # the local machine `_cal` measured: a plan of the local cluster (fab plan --cluster local)
 
 
 def _cal(**over) -> calib.Calibration:
@@ -109,7 +112,8 @@ def test_fab_plan_finds_the_calibration_of_the_cluster_its_cluster_option_names(
 
 def test_plan_with_a_calibration_uses_measured_inputs_and_says_so():
     cal = _cal()
-    options = plan_options.PlanOptions(nodes="2,3", model="", batch=None, samples=16 * 2 * 40, grad_comm="fp32")
+    options = plan_options.PlanOptions(nodes="2,3", model="", batch=None, samples=16 * 2 * 40, grad_comm="fp32",
+                                       local_machine=HERE)
     inputs = plan_options.plan_inputs(None, options, cal)
     rows = costplan.plan_rows(inputs, costplan.Price(1.0, "spot", "given"))
     two = rows[0].prediction
@@ -124,7 +128,7 @@ def test_plan_with_a_calibration_uses_measured_inputs_and_says_so():
 
 
 def test_plan_with_a_calibration_of_another_model_keeps_the_catalog_compute():
-    options = plan_options.PlanOptions(nodes="1,2", model="distilbert-base-uncased")
+    options = plan_options.PlanOptions(nodes="1,2", model="distilbert-base-uncased", local_machine=HERE)
     inputs = plan_options.plan_inputs(None, options, _cal())
     compute = next(s for s in inputs.sources if s[0] == "compute")
     assert compute[2].startswith("catalog default") and "the calibration measured synthetic" in compute[2]
@@ -135,7 +139,7 @@ def test_plan_with_a_calibration_of_another_model_keeps_the_catalog_compute():
 def test_plan_grad_comm_defaults_to_the_jobs_and_bf16_is_faster_when_communication_bound():
     cal = _cal(allreduce={"2": {"fp32": {"gbps": 0.02, "latency_s": 2e-4, "seconds": 0.2},
                                 "bf16": {"gbps": 0.02, "latency_s": 2e-4, "seconds": 0.1}}})
-    options = dict(nodes="2", model="", batch=None, samples=1280)
+    options = dict(nodes="2", model="", batch=None, samples=1280, local_machine=HERE)
 
     def step_seconds(**extra):
         inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(**options, **extra), cal)
@@ -143,6 +147,57 @@ def test_plan_grad_comm_defaults_to_the_jobs_and_bf16_is_faster_when_communicati
 
     assert step_seconds() == step_seconds(grad_comm=DEFAULT_GRAD_COMM)
     assert step_seconds(grad_comm="fp32") / step_seconds(grad_comm="bf16") > 1.3
+
+
+def _aws_cal(**over) -> calib.Calibration:
+    inventory = Inventory(name="prod", kind="aws", user="ubuntu", nodes=_inventory().nodes, key_path="/k",
+                          profile="stock", instance_type="c6i.16xlarge")
+    return benchplan.calibration_from(_figures(**over), inventory, created=0)
+
+
+def test_a_calibration_applies_only_to_the_machine_it_measured():
+    local, aws = _cal(), _aws_cal()
+    assert (local.instance_type, local.cores, aws.instance_type) == ("", 2, "c6i.16xlarge")
+    assert calib.foreign_machine(aws, instance_type="c6i.16xlarge") == ""
+    assert calib.foreign_machine(local, cpu="Test CPU", cores=2) == ""
+    assert calib.foreign_machine(aws, instance_type="r7iz.metal-16xl") == \
+        "it measured c6i.16xlarge, not r7iz.metal-16xl"
+    assert calib.foreign_machine(local, instance_type="c6i.16xlarge") == \
+        "it measured a local cluster's machine (Test CPU, 2 cores), not c6i.16xlarge"
+    assert "not this machine (Test CPU, 4 cores)" in calib.foreign_machine(local, cpu="Test CPU", cores=4)
+    assert calib.foreign_machine(local, cpu="Other CPU", cores=2) != ""
+    assert calib.foreign_machine(aws, cpu="Test CPU", cores=2) != ""  # an instance type's, on a local cluster
+    old = calib.from_mapping({**local.to_mapping(), "cores": None}, "old.json")  # written before cores were
+    assert calib.foreign_machine(old, cpu="Test CPU", cores=2) != ""
+
+
+def test_plan_refuses_a_calibration_of_another_machine_unless_asked():
+    """A local cluster's calibration on an AWS instance type: refused naming --calibration, or applied with
+    --any-machine and a note saying so."""
+    options = dict(nodes="1,2", model="", batch=None, samples=1280, instance_type="c6i.16xlarge")
+    with pytest.raises(ValueError, match=r"^--calibration: fab bench does not apply here: it measured a local "
+                                         r"cluster's machine \(Test CPU, 2 cores\), not c6i.16xlarge; .*--any-machine"):
+        plan_options.plan_inputs(None, plan_options.PlanOptions(**options), _cal())
+    inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(**options, any_machine=True), _cal())
+    assert any("applied anyway (--any-machine)" in note for note in inputs.notes), inputs.notes
+    assert plan_options.plan_inputs(None, plan_options.PlanOptions(**options), _aws_cal()).notes[1:] == []
+
+
+def test_a_rate_per_node_above_one_nodes_is_flagged_as_noise():
+    """Two nodes at 483 samples/s each beat one at 289: the plan's efficiency (its own arithmetic) is above
+    100 %, and a note says it is noise."""
+    fast = {"gbps": 100.0, "latency_s": 1e-6, "seconds": 1e-4}
+    cal = _cal(compute={"1": 289.0, "2": 483.0, "3": 280.0}, allreduce={"2": {"fp32": fast, "bf16": fast}})
+    assert calib.noisy_counts(cal) == [2]
+    inputs = plan_options.plan_inputs(None, plan_options.PlanOptions(nodes="1,2", model="", batch=None,
+                                                                     samples=1280, local_machine=HERE), cal)
+    rows = costplan.plan_rows(inputs, costplan.Price(0.0, "local", "none"))
+    assert rows[1].prediction.efficiency > 1
+    assert any(note.startswith("calibration: at 2 node(s) it measured more samples/s per node than one node alone "
+                               "(289.0): noise") for note in inputs.notes), inputs.notes
+    assert calib.noisy_counts(_cal()) == []
+    assert benchplan.render_table(cal).splitlines()[-1].startswith("not stable: at 2 node(s) it measured more")
+    assert "not stable" not in benchplan.render_table(_cal())
 
 
 def test_bench_plan_launches_the_bench_program_with_one_rank_per_node():
@@ -170,3 +225,23 @@ def test_bench_table_lists_every_node_count():
     lines = table.splitlines()
     assert "20 Mbit/s per node" in lines[0] and "Test CPU" in lines[0]
     assert lines[-1].split()[:4] == ["3", "450.0", "300.0", "0.018"]
+
+
+def test_fab_plan_of_a_local_cluster_takes_its_calibration_and_gives_no_price(tmp_path):
+    """`fab plan --cluster local:NAME` with a calibration of this machine (its CPU and cores, as training/bench.py
+    records them): no price, no `pulumi up`; the same file for an AWS instance type: one line, exit 2."""
+    from tests.fab_run import fab_in_process
+    from training.hardware import cpu_model, physical_cores
+
+    path = tmp_path / "cal.json"
+    path.write_text(_cal(cpu=cpu_model(), cores=physical_cores()).to_json())
+    common = ("plan", "--calibration", str(path), "--nodes", "1,2", "--samples", "640")
+    local = fab_in_process(*common, "--cluster", "local:demo", "--json")
+    assert local.returncode == 0, local.stdout + local.stderr
+    rows = json.loads(local.stdout)
+    assert [(r["market"], r["total_usd"], r["provisioning_seconds"]) for r in rows] == [("local", 0, 0)] * 2, rows
+    foreign = fab_in_process(*common, "--instance-type", "c6i.16xlarge", "--hourly-usd", "1")
+    assert foreign.returncode == 2 and len(foreign.stderr.strip().splitlines()) == 1, foreign.stderr
+    assert "--calibration: " in foreign.stderr and "not c6i.16xlarge" in foreign.stderr
+    anyway = fab_in_process(*common, "--instance-type", "c6i.16xlarge", "--hourly-usd", "1", "--any-machine")
+    assert anyway.returncode == 0 and "applied anyway (--any-machine)" in anyway.stdout, anyway.stderr

@@ -61,18 +61,21 @@ def test_fab_list_shows_each_tasks_first_sentence_whole(name):
 
 def test_a_near_miss_of_a_local_clusters_name_gets_a_suggestion(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    for name in ("bench8", "local"):
+    for name in ("bench8", "local", "t1"):
         (tmp_path / "xeon-cluster" / "local" / name).mkdir(parents=True)
         (tmp_path / "xeon-cluster" / "local" / name / "state.json").write_text("{}")
     assert discovery.local_suggestion("lokal") == "; did you mean `--cluster local`?"
     assert discovery.local_suggestion("local:bench9") == "; did you mean `--cluster local:bench8`?"
     assert discovery.local_suggestion("bench8") == "; did you mean `--cluster local:bench8`?"
     assert discovery.local_suggestion("production") == ""
+    assert discovery.local_suggestion("t1") == "; did you mean `--cluster local:t1`?"  # the exact name given
     for variable in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(ClusterSelectionError, match=r"did you mean `--cluster local`\?$"):
         discovery.resolve_cluster("lokal")
+    with pytest.raises(ClusterSelectionError, match=r"did you mean `--cluster local:t1`\?$"):
+        discovery.resolve_cluster("t1")  # as `fab local-up --name t1` named it: not AWS's "no region" alone
 
 
 def test_setup_dev_waits_for_the_dpkg_lock_saying_so(tmp_path):

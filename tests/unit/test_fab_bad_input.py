@@ -109,6 +109,7 @@ CASES = {
                               "--args: only with --script or --module"),
     "bad module": (["train", "--module", "my-pkg", "--dry-run", "-c", "{inv}"], "--module: 'my-pkg' is not a module"),
     "exec on too many nodes": (["exec", "true", "--nodes", "3", "-c", "{inv}"], "--nodes: 3 is not possible"),
+    "status with no job id": (["status", "--job", "bogus", "-c", "{inv}"], "--job: 'bogus' is not a job id"),
     "get outside the output": (["get", "--path", "../secrets", "-c", "{inv}"], "--path: '../secrets' is not allowed"),
     "local-up link rate": (["local-up", "--link-mbit", "0.5"], "--link-mbit: 0.5 is not allowed; allowed 1 to 100000"),
     "local-up delay alone": (["local-up", "--link-delay-ms", "5"], "--link-delay-ms: 5 given without --link-mbit"),

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+
 import pytest
+
+from cluster.job import fetch_paths
 
 from cluster.job.fetch_paths import check_subpath, local_mode, local_parts, refused_name, stays_under
 
@@ -66,3 +72,27 @@ def test_get_path_refused(path, says):
 ])
 def test_a_local_copy_keeps_the_masters_permission_bits_less_the_umask_and_never_setuid(remote, umask, local):
     assert local_mode(remote, umask) == local
+
+
+@pytest.mark.parametrize("nbytes", [None, 0, 1, 4098])
+def test_the_digest_command_prints_the_sha256_hashlib_computes(tmp_path, nbytes):
+    """The command the master runs, run here by a shell, against hashlib (the reference), on a name a shell
+    would split, expand or read as an option."""
+    data = os.urandom(10_000)
+    path = tmp_path / "-n $(touch pwned) 'q' *.json"
+    path.write_bytes(data)
+    out = subprocess.run(["sh", "-c", fetch_paths.digest_command(str(path), nbytes)], capture_output=True, text=True,
+                         cwd=tmp_path, check=True).stdout
+    assert fetch_paths.parse_digest(out) == hashlib.sha256(data if nbytes is None else data[:nbytes]).hexdigest()
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("text", ["", "not a digest  -\n", "ab" * 31 + "  -\n", f"{'ab' * 32}  -\n{'cd' * 32}  -\n"])
+def test_output_without_one_digest_gives_none(text):
+    assert fetch_paths.parse_digest(text) is None
+
+
+def test_a_byte_count_that_is_not_one_is_refused():
+    for bad in (-1, True, 1.5, "4"):
+        with pytest.raises(ValueError):
+            fetch_paths.digest_command("/x", bad)

@@ -310,3 +310,56 @@ def test_fab_jobs_costs_each_job_and_a_supervised_run_with_its_recoveries(tmp_pa
     assert costs["20260102-030407-cccc"][-2:] == ["$2.0000", "estimated"]  # its 30 min, its start to its end
     assert text[6] == "supervised run 20260102-030406-bbbb: 3 job(s), 2 recovery(ies), $7.0000"
     assert text[7] == "all jobs: $7.0345; estimates at the cluster's $2.0000 per node-hour now"
+
+
+def test_a_supervised_runs_folder_is_not_a_job_and_its_jobs_are(tmp_path):
+    """`fab train --managed` keeps its workdir and data files in ~/.xeon-cluster/jobs/<run id>/ (an id of the
+    same form as a job's) with no job.json: no row of "unknown"s for it, and no problem line; its jobs are
+    rows."""
+    run = "20260102-030400-9999"
+    folder = job(tmp_path, run)
+    (folder / "workdir").mkdir()
+    (folder / "workdir" / "train.py").write_text("print(1)\n")
+    (folder / "data").mkdir()
+    job(tmp_path, "20260102-030405-aaaa", meta={**META, "supervised_run": run}, exit_code="0\n", ended=START + 5)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert [(r.id, r.state) for r in rows] == [("20260102-030405-aaaa", "completed")] and problems == []
+
+
+def _local_cluster_made_at(created_at: float):
+    """The state file of local cluster "lab" as `fab local-up` keeps it, made at `created_at`; its inventory."""
+    from cluster.inventory import Inventory, Node
+    from node_setup.local import state as local_state
+
+    paths = local_state.paths_for("lab")
+    local_state.save_state(paths, local_state.ClusterState(
+        name="lab", bridge="xc-lab", subnet="10.9.9.0/24", bridge_address="10.9.9.1", data_dir=str(paths.data_dir),
+        cluster_dir=str(paths.cluster_dir), key_path=str(paths.key_path), inventory_path=str(paths.inventory_path),
+        created_at=created_at))
+    return Inventory(name="lab", kind="local", user="root", key_path="/k",
+                     nodes=(Node(name="node0", address="10.9.9.2", private_address="10.9.9.2", rank=0, role="master"),))
+
+
+def test_a_new_local_cluster_of_an_old_ones_name_has_a_history_of_its_own(tmp_path, monkeypatch):
+    """`fab local-down`, then `fab local-up` of the same name: the new cluster lists none of the old one's jobs
+    (on the code before, one file per name held both)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    old = _local_cluster_made_at(1764500000.5)
+    job_history.record(old.name, [row("20261130-100000-aaaa")], identity=job_history.identity(old))
+    assert job_history.identity(old) == "1764500000"
+    new = _local_cluster_made_at(1764600000.0)
+    assert job_history.read(new.name, identity=job_history.identity(new)) == []
+    assert [r.id for r in job_history.read(old.name, identity="1764500000")] == ["20261130-100000-aaaa"]
+
+
+def test_the_end_of_a_job_fab_train_followed_is_in_the_history(tmp_path, monkeypatch):
+    """node_setup/tasks/job_run.py reads the master's records once its job ended (`observed`): the history holds
+    the end (interrupted, 75) though no `fab jobs` ran after the start."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    home = tmp_path / "master"
+    job(home, "20260102-030405-aaaa", meta=META, exit_code="75\n", ended=START + 30)
+    inventory = _local_cluster_made_at(1764600000.0)
+    rows = job_history.observed(inventory, LocalMaster(home))
+    assert [(r.id, r.state, r.exit_code) for r in rows] == [("20260102-030405-aaaa", "interrupted", 75)]
+    assert job_history.read("lab", identity=job_history.identity(inventory)) == rows

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from cluster.stack import catalog
-from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER, LaunchError,
-                                hostfile_text, master_port_for, plan_launch)
+from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, INTERRUPTED_CODE, JOB_MARKER, RANK_WRAPPER,
+                                LaunchError, hostfile_text, master_port_for, plan_launch)
 from cluster.job.layout import plan_layout
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
@@ -139,7 +139,7 @@ exit 7
 
 
 def run_job_script(tmp_path, flavour, *, job_id="20260101-000000-abcd", master_addr="127.0.0.1", extra_env=None,
-                   node_env=None):
+                   node_env=None, mpirun=FAKE_MPIRUN):
     """Run the job script of a one-node plan with a fake `mpirun` (and python) in a fake venv.
 
     Returns (plan, completed process, mpirun's argv, mpirun's environment).
@@ -147,7 +147,7 @@ def run_job_script(tmp_path, flavour, *, job_id="20260101-000000-abcd", master_a
     home, venv, ccl = tmp_path / "home", tmp_path / "venv", tmp_path / "ccl"
     (venv / "bin").mkdir(parents=True)
     (ccl / "env").mkdir(parents=True)
-    (venv / "bin" / "mpirun").write_text(FAKE_MPIRUN)
+    (venv / "bin" / "mpirun").write_text(mpirun)
     # what the oneCCL setup runs: the venv's python finds the bindings, their setvars.sh is sourced
     (venv / "bin" / "python").write_text(f"#!/bin/sh\necho {shlex.quote(str(ccl))}\n")
     (ccl / "env" / "setvars.sh").write_text('echo "$#" > "$HOME/setvars.args"; export CCL_FROM_SETVARS=1\n')
@@ -238,6 +238,28 @@ def test_rank_wrapper_records_pid_and_runs_program(tmp_path):
     pid, iface = out.stdout.split()
     assert record_file.read_text().split() == [pid, str(os.getpgrp()), socket.gethostname()]
     assert iface == "lo"  # the interface holding MASTER_ADDR
+
+
+def test_a_job_whose_rank_0_ended_interrupted_ends_interrupted_whatever_mpirun_returned(tmp_path):
+    """Rank 0 checkpointed at a spot notice and ended 75 (training/exit_codes.py INTERRUPTED); mpirun then
+    returned 255 (a reclaimed node gone): the job's exit_code is 75, what `fab jobs` shows as interrupted, and
+    the launcher's 255 is kept beside it. A failure that is not rank 0's interruption keeps mpirun's code."""
+    from training.exit_codes import INTERRUPTED
+
+    assert INTERRUPTED_CODE == INTERRUPTED
+    for rank_0, expected in ((f"exit {INTERRUPTED}", INTERRUPTED), ("exit 1", 255)):
+        # a stand-in mpirun: rank 0 under the real rank wrapper, then the launcher's own code
+        mpirun = (f"#!/bin/sh\nPMI_RANK=0 sh -c {shlex.quote(RANK_WRAPPER)} xeon-rank sh -c {shlex.quote(rank_0)}\n"
+                  "exit 255\n")
+        plan, done, _, _ = run_job_script(tmp_path / str(expected), "openmpi", mpirun=mpirun)
+        d = tmp_path / str(expected) / "home" / plan.job_dir
+        assert done.returncode == expected, done.stdout + done.stderr
+        assert (d / "exit_code").read_text() == f"{expected}\n"
+        assert (d / "ranks" / "exit-0").read_text() == rank_0.split()[1] + "\n"
+        assert (d / "launcher_exit_code").exists() == (expected == INTERRUPTED)
+        if expected == INTERRUPTED:
+            assert (d / "launcher_exit_code").read_text() == "255\n"
+            assert "rank 0 ended with code 75 (interrupted); the launcher returned 255" in (d / "log").read_text()
 
 
 def test_rank_wrapper_records_a_program_that_ended_at_once_with_its_host_in_place(tmp_path):

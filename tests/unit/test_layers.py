@@ -38,7 +38,7 @@ ROOMS = {
                         "node_setup.local.console", "node_setup.aws.console", "node_setup.backends",
                         "node_setup.job_lifecycle.transport"),
                        ("boto3",)),
-    "node_setup/local": (("cluster", "node_setup.controller", "training.imds"), ("boto3",)),
+    "node_setup/local": (("cluster", "node_setup.controller", "training.imds", "training.hardware"), ("boto3",)),
     "node_setup/supervisor": (("cluster", "node_setup.backends", "node_setup.job_lifecycle"),
                               ("fabric", "paramiko", "invoke")),
     "node_setup/job_lifecycle": (("cluster",), ("fabric", "paramiko", "invoke", "boto3")),

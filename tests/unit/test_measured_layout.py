@@ -144,7 +144,7 @@ PRICE = costplan.Price(1.0, "spot", "given")
 
 
 def _plan(cal_data: dict, **options):
-    cal = calib.from_mapping(cal_data, "cal.json")
+    cal = calib.from_mapping({"instance_type": MACHINE, **cal_data}, "cal.json")  # measured on the type planned
     o = plan_options.PlanOptions(nodes="1,2", model="", batch=None, samples=1_600, instance_type=MACHINE, **options)
     inputs = plan_options.plan_inputs(None, o, cal)
     return inputs, costplan.plan_rows(inputs, PRICE)

@@ -4,6 +4,7 @@ that could leave the destination are refused, remote links skipped, local links 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -12,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from node_setup.ssh.fetch import CHUNK, PROGRESS_FROM_BYTES, LocalTree, UnsafeLocalPath, copy, first_link, walk
+from node_setup.ssh.fetch import (CHUNK, PROGRESS_FROM_BYTES, ChangedWhileCopied, LocalTree, UnsafeLocalPath, copy,
+                                  first_link, walk)
 
 LINK = object()  # FakeSftp: an entry that is a symbolic link
 FIFO = object()  # FakeSftp: an entry that is neither a file nor a folder
@@ -27,6 +29,7 @@ class FakeSftp:
     def __init__(self, files: dict[str, object], modes: dict[str, int] | None = None):
         self.files, self.modes = files, modes or {}
         self.read_from: list[int] = []
+        self.digests: list[tuple[str, int | None]] = []
 
     def _find(self, path: str):
         if path in self.files:
@@ -52,6 +55,12 @@ class FakeSftp:
     def listdir_attr(self, path: str):
         return [self._attr(name, node) for name, node in self._find(path).items()]
 
+    def digest(self, path: str, nbytes: int | None = None) -> str:
+        """Test double of fetch.remote_digest (the master's sha256sum): the digest of the in-memory file."""
+        self.digests.append((path, nbytes))
+        data = self._find(path)
+        return hashlib.sha256(data if nbytes is None else data[:nbytes]).hexdigest()
+
     def open(self, path: str, mode: str = "r"):
         assert mode == "rb", mode
         sftp = self
@@ -75,10 +84,11 @@ def test_a_partial_file_is_resumed_with_progress_and_ends_equal(tmp_path, capsys
     sftp = FakeSftp({REMOTE: data})
 
     with LocalTree(tmp_path) as tree:
-        what = copy(sftp, REMOTE, tree, ("model.safetensors",), len(data))
+        what = copy(sftp, REMOTE, tree, ("model.safetensors",), len(data), digest=sftp.digest)
 
     assert what.startswith("resumed at 2.0 MB in "), what
     assert sftp.read_from[0] == have  # nothing already here was read again
+    assert sftp.digests == [(REMOTE, have), (REMOTE, None)]  # the prefix's digest, then the whole copy's
     assert local.read_bytes() == data
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  model.safetensors: ")]
     assert len(progress) >= 5 and progress[-1].endswith("(100%)"), progress
@@ -92,10 +102,11 @@ def test_a_whole_file_is_left_alone_and_a_longer_one_copied_again(tmp_path, caps
     local.write_bytes(data)
     sftp = FakeSftp({REMOTE: data})
     with LocalTree(tmp_path) as tree:
-        assert copy(sftp, REMOTE, tree, ("summary.json",), len(data)) == "unchanged" and sftp.read_from == []
+        assert copy(sftp, REMOTE, tree, ("summary.json",), len(data), digest=sftp.digest) == "unchanged"
+        assert sftp.read_from == [] and sftp.digests == [(REMOTE, None)]
 
         local.write_bytes(data + b"stale tail")
-        assert copy(sftp, REMOTE, tree, ("summary.json",), len(data)).startswith("copied in ")
+        assert copy(sftp, REMOTE, tree, ("summary.json",), len(data), digest=sftp.digest).startswith("copied in ")
     assert local.read_bytes() == data
     assert capsys.readouterr().out == ""  # under PROGRESS_FROM_BYTES: no progress lines
 
@@ -103,9 +114,63 @@ def test_a_whole_file_is_left_alone_and_a_longer_one_copied_again(tmp_path, caps
 def test_a_missing_file_is_copied_into_new_folders(tmp_path):
     data = os.urandom(CHUNK + 1)
     with LocalTree(tmp_path / "new") as tree:
-        assert copy(FakeSftp({REMOTE: data}), REMOTE, tree, ("deep", "er", "rng_state_1.pth"), len(data)).startswith(
-            "copied in ")
+        sftp = FakeSftp({REMOTE: data})
+        assert copy(sftp, REMOTE, tree, ("deep", "er", "rng_state_1.pth"), len(data),
+                    digest=sftp.digest).startswith("copied in ")
     assert (tmp_path / "new" / "deep" / "er" / "rng_state_1.pth").read_bytes() == data
+
+
+def test_a_same_size_file_of_other_content_is_copied_never_kept(tmp_path):
+    """Two jobs' files of one size (another job's summary.json in the same place): never "unchanged"."""
+    theirs, ours = b'{"job": "A", "loss": 0.5}', b'{"job": "B", "loss": 0.7}'
+    local = tmp_path / "summary.json"
+    local.write_bytes(theirs)
+    sftp = FakeSftp({REMOTE: ours})
+    with LocalTree(tmp_path) as tree:
+        assert copy(sftp, REMOTE, tree, ("summary.json",), len(ours), digest=sftp.digest).startswith("copied in ")
+    assert local.read_bytes() == ours and sftp.read_from[0] == 0
+
+
+def test_a_shorter_file_that_is_not_the_masters_prefix_is_copied_from_the_start(tmp_path):
+    data = os.urandom(3 * CHUNK)
+    local = tmp_path / "model.safetensors"
+    local.write_bytes(os.urandom(CHUNK + 7))  # another file's first bytes, shorter than this one
+    sftp = FakeSftp({REMOTE: data})
+    with LocalTree(tmp_path) as tree:
+        what = copy(sftp, REMOTE, tree, ("model.safetensors",), len(data), digest=sftp.digest)
+    assert what.startswith("copied in "), what
+    assert local.read_bytes() == data and sftp.read_from[0] == 0
+    assert sftp.digests == [(REMOTE, CHUNK + 7), (REMOTE, None)]
+
+
+class Rewriting(FakeSftp):
+    """A FakeSftp whose file is rewritten (same size, new bytes) right after each of its first `times` opens:
+    what a running job's checkpoint or progress record does while it is copied."""
+
+    def __init__(self, files, times: int):
+        super().__init__(files)
+        self.times = times
+
+    def open(self, path, mode="r"):
+        remote = super().open(path, mode)
+        if self.times:
+            self.times -= 1
+            self.files[path] = os.urandom(len(self.files[path]))
+        return remote
+
+
+def test_a_file_rewritten_while_it_is_copied_is_copied_again(tmp_path):
+    sftp = Rewriting({REMOTE: os.urandom(CHUNK + 3)}, times=1)
+    with LocalTree(tmp_path) as tree:
+        what = copy(sftp, REMOTE, tree, ("progress.json",), CHUNK + 3, digest=sftp.digest)
+    assert what.startswith("copied in ") and what.endswith("(copied again: it changed while it was read)"), what
+    assert (tmp_path / "progress.json").read_bytes() == sftp.files[REMOTE]
+
+
+def test_a_file_that_keeps_changing_is_named(tmp_path):
+    sftp = Rewriting({REMOTE: os.urandom(100)}, times=2)
+    with LocalTree(tmp_path) as tree, pytest.raises(ChangedWhileCopied, match="changed on the master"):
+        copy(sftp, REMOTE, tree, ("progress.json",), 100, digest=sftp.digest)
 
 
 # ------------------------------------------------------------------ the walk: what the master lists
@@ -179,7 +244,7 @@ def test_a_link_under_the_destination_is_never_written_through(tmp_path, parts):
     sftp = FakeSftp({REMOTE: b"attacker"})
 
     with LocalTree(dest) as tree, pytest.raises(UnsafeLocalPath, match="symbolic link"):
-        copy(sftp, REMOTE, tree, parts, len(b"attacker"))
+        copy(sftp, REMOTE, tree, parts, len(b"attacker"), digest=sftp.digest)
 
     assert sorted(p.name for p in outside.iterdir()) == ["file", "target"]
     assert (outside / "file").read_bytes() == (outside / "target").read_bytes() == b"precious"
@@ -189,7 +254,8 @@ def test_a_link_under_the_destination_is_never_written_through(tmp_path, parts):
 @pytest.mark.parametrize("parts", [("..", "x"), ("/abs",), ("a\nb",), ()])
 def test_names_that_would_escape_are_refused_here_too(tmp_path, parts):
     with LocalTree(tmp_path / "dest") as tree, pytest.raises(ValueError):
-        copy(FakeSftp({REMOTE: b"x"}), REMOTE, tree, parts, 1)
+        sftp = FakeSftp({REMOTE: b"x"})
+        copy(sftp, REMOTE, tree, parts, 1, digest=sftp.digest)
     assert [p.name for p in tmp_path.iterdir()] == ["dest"] and not any((tmp_path / "dest").iterdir())
 
 
@@ -204,7 +270,7 @@ def test_a_copied_file_keeps_the_masters_mode_less_the_umask_never_setuid(tmp_pa
         (file,) = walk(sftp, ROOT)
         assert stat.S_IMODE(file.mode) == remote
         with LocalTree(tmp_path / "dest") as tree:
-            copy(sftp, file.remote, tree, file.parts, file.size, file.mode)
+            copy(sftp, file.remote, tree, file.parts, file.size, file.mode, digest=sftp.digest)
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "dest" / "model.safetensors").stat().st_mode) == local
@@ -235,7 +301,7 @@ def test_a_file_already_here_gets_the_masters_mode_and_is_never_wider_while_writ
     sftp = Watching({ROOT: {"summary.json": b"{}", "model.safetensors": b"weights"}},
                     modes={"summary.json": 0o600, "model.safetensors": 0o600})
     with LocalTree(dest) as tree:
-        results = [copy(sftp, f.remote, tree, f.parts, f.size, f.mode) for f in walk(sftp, ROOT)]
+        results = [copy(sftp, f.remote, tree, f.parts, f.size, f.mode, digest=sftp.digest) for f in walk(sftp, ROOT)]
     assert results[0].startswith("resumed at ") and results[1] == "unchanged", results
     assert seen and set(seen) == {0o600}
     assert stat.S_IMODE(whole.stat().st_mode) == stat.S_IMODE(partial.stat().st_mode) == 0o600
