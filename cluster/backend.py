@@ -155,6 +155,21 @@ class ClusterBackend(Protocol):
         """What limits the nodes' link, as a calibration records it (a local cluster's `--link-mbit`); "": nothing."""
         ...
 
+    def measured_type(self, inventory: Inventory) -> str:
+        """The instance type a calibration of this cluster measured, recorded so that `fab plan` applies it only to
+        that type (AWS's: the nodes' EC2 type); "": the machine is known by its CPU model and cores instead."""
+        ...
+
+    def history_identity(self, inventory: Inventory) -> str:
+        """What tells this cluster from an earlier one of its name in the controller's job history (a local
+        cluster's creation time, epoch seconds); "": the name alone."""
+        ...
+
+    def planned_machine(self) -> tuple[str, int] | None:
+        """What `fab plan --cluster` plans without --instance-type: this machine's (CPU model, physical cores)
+        where the cluster's nodes are this machine (a local cluster's, with no price); None: the catalog's type."""
+        ...
+
     def replaces_lost_master(self) -> bool:
         """Whether fab replaces a lost master itself (AWS: a targeted `pulumi up` of the cluster's stack);
         False: fab does not (a local cluster's group keeper brings a lost master back itself; your own machines

@@ -20,23 +20,15 @@ from cluster.job import jobhistory, joblist
 from cluster.job.joblist import JobRow
 from cluster.job.jobplan import JobPlan
 from cluster import names
-from cluster.backend import LOCAL
 from cluster.inventory import Inventory
 from node_setup.controller import config_root
 
 
 def identity(inventory: Inventory) -> str:
-    """What tells this cluster from an earlier one of its name: a local cluster's creation time (epoch seconds,
-    from its state file), else "" (the name alone)."""
-    if inventory.kind != LOCAL:
-        return ""
-    from node_setup.local.state import LocalClusterError, load_state, paths_for
+    """What tells this cluster from an earlier one of its name (its backend's history identity; "": the name)."""
+    from node_setup.backends import backend_for
 
-    try:
-        state = load_state(paths_for(inventory.name))
-    except (LocalClusterError, OSError, ValueError):
-        state = None
-    return str(int(state.created_at)) if state is not None and state.created_at > 0 else ""
+    return backend_for(inventory.kind).history_identity(inventory)
 
 
 def path(cluster: str, identity: str = "") -> Path:

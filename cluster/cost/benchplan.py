@@ -16,7 +16,6 @@ import re
 import time
 from dataclasses import dataclass, replace
 
-from cluster.backend import AWS
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory
@@ -147,11 +146,12 @@ def layout_choice(machine: str, plans: list[JobPlan], step_s: list[float], batch
                               step_s={p.layout.ranks_per_node: s for p, s in zip(plans, step_s)})
 
 
-def calibration_from(figures: dict, inventory: Inventory, *, link: str = "", created: float | None = None
-                     ) -> calib.Calibration:
-    """The calibration of `inventory`'s cluster from training/bench.py's figures."""
+def calibration_from(figures: dict, inventory: Inventory, *, link: str = "", measured_type: str = "",
+                     created: float | None = None) -> calib.Calibration:
+    """The calibration of `inventory`'s cluster from training/bench.py's figures; `measured_type`: the instance
+    type it measured, where the backend names one (AWS's), else "" (the CPU model and cores say)."""
     data = {**figures, "version": calib.VERSION, "cluster": inventory.name, "kind": inventory.kind,
-            "instance_type": (inventory.instance_type or "") if inventory.kind == AWS else "",
+            "instance_type": measured_type,
             "link": link, "ranks_per_node": 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
     return calib.from_mapping(data, "fab bench")

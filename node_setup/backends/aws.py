@@ -186,5 +186,14 @@ class AwsBackend:
     def link_limit(self, inventory: Inventory) -> str:
         return ""
 
+    def measured_type(self, inventory: Inventory) -> str:
+        return inventory.instance_type or ""
+
+    def history_identity(self, inventory: Inventory) -> str:
+        return ""
+
+    def planned_machine(self) -> tuple[str, int] | None:
+        return None
+
     def replaces_lost_master(self) -> bool:
         return True  # node_setup/tasks/managed.py's recover_master: a targeted `pulumi up` of the stack

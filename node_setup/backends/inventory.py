@@ -82,5 +82,14 @@ class InventoryFileBackend:
     def link_limit(self, inventory: Inventory) -> str:
         return ""
 
+    def measured_type(self, inventory: Inventory) -> str:
+        return ""  # your own machines: their CPU model and cores say which they are
+
+    def history_identity(self, inventory: Inventory) -> str:
+        return ""
+
+    def planned_machine(self) -> tuple[str, int] | None:
+        return None
+
     def replaces_lost_master(self) -> bool:
         return False

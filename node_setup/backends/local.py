@@ -219,5 +219,21 @@ class LocalBackend:
             return ""
         return local_state.describe_link(state.link_mbit, state.link_delay_ms)
 
+    def measured_type(self, inventory: Inventory) -> str:
+        return ""  # the nodes are this machine: its CPU model and cores say which
+
+    def history_identity(self, inventory: Inventory) -> str:
+        """When `fab local-up` made the cluster (its state file): a new cluster of the same name starts its own."""
+        try:
+            state = local_state.load_state(local_state.paths_for(inventory.name))
+        except (local_state.LocalClusterError, OSError, ValueError):
+            state = None
+        return str(int(state.created_at)) if state is not None and state.created_at > 0 else ""
+
+    def planned_machine(self) -> tuple[str, int] | None:
+        from node_setup.local.system import machine_cpu
+
+        return machine_cpu()
+
     def replaces_lost_master(self) -> bool:
         return False  # fab does not: the group keeper brings a lost master back itself (node_setup/local/keeper.py)

@@ -93,8 +93,9 @@ def bench(c, nodes=Unset(int, "every node"), cluster="", region="", model=benchp
     if state != "exited" or detail.strip() != "0" or text is None:
         raise fail(f"bench {plan.job_id} failed ({state} {detail}); its log: `fab logs --job {plan.job_id}`", FAILED)
     try:
-        link = backend_for(inventory.kind).link_limit(inventory)  # a local cluster's --link-mbit
-        cal = benchplan.calibration_from(json.loads(text), plan.inventory, link=link)
+        backend = backend_for(inventory.kind)
+        cal = benchplan.calibration_from(json.loads(text), plan.inventory, link=backend.link_limit(inventory),
+                                         measured_type=backend.measured_type(inventory))
     except (ValueError, calib.CalibrationError) as exc:
         raise fail(f"bench {plan.job_id}: unusable figures ({exc})", FAILED) from None
     if layout_runs:

@@ -284,13 +284,11 @@ def _kept_image(spec: ClusterSpec | None) -> tuple[str, str]:
 def _local_machine(cluster: str, instance_type: str) -> tuple[str, int] | None:
     """This machine's (CPU model, physical cores) when `--cluster` names a local cluster and no --instance-type
     is given (the plan is for the local nodes), else None."""
-    from cluster.backend import LOCAL
-    from node_setup.backends import cluster_kind
-    from node_setup.local.system import machine_cpu
+    from node_setup.backends import backend_for, cluster_kind
 
-    if not cluster or instance_type or cluster_kind(cluster)[0] != LOCAL:
+    if not cluster or instance_type:
         return None
-    return machine_cpu()
+    return backend_for(cluster_kind(cluster)[0]).planned_machine()
 
 
 def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "", stack: str = "",
