@@ -214,9 +214,12 @@ def reporting() -> str:
     """`--report_to`'s default: none, but `kubeflow` in a Kubeflow Trainer TrainJob whose control plane takes
     progress (its TrainJobStatus feature gate injects the status server's address; transformers' own test
     of it): the Trainer's KubeflowCallback then reports progress, time left and metrics to the TrainJob's
-    status.trainerStatus. A `--report_to` given wins."""
-    from transformers.integrations import is_kubeflow_available
-
+    status.trainerStatus. A `--report_to` given wins. transformers before 5 (the intel profile's 4.56) has no
+    such callback: none there."""
+    try:
+        from transformers.integrations import is_kubeflow_available
+    except ImportError:
+        return TRAINING_DEFAULTS["report_to"]
     return "kubeflow" if is_kubeflow_available() else TRAINING_DEFAULTS["report_to"]
 
 

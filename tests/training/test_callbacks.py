@@ -10,6 +10,11 @@ from training import checkpoints
 from training.callbacks import SpotCheckpointCallback
 
 
+def trainer_args(output_dir):
+    """The TrainingArguments fields the callback reads (a batch of 8 on this one rank)."""
+    return NS(output_dir=str(output_dir), per_device_train_batch_size=8, gradient_accumulation_steps=1)
+
+
 def step(callback, global_step):
     control = TrainerControl()
     callback.on_step_end(NS(), NS(global_step=global_step), control)
@@ -42,7 +47,7 @@ def test_a_failed_upload_is_recorded_and_training_goes_on(tmp_path):
     (directory / "model.safetensors").write_bytes(b"w" * 10)
     callback = SpotCheckpointCallback(rank=0, checkpoint_uri="s3://ckpt/run", s3_client_factory=no_s3,
                                       run_id="run-a", keep=2)
-    callback.on_save(NS(output_dir=str(tmp_path)), NS(global_step=4, best_model_checkpoint=None), TrainerControl())
+    callback.on_save(trainer_args(tmp_path), NS(global_step=4, best_model_checkpoint=None), TrainerControl())
     [record] = callback.saved
     assert record["step"] == 4 and record["uri"] is None
     assert record["upload_error"] == "ConnectionError: endpoint unreachable"
@@ -85,7 +90,7 @@ def _folder(tmp_path, step):
 
 def test_a_checkpoint_the_full_disk_could_not_hold_is_no_checkpoint_and_training_goes_on(tmp_path, caplog):
     callback = SpotCheckpointCallback(rank=0, run_id="run-a", keep=2)
-    args = NS(output_dir=str(tmp_path))
+    args = trainer_args(tmp_path)
     _folder(tmp_path, 20)
     callback.on_save(args, NS(global_step=20, best_model_checkpoint=None), TrainerControl())
     half = _folder(tmp_path, 40)  # the trainer wrote part of it, then the disk was full
@@ -110,7 +115,7 @@ def test_a_manifest_the_full_disk_could_not_hold_leaves_no_checkpoint(tmp_path, 
     callback = SpotCheckpointCallback(rank=0, run_id="run-a")
     directory = _folder(tmp_path, 8)
     monkeypatch.setattr(checkpoints, "write_manifest", full)
-    callback.on_save(NS(output_dir=str(tmp_path)), NS(global_step=8, best_model_checkpoint=None), TrainerControl())
+    callback.on_save(trainer_args(tmp_path), NS(global_step=8, best_model_checkpoint=None), TrainerControl())
     assert not directory.exists() and callback.saved[-1]["save_error"].startswith("no space left")
 
     def refused(*args, **kwargs):
@@ -120,7 +125,7 @@ def test_a_manifest_the_full_disk_could_not_hold_leaves_no_checkpoint(tmp_path, 
     monkeypatch.setattr(checkpoints, "free_bytes", lambda directory: 40 * 1024 ** 3)
     _folder(tmp_path, 9)
     with pytest.raises(PermissionError):  # not the disk's: the job fails and says so
-        callback.on_save(NS(output_dir=str(tmp_path)), NS(global_step=9, best_model_checkpoint=None), TrainerControl())
+        callback.on_save(trainer_args(tmp_path), NS(global_step=9, best_model_checkpoint=None), TrainerControl())
 
 
 def test_the_final_model_waits_for_a_full_disk_to_have_space_and_any_other_failure_is_raised(tmp_path, caplog):
