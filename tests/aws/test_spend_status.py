@@ -213,7 +213,7 @@ def test_an_ended_job_shows_no_rank_running_and_no_record_from_before_its_start(
     started = dt.datetime(2026, 5, 1, 11, 50, tzinfo=dt.timezone.utc).timestamp()
     record = {"format": 1, "step": 46, "total": 400, "steps_per_second": 0.5, "samples_per_second": 48.0,
               "updated": started - 66}
-    monkeypatch.setattr(ssh_job, "read_remote_file", lambda conn, path: json.dumps(record))
+    monkeypatch.setattr(ssh_job, "read_remote_record", lambda conn, path: json.dumps(record))
     out = status(capsys)
     assert "job job-7: finished, exit code 255" in out, out
     assert " running (r" not in out and "1 left after the job's end (r0)" in out, out

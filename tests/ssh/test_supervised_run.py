@@ -125,7 +125,7 @@ def tasks_answer_with_a_worker_down(cluster, transcript: list[str]) -> None:
     node2 shown down with the keeper's replacement coming, the run's state read from the master, and no
     advice to --replace (which would wipe the run)."""
     target = ("--cluster", f"local:{cluster.name}")
-    run_id = run_state(cluster)["run"]
+    run_id, job_id = run_state(cluster)["run"], run_state(cluster)["job"]
     asked = {"status": fab(cluster, "status", *target), "logs": fab(cluster, "logs", "--lines", "5", *target),
              "jobs": fab(cluster, "jobs", *target), "exec": fab(cluster, "exec", "hostname", *target)}
     transcript += [f"$ fab {task}\n{ran.stdout}{ran.stderr}" for task, ran in asked.items()]
@@ -137,7 +137,8 @@ def tasks_answer_with_a_worker_down(cluster, transcript: list[str]) -> None:
     assert re.search(r"^  node2 +\S+ +down ", status, re.M), status
     assert re.search(r"^  node1 +\S+ +running .* yes ", status, re.M), status
     assert f"supervised run {run_id}: " in status, status
-    assert run_id in asked["jobs"].stdout  # the run's first job
+    assert job_id in asked["jobs"].stdout  # the run's current job (its own folder, which holds no job.json, is none)
+    assert run_id not in asked["jobs"].stdout
     assert "[node0] node0" in asked["exec"].stdout and "[node1] node1" in asked["exec"].stdout
     assert "node2" not in asked["exec"].stdout
 
