@@ -278,11 +278,12 @@ class Job:
 
     def _continue_in_place(self, trainer, spot, path: str, step: int, training_args) -> None:
         """Continue at the checkpoint's place in the data, in this job's steps (training/resume.py data_position)."""
-        from training import checkpoints, resume
+        from training import checkpoints, distributed, resume
 
         global_batch = (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
                         * self.info.world_size)
-        position = resume.data_position(checkpoints.read_manifest(path) or {}, step, global_batch)
+        mine = resume.data_position(checkpoints.read_manifest(path) or {}, step, global_batch)
+        position = resume.DataPosition(*distributed.gather(tuple(mine))[0])  # rank 0's: every rank the same step
         spot.position = position
         if position.step != step:
             trainer.rebased_step = position.step
