@@ -199,11 +199,10 @@ def read_rank_state(directory: str | os.PathLike, rank: int, world_size: int) ->
     return path.read_bytes()
 
 
-def add_rank_states(directory: str | os.PathLike, states: Sequence[bytes | None], world_size: int) -> list[int]:
+def add_rank_states(directory: str | os.PathLike, states: Sequence[bytes | None], world_size: int) -> None:
     """Rank 0: write each rank's random state (`states[rank]`, gathered from every rank) that its own folder lacks,
     so the folder its manifest describes, and the copy on S3, hold every rank's state (the ranks of other nodes
-    write theirs into their own folders). Returns the ranks whose file was added."""
-    added = []
+    write theirs into their own folders)."""
     for rank, data in enumerate(states):
         path = Path(directory) / rank_state_name(rank, world_size)
         if data is None or path.exists():
@@ -211,13 +210,6 @@ def add_rank_states(directory: str | os.PathLike, states: Sequence[bytes | None]
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-        added.append(rank)
-    return added
-
-
-def missing_rank_states(directory: str | os.PathLike, world_size: int) -> list[int]:
-    """The ranks of a world of `world_size` whose random state the checkpoint folder lacks."""
-    return [rank for rank in range(world_size) if not (Path(directory) / rank_state_name(rank, world_size)).is_file()]
 
 
 def rank_state_refusal(*, step: int, missing: Sequence[int], world_size: int, written_by: object) -> str | None:
