@@ -45,16 +45,18 @@ def _arm(cluster, idle: str, *extra: str) -> str:
 
 def test_nodes_power_off_after_the_idle_time_and_an_exec_resets_it(local_cluster_factory):
     cluster = local_cluster_factory(2)
-    armed = _arm(cluster, f"{IDLE_S}s")
-    armed_at = time.monotonic()
-    assert f"auto-stop: armed, {IDLE_S}s idle (powers off node0, node1); powers off in" in armed, armed
-    assert "(local power-off)" in armed
-    # runs past the first deadline: a running exec is never idle, and its end restarts the clock
-    busy = subprocess.Popen([*FAB, "exec", f"sleep {IDLE_S + 4}", "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
+    # runs past the first deadline: a running exec is never idle, and its end restarts the clock. It is running
+    # before the idle time is armed (its record seen): a `fab exec` that took longer than IDLE_S to start on a
+    # loaded machine once found the nodes already powered off
+    busy = subprocess.Popen([*FAB, "exec", f"sleep {IDLE_S + 16}", "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
                             env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     records = node_home(cluster, 0) / autostop.ACTIVITY_DIR
     wait_for(lambda: busy.poll() is not None or any(records.glob("exec-*")), 60, f"the exec's record in {records}")
     assert busy.poll() is None, f"the exec ended before its record was seen:\n{busy.communicate()[0]}"
+    armed = _arm(cluster, f"{IDLE_S}s")
+    armed_at = time.monotonic()
+    assert f"auto-stop: armed, {IDLE_S}s idle (powers off node0, node1)" in armed, armed
+    assert "(local power-off)" in armed
     status = run_fab(cluster, "status", timeout=60)
     assert f"auto-stop: armed, {IDLE_S}s idle (powers off node0, node1); 1 job(s)/exec(s) running" in status.stdout, (
         status.stdout + status.stderr)
