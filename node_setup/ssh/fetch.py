@@ -183,21 +183,24 @@ class LocalTree:
             raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link or not a file")
         return st.st_size
 
-    def hashed(self, parts: tuple[str, ...]):
-        """The sha256 state (hashlib) of the file here at `parts`, read without following a link."""
-        parts = local_parts(parts, str(self.dest))
+    def _open_here(self, parts: tuple[str, ...]) -> int:
+        """A descriptor of the file here at (checked) `parts`, opened without following a link (_MODE_FLAGS)."""
         fd = self._folder(parts[:-1], make=False)
         if fd is None:
             raise FileNotFoundError(errno.ENOENT, "not here", "/".join(parts))
         try:
-            try:
-                src = os.open(parts[-1], _MODE_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.EMLINK):
-                    raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link") from None
-                raise
+            return os.open(parts[-1], _MODE_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK):
+                raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link") from None
+            raise
         finally:
             os.close(fd)
+
+    def hashed(self, parts: tuple[str, ...]):
+        """The sha256 state (hashlib) of the file here at `parts`, read without following a link."""
+        parts = local_parts(parts, str(self.dest))
+        src = self._open_here(parts)
         state = hashlib.new(DIGEST)
         with os.fdopen(src, "rb") as f:
             if not stat_mode.S_ISREG(os.fstat(f.fileno()).st_mode):
@@ -226,18 +229,7 @@ class LocalTree:
     def set_mode(self, parts: tuple[str, ...], remote_mode: int | None) -> None:
         """Give the file at `parts` the master's permission bits less the umask (never through a link)."""
         parts = local_parts(parts, str(self.dest))
-        fd = self._folder(parts[:-1], make=False)
-        if fd is None:
-            raise FileNotFoundError(errno.ENOENT, "not here", "/".join(parts))
-        try:
-            try:
-                target = os.open(parts[-1], _MODE_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.EMLINK):
-                    raise UnsafeLocalPath(f"{parts[-1]!r} here is a symbolic link") from None
-                raise
-        finally:
-            os.close(fd)
+        target = self._open_here(parts)
         try:
             if not stat_mode.S_ISREG(os.fstat(target).st_mode):
                 raise UnsafeLocalPath(f"{parts[-1]!r} here is not a file")

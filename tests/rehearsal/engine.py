@@ -81,6 +81,21 @@ INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
 BUCKET_SETTINGS = (PUBLIC_ACCESS_BLOCK, OWNERSHIP, ENCRYPTION, BUCKET_POLICY, VERSIONING, LIFECYCLE)
 
 
+@contextmanager
+def environ_set(places: dict[str, str]):
+    """os.environ with `places` set while the block runs, then as it was (names it did not have removed)."""
+    saved = {k: os.environ.get(k) for k in places}
+    os.environ.update(places)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def autoname(name: str) -> str:
     """Pulumi's auto-name: the logical name and a random suffix (done by the provider, so by the mock)."""
     return f"{name}-{secrets.token_hex(4)[:7]}"
@@ -484,20 +499,9 @@ class MotoBackedAws(mocks.Mocks):
 
     # ------------------------------------------------------------------------------- delete
 
-    @contextmanager
     def account_env(self):
         """The provider's boto3 reaches the rehearsal's account, as the caller's credentials would."""
-        places = {k: v for k, v in self.account.fab_env({}).items() if k.startswith("AWS_")}
-        saved = {k: os.environ.get(k) for k in places}
-        os.environ.update(places)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        return environ_set({k: v for k, v in self.account.fab_env({}).items() if k.startswith("AWS_")})
 
     def delete(self, reg: Registration) -> str:
         """Delete one registered resource from the account; returns what was done."""

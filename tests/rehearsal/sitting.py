@@ -69,7 +69,7 @@ from node_setup.local.console import console_path
 from node_setup.ssh import keys as ssh_keys
 from tests.infra.conftest import RELEASE
 from tests.rehearsal.account import REGION, UBUNTU_IMAGE_ID, ZONE, Account
-from tests.rehearsal.engine import Stack
+from tests.rehearsal.engine import Stack, environ_set
 from tests.rehearsal.group_launches import GROUP_NAME_TAG
 from tests.rehearsal.security_groups import SshIngressDouble
 from tests.ssh.conftest import FAB, REPO_ROOT, local_cluster_unavailable
@@ -325,23 +325,12 @@ class Sitting:
         """The controller's config (keys, known_hosts, local cluster state) and cache, in the workdir."""
         return {"XDG_CONFIG_HOME": str(self.config_home), "XDG_CACHE_HOME": str(self.cache_home)}
 
-    @contextmanager
-    def controller_env(self) -> Iterator[None]:
+    def controller_env(self):
         """The setup step runs in this process: it keeps the master's host key where `fab` will look,
         builds its project wheel in the rehearsal's cache, and reads the master's console (and, for a new
         master, finds the workers' group) with the caller's credentials: the rehearsal's account's."""
-        places = {**self.controller_places(), **{k: v for k, v in self.account.fab_env({}).items()
-                                                  if k.startswith("AWS_")}}
-        saved = {k: os.environ.get(k) for k in places}
-        os.environ.update(places)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        return environ_set({**self.controller_places(), **{k: v for k, v in self.account.fab_env({}).items()
+                                                            if k.startswith("AWS_")}})
 
     def security_groups(self) -> None:
         with self.step("security groups enforced at the nodes' sshd (SshIngressDouble)") as result:
