@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.cpu_seconds"]  # the CPU-seconds per file, printed at the end
+
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 _CONFIG_HOME = tempfile.mkdtemp(prefix="xc-test-config-")
 atexit.register(shutil.rmtree, _CONFIG_HOME, True)
@@ -67,6 +69,21 @@ if _VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = os.pathsep.join([_VENV_BIN, os.environ.get("PATH", "")])
 
 AWS_TEST_REGION = "us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def _stdlib_pickler():
+    """Every test starts with pickle's own pure-Python Pickler. pulumi.dynamic's serialize_provider (run for every
+    dynamic resource a program registers) wraps `pickle._Pickler._batch_setitems` in a sorting wrapper and replaces
+    `save_dict`, and never takes them off: the wrappers stack, and after some 950 dynamic resources in one test
+    process every dill pickle of a dict (datasets' fingerprint of a new Dataset) recurses past Python's limit. One
+    `pulumi up` registers a few, so only a long test process meets it."""
+    import pickle
+
+    saved = {name: pickle._Pickler.__dict__[name] for name in ("_batch_setitems", "save_dict")}
+    yield
+    for name, value in saved.items():
+        setattr(pickle._Pickler, name, value)
 
 
 @pytest.fixture
