@@ -35,8 +35,8 @@ def explain(result) -> str:
 
 
 def gloo_args(demo: dict, output_dir, grad_comm: str) -> list[str]:
-    """3 epochs of 2 gloo ranks, gradients sent in buckets of 1 MB (the model's 0.5 MB: one bucket, as DDP's default
-    first bucket of 1 MB) as `grad_comm` (bf16: the job's default)."""
+    """3 epochs of 2 gloo ranks, gradients sent as `grad_comm` (bf16: the job's default) in buckets of 1 MB: the
+    demo model's 0.5 MB of gradients make one bucket at that cap as at DDP's default (a first bucket of 1 MB)."""
     return demo_args(demo, output_dir, "--num_train_epochs", "3", "--dist_backend", "gloo", "--grad_comm", grad_comm,
                      "--ddp_bucket_mb", "1")
 
