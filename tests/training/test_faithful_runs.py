@@ -192,36 +192,29 @@ def epochs(checkpoint: Path) -> dict[int, float]:
     return {entry["step"]: entry["epoch"] for entry in history if "loss" in entry}
 
 
-def test_a_smaller_world_whose_batch_cannot_be_kept_continues_at_the_same_place_in_the_data(classification_demo,
-                                                                                           tmp_path):
-    """4 ranks of 8 (32 per step) resumed on 3 ranks of 8 (24 per step; 32 does not divide by 3): the Trainer places a
-    resumed job by steps, so checkpoint-15 (480 samples, epoch 1.5) went back to epoch 1.15 and replayed part of an
-    epoch; the job continues at the step of the new batch that has seen as many samples."""
-    out = tmp_path / "four"
-
-    def args(folder: Path, *extra: str) -> list[str]:
-        return demo_args(classification_demo, folder, "--per_device_train_batch_size", "8", "--num_train_epochs", "3",
-                         "--save_strategy", "steps", "--save_steps", "15", *extra)
-
-    four = run_mpi([args(out)] * 4, mpi_env())
-    assert four.returncode == 0, explain(four)
-    at_checkpoint = epochs(out / "checkpoint-15")[15]
-    resumed = tmp_path / "three"
-    shutil.copytree(out / "checkpoint-15", resumed / "checkpoint-15")
-    three = run_mpi([args(resumed, "--resume")] * 3, mpi_env())
-    assert three.returncode == 0, explain(three)
-    per_epoch = -(-(300 // 3) // 8)  # steps per epoch on 3 ranks: ceil(100 / 8)
-    logged = epochs(resumed / f"checkpoint-{3 * per_epoch}")
-    first = min(step for step in logged if step > 15)
+def test_a_smaller_world_whose_batch_cannot_be_kept_continues_at_the_same_place_in_the_data(three_ranks, tmp_path):
+    """The undisturbed 3-rank run's checkpoint-8 (3 ranks of 16: 48 per step, 384 samples, epoch 8/7) resumed on 2
+    ranks of 16 (32 per step; 48 needs 1.5 accumulation steps there): the Trainer places a resumed job by steps, so
+    step 8 went back to epoch 0.8 and replayed part of an epoch; the job continues at the step of the new batch that
+    has seen as many samples."""
+    at_checkpoint = epochs(three_ranks["out"] / f"checkpoint-{SAVE_AT}")[SAVE_AT]
+    resumed = tmp_path / "two"
+    shutil.copytree(three_ranks["out"] / f"checkpoint-{SAVE_AT}", resumed / f"checkpoint-{SAVE_AT}")
+    args = [a if a != str(three_ranks["out"]) else str(resumed) for a in three_ranks["args"]]
+    two = run_mpi([[*args, "--resume"]] * 2, mpi_env())
+    assert two.returncode == 0, explain(two)
+    per_epoch = -(-(300 // 2) // 16)  # steps per epoch on 2 ranks: ceil(150 / 16)
+    logged = epochs(resumed / f"checkpoint-{STEPS}")
+    first = min(step for step in logged if step > SAVE_AT)
     position = logged[first] - 1 / per_epoch  # where the first resumed step started
     assert abs(position - at_checkpoint) <= 1 / per_epoch, (
-        f"checkpoint-15 was at epoch {at_checkpoint}; the resumed job started at epoch {position:.3f} (step {first})")
-    assert first == 20 + 1  # 480 samples seen = 20 steps of 24
-    # the learning-rate schedule continues at the same fraction of the run: step 21 of 39 trains at the demo's
-    # linear decay after 5 warm-up steps from step 20 (the rate logged with a step is the one it trained at)
-    history = json.loads((resumed / f"checkpoint-{3 * per_epoch}" / "trainer_state.json").read_text())["log_history"]
+        f"checkpoint-{SAVE_AT} was at epoch {at_checkpoint}; the resumed job started at epoch {position:.3f} "
+        f"(step {first})")
+    assert first == 12 + 1  # 384 samples seen = 12 steps of 32
+    # the learning-rate schedule continues at the same fraction of the run: step 13 of 16 trains at the demo's
+    # linear decay after 5 warm-up steps from step 12 (the rate logged with a step is the one it trained at)
+    history = json.loads((resumed / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())["log_history"]
     rate = next(entry["learning_rate"] for entry in history if entry.get("step") == first and "loss" in entry)
-    total = 3 * per_epoch
-    assert rate == pytest.approx(0.005 * (total - (first - 1)) / (total - 5), rel=1e-6)
-    assert "continues as step 20 of this batch" in three.stderr
-    assert read_summary(resumed)["steps"] == 3 * per_epoch
+    assert rate == pytest.approx(0.005 * (STEPS - (first - 1)) / (STEPS - 5), rel=1e-6)
+    assert "continues as step 12 of this batch" in two.stderr
+    assert read_summary(resumed)["steps"] == STEPS

@@ -34,12 +34,25 @@ def explain(result) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
 
 
-def test_two_ranks_gloo_learn_and_end_identical(qa_demo, tmp_path):
-    out = tmp_path / "out"
-    args = demo_args(qa_demo, out, "--num_train_epochs", "3", "--dist_backend", "gloo")
+def gloo_args(demo: dict, output_dir, grad_comm: str) -> list[str]:
+    """3 epochs of 2 gloo ranks, gradients sent as `grad_comm` (bf16: the job's default) in buckets of 1 MB: the
+    demo model's 0.5 MB of gradients make one bucket at that cap as at DDP's default (a first bucket of 1 MB)."""
+    return demo_args(demo, output_dir, "--num_train_epochs", "3", "--dist_backend", "gloo", "--grad_comm", grad_comm,
+                     "--ddp_bucket_mb", "1")
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory, qa_demo) -> dict:
+    """The 2-rank gloo run under the job's default bf16 gradient communication (one launch, read by two tests)."""
+    out = tmp_path_factory.mktemp("gloo") / "out"
+    args = gloo_args(qa_demo, out, "bf16")
     result = run_mpi([args, args], mpi_env())
     assert result.returncode == 0, explain(result)
-    summary = read_summary(out)
+    return {"out": out, "result": result, "summary": read_summary(out)}
+
+
+def test_two_ranks_gloo_learn_and_end_identical(qa_demo, gloo_run):
+    out, result, summary = gloo_run["out"], gloo_run["result"], gloo_run["summary"]
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert summary["settings"]["backend"] == "gloo" and summary["settings"]["launcher"] == "intel-mpi"
     digests = summary["weights_sha256_per_rank"]
@@ -198,18 +211,15 @@ def test_missing_master_addr_is_named(qa_demo, tmp_path):
     assert len(errors) == 1 and "MASTER_ADDR not set for a 2-rank job" in errors[0], explain(result)
 
 
-def test_bf16_gradient_communication_changes_the_arithmetic_not_the_learning(qa_demo, tmp_path):
-    """--grad_comm bf16 sends bf16 buckets: the same seeded run ends with other weights (so the hook ran),
-    still identical on both ranks, and with a final loss within 3 % of the fp32 run's."""
-    summaries = {}
-    for mode in ("fp32", "bf16"):
-        out = tmp_path / mode
-        args = demo_args(qa_demo, out, "--num_train_epochs", "2", "--dist_backend", "gloo", "--grad_comm", mode,
-                         "--ddp_bucket_mb", "1", "--max_eval_samples", "0")
-        result = run_mpi([args, args], mpi_env())
-        assert result.returncode == 0, explain(result)
-        summaries[mode] = read_summary(out)
-    fp32, bf16 = summaries["fp32"], summaries["bf16"]
+def test_bf16_gradient_communication_changes_the_arithmetic_not_the_learning(qa_demo, gloo_run, tmp_path):
+    """--grad_comm bf16 sends bf16 buckets: the same seeded run with --grad_comm fp32 ends with other weights (so the
+    hook ran), the bf16 run's still identical on both ranks, and with a final loss within 3 % of the fp32 run's."""
+    out = tmp_path / "fp32"
+    args = gloo_args(qa_demo, out, "fp32")
+    result = run_mpi([args, args], mpi_env())
+    assert result.returncode == 0, explain(result)
+    fp32, bf16 = read_summary(out), gloo_run["summary"]
+    assert fp32["settings"]["grad_comm"] == "fp32"
     assert bf16["settings"]["grad_comm"] == "bf16" and bf16["settings"]["ddp_bucket_mb"] == 1
     assert len(set(bf16["weights_sha256_per_rank"])) == 1, "the two ranks' weights differ under bf16 communication"
     assert bf16["weights_sha256_per_rank"][0] != fp32["weights_sha256_per_rank"][0], "bf16 hook had no effect"
