@@ -94,12 +94,6 @@ STOPPED_FILE = "stopped"  # workers already stopped in this power-off
 UNLISTED = "(unlisted)"  # in UNSTOPPED_FILE: no full node list was recorded, other workers may run
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # what a status line's node name may be
 
-# What no image may carry (relative to the home; the pre-bake removes them): the master's arming and
-# its activity records. An instance made from the image is not the master they were written for.
-BAKE_LEFTOVERS = (ACTIVITY_DIR, f"{STATE_DIR}/armed", f"{STATE_DIR}/cancelled", f"{STATE_DIR}/powered-off",
-                  f"{STATE_DIR}/log", *(f"{STATE_DIR}/{name}" for name in (
-                      NODES_FILE, SSH_CONFIG_FILE, KNOWN_HOSTS_FILE, UNSTOPPED_FILE, STOPPED_FILE)))
-
 # The local metadata service's power-off request (a PUT with a token, from inside the node only).
 LOCAL_POWEROFF_PATH = "/xeon-cluster/power-off"
 
