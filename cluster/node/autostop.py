@@ -1,7 +1,7 @@
 """Idle auto-stop: the master powers the cluster off once no job or `fab exec` has run for a while.
 
 Pure text and decisions; the service itself is `cluster/shell/autostop.sh`, installed by
-`fab setup` (and the Pulumi setup step, so it is in the baked image) as SERVICE_PATH on every
+`fab setup` (and the image's build, so it is in the image) as SERVICE_PATH on every
 node, with the power-off command `cluster/shell/autostop-poweroff.sh` as POWEROFF_PATH.
 
 Activity, on the master (the only node the service acts on):
