@@ -142,8 +142,8 @@ def test_market_and_instance_type_force_a_replacement():
 
 def test_a_master_replaced_for_a_setting_is_set_up_again_and_keeps_the_image_and_the_workers():
     """masterSpot replaces the master only. The setup step is not `deleted_with` the master: an engine that
-    replaces a resource whose deletedWith target is replaced would replace the step, whose create makes the
-    new master the image's source, so a new image and new workers."""
+    replaces a resource whose deletedWith target is replaced would replace the step, whose create does not arm
+    the new master's idle auto-stop; the image and the workers stay either way."""
     before, _ = run_with()
     after, _ = run_with(masterSpot=False)
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)

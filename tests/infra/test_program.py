@@ -243,7 +243,7 @@ def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, na
     for text in (script.inputs["content"], component.inputs["data"]):
         assert PUBLIC_KEY.split()[1] not in text and "xeon-dev" not in text.replace("xeon-dev-checkpoints", "")
         assert master.state["privateIp"] not in text
-    # The master is checked, never imaged: the step boots from the image and records no source.
+    # The master is checked, never imaged: the step names the image the master booted.
     assert setup.inputs["kept_image"] == ami
     assert master.urn in setup.dependencies
     # The setup step knows where and how to connect, and what to install; never the key itself.
