@@ -1,29 +1,30 @@
 """The setup step: check the master from within `pulumi up`, and install only what differs.
 
-The program (infra/program.py) always gives it the image the master booted (`kept_image`: the one EC2 Image
-Builder built apart, infra/image.py, or a kept one), so it runs the check path described at the end of this
-docstring and images nothing. The install-and-bake path (no `kept_image`: install, pre-bake, sync) is the
-step's earlier use, which no program run reaches now (a step recorded by it is replaced at the stack's next
-`pulumi up`: its `kept_image` changes); it and its tests are still here, to be removed with the pre-bake.
+The master boots the image every node boots (`kept_image`: the one EC2 Image Builder built apart, infra/image.py,
+or a kept one, cluster/stack/image_reuse.py), which holds the profile already; the step images nothing. Its
+`create()` (and `update()` for a new master) checks the node against the profile and this project's version as
+`fab check` does (`check_node`, cluster/node/setup_script.py's check) and installs only when something differs
+(`install_profile`, the script `fab setup` runs; it is idempotent: another project version reinstalls the wheel
+alone). Its `installed` output says which it was.
 
 A `pulumi.dynamic` resource. Its inputs are the master's address and instance id, the SSH user,
-the PATH of the private key (never its contents: state must not hold secrets), the cluster's name
-and the profile's name, pins and fingerprint. A change of the profile or any pin (the software)
-replaces it, which re-runs setup, re-bakes the image (its replacement trigger is the bake tag, a
-hash of the profile's fingerprint) and so replaces the workers. A new master (a reclaim, a lost or
-auto-stopped master) only updates it: the update sets the new master up again with the same
-profile and pins, arms its idle auto-stop with the stack's autoStopIdle (`arm_new_master`), and keeps
-`bake_source`, the instance the image was made from, so the image and the workers stay (a lost master
-costs its setup, not a re-bake and a new cluster). Nothing ties the step's life to the master's
-(no `deleted_with`): a Pulumi engine that replaces a resource whose `deletedWith` target is replaced
-would make every replaced master a re-bake. A change of address, user, key path or cluster name only
-records the new values. A replaced step is created before its old record is deleted (not delete-first):
-the image it names and the workers' move to it come before the old image goes (infra/image.py).
-Its `create()` connects with Fabric, waits (bounded) for SSH and for cloud-init, then runs the
-same `node_setup.ssh.install` functions `fab setup` uses:
-`install_profile(conn, profile)` and `prepare_for_bake(conn)`, and syncs the disk so the
-no-reboot snapshot is consistent. Failures carry the remote command's exit code and output, or
-the message of node_setup.ssh.wheels's InstallError for what fails on this machine (the wheel build).
+the PATH of the private key (never its contents: state must not hold secrets), the cluster's name,
+the profile's name, pins and fingerprint, and the image. A change of the profile, any pin or the image
+replaces it (a software change builds a new image, which a new master boots). A new master from the same
+image (a reclaim, a lost or auto-stopped master, a setting that replaces the master alone) only updates it:
+the update checks the new master as the create does and arms its idle auto-stop with the stack's
+autoStopIdle (`arm_new_master`). Nothing ties the step's life to the master's (no `deleted_with`): a Pulumi
+engine that replaces a resource whose `deletedWith` target is replaced would replace the step with every
+replaced master, and a create arms nothing. A change of address, user, key path or cluster name only
+records the new values. A replaced step is created before its old record is deleted (it is only a record).
+Its `create()` connects with Fabric, waits (bounded) for SSH and for cloud-init, then runs the same
+`node_setup.ssh.install` functions `fab check` and `fab setup` use. Failures carry the remote command's exit
+code and output, or the message of node_setup.ssh.wheels's InstallError for what fails on this machine (the
+wheel build).
+
+A step recorded by the program's earlier versions, which installed on the master and imaged it, holds keys no
+step has now (RETIRED); the diff ignores them: such a record with no `kept_image` is replaced (its
+`kept_image` changes), and one that had it already sees no difference.
 
 The master's host key is verified as `fab` verifies a new AWS node's (node_setup/ssh/connections.py),
 never trusted on first use: before the step's first SSH command, the master's EC2 console output is
@@ -45,20 +46,11 @@ delete does nothing in AWS, but the engine loads the provider for it (on `pulumi
 master is terminated); for a step that cannot be loaded, docs/aws-lifecycle.md gives the
 `pulumi state delete` recovery.
 
-From a kept image (`kept_image`, the image the stack reuses, cluster/stack/image_reuse.py) the master boots
-with the profile already installed and there is no bake: `create()` (and `update()` for a new master) checks the
-node against the profile and this project's version as `fab check` does (`check_node`, cluster/node/setup_script.py's
-check) and installs only when something differs (the install script is idempotent: another project version
-reinstalls the wheel alone), then neither cleans up for a bake nor syncs. Its `installed` output says which it
-was. A change of `kept_image` (the kept image gone, or another one chosen) replaces the step like a software
-change: from a bake the step bakes again on the master it has.
-
 Under Pulumi mocks `create()` is never called; tests call `run_profile_setup` directly.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import time
 from typing import Any, Callable
@@ -67,9 +59,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from cluster.node.profiles import Profile, get_profile
-from cluster.stack import image_reuse
 from cluster.stack.catalog import BOOT_WAIT_S, METAL_BOOT_WAIT_S, boot_wait_s
-from cluster.stack.node_replacement import bake_tag  # the image's identity (its name and replacement trigger)
 
 # How long the step waits for the master's sshd: its type's boot (cluster/stack/catalog.py, longer for metal).
 SSH_TIMEOUT_SECONDS = BOOT_WAIT_S
@@ -79,21 +69,14 @@ SSH_RETRY_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10
 OUTPUT_TAIL_LINES = 30
 
-# Inputs whose change means "the image must be rebuilt" (or another kept image booted); the rest only update
-# the record.
-REPLACE_ON = ("profile", "fingerprint", "pip_pins", "bake_tag", "kept_image")
-# Outputs the step sets itself (not inputs): never a difference. `baked`: the tags of what its create put into
-# the image (the `bake_identity` input then, this project's version it installed, its stamp), kept by updates as
-# the image is (cluster/stack/image_reuse.py); `installed`: what the step's last run did.
-OUTPUT_ONLY = ("bake_source", "stamp", "auto_stop", "baked", "installed")
-# `stamp`: the UTC time the step was created (its setup run), kept by updates; the image is named
-# after it (infra/image.py), so an image made again (the step replaced) never has an old image's name.
-STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
-
-
-def setup_stamp(now: dt.datetime | None = None) -> str:
-    """The step's stamp for a create at `now` (UTC), e.g. "20260501T120000Z"."""
-    return (now or dt.datetime.now(dt.timezone.utc)).strftime(STAMP_FORMAT)
+# Inputs whose change means other software on the master (another image booted); the rest only update the record.
+REPLACE_ON = ("profile", "fingerprint", "pip_pins", "kept_image")
+# Outputs the step sets itself (not inputs): never a difference. `installed`: what the step's last run did;
+# `auto_stop`: what arming a new master's idle auto-stop said.
+OUTPUT_ONLY = ("auto_stop", "installed")
+# The keys of a step recorded by the install-and-bake path of earlier versions (the image's bake tag, the master
+# it was made from, its stamp, what it held): never a difference, and no step now has them.
+RETIRED = ("bake_tag", "bake_source", "stamp", "baked", "bake_identity")
 
 
 def ssh_timeout_for(instance_type: str) -> int:
@@ -233,24 +216,14 @@ def wait_for_cloud_init(conn, timeout: float) -> None:
 
 
 def _node_setup_install():
-    """node_setup.ssh.install's two functions, imported only when setup really runs."""
+    """node_setup.ssh.install's check_node (what `fab check` runs) and install_profile (what `fab setup` runs),
+    imported only when setup really runs."""
     try:
-        from node_setup.ssh.install import install_profile, prepare_for_bake
-    except ImportError as exc:
-        raise SetupError(f"setup step: node_setup.ssh.install is not importable ({exc}); install the project "
-                         "into the Python that runs pulumi (`.venv/bin/pip install -e '.[controller]'`) or set "
-                         "bake: false and run `fab setup` later") from None
-    return install_profile, prepare_for_bake
-
-
-def _node_setup_check():
-    """node_setup.ssh.install's check_node (what `fab check` runs), imported only when setup really runs."""
-    try:
-        from node_setup.ssh.install import check_node
+        from node_setup.ssh.install import check_node, install_profile
     except ImportError as exc:
         raise SetupError(f"setup step: node_setup.ssh.install is not importable ({exc}); install the project "
                          "into the Python that runs pulumi (`.venv/bin/pip install -e '.[controller]'`)") from None
-    return check_node
+    return check_node, install_profile
 
 
 def _project_version() -> str | None:
@@ -318,7 +291,7 @@ def arm_new_master(conn, props: dict[str, Any]) -> str:
 
 
 def install_what_differs(conn, profile: Profile, version: str | None, check: Callable, install: Callable) -> str:
-    """On a master booted from a kept image: check it as `fab check` does (the machine's own items, free disk and
+    """On a master booted from the image: check it as `fab check` does (the machine's own items, free disk and
     bf16, left out: an install changes neither) and install only when something differs; what was done, in one
     line."""
     found: list = []
@@ -333,9 +306,9 @@ def install_what_differs(conn, profile: Profile, version: str | None, check: Cal
             f"{profile.name}" + (f" and xeon-cluster {version}" if version else ""))
 
 
-def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
-                      install: tuple[Callable, Callable] | None = None, check: Callable | None = None,
-                      arm: Callable[[Any, dict[str, Any]], str] | None = None, console=None) -> dict[str, Any]:
+def run_profile_setup(props: dict[str, Any], *, connect=open_connection, install: Callable | None = None,
+                      check: Callable | None = None, arm: Callable[[Any, dict[str, Any]], str] | None = None,
+                      console=None) -> dict[str, Any]:
     """What `create()` does (and `update()` for a new master, with `arm`: arm_new_master); returns the
     outputs. `connect`/`install`/`check`/`arm`/`console` (the master's console: master_console's) are seams for
     tests."""
@@ -347,28 +320,21 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
     if profile.fingerprint() != props["fingerprint"]:
         raise SetupError(f"softwareProfile: {profile.name!r} changed between preview and update "
                          "(cluster/node/profiles.py was edited); run `pulumi up` again")
-    install_profile, prepare_for_bake = install or _node_setup_install()
-    kept = props.get("kept_image")
-    check_node = (check or _node_setup_check()) if kept else None
+    if not (check and install):
+        check, install = _node_setup_install()
     version = _project_version()
 
     host_keys = master_host_keys(props, console)  # its console read before the first SSH command
     conn = wait_for_ssh(lambda: connect(props, key_path, host_keys), _boot_wait(props), retry_every=SSH_RETRY_SECONDS)
     try:
         wait_for_cloud_init(conn, float(props.get("cloud_init_timeout_seconds") or CLOUD_INIT_TIMEOUT_SECONDS))
-        if kept:
-            installed = f"from kept image {kept}: " + install_what_differs(conn, profile, version, check_node,
-                                                                            install_profile)
-        else:
-            _remote(f"installing profile {profile.name!r}", conn.host, lambda: install_profile(conn, profile))
-            _remote("preparing the image", conn.host, lambda: prepare_for_bake(conn))
-            _remote("flushing the disk", conn.host, lambda: conn.run("sync", hide=True))
-            installed = f"installed profile {profile.name}" + (f" and xeon-cluster {version}" if version else "")
+        image = props["kept_image"]
+        installed = f"from kept image {image}: " + install_what_differs(conn, profile, version, check, install)
         armed = arm(conn, props) if arm else None
     finally:
         conn.close()
     outs = {k: v for k, v in props.items() if not k.startswith("__")}
-    outs.update(installed=installed, project_version=version)  # create records the version in `baked`
+    outs["installed"] = installed
     if armed is not None:
         outs["auto_stop"] = armed
     return outs
@@ -376,60 +342,35 @@ def run_profile_setup(props: dict[str, Any], *, connect=open_connection,
 
 class ProfileSetupProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
-        outs = run_profile_setup(props)
-        version = outs.pop("project_version", None)
-        outs["stamp"] = setup_stamp()  # names the image: new with every create of the step
-        # The image is made from this master, and holds what this run installed (nothing from a kept image).
-        baked = not props.get("kept_image")
-        outs["bake_source"] = props["instance_id"] if baked else None
-        outs["baked"] = image_reuse.baked_tags(props.get("bake_identity") or {}, project_version=version,
-                                               created=outs["stamp"]) if baked else None
-        return CreateResult(f"setup-{props['instance_id']}-{props['bake_tag']}", outs)
+        return CreateResult(f"setup-{props['instance_id']}-{props['kept_image']}", run_profile_setup(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        keys = {k for k in set(olds) | set(news) if not k.startswith("__") and k not in OUTPUT_ONLY}
+        keys = {k for k in set(olds) | set(news) if not k.startswith("__") and k not in OUTPUT_ONLY + RETIRED}
         changed = sorted(k for k in keys if olds.get(k) != news.get(k))
-        replaces = [k for k in changed if k in REPLACE_ON]
-        # A step recorded before steps had a stamp: an update gives it one (nothing is run again).
-        unstamped = not olds.get("stamp")
-        # A replaced step is made before the old record goes (it is only a record): the new image it names is
-        # made, and the workers moved to it, before the old image is deleted (infra/image.py).
-        return DiffResult(changes=bool(changed) or unstamped, replaces=replaces, delete_before_replace=False)
+        # A replaced step is made before the old record goes (it is only a record).
+        return DiffResult(changes=bool(changed), replaces=[k for k in changed if k in REPLACE_ON],
+                          delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        """A new master with the same software: set it up again (same profile and pins) and arm its idle
-        auto-stop; the image stays."""
+        """A new master from the same image: check it (install what differs) and arm its idle auto-stop."""
         outs = run_profile_setup(news, arm=arm_new_master) if olds.get("instance_id") != news.get("instance_id") \
             else {k: v for k, v in news.items() if not k.startswith("__")}
-        outs["bake_source"] = None if news.get("kept_image") else (
-            olds.get("bake_source") or olds.get("instance_id") or news["instance_id"])
-        # The image stays, and so do its name's stamp (a step recorded before stamps gets one now) and what it
-        # holds.
-        outs["stamp"] = olds.get("stamp") or setup_stamp()
-        outs.pop("project_version", None)
-        outs["baked"] = None if news.get("kept_image") else olds.get("baked")
         outs["installed"] = outs.get("installed") or olds.get("installed")
         return UpdateResult(outs)
 
 
 class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="ProfileSetup"):
-    """The record that the master was set up with one profile; `bake_tag` names the image."""
+    """The record that the master, booted from the image, was checked against one profile."""
 
-    bake_tag: pulumi.Output[str]
     instance_id: pulumi.Output[str]
-    bake_source: pulumi.Output[str]  # the master instance the image is made from
-    stamp: pulumi.Output[str]  # when the step was created: the image's name ends with it
-    baked: pulumi.Output[dict]  # the tags of what its create put into the image (image_reuse.baked_tags)
     installed: pulumi.Output[str]  # what its last run did, in one line
 
     def __init__(self, name: str, *, host: pulumi.Input[str], user: str, private_key_path: str,
-                 instance_id: pulumi.Input[str], profile: Profile, cluster: str, port: int = 22,
-                 region: str = "", auto_stop_idle_s: int | None = None, kept_image: str | None = None,
-                 bake_identity: pulumi.Input[dict] | None = None,
+                 instance_id: pulumi.Input[str], profile: Profile, cluster: str, kept_image: pulumi.Input[str],
+                 port: int = 22, region: str = "", auto_stop_idle_s: int | None = None,
                  ssh_timeout_seconds: int = SSH_TIMEOUT_SECONDS,
                  cloud_init_timeout_seconds: int = CLOUD_INIT_TIMEOUT_SECONDS,
                  opts: pulumi.ResourceOptions | None = None):
-        fingerprint = profile.fingerprint()
         props = {
             "host": host,
             "port": port,
@@ -439,15 +380,9 @@ class ProfileSetup(pulumi.dynamic.Resource, module="xeon-cluster", name="Profile
             "instance_id": instance_id,
             "profile": profile.name,
             "pip_pins": list(profile.pip_pins),
-            "fingerprint": fingerprint,
-            "bake_tag": bake_tag(fingerprint),
-            "bake_source": None,  # set by create (this master) and kept by update (a new master)
-            "stamp": None,  # set by create, kept by update
-            "baked": None,  # set by create, kept by update
+            "fingerprint": profile.fingerprint(),
             "installed": None,  # set by every run
-            "kept_image": kept_image,  # the kept image the master booted (no bake), or None
-            # What a bake on this master puts in the image (image_reuse.bake_identity); its create records it.
-            "bake_identity": bake_identity,
+            "kept_image": kept_image,  # the image the master booted: built apart (infra/image.py) or kept
             # A new master's idle auto-stop (arm_new_master): the stack's autoStopIdle, and where its group is.
             "region": region,
             "auto_stop_idle_s": auto_stop_idle_s,

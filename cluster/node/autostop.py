@@ -1,7 +1,7 @@
 """Idle auto-stop: the master powers the cluster off once no job or `fab exec` has run for a while.
 
 Pure text and decisions; the service itself is `cluster/shell/autostop.sh`, installed by
-`fab setup` (and the Pulumi setup step, so it is in the baked image) as SERVICE_PATH on every
+`fab setup` (and the image's build, so it is in the image) as SERVICE_PATH on every
 node, with the power-off command `cluster/shell/autostop-poweroff.sh` as POWEROFF_PATH.
 
 Activity, on the master (the only node the service acts on):
@@ -93,12 +93,6 @@ UNSTOPPED_FILE = "unstopped"  # at=<time>, then one `<node> <reason>` line per w
 STOPPED_FILE = "stopped"  # workers already stopped in this power-off
 UNLISTED = "(unlisted)"  # in UNSTOPPED_FILE: no full node list was recorded, other workers may run
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # what a status line's node name may be
-
-# What no image may carry (relative to the home; the pre-bake removes them): the master's arming and
-# its activity records. An instance made from the image is not the master they were written for.
-BAKE_LEFTOVERS = (ACTIVITY_DIR, f"{STATE_DIR}/armed", f"{STATE_DIR}/cancelled", f"{STATE_DIR}/powered-off",
-                  f"{STATE_DIR}/log", *(f"{STATE_DIR}/{name}" for name in (
-                      NODES_FILE, SSH_CONFIG_FILE, KNOWN_HOSTS_FILE, UNSTOPPED_FILE, STOPPED_FILE)))
 
 # The local metadata service's power-off request (a PUT with a token, from inside the node only).
 LOCAL_POWEROFF_PATH = "/xeon-cluster/power-off"

@@ -1,7 +1,7 @@
 """A worker's first-boot script: the cluster key's authorized_keys line, written by the machine itself.
 
-`fab distribute` writes the cluster key's line on every node the controller knows, and the pre-bake
-cleanup removes it from the image. A worker the Auto Scaling group launches later (the replacement of
+`fab distribute` writes the cluster key's line on every node the controller knows; the image, built apart
+(infra/image.py), holds none. A worker the Auto Scaling group launches later (the replacement of
 a reclaimed spot worker) would have no line, and the run supervisor on the master, which holds only the
 cluster key, could not reach it. So the workers' launch template carries `boot_script(...)` as its
 user data (infra/workers.py): cloud-init runs it once per instance, as root, and it writes for the SSH

@@ -2,8 +2,8 @@
 
 A profile is a pinned, tested set: the OS packages, the pip pins, the packages that come from an
 index of their own (IndexPin), the DDP backend the training job initialises and the MPI that
-launches it. Installing, checking and the Pulumi setup step all read these pins, so changing one
-here re-runs setup and re-bakes the image.
+launches it. Installing, checking, the image's build and the Pulumi setup step all read these pins, so
+changing one here builds a new image.
 
 No index is ever added next to PyPI (`--extra-index-url`): pip takes the best candidate of all
 indexes, so anyone who publishes a package of the same name on PyPI (`oneccl_bind_pt` is not

@@ -1,7 +1,7 @@
-"""The bash that `fab setup`, `fab check` and the Pulumi setup step run on a node (pure text).
+"""The bash that `fab setup`, `fab check`, the Pulumi setup step and the image's build run on a node (pure text).
 
-Three scripts, all deterministic for their inputs; their text is in cluster/shell/ (`install.sh`,
-`check.sh`, `prebake.sh`) and this module fills in the values (cluster.shell.render):
+Two scripts, both deterministic for their inputs; their text is in cluster/shell/ (`install.sh`,
+`check.sh`) and this module fills in the values (cluster.shell.render):
 
 - `install_script(plan)`: tcmalloc and the profile's apt packages (only what is missing; apt waits
   for the dpkg lock with `-o DPkg::Lock::Timeout=` and retries a bounded number of times while
@@ -18,9 +18,6 @@ Three scripts, all deterministic for their inputs; their text is in cluster/shel
   Last, the idle auto-stop service (cluster/node/autostop.py install_section), so it is in the image.
 - `check_script(profile)`: prints facts (installed versions, markers, CPU flags, tcmalloc, free
   disk); `evaluate_check` compares them with the profile in Python.
-- `prebake_script()`: what must not go into an image: SSH host keys, shell history, cloud-init
-  per-instance state, private keys, the cluster key's authorized_keys lines, credentials in the
-  homes and every per-run folder the toolkit writes (TOOLKIT_DIR's, the jobs' outputs).
 
 Every script reports through lines that start with `::xc::` (`parse_events` reads them); the rest
 of the output is the tools' own, kept for the failure report.
@@ -37,31 +34,13 @@ from typing import Iterable, Mapping
 from cluster.node import autostop
 from cluster import names, shell
 from cluster.stack.catalog import InstanceType
-from cluster.job.job_args import SYNTHETIC_ROOT
-from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT
 from cluster.node.profiles import NODE_ROOT, TCMALLOC_PACKAGES, TCMALLOC_PATH, IndexPin, Profile, venv_dir
-from cluster.node.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
 
 EVENT_PREFIX = "::xc::"
 OS_PYTHON = "/usr/bin/python3"
 PROFILE_MARKER = ".xeon-cluster-profile"
 PROJECT_MARKER = ".xeon-cluster-project"
 PROJECT_DISTRIBUTION = "xeon-cluster"
-PREBAKE_KEY_STASH = "/run/xeon-cluster/hostkeys-before-bake"
-# What no home directory may carry into an image (relative to each home; globs allowed): credentials
-# and tokens a user or a job may have left on the master, and everything a job left there (its output
-# folders, the demo's data, the hostfile, the installer's uploads).
-PREBAKE_SECRETS = (".aws", ".netrc", ".git-credentials", ".pypirc", ".docker/config.json", ".config/gh",
-                   ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token")
-PREBAKE_ARTEFACTS = (DEFAULT_OUTPUT_ROOT, SYNTHETIC_ROOT, HOSTFILE_NAME, ".cache/xeon-cluster",
-                     ".ssh/xeon-cluster-*.known_hosts", *autostop.BAKE_LEFTOVERS)
-# The toolkit's folder in each home holds what one run wrote: the job folders (JOBS_DIR: run scripts
-# with the --env values), the workdir file store (FILE_STORE), the supervised runs (RUN_ROOT: their
-# spec and secret values), `fab exec`'s records. The pre-bake removes everything in it but
-# TOOLKIT_KEPT: the idle auto-stop's folder, which the master's running service keeps using (its
-# per-run files are in autostop.BAKE_LEFTOVERS, above). A folder added there later goes too.
-TOOLKIT_DIR = ".xeon-cluster"
-TOOLKIT_KEPT = (PurePosixPath(autostop.STATE_DIR).name,)
 # install.sh's last line; the auto-stop section (cluster/node/autostop.py) goes right before it
 INSTALL_DONE_LINE = 'xc "done" "$CHANGED"\n'
 DEFAULT_MIN_FREE_GIB = 10.0
@@ -178,21 +157,6 @@ def check_script(profile: Profile, project_distribution: str = PROJECT_DISTRIBUT
         "PACKAGES": [*(pin_name(p) for p in profile.pip_pins), project_distribution],
         "CPU_FLAGS": CPU_FLAGS,
     })
-
-
-def prebake_script(root: str = "", restore_host_keys_after_s: int | None = 300) -> str:
-    """Remove what must not be baked into an image. `root` prefixes every path (tests).
-
-    SSH host keys are moved to /run (tmpfs, never part of a snapshot) rather than deleted, because
-    the master keeps running and serving SSH after the no-reboot snapshot; they are moved back
-    `restore_host_keys_after_s` seconds later by a detached process (None: not restored). Instances
-    made from the image get new host keys from cloud-init (ssh_deletekeys) on first boot.
-    """
-    restore = "" if restore_host_keys_after_s is None else str(int(restore_host_keys_after_s))
-    return shell.render("prebake.sh", {"ROOT": root, "STASH_DIR": PREBAKE_KEY_STASH, "RESTORE_AFTER": restore,
-                                       "KEY_COMMENT_PREFIX": KEY_COMMENT_PREFIX,
-                                       "HOME_LEFTOVERS": PREBAKE_SECRETS + PREBAKE_ARTEFACTS,
-                                       "TOOLKIT_DIR": TOOLKIT_DIR, "TOOLKIT_KEPT": TOOLKIT_KEPT})
 
 
 # ------------------------------------------------------------------------------- reading the output

@@ -4,8 +4,7 @@ For the Pulumi setup step (infra/setup_step.py), on one open Fabric Connection:
 
     install_profile(conn, profile, *, wheelhouse=None, project_wheel=None, progress=None) -> InstallResult
         raises invoke.UnexpectedExit (with the remote output) when the install fails
-    prepare_for_bake(conn, *, restore_host_keys_after_s=300) -> None
-        raises invoke.UnexpectedExit when the cleanup fails
+    check_node(conn, profile, *, project_version=None, ...) -> CheckReport
 
 For `fab setup` / `fab check`, on a whole inventory, every node in parallel, never raising for a
 node: `setup_nodes(...)` -> [InstallResult], `check_nodes(...)` -> [NodeCheck], rank order.
@@ -32,7 +31,7 @@ from cluster.inventory import Inventory
 from cluster.node.profiles import Profile, get_profile
 from cluster.names import printable
 from cluster.node.setup_script import (DEFAULT_MIN_FREE_GIB, LOCK_HOLDER_MAX, CheckReport, Event, InstallPlan, changed,
-                                       check_script, evaluate_check, install_script, parse_events, prebake_script)
+                                       check_script, evaluate_check, install_script, parse_events)
 from node_setup.controller import PROJECT_ROOT
 from node_setup.backends import backend_for
 from node_setup.ssh import connections
@@ -184,20 +183,6 @@ def check_node(conn, profile: Profile, *, project_version: str | None = None, in
     result = conn.run(f"bash -c {shlex.quote(check_script(profile))}", hide=True, warn=True, in_stream=False)
     return evaluate_check(profile, parse_events(result.stdout), project_version=project_version,
                           instance=instance, min_free_gib=min_free_gib)
-
-
-def prepare_for_bake(conn, *, restore_host_keys_after_s: int | None = 300) -> None:
-    """Remove what must not go into an image (host keys, history, cloud-init state, private keys).
-
-    Host keys are moved to /run and put back `restore_host_keys_after_s` seconds later, so the
-    running master still accepts SSH after the no-reboot snapshot; take the snapshot within that
-    time (new connections are refused until then). Raises invoke.UnexpectedExit on failure.
-    """
-    _ensure_remote_dir(conn)
-    script = f"{REMOTE_DIR}/prebake.sh"
-    conn.put(io.StringIO(prebake_script(restore_host_keys_after_s=restore_host_keys_after_s)), remote=script)
-    conn.run(f'if [ "$(id -u)" = 0 ]; then bash {script}; else sudo -n bash {script}; fi; rc=$?; '
-             f"rm -rf {REMOTE_DIR}; exit $rc", hide=True, in_stream=False)
 
 
 # ---------------------------------------------------------------------------- every node

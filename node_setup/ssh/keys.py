@@ -10,8 +10,8 @@ key that signs supervised runs' specs.
 The key pair is made once per cluster by the toolkit (ed25519, with `cryptography`, which
 paramiko already needs) and reused on later runs, so `fab distribute` stays idempotent. It never
 lives in the repository (refused if the config directory points inside it) and never reaches an
-image: the pre-bake cleanup removes private keys and the key's authorized_keys lines, whose
-comment is `xeon-cluster:<cluster>`.
+image: the image is built apart on an instance that never held it (infra/image.py). Its
+authorized_keys lines' comment is `xeon-cluster:<cluster>`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks, rpc
 from pulumi.runtime.sync_await import _sync_await
 
-from cluster.stack import image_reuse
-
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "infra" / "__main__.py"
 PROJECT = "xeon-cluster"
@@ -40,7 +38,6 @@ OFFERED_ZONES = ["us-east-1c", "us-east-1a"]
 DEFAULT_SUBNETS = ["subnet-0ccc", "subnet-0aaa"]
 ACCOUNT = "123456789012"
 SUBNET_CIDR = "172.31.16.0/20"  # every looked-up subnet's
-SETUP_STAMP = "20260501T120000Z"  # the setup step's stamp (its create's time), as its create() returns it
 
 # Type tokens of what the program registers, as the monitor sees them.
 INSTANCE = "aws:ec2/instance:Instance"
@@ -71,8 +68,6 @@ def _address(name: str) -> tuple[str, str]:
 
 
 _TEMPLATE_VERSIONS: dict[str, int] = {}  # a launch template's content -> its version number
-
-PROJECT_VERSION = "0.1.0+src.0a1b2c3d4e5f"  # what the setup step's create installed, as it records it
 
 
 def kept_image(image_id: str, tags: dict[str, str], *, gib: int = 100, state: str = "available") -> dict:
@@ -141,10 +136,6 @@ class FakeAws(mocks.Mocks):
             rid = f"i-{name}"
             private, public = _address(name)
             state.update(privateIp=private, publicIp=public if args.inputs.get("associatePublicIpAddress") else "")
-        elif typ == "aws:ec2/amiFromInstance:AmiFromInstance":
-            # A new image per bake tag (the name without its per-attempt time), as a re-bake makes one.
-            rid = f"ami-{name}-{hashlib.sha256(args.inputs['name'].rsplit('-', 1)[0].encode()).hexdigest()[:8]}"
-            state["rootSnapshotId"] = f"snap-{name}"
         elif typ.startswith("aws:imagebuilder/") and typ != BUILT:
             kind = typ.rsplit(":", 1)[1]
             # Its name and version; a recipe's or component's with a digest of its inputs but tags (the mock's mark
@@ -160,12 +151,7 @@ class FakeAws(mocks.Mocks):
             ami = f"ami-{name}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
             state["outputResources"] = [{"amis": [{"image": ami, "region": REGION, "accountId": ACCOUNT}]}]
         elif typ == SETUP:  # what the step's create() returns
-            baked = not args.inputs.get("kept_image")
-            state["bake_source"] = args.inputs["instance_id"] if baked else None
-            state["stamp"] = SETUP_STAMP
-            state["baked"] = image_reuse.baked_tags(args.inputs.get("bake_identity") or {}, created=SETUP_STAMP,
-                                                    project_version=PROJECT_VERSION) if baked else None
-            state["installed"] = "installed profile stock" if baked else "from kept image: nothing to install"
+            state["installed"] = "from kept image: nothing to install"
         elif typ == LAUNCH_TEMPLATE:
             rid = f"lt-{name}"
             # AWS numbers a template's versions; here a changed template (any input) gets another number

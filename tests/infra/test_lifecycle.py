@@ -17,6 +17,7 @@ import pytest
 from cluster.stack.spec import ClusterSpec
 from cluster.node import profiles
 from cluster.stack import image_build, image_reuse
+from cluster.stack.node_replacement import bake_tag
 from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
                                 USED_BY_PREFIX)
 from infra import image as infra_image
@@ -141,8 +142,8 @@ def test_market_and_instance_type_force_a_replacement():
 
 def test_a_master_replaced_for_a_setting_is_set_up_again_and_keeps_the_image_and_the_workers():
     """masterSpot replaces the master only. The setup step is not `deleted_with` the master: an engine that
-    replaces a resource whose deletedWith target is replaced would replace the step, whose create makes the
-    new master the image's source, so a new image and new workers."""
+    replaces a resource whose deletedWith target is replaced would replace the step, whose create does not arm
+    the new master's idle auto-stop; the image and the workers stay either way."""
     before, _ = run_with()
     after, _ = run_with(masterSpot=False)
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
@@ -175,9 +176,9 @@ def test_the_build_is_named_after_the_bake_tag_waits_long_enough_and_reports_its
     monitor = harness.monitor
     (image,), (setup,), (recipe,) = monitor.of_type(BUILT), monitor.of_type(SETUP), monitor.of_type(RECIPE)
     (component,), (distribution,) = monitor.of_type(COMPONENT), monitor.of_type(DISTRIBUTION)
-    label = f"xeon-dev-stock-{setup.inputs['bake_tag']}"
+    label = f"xeon-dev-stock-{bake_tag(setup.inputs['fingerprint'])}"
     assert recipe.inputs["name"] == component.inputs["name"] == distribution.inputs["name"] == label
-    assert image.replacement_trigger == setup.inputs["bake_tag"] and not image.delete_before_replace
+    assert image.replacement_trigger == bake_tag(setup.inputs["fingerprint"]) and not image.delete_before_replace
     assert image.custom_timeouts["create"] == image_build.BUILD_TIMEOUT
     # Each build's image has a name of its own (its build date), so an old one and a new one live side by side.
     (where,) = distribution.inputs["distributions"]
@@ -331,7 +332,7 @@ def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_th
     monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props) or dict(props))
     updated = ProfileSetupProvider().update("id", olds, news).outs
     assert [p["instance_id"] for p in ran] == [master(after).id] and ran[0]["pip_pins"] == olds["pip_pins"]
-    assert updated["bake_source"] is None
+    assert updated["kept_image"] == olds["kept_image"]
 
     # The image: a newer Ubuntu image found today builds nothing. The recipe keeps its base (ignored), and
     # what the engine compares of it, its component and the image's trigger are the same.

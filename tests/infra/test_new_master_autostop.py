@@ -51,7 +51,7 @@ def test_a_new_master_is_set_up_and_armed_and_an_address_change_only_recorded(mo
     seams = []
     monkeypatch.setattr(setup_step, "run_profile_setup",
                         lambda props, **kw: seams.append(kw) or {**props, "auto_stop": "auto-stop: armed, 2h idle"})
-    olds = {"instance_id": "i-0old", "bake_source": "i-0old", "stamp": "20260501T120000Z", "auto_stop_idle_s": 7200}
+    olds = {"instance_id": "i-0old", "auto_stop_idle_s": 7200}
     outs = ProfileSetupProvider().update("id", olds, {**olds, "instance_id": "i-0new"}).outs
     assert seams == [{"arm": arm_new_master}] and outs["auto_stop"] == "auto-stop: armed, 2h idle"
     assert "auto_stop" in setup_step.OUTPUT_ONLY  # what the arming said is never a difference

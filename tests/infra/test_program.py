@@ -20,6 +20,7 @@ import pytest
 from cluster.node import profiles
 from cluster.node.setup_script import InstallPlan, install_script
 from cluster.stack import image_build
+from cluster.stack.node_replacement import bake_tag
 from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, RANK_KEY, ROLE_KEY,
                           ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, STACK_KEY)
 from infra.lookups import CANONICAL_OWNER, AccountLookupError
@@ -242,8 +243,8 @@ def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, na
     for text in (script.inputs["content"], component.inputs["data"]):
         assert PUBLIC_KEY.split()[1] not in text and "xeon-dev" not in text.replace("xeon-dev-checkpoints", "")
         assert master.state["privateIp"] not in text
-    # The master is checked, never imaged: the step boots from the image and records no source.
-    assert setup.inputs["kept_image"] == ami and setup.state["bake_source"] is None
+    # The master is checked, never imaged: the step names the image the master booted.
+    assert setup.inputs["kept_image"] == ami
     assert master.urn in setup.dependencies
     # The setup step knows where and how to connect, and what to install; never the key itself.
     assert setup.inputs["host"] == master.state["publicIp"]
@@ -251,7 +252,7 @@ def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, na
     assert setup.inputs["private_key_path"] == "~/.ssh/id_ed25519"
     assert setup.inputs["pip_pins"] == list(profiles.PROFILES["stock"].pip_pins)
     assert setup.inputs["fingerprint"] == profiles.PROFILES["stock"].fingerprint()
-    assert setup.inputs["bake_tag"] in recipe.inputs["name"]
+    assert bake_tag(profiles.PROFILES["stock"].fingerprint()) in recipe.inputs["name"]
     for reg in monitor.registrations:
         assert "PRIVATE KEY" not in repr(reg.inputs)
 
@@ -547,12 +548,12 @@ def test_changing_a_pin_replaces_setup_and_the_image(monkeypatch, harness):
 
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     diff = ProfileSetupProvider().diff("id", old_setup.inputs, new_setup.inputs)
-    assert {"pip_pins", "fingerprint", "bake_tag"} <= set(diff.replaces)
+    assert {"pip_pins", "fingerprint"} <= set(diff.replaces)
     # The image's replacement trigger is the bake tag: a new one builds a new image (a new recipe of a new name),
     # whose new id moves the master and replaces every worker.
     (old_image,), (new_image,) = before.of_type(BUILT), after.of_type(BUILT)
-    assert old_image.replacement_trigger == old_setup.inputs["bake_tag"]
-    assert new_image.replacement_trigger == new_setup.inputs["bake_tag"] != old_image.replacement_trigger
+    assert old_image.replacement_trigger == bake_tag(stock.fingerprint())
+    assert new_image.replacement_trigger == bake_tag(bumped.fingerprint()) != old_image.replacement_trigger
     assert before.of_type(RECIPE)[0].inputs["name"] != after.of_type(RECIPE)[0].inputs["name"]
     assert master_of(before).inputs["ami"] != master_of(after).inputs["ami"]
 

@@ -2,11 +2,11 @@
 
 `create()` never runs under Pulumi mocks, so these tests call `run_profile_setup` (what `create()`
 runs) directly. The real installer would run apt and pip, so the node_setup.ssh.install functions are
-replaced by test doubles (`install_double`, `bake_double`) that run real commands over the same
+replaced by test doubles (`check_double`, `install_double`) that run real commands over the same
 Fabric connection. An sshd started by the test on 127.0.0.1 (own host key, own authorized_keys,
 a free port) is the "master"; it is stopped by its PID at the end.
 
-Why this module is longer than about 400 lines (about 460): all of it is the one provider in
+Why this module is longer than about 400 lines (about 670): all of it is the one provider in
 infra/setup_step.py. The tests over SSH share the `sshd` and `config_home` fixtures and
 `RecordingInstaller`; the tests with a scripted connection and the diff tests build the same
 properties with `make_props`; the last four check how Pulumi stores and loads that provider.
@@ -29,7 +29,7 @@ import pytest
 
 from cluster.node.profiles import PROFILES
 from infra import setup_step
-from infra.setup_step import ProfileSetupProvider, SetupError, bake_tag, run_profile_setup
+from infra.setup_step import ProfileSetupProvider, SetupError, run_profile_setup
 
 SSHD = "/usr/sbin/sshd"
 
@@ -165,7 +165,7 @@ def make_props(**overrides):
         "host": "127.0.0.1", "port": 22, "user": "ubuntu", "private_key_path": "~/.ssh/id_ed25519",
         "cluster": "xeon-test",
         "instance_id": "i-0master", "profile": profile.name, "pip_pins": list(profile.pip_pins),
-        "fingerprint": profile.fingerprint(), "bake_tag": bake_tag(profile.fingerprint()),
+        "fingerprint": profile.fingerprint(), "kept_image": "ami-0image",
         "ssh_timeout_seconds": 10, "cloud_init_timeout_seconds": 30, "__provider": "serialized",
     }
     props.update(overrides)
@@ -174,7 +174,8 @@ def make_props(**overrides):
 
 @dataclass
 class RecordingInstaller:
-    """Test double for node_setup.ssh.install: runs real commands over the connection it is given."""
+    """Test double for node_setup.ssh.install: runs real commands over the connection it is given; its check
+    finds this project's wheel differs, so the install runs."""
 
     marker: Path
     fail_with: str | None = None
@@ -182,31 +183,35 @@ class RecordingInstaller:
     def __post_init__(self):
         self.calls: list[str] = []
 
+    def check_double(self, conn, profile, *, project_version, min_free_gib):
+        from cluster.node.setup_script import CheckItem, CheckReport
+
+        self.calls.append(f"check:{profile.name}")
+        conn.run(f"echo checked {profile.name} > {self.marker}", hide=True)
+        return CheckReport((CheckItem("venv", True, "present"), CheckItem("xeon-cluster", False, "another version")))
+
     def install_double(self, conn, profile):
         self.calls.append(f"install:{profile.name}")
-        command = self.fail_with or f"echo installed {profile.name} > {self.marker}"
+        command = self.fail_with or f"echo installed {profile.name} >> {self.marker}"
         conn.run(command, hide=True)
-
-    def bake_double(self, conn):
-        self.calls.append("prepare_for_bake")
-        conn.run(f"echo prepared >> {self.marker}", hide=True)
 
     @property
     def functions(self):
-        return self.install_double, self.bake_double
+        return {"check": self.check_double, "install": self.install_double}
 
 
 # ------------------------------------------------------------------------- against real sshd
 
 
 @pytest.mark.ssh
-def test_setup_installs_then_prepares_over_real_ssh(sshd, tmp_path):
+def test_setup_checks_then_installs_what_differs_over_real_ssh(sshd, tmp_path):
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
-    outs = run_profile_setup(props, install=installer.functions, console=sshd.console)
-    assert installer.calls == ["install:stock", "prepare_for_bake"]
-    assert (tmp_path / "node-state").read_text() == "installed stock\nprepared\n"  # really ran remotely
-    assert outs["bake_tag"] == props["bake_tag"] and "__provider" not in outs
+    outs = run_profile_setup(props, **installer.functions, console=sshd.console)
+    assert installer.calls == ["check:stock", "install:stock"]
+    assert (tmp_path / "node-state").read_text() == "checked stock\ninstalled stock\n"  # really ran remotely
+    assert outs["installed"].startswith("from kept image ami-0image: installed what differed (xeon-cluster)")
+    assert outs["kept_image"] == "ami-0image" and "__provider" not in outs
     assert outs["private_key_path"] == str(sshd.key)
     assert "PRIVATE KEY" not in repr(outs)
 
@@ -217,11 +222,11 @@ def test_failed_install_reports_the_remote_command_exit_and_output(sshd, tmp_pat
                                    fail_with="echo 'E: Unable to locate package libfoo' >&2; exit 100")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(props, install=installer.functions, console=sshd.console)
+        run_profile_setup(props, **installer.functions, console=sshd.console)
     message = str(caught.value)
     assert "installing profile 'stock' on 127.0.0.1 failed" in message
     assert "exited 100" in message and "E: Unable to locate package libfoo" in message
-    assert installer.calls == ["install:stock"]  # no bake after a failed install
+    assert installer.calls == ["check:stock", "install:stock"]
 
 
 @pytest.mark.ssh
@@ -232,7 +237,7 @@ def test_wrong_key_is_retried_then_reported_within_the_bound(sshd, tmp_path, mon
                        ssh_timeout_seconds=1.5)
     with pytest.raises(SetupError, match=r"did not accept SSH within 2 s \(\d+ attempts; .*AuthenticationException"
                                          r".*privateKeyPath"):  # the bound it applied, in its words
-        run_profile_setup(props, install=installer.functions, console=sshd.console)
+        run_profile_setup(props, **installer.functions, console=sshd.console)
     assert installer.calls == []
 
 
@@ -240,13 +245,13 @@ def test_wrong_key_is_retried_then_reported_within_the_bound(sshd, tmp_path, mon
 def test_first_connect_records_the_masters_host_key(sshd, tmp_path, config_home):
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key))
-    run_profile_setup(props, install=installer.functions, console=sshd.console)
+    run_profile_setup(props, **installer.functions, console=sshd.console)
     keytype, b64 = (sshd.host_key.with_suffix(".pub")).read_text().split()[:2]
     # verified from the master's console, so recorded with its instance (a later instance there is verified anew)
     assert known_hosts(config_home).read_text() == f"[127.0.0.1]:{sshd.port} {keytype} {b64} i-0master\n"
     assert oct(known_hosts(config_home).stat().st_mode & 0o777) == "0o600"
     # The same key again: accepted, nothing added (what `fab` then finds recorded too).
-    run_profile_setup(props, install=installer.functions, console=sshd.console)
+    run_profile_setup(props, **installer.functions, console=sshd.console)
     assert known_hosts(config_home).read_text().count("\n") == 1
 
 
@@ -263,14 +268,14 @@ def test_another_host_key_on_the_same_address_is_refused_with_fabs_message(tmp_p
                        ssh_timeout_seconds=30)
     first = start_sshd(server.home, server.port, server.host_key)
     try:
-        run_profile_setup(props, install=installer.functions, console=server.console)
+        run_profile_setup(props, **installer.functions, console=server.console)
     finally:
         stop_sshd(first)
     recorded = known_hosts(config_home).read_text()
     second = start_sshd(server.home, server.port, server.other_host_key)
     try:
         with pytest.raises(SetupError) as caught:
-            run_profile_setup(props, install=installer.functions, console=server.console)
+            run_profile_setup(props, **installer.functions, console=server.console)
     finally:
         stop_sshd(second)
     message = str(caught.value)
@@ -279,7 +284,7 @@ def test_another_host_key_on_the_same_address_is_refused_with_fabs_message(tmp_p
     assert ", recorded SHA256:" in message
     assert message.endswith("; " + keys.forget_hint("xeon-test", "127.0.0.1"))
     # refused at once: retried until the 30 s bound it would end with "did not accept SSH within 30 s" instead
-    assert installer.calls == ["install:stock", "prepare_for_bake"]  # only the first master was set up
+    assert installer.calls == ["check:stock", "install:stock"]  # only the first master was set up
     assert known_hosts(config_home).read_text() == recorded  # the recorded key is kept
 
 
@@ -297,7 +302,7 @@ def test_a_host_key_of_another_type_than_recorded_is_refused(sshd, tmp_path, con
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), ssh_timeout_seconds=30)
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(props, install=installer.functions, console=sshd.console)
+        run_profile_setup(props, **installer.functions, console=sshd.console)
     message = str(caught.value)
     assert message.startswith("setup step: host key ") and "ssh-ed25519" in message
     assert "forget the old key with `fab forget --cluster xeon-test --host " in message
@@ -312,7 +317,7 @@ def test_no_sshd_is_reported_within_the_bound(tmp_path, monkeypatch):
     key.write_text("not read by this test")
     props = make_props(port=_free_port(), private_key_path=str(key), ssh_timeout_seconds=1.2)
     with pytest.raises(SetupError, match=r"ubuntu@127.0.0.1:\d+ did not accept SSH within 1 s .*adminCidrs"):
-        run_profile_setup(props, install=(None, None), console=SHOWN)  # the bound it applied, in its words
+        run_profile_setup(props, console=SHOWN)  # the bound it applied, in its words
 
 
 # ------------------------------------------- the master's host key from its EC2 console (moto)
@@ -363,8 +368,8 @@ def test_the_master_presenting_the_key_its_ec2_console_lists_is_set_up_and_recor
     installer = RecordingInstaller(tmp_path / "node-state")
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), instance_id=ec2_master.id,
                        region=ec2_master.region)
-    run_profile_setup(props, install=installer.functions)  # the console read through boto3 (moto)
-    assert installer.calls == ["install:stock", "prepare_for_bake"]
+    run_profile_setup(props, **installer.functions)  # the console read through boto3 (moto)
+    assert installer.calls == ["check:stock", "install:stock"]
     keytype, b64 = sshd.host_key.with_suffix(".pub").read_text().split()[:2]
     assert known_hosts(config_home).read_text() == f"[127.0.0.1]:{sshd.port} {keytype} {b64} {ec2_master.id}\n"
 
@@ -377,7 +382,7 @@ def test_a_master_presenting_another_key_than_its_ec2_console_lists_is_refused_b
     props = make_props(port=sshd.port, user=sshd.user, private_key_path=str(sshd.key), instance_id=ec2_master.id,
                        region=ec2_master.region, ssh_timeout_seconds=30)
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(props, install=installer.functions)
+        run_profile_setup(props, **installer.functions)
     line = str(caught.value)
     listed = subprocess.run(["ssh-keygen", "-l", "-f", str(sshd.other_host_key) + ".pub"], check=True,
                             capture_output=True, text=True).stdout.split()[1]
@@ -402,7 +407,7 @@ def test_a_master_whose_ec2_console_never_lists_its_host_keys_is_refused_without
         raise AssertionError("must not connect to a master whose host key could not be verified")
 
     with pytest.raises(SetupError) as caught:
-        run_profile_setup(props, connect=connect_double, install=(None, None), console=console)
+        run_profile_setup(props, connect=connect_double, console=console)
     line = str(caught.value)
     assert line.startswith(f"setup step: host key of 198.51.100.9 (instance {ec2_master.id}) not verified: its EC2 "
                            f"console output of {ec2_master.id} shows no SSH host key fingerprints after 0.5 s; refused")
@@ -450,20 +455,19 @@ def _props_with_key(tmp_path, **overrides):
 @pytest.mark.parametrize("exit_code", [0, 2])
 def test_cloud_init_done_or_degraded_lets_setup_go_on(tmp_path, exit_code):
     conn = ScriptedConnection({"cloud-init status --wait": (exit_code, "status: done")})
-    calls = []
+    calls: list = []
     run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key, host_keys: conn, console=SHOWN,
-                      install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")))
-    assert calls == ["install", "bake"]
-    assert "cloud-init status --wait" in conn.commands[0] and conn.commands[-1] == "sync"
-    assert conn.closed
+                      install=lambda c, p: calls.append("install"), check=_check_double((), calls))
+    assert [c[0] for c in calls] == ["check"]
+    assert "cloud-init status --wait" in conn.commands[0] and conn.closed
 
 
 def test_cloud_init_failure_stops_setup_with_its_output(tmp_path):
     conn = ScriptedConnection({"cloud-init status --wait": (1, "status: error\nmodules-final failed")})
-    calls = []
+    calls: list = []
     with pytest.raises(SetupError, match=r"(?s)cloud-init on 198.51.100.9 ended with exit 1:\n.*modules-final failed"):
         run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key, host_keys: conn, console=SHOWN,
-                          install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")))
+                          install=lambda c, p: calls.append("install"), check=_check_double((), calls))
     assert calls == [] and conn.closed
 
 
@@ -471,7 +475,7 @@ def test_wheel_build_failure_on_the_controller_is_a_setup_error_with_its_message
     from node_setup.ssh.wheels import InstallError
 
     conn = ScriptedConnection({})
-    calls = []
+    calls: list = []
 
     def install_double(c, profile):  # what install_profile raises when `pip wheel` fails here
         calls.append("install")
@@ -480,12 +484,11 @@ def test_wheel_build_failure_on_the_controller_is_a_setup_error_with_its_message
 
     with pytest.raises(SetupError) as caught:
         run_profile_setup(_props_with_key(tmp_path), connect=lambda props, key, host_keys: conn, console=SHOWN,
-                          install=(install_double, lambda c: calls.append("bake")))
+                          install=install_double, check=_check_double(("xeon-cluster",), calls))
     message = str(caught.value)
     assert message.startswith("setup step: installing profile 'stock' for 198.51.100.9 failed on this machine")
     assert "invalid command 'bdist_wheel'" in message and "install setuptools and wheel" in message
-    assert calls == ["install"] and conn.closed  # no bake, connection closed
-    assert not any(cmd == "sync" for cmd in conn.commands)
+    assert [c if isinstance(c, str) else c[0] for c in calls] == ["check", "install"] and conn.closed
 
 
 def _check_double(failing: tuple[str, ...], calls: list):
@@ -500,38 +503,30 @@ def _check_double(failing: tuple[str, ...], calls: list):
     return check
 
 
-def _from_kept_image(tmp_path, failing: tuple[str, ...]) -> tuple[dict, list, ScriptedConnection]:
-    """The setup step of a master made from kept image ami-0kept whose check fails `failing`: (its outputs,
-    the check, install and bake calls in order, the connection)."""
+def _from_the_image(tmp_path, failing: tuple[str, ...]) -> tuple[dict, list, ScriptedConnection]:
+    """The setup step of a master booted from image ami-0kept whose check fails `failing`: (its outputs, the
+    check and install calls in order, the connection)."""
     conn = ScriptedConnection({})
     calls: list = []
     outs = run_profile_setup(_props_with_key(tmp_path, kept_image="ami-0kept"),
                              connect=lambda props, key, host_keys: conn, console=SHOWN,
-                             install=(lambda c, p: calls.append("install"), lambda c: calls.append("bake")),
-                             check=_check_double(failing, calls))
+                             install=lambda c, p: calls.append("install"), check=_check_double(failing, calls))
     return outs, calls, conn
 
 
-def test_from_a_kept_image_a_master_that_matches_is_checked_and_nothing_installed_or_baked(tmp_path):
-    outs, calls, conn = _from_kept_image(tmp_path, ())
+def test_a_master_that_matches_its_image_is_checked_and_nothing_installed(tmp_path):
+    outs, calls, conn = _from_the_image(tmp_path, ())
     assert [c[0] for c in calls] == ["check"] and calls[0][2] == 0  # the machine's free disk is no install's
     assert calls[0][1] == setup_step._project_version()  # this checkout's, what an install would put there
-    assert not any(cmd == "sync" for cmd in conn.commands) and conn.closed
+    assert conn.closed
     assert outs["installed"].startswith("from kept image ami-0kept: nothing to install: the node holds profile stock")
 
 
-def test_from_a_kept_image_what_differs_is_installed_and_nothing_baked(tmp_path):
-    outs, calls, _ = _from_kept_image(tmp_path, ("xeon-cluster",))
+def test_what_differs_from_the_image_is_installed(tmp_path):
+    outs, calls, _ = _from_the_image(tmp_path, ("xeon-cluster",))
     assert [c[0] if isinstance(c, tuple) else c for c in calls] == ["check", "install"]
     assert outs["installed"] == ("from kept image ami-0kept: installed what differed (xeon-cluster): the node holds "
                                  f"profile stock and xeon-cluster {setup_step._project_version()}")
-
-
-def test_create_from_a_kept_image_has_no_image_source_and_records_no_bake(monkeypatch):
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {"kept_image": props["kept_image"],
-                                                                                 "project_version": "1.0"})
-    outs = ProfileSetupProvider().create(make_props(kept_image="ami-0kept")).outs
-    assert outs["bake_source"] is None and outs["baked"] is None and "project_version" not in outs
 
 
 def test_missing_private_key_fails_before_connecting(tmp_path):
@@ -539,32 +534,25 @@ def test_missing_private_key_fails_before_connecting(tmp_path):
         raise AssertionError("must not connect without a key")
 
     with pytest.raises(SetupError, match=r"privateKeyPath: '.*/absent' is not a file on this machine"):
-        run_profile_setup(make_props(private_key_path=str(tmp_path / "absent")), connect=connect_double,
-                          install=(None, None))
+        run_profile_setup(make_props(private_key_path=str(tmp_path / "absent")), connect=connect_double)
 
 
 def test_profile_edited_since_preview_is_refused(tmp_path):
     with pytest.raises(SetupError, match=r"softwareProfile: 'stock' changed between preview and update"):
-        run_profile_setup(_props_with_key(tmp_path, fingerprint="stale"), connect=None, install=(None, None))
+        run_profile_setup(_props_with_key(tmp_path, fingerprint="stale"), connect=None)
 
 
 def test_missing_node_setup_install_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "node_setup.ssh.install", None)  # makes the import fail
-    with pytest.raises(SetupError, match=r"node_setup.ssh.install is not importable.*bake: false"):
+    with pytest.raises(SetupError, match=r"node_setup.ssh.install is not importable.*pip install -e"):
         run_profile_setup(_props_with_key(tmp_path), connect=None)
 
 
-def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {"bake_tag": props["bake_tag"]})
-    props = make_props()
-    monkeypatch.setattr(setup_step, "setup_stamp", lambda: "20260501T120000Z")
-    result = ProfileSetupProvider().create(props)
-    assert result.id == f"setup-i-0master-{props['bake_tag']}"
-    # The image's source, the stamp the image is named after, and what it holds (the identity the program
-    # gave, the version installed, the stamp).
-    assert result.outs == {"bake_tag": props["bake_tag"], "bake_source": "i-0master", "stamp": "20260501T120000Z",
-                           "baked": {"xeon-cluster:project-version": "unknown",
-                                     "xeon-cluster:created": "20260501T120000Z"}}
+def test_create_names_the_record_after_instance_and_image_and_records_what_the_setup_did(monkeypatch):
+    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: {"installed": "nothing to install"})
+    result = ProfileSetupProvider().create(make_props())
+    assert result.id == "setup-i-0master-ami-0image"
+    assert result.outs == {"installed": "nothing to install"}  # nothing about an image made from the master
 
 
 @pytest.mark.parametrize("change, replaced", [
@@ -574,7 +562,7 @@ def test_create_names_the_record_after_instance_and_bake_tag(monkeypatch):
     ({"host": "198.51.100.10"}, []),
     ({"private_key_path": "~/.ssh/other"}, []),
     ({"user": "admin"}, []),
-    ({"kept_image": "ami-0kept"}, ["kept_image"]),  # another image to boot: checked (or baked) again
+    ({"kept_image": "ami-0kept"}, ["kept_image"]),  # another image to boot: checked again
 ])
 def test_diff_replaces_only_for_what_changes_the_image(change, replaced):
     olds = make_props()
@@ -583,44 +571,40 @@ def test_diff_replaces_only_for_what_changes_the_image(change, replaced):
 
 
 def test_diff_without_changes():
-    olds = make_props(stamp="20260501T120000Z")
-    diff = ProfileSetupProvider().diff("id", olds, dict(olds))
+    olds = make_props(installed="nothing to install")
+    diff = ProfileSetupProvider().diff("id", olds, {**olds, "installed": None})  # an output is never a difference
     assert diff.changes is False and diff.replaces == []
 
 
-def test_a_step_recorded_without_a_stamp_gets_one_by_an_update_that_runs_nothing(monkeypatch):
-    monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: pytest.fail("setup must not run again"))
-    monkeypatch.setattr(setup_step, "setup_stamp", lambda: "20260601T080000Z")
-    olds = {k: v for k, v in make_props(bake_source="i-0master").items() if k != "__provider"}
-    diff = ProfileSetupProvider().diff("id", olds, make_props())
-    assert diff.changes is True and diff.replaces == []
-    assert ProfileSetupProvider().update("id", olds, make_props()).outs["stamp"] == "20260601T080000Z"
+# What the install-and-bake path of earlier versions recorded beside the inputs a step has now.
+BAKED_RECORD = {"bake_tag": "0a1b2c3d4e5f", "bake_source": "i-0master", "stamp": "20260501T120000Z",
+                "baked": {"xeon-cluster:project-version": "1.0"}, "bake_identity": {"xeon-cluster:profile": "stock"}}
 
 
-def test_bake_tag_depends_on_the_software_only():
-    assert bake_tag("a") == bake_tag("a") != bake_tag("b")
+def test_a_step_recorded_by_the_bake_is_replaced_and_one_that_booted_the_image_is_unchanged():
+    news = make_props()
+    baked = {**news, **BAKED_RECORD, "kept_image": None}  # installed on the master, then imaged it
+    diff = ProfileSetupProvider().diff("id", baked, news)
+    assert diff.changes is True and diff.replaces == ["kept_image"] and not diff.delete_before_replace
+    booted = {**news, **BAKED_RECORD, "bake_source": None, "baked": None}  # booted the image, with the old keys
+    assert ProfileSetupProvider().diff("id", booted, news).changes is False
 
 
-def test_a_new_master_is_set_up_again_and_keeps_the_image_source(monkeypatch):
+def test_a_new_master_is_set_up_again_and_an_address_change_only_recorded(monkeypatch):
     ran = []
     monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props["instance_id"]) or
-                        {k: v for k, v in props.items() if not k.startswith("__")})
-    olds = {**make_props(), "bake_source": "i-0master", "stamp": "20260501T120000Z",
-            "baked": {"xeon-cluster:project-version": "1.0"}}
-    olds.pop("__provider")
-    news = make_props(instance_id="i-0new", host="198.51.100.10", bake_source=None)
+                        {**{k: v for k, v in props.items() if not k.startswith("__")}, "installed": "checked"})
+    olds = {**{k: v for k, v in make_props().items() if k != "__provider"}, **BAKED_RECORD, "installed": "before"}
+    news = make_props(instance_id="i-0new", host="198.51.100.10")
     diff = ProfileSetupProvider().diff("id", olds, news)
     assert diff.changes is True and diff.replaces == []  # an update, not a replacement
     result = ProfileSetupProvider().update("id", olds, news)
-    assert ran == ["i-0new"]  # the new master is set up with the same profile and pins
-    assert result.outs["bake_source"] == "i-0master" and result.outs["instance_id"] == "i-0new"
-    assert result.outs["baked"] == olds["baked"]  # what the image holds, not what the new master got
-    assert result.outs["pip_pins"] == olds["pip_pins"]
-    # Only an address change: recorded, nothing run.
-    ProfileSetupProvider().update("id", olds, make_props(host="198.51.100.10"))
-    assert ran == ["i-0new"]
-    # The output alone is never a difference.
-    assert ProfileSetupProvider().diff("id", olds, {**olds, "bake_source": None}).changes is False
+    assert ran == ["i-0new"]  # the new master is checked with the same profile and pins
+    assert result.outs["instance_id"] == "i-0new" and result.outs["installed"] == "checked"
+    assert result.outs["pip_pins"] == olds["pip_pins"] and not set(result.outs) & set(setup_step.RETIRED)
+    # Only an address change: recorded, nothing run, what the last run did kept.
+    kept = ProfileSetupProvider().update("id", olds, make_props(host="198.51.100.10")).outs
+    assert ran == ["i-0new"] and kept["installed"] == "before"
 
 
 def _serialized_provider() -> str:

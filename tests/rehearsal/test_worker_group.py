@@ -21,8 +21,7 @@ CLUSTER = "rehearsal-group"
 
 def stub_setup(inputs: dict) -> tuple[str, dict]:
     """Test double for the setup step (it runs over SSH in the sitting): what its create() returns."""
-    return "setup-0", {**{k: v for k, v in inputs.items() if k != "__provider"}, "bake_source": None,
-                       "stamp": "20260501T120000Z"}
+    return "setup-0", {k: v for k, v in inputs.items() if k != "__provider"}
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from cluster.node import autostop
 from cluster import shell
 from cluster.node.profiles import PROFILES
-from cluster.node.setup_script import PREBAKE_ARTEFACTS, InstallPlan, install_script
+from cluster.node.setup_script import InstallPlan, install_script
 from node_setup.local import imds_server
 from tests.fab_run import fab_in_process
 
@@ -135,14 +135,13 @@ def test_exec_record_keeps_the_commands_exit_code_and_leaves_a_timestamp(tmp_pat
     assert records == ["last-exec"]  # the running record is gone, the end is recorded
 
 
-def test_setup_installs_the_service_and_the_bake_removes_the_arming():
+def test_setup_installs_the_service():
     text = install_script(InstallPlan(PROFILES["stock"]))
     assert text.rstrip().endswith('xc "done" "$CHANGED"')
     assert autostop.SERVICE_PATH in text and autostop.POWEROFF_PATH in text and "progress autostop" in text
     assert autostop.SYSTEMD_UNIT in text
     elsewhere = install_script(InstallPlan(PROFILES["stock"], node_root="/tmp/xc-opt"))
     assert "/tmp/xc-opt/bin/xeon-cluster-autostop" in elsewhere and autostop.SYSTEMD_UNIT not in elsewhere
-    assert f"{autostop.STATE_DIR}/armed" in PREBAKE_ARTEFACTS and autostop.ACTIVITY_DIR in PREBAKE_ARTEFACTS
 
 
 def test_install_section_installs_and_is_idempotent(tmp_path):
@@ -314,7 +313,6 @@ def test_the_full_node_list_names_every_node_with_its_own_host_keys():
     assert f"UserKnownHostsFile ~/{state}/{autostop.KNOWN_HOSTS_FILE}" in config
     assert "StrictHostKeyChecking yes" in config
     assert files[f"{state}/{autostop.KNOWN_HOSTS_FILE}"].splitlines()[2] == "node2,10.0.0.3 ssh-ed25519 AAAAkey2"
-    assert all(f"{state}/{name}" in autostop.BAKE_LEFTOVERS for name in (autostop.NODES_FILE, autostop.UNSTOPPED_FILE))
 
 
 def test_workers_left_running_keep_the_master_up_and_are_a_problem_to_show():

@@ -119,3 +119,7 @@ def test_preflight_cannot_tell_without_the_pulumi_cli(monkeypatch, tmp_path):
     costs.check_node_replacement(report, spec())
     (finding,) = report.findings
     assert finding.status == SKIPPED and "the Pulumi CLI is not installed" in finding.message
+
+
+def test_the_bake_tag_depends_on_the_software_only():
+    assert nr.bake_tag("a") == nr.bake_tag("a") != nr.bake_tag("b")

@@ -1,4 +1,4 @@
-"""cluster/node/setup_script.py: the install, check and pre-bake scripts, run for real with bash.
+"""cluster/node/setup_script.py: the install and check scripts, run for real with bash.
 
 The scripts run on this machine against a temporary node root: a real venv from the OS Python,
 real pip installs from a wheelhouse of two tiny wheels made here, and `fake_apt` test doubles
@@ -9,23 +9,16 @@ by another process. Takes ~15 s (two venvs, a handful of pip runs).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
-from cluster.job.launch import JOBS_DIR
-from cluster.job.userjob import FILE_STORE
-from cluster.node import autostop
-from cluster.run.supervision import CURRENT_LINK, RUN_ROOT, SPEC_FILE
 from cluster.stack.catalog import CATALOG
 from cluster.node.profiles import PROFILES, Profile
 from cluster.node.setup_script import (InstallPlan, changed, check_script, evaluate_check, fingerprint_digest,
-                                  install_script, parse_events, pin_satisfied, prebake_script)
+                                  install_script, parse_events, pin_satisfied)
 
 OS_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/bin/python3.11") if os.access(p, os.X_OK)), None)
 needs_os_python = pytest.mark.skipif(OS_PYTHON is None, reason="no OS python3 under /usr/bin (apt install "
@@ -116,7 +109,7 @@ def test_scripts_are_deterministic_and_parse_as_bash():
     for profile in PROFILES.values():
         plan = InstallPlan(profile, project_wheel="/tmp/p.whl", project_version="0.1.0+abc")
         assert install_script(plan) == install_script(plan)
-        for text in (install_script(plan), check_script(profile), prebake_script()):
+        for text in (install_script(plan), check_script(profile)):
             assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
@@ -268,90 +261,3 @@ def test_two_nodes_sharing_the_node_root_install_once(tmp_path, fake_apt):
     venv_steps = sorted(next(e.status for e in parse_events(o) if e.kind == "step" and e.name == "venv")
                         for o in outputs)
     assert venv_steps == ["changed", "unchanged"]
-
-
-# ---------------------------------------------------------------------------------- pre-bake
-
-
-def test_prebake_removes_host_keys_history_cloud_state_and_private_keys_then_restores_host_keys(tmp_path):
-    root = tmp_path / "img $(touch pwned) it's"  # the root is data: spaces, quotes and `$(...)` stay literal
-    files = {
-        "etc/ssh/ssh_host_ed25519_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n",
-        "etc/ssh/ssh_host_ed25519_key.pub": "ssh-ed25519 AAAA host",
-        "etc/ssh/sshd_config": "Port 22\n",
-        "root/.bash_history": "ls\n",
-        "home/ubuntu/.bash_history": "aws s3 ls\n",
-        "home/ubuntu/.ssh/demo_ed25519": "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n",
-        "home/ubuntu/.ssh/id_rsa": "-----BEGIN RSA PRIVATE KEY-----\nsecret\n",
-        "home/ubuntu/.ssh/id_rsa.pub": "ssh-rsa AAAA me",
-        "home/ubuntu/.ssh/authorized_keys": "ssh-ed25519 AAAAuser admin\nssh-ed25519 AAAAclus xeon-cluster:demo\n",
-        "var/lib/cloud/instances/i-0abc/user-data.txt": "#cloud-config\n",
-        "var/log/cloud-init.log": "log\n",
-        # secrets a user or a job left, and what jobs left behind
-        "home/ubuntu/.ssh/old/id_ed25519": "-----BEGIN OPENSSH PRIVATE KEY-----\nnested\n",
-        "home/ubuntu/.ssh/xeon-cluster-demo.known_hosts": "node1 ssh-ed25519 AAAA\n",
-        "home/ubuntu/.aws/credentials": "[default]\naws_secret_access_key = x\n",
-        "home/ubuntu/.cache/huggingface/token": "hf_secret\n",
-        "root/.netrc": "machine example.org password x\n",
-        "home/ubuntu/.xeon-cluster/jobs/20261123-101500-ab12/log": "[0] loss 1.2\n",
-        "home/ubuntu/xeon-cluster-runs/20261123-101500-ab12/checkpoint-60/model.safetensors": "weights",
-        "home/ubuntu/xeon-cluster-data/synthetic-qa/train.json": "{}",
-        "home/ubuntu/hosts": "node0\nnode1\n",
-        "home/ubuntu/.cache/pip/keep-me": "a cache that is not a secret",
-    }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}:{os.environ['PATH']}"}  # sudo when not root
-    result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=2)],
-                            capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
-    assert left == {"etc/ssh/sshd_config", "home/ubuntu/.ssh/id_rsa.pub", "home/ubuntu/.ssh/authorized_keys",
-                    "home/ubuntu/.cache/pip/keep-me",
-                    "run/xeon-cluster/hostkeys-before-bake/ssh_host_ed25519_key",
-                    "run/xeon-cluster/hostkeys-before-bake/ssh_host_ed25519_key.pub"}
-    listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
-    for gone in ("/home/ubuntu/.aws", "/home/ubuntu/.cache/huggingface/token", "/root/.netrc",
-                 "/home/ubuntu/.xeon-cluster/jobs", "/home/ubuntu/xeon-cluster-runs", "/home/ubuntu/hosts"):
-        assert gone in listed, listed  # the step says what it removed
-    assert (root / "home/ubuntu/.ssh/authorized_keys").read_text() == "ssh-ed25519 AAAAuser admin\n"
-    deadline = time.monotonic() + 15  # the detached restore runs after 2 s
-    while not (root / "etc/ssh/ssh_host_ed25519_key").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text() == "ssh-ed25519 AAAA host"
-    assert not list(tmp_path.rglob("pwned"))
-    shutil.rmtree(root)
-
-
-def test_prebake_removes_every_per_run_folder_the_toolkit_writes_supervised_runs_and_their_secrets_included(
-        tmp_path):
-    # A managed run, then a re-bake (a pin or profile change): nothing a run wrote may reach the image.
-    root = tmp_path / "img"
-    token = "hf_" + "NotARealToken" * 3
-    run = "20261123-101500-ab12"
-    files = {f"{RUN_ROOT}/{run}/{SPEC_FILE}": f'{{"layout": {{"extra_env": {{"HF_TOKEN": "{token}"}}}}}}',
-             f"{RUN_ROOT}/{run}/secret-env": f"HF_TOKEN={token}\n",  # whatever name the run's secrets file has
-             f"{RUN_ROOT}/{run}/log": "run started\n", f"{JOBS_DIR}/{run}/run.sh": f"export HF_TOKEN={token}\n",
-             f"{FILE_STORE}/0123abcd": "a workdir file\n", f"{autostop.ACTIVITY_DIR}/exec-1": "fab exec\n",
-             ".xeon-cluster/a-folder-added-later/state": f"{token}\n",
-             f"{autostop.STATE_DIR}/armed": "idle=1800\n", f"{autostop.STATE_DIR}/{autostop.GROUP_FILE}": "name=g\n"}
-    for home in ("home/ubuntu", "root"):
-        for rel, text in files.items():
-            (root / home / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / home / rel).write_text(text)
-        (root / home / CURRENT_LINK).symlink_to(run)
-    # another local cluster's run on this machine (a local node shares its filesystem): never the image's
-    local_runs = root / LOCAL_OUTPUT_ROOT.lstrip("/") / "demo" / run / "checkpoint-1"
-    local_runs.mkdir(parents=True)
-    (local_runs / "trainer_state.json").write_text("{}")
-    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}:{os.environ['PATH']}"}  # sudo when not root
-    result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=None)],
-                            capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
-    # the idle auto-stop's folder stays (the master's running service uses it), less its per-run files
-    assert left == {f"{home}/{autostop.STATE_DIR}/{autostop.GROUP_FILE}" for home in ("home/ubuntu", "root")} | \
-        {str((local_runs / "trainer_state.json").relative_to(root))}
-    listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
-    assert f"/home/ubuntu/{RUN_ROOT}" in listed and f"/root/{RUN_ROOT}" in listed and LOCAL_OUTPUT_ROOT not in listed

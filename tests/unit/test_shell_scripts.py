@@ -20,7 +20,7 @@ from cluster import shell
 from cluster.job.launch import FLAVOURS, RANK_WRAPPER, plan_launch
 from cluster.job.layout import plan_layout
 from cluster.node.profiles import PROFILES
-from cluster.node.setup_script import InstallPlan, check_script, install_script, prebake_script
+from cluster.node.setup_script import InstallPlan, check_script, install_script
 from node_setup.ssh import job
 from node_setup.ssh.wheels import build_project_wheel
 
@@ -35,7 +35,7 @@ def shellcheck(text: str, label: str) -> None:
 
 
 def test_the_package_ships_every_script():
-    assert set(NAMES) >= {"install.sh", "check.sh", "prebake.sh", "job.sh", "rank-wrapper.sh", "job-ranks.sh",
+    assert set(NAMES) >= {"install.sh", "check.sh", "job.sh", "rank-wrapper.sh", "job-ranks.sh",
                           "job-stop-node.sh", "job-stop-master.sh", "job-state.sh"}
 
 
@@ -60,8 +60,6 @@ def _rendered():
     yield "install (online)", install_script(InstallPlan(stock, project_wheel="/tmp/p.whl", project_version="0.1"))
     yield "install (wheelhouse)", install_script(InstallPlan(stock, wheelhouse="/var/cache/w h"))
     yield "check", check_script(stock)
-    yield "prebake", prebake_script()
-    yield "prebake (no restore)", prebake_script(root="/tmp/img", restore_host_keys_after_s=None)
     yield "rank wrapper", RANK_WRAPPER
     yield "autostop service", autostop.service_script()
     yield "autostop power-off", autostop.poweroff_script()

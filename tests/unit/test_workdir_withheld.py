@@ -1,19 +1,16 @@
 """What `fab train --script/--module` does not copy to the nodes: dot-files and dot-folders, files
 named like credentials, links that lead out of the workdir (cluster/job/userjob.py decides,
 node_setup/ssh/workdir.py scans), the home folder and credentials folders (~/.aws, ~/.config ...)
-refused as a workdir, the allow file that ships a withheld path on purpose, and the pre-bake scrub
-that removes the nodes' file store and job folders."""
+refused as a workdir and the allow file that ships a withheld path on purpose."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from cluster.node.setup_script import parse_events, prebake_script
-from cluster.job.userjob import (FILE_STORE, INCLUDE_FILE, WITHHELD_CREDENTIAL, WITHHELD_DOT, WITHHELD_LINK, CopyPlan,
+from cluster.job.userjob import (INCLUDE_FILE, WITHHELD_CREDENTIAL, WITHHELD_DOT, WITHHELD_LINK, CopyPlan,
                              UserJobError, check_workdir, link_inside, parse_includes, withheld_reason)
 from node_setup.ssh.workdir import scan
 from tests.fab_run import Ran, fab_in_process
@@ -238,29 +235,6 @@ def test_fab_train_dry_run_lists_what_would_be_copied_and_what_would_not(tmp_pat
             f"  not copied, {WITHHELD_CREDENTIAL}: conf/kaggle.json, keys/id_rsa, keys/server.pem\n"
             f"  not copied, {WITHHELD_LINK}: leak.txt\n"
             f"  to copy a path that is not copied on purpose, list it (one a line) in {INCLUDE_FILE}") in out, out
-
-
-# ----------------------------------------------------------------------------- the pre-bake scrub
-
-
-def test_the_prebake_scrub_removes_the_nodes_file_store_and_job_folders(tmp_path):
-    root = tmp_path / "img"
-    stored = "0" * 64
-    make(root, {f"home/ubuntu/{FILE_STORE}/{stored}": "[default]\naws_secret_access_key = fake\n",
-                f"root/{FILE_STORE}/{stored}.x": "#!/bin/sh\n",
-                "home/ubuntu/.xeon-cluster/jobs/20261123-101500-ab12/workdir/train.py": "print(1)\n",
-                "home/ubuntu/.xeon-cluster/jobs/20261123-101500-ab12/workdir.manifest": f"{stored}\ttrain.py\n",
-                "home/ubuntu/project/train.py": "the user's own folder stays\n"})
-    bin_dir = make(tmp_path / "bin", {"sudo": 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"\n'})
-    (bin_dir / "sudo").chmod(0o755)  # a test double for sudo, used when the test runs as a plain user
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    result = subprocess.run(["bash", "-c", prebake_script(root=str(root), restore_host_keys_after_s=None)],
-                            capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} == {"home/ubuntu/project/train.py"}
-    listed = next(e.detail for e in parse_events(result.stdout) if e.status == "leftovers")
-    for gone in (f"/home/ubuntu/{FILE_STORE}", f"/root/{FILE_STORE}", "/home/ubuntu/.xeon-cluster/jobs"):
-        assert gone in listed, listed
 
 
 KEY_BODY = "\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n"
