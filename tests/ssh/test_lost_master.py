@@ -11,7 +11,7 @@ the run recorded it the workdir is copied again from this controller and the pro
 newest checkpoint (XEON_CLUSTER_RESUME_FROM and --resume-arg's words).
 
 Budget: a tiny run (200 examples, 150 steps, a checkpoint every 25 steps) started twice; your program's run
-(150 steps of 0.1 s, a checkpoint every 10) started twice; about two minutes on 2 shared cores.
+(150 steps of 0.1 s, a checkpoint every 10) started twice; about a minute on 2 idle cores, two under load.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ checkout (this run's cluster recorded as that checkout's while it trains: left a
 checkout's local-up and local-down, while a cluster of its own is torn down beside it), and the
 tasks answering while node2 is down (the keeper paused so that it stays down while they are asked).
 
-Budget: one run of the synthetic demo, 160 steps, with two recoveries (under two minutes on 2 shared cores).
+Budget: one run of the synthetic demo, 160 steps, with two recoveries (about 105 s on 2 idle cores, more under load).
 """
 
 from __future__ import annotations
