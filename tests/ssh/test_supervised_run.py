@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 160  # room for both faults (node2 reclaimed near step 60, node1 lost a log or two after the resume)
 KEEPER_DELAY_S = 10
-KEEPER_CONSOLE_DELAY_S = 10  # a replacement's console lists its host keys late, as a metal boot's does (two of
-# the supervisor's 5 s polls: one that awaits a replacement sees it before its keys are listed)
+KEEPER_CONSOLE_DELAY_S = 15  # a replacement's console lists its host keys late, as a metal boot's does (three of
+# the supervisor's 5 s polls: on a machine 1.7x slower one recovery still asks before its keys are listed)
 ELSEWHERE = "/srv/alice/xeon-cluster"  # another checkout, as a cluster's owner record names it
 
 
