@@ -2,7 +2,7 @@
 
 It also keeps the cluster's first choice of base image and subnet: when `baseAmi` / `subnetId`
 are not set, the program looks both up on every run (infra/lookups.py), and a newer Ubuntu image
-or another default subnet would otherwise replace the master, re-run setup, re-bake and replace
+or another default subnet would otherwise replace the master (its setup step checked again) and
 every worker. With `ignore_changes` the master keeps the values it was created with; the workers
 take the master's (its `ami` and `subnet_id` outputs, read back from the state), and the stack
 exports them as `baseAmiId` and `subnetId`. Setting `baseAmi` or `subnetId` moves the cluster on

@@ -56,7 +56,7 @@ KEPT_FILTERS: tuple[tuple[str, str], ...] = (
 # A snapshot in EBS's standard tier: USD per GB-month in us-east-1 (aws.amazon.com/ebs/pricing). AWS bills the
 # blocks a snapshot stores, at most the volume's size: figures from the size are upper bounds.
 SNAPSHOT_USD_PER_GIB_MONTH = 0.05
-STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # CREATED_KEY's (the setup step's stamp)
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # CREATED_KEY's (when the image was built)
 
 
 @dataclass(frozen=True)
