@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.isolation import stdlib_pickler
+
 pytest_plugins = ["tests.cpu_seconds"]  # the CPU-seconds per file, printed at the end
 
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
@@ -73,17 +75,9 @@ AWS_TEST_REGION = "us-east-1"
 
 @pytest.fixture(autouse=True)
 def _stdlib_pickler():
-    """Every test starts with pickle's own pure-Python Pickler. pulumi.dynamic's serialize_provider (run for every
-    dynamic resource a program registers) wraps `pickle._Pickler._batch_setitems` in a sorting wrapper and replaces
-    `save_dict`, and never takes them off: the wrappers stack, and after some 950 dynamic resources in one test
-    process every dill pickle of a dict (datasets' fingerprint of a new Dataset) recurses past Python's limit. One
-    `pulumi up` registers a few, so only a long test process meets it."""
-    import pickle
-
-    saved = {name: pickle._Pickler.__dict__[name] for name in ("_batch_setitems", "save_dict")}
-    yield
-    for name, value in saved.items():
-        setattr(pickle._Pickler, name, value)
+    """Every test starts with pickle's own Pickler (tests/isolation.py: what pulumi.dynamic leaves on it)."""
+    with stdlib_pickler():
+        yield
 
 
 @pytest.fixture
