@@ -8,7 +8,8 @@ sshd is a child of the process that brought the cluster up). Elsewhere it is the
 time and that of the children it waited for (`getrusage`), which misses the nodes' ranks. A module's
 fixtures count in the file that made them, a session fixture's teardown in the last test of its
 worker, a process a test left running in the tests after it. Wall times vary up to 1.7x between
-machines of one kind; CPU-seconds compare across them.
+machines of one kind; CPU-seconds compare across them. Every file's figure is kept in pytest's cache
+(CACHE_KEY).
 """
 
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 HEAVIEST_SHOWN = 10
+CACHE_KEY = "cpu_seconds/per_file"  # every file's figure, heaviest first: .pytest_cache/v/cpu_seconds/per_file
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 _START = pytest.StashKey[float]()
 _group: Path | None = None  # this process's cpuacct group, while it is in one
@@ -91,6 +93,7 @@ def pytest_terminal_summary(terminalreporter):
                 counted_by.add(properties["cpu_by"])
     if not per_file:
         return
+    terminalreporter.config.cache.set(CACHE_KEY, dict(sorted(per_file.items(), key=lambda kv: -kv[1])))
     counted = ("with all they started (cgroup cpuacct)" if counted_by == {"cgroup"}
                else "and their waited-for children (getrusage)")
     terminalreporter.write_sep("=", f"CPU-seconds per file, its processes {counted}: the {HEAVIEST_SHOWN} heaviest")
