@@ -93,7 +93,9 @@ def pytest_terminal_summary(terminalreporter):
                 counted_by.add(properties["cpu_by"])
     if not per_file:
         return
-    terminalreporter.config.cache.set(CACHE_KEY, dict(sorted(per_file.items(), key=lambda kv: -kv[1])))
+    cache = getattr(terminalreporter.config, "cache", None)  # None with -p no:cacheprovider
+    if cache is not None:
+        cache.set(CACHE_KEY, dict(sorted(per_file.items(), key=lambda kv: -kv[1])))
     counted = ("with all they started (cgroup cpuacct)" if counted_by == {"cgroup"}
                else "and their waited-for children (getrusage)")
     terminalreporter.write_sep("=", f"CPU-seconds per file, its processes {counted}: the {HEAVIEST_SHOWN} heaviest")

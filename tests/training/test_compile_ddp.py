@@ -1,5 +1,9 @@
 """--compile on: the compiled job trains under DDP with the eager job's losses, and their checkpoints
-resume in each other (slow: torch.compile takes about a minute per rank on a 2-core machine)."""
+resume in each other: an eager run of STEPS steps; the compiled job resumed from its step-2 checkpoint
+(steps 3 to STEPS compiled); the eager job resumed from the compiled job's step-4 checkpoint. Every
+step's loss equals the eager run's (slow: torch.compile takes about a minute per rank on a 2-core
+machine, so the job is compiled once).
+"""
 
 import shutil
 import subprocess
@@ -12,7 +16,7 @@ from tests.training.conftest import REPO, mpi_env, read_summary, requires_mpi, r
 
 # fp32 on both sides: the compiled graph reorders float sums, never more than this per logged loss
 LOSS_RTOL = 1e-3
-STEPS = 4
+STEPS = 6
 
 
 def args_for(demo, out, compile_, *extra):
@@ -38,31 +42,40 @@ def launch(launcher, ranks, args):
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
+def resumed_at(source, out, step: int):
+    """A copy of `source`'s output folder as a kill after `step` leaves it: its checkpoints up to `step`."""
+    shutil.copytree(source, out)
+    for checkpoint in out.glob("checkpoint-*"):
+        if int(checkpoint.name.split("-")[1]) > step:
+            shutil.rmtree(checkpoint)
+    (out / "summary.json").unlink()
+    return out
+
+
 @requires_mpi
 @pytest.mark.slow
 # One launcher: neither the compiled graph nor a checkpoint depends on it.
 @pytest.mark.parametrize("launcher, ranks", [("mpirun", 2)])
 def test_compiled_ddp_matches_eager_and_checkpoints_cross_resume(qa_demo, tmp_path, launcher, ranks):
-    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
-    for out, mode in ((eager, "off"), (compiled, "on")):
-        result = launch(launcher, ranks, args_for(qa_demo, out, mode))
-        assert result.returncode == 0, result.stderr[-4000:]
-    e, c = read_summary(eager), read_summary(compiled)
-    assert (e["settings"]["compile"], c["settings"]["compile"]) == (False, True)
-    assert c["settings"]["compile_reason"] == "set with --compile on"
-    assert len(losses(eager)) == len(losses(compiled)) == STEPS
-    assert losses(compiled) == pytest.approx(losses(eager), rel=LOSS_RTOL)
-    # a checkpoint written by one resumes in the other: each run's step 2, continued by the other mode
-    for source, mode in ((eager, "on"), (compiled, "off")):
-        crossed = tmp_path / f"{source.name}-then-{mode}"
-        shutil.copytree(source, crossed)
-        shutil.rmtree(crossed / f"checkpoint-{STEPS}")
-        (crossed / "summary.json").unlink()
-        result = launch(launcher, ranks, args_for(qa_demo, crossed, mode, "--resume"))
-        assert result.returncode == 0, result.stderr[-4000:]
-        resumed = read_summary(crossed)
-        assert resumed["resumed_from"]["step"] == 2 and resumed["steps"] == STEPS
-        # the log history `fab report` draws marks the recovery at step 2 (training/callbacks.py's step timer)
-        report = runreport.job_report("r", {"trainer_state.json": (crossed / "trainer_state.json").read_text()})
-        assert report.recoveries == (2,) and [s for s, _ in report.curves["loss"]] == list(range(1, STEPS + 1))
-        assert losses(crossed)[2:] == pytest.approx(losses(eager)[2:], rel=LOSS_RTOL)
+    eager = tmp_path / "eager"
+    result = launch(launcher, ranks, args_for(qa_demo, eager, "off"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert read_summary(eager)["settings"]["compile"] is False and len(losses(eager)) == STEPS
+    # the compiled job continues the eager job's step-2 checkpoint
+    compiled = resumed_at(eager, tmp_path / "eager-then-compiled", 2)
+    result = launch(launcher, ranks, args_for(qa_demo, compiled, "on", "--resume"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    c = read_summary(compiled)
+    assert c["settings"]["compile"] is True and c["settings"]["compile_reason"] == "set with --compile on"
+    assert c["resumed_from"]["step"] == 2 and c["steps"] == STEPS
+    assert losses(compiled)[2:] == pytest.approx(losses(eager)[2:], rel=LOSS_RTOL)
+    # the log history `fab report` draws marks the recovery at step 2 (training/callbacks.py's step timer)
+    report = runreport.job_report("r", {"trainer_state.json": (compiled / "trainer_state.json").read_text()})
+    assert report.recoveries == (2,) and [s for s, _ in report.curves["loss"]] == list(range(1, STEPS + 1))
+    # the eager job continues the compiled job's own step-4 checkpoint
+    crossed = resumed_at(compiled, tmp_path / "compiled-then-eager", 4)
+    result = launch(launcher, ranks, args_for(qa_demo, crossed, "off", "--resume"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    e = read_summary(crossed)
+    assert e["settings"]["compile"] is False and e["resumed_from"]["step"] == 4 and e["steps"] == STEPS
+    assert losses(crossed)[4:] == pytest.approx(losses(eager)[4:], rel=LOSS_RTOL)
