@@ -23,7 +23,7 @@ def args_for(demo, out, compile_, *extra):
     return [*demo["args"], "--output_dir", str(out), "--checkpoint_minutes", "0", "--per_device_train_batch_size", "8",
             "--logging_steps", "1", "--seed", "7", "--spot_watch", "off", "--max_steps", str(STEPS),
             "--save_strategy", "steps", "--save_steps", "2", "--bf16", "false", "--max_eval_samples", "0",
-            "--dist_backend", "gloo", "--compile", compile_, *extra]
+            "--save_total_limit", "0", "--dist_backend", "gloo", "--compile", compile_, *extra]
 
 
 def losses(out) -> list[float]:
