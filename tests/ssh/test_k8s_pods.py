@@ -19,6 +19,10 @@ The pods are emulated this way, and only this way:
   TrainJob's command does its preparation itself).
 The interpreter and torchrun are the node venv's, at the path the image has (cluster/node/profiles.py
 venv_dir). The local cluster is this test's own (two nodes), so its hosts files may change.
+
+Budget: four jobs of two pods on it: the demo (4 steps) as a fixed PyTorchJob of two ranks a pod (world
+4), an elastic PyTorchJob and a TrainJob of one rank a pod (world 2 each), and your own program as a
+TrainJob of two ranks a pod (world 4).
 """
 
 from __future__ import annotations
@@ -84,11 +88,12 @@ def pod_nodes(setup_runs, local_cluster_factory):
     cluster.destroy()
 
 
-def render(tmp_path: Path, api: str, *options: str) -> Path:
+def render(tmp_path: Path, api: str, *options: str, ranks_per_node: int = 2) -> Path:
     out = tmp_path / "job.yaml"
     result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", "--api", api, "--nodes", str(PODS),
                              "--name", JOB, "--image", "registry.example.com/xeon-cluster:test", "--pvc", "shared",
-                             "--ranks-per-node", "2", "--threads", "1", "-o", str(out), *options], cwd=ROOT,
+                             "--ranks-per-node", str(ranks_per_node), "--threads", "1", "-o", str(out), *options],
+                            cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
@@ -249,11 +254,18 @@ def run_pods(pod_nodes, tmp_path: Path, text: str) -> tuple[list[Pod], list[dict
     return found, all_dirs
 
 
-@pytest.mark.parametrize("api, options", [(k8s.API_PYTORCHJOB, ()), (k8s.API_PYTORCHJOB, ("--min-nodes", "1")),
-                                          (k8s.API_TRAINJOB, ())],
+# Two ranks per pod only where that is what is checked: the fixed PyTorchJob's torchrun starts
+# --nproc-per-node 2 in each pod (world 4); the others one rank a pod (world 2), what differs among them
+# being the environment their operator injects (a TrainJob's two ranks a pod, from its PET_NPROC_PER_NODE,
+# form one world in test_your_own_program_runs_from_the_workdirs_configmap_in_one_world).
+@pytest.mark.parametrize("api, options, ranks_per_node",
+                         [(k8s.API_PYTORCHJOB, (), 2), (k8s.API_PYTORCHJOB, ("--min-nodes", "1"), 1),
+                          (k8s.API_TRAINJOB, (), 1)],
                          ids=["pytorchjob-fixed", "pytorchjob-elastic", "trainjob"])
-def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(pod_nodes, tmp_path, api, options):
-    text = render(tmp_path, api, "--synthetic-examples", "200", "--max-steps", "4", *options).read_text()
+def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(pod_nodes, tmp_path, api, options,
+                                                                              ranks_per_node):
+    text = render(tmp_path, api, "--synthetic-examples", "200", "--max-steps", "4", *options,
+                  ranks_per_node=ranks_per_node).read_text()
     found, dirs = run_pods(pod_nodes, tmp_path, text)
     main = found[0].main
     if options:
@@ -263,11 +275,11 @@ def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(po
         assert found[0].injected == {"PYTHONUNBUFFERED": "1", "PET_NNODES": "2"}
     else:
         assert found[1].injected["PET_NODE_RANK"] == "1" and found[1].injected["PET_MASTER_ADDR"] == \
-            f"{JOB}-node-0-0.{JOB}"
+            f"{JOB}-node-0-0.{JOB}" and found[1].injected["PET_NPROC_PER_NODE"] == str(ranks_per_node)
     output_dir = Path(on_volume(main.command[main.command.index("--output_dir") + 1], dirs[0]))
     summary = json.loads((output_dir / "summary.json").read_text())
     assert summary["status"] == "completed", summary
-    assert summary["world_size"] == PODS * 2 == 4, summary
+    assert summary["world_size"] == PODS * ranks_per_node, summary
     assert summary["nodes"] == PODS, summary
 
 
