@@ -93,12 +93,13 @@ def pytest_terminal_summary(terminalreporter):
                 counted_by.add(properties["cpu_by"])
     if not per_file:
         return
+    heaviest_first = dict(sorted(per_file.items(), key=lambda kv: -kv[1]))
     cache = getattr(terminalreporter.config, "cache", None)  # None with -p no:cacheprovider
     if cache is not None:
-        cache.set(CACHE_KEY, dict(sorted(per_file.items(), key=lambda kv: -kv[1])))
+        cache.set(CACHE_KEY, heaviest_first)
     counted = ("with all they started (cgroup cpuacct)" if counted_by == {"cgroup"}
                else "and their waited-for children (getrusage)")
     terminalreporter.write_sep("=", f"CPU-seconds per file, its processes {counted}: the {HEAVIEST_SHOWN} heaviest")
-    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:HEAVIEST_SHOWN]:
+    for path, seconds in list(heaviest_first.items())[:HEAVIEST_SHOWN]:
         terminalreporter.write_line(f"{seconds:8.1f}  {path}")
     terminalreporter.write_line(f"{sum(per_file.values()):8.1f}  all {len(per_file)} files")

@@ -93,8 +93,7 @@ def render(tmp_path: Path, api: str, *options: str, ranks_per_node: int = 2) -> 
     result = subprocess.run([sys.executable, "-m", "fabric", "k8s-job", "--api", api, "--nodes", str(PODS),
                              "--name", JOB, "--image", "registry.example.com/xeon-cluster:test", "--pvc", "shared",
                              "--ranks-per-node", str(ranks_per_node), "--threads", "1", "-o", str(out), *options],
-                            cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 

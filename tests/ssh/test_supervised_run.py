@@ -83,9 +83,9 @@ def another_checkouts_cluster_is_left_alone(cluster, local_cluster_factory) -> N
     owner is data); this checkout's local-up of that name and its local-down leave it alone (its nodes
     that were up stay up, the run goes on), named explicitly it answers and says whose it is, and this
     checkout's own cluster is torn down beside it."""
-    up_before = [n.name for n in local_state.load_state(cluster.paths).nodes if lc.node_up(n)]
-    run = run_state(cluster)["run"]
     state = local_state.load_state(cluster.paths)
+    up_before = [n.name for n in state.nodes if lc.node_up(n)]
+    run = run_state(cluster)["run"]
     owner = state.owner_checkout, state.owner_user
     state.owner_checkout, state.owner_user = ELSEWHERE, "alice"
     local_state.save_state(cluster.paths, state)
