@@ -1,7 +1,10 @@
 """`fab train`, `fab status`, `fab logs`, `fab stop` on a local cluster: real sshd, real Intel MPI,
 real multi-rank training of the small synthetic model.
 
-Budget: about 2 minutes in all (the synthetic data is made once per node, its model once for the cluster, in its
+The session's cluster has 3 nodes; the jobs that run ranks use 2 of them (each rank costs a few CPU-seconds just
+to start), so that `fab status` and `fab stop` also show a node the job left alone.
+
+Budget: about 40 seconds in all (the synthetic data is made once per node, its model once for the cluster, in its
 shared output root; both are reused).
 """
 
@@ -116,19 +119,19 @@ def test_layout_override_beyond_cores_is_refused(local_cluster):
 
 
 @pytest.mark.slow
-def test_train_on_three_nodes_writes_summary_and_status_and_logs_find_it(train_cluster):
-    result = fab(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "6")
+def test_train_on_two_nodes_writes_summary_and_status_and_logs_find_it(train_cluster):
+    result = fab(train_cluster, "train", "--nodes", "2", *SMALL, "--max-steps", "6")
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr
-    assert "[node0 r0]" in out and "hidden: 2 line(s) of the other ranks' metrics" in out  # 1 and 2: metrics only
+    assert "[node0 r0]" in out and "hidden: 1 line(s) of the other ranks' metrics" in out  # rank 1: metrics only
     assert "finished: exit code 0" in out
     started = re.search(r"^job (\S+) started on node0 .*; output (\S+)$", out, re.M)
     job_id, output_dir = started.group(1), Path(started.group(2))
     try:
         data = json.loads((output_dir / "summary.json").read_text())
-        assert data["world_size"] == 3 and data["nodes"] == 3 and data["status"] == "completed"
+        assert data["world_size"] == 2 and data["nodes"] == 2 and data["status"] == "completed"
         assert data["steps"] == 6
-        assert "world_size: 3" in out
+        assert "world_size: 2" in out
         assert not job_processes(job_id)
         # the planned and actual time and cost: the planner has no catalog type for local nodes, which cost nothing
         assert re.search(rf"^planned: cannot plan this run: the machines of cluster '{train_cluster.name}' have no "
@@ -138,13 +141,13 @@ def test_train_on_three_nodes_writes_summary_and_status_and_logs_find_it(train_c
         cost = data[COST_KEY]
         assert cost["planned_seconds"] is None and "planner's catalog" in cost["not_planned"]
         assert cost["hourly_usd"] == 0 and cost["actual_usd"] == 0 and cost["price_source"] == LOCAL_NO_PRICE
-        assert cost["nodes"] == 3
+        assert cost["nodes"] == 2  # the job's nodes, not the cluster's 3
         assert abs(cost["actual_seconds"] - (int(actual.group(1) or 0) * 60 + int(actual.group(2)))) <= 1
         # status and logs find the finished job
         status = fab(train_cluster, "status", timeout=60)
         assert status.returncode == 0 and f"job {job_id}: finished, exit code 0" in status.stdout
         assert re.search(rf"last log line: .*job {job_id} exited with code 0", status.stdout), status.stdout
-        for node in ("node0", "node1", "node2"):  # market, uptime, price and spend of every node
+        for node in ("node0", "node1", "node2"):  # market, uptime, price and spend of every node, the job's or not
             assert re.search(rf"^  {node} .* local\s+(\d+h )?(\d+m )?\d+s\s+\$0\.0000\s+\$0\.00 yes",
                              status.stdout, re.M), status.stdout
         assert f"total: 3 node(s), $0.0000/hour, $0.00 spent so far ({LOCAL_NO_PRICE})" in status.stdout
@@ -158,7 +161,7 @@ def test_train_on_three_nodes_writes_summary_and_status_and_logs_find_it(train_c
         assert logs.returncode == 0 and f"job {job_id} exited with code 0" in logs.stdout
         assert len(logs.stdout.splitlines()) == 3  # the lines as shown, progress bars and pieces joined
         every = fab(train_cluster, "logs", "--all-ranks", timeout=60)  # every rank's lines, labelled with its node
-        assert "[node1 r1] {'train_runtime'" in every.stdout and "[node2 r2] {'train_runtime'" in every.stdout
+        assert "[node1 r1] {'train_runtime'" in every.stdout and "[node2 " not in every.stdout  # node2 ran no rank
     finally:
         shutil.rmtree(output_dir, ignore_errors=True)  # what this test's jobs wrote
 
@@ -166,7 +169,7 @@ def test_train_on_three_nodes_writes_summary_and_status_and_logs_find_it(train_c
 @pytest.mark.slow
 def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
     before = newest_job(train_cluster, 0)
-    proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
+    proc = fab_background(train_cluster, "train", "--nodes", "2", *SMALL, "--max-steps", "5000")
     try:
         job_id = wait_for_new_job(train_cluster, before, proc)
         wait_for(lambda: rank_file(train_cluster, 1, job_id, 1).exists(), 90, "rank 1 on node1")
@@ -187,10 +190,10 @@ def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
 @pytest.mark.slow
 def test_ctrl_c_keeps_job_then_fab_stop_ends_every_rank(train_cluster):
     before = newest_job(train_cluster, 0)
-    proc = fab_background(train_cluster, "train", "--nodes", "3", *SMALL, "--max-steps", "5000")
+    proc = fab_background(train_cluster, "train", "--nodes", "2", *SMALL, "--max-steps", "5000")
     try:
         job_id = wait_for_new_job(train_cluster, before, proc)
-        for i in range(3):
+        for i in range(2):
             wait_for(lambda i=i: rank_file(train_cluster, i, job_id, i).exists(), 90, f"rank {i}")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate("n\n", timeout=60)
@@ -199,15 +202,16 @@ def test_ctrl_c_keeps_job_then_fab_stop_ends_every_rank(train_cluster):
             proc.kill()
     assert proc.returncode == 130, out[-2000:]
     assert f"job {job_id} keeps running" in out
-    assert len(job_processes(job_id)) >= 3  # detaching left the job alone
+    assert len(job_processes(job_id)) >= 2  # detaching left the job alone
 
     status = fab(train_cluster, "status", timeout=60)
     assert f"job {job_id}: running" in status.stdout, status.stdout
-    assert status.stdout.count("1 running") == 3, status.stdout
+    assert status.stdout.count("1 running") == 2, status.stdout  # node0 and node1, one rank each
+    assert re.search(r"^  node2 .* none running$", status.stdout, re.M), status.stdout  # not the job's node
 
     stop = fab(train_cluster, "stop", timeout=90)
     assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert stop.stdout.count(f"no process of job {job_id} left") == 3
+    assert stop.stdout.count(f"no process of job {job_id} left") == 3  # every node of the cluster, node2 too
     assert not job_processes(job_id)
     status = fab(train_cluster, "status", timeout=60)
     assert f"job {job_id}: stopped by fab stop" in status.stdout
