@@ -31,11 +31,22 @@ def machine_ticks() -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
-    command = argv[argv.index("--") + 1:] if "--" in argv else DEFAULT
+    if argv and argv[0] != "--":
+        print(f"error: {argv[0]!r}: give the command after --: bench_suite_cpu.py [-- COMMAND ...]", file=sys.stderr)
+        return 2
+    command = argv[1:] if argv else DEFAULT
+    if not command:
+        print("error: -- names no command: give one after it, or leave -- out for README's test command",
+              file=sys.stderr)
+        return 2
     hz = os.sysconf("SC_CLK_TCK")
     busy0, total0 = machine_ticks()
     start = time.monotonic()
-    code = subprocess.call(command, cwd=REPO)
+    try:
+        code = subprocess.call(command, cwd=REPO)
+    except OSError as error:
+        print(f"error: {command[0]!r}: {error.strerror}", file=sys.stderr)
+        return 2
     wall = time.monotonic() - start
     busy1, total1 = machine_ticks()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
