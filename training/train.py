@@ -24,6 +24,7 @@ from training import exit_codes
 from training import ranks as rank_env
 from training.errors import BadInput
 from training.resume import RunCheckpoints
+from xeon_cluster.run import record_outcome
 
 if TYPE_CHECKING:
     from training import tasks
@@ -356,6 +357,8 @@ class Job:
                 log.warning("stopped at step %d after an interruption notice; %s; rerun with --resume to continue "
                             "(exit code %d)", trained.spot.interrupted_at, summary.interruption_checkpoint(report),
                             exit_codes.INTERRUPTED)
+        if interrupted:  # the job script keeps it if the launcher kills this rank during its exit
+            record_outcome(exit_codes.INTERRUPTED)
         distributed.barrier()
         return exit_codes.INTERRUPTED if interrupted else exit_codes.OK
 

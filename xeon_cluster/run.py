@@ -64,6 +64,10 @@ ACCELERATE_CPU_VARIABLE = "ACCELERATE_USE_CPU"
 # Where a rank writes its world record (the rank wrapper sets it: the job's ranks folder on the node).
 RANK_DIR_VARIABLE = "XEON_CLUSTER_RANK_DIR"
 WORLD_RECORD_PREFIX = "world-"  # WORLD_RECORD_PREFIX + RANK + ".json" in RANK_DIR_VARIABLE's folder
+# The exit code a rank has decided on before its teardown (OUTCOME_RECORD_PREFIX + RANK in the same folder): the
+# built-in job records its spot-notice exit once its checkpoint is saved, so that the job script keeps that outcome
+# when the launcher kills the rank during its exit (a reclaimed node's rank ended first) and returns another code.
+OUTCOME_RECORD_PREFIX = "outcome-"
 # rank, WORLD_SIZE it was started with, whether it joined a group of that size, the largest group it saw
 WORLD_RECORD_KEYS = ("rank", "expected", "joined", "largest")
 _TRUE = ("y", "yes", "t", "true", "on", "1")  # accelerate's truthy values (str_to_bool)
@@ -189,6 +193,20 @@ class World:
             self.written = True
         except OSError as exc:
             print(f"[xeon-cluster] cannot write the world record {path}: {exc}", file=sys.stderr)
+
+
+def record_outcome(code: int, environ=os.environ) -> None:
+    """Record the exit code this rank has decided on (OUTCOME_RECORD_PREFIX); nothing outside a job's rank."""
+    folder = environ.get(RANK_DIR_VARIABLE) or ""
+    if not folder:
+        return
+    path = os.path.join(folder, f"{OUTCOME_RECORD_PREFIX}{_int(environ.get('RANK'), 0)}")
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(f"{int(code)}\n")
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        print(f"[xeon-cluster] cannot write the outcome record {path}: {exc}", file=sys.stderr)
 
 
 def _int(text, default: int) -> int:

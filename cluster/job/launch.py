@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from cluster import names, shell
 from cluster.job.layout import Layout
 from xeon_cluster import NOTICE_FILE_VARIABLE, NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE
-from xeon_cluster.run import ACCELERATE_CPU_VARIABLE, RANK_DIR_VARIABLE
+from xeon_cluster.run import ACCELERATE_CPU_VARIABLE, OUTCOME_RECORD_PREFIX, RANK_DIR_VARIABLE
 
 if TYPE_CHECKING:  # cluster/job/torchrun.py imports this module
     from cluster.job.torchrun import TorchrunPlan
@@ -230,6 +230,7 @@ class LaunchPlan:
             "ONECCL_PYTHON": f"{self.venv}/bin/python" if ONECCL_ENV_SETUP in self.setup else "",
             "HYDRA_IFACE": "yes" if HYDRA_IFACE_SETUP in self.setup else "no",
             "INTERRUPTED": str(INTERRUPTED_CODE),
+            "OUTCOME_PREFIX": OUTCOME_RECORD_PREFIX,
             "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
             "MPIRUN": self.argv,  # the positional parameters
         }

@@ -7,7 +7,8 @@
 # LD_LIBRARY_PATH_PREPEND (the venv's directories, put in front of the node's own values),
 # ONECCL_PYTHON (non-empty: source the oneCCL bindings' setvars.sh, found by this Python),
 # HYDRA_IFACE (yes: point Hydra at the interface holding MASTER_ADDR), INTERRUPTED (the program's exit
-# code after a spot notice: rank 0's, when mpirun returned another, is the job's), ENV_FILE (relative
+# code after a spot notice: rank 0's, when mpirun returned another, is the job's), OUTCOME_PREFIX (the file
+# name's start of a rank's recorded outcome: xeon_cluster/run.py record_outcome), ENV_FILE (relative
 # to $HOME: the user's --env as export lines, 0600; mpirun passes them on by name) and the mpirun
 # command line as the positional parameters.
 cd "$HOME" || exit 1
@@ -44,9 +45,11 @@ trap ':' TERM  # `fab stop` ends the session: the launcher's code is still recor
 # shellcheck source=/dev/null  # the job's own env file (cluster/job/launch.py ENV_FILE)
 ( if [ -e "$HOME/$ENV_FILE" ]; then . "$HOME/$ENV_FILE" || exit 2; fi; exec "$@" )
 code=$?
-# rank 0 (on this node) ended INTERRUPTED at a spot notice, its checkpoint saved, and mpirun returned
+# rank 0 (on this node) ended INTERRUPTED at a spot notice, its checkpoint saved (its exit code, or the
+# outcome it recorded before its exit, when the launcher killed it during that exit), and mpirun returned
 # another code once a reclaimed node was gone: the job's outcome is the program's, the launcher's kept
 own=$(cat "$d/ranks/exit-0" 2>/dev/null)
+[ "$own" = "$INTERRUPTED" ] || own=$(cat "$d/ranks/${OUTCOME_PREFIX}0" 2>/dev/null)
 if [ "$code" != 0 ] && [ "$code" != "$INTERRUPTED" ] && [ "$own" = "$INTERRUPTED" ]; then
   echo "[xeon-cluster] job $XEON_CLUSTER_JOB: rank 0 ended with code $own (interrupted); the launcher returned $code"
   echo "$code" > "$d/launcher_exit_code"; code=$own

@@ -155,8 +155,11 @@ def follow_to_end(life: Lifecycle, job: JobPlan, *, all_ranks: bool = False) -> 
                 summary, shown(f"{job.output_dir}/summary.json"), job.inventory.master.name)))
         return 0
     said = ended.launcher_code
-    say(f"\njob {job_id} " + (f"failed: exit code {said}" if said is not None else
-                              f"ended without an exit code ({ended.state})"))
+    if ended.code == INTERRUPTED_BY_RECLAIM:  # the program's own outcome: it stopped at a spot notice
+        say(f"\njob {job_id} interrupted: exit code {ended.code} (a spot notice)")
+    else:
+        say(f"\njob {job_id} " + (f"failed: exit code {said}" if said is not None else
+                                  f"ended without an exit code ({ended.state})"))
     for line in failure_report(jobs.log_text(master, job_id), rank_hosts, said):
         say(f"  {line}")
     if ended.first is not None and said is not None and ended.code != said:

@@ -212,6 +212,12 @@ def test_detached_run_survives_a_reclaim_and_a_silent_loss(cluster, tmp_path, lo
         assert new[name].host_key != old_keys[name]  # a new machine
         assert record["host_keys"][name].startswith("ssh-ed25519 SHA256:")
     assert fab_processes(cluster.name) == []
+    # the job that stopped at node2's notice is listed as the program ended it (75), whatever mpirun returned
+    noticed = re.search(r"job (\S+) ended with exit code 75; lost: node2 \(spot notice\)", transcript[-1])
+    assert noticed, transcript[-1]
+    jobs = fab(cluster, "jobs", "--cluster", f"local:{cluster.name}")
+    rows = [line.split() for line in jobs.stdout.splitlines() if line.split()[:1] == [noticed.group(1)]]
+    assert [row[2] for row in rows] == ["interrupted"], jobs.stdout  # its exit code 75 (cluster/job/joblist.py)
     # `fab logs` on the run: the whole run in order, each job's labelled log after the line that started it
     run_id = run_state(cluster)["run"]
     whole = fab(cluster, "logs", "--follow", "--cluster", f"local:{cluster.name}")

@@ -4,6 +4,8 @@ import os
 import shlex
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,11 +13,13 @@ from cluster.stack import catalog
 from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, INTERRUPTED_CODE, JOB_MARKER, RANK_WRAPPER,
                                 LaunchError, hostfile_text, master_port_for, plan_launch)
 from cluster.job.layout import plan_layout
+from xeon_cluster.run import OUTCOME_RECORD_PREFIX
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
 VENV = "/opt/xeon-cluster/venv-stock"
 PROGRAM = [f"{VENV}/bin/python", "-m", "training", "--bf16"]
 HOSTS = ["node0", "node1", "node2", "node3"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan(machine, flavour, hosts=HOSTS, **kw):
@@ -260,6 +264,26 @@ def test_a_job_whose_rank_0_ended_interrupted_ends_interrupted_whatever_mpirun_r
         if expected == INTERRUPTED:
             assert (d / "launcher_exit_code").read_text() == "255\n"
             assert "rank 0 ended with code 75 (interrupted); the launcher returned 255" in (d / "log").read_text()
+
+
+def test_a_rank_0_killed_during_its_exit_after_recording_its_interruption_ends_the_job_interrupted(tmp_path):
+    """As seen on a local cluster: rank 0 logged its spot-notice stop with checkpoint saved, the other node's rank
+    ended first, and mpirun killed rank 0 during its exit and returned 255 (no exit 75 of rank 0's). The outcome
+    the built-in job records before its exit (xeon_cluster/run.py record_outcome, the real one here) is the
+    job's: exit_code 75, the launcher's 255 beside it."""
+    from training.exit_codes import INTERRUPTED
+
+    program = (f"from xeon_cluster.run import record_outcome; record_outcome({INTERRUPTED}); "
+               "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    rank_0 = f"PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} -c {shlex.quote(program)}"
+    mpirun = (f"#!/bin/sh\nPMI_RANK=0 sh -c {shlex.quote(RANK_WRAPPER)} xeon-rank sh -c {shlex.quote(rank_0)}\n"
+              "exit 255\n")
+    plan, done, _, _ = run_job_script(tmp_path, "openmpi", mpirun=mpirun)
+    d = tmp_path / "home" / plan.job_dir
+    assert done.returncode == INTERRUPTED, done.stdout + done.stderr
+    assert (d / "ranks" / "exit-0").read_text() == "137\n"  # killed: the wrapper saw no 75
+    assert (d / "ranks" / f"{OUTCOME_RECORD_PREFIX}0").read_text() == f"{INTERRUPTED}\n"
+    assert (d / "exit_code").read_text() == f"{INTERRUPTED}\n" and (d / "launcher_exit_code").read_text() == "255\n"
 
 
 def test_rank_wrapper_records_a_program_that_ended_at_once_with_its_host_in_place(tmp_path):
