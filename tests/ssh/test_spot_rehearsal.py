@@ -5,8 +5,8 @@ Nothing here sends to 169.254.169.254 from this machine's own namespace: the ser
 from inside a node's namespace (`ip netns exec`), and the host is checked with `ip route get`,
 which sends nothing.
 
-Budget: a 1-node cluster (under a second), then a 3-node cluster with two short training runs of
-the synthetic demo (about a minute).
+Budget: a 1-node cluster (under a second), then a 2-node cluster with two short training runs of
+the synthetic demo (under a minute).
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
 
 def train_with(cluster, action: list[str], output_dir: str,
                *length: str) -> tuple[subprocess.CompletedProcess, int, str]:
-    """`fab train` on 3 nodes for `length` (its --max-steps or --epochs); once the spot watcher polls,
+    """`fab train` on 2 nodes for `length` (its --max-steps or --epochs); once the spot watcher polls,
     `fab <action>` runs. (action run, train rc, log)."""
-    argv = ["train", "--nodes", "3", "--cluster", f"local:{cluster.name}", "--synthetic-examples", "1500", *length,
+    argv = ["train", "--nodes", "2", "--cluster", f"local:{cluster.name}", "--synthetic-examples", "1500", *length,
             "--output-dir", output_dir, "--extra", "--spot_poll_seconds 1"]
     return act_while_training(cluster, argv, action, ("spot watcher polling", "'loss'"))
 
@@ -113,7 +113,7 @@ def train_with(cluster, action: list[str], output_dir: str,
 @pytest.mark.slow
 def test_reclaim_during_a_job_checkpoints_exits_75_and_local_up_brings_a_new_machine(installed_cluster,
                                                                                       local_cluster_factory):
-    cluster = local_cluster_factory(3)
+    cluster = local_cluster_factory(2)
     setup = fab(cluster, "setup", "--cluster", f"local:{cluster.name}", timeout=900)
     assert setup.returncode == 0, setup.stdout[-2000:] + setup.stderr
 
@@ -124,24 +124,24 @@ def test_reclaim_during_a_job_checkpoints_exits_75_and_local_up_brings_a_new_mac
     assert code == 0, log[-4000:]
     assert "recommends rebalancing" in log, log[:6000]
 
-    home = Path(cluster.state.nodes[2].dir) / "root"
+    home = Path(cluster.state.nodes[1].dir) / "root"
     (home / "left-behind").write_text("from the old machine\n")
-    old_key = cluster.state.nodes[2].host_key
-    acted, code, log = train_with(cluster, ["local-reclaim", "node2", "--notice", "5s"], "xc-reclaim",
+    old_key = cluster.state.nodes[1].host_key
+    acted, code, log = train_with(cluster, ["local-reclaim", "node1", "--notice", "5s"], "xc-reclaim",
                                   "--epochs", "15")  # far longer than the notice: the reclaim ends it
     assert acted.returncode == 0, acted.stdout + acted.stderr
-    assert "node2: reclaimed" in acted.stdout
+    assert "node1: reclaimed" in acted.stdout
     assert code == 75, log[-4000:]
     assert "announces spot interruption" in log, log[-4000:]
-    node2 = cluster.state.nodes[2]
-    assert local_system.namespace_pids(node2.namespace) == [] and not local_system.port_open(node2.address)
+    node1 = cluster.state.nodes[1]
+    assert local_system.namespace_pids(node1.namespace) == [] and not local_system.port_open(node1.address)
 
-    again = fab(cluster, "local-up", "--nodes", "3", "--name", cluster.name, timeout=120)
+    again = fab(cluster, "local-up", "--nodes", "2", "--name", cluster.name, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "node2: was down; bringing it back as a new machine" in again.stdout
+    assert "node1: was down; bringing it back as a new machine" in again.stdout
     state = lc.load_state(cluster.paths)
-    assert state.nodes[2].host_key != old_key and state.nodes[0].host_key == cluster.state.nodes[0].host_key
-    assert not (Path(state.nodes[2].dir) / "root" / "left-behind").exists()  # an empty home
+    assert state.nodes[1].host_key != old_key and state.nodes[0].host_key == cluster.state.nodes[0].host_key
+    assert not (Path(state.nodes[1].dir) / "root" / "left-behind").exists()  # an empty home
     cluster.state = state
     cluster.write_known_hosts(cluster.known_hosts)
-    assert cluster.ssh(2, "hostname").stdout.strip() == "node2"
+    assert cluster.ssh(1, "hostname").stdout.strip() == "node1"

@@ -157,8 +157,8 @@ def test_plain_pytorch_script_with_requirements_then_fab_get(cluster, tmp_path, 
     assert (home / "train.py").is_file() and not (home / "big.bin").exists()  # .gitignore respected
 
 
-def train_through_a_notice(cluster, tmp_path, port: int, train_args: list[str]) -> tuple[int, str]:
-    """`fab train --nodes 3 ... TRAIN_ARGS` with a fake metadata service on the master (loopback `port`, inside
+def train_through_a_notice(cluster, tmp_path, port: int, train_args: list[str], *, nodes: int = 3) -> tuple[int, str]:
+    """`fab train --nodes NODES ... TRAIN_ARGS` with a fake metadata service on the master (loopback `port`, inside
     its namespace) that announces a spot interruption once the job logs "training step 3": (exit code, output)."""
     fake, flag = tmp_path / "fake_imds.py", tmp_path / "announce"
     fake.write_text(FAKE_IMDS)
@@ -166,7 +166,8 @@ def train_through_a_notice(cluster, tmp_path, port: int, train_args: list[str]) 
                                str(port), str(flag)])
     lines: list[str] = []
     try:
-        run = subprocess.Popen([*FAB, "train", "--nodes", "3", *ONE_THREAD, "--cluster", cluster.cluster_arg, "--env",
+        run = subprocess.Popen([*FAB, "train", "--nodes", str(nodes), *ONE_THREAD, "--cluster", cluster.cluster_arg,
+                                "--env",
                                 f"XEON_IMDS_ENDPOINT=http://127.0.0.1:{port} XEON_CLUSTER_NOTICE_POLL_SECONDS=0.5",
                                 *train_args],  # last: they may end with `-- PROGRAM ARGS`
                                cwd=REPO_ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
