@@ -12,6 +12,7 @@ the synthetic demo (under a minute).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,7 @@ def test_reclaim_during_a_job_checkpoints_exits_75_and_local_up_brings_a_new_mac
     assert acted.returncode == 0, acted.stdout + acted.stderr
     assert "node1: reclaimed" in acted.stdout
     assert code == 75, log[-4000:]
+    assert re.search(r"^job \S+ interrupted: exit code 75 \(a spot notice\)$", log, re.M), log[-4000:]
     assert "announces spot interruption" in log, log[-4000:]
     node1 = cluster.state.nodes[1]
     assert local_system.namespace_pids(node1.namespace) == [] and not local_system.port_open(node1.address)
