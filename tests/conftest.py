@@ -94,11 +94,11 @@ def aws_credentials(monkeypatch):
 # The longest files, longest first (from CI's --durations on a 2-core machine). Only the order of the
 # files changes with this list: a stale entry costs minutes of wall time, never a test.
 LONGEST_FILES = (
-    "tests/training/test_compile_ddp.py", "tests/training/test_faithful_runs.py", "tests/ssh/test_torchrun.py",
-    "tests/ssh/test_spot_rehearsal.py", "tests/ssh/test_supervised_run.py", "tests/ssh/test_bench_layouts.py",
-    "tests/ssh/test_soak.py", "tests/ssh/test_lost_master.py", "tests/ssh/test_script_shapes.py",
-    "tests/ssh/test_k8s_pods.py", "tests/training/test_mpi_training.py", "tests/ssh/test_resume.py",
-    "tests/ssh/test_bench.py", "tests/rehearsal/test_sitting.py", "tests/ssh/test_autostop.py",
+    "tests/ssh/test_torchrun.py", "tests/ssh/test_supervised_run.py", "tests/rehearsal/test_sitting.py",
+    "tests/training/test_compile_ddp.py", "tests/training/test_mpi_training.py", "tests/training/test_faithful_runs.py",
+    "tests/ssh/test_soak.py", "tests/ssh/test_lost_master.py", "tests/ssh/test_bench_layouts.py",
+    "tests/ssh/test_script_shapes.py", "tests/ssh/test_spot_rehearsal.py", "tests/ssh/test_k8s_pods.py",
+    "tests/ssh/test_autostop.py", "tests/ssh/test_resume.py", "tests/ssh/test_bench.py",
     "tests/training/test_causal_lm.py", "tests/ssh/test_train.py", "tests/ssh/test_user_script.py",
 )
 
