@@ -186,13 +186,19 @@ class World:
         if not self.folder:
             return
         path = os.path.join(self.folder, f"{WORLD_RECORD_PREFIX}{self.rank}.json")
-        try:
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(self.record(), f)
-            os.replace(path + ".tmp", path)
-            self.written = True
-        except OSError as exc:
-            print(f"[xeon-cluster] cannot write the world record {path}: {exc}", file=sys.stderr)
+        self.written = _write_record(path, json.dumps(self.record()), "world record")
+
+
+def _write_record(path: str, text: str, what: str) -> bool:
+    """`text` into `path` whole (through a temporary file); a failure is one line on stderr, never an error."""
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+        return True
+    except OSError as exc:
+        print(f"[xeon-cluster] cannot write the {what} {path}: {exc}", file=sys.stderr)
+        return False
 
 
 def record_outcome(code: int, environ=os.environ) -> None:
@@ -200,13 +206,8 @@ def record_outcome(code: int, environ=os.environ) -> None:
     folder = environ.get(RANK_DIR_VARIABLE) or ""
     if not folder:
         return
-    path = os.path.join(folder, f"{OUTCOME_RECORD_PREFIX}{_int(environ.get('RANK'), 0)}")
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(f"{int(code)}\n")
-        os.replace(path + ".tmp", path)
-    except OSError as exc:
-        print(f"[xeon-cluster] cannot write the outcome record {path}: {exc}", file=sys.stderr)
+    _write_record(os.path.join(folder, f"{OUTCOME_RECORD_PREFIX}{_int(environ.get('RANK'), 0)}"), f"{int(code)}\n",
+                  "outcome record")
 
 
 def _int(text, default: int) -> int:

@@ -5,7 +5,6 @@ import shlex
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,13 +12,13 @@ from cluster.stack import catalog
 from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, INTERRUPTED_CODE, JOB_MARKER, RANK_WRAPPER,
                                 LaunchError, hostfile_text, master_port_for, plan_launch)
 from cluster.job.layout import plan_layout
+from tests.fab_run import ROOT
 from xeon_cluster.run import OUTCOME_RECORD_PREFIX
 
 TYPES = [catalog.CATALOG[name] for name in catalog.known_types()]
 VENV = "/opt/xeon-cluster/venv-stock"
 PROGRAM = [f"{VENV}/bin/python", "-m", "training", "--bf16"]
 HOSTS = ["node0", "node1", "node2", "node3"]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan(machine, flavour, hosts=HOSTS, **kw):
@@ -275,7 +274,7 @@ def test_a_rank_0_killed_during_its_exit_after_recording_its_interruption_ends_t
 
     program = (f"from xeon_cluster.run import record_outcome; record_outcome({INTERRUPTED}); "
                "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    rank_0 = f"PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} -c {shlex.quote(program)}"
+    rank_0 = f"PYTHONPATH={shlex.quote(str(ROOT))} {shlex.quote(sys.executable)} -c {shlex.quote(program)}"
     mpirun = (f"#!/bin/sh\nPMI_RANK=0 sh -c {shlex.quote(RANK_WRAPPER)} xeon-rank sh -c {shlex.quote(rank_0)}\n"
               "exit 255\n")
     plan, done, _, _ = run_job_script(tmp_path, "openmpi", mpirun=mpirun)
