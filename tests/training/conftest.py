@@ -91,6 +91,18 @@ def qa_demo(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def slow_tokenizer_model(tmp_path_factory, qa_demo) -> Path:
+    """The demo model with a tokenizer that only has a Python (slow) implementation."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("slow-tokenizer")
+    shutil.copy(Path(qa_demo["model"]) / "config.json", directory / "config.json")
+    shutil.copy(Path(qa_demo["model"]) / "model.safetensors", directory / "model.safetensors")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ByT5Tokenizer"}))
+    return directory
+
+
+@pytest.fixture(scope="session")
 def classification_demo(tmp_path_factory) -> dict:
     from training.synthetic import write_demo
 

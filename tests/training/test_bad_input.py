@@ -59,6 +59,13 @@ CASES = {
                               r"^error: --instance_type: 'm9z.huge' is not allowed; choose one of c6i.16xlarge, "),
     "learning_rate nan": (None, None, ["--learning_rate", "nan"],
                           r"^error: --learning_rate nan is not allowed; allowed: a number"),
+    "unknown task": (None, None, ["--task", "translation"],
+                     r"^error: --task: 'translation' is not allowed; choose one of qa, classification"),
+    "missing columns": ("no_answers.jsonl", jsonl({"id": "1", "question": "what is color ?",
+                                                   "context": "color is red ."}), [],
+                        r"^error: .*missing column\(s\) answers needed by --task qa"),
+    "slow tokenizer": (None, None, ["--model_name_or_path", "{slow_model}"],
+                       r"^error: .*ByT5Tokenizer, which has no fast"),
 }
 
 
@@ -72,7 +79,8 @@ def restore_logging():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_one_line_and_exit_2(case, qa_demo, tmp_path, capsys, monkeypatch, restore_logging):
+def test_bad_input_is_one_line_and_exit_2(case, qa_demo, slow_tokenizer_model, tmp_path, capsys, monkeypatch,
+                                          restore_logging):
     from training import train
 
     for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
@@ -80,7 +88,7 @@ def test_bad_input_is_one_line_and_exit_2(case, qa_demo, tmp_path, capsys, monke
         monkeypatch.delenv(name, raising=False)
     file_name, content, extra, pattern = CASES[case]
     args = [*qa_demo["args"], "--output_dir", str(tmp_path / "out"), "--spot_watch", "off",
-            "--checkpoint_minutes", "0", *extra]
+            "--checkpoint_minutes", "0", *(a.format(slow_model=slow_tokenizer_model) for a in extra)]
     if file_name:
         (tmp_path / file_name).write_bytes(content)
         args += ["--train_file", str(tmp_path / file_name)]
