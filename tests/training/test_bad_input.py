@@ -1,7 +1,8 @@
 """Bad data files and option values stop the job before training with one line and exit 2.
 
 Table-driven, in this process (`training.train.main`, no launcher: one rank), so each case costs
-well under a second; tests/training/test_mpi_training.py shows the same line on 2 ranks.
+well under a second; tests/training/test_mpi_training.py shows that a check needing the world stops both of 2
+ranks with one line.
 """
 
 from __future__ import annotations
