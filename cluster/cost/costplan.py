@@ -75,7 +75,7 @@ def plan_rows(inputs: PlanInputs, price: Price) -> list[PlanRow]:
 
 def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
     """The row with its provisioning and idle-tail terms, and what it was priced at."""
-    up, other, idle = inputs.first_up, inputs.other_up, inputs.idle_tail_s
+    up, other, worst, idle = inputs.first_up, inputs.other_up, inputs.worst_up, inputs.idle_tail_s
     return replace(row, instance_type=inputs.instance_type, market=price.market, price_source=price_source(price),
                    provisioning_seconds=up.seconds if up else 0.0,
                    master_provisioning_seconds=up.master_seconds if up else 0.0,
@@ -85,6 +85,10 @@ def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
                    other_provisioning_seconds=other.seconds if other else None,
                    other_provisioning_usd=(other.instance_seconds(row.nodes) * price.usd_per_hour / 3600
                                            + other.builder_usd if other else None),
+                   worst_provisioning_seconds=worst.seconds if worst else None,
+                   worst_provisioning_usd=(worst.instance_seconds(row.nodes) * price.usd_per_hour / 3600
+                                           + worst.builder_usd if worst else None),
+                   boot_budget_seconds=worst.worker_seconds if worst else None,
                    idle_tail_seconds=idle, idle_tail_usd=row.hourly_usd * idle / 3600 if idle else 0.0)
 
 
@@ -172,6 +176,9 @@ class PlanRow:
     provisioning_from: str = ""  # "bake", or "kept image <id>" ("": not counted)
     other_provisioning_seconds: float | None = None  # the first `pulumi up` the other way (None: not counted)
     other_provisioning_usd: float | None = None
+    worst_provisioning_seconds: float | None = None  # every boot its whole wait budget (None: not counted)
+    worst_provisioning_usd: float | None = None
+    boot_budget_seconds: float | None = None  # a node's boot wait budget (the worst case's boot)
     idle_tail_seconds: float | None = 0.0  # after the run until the idle auto-stop (None: auto-stop off)
     idle_tail_usd: float = 0.0
     instance_type: str = ""
@@ -200,6 +207,8 @@ class PlanRow:
                 "provisioning_usd": round(self.provisioning_usd, 4), "provisioning_from": self.provisioning_from,
                 "other_provisioning_seconds": _rounded(self.other_provisioning_seconds, 1),
                 "other_provisioning_usd": _rounded(self.other_provisioning_usd, 4),
+                "worst_provisioning_seconds": _rounded(self.worst_provisioning_seconds, 1),
+                "worst_provisioning_usd": _rounded(self.worst_provisioning_usd, 4),
                 "run_seconds": round(self.prediction.run_seconds, 1), "run_usd": round(self.run_usd, 4),
                 "idle_tail_seconds": None if idle is None else round(idle, 1),
                 "idle_tail_usd": round(self.idle_tail_usd, 4), "total_usd": round(self.total_usd, 4),
@@ -275,6 +284,11 @@ def lifecycle_line(rows: Sequence[PlanRow]) -> str:
                  "from a kept image (keepImage: true keeps a stack's image for the next one)")
         figures = ", ".join(f"{r.nodes} node(s) ${r.other_provisioning_usd:.2f}" for r in rows)
         up += f"; {other}: {tm.format_duration(row.other_provisioning_seconds)}, {figures}"
+    if row.worst_provisioning_seconds is not None and row.boot_budget_seconds is not None:
+        figures = ", ".join(f"{'' if len(rows) == 1 else f'{r.nodes} node(s) '}${r.worst_provisioning_usd:.2f}"
+                            for r in rows)
+        up += (f"; at most {figures} ({tm.format_duration(row.worst_provisioning_seconds)}) if every boot takes its "
+               f"wait budget (a node's {tm.format_duration(row.boot_budget_seconds)})")
     idle = ("idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)"
             if row.idle_tail_seconds is None else
             f"idle $: {tm.format_duration(row.idle_tail_seconds)} idle after the run until the auto-stop")

@@ -82,6 +82,7 @@ class PlanInputs:
     sources: Sources = field(default_factory=list)
     first_up: lifecycle.FirstUp | None = None  # None: not counted (the cluster is up)
     other_up: lifecycle.FirstUp | None = None  # the first up the other way (from a kept image, or with a bake)
+    worst_up: lifecycle.FirstUp | None = None  # first_up with every boot its whole wait budget (the worst case)
     kept_image: str = ""  # the kept image the stack's first up boots ("": it bakes)
     idle_tail_s: float | None = None  # None: auto-stop off, the nodes bill until `pulumi destroy`
     compiled: tm.CompileCost | None = None  # the calibration's torch.compile figures, when they apply
@@ -138,9 +139,10 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     compiled, compile_sources = _compiled(o, cal, rates)
     sources += layout_sources + compile_sources
     build_gib = PROFILES[profile].min_root_volume_gib  # the image's build volume (infra/image.py)
-    up, other = (None, None) if not o.provisioning else (
+    up, other, worst = (None, None, None) if not o.provisioning else (
         lifecycle.first_up(instance, build_gib, kept_image=bool(kept_image)),
-        lifecycle.first_up(instance, build_gib, kept_image=not kept_image))
+        lifecycle.first_up(instance, build_gib, kept_image=not kept_image),
+        lifecycle.first_up(instance, build_gib, kept_image=bool(kept_image), worst_case=True))
     how = f"from kept image {kept_image}" if kept_image else "with the image's build"
     sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up` {how} ({up.describe()}), "
                  f"each worker {tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
@@ -176,7 +178,7 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
     return PlanInputs(instance_type=itype, instance=instance, workload=workload, network=network,
                       node_counts=node_counts, samples_per_s=rate, ranks_per_node=ranks,
                       spot=not o.on_demand and (spec.worker_spot if spec else True), header=header, notes=notes,
-                      rates=rates, networks=networks, sources=sources, first_up=up, other_up=other,
+                      rates=rates, networks=networks, sources=sources, first_up=up, other_up=other, worst_up=worst,
                       kept_image=kept_image if o.provisioning else "", idle_tail_s=idle_tail_s,
                       compiled=compiled, compile=o.compile)
 

@@ -3,18 +3,27 @@
 The session's cluster is set up once (`installed_cluster` in conftest.py); these tests rerun
 setup and check against it and make one more 2-node cluster with a stopped sshd. Budget: the
 first setup of a fresh machine takes minutes (wheelhouse + venv, shared with later sessions);
-on an installed machine the tests here take ~15 s.
+on an installed machine the tests here take ~15 s, and the image build's component on a new node ~10 s more.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT
+from cluster.node import autostop
 from cluster.node.profiles import PROFILES, venv_dir
-from cluster.node.setup_script import PROFILE_MARKER, PROJECT_MARKER, fingerprint_digest
+from cluster.node.render import HOSTFILE_NAME, KEY_COMMENT_PREFIX
+from cluster.node.setup_script import (PROFILE_MARKER, PROJECT_MARKER, InstallPlan, fingerprint_digest, install_script,
+                                       parse_events)
+from cluster.stack import image_build
 from tests.ssh.conftest import run_fab
 from tests.ssh.shared_venv import setup_lock_held
 
@@ -107,3 +116,88 @@ def test_unreachable_node_is_named_and_the_others_finish(installed_cluster, loca
 
     check = run_fab(cluster, "check", timeout=120)
     assert check.returncode == 3 and "unreachable" in rows(check.stdout, ("node1",))["node1"]
+
+
+def _ssh_with_input(cluster, command: str, text: str) -> subprocess.CompletedProcess:
+    """`command` on the cluster's node 0 as RunningLocalCluster.ssh runs it, with `text` on its stdin."""
+    node = cluster.state.nodes[0]
+    return subprocess.run(["ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                           "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-o", "IdentitiesOnly=yes",
+                           "-i", str(cluster.key_path), f"root@{node.address}", command],
+                          input=text, capture_output=True, text=True, timeout=60)
+
+
+def _tree(home: Path) -> dict[str, str]:
+    """Every entry under a node's home, path relative to it: a file's SHA-256, else its kind."""
+    found = {}
+    for path in sorted(home.rglob("*")):
+        rel = str(path.relative_to(home))
+        found[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else (
+            "link" if path.is_symlink() else "dir")
+    return found
+
+
+def test_the_image_builds_component_on_a_new_node_leaves_the_profile_and_nothing_of_a_cluster(installed_cluster,
+                                                                                             local_cluster_factory):
+    """What EC2 Image Builder's build runs (cluster/stack/image_build.py component_document: download the install
+    script, run it as root, clean), with the install script infra/image.py puts in the bucket (tests/infra/
+    test_program.py checks it is this text), on a node of its own that no `fab setup`, `fab distribute`, job or
+    auto-stop ever touched: afterwards its home is as the machine came (the skeleton and the one login key the local
+    cluster gives a new node, where Image Builder's instance has none), with no key, no cluster record, no run,
+    and the profile's software is there. A local node's /opt and OS packages are this machine's, which the
+    session's `fab setup` already filled (`installed_cluster`): the install finds the profile's venv and checks
+    it rather than building it from nothing (a local node reaches no index), so the venv is checked here as the
+    image would hold it."""
+    cluster = local_cluster_factory(1)
+    home = Path(cluster.state.nodes[0].dir) / "root"
+    bare = _tree(home)
+    document = json.loads(image_build.component_document("s3://xeon-dev-checkpoints/image-builder/install/x.sh"))
+    (build,) = document["phases"]
+    steps = build["steps"]
+    assert [step["action"] for step in steps] == ["S3Download", "ExecuteBash", "ExecuteBash"]
+    script = install_script(InstallPlan(STOCK))
+    outputs = []
+    for step in steps:
+        if step["action"] == "S3Download":  # the bucket's object, put where the component downloads it
+            (where,) = step["inputs"]
+            dest = where["destination"]
+            put = (f"mkdir -p {shlex.quote(str(Path(dest).parent))} && cat > {shlex.quote(dest)} && "
+                   f"wc -c < {shlex.quote(dest)}")
+            result = _ssh_with_input(cluster, put, script)
+            assert result.returncode == 0 and int(result.stdout) == len(script.encode()), result.stderr
+            continue
+        for command in step["inputs"]["commands"]:
+            result = cluster.ssh(0, command, timeout=900)
+            assert result.returncode == 0, f"{step['name']}: {command}\n{result.stdout}\n{result.stderr}"
+            outputs.append(result.stdout)
+    events = {e.name: e for e in parse_events(outputs[0]) if e.kind == "step"}
+    assert events["apt"].status in ("changed", "unchanged") and events["venv"].status in ("changed", "unchanged")
+    assert fingerprint_digest(STOCK) in events["venv"].detail
+    assert events["project"].status == "skipped"  # the image holds the profile alone, no wheel of this project
+    # Nothing the build put in stays but the install: its download folder and pip's cache are gone.
+    gone = cluster.ssh(0, f"test ! -e {image_build.BUILD_DIR} && test ! -e /root/.cache/pip && echo gone")
+    assert gone.stdout.strip() == "gone", gone.stdout + gone.stderr
+    # The home is the bare machine's: no file added, removed or changed.
+    after = _tree(home)
+    assert after == bare, {"added": sorted(set(after) - set(bare)), "removed": sorted(set(bare) - set(after)),
+                           "changed": sorted(k for k in set(after) & set(bare) if after[k] != bare[k])}
+    # Named, so that a later change to what a new node's home holds cannot hide them: no key but the login one
+    # (no cluster key pair, no cluster key line), no ssh config or known hosts, no hosts file, no auto-stop
+    # record (armed, worker-group, nodes), no toolkit folder, no run.
+    assert not list((home / ".ssh").glob("id_*")) and not (home / ".ssh" / "config").exists()
+    assert not (home / ".ssh" / "known_hosts").exists()
+    keys = (home / ".ssh" / "authorized_keys").read_text().splitlines()
+    assert len(keys) == 1 and KEY_COMMENT_PREFIX not in keys[0]
+    for name in (HOSTFILE_NAME, DEFAULT_OUTPUT_ROOT, Path(autostop.STATE_DIR).parent.as_posix()):
+        assert not (home / name).exists(), name
+    # The profile's software, as every node booted from the image runs it.
+    probe = (f"{VENV}/bin/python -c 'import torch, transformers, accelerate, datasets, importlib.metadata as m; "
+             "print(torch.__version__, transformers.__version__, accelerate.__version__, datasets.__version__, "
+             "m.version(\"impi-rt\"))'")
+    result = cluster.ssh(0, probe, timeout=120)
+    assert result.returncode == 0, result.stderr
+    torch, *rest = result.stdout.split()
+    assert torch.split("+")[0] == STOCK.pin_of("torch")
+    assert tuple(rest) == tuple(STOCK.pin_of(p) for p in ("transformers", "accelerate", "datasets", "impi-rt"))
+    assert (VENV / PROFILE_MARKER).read_text().strip() == fingerprint_digest(STOCK)
+    assert Path(autostop.SERVICE_PATH).is_file()  # the idle auto-stop's service, which the nodes' user data arms

@@ -87,3 +87,24 @@ def test_a_shape_differs_in_cores_bf16_or_bare_metal():
                                                           "r7iz.metal-32xl", "c7i.metal-24xl")}
     assert len(shapes) == 5
     assert catalog.same_shape("x9z.huge") == []
+
+
+@pytest.mark.parametrize("name, typical, budget", [
+    ("r7iz.metal-16xl", 540, 2400),  # Intel 7th generation metal: the measured median 531 s, rounded up
+    ("c7i.metal-48xl", 540, 2400),
+    ("c5.metal", 800, 2400),  # Intel 5th generation metal: 792 s
+    ("z1d.metal", 800, 2400),
+    ("m6g.metal", 800, 2400),  # Graviton 6th: 751 s
+    ("x.metal", 800, 2400),  # no generation in the name: the older metal's time
+    ("", 800, 2400),  # a type not known: treated as metal, as the wait budget is
+    ("c6i.16xlarge", 120, 900),  # virtual: about two minutes
+    ("m7i.large", 120, 900),
+])
+def test_a_boot_is_priced_at_its_typical_time_and_waited_for_up_to_its_budget(name, typical, budget):
+    assert (catalog.typical_boot_s(name), catalog.boot_wait_s(name)) == (typical, budget)
+    assert catalog.typical_boot_s(name) < catalog.boot_wait_s(name)
+
+
+def test_a_type_s_generation_is_the_digits_after_its_family_letters():
+    assert [catalog.generation(n) for n in ("r7iz.metal-16xl", "c5.metal", "m7i.48xlarge", "x.metal")] == [7, 5, 7,
+                                                                                                            None]

@@ -39,7 +39,8 @@ def test_json_has_one_object_per_node_count_with_the_documented_keys():
     assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
                           "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
                           "provisioning_usd", "provisioning_from", "other_provisioning_seconds",
-                          "other_provisioning_usd", "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
+                          "other_provisioning_usd", "worst_provisioning_seconds", "worst_provisioning_usd",
+                          "run_seconds", "run_usd", "idle_tail_seconds", "idle_tail_usd",
                           "total_usd", "compile_seconds", "on_demand_master_extra_usd",
                           "on_demand_master_total_usd"} for d in data)
     assert data[0]["efficiency"] == 1.0
@@ -175,48 +176,76 @@ def test_fab_plan_draws_a_png(tmp_path):
 # --- the whole cost: provisioning, the run, the idle tail -----------------------------------------
 
 # A first `pulumi up` by its steps (cluster/stack/lifecycle.py), with the image built apart: 1 min of resources, the
-# build instance's boot (m7i.large, not metal: 15 min), 10 min install, the snapshot of the profile's build volume
-# (18 s per GiB: intel 60 GiB, stock 40), then every node's boot (the type's boot budget: 40 min metal, 15 others),
-# 3 min cloud-init and a 30 s check on the master; from a kept image: the same without the build.
-BUILD_S = {"intel": 900 + 600 + 18 * 60, "stock": 900 + 600 + 18 * 40}  # billed by the build instance alone
+# build instance's boot (m7i.large, not metal), 10 min install, the snapshot of the profile's build volume (18 s per
+# GiB: intel 60 GiB, stock 40), then every node's boot, 3 min cloud-init and a 30 s check on the master; from a kept
+# image: the same without the build. A boot is priced at its type's typical time (9 min for a 7th-generation metal
+# type, 2 min for a virtual one); the worst case takes every boot's wait budget (40 min metal, 15 others).
+METAL_BOOT, VIRTUAL_BOOT = 9 * 60, 2 * 60
+METAL_BUDGET, VIRTUAL_BUDGET = 40 * 60, 15 * 60
+
+
+def _build_s(boot):
+    return {"intel": boot + 600 + 18 * 60, "stock": boot + 600 + 18 * 40}  # billed by the build instance alone
+
+
+BUILD_S, WORST_BUILD_S = _build_s(VIRTUAL_BOOT), _build_s(VIRTUAL_BUDGET)
 BUILDER_USD = {p: seconds * 0.1008 / 3600 for p, seconds in BUILD_S.items()}  # m7i.large on demand, us-east-1
-KEPT_METAL_S, KEPT_METAL_MASTER_S = 60 + 2400 + 180 + 30, 2400 + 180 + 30  # 44m 30s
-BAKE_METAL_S, BAKE_METAL_MASTER_S = KEPT_METAL_S + BUILD_S["intel"], KEPT_METAL_MASTER_S  # 1h 27m 30s
+WORST_BUILDER_USD = {p: seconds * 0.1008 / 3600 for p, seconds in WORST_BUILD_S.items()}
+KEPT_METAL_S, KEPT_METAL_MASTER_S = 60 + METAL_BOOT + 180 + 30, METAL_BOOT + 180 + 30  # 13m 30s
+BAKE_METAL_S, BAKE_METAL_MASTER_S = KEPT_METAL_S + BUILD_S["intel"], KEPT_METAL_MASTER_S  # 43m 30s
+WORST_MASTER_S = METAL_BUDGET + 180 + 30  # the master's part when every boot takes its budget
 
 
 def test_provisioning_bills_the_master_through_the_first_up_and_each_worker_its_boot():
-    rows, _ = _plan(nodes="1,4")  # r7iz.metal-16xl: metal, workers 40 min
+    rows, _ = _plan(nodes="1,4")  # r7iz.metal-16xl: metal, workers 9 min (40 at worst)
     one, four = rows
     assert one.provisioning_seconds == four.provisioning_seconds == BAKE_METAL_S and one.provisioning_from == "bake"
     assert one.provisioning_usd == pytest.approx(5.0 * BAKE_METAL_MASTER_S / 3600 + BUILDER_USD["intel"])
-    assert four.provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600 + BUILDER_USD["intel"])
+    assert four.provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * METAL_BOOT) / 3600
+                                                  + BUILDER_USD["intel"])
     # the other way, shown beside it: from a kept image
     assert four.other_provisioning_seconds == KEPT_METAL_S
-    assert four.other_provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600)
-    rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: boots of 15 min
-    assert rows[0].provisioning_seconds == 60 + BUILD_S["intel"] + 900 + 180 + 30
-    assert rows[0].provisioning_usd == pytest.approx(5.0 * (900 + 180 + 30 + 3 * 900) / 3600 + BUILDER_USD["intel"])
+    assert four.other_provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * METAL_BOOT) / 3600)
+    # the worst case: every boot (the nodes' and the build instance's) its whole wait budget
+    assert four.worst_provisioning_seconds == 60 + WORST_BUILD_S["intel"] + WORST_MASTER_S
+    assert four.worst_provisioning_usd == pytest.approx(5.0 * (WORST_MASTER_S + 3 * METAL_BUDGET) / 3600
+                                                        + WORST_BUILDER_USD["intel"])
+    assert one.worst_provisioning_usd == pytest.approx(5.0 * WORST_MASTER_S / 3600 + WORST_BUILDER_USD["intel"])
+    assert four.boot_budget_seconds == METAL_BUDGET and four.worst_provisioning_usd > 3 * four.provisioning_usd
+    rows, _ = _plan(nodes="4", instance_type="c6i.16xlarge")  # not metal: boots of 2 min (15 at worst)
+    assert rows[0].provisioning_seconds == 60 + BUILD_S["intel"] + VIRTUAL_BOOT + 180 + 30
+    assert rows[0].provisioning_usd == pytest.approx(5.0 * (VIRTUAL_BOOT + 180 + 30 + 3 * VIRTUAL_BOOT) / 3600
+                                                     + BUILDER_USD["intel"])
+    assert rows[0].worst_provisioning_usd == pytest.approx(
+        5.0 * (VIRTUAL_BUDGET + 180 + 30 + 3 * VIRTUAL_BUDGET) / 3600 + WORST_BUILDER_USD["intel"])
     # The built image's storage while it is kept: intel's 60 GiB build volume at $0.05 per GB-month.
     assert ("image storage: the built image's 60 GiB snapshot bills at most $3.00/month while it is kept "
             "(keepImage, or another stack boots it)") in " ".join(_plan(nodes="4")[1].notes)
     rows, inputs = _plan(nodes="4", provisioning=False)
     assert rows[0].provisioning_usd == 0 and ("provisioning", "not counted",
                                               "given (--no-provisioning: the cluster is up)") in inputs.sources
-    assert rows[0].other_provisioning_usd is None
+    assert rows[0].other_provisioning_usd is None and rows[0].worst_provisioning_usd is None
+    assert "at most" not in costplan.lifecycle_line(rows)
 
 
 def test_a_stack_that_boots_a_kept_image_is_priced_from_it_and_shows_the_bake_beside_it():
     rows, inputs = _plan(nodes="1,4", kept_image="ami-0kept", kept_why="it holds profile intel")
     one, four = rows
     assert (four.provisioning_from, four.provisioning_seconds) == ("kept image ami-0kept", KEPT_METAL_S)
-    assert four.provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600)
-    assert four.other_provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600
+    assert four.provisioning_usd == pytest.approx(5.0 * (KEPT_METAL_MASTER_S + 3 * METAL_BOOT) / 3600)
+    assert four.other_provisioning_usd == pytest.approx(5.0 * (BAKE_METAL_MASTER_S + 3 * METAL_BOOT) / 3600
                                                         + BUILDER_USD["intel"])
+    # the worst case from the kept image: no build, every node's boot its 40 min budget
+    assert four.worst_provisioning_seconds == 60 + WORST_MASTER_S
+    assert four.worst_provisioning_usd == pytest.approx(5.0 * (WORST_MASTER_S + 3 * METAL_BUDGET) / 3600)
     line = costplan.lifecycle_line(rows)
-    assert line.startswith("provision $: the first `pulumi up` from kept image ami-0kept, 44m 30s (every node "
+    assert line.startswith("provision $: the first `pulumi up` from kept image ami-0kept, 13m 30s (every node "
                            "from its launch; the image's build on its own small instance); with the image built "
-                           f"apart: 1h 27m 30s, 1 node(s) "
-                           f"${one.other_provisioning_usd:.2f}, 4 node(s) ${four.other_provisioning_usd:.2f}")
+                           f"apart: 43m 30s, 1 node(s) "
+                           f"${one.other_provisioning_usd:.2f}, 4 node(s) ${four.other_provisioning_usd:.2f}; "
+                           f"at most 1 node(s) ${one.worst_provisioning_usd:.2f}, 4 node(s) "
+                           f"${four.worst_provisioning_usd:.2f} (44m 30s) if every boot takes its wait budget "
+                           "(a node's 40m 00s); run $")
     (source,) = [where for name, _, where in inputs.sources if name == "provisioning"]
     assert source.endswith("; it holds profile intel")
 
@@ -297,21 +326,32 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     assert "provision $" in table and "run $" in table and "idle $" in table
     assert "price: spot $2.9760/instance-hour, spot estimate: 0.5 x the on-demand $5.9520" in table
     # 4 x r7iz.metal-16xl, profile stock: the build on its small instance (billed at its own price), then every
-    # node's boot; the master no longer bills through an install and a bake (it was 2h 04m 00s, $12.05).
-    assert "provision $: the first `pulumi up` with the image built apart, 1h 21m 30s" in table
-    assert ("the build instance's boot (m7i.large) 15m 00s, install on it 10m 00s, the image's snapshot (40 GiB)"
-            in table)
+    # node's boot, each at its typical time; the master no longer bills through an install and a bake (it was
+    # 2h 04m 00s, $12.05), and the worst case (every boot its wait budget) is shown beside it.
+    stock_bake_s = 60 + BUILD_S["stock"] + KEPT_METAL_MASTER_S
+    assert (f"provision $: the first `pulumi up` with the image built apart, {tm.format_duration(stock_bake_s)}"
+            in table) and tm.format_duration(stock_bake_s) == "37m 30s"
+    assert ("the build instance's boot (m7i.large) 2m 00s, install on it 10m 00s, the image's snapshot (40 GiB)"
+            in table) and "every node's boot from the image 9m 00s" in table
     assert "idle $: 30m 00s idle" in table
-    assert "; from a kept image (keepImage: true keeps a stack's image for the next one): 44m 30s, 4 node(s) $" \
+    assert "; from a kept image (keepImage: true keeps a stack's image for the next one): 13m 30s, 4 node(s) $" \
         in table
+    spot_usd = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
+    worst_usd = spot_usd * (WORST_MASTER_S + 3 * METAL_BUDGET) / 3600 + WORST_BUILDER_USD["stock"]
+    worst_s = 60 + WORST_BUILD_S["stock"] + WORST_MASTER_S
+    assert (f"; at most ${worst_usd:.2f} ({tm.format_duration(worst_s)}) if every boot takes its wait budget "
+            "(a node's 40m 00s); run $") in table
     row = json.loads(fab_plan("--json"))[0]
     spot = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
     assert (row["nodes"], row["instance_type"], row["market"]) == (4, "r7iz.metal-16xl", "spot")
     assert "spot estimate" in row["price_source"]
-    assert row["provisioning_usd"] == pytest.approx(spot * (BAKE_METAL_MASTER_S + 3 * 2400) / 3600
+    assert row["provisioning_usd"] == pytest.approx(spot * (BAKE_METAL_MASTER_S + 3 * METAL_BOOT) / 3600
                                                     + BUILDER_USD["stock"], abs=1e-3)
-    assert row["provisioning_usd"] < 12.05 * 0.7
-    assert row["other_provisioning_usd"] == pytest.approx(spot * (KEPT_METAL_MASTER_S + 3 * 2400) / 3600, abs=1e-3)
+    assert row["provisioning_usd"] < 12.05 / 2  # under half of what it cost while the master imaged itself
+    assert row["other_provisioning_usd"] == pytest.approx(spot * (KEPT_METAL_MASTER_S + 3 * METAL_BOOT) / 3600,
+                                                          abs=1e-3)
+    assert (row["worst_provisioning_seconds"], row["worst_provisioning_usd"]) == pytest.approx((worst_s, worst_usd),
+                                                                                               abs=1e-3)
     assert row["idle_tail_usd"] == pytest.approx(4 * spot * 0.5, abs=1e-3)
     assert row["run_usd"] == pytest.approx(4 * spot * row["run_seconds"] / 3600, abs=1e-3)
     assert row["total_usd"] == pytest.approx(row["provisioning_usd"] + row["run_usd"] + row["idle_tail_usd"],
@@ -363,11 +403,11 @@ def test_an_on_demand_master_adds_the_price_difference_over_the_master_s_hours_o
     rows, _ = _master_rows(price=spot)
     rows, line = costplan.with_on_demand_master(rows, spot, on_demand)
     one, four = rows
-    # by hand: (5.952 - 2.0) = 3.952 $/hour over the master's 43m 30s + 1 h (the run, plus under a second of
+    # by hand: (5.952 - 2.0) = 3.952 $/hour over the master's 12m 30s + 1 h (the run, plus under a second of
     # start-up) + 0.5 h
     assert one.prediction.run_seconds == pytest.approx(3600, abs=2)
     assert one.on_demand_master_usd == pytest.approx(3.952 * (BAKE_METAL_MASTER_S / 3600 + 1.5), abs=0.005)
-    # four nodes: the master alone, not four times; its hours are its 43m 30s + the shorter run + 0.5 h
+    # four nodes: the master alone, not four times; its hours are its 12m 30s + the shorter run + 0.5 h
     assert four.prediction.run_seconds < 1000
     assert four.on_demand_master_usd == pytest.approx(
         3.952 * (BAKE_METAL_MASTER_S / 3600 + 0.5 + four.prediction.run_seconds / 3600))
@@ -411,8 +451,9 @@ def test_a_stack_with_an_on_demand_master_gets_the_figure_the_spot_table_leaves_
     rows, price = _master_rows(nodes="1")
     rows, line = costplan.with_on_demand_master(rows, price, price.on_demand, master_spot=False)
     assert line.startswith("on-demand master (recommended for --managed runs): master already on demand "
-                           "(the stack's masterSpot false), which the spot prices above leave out: +$6.62 (total $")
-    # by hand: 2.976 $/hour over the master's 43m 30s of provisioning + the 1 h run + the 30 min tail = 6.62
+                           "(the stack's masterSpot false), which the spot prices above leave out: "
+                           f"+${2.976 * (BAKE_METAL_MASTER_S / 3600 + 1.5):.2f} (total $")
+    # by hand: 2.976 $/hour over the master's 12m 30s of provisioning + the 1 h run + the 30 min tail
     rows, line = costplan.with_on_demand_master(rows, costplan.Price(3.0, "spot", "given"), None, master_spot=False,
                                                 unknown="no on-demand price")
     assert line.endswith("master already on demand (the stack's masterSpot false), which the spot prices above "

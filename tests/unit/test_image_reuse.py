@@ -111,12 +111,13 @@ def test_another_project_version_reuses_the_image_and_says_what_the_step_install
 def test_the_choice_line_says_what_a_reuse_saves_and_a_bake_costs():
     stack = spec()  # r7iz.metal-16xl, 3 workers
     reuse = image_reuse.choice_line(choose(wanted(stack), [image(stack)], previous=None), stack, now=NOW)
-    # by hand: a build 15m + 10m + 12m (stock's 40 GiB), then from the image 1m + 40m + 3m + 30s = 44m 30s; the nodes
-    # bill the same either way, the build instance 37 min at $0.1008/hour = $0.06
-    assert "takes about 44m 30s instead of 1h 21m 30s and its build instance bills nothing ($0.06 less)" in reuse
+    # by hand: a build 2m (a virtual type's typical boot) + 10m + 12m (stock's 40 GiB), then from the image 1m + 9m
+    # (a 7th-generation metal type's typical boot) + 3m + 30s = 13m 30s; the nodes bill the same either way, the build
+    # instance 24 min at $0.1008/hour = $0.04
+    assert "takes about 13m 30s instead of 37m 30s and its build instance bills nothing ($0.04 less)" in reuse
     bake = image_reuse.choice_line(choose(wanted(stack), [], previous=None), stack, now=NOW)
     assert bake == ("bakes a new image: no kept image in us-east-1: this stack bakes its own; EC2 Image Builder "
-                    "builds it on its own m7i.large ($0.06), and the first `pulumi up` takes about 1h 21m 30s "
+                    "builds it on its own m7i.large ($0.04), and the first `pulumi up` takes about 37m 30s "
                     "(keepImage: false: `pulumi destroy` deletes it, unless another stack boots it)")
 
 

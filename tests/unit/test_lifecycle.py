@@ -65,24 +65,34 @@ def test_a_first_up_builds_the_image_on_its_small_instance_then_boots_every_node
     assert [s.name for s in metal.steps] == ["resources", "the build instance's boot (m7i.large)", "install on it",
                                              "the image's snapshot (40 GiB)", "every node's boot from the image",
                                              "cloud-init", "check"]
-    # by hand: 1 min + the build (m7i.large's boot budget 15 min, 10 min install, 18 s per GiB) + every node's boot
-    # (40 min metal, 15 others) + 3 min cloud-init + a 30 s check
-    assert (metal.seconds, other.seconds) == (60 + 900 + 600 + 720 + 2400 + 180 + 30,
-                                              60 + 900 + 600 + 1080 + 900 + 180 + 30)
+    # by hand: 1 min + the build (m7i.large's typical boot 2 min, 10 min install, 18 s per GiB) + every node's typical
+    # boot (9 min for a 7th-generation metal type, 2 for a virtual one) + 3 min cloud-init + a 30 s check
+    assert (metal.seconds, other.seconds) == (60 + 120 + 600 + 720 + 540 + 180 + 30,
+                                              60 + 120 + 600 + 1080 + 120 + 180 + 30)
     # No node bills during the build: the master from its launch, each worker its boot; the build instance its own.
-    assert metal.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400 and metal.worker_seconds == 2400
-    assert metal.builder_seconds == 900 + 600 + 720
-    assert metal.builder_usd == pytest.approx((900 + 600 + 720) / 3600 * image_build.BUILDER_USD_PER_HOUR)
-    assert "metal type" in metal.source and "non-metal" in other.source and "boot budget 40m 00s" in metal.source
+    assert metal.instance_seconds(4) == 540 + 180 + 30 + 3 * 540 and metal.worker_seconds == 540
+    assert metal.builder_seconds == 120 + 600 + 720
+    assert metal.builder_usd == pytest.approx((120 + 600 + 720) / 3600 * image_build.BUILDER_USD_PER_HOUR)
+    assert "metal type" in metal.source and "non-metal" in other.source and "typical boot 9m 00s" in metal.source
+
+
+def test_the_worst_case_first_up_takes_every_boot_s_wait_budget():
+    worst = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"), 40, worst_case=True)
+    # by hand: the build instance's boot budget 15 min, a metal node's 40 min
+    assert worst.seconds == 60 + 900 + 600 + 720 + 2400 + 180 + 30 and worst.worst_case
+    assert worst.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400 and worst.builder_seconds == 900 + 600 + 720
+    assert "boot budget 40m 00s" in worst.source
+    typical = lifecycle.first_up(catalog.lookup("r7iz.metal-16xl"), 40)
+    assert worst.seconds - typical.seconds == (2400 - 540) + (900 - 120) and not typical.worst_case
 
 
 def test_a_first_up_from_a_kept_image_builds_nothing():
     metal = catalog.lookup("r7iz.metal-16xl")
     kept = lifecycle.first_up(metal, 40, kept_image=True)
     assert [s.name for s in kept.steps] == ["resources", "every node's boot from the kept image", "cloud-init", "check"]
-    assert kept.seconds == 60 + 2400 + 180 + 30 and kept.worker_seconds == 2400 and kept.builder_usd == 0
-    assert kept.instance_seconds(4) == 2400 + 180 + 30 + 3 * 2400 == lifecycle.first_up(metal, 40).instance_seconds(4)
-    assert kept.seconds == lifecycle.first_up(metal, 40).seconds - (900 + 600 + 720)  # the build's time saved
+    assert kept.seconds == 60 + 540 + 180 + 30 and kept.worker_seconds == 540 and kept.builder_usd == 0
+    assert kept.instance_seconds(4) == 540 + 180 + 30 + 3 * 540 == lifecycle.first_up(metal, 40).instance_seconds(4)
+    assert kept.seconds == lifecycle.first_up(metal, 40).seconds - (120 + 600 + 720)  # the build's time saved
 
 
 # --- the real `fab` with the Pulumi double ----------------------------------------------------------
