@@ -150,8 +150,10 @@ def test_fab_plan_prices_an_on_demand_master_against_a_quoted_spot_price_from_th
     assert (on_demand.market, on_demand.usd_per_hour, why) == ("on-demand", 5.952, "")
     rows, line = costplan.with_on_demand_master(costplan.plan_rows(inputs, spot), spot, on_demand)
     row = rows[0]
-    # by hand: (5.952 - 2.10) $/hour over the master's 43m 30s of provisioning (cluster/stack/lifecycle.py's steps:
-    # its boot, cloud-init, the check; not the image's build) + the run + the 30 min idle tail
-    assert row.on_demand_master_usd == pytest.approx(3.852 * (2610 / 3600 + 0.5 + row.prediction.run_seconds / 3600))
+    # by hand: (5.952 - 2.10) $/hour over the master's 12m 30s of provisioning (cluster/stack/lifecycle.py's steps:
+    # its metal boot's typical 9m, cloud-init 3m, the check 30s; not the image's build) + the run + the 30 min idle
+    # tail
+    assert row.on_demand_master_usd == pytest.approx(3.852 * ((540 + 180 + 30) / 3600 + 0.5
+                                                              + row.prediction.run_seconds / 3600))
     assert "the master at $5.9520/hour on demand (on-demand, AWS Pricing API (us-east-1)) instead of $2.1000 spot" \
         in line
