@@ -79,15 +79,12 @@ def with_lifecycle(row: PlanRow, inputs: PlanInputs, price: Price) -> PlanRow:
     return replace(row, instance_type=inputs.instance_type, market=price.market, price_source=price_source(price),
                    provisioning_seconds=up.seconds if up else 0.0,
                    master_provisioning_seconds=up.master_seconds if up else 0.0,
-                   provisioning_usd=(up.instance_seconds(row.nodes) * price.usd_per_hour / 3600 + up.builder_usd
-                                     if up else 0.0),
+                   provisioning_usd=up.usd(row.nodes, price.usd_per_hour) if up else 0.0,
                    provisioning_from=(f"kept image {inputs.kept_image}" if inputs.kept_image else "bake") if up else "",
                    other_provisioning_seconds=other.seconds if other else None,
-                   other_provisioning_usd=(other.instance_seconds(row.nodes) * price.usd_per_hour / 3600
-                                           + other.builder_usd if other else None),
+                   other_provisioning_usd=other.usd(row.nodes, price.usd_per_hour) if other else None,
                    worst_provisioning_seconds=worst.seconds if worst else None,
-                   worst_provisioning_usd=(worst.instance_seconds(row.nodes) * price.usd_per_hour / 3600
-                                           + worst.builder_usd if worst else None),
+                   worst_provisioning_usd=worst.usd(row.nodes, price.usd_per_hour) if worst else None,
                    boot_budget_seconds=worst.worker_seconds if worst else None,
                    idle_tail_seconds=idle, idle_tail_usd=row.hourly_usd * idle / 3600 if idle else 0.0)
 

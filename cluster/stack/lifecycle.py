@@ -126,7 +126,6 @@ class FirstUp:
     steps: tuple[UpStep, ...]
     kept_image: bool
     source: str
-    worst_case: bool = False  # every boot its type's whole wait budget, not its typical time
 
     @property
     def seconds(self) -> float:
@@ -154,6 +153,10 @@ class FirstUp:
     def builder_usd(self) -> float:
         """What the image's build instance bills (on demand, its own small type)."""
         return self.builder_seconds * BUILDER_USD_PER_HOUR / 3600
+
+    def usd(self, nodes: int, usd_per_hour: float) -> float:
+        """What it bills: the nodes' instance-seconds at `usd_per_hour`, and the build instance at its own price."""
+        return self.instance_seconds(nodes) * usd_per_hour / 3600 + self.builder_usd
 
     def describe(self) -> str:
         """The steps and their times in words: `resources 1m 00s, the master's boot 40m 00s, ...`."""
@@ -183,4 +186,4 @@ def first_up(instance: InstanceType, build_volume_gib: int, *, kept_image: bool 
     kind = "metal type" if instance.bare_metal else "non-metal type"
     which = "boot budget" if worst_case else "typical boot"
     return FirstUp(steps, kept_image, f"{STEPS_SOURCE}; {instance.name} ({kind}): its {which} "
-                                      f"{format_duration(boot)} (cluster/stack/catalog.py)", worst_case)
+                                      f"{format_duration(boot)} (cluster/stack/catalog.py)")

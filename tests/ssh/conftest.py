@@ -92,16 +92,16 @@ class RunningLocalCluster:
         return path
 
     def ssh(self, index: int, command: str, known_hosts: Path | None = None,
-            timeout: float = 30) -> subprocess.CompletedProcess:
+            timeout: float = 30, input: str | None = None) -> subprocess.CompletedProcess:
         """Run `command` on node `index` with the system ssh client, host keys checked strictly
-        against `known_hosts` (default: the recorded host keys)."""
+        against `known_hosts` (default: the recorded host keys), with `input` on its stdin."""
         node = self.state.nodes[index]
         known_hosts = known_hosts or self.known_hosts
         return subprocess.run(
             ["ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
              "-o", f"UserKnownHostsFile={known_hosts}", "-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes",
              "-i", str(self.key_path), f"root@{node.address}", command],
-            capture_output=True, text=True, timeout=timeout)
+            input=input, capture_output=True, text=True, timeout=timeout)
 
     def stop_sshd(self, index: int) -> None:
         """Stop node `index`'s sshd (by its recorded PID): the node becomes unreachable by SSH."""

@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,15 +117,6 @@ def test_unreachable_node_is_named_and_the_others_finish(installed_cluster, loca
     assert check.returncode == 3 and "unreachable" in rows(check.stdout, ("node1",))["node1"]
 
 
-def _ssh_with_input(cluster, command: str, text: str) -> subprocess.CompletedProcess:
-    """`command` on the cluster's node 0 as RunningLocalCluster.ssh runs it, with `text` on its stdin."""
-    node = cluster.state.nodes[0]
-    return subprocess.run(["ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                           "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-o", "IdentitiesOnly=yes",
-                           "-i", str(cluster.key_path), f"root@{node.address}", command],
-                          input=text, capture_output=True, text=True, timeout=60)
-
-
 def _tree(home: Path) -> dict[str, str]:
     """Every entry under a node's home, path relative to it: a file's SHA-256, else its kind."""
     found = {}
@@ -163,7 +153,7 @@ def test_the_image_builds_component_on_a_new_node_leaves_the_profile_and_nothing
             dest = where["destination"]
             put = (f"mkdir -p {shlex.quote(str(Path(dest).parent))} && cat > {shlex.quote(dest)} && "
                    f"wc -c < {shlex.quote(dest)}")
-            result = _ssh_with_input(cluster, put, script)
+            result = cluster.ssh(0, put, input=script)
             assert result.returncode == 0 and int(result.stdout) == len(script.encode()), result.stderr
             continue
         for command in step["inputs"]["commands"]:
