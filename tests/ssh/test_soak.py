@@ -10,12 +10,9 @@ process left after the hand-off:
   file with the same job.
 
 The run completes its steps, no fault costs more than one checkpoint interval of steps, and nothing is left:
-no process or mount of the run, no checkpoint object the run no longer needs. None of the three faults ends the
-job, so the run is the training it would have been undisturbed: every loss it logged equals, step by step, the
-one an undisturbed run of the same settings (the soak's baseline, run after it) logged, and so does its final
-loss.
+no process or mount of the run, no checkpoint object the run no longer needs.
 
-Budget: two supervised runs of 320 steps of the demo, the first with three short faults (about three minutes).
+Budget: one supervised run of 320 steps of the demo with three short faults (about two minutes).
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ def test_a_short_soak_completes_through_three_kinds_of_fault(installed_cluster, 
     report_path = tmp_path / "soak.json"
     done = subprocess.run([sys.executable, "bench/soak.py", "--cluster", installed_cluster.name, "--nodes", "3",
                            "--kinds", ",".join(KINDS), "--faults", "3", "--steps", str(STEPS), "--checkpoint-steps",
-                           str(INTERVAL), "--hold", "3", "--settle", "5", "--baselines", "1",
-                           "--json", str(report_path)],
+                           str(INTERVAL), "--hold", "3", "--settle", "5", "--no-baseline", "--json", str(report_path)],
                           cwd=REPO_ROOT, env=installed_cluster.env(), capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-3000:])
     report = json.loads(report_path.read_text())
@@ -57,8 +53,4 @@ def test_a_short_soak_completes_through_three_kinds_of_fault(installed_cluster, 
     assert any("was killed by SIGKILL" in line for line in kill["supervisor_lines"])
     assert any("carrying on from its state file: running" in line for line in kill["supervisor_lines"])
     assert report["checkpoint_objects_not_needed"] == 0 and len(report["checkpoint_objects"]["kept_checkpoints"]) == 2
-    fidelity = report["fidelity"]
-    assert fidelity["baselines"] == 1 and fidelity["first_job"]["steps"] == STEPS, fidelity
-    assert fidelity["first_job"]["equal"] == fidelity["first_job"]["steps"], fidelity
-    assert fidelity["final_within_spread"] and report["final_loss_difference"] == 0, fidelity
     assert report["processes_left"] == report["mounts_left"] == report["files_left"] == []
