@@ -4,6 +4,8 @@ pods' run tests/ssh/test_k8s_pods.py."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 
@@ -167,7 +169,7 @@ def test_the_control_planes_progress_injection_reaches_the_program_and_the_pod_s
     assert [m["mountPath"] for m in node["volumeMounts"]].count(trainjob.STATUS_MOUNT) == 1
     assert len({m["mountPath"] for m in node["volumeMounts"]}) == len(node["volumeMounts"])
     assert len({v["name"] for v in pod["volumes"]}) == len(pod["volumes"])
-    injected = {**manifest, "spec": {**manifest["spec"], "runtimePatches": [dict(manifest["spec"]["runtimePatches"][0])]}}
+    injected = copy.deepcopy(manifest)
     rjob = injected["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     rjob["template"]["spec"]["template"]["spec"] = {**pod, "containers": [
         {k: v for k, v in node.items() if k != "env"}]}  # the webhook's rule: no env in the patch

@@ -241,12 +241,15 @@ def test_ddps_find_unused_parameters_warning_is_hidden_on_every_rank():
 
 
 # The launcher's lines at the end of a local cluster's job whose second node was reclaimed (Intel MPI's Hydra).
-HYDRA_END = """Connection to 10.204.206.3 closed by remote host.
-[mpiexec@node0] Error: Downstream from host node1 exited abnormally
-[mpiexec@node0] Trying to close other downstreams
-[mpiexec@node0] HYD_sock_write (../../../../../src/pm/i_hydra/libhydra/sock/hydra_sock_intel.c:362): write error (Bad file descriptor)
-[mpiexec@node0] wait_proxies_to_terminate (../../../../../src/pm/i_hydra/mpiexec/intel/i_mpiexec.c:554): downstream from host node1 exited with status 255
-"""
+_I_HYDRA = "../../../../../src/pm/i_hydra"
+HYDRA_END = "".join(line + "\n" for line in (
+    "Connection to 10.204.206.3 closed by remote host.",
+    "[mpiexec@node0] Error: Downstream from host node1 exited abnormally",
+    "[mpiexec@node0] Trying to close other downstreams",
+    f"[mpiexec@node0] HYD_sock_write ({_I_HYDRA}/libhydra/sock/hydra_sock_intel.c:362): write error (Bad file "
+    "descriptor)",
+    f"[mpiexec@node0] wait_proxies_to_terminate ({_I_HYDRA}/mpiexec/intel/i_mpiexec.c:554): downstream from host "
+    "node1 exited with status 255"))
 
 
 def _launcher_end_shown(shown: list[str]) -> list[str]:
@@ -278,8 +281,8 @@ def test_an_interrupted_jobs_launcher_end_is_hidden_and_counted_and_a_failed_job
 def test_a_stopped_jobs_launcher_end_is_hidden_and_the_log_says_it_was_stopped(tmp_path):
     """The real job script runs a stand-in mpirun whose rank logs a step; `fab stop`'s own steps
     (node_setup/ssh/job.py stop: job-stop-master.sh marks the job stopped, job-stop-node.sh ends what carries
-    the job's id) end it; the stand-in then prints Hydra's end lines and returns 255. The log says the job was stopped; what a
-    person sees has no Hydra line, one count line for them, and the job's last line."""
+    the job's id) end it; the stand-in then prints Hydra's end lines and returns 255. The log says the job was
+    stopped; what a person sees has no Hydra line, one count line for them, and the job's last lines."""
     from cluster.job.launch import plan_launch
     from cluster.job.layout import plan_layout
     from cluster.stack import catalog
