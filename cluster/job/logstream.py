@@ -63,9 +63,9 @@ SUMMARY_KEYS = ("status", "exit_code", "world_size")  # what makes a JSON object
 MAX_JSON_LINES = 2000  # a longer block is shown as it is
 # The launcher's lines as a job ends because a node went away or its session was ended (`fab stop`):
 # Hydra's `[mpiexec@node0] ...` (and its proxies'), its ssh's `Connection to 10.0.0.2 closed by remote
-# host.`, the `===` banner of a terminated rank.
+# host.`, the `===` banner of a terminated rank, the shell's word for a child a signal ended.
 LAUNCHER_END = re.compile(r"(\[(?:mpiexec|proxy:[^\]@]*|bstrap:[^\]@]*)@[^\]]*\] |Connection to \S+ closed"
-                          r"(?: by remote host)?\.$|=+$|=   )")
+                          r"(?: by remote host)?\.$|=+$|=   |(?:Terminated|Killed)$)")
 # The job script's line that says the job was stopped or interrupted (cluster/shell/job.sh).
 ENDED_QUIETLY = re.compile(re.escape(_JOB_LINE) + r"\S+(?: was stopped$|: rank 0 ended with code "
                            rf"{INTERRUPTED_CODE} \(interrupted\)| exited with code {INTERRUPTED_CODE}$)")
