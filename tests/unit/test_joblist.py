@@ -363,3 +363,30 @@ def test_the_end_of_a_job_fab_train_followed_is_in_the_history(tmp_path, monkeyp
     rows = job_history.observed(inventory, LocalMaster(home))
     assert [(r.id, r.state, r.exit_code) for r in rows] == [("20260102-030405-aaaa", "interrupted", 75)]
     assert job_history.read("lab", identity=job_history.identity(inventory)) == rows
+
+
+def test_a_supervised_runs_jobs_are_listed_beneath_their_run_and_a_notice_is_interrupted(tmp_path):
+    """`fab jobs` of a managed run that was reclaimed twice (its jobs ended 75 at the spot notices) and then
+    completed, with jobs of no run before and after it: one line for the run, its three jobs beneath it (newest
+    first, indented under it), the others loose rows in their places; every column where the header puts it."""
+    run = "20260102-030410-9999"
+    before, after = "20260102-030405-aaaa", "20260102-030430-cccc"
+    jobs_of_run = ["20260102-030420-bbb3", "20260102-030415-bbb2", "20260102-030410-bbb1"]
+    job(tmp_path, before, meta=META, exit_code="0\n", ended=START + 4)
+    for job_id, code in zip(jobs_of_run, ("0\n", "75\n", "75\n")):
+        job(tmp_path, job_id, meta={**META, "supervised_run": run, "name": "long"}, exit_code=code, ended=START + 30)
+    job(tmp_path, after, meta=META, exit_code="1\n", ended=START + 60)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert problems == []
+    shown = table(rows, "lab").splitlines()
+    assert shown[3] == "  supervised run 20260102-030410-9999: 3 job(s), 2 recovery(ies); the newest completed"
+    assert [line[:24] for line in shown[2:]] == [
+        f"  {after}  ", shown[3][:24], *(f"    {j}" for j in jobs_of_run), f"  {before}  "]
+    states = {line.split()[0]: line.split()[2] for line in shown[2:] if not line.startswith("  supervised")}
+    assert states == {after: "failed", jobs_of_run[0]: "completed", jobs_of_run[1]: "interrupted",
+                      jobs_of_run[2]: "interrupted", before: "completed"}
+    header = shown[1]
+    for line in shown[2:]:
+        if not line.startswith("  supervised"):
+            assert line.index(" 2026-01-02T03:04:05Z") + 1 == header.index("started (UTC)"), line
+    assert table([r for r in rows if r.run is None], "lab").splitlines()[2].startswith(f"  {after} -")  # no run: as before
