@@ -390,3 +390,59 @@ def test_a_supervised_runs_jobs_are_listed_beneath_their_run_and_a_notice_is_int
         if not line.startswith("  supervised"):
             assert line.index(" 2026-01-02T03:04:05Z") + 1 == header.index("started (UTC)"), line
     assert table([r for r in rows if r.run is None], "lab").splitlines()[2].startswith(f"  {after} -")  # no run: as before
+
+
+def test_a_managed_runs_jobs_are_in_the_history_from_the_first_ones_start_to_the_last_ones_end(tmp_path,
+                                                                                               monkeypatch):
+    """`fab train --managed` (node_setup/tasks/managed.py hand_off): once the supervisor started the run's first
+    job the history holds it, running; once the run ended every job the supervisor started is there as the
+    master recorded its end (two reclaimed at a notice: interrupted, 75; the last completed), under the run,
+    though no `fab jobs` or `fab status` ran. The master is a stand-in home where job-list.sh runs for real; the
+    supervisor's start and the run's log are stand-ins that write what the job scripts write."""
+    from types import SimpleNamespace
+
+    from cluster.job.jobplan import plan
+    from node_setup.tasks import managed
+    from tests.unit.test_job_run import RUN, inventory, requests
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    home = tmp_path / "master"
+    request = requests()["--managed"]
+    first = plan(request, inventory())
+    later = ["20261127-103000-ab13", "20261127-110000-ab14"]
+    meta = {**META, "supervised_run": RUN}
+    sleeper: list[subprocess.Popen] = []
+
+    def start_supervisor(master, spec, secrets, systemd):
+        d = job(home, first.job_id, meta=meta)  # the first job's script runs: its pid, no exit code yet
+        sleeper.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", first.job_id]))
+        (d / "pid").write_text(f"{sleeper[0].pid}\n")
+
+    seen_at_start: list[list[tuple]] = []
+
+    def follow_run(master, run_id, **_):
+        seen_at_start.append([(r.id, r.state) for r in job_history.read("lab")])
+        sleeper[0].kill()
+        sleeper[0].wait()
+        (home / JOBS_DIR / first.job_id / "exit_code").write_text("75\n")  # reclaimed: rank 0's code at the notice
+        job(home, later[0], meta=meta, exit_code="75\n")
+        job(home, later[1], meta=meta, exit_code="0\n")
+        return managed.OK
+
+    monkeypatch.setattr(managed, "_spec_key", lambda: b"k" * 32)
+    monkeypatch.setattr(managed, "publish_spec", lambda *a, **k: [])
+    monkeypatch.setattr(managed, "supervisor_spec", lambda *a: ({}, {}))
+    monkeypatch.setattr(managed.nodes, "start_supervisor", start_supervisor)
+    monkeypatch.setattr(managed.nodes, "supervised_state",
+                        lambda master, run: {"run": run, "status": "running", "job": first.job_id})
+    monkeypatch.setattr(managed, "follow_run", follow_run)
+    life = SimpleNamespace(transport=SimpleNamespace(master="node0", conns={"node0": LocalMaster(home)}))
+    try:
+        assert managed.hand_off(request, inventory(), first, life) == managed.OK
+    finally:
+        for process in sleeper:
+            process.kill()
+            process.wait()
+    assert seen_at_start == [[(first.job_id, "running")]]
+    assert [(r.id, r.state, r.exit_code, r.run) for r in job_history.read("lab")] == [
+        (later[1], "completed", 0, RUN), (later[0], "interrupted", 75, RUN), (first.job_id, "interrupted", 75, RUN)]
