@@ -389,7 +389,8 @@ def test_a_supervised_runs_jobs_are_listed_beneath_their_run_and_a_notice_is_int
     for line in shown[2:]:
         if not line.startswith("  supervised"):
             assert line.index(" 2026-01-02T03:04:05Z") + 1 == header.index("started (UTC)"), line
-    assert table([r for r in rows if r.run is None], "lab").splitlines()[2].startswith(f"  {after} -")  # no run: as before
+    loose = table([r for r in rows if r.run is None], "lab").splitlines()
+    assert loose[2].startswith(f"  {after} -")  # with no run: the columns as before
 
 
 def test_a_managed_runs_jobs_are_in_the_history_from_the_first_ones_start_to_the_last_ones_end(tmp_path,
