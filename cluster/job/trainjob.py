@@ -27,8 +27,8 @@ What a TrainJob cannot say, and so how this one differs from the PyTorchJob:
   decide): `--min-nodes` and `--max-restarts` are refused.
 
 Progress in the TrainJob's status (`status.trainerStatus`: percentage, time left, metrics; Trainer 2.2 and
-later with the controller's TrainJobStatus feature gate; Trainer's docs/user-guides/trainjob-progress.md and
-pkg/runtime/framework/plugins/trainjobstatus): the control plane injects into every trainer container
+later with the controller's TrainJobStatus feature gate and its plugin, as Trainer's progress guide
+describes): the control plane injects into every trainer container
 STATUS_ENV (its status server's URL, the paths of its CA and of a token), and mounts at STATUS_MOUNT a
 projected volume STATUS_VOLUME (the service account token, issued for this TrainJob, and the CA). The spec
 needs no field of its own; what it must leave the control plane: none of STATUS_ENV in `--env` (the
