@@ -10,9 +10,12 @@ process left after the hand-off:
   file with the same job.
 
 The run completes its steps, no fault costs more than one checkpoint interval of steps, and nothing is left:
-no process or mount of the run, no checkpoint object the run no longer needs.
+no process or mount of the run, no checkpoint object the run no longer needs. Its fidelity against one
+undisturbed run of the same settings (the soak's baseline): no fault changed the job, so every one of its
+logged losses equals the baseline's at the same step.
 
-Budget: one supervised run of 320 steps of the demo with three short faults (about two minutes).
+Budget: one supervised run of 320 steps of the demo with three short faults, then its baseline (about
+two and a half minutes).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def test_a_short_soak_completes_through_three_kinds_of_fault(installed_cluster, 
     report_path = tmp_path / "soak.json"
     done = subprocess.run([sys.executable, "bench/soak.py", "--cluster", installed_cluster.name, "--nodes", "3",
                            "--kinds", ",".join(KINDS), "--faults", "3", "--steps", str(STEPS), "--checkpoint-steps",
-                           str(INTERVAL), "--hold", "3", "--settle", "5", "--no-baseline", "--json", str(report_path)],
+                           str(INTERVAL), "--hold", "3", "--settle", "5", "--baselines", "1", "--json", str(report_path)],
                           cwd=REPO_ROOT, env=installed_cluster.env(), capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-3000:])
     report = json.loads(report_path.read_text())
@@ -54,3 +57,6 @@ def test_a_short_soak_completes_through_three_kinds_of_fault(installed_cluster, 
     assert any("carrying on from its state file: running" in line for line in kill["supervisor_lines"])
     assert report["checkpoint_objects_not_needed"] == 0 and len(report["checkpoint_objects"]["kept_checkpoints"]) == 2
     assert report["processes_left"] == report["mounts_left"] == report["files_left"] == []
+    fidelity = report["fidelity"]
+    assert fidelity["baselines"] == 1 and fidelity["after_recoveries"] == [], fidelity
+    assert fidelity["first_job"] == {"steps": STEPS, "equal": STEPS, "first_difference": None}, fidelity
