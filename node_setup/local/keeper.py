@@ -140,7 +140,7 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
         progress(f"keeper: {node.name}: no cluster key written: its sshd is not running")
         return
     try:
-        done = subprocess.run(["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--net",
+        done = subprocess.run(["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--net", "--pid",
                                "/bin/sh", "-c", script, "xeon-cluster-boot"],
                               capture_output=True, text=True, timeout=BOOT_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from node_setup.controller import config_root
 from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
@@ -47,6 +48,35 @@ def test_nodes_have_own_hostname_home_and_recorded_host_keys(local_cluster, tmp_
         # ... which lives in that node's own directory on the host, not in the host's /root
         assert (Path(node.dir) / "root" / f"{marker}-{i}").read_text() == f"{i}\n"
     assert not list(Path("/root").glob(f"{marker}-*"))
+
+
+def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_config(local_cluster, tmp_path):
+    """A node has its own PID namespace and the controller's config folder is empty on it: a process on
+    node0 (what a rank is: a child of the node's sshd) finds no controller process in its /proc (not by the
+    controller's PID, nor by its command line, nor through /proc/<pid>/root), and reads neither the
+    cluster's controller key nor a file put in the controller's config folder after the node started."""
+    known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
+    marker = f"controller-{secrets.token_hex(4)}"
+    probe = config_root() / "keys" / f"{marker}.key"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(f"{marker}\n")
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
+    try:
+        key = local_cluster.paths.key_path
+        assert marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes()  # the host sees it
+        seen = local_cluster.ssh(0, f"cat /proc/{controller.pid}/cmdline /proc/{os.getpid()}/cmdline; "
+                                    f"grep -l {marker} /proc/[0-9]*/cmdline; cat /proc/{controller.pid}/root{probe} "
+                                    f"/proc/{controller.pid}/root{key}; echo done", known_hosts)
+        files = local_cluster.ssh(0, f"cat {probe} {key}; ls -A {probe.parent.parent} {key.parent}; echo done",
+                                  known_hosts)
+    finally:
+        controller.kill()
+        controller.wait()
+    assert seen.stdout.splitlines()[-1:] == ["done"], seen.stdout + seen.stderr
+    assert marker not in seen.stdout and "PRIVATE KEY" not in seen.stdout, seen.stdout
+    assert files.stdout.split() == ["done"], files.stdout  # the config folders are empty on the node
+    own = local_cluster.ssh(0, "readlink /proc/1/ns/pid /proc/self/ns/pid", known_hosts).stdout.split()
+    assert len(set(own)) == 1 and own[0] != os.readlink("/proc/self/ns/pid")  # the node's own, not ours
 
 
 def test_wrong_host_key_is_refused(local_cluster, tmp_path):
