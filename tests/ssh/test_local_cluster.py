@@ -7,6 +7,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,11 @@ def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_confi
     controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
     try:
         key = local_cluster.paths.key_path
-        assert marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes()  # the host sees it
+        for _ in range(200):  # the host sees it once the child has exec'd
+            if marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.05)
+        assert marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes()
         seen = local_cluster.ssh(0, f"cat /proc/{controller.pid}/cmdline /proc/{os.getpid()}/cmdline; "
                                     f"grep -l {marker} /proc/[0-9]*/cmdline; cat /proc/{controller.pid}/root{probe} "
                                     f"/proc/{controller.pid}/root{key}; echo done", known_hosts)
