@@ -33,7 +33,7 @@ from typing import Sequence
 import pulumi
 import pulumi_aws as aws
 
-from cluster.stack.spec import ClusterSpec
+from cluster.stack.spec import ClusterSpec, next_master_type
 from cluster.stack.tags import node_tags
 
 # aws_instance's own defaults are 10 min (create) and 20 min (delete); a metal instance can take
@@ -106,21 +106,24 @@ def capacity_retry_delay(errors: Sequence[str], delays: Sequence[float] = CAPACI
     return delays[len(errors) - 1]
 
 
-def capacity_message(name: str, inputs, attempts: int) -> str:
-    """The one line that says what to change when AWS has no capacity left for a node."""
+def capacity_message(name: str, inputs, attempts: int, types: Sequence[str] = ()) -> str:
+    """The one line that says what to change when AWS has no capacity left for a node. `types`: the stack's
+    instanceTypes, whose first the node is: listing another first is the change of type."""
     inputs = inputs or {}
     market = "spot" if inputs.get("instanceMarketOptions") else "on-demand"
     itype = inputs.get("instanceType", "this instance type")
     flag = "masterSpot" if name.endswith("-master") else "workerSpot"
+    other_type = next_master_type(types) or "instanceType"
     return (f"{name}: AWS has no {market} capacity for {itype} in this zone (InsufficientInstanceCapacity, "
             f"{attempts} attempt(s)). Run `pulumi up` again later, or change one of: {flag}: false "
-            "(on-demand), subnetId (another zone), placementGroup: false, instanceType; "
+            f"(on-demand), subnetId (another zone), placementGroup: false, {other_type}; "
             "`fab preflight` checks the new settings")
 
 
 def capacity_retry_hook(name: str, delays: Sequence[float] = CAPACITY_RETRY_DELAYS_S,
-                        sleep=asyncio.sleep) -> pulumi.ErrorHook:
-    """An error hook for instances: retry a launch that failed for capacity, then say what to do."""
+                        sleep=asyncio.sleep, types: Sequence[str] = ()) -> pulumi.ErrorHook:
+    """An error hook for instances: retry a launch that failed for capacity, then say what to do (`types`: the
+    stack's instanceTypes, for capacity_message)."""
 
     async def on_error(args: pulumi.ErrorHookArgs) -> bool:
         if args.failed_operation != "create":
@@ -128,7 +131,7 @@ def capacity_retry_hook(name: str, delays: Sequence[float] = CAPACITY_RETRY_DELA
         delay = capacity_retry_delay(args.errors, delays)
         if delay is None:
             if args.errors and is_capacity_error(args.errors[0]):
-                pulumi.log.error(capacity_message(args.name, args.new_inputs, len(args.errors)))
+                pulumi.log.error(capacity_message(args.name, args.new_inputs, len(args.errors), types))
             return False
         pulumi.log.warn(f"{args.name}: no capacity for it right now (InsufficientInstanceCapacity); retry "
                         f"{len(args.errors)} of {len(delays)} in {delay:.0f} s")

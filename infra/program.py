@@ -24,7 +24,7 @@ from infra.workers import WorkerGroup
 from node_setup.ssh import keys
 
 
-def _engine_hooks() -> pulumi.ErrorHook | None:
+def _engine_hooks(spec: ClusterSpec) -> pulumi.ErrorHook | None:
     """The launch retry hook, when the Pulumi CLI supports error hooks; warnings for what it lacks."""
     if not engine_supports("REPLACEMENT_TRIGGER"):
         pulumi.log.warn("this Pulumi CLI ignores the replacementTrigger option: switching masterSpot/workerSpot "
@@ -33,7 +33,7 @@ def _engine_hooks() -> pulumi.ErrorHook | None:
         pulumi.log.warn("this Pulumi CLI has no error hooks: a launch that fails for capacity is not retried; "
                         "update the Pulumi CLI, or run `pulumi up` again")
         return None
-    return capacity_retry_hook("xeon-cluster-capacity-retry")
+    return capacity_retry_hook("xeon-cluster-capacity-retry", types=spec.instance_types)
 
 
 def workers_keep(spec: ClusterSpec) -> list[str]:
@@ -56,7 +56,7 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     kept = choice.image if choice else None
     if choice:
         pulumi.log.info("image: " + image_reuse.choice_line(choice, spec))
-    on_error = _engine_hooks()
+    on_error = _engine_hooks(spec)
     tags = cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags))
     name = spec.cluster_name
     # The cluster key's public half, from the controller's key store (the pair made there now if absent),

@@ -1,9 +1,11 @@
 """The controller's job history of each cluster: a file in the controller's config directory
 (node_setup/controller.py), `<config>/job-history/<cluster>[.<identity>].json`, merged and read by
 cluster/job/jobhistory.py. `fab train` adds the job it starts (`started`) and, once it ended, what the master
-then records (`observed`); `fab jobs`
-and `fab status` merge in what they read from the master (`record`), so that a master replaced or
-auto-stopped does not take the cluster's job list with it; `fab get --job` reads it.
+then records (`observed`); `fab train --managed` observes the master once the supervisor started the run's
+first job and again once the run ended (node_setup/tasks/managed.py), so a run's jobs are there with their
+ends though the supervisor, not fab, started them; `fab jobs` and `fab status` (which reads the supervisor's
+report) merge in what they read from the master (`record`), so that a master replaced or auto-stopped does
+not take the cluster's job list with it; `fab get --job` reads it.
 
 A history is the cluster's, not only its name's (`identity`): a local cluster's carries the time `fab
 local-up` made it, so a new local cluster of an old one's name starts a history of its own.

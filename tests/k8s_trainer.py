@@ -73,3 +73,57 @@ def webhook_problems(job) -> list[str]:
                 elif container.env and container.name == trainjob.CONTAINER_NAME:
                     out.append(f"must not have envs for the {container.name} container")
     return out
+
+
+def status_injection(manifest: dict) -> dict:
+    """The `node` pod of `manifest` (a TrainJob as a dict) after the runtime patch and what Trainer's
+    TrainJobStatus plugin (v2.2 and later, pkg/runtime/framework/plugins/trainjobstatus/trainjobstatus.go
+    EnforcePodSpec) upserts into it: STATUS_ENV into every trainer container's env, the read-only mount of
+    STATUS_VOLUME at STATUS_MOUNT, and that projected volume (the service account token, a `ca.crt`)."""
+    (patch,) = manifest["spec"]["runtimePatches"]
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = rjob["template"]["spec"]["template"]["spec"]
+    url, ca, token = trainjob.STATUS_ENV
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    injected = {url: f"https://kubeflow-trainer-controller-manager.kubeflow-system.svc:10443/apis/"
+                     f"trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status",
+                ca: f"{trainjob.STATUS_MOUNT}/ca.crt", token: f"{trainjob.STATUS_MOUNT}/token"}
+    containers = []
+    for container in pod["containers"]:
+        env = [e for e in manifest["spec"]["trainer"].get("env", []) if e["name"] not in injected]
+        mounts = [m for m in container.get("volumeMounts", []) if m["name"] != trainjob.STATUS_VOLUME]
+        containers.append({**container, "env": env + [{"name": k, "value": v} for k, v in injected.items()],
+                           "volumeMounts": mounts + [{"name": trainjob.STATUS_VOLUME,
+                                                      "mountPath": trainjob.STATUS_MOUNT, "readOnly": True}]})
+    volumes = [v for v in pod.get("volumes", []) if v["name"] != trainjob.STATUS_VOLUME]
+    volumes.append({"name": trainjob.STATUS_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"audience": f"trainer.kubeflow.org/{namespace}/{name}",
+                                 "expirationSeconds": 3600, "path": "token"}},
+        {"configMap": {"name": f"{name}-tls-config", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}})
+    return {**pod, "containers": containers, "volumes": volumes}
+
+
+def status_problems(manifest: dict) -> list[str]:
+    """What keeps the control plane's status injection from reaching the program in `manifest`'s pod: a value
+    of the TrainJob's own that the upsert replaces, a volume name or mount path the injected ones collide with
+    (the API server refuses a pod with two), a mount inside the injected one, and a token the program cannot
+    read. The kubelet writes a projected token 0600, owned by the pod's FsUser: the one runAsUser every
+    container has (pkg/volume/projected, pkg/volume/util FsUserFrom); with none, root owns it."""
+    out = []
+    pod = manifest["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    taken = sorted(e["name"] for e in manifest["spec"]["trainer"].get("env", []) if e["name"] in trainjob.STATUS_ENV)
+    if taken:
+        out.append(f"trainer.env sets {taken}: the control plane replaces them")
+    if any(v["name"] == trainjob.STATUS_VOLUME for v in pod.get("volumes", [])):
+        out.append(f"volume {trainjob.STATUS_VOLUME!r} is the control plane's")
+    for container in pod.get("containers", []):
+        for mount in container.get("volumeMounts", []):
+            path = mount["mountPath"]
+            if path == trainjob.STATUS_MOUNT or path.startswith(trainjob.STATUS_MOUNT + "/"):
+                out.append(f"mount {path!r} is at or inside the control plane's {trainjob.STATUS_MOUNT}")
+    users = {(c.get("securityContext") or {}).get("runAsUser", (pod.get("securityContext") or {}).get("runAsUser"))
+             for c in pod.get("containers", [])}
+    if len(users) != 1 or None in users:
+        out.append(f"the containers run as {sorted(map(str, users))}: no one FsUser, the token is root's 0600")
+    return out

@@ -7,7 +7,8 @@ not an object or has a field of the wrong type, an exit code that is no number) 
 node and the file, and its row shows what could be read ("unknown" for the rest), never an exception.
 Each row has the job's name (`fab train --name`) and what it measured (final loss and samples per second,
 from its summary.json and progress.json in its output folder, which job-list.sh reads through the job
-directory's `output` link). `table(rows)` and `as_json(rows)` show the rows; every text in the table goes
+directory's `output` link). `table(rows)` and `as_json(rows)` show the rows (the table a supervised run's jobs
+beneath their run's line); every text in the table goes
 through cluster/names.py's `printable` (no escape sequence or control character from a node reaches the terminal).
 
 States: running, completed (exit code 0), failed (another code), interrupted (the code of a spot
@@ -92,7 +93,7 @@ _CHECKS = {
     "script": (lambda v: isinstance(v, str) and bool(v), "a script's path"),
     "module": (lambda v: isinstance(v, str) and bool(v), "a module name"),
     "checkpoint_uri": (lambda v: isinstance(v, str), "an s3:// URI"),
-    "supervised_run": (lambda v: isinstance(v, str), "a run id"),
+    "supervised_run": (lambda v: isinstance(v, str) and JOB_ID_RE.match(v) is not None, "a run id"),
     "name": (lambda v: isinstance(v, str) and JOB_NAME_RE.fullmatch(v) is not None, "a job name (fab train --name)"),
 }
 
@@ -239,24 +240,54 @@ def _figure(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def grouped(rows: Sequence[JobRow]) -> list[tuple[str | None, list[JobRow]]]:
+    """The rows (newest first) in the order `fab jobs` shows them: a supervised run's jobs together under
+    their run (the group where its newest job is, its jobs newest first), every other job a group of its own
+    (run None)."""
+    groups: list[tuple[str | None, list[JobRow]]] = []
+    runs: dict[str, list[JobRow]] = {}
+    for row in sorted(rows, key=lambda r: r.id, reverse=True):
+        if row.run is None:
+            groups.append((None, [row]))
+        elif row.run in runs:
+            runs[row.run].append(row)
+        else:
+            runs[row.run] = [row]
+            groups.append((row.run, runs[row.run]))
+    return groups
+
+
+def run_line(run: str, jobs: Sequence[JobRow]) -> str:
+    """A supervised run's line above its jobs (newest first): its id, its jobs and recoveries, its newest job's
+    state."""
+    return (f"  supervised run {printable(run)}: {len(jobs)} job(s), {len(jobs) - 1} recovery(ies); "
+            f"the newest {jobs[0].state}")
+
+
 def table(rows: list[JobRow], cluster: str, master: str | None = None) -> str:
-    """The rows as `fab jobs` prints them. A row from the job history whose records are not on `master`
-    (the master was replaced) says so in its output column."""
+    """The rows as `fab jobs` prints them (a supervised run's jobs beneath its run's line, `grouped`). A row
+    from the job history whose records are not on `master` (the master was replaced) says so in its output
+    column."""
     if not rows:
         return f"no job on cluster {printable(cluster)} yet (fab train starts one)"
     width = max([len(_shown(r.program)) for r in rows] + [7])
     named = max([len(printable(r.name)) for r in rows if r.name] + [4])
-    header = (f"  {'job':<20} {'name':<{named}} {'state':<12} {'started (UTC)':<21} {'duration':<9} {'nodes':>5} "
-              f"{'ranks':>5} {'exit':>7} {'loss':>8} {'samples/s':>9}  {'program':<{width}}  output")
+    indent = 2 if any(r.run is not None for r in rows) else 0  # a run's jobs sit beneath its line
+    header = (f"  {'job':<{20 + indent}} {'name':<{named}} {'state':<12} {'started (UTC)':<21} {'duration':<9} "
+              f"{'nodes':>5} {'ranks':>5} {'exit':>7} {'loss':>8} {'samples/s':>9}  {'program':<{width}}  output")
     lines = [f"jobs on cluster {printable(cluster)}, newest first:", header]
-    for r in rows:
-        output = shown(printable(r.output_dir)) if r.output_dir else UNKNOWN
-        if master is not None and r.master not in (None, master):
-            output += f" (on {printable(r.master)}, a master since replaced: `fab get --job {r.id}` says where)"
-        lines.append(f"  {r.id:<20} {printable(r.name or '-'):<{named}} {r.state:<12} {_shown(r.started):<21} "
-                     f"{duration_text(r.duration_s):<9} {_shown(r.nodes):>5} {_shown(r.ranks):>5} "
-                     f"{_shown(r.exit_code):>7} {_figure(r.loss, 4):>8} {_figure(r.samples_per_second, 1):>9}  "
-                     f"{_shown(r.program):<{width}}  {output}")
+    for run, group in grouped(rows):
+        if run is not None:
+            lines.append(run_line(run, group))
+        for r in group:
+            output = shown(printable(r.output_dir)) if r.output_dir else UNKNOWN
+            if master is not None and r.master not in (None, master):
+                output += f" (on {printable(r.master)}, a master since replaced: `fab get --job {r.id}` says where)"
+            job = f"{' ' * indent}{r.id:<20}" if run is not None else f"{r.id:<{20 + indent}}"
+            lines.append(f"  {job} {printable(r.name or '-'):<{named}} {r.state:<12} {_shown(r.started):<21} "
+                         f"{duration_text(r.duration_s):<9} {_shown(r.nodes):>5} {_shown(r.ranks):>5} "
+                         f"{_shown(r.exit_code):>7} {_figure(r.loss, 4):>8} {_figure(r.samples_per_second, 1):>9}  "
+                         f"{_shown(r.program):<{width}}  {output}")
     return "\n".join(lines)
 
 

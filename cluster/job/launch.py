@@ -250,6 +250,7 @@ class LaunchPlan:
             "NODES": list(self.node_commands), "COMMANDS": list(self.node_commands.values()),
             "STOP_COMMAND": self.stop_command, "END_WAIT": str(TORCHRUN_END_WAIT_SECONDS),
             "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
+            "INTERRUPTED": str(INTERRUPTED_CODE), "OUTCOME_PREFIX": OUTCOME_RECORD_PREFIX,
         }
         clash = set(values) & set(self.exports)
         if clash:

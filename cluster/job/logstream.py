@@ -21,7 +21,13 @@ arrives (a chunk may end anywhere, inside a prefix too) and returns the lines to
 - known harmless launcher warnings (HARMLESS) are hidden and counted: `notes()` says how many; so are
   the known harmless blocks of lines (BLOCKS: torchrun's C++ trace when the rendezvous closed before an
   agent's shutdown, transformers' load report of a new head), each held from its first line until it is
-  known to be that block (then hidden) or not (then shown as it is).
+  known to be that block (then hidden) or not (then shown as it is);
+- the launcher's end lines (LAUNCHER_END: Hydra's `[mpiexec@node0] ... exited with status 255`, its ssh's
+  `Connection to ... closed`, a `===` banner) that come after the ranks' lines are held until the job
+  script's next line: hidden and counted when that line says the job was stopped or interrupted
+  (ENDED_QUIETLY: cluster/shell/job.sh's `was stopped` after `fab stop`, rank 0's or the job's INTERRUPTED
+  code), shown otherwise (a failure's end says which node went away), and shown as soon as a rank speaks
+  again.
 
 `finish()` returns what is still held at the end (partial lines, an unfinished JSON block). `LogSink`
 is the same as a text stream a remote command's output is written into; `whole_lines(log)` is the log
@@ -35,6 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TextIO
 
+from cluster.job.launch import INTERRUPTED_CODE
 from cluster.names import printable
 
 LAUNCHER = "launcher"
@@ -54,6 +61,16 @@ _SGR = re.compile(r"\x1b\[[0-9;]*m")
 _METRICS = re.compile(r"^\{'[A-Za-z_][A-Za-z0-9_/.-]*': .*\}$")
 SUMMARY_KEYS = ("status", "exit_code", "world_size")  # what makes a JSON object the job's summary
 MAX_JSON_LINES = 2000  # a longer block is shown as it is
+# The launcher's lines as a job ends because a node went away or its session was ended (`fab stop`):
+# Hydra's `[mpiexec@node0] ...` (and its proxies'), its ssh's `Connection to 10.0.0.2 closed by remote
+# host.`, the `===` banner of a terminated rank, the shell's word for a child a signal ended.
+LAUNCHER_END = re.compile(r"(\[(?:mpiexec|proxy:[^\]@]*|bstrap:[^\]@]*)@[^\]]*\] |Connection to \S+ closed"
+                          r"(?: by remote host)?\.$|=+$|=   |(?:Terminated|Killed)$)")
+# The job script's line that says the job was stopped or interrupted (cluster/shell/job.sh).
+ENDED_QUIETLY = re.compile(re.escape(_JOB_LINE) + r"\S+(?: was stopped$|: rank 0 ended with code "
+                           rf"{INTERRUPTED_CODE} \(interrupted\)| exited with code {INTERRUPTED_CODE}$)")
+LAUNCHER_END_NAME = "the launcher's end lines of a stopped or interrupted job (Hydra's, its ssh's)"
+MAX_END_LINES = 200  # more is not an ending: shown
 
 # Launcher and library warnings that say nothing about the job, hidden with a count:
 # (what the count line calls it, the pattern of its line).
@@ -146,6 +163,8 @@ class LogAssembler:
     _raw: str = ""  # the end of the last chunk, when it may be the start of a prefix
     _source: Source | None = None  # where the stream's current piece comes from (None: a line starts)
     _held: dict[Source, _Held] = field(default_factory=dict)
+    _ranks_seen: bool = False  # a rank has spoken: the launcher's lines from here may be its end lines
+    _end: list[str] = field(default_factory=list)  # the launcher's end lines held (LAUNCHER_END)
 
     def __post_init__(self) -> None:
         self.rank_hosts = list(self.rank_hosts)
@@ -230,6 +249,27 @@ class LogAssembler:
         line, held.text = _collapse(held.text), ""
         if self.whole:
             return [source.prefix() + line]
+        if source.label == LAUNCHER and held.block is None:
+            plain = printable(line)
+            if self._ranks_seen and LAUNCHER_END.match(plain) and len(self._end) < MAX_END_LINES:
+                self._end.append(line)
+                return []
+            if plain.startswith(_JOB_LINE):  # the job script's: the ranks are done
+                end = self._end_lines(hide=ENDED_QUIETLY.match(plain) is not None)
+                return self._release(but=source) + end + self._show(source, line)
+            return self._end_lines() + self._show(source, line)
+        if source.label != LAUNCHER:
+            self._ranks_seen = True
+        return self._end_lines() + self._rank_line(source, held, line)
+
+    def _end_lines(self, hide: bool = False) -> list[str]:
+        """The launcher's end lines held: hidden (counted) or shown."""
+        end, self._end = self._end, []
+        if hide and end:
+            return self._hide(LAUNCHER_END_NAME, len(end))
+        return [shown for line in end for shown in self._show(Source(LAUNCHER), line)]
+
+    def _rank_line(self, source: Source, held: _Held, line: str) -> list[str]:
         if held.block is not None:
             held.block.append(line)
             if line == "}" or len(held.block) > MAX_JSON_LINES:
@@ -239,8 +279,6 @@ class LogAssembler:
         if line == "{" and source.rank is not None:
             held.block = [line]
             return []
-        if source.label == LAUNCHER and line.startswith(_JOB_LINE):  # the job script's: the ranks are done
-            return self._release(but=source) + self._show(source, line)
         return self._show(source, line)
 
     def _block_done(self, source: Source, block: list[str]) -> list[str]:
@@ -314,7 +352,7 @@ class LogAssembler:
             self._hold(self._raw)
             self._raw = ""
         self._source = None
-        return self._release()
+        return self._release() + self._end_lines()
 
     def _release(self, but: Source | None = None) -> list[str]:
         """Every source's unfinished line and JSON block (but one's), shown as they are."""

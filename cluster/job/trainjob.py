@@ -25,6 +25,19 @@ What a TrainJob cannot say, and so how this one differs from the PyTorchJob:
   runs the preparation (the demo's data, the workdir's copy) and then execs torchrun (`args`);
 - no elastic training (no node range in the API) and no restart limit (the runtime's Job and JobSet
   decide): `--min-nodes` and `--max-restarts` are refused.
+
+Progress in the TrainJob's status (`status.trainerStatus`: percentage, time left, metrics; Trainer 2.2 and
+later with the controller's TrainJobStatus feature gate and its plugin, as Trainer's progress guide
+describes): the control plane injects into every trainer container
+STATUS_ENV (its status server's URL, the paths of its CA and of a token), and mounts at STATUS_MOUNT a
+projected volume STATUS_VOLUME (the service account token, issued for this TrainJob, and the CA). The spec
+needs no field of its own; what it must leave the control plane: none of STATUS_ENV in `--env` (the
+control plane's value would silently replace yours), no volume of that name, nothing mounted at or inside
+STATUS_MOUNT (an --output_dir there), and a token the program can read (the kubelet writes it 0600 for the
+one runAsUser every container has: k8s.RUN_AS_USER). The pod's transformers then reports from rank 0 (its
+KubeflowCallback, transformers 4.57 and later, PROGRESS_TRANSFORMERS; the built-in job's --report_to
+default is kubeflow when STATUS_ENV's URL is set, training/args.py); `progress_callback` says whether the
+image's profile has it.
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ from dataclasses import dataclass
 from cluster.job import k8s
 from cluster.job.k8s import K8sJobError, PodPlan, check_name, check_namespace, check_nodes, plan_pod, pod_options
 from cluster.job.request import RunRequest
+from cluster.node.profiles import get_profile
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{API_GROUP}/v1alpha1"
@@ -46,6 +60,11 @@ CONTAINER_NAME = "node"  # ... and its container, which the Trainer fields and t
 MASTER_PORT = 29500  # the torch policy's PET_MASTER_PORT (the port of the first pod's rendezvous)
 PATCH_MANAGER = "xeon-cluster/fab-k8s-job"  # who owns the runtime patch (a domain-prefixed path)
 SHELL_NAME = "xeon-cluster"  # $0 of the command's `sh -c`
+# What Trainer's TrainJobStatus plugin puts into every trainer container (trainjobstatus.go).
+STATUS_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT", "KUBEFLOW_TRAINER_SERVER_TOKEN")
+STATUS_MOUNT = "/var/run/secrets/kubeflow/trainer"
+STATUS_VOLUME = "kubeflow-trainer-token"
+PROGRESS_TRANSFORMERS = (4, 57)  # the first transformers with KubeflowCallback
 
 
 def pod_name(job: str, index: int) -> str:
@@ -65,6 +84,7 @@ class TrainJobPlan:
     nodes: int
     pod: PodPlan
     runtime: str = RUNTIME
+    progress_callback: bool = True  # the image's transformers reports progress to the TrainJob's status
 
     @property
     def nproc_per_node(self) -> int:
@@ -98,6 +118,23 @@ def plan_trainjob(run: RunRequest, *, image: str, name: str = k8s.DEFAULT_NAME,
     name = check_name(name, pods=f"<name>-{REPLICATED_JOB}-0-<i>")
     namespace = check_namespace(namespace)
     nodes = check_nodes(run.nodes)
+    for variable in run.env_map():
+        if variable in STATUS_ENV:
+            raise K8sJobError(f"--env: {variable} is set by Trainer's control plane in a TrainJob (its status "
+                              f"server, for progress); allowed: any variable but {', '.join(STATUS_ENV)}")
     pod = plan_pod(name=name, image=image, instance=instance, profile=profile, cores=cores, pvc=pvc,
                    **pod_options(run, name=name, profile=profile, pvc=pvc))
-    return TrainJobPlan(name=name, namespace=namespace, nodes=nodes, pod=pod)
+    for volume in pod.volumes:
+        if volume.mount == STATUS_MOUNT or volume.mount.startswith(STATUS_MOUNT + "/"):
+            raise K8sJobError(f"--output_dir: {pod.output_dir!r} is not allowed with --api {k8s.API_TRAINJOB}: "
+                              f"Trainer's control plane mounts its status token at {STATUS_MOUNT}; allowed: a "
+                              "path outside it")
+    return TrainJobPlan(name=name, namespace=namespace, nodes=nodes, pod=pod,
+                        progress_callback=has_progress_callback(profile))
+
+
+def has_progress_callback(profile: str) -> bool:
+    """Whether the profile's transformers has KubeflowCallback (PROGRESS_TRANSFORMERS and later)."""
+    pin = get_profile(profile).pin_of("transformers") or ""
+    numbers = tuple(int(part) for part in pin.split(".")[:2] if part.isdigit())
+    return len(numbers) == 2 and numbers >= PROGRESS_TRANSFORMERS

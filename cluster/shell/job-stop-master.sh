@@ -8,5 +8,5 @@ job="$1"; d="$HOME/$JOBS_DIR/$job"
 [ -f "$d/exit_code" ] || date -u +%Y-%m-%dT%H:%M:%SZ > "$d/stopped"
 pid=$(cat "$d/pid" 2>/dev/null)
 if [ -n "$pid" ] && grep -qF "$job" "/proc/$pid/cmdline" 2>/dev/null; then
-  kill -TERM -- "-$pid" 2>/dev/null; echo "job script (session $pid): sent TERM"
+  kill -s TERM -- "-$pid" 2>/dev/null; echo "job script (session $pid): sent TERM"
 fi

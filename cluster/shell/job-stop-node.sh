@@ -18,7 +18,7 @@ for f in "$d"/rank-*; do
   [ -f "$f" ] || continue
   read -r pid pgid _ < "$f"
   grep -qxzF "XEON_CLUSTER_JOB=$job" "/proc/$pid/environ" 2>/dev/null || continue
-  if [ "${pgid:-0}" -gt 1 ] 2>/dev/null; then kill -TERM -- "-$pgid" 2>/dev/null; fi
+  if [ "${pgid:-0}" -gt 1 ] 2>/dev/null; then kill -s TERM -- "-$pgid" 2>/dev/null; fi
   kill -TERM "$pid" 2>/dev/null
   echo "rank ${f##*/rank-}: sent TERM to pid $pid (group $pgid)"
 done

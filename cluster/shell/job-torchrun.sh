@@ -11,7 +11,9 @@
 # NODES (node names, master first), COMMANDS (each node's command line, shell-quoted) and
 # STOP_COMMAND (what ends a node's torchrun: TERM to the pid it recorded), END_WAIT (seconds), ENV_FILE
 # (relative to $HOME: the user's --env as export lines, 0600), which each node's command reads from its
-# stdin, so that no value is on the ssh command line.
+# stdin, so that no value is on the ssh command line; INTERRUPTED (the program's exit code after a spot
+# notice) and OUTCOME_PREFIX (the file name's start of a rank's recorded outcome: xeon_cluster/run.py
+# record_outcome): rank 0's, when it ran here, is the job's code, as in job.sh.
 cd "$HOME" || exit 1
 d="$HOME/$JOB_DIR"
 echo $$ > "$d/pid"
@@ -73,6 +75,15 @@ while [ "$left" -gt 0 ]; do
   [ "$left" = 0 ] || sleep 0.5
 done
 code=${code:-1}
+# rank 0 (on this node) ended INTERRUPTED at a spot notice, its checkpoint saved (its exit code, or the
+# outcome it recorded before its exit), and torchrun returned another code (its own 1 for any failed
+# worker, ssh's 255 once a reclaimed node was gone): the job's outcome is the program's, the launcher's kept
+own=$(cat "$d/ranks/exit-0" 2>/dev/null)
+[ "$own" = "$INTERRUPTED" ] || own=$(cat "$d/ranks/${OUTCOME_PREFIX}0" 2>/dev/null)
+if [ "$code" != 0 ] && [ "$code" != "$INTERRUPTED" ] && [ "$own" = "$INTERRUPTED" ]; then
+  echo "[xeon-cluster] job $XEON_CLUSTER_JOB: rank 0 ended with code $own (interrupted); the launcher returned $code"
+  echo "$code" > "$d/launcher_exit_code"; code=$own
+fi
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB exited with code $code"
 echo "$code" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 exit "$code"

@@ -54,6 +54,7 @@ if [ "$code" != 0 ] && [ "$code" != "$INTERRUPTED" ] && [ "$own" = "$INTERRUPTED
   echo "[xeon-cluster] job $XEON_CLUSTER_JOB: rank 0 ended with code $own (interrupted); the launcher returned $code"
   echo "$code" > "$d/launcher_exit_code"; code=$own
 fi
+if [ -f "$d/stopped" ]; then echo "[xeon-cluster] job $XEON_CLUSTER_JOB was stopped"; fi  # fab stop marked it
 echo "[xeon-cluster] job $XEON_CLUSTER_JOB exited with code $code"
 echo "$code" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 exit "$code"

@@ -14,7 +14,7 @@ import ipaddress
 import re
 import math
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cluster.stack import catalog
 from cluster import names
@@ -187,6 +187,14 @@ def _convert(raw: Any, kind: type) -> Any:
 
 
 FALLBACK_OFF = "off"
+
+
+def next_master_type(types: Sequence[str]) -> str:
+    """What to change when the master's type has no capacity and the stack lists several: the master is one
+    instance of the first of instanceTypes (infra/master.py), so listing another first moves it; '' for one."""
+    if len(types) < 2:
+        return ""
+    return f"list another type first in instanceTypes (the master takes the first; next: {types[1]})"
 
 
 def fallback_seconds(value: str) -> float | None:

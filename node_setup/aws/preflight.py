@@ -50,7 +50,7 @@ from botocore.exceptions import ClientError
 from cluster.stack import catalog
 from cluster.stack.images import BASE_IMAGE_FILTERS, CANONICAL_OWNER  # the image infra/lookups.py picks
 from cluster.stack import subnet_choice
-from cluster.stack.spec import ClusterSpec
+from cluster.stack.spec import ClusterSpec, next_master_type
 from cluster.stack.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
 from node_setup.aws import errors
 from node_setup.aws.ebs_key import check_ebs_key
@@ -298,9 +298,8 @@ def check_dry_run(report: Report, clients: AwsClients, spec: ClusterSpec, zone: 
             fix = _dry_run_fix(code, spec)
             if code in CAPACITY_CODES:
                 fix = next_best_zone_fix(clients.ec2, spec, zone) or fix
-                if others:  # the master takes the first of instanceTypes (infra/master.py)
-                    fix = (f"list another type first in instanceTypes (the master takes the first; next: "
-                           f"{others[0]}), or: {fix}")
+                if next_master_type(spec.types):
+                    fix = f"{next_master_type(spec.types)}, or: {fix}"
             report.add("dry-run", FAIL, refused, fix)
         else:  # pragma: no cover - AWS never launches with DryRun=True
             report.add("dry-run", WARN, "run_instances with DryRun=True returned without DryRunOperation")

@@ -128,7 +128,9 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
     print(f"wrote {output}: {kind} {plan.namespace}/{plan.name}, {plan.nodes} pod(s) of {pod.resources.cores} "
           f"cores ({pod.resources.cpu} CPU, {pod.resources.memory}), {pod.layout.ranks_per_node} rank(s) x "
           f"{pod.layout.threads_per_rank} threads per pod" + workdir_note
-          + ("; note: no --pvc: checkpoints live in an emptyDir and go with the pod" if not pod.pvc else ""))
+          + ("; note: no --pvc: checkpoints live in an emptyDir and go with the pod" if not pod.pvc else "")
+          + ("; note: this profile's transformers reports no progress to the TrainJob's status"
+             if isinstance(plan, trainjob.TrainJobPlan) and not plan.progress_callback else ""))
 
 
 # `fab --help k8s-job` in these groups (node_setup/tasks/parsing.py), each sorted.

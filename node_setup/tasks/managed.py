@@ -6,7 +6,9 @@ against the digest the spec recorded).
 The nodes are prepared by the job lifecycle (node_setup/tasks/job_run.py) before `hand_off`, as for every
 path; the recoveries themselves are the supervisor's (docs/long-spot-runs.md), which runs the same
 lifecycle on the master. A run that ends master-lost while fab follows it: the master alone replaced
-where the backend can (`recover_master`).
+where the backend can (`recover_master`). The controller's job history (node_setup/job_history.py) gets the
+run's first job once it started and, when the run ended with its master there, every job as the master
+recorded its end.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cluster.job.userjob import CopyPlan, UserJobError
 from cluster.run import recovery as rc
 from cluster.run import runspec
 from cluster.run import supervision as sv
+from node_setup import job_history
 from node_setup.backends import backend_for
 from node_setup.ssh import recovery as nodes
 from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
@@ -131,12 +134,15 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
         raise fail(f"the supervisor did not start on {job.inventory.master.name}; see "
                    f"~/{sv.RUN_ROOT}/{request.run_id}/{sv.LOG_FILE} there", UNREACHABLE)
     say(sv.status_line(state))
+    job_history.observed(job.inventory, master)  # the run's first job at its start, into the controller's history
     if request.managed.detach or state.get("status") in sv.FINAL:
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, request.run_id, all_ranks=all_ranks)
     if code == INTERRUPTED_BY_RECLAIM and backend_for(inventory.kind).replaces_lost_master():  # ended master-lost
         recover_master(job.inventory)
+    elif code != INTERRUPTED_BY_RECLAIM:  # the master is there: every job of the run, as it recorded their ends
+        job_history.observed(job.inventory, master)
     return code
 
 

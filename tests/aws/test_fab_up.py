@@ -199,3 +199,23 @@ def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_
     assert "on-demand base 1 -> 0 (onDemandFallback: the group is stopped" in capsys.readouterr().out
     (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups()["AutoScalingGroups"]
     assert group["MixedInstancesPolicy"]["InstancesDistribution"]["OnDemandBaseCapacity"] == 0
+
+
+def test_fab_up_zone_auto_moves_the_cluster_to_the_best_ranked_zone_that_offers_its_type(site, monkeypatch, capsys):
+    """`--zone auto`: the zones ranked as `fab preflight --pick-zone` ranks them (tests/aws/test_pick_zone.py's
+    placement scores and prices: us-east-1e scores 10 but does not offer r7iz.metal-16xl; us-east-1b and
+    us-east-1c score 9, us-east-1c is cheaper), the best written with zoneMove before `pulumi up`."""
+    from tests.aws.test_pick_zone import PRICES, SCORES, ScoresAndPricesEc2
+
+    ec2 = ScoresAndPricesEc2(boto3.client("ec2", region_name=REGION), SCORES, PRICES)
+    monkeypatch.setattr(aws_worker_group.clients, "client",
+                        lambda service, region=None: ec2 if service == "ec2" else CLIENT(service, region))
+    _as_the_program_makes_it()
+    task.up(Context(), stack="dev", preflight=False, zone="auto", wait_for_capacity=0)
+    out = capsys.readouterr().out
+    assert "Pulumi.dev.yaml: availabilityZone = us-east-1c, zoneMove = true (the whole cluster moves there)" in out
+    (asked,) = ec2.score_requests
+    assert asked["InstanceTypes"] == ["r7iz.metal-16xl"] and asked["TargetCapacity"] == 4  # master + 3 workers
+    text = Path("Pulumi.dev.yaml").read_text()
+    assert "xeon-cluster:availabilityZone: us-east-1c\n" in text and "xeon-cluster:zoneMove: true\n" in text
+    assert '"up", "--stack", "dev", "--refresh"' in Path(os.environ["FAKE_PULUMI_LOG"]).read_text()

@@ -40,6 +40,7 @@ class FakePriceBook:
 
     asked: list[tuple[str, bool, str | None]] = []
     unknown: set[str] = set()  # instance types it has no price for
+    by_type: dict[str, tuple[float, float]] = {}  # instance type -> (spot, on-demand) $/hour; others SPOT/ON_DEMAND_USD
 
     def __init__(self, region, **_):
         self.region = region
@@ -49,16 +50,23 @@ class FakePriceBook:
         if instance_type in self.unknown:
             raise LookupError(f"no price for instance type {instance_type!r} (test double)")
         market = "spot" if spot else "on-demand"
-        return Price(SPOT_USD if spot else ON_DEMAND_USD, market, f"{market} price double, {zone}", zone)
+        spot_usd, on_demand_usd = self.by_type.get(instance_type, (SPOT_USD, ON_DEMAND_USD))
+        return Price(spot_usd if spot else on_demand_usd, market, f"{market} price double, {zone}", zone)
 
 
 @pytest.fixture
-def cluster(mocked_aws, monkeypatch):
-    """Cluster demo: an on-demand master up 3 hours, spot workers up 2 hours and 30 minutes."""
+def price_double(monkeypatch):
+    """FakePriceBook in place of the AWS price book, asked nothing yet; the clock at NOW."""
     monkeypatch.setattr(pricing, "PriceBook", FakePriceBook)
     monkeypatch.setattr(FakePriceBook, "asked", [])
     monkeypatch.setattr(FakePriceBook, "unknown", set())
+    monkeypatch.setattr(FakePriceBook, "by_type", {})
     monkeypatch.setattr(node_spend, "clock", NOW.timestamp)
+
+
+@pytest.fixture
+def cluster(mocked_aws, price_double):
+    """Cluster demo: an on-demand master up 3 hours, spot workers up 2 hours and 30 minutes."""
     launch = Launcher(mocked_aws)
     ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][mocked_aws]
     for role, rank, ip, spot, up in ((ROLE_MASTER, 0, "0.10", False, dt.timedelta(hours=3)),
@@ -148,6 +156,37 @@ def test_a_node_without_a_price_is_named_and_left_out_of_the_total(cluster, unre
     text = status(capsys)
     assert "not counted: node3, spend unknown" in text
     assert re.search(r"^  node3 .* spot\s+1h 00m 00s\s+-\s+-\s+yes", text, re.M), text
+
+
+def test_nodes_of_several_types_each_show_their_type_market_and_own_price(mocked_aws, price_double,
+                                                                           unreachable_nodes, capsys):
+    """A cluster of instanceTypes with onDemandFallback: the master (the first type, on demand), a spot worker
+    of the second type and a worker the fallback launched on demand, of the third; each type priced apart."""
+    FakePriceBook.by_type.update({"m7i.48xlarge": (3.0, 9.0), "c7i.48xlarge": (2.5, 8.0),
+                                  "r7i.48xlarge": (4.0, 12.0)})
+    launch = Launcher(mocked_aws)
+    ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][mocked_aws]
+    for role, rank, ip, itype, spot in ((ROLE_MASTER, 0, "0.10", "m7i.48xlarge", False),
+                                        (ROLE_WORKER, 1, "0.11", "c7i.48xlarge", True),
+                                        (ROLE_WORKER, 2, "0.12", "r7i.48xlarge", False)):
+        instance_id = launch("demo", role, rank, ip=ip, spot=spot, instance_type=itype)
+        ec2.get_instance(instance_id).launch_time = (NOW - dt.timedelta(hours=2)).replace(tzinfo=None)
+    out = status(capsys)
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"^  node\d ", line)}
+    # by hand: 2 hours at each node's own type and market
+    assert re.search(r"m7i\.48xlarge\s+on-demand\s+2h 00m 00s\s+\$9\.0000\s+\$18\.00\s", rows["node0"]), out
+    assert re.search(r"c7i\.48xlarge\s+spot\s+2h 00m 00s\s+\$2\.5000\s+\$5\.00\s", rows["node1"]), out
+    assert re.search(r"r7i\.48xlarge\s+on-demand\s+2h 00m 00s\s+\$12\.0000\s+\$24\.00\s", rows["node2"]), out
+    assert "total: 3 node(s), $23.5000/hour, $47.00 spent so far" in out
+    sources = {line.strip() for line in out.splitlines() if line.startswith("  price: ")}
+    assert sources == {"price: m7i.48xlarge: on-demand price double, us-east-1a",
+                       "price: c7i.48xlarge: spot price double, us-east-1a",
+                       "price: r7i.48xlarge: on-demand price double, us-east-1a"}
+    data = json.loads(status(capsys, "json"))
+    assert [(n["type"], n["market"], n["spot"], n["usd_per_hour"]) for n in data["nodes"]] == [
+        ("m7i.48xlarge", "on-demand", False, 9.0), ("c7i.48xlarge", "spot", True, 2.5),
+        ("r7i.48xlarge", "on-demand", False, 12.0)]
+    assert data["total"] == {"nodes": 3, "usd_per_hour": 23.5, "spent_usd": 47.0, "unpriced": []}
 
 
 def test_the_price_book_asks_aws_once_per_type_market_and_zone(mocked_aws):

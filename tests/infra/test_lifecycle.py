@@ -272,6 +272,32 @@ def test_capacity_hook_waits_retries_and_finally_says_what_to_change(monkeypatch
     assert slept == [5, 7]
 
 
+def test_with_instance_types_the_master_s_last_capacity_error_names_the_next_listed_type(harness, monkeypatch,
+                                                                                         caplog):
+    """The master is one instance of the first listed type: when its launch retries are spent, the change of
+    type to make is to list another first (the next one named), not instanceType, which the stack does not set."""
+    hooks, real = {}, pulumi.ErrorHook
+
+    def kept(name, func):  # the engine's hook as the program builds it, its callback kept to run here
+        hooks[name] = func
+        return real(name, func)
+
+    monkeypatch.setattr(pulumi, "ErrorHook", kept)
+    harness.run(minimal_config(instanceTypes=["m7i.48xlarge", "c7i.48xlarge", "r7i.48xlarge"]))
+    (master,) = nodes(harness.monitor)
+    assert master.error_hooks == ["xeon-cluster-capacity-retry"]
+    args = pulumi.ErrorHookArgs(urn="urn", id="", name=master.name, type=INSTANCE, failed_operation="create",
+                                new_inputs=master.inputs, errors=[CAPACITY] * 4)  # past the three retries
+    caplog.set_level(logging.INFO)
+    assert asyncio.run(hooks["xeon-cluster-capacity-retry"](args)) is False
+    final = caplog.records[-1].getMessage()
+    assert final.startswith("xeon-dev-master: AWS has no spot capacity for m7i.48xlarge in this zone"), final
+    assert ("placementGroup: false, list another type first in instanceTypes (the master takes the first; next: "
+            "c7i.48xlarge); `fab preflight` checks the new settings") in final
+    # one type: the type to change is instanceType
+    assert "placementGroup: false, instanceType; " in infra_node.capacity_message("xeon-dev-master", {}, 4)
+
+
 def test_an_older_cli_gets_warnings_and_no_hook(harness, monkeypatch, caplog):
     monkeypatch.setattr(infra_program, "engine_supports", lambda feature: False)
     caplog.set_level(logging.WARNING)

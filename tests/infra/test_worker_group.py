@@ -207,6 +207,27 @@ def test_another_list_of_types_replaces_the_group_and_one_type_keeps_its_trigger
     assert "instanceTypes" in node_replacement.WORKER_SETTINGS
 
 
+def test_the_program_s_group_hook_names_the_types_the_group_goes_on_with_after_the_first_s_capacity_failure(
+        harness, monkeypatch, caplog):
+    """The group's error hook as the program binds it to a group of instanceTypes: the provider's failed scaling
+    activity for the first type is said with the group's reason and the listed types it goes on with."""
+    hooks, real = {}, pulumi.ErrorHook
+
+    def kept(name, func):  # the engine's hook as the program builds it, its callback kept to run here
+        hooks[name] = func
+        return real(name, func)
+
+    monkeypatch.setattr(pulumi, "ErrorHook", kept)
+    harness.run(minimal_config(instanceTypes=SHAPE_OF_THREE))
+    (hook,) = template_and_group(harness.monitor)[1].error_hooks
+    refused = PROVIDER_ERROR.replace("your request.", "your request for m7i.48xlarge in us-east-1a.")
+    caplog.set_level(logging.INFO)
+    assert asyncio.run(hooks[hook](_args([refused]))) is False
+    line = caplog.records[-1].getMessage()
+    assert "of the group: Could not launch Spot Instances. InsufficientInstanceCapacity" in line, line
+    assert "the group goes on with its other type(s), c7i.48xlarge, r7i.48xlarge (next: c7i.48xlarge" in line
+
+
 def test_on_demand_fallback_gives_one_type_a_policy_whose_on_demand_base_is_left_to_fab_up(harness):
     harness.run(minimal_config(onDemandFallback="20m"))
     template, group = template_and_group(harness.monitor)

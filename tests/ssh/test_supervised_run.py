@@ -156,8 +156,11 @@ def tasks_answer_with_a_worker_down(cluster, transcript: list[str]) -> None:
     assert re.search(r"^  node2 +\S+ +down ", status, re.M), status
     assert re.search(r"^  node1 +\S+ +running .* yes ", status, re.M), status
     assert f"supervised run {run_id}: " in status, status
-    assert job_id in asked["jobs"].stdout  # the run's current job (its own folder, which holds no job.json, is none)
-    assert run_id not in asked["jobs"].stdout
+    jobs_rows = [line.split() for line in asked["jobs"].stdout.splitlines()]
+    assert [job_id] in [row[:1] for row in jobs_rows]  # the run's current job is a row
+    assert [run_id] not in [row[:1] for row in jobs_rows]  # its own folder, which holds no job.json, is none
+    run_line = f"  supervised run {run_id}: "  # the run's line, its jobs beneath it
+    assert [line for line in asked["jobs"].stdout.splitlines() if line.startswith(run_line)], asked["jobs"].stdout
     assert "[node0] node0" in asked["exec"].stdout and "[node1] node1" in asked["exec"].stdout
     assert "node2" not in asked["exec"].stdout
 

@@ -363,3 +363,87 @@ def test_the_end_of_a_job_fab_train_followed_is_in_the_history(tmp_path, monkeyp
     rows = job_history.observed(inventory, LocalMaster(home))
     assert [(r.id, r.state, r.exit_code) for r in rows] == [("20260102-030405-aaaa", "interrupted", 75)]
     assert job_history.read("lab", identity=job_history.identity(inventory)) == rows
+
+
+def test_a_supervised_runs_jobs_are_listed_beneath_their_run_and_a_notice_is_interrupted(tmp_path):
+    """`fab jobs` of a managed run that was reclaimed twice (its jobs ended 75 at the spot notices) and then
+    completed, with jobs of no run before and after it: one line for the run, its three jobs beneath it (newest
+    first, indented under it), the others loose rows in their places; every column where the header puts it."""
+    run = "20260102-030410-9999"
+    before, after = "20260102-030405-aaaa", "20260102-030430-cccc"
+    jobs_of_run = ["20260102-030420-bbb3", "20260102-030415-bbb2", "20260102-030410-bbb1"]
+    job(tmp_path, before, meta=META, exit_code="0\n", ended=START + 4)
+    for job_id, code in zip(jobs_of_run, ("0\n", "75\n", "75\n")):
+        job(tmp_path, job_id, meta={**META, "supervised_run": run, "name": "long"}, exit_code=code, ended=START + 30)
+    job(tmp_path, after, meta=META, exit_code="1\n", ended=START + 60)
+    rows, problems = parse(listed(tmp_path), "node0")
+    assert problems == []
+    shown = table(rows, "lab").splitlines()
+    assert shown[3] == "  supervised run 20260102-030410-9999: 3 job(s), 2 recovery(ies); the newest completed"
+    assert [line[:24] for line in shown[2:]] == [
+        f"  {after}  ", shown[3][:24], *(f"    {j}" for j in jobs_of_run), f"  {before}  "]
+    states = {line.split()[0]: line.split()[2] for line in shown[2:] if not line.startswith("  supervised")}
+    assert states == {after: "failed", jobs_of_run[0]: "completed", jobs_of_run[1]: "interrupted",
+                      jobs_of_run[2]: "interrupted", before: "completed"}
+    header = shown[1]
+    for line in shown[2:]:
+        if not line.startswith("  supervised"):
+            assert line.index(" 2026-01-02T03:04:05Z") + 1 == header.index("started (UTC)"), line
+    loose = table([r for r in rows if r.run is None], "lab").splitlines()
+    assert loose[2].startswith(f"  {after} -")  # with no run: the columns as before
+
+
+def test_a_managed_runs_jobs_are_in_the_history_from_the_first_ones_start_to_the_last_ones_end(tmp_path,
+                                                                                               monkeypatch):
+    """`fab train --managed` (node_setup/tasks/managed.py hand_off): once the supervisor started the run's first
+    job the history holds it, running; once the run ended every job the supervisor started is there as the
+    master recorded its end (two reclaimed at a notice: interrupted, 75; the last completed), under the run,
+    though no `fab jobs` or `fab status` ran. The master is a stand-in home where job-list.sh runs for real; the
+    supervisor's start and the run's log are stand-ins that write what the job scripts write."""
+    from types import SimpleNamespace
+
+    from cluster.job.jobplan import plan
+    from node_setup.tasks import managed
+    from tests.unit.test_job_run import RUN, inventory, requests
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    home = tmp_path / "master"
+    request = requests()["--managed"]
+    first = plan(request, inventory())
+    later = ["20261127-103000-ab13", "20261127-110000-ab14"]
+    meta = {**META, "supervised_run": RUN}
+    sleeper: list[subprocess.Popen] = []
+
+    def start_supervisor(master, spec, secrets, systemd):
+        d = job(home, first.job_id, meta=meta)  # the first job's script runs: its pid, no exit code yet
+        sleeper.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", first.job_id]))
+        (d / "pid").write_text(f"{sleeper[0].pid}\n")
+
+    seen_at_start: list[list[tuple]] = []
+
+    def follow_run(master, run_id, **_):
+        seen_at_start.append([(r.id, r.state) for r in job_history.read("lab")])
+        sleeper[0].kill()
+        sleeper[0].wait()
+        (home / JOBS_DIR / first.job_id / "exit_code").write_text("75\n")  # reclaimed: rank 0's code at the notice
+        job(home, later[0], meta=meta, exit_code="75\n")
+        job(home, later[1], meta=meta, exit_code="0\n")
+        return managed.OK
+
+    monkeypatch.setattr(managed, "_spec_key", lambda: b"k" * 32)
+    monkeypatch.setattr(managed, "publish_spec", lambda *a, **k: [])
+    monkeypatch.setattr(managed, "supervisor_spec", lambda *a: ({}, {}))
+    monkeypatch.setattr(managed.nodes, "start_supervisor", start_supervisor)
+    monkeypatch.setattr(managed.nodes, "supervised_state",
+                        lambda master, run: {"run": run, "status": "running", "job": first.job_id})
+    monkeypatch.setattr(managed, "follow_run", follow_run)
+    life = SimpleNamespace(transport=SimpleNamespace(master="node0", conns={"node0": LocalMaster(home)}))
+    try:
+        assert managed.hand_off(request, inventory(), first, life) == managed.OK
+    finally:
+        for process in sleeper:
+            process.kill()
+            process.wait()
+    assert seen_at_start == [[(first.job_id, "running")]]
+    assert [(r.id, r.state, r.exit_code, r.run) for r in job_history.read("lab")] == [
+        (later[1], "completed", 0, RUN), (later[0], "interrupted", 75, RUN), (first.job_id, "interrupted", 75, RUN)]

@@ -4,6 +4,8 @@ pods' run tests/ssh/test_k8s_pods.py."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 
@@ -12,7 +14,8 @@ from cluster.job.layout import KMP_BLOCKTIME
 from cluster.node.profiles import TCMALLOC_PATH, get_profile, venv_dir
 from node_setup import kubeflow
 from tests.fab_run import fab_in_process
-from tests.k8s_trainer import trainer_env, webhook_problems
+from tests import k8s_schema
+from tests.k8s_trainer import status_injection, status_problems, trainer_env, webhook_problems
 
 IMAGE = "registry.example.com/xeon-cluster:0.1.0"
 TORCHRUN_OPTIONS = ("--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
@@ -130,6 +133,10 @@ def test_the_profiles_settings_are_in_every_pod(profile, expected):
     (("--max-restarts", "2"), "--max-restarts: 2 is not allowed with --api trainjob"),
     (("--name", "A"), "--name: 'A' is not allowed"),
     (("--env", "PET_NNODES=3"), "--env: PET_NNODES is set by the launch itself"),
+    (("--env", "KUBEFLOW_TRAINER_SERVER_URL=https://x"), "--env: KUBEFLOW_TRAINER_SERVER_URL is set by Trainer's "
+                                                         "control plane in a TrainJob"),
+    (("--", "--output_dir", "/var/run/secrets/kubeflow/trainer/out"),
+     "--output_dir: '/var/run/secrets/kubeflow/trainer/out' is not allowed with --api trainjob"),
 ])
 def test_what_a_trainjob_cannot_take_is_one_line_and_exit_2(options, message):
     result = fab_in_process("k8s-job", "--api", "trainjob", "--image", IMAGE, *options)
@@ -142,3 +149,62 @@ def test_an_unknown_api_is_one_line_and_exit_2():
     result = fab_in_process("k8s-job", "--api", "tfjob", "--image", IMAGE)
     assert result.returncode == 2 and result.stderr.startswith("error: --api: 'tfjob' is not allowed; allowed: "
                                                                "pytorchjob")
+
+
+@pytest.mark.parametrize("options", [
+    ("--nodes", "4", "--pvc", "xeon-data"),
+    ("--", "--output_dir", "/var/run/out"),  # an emptyDir of its own beside the control plane's mount
+])
+def test_the_control_planes_progress_injection_reaches_the_program_and_the_pod_stays_valid(options):
+    """Trainer's TrainJobStatus plugin (emulated: tests/k8s_trainer.py status_injection) upserts its status
+    server's env, token mount and projected volume into the pod: nothing of the TrainJob's collides with them
+    or is replaced by them, the token is readable by the program's one user, the pod with them validates
+    against the TrainJob's schema, and torchrun gets the URL beside the torch policy's PET_* (it passes its
+    environment to the ranks, whose built-in job then reports with --report_to kubeflow)."""
+    text = fab_k8s_job(*options)
+    manifest = yaml.safe_load(text)
+    assert status_problems(manifest) == []
+    pod = status_injection(manifest)
+    (node,) = pod["containers"]
+    assert [m["mountPath"] for m in node["volumeMounts"]].count(trainjob.STATUS_MOUNT) == 1
+    assert len({m["mountPath"] for m in node["volumeMounts"]}) == len(node["volumeMounts"])
+    assert len({v["name"] for v in pod["volumes"]}) == len(pod["volumes"])
+    injected = copy.deepcopy(manifest)
+    rjob = injected["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    rjob["template"]["spec"]["template"]["spec"] = {**pod, "containers": [
+        {k: v for k, v in node.items() if k != "env"}]}  # the webhook's rule: no env in the patch
+    assert k8s_schema.problems(injected) == []
+    env = {e["name"]: e["value"] for e in node["env"]}
+    (job,) = kubeflow.documents(text)
+    env.update(trainer_env(job, 0))
+    assert env[trainjob.STATUS_ENV[0]].endswith(f"/trainjobs/{manifest['metadata']['name']}/status")
+    assert env["PET_NNODES"] == str(job.spec.trainer.num_nodes)
+    assert manifest["spec"]["trainer"]["command"][-1] == trainjob.SHELL_NAME and 'exec "$@"' in " ".join(
+        manifest["spec"]["trainer"]["command"])  # sh execs torchrun: the environment goes on
+
+
+def test_a_pod_whose_token_the_program_cannot_read_or_whose_values_collide_is_a_problem():
+    """status_problems finds what it is there to find (a container without the one runAsUser, a taken name)."""
+    manifest = yaml.safe_load(fab_k8s_job())
+    pod = manifest["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    del pod["containers"][0]["securityContext"]["runAsUser"]
+    pod["volumes"].append({"name": trainjob.STATUS_VOLUME, "emptyDir": {}})
+    manifest["spec"]["trainer"]["env"].append({"name": trainjob.STATUS_ENV[2], "value": "/x"})
+    assert len(status_problems(manifest)) == 3
+
+
+def test_the_profiles_transformers_says_whether_the_pod_reports_progress():
+    """KubeflowCallback came with transformers 4.57: the stock profile's has it, the intel profile's 4.56 not."""
+    assert get_profile("stock").pin_of("transformers") >= "5" and trainjob.has_progress_callback("stock")
+    assert get_profile("intel").pin_of("transformers").startswith("4.56.")
+    assert not trainjob.has_progress_callback("intel")
+
+
+def test_fab_k8s_job_says_when_the_profiles_transformers_reports_no_progress(tmp_path):
+    for profile, noted in (("stock", False), ("intel", True)):
+        out = tmp_path / f"{profile}.yaml"
+        result = fab_in_process("k8s-job", "--api", "trainjob", "--image", IMAGE, "--profile", profile,
+                                "--output", str(out))
+        assert result.returncode == 0, result.stderr
+        assert ("reports no progress to the TrainJob's status" in result.stdout) == noted, result.stdout

@@ -16,14 +16,19 @@ tests/unit/logs/ holds the raw bytes of real jobs' logs, as the master's job dir
 from __future__ import annotations
 
 import io
+import os
 import random
+import shlex
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from cluster.job.joblog import failure_report
-from cluster.job.launch import job_dir
-from cluster.job.logstream import LogAssembler, LogSink, assemble, whole_lines
+from cluster.job.launch import INTERRUPTED_CODE, job_dir
+from cluster.job.logstream import LAUNCHER_END_NAME, LogAssembler, LogSink, assemble, whole_lines
 from node_setup.ssh import job as jobs
 from tests.unit.test_runlog import LocalMaster
 
@@ -233,3 +238,96 @@ def test_ddps_find_unused_parameters_warning_is_hidden_on_every_rank():
     lines = assemble("".join(f"[{rank}] {warning}[{rank}] step {rank}\n" for rank in range(3)), HOSTS)
     assert lines == ["[node0 r0] step 0", "[node1 r1] step 1", "[node2 r2] step 2",
                      "[xeon-cluster] hidden: 3 line(s) of DDP's find_unused_parameters warning (every rank's)"]
+
+
+# The launcher's lines at the end of a local cluster's job whose second node was reclaimed (Intel MPI's Hydra).
+_I_HYDRA = "../../../../../src/pm/i_hydra"
+HYDRA_END = "".join(line + "\n" for line in (
+    "Connection to 10.204.206.3 closed by remote host.",
+    "[mpiexec@node0] Error: Downstream from host node1 exited abnormally",
+    "[mpiexec@node0] Trying to close other downstreams",
+    f"[mpiexec@node0] HYD_sock_write ({_I_HYDRA}/libhydra/sock/hydra_sock_intel.c:362): write error (Bad file "
+    "descriptor)",
+    f"[mpiexec@node0] wait_proxies_to_terminate ({_I_HYDRA}/mpiexec/intel/i_mpiexec.c:554): downstream from host "
+    "node1 exited with status 255"))
+
+
+def _launcher_end_shown(shown: list[str]) -> list[str]:
+    return [line for line in shown if "mpiexec@" in line or "Connection to" in line]
+
+
+def test_an_interrupted_jobs_launcher_end_is_hidden_and_counted_and_a_failed_jobs_is_shown(tmp_path):
+    """The real job script with a stand-in mpirun: rank 0 (under the rank wrapper) logs a step and ends
+    INTERRUPTED at a spot notice, or fails; Hydra then prints its end lines and returns 255. The interrupted
+    job's end lines are hidden and counted; the failed job's are shown (they say which node went away)."""
+    from tests.unit.test_launch import RANK_WRAPPER, run_job_script
+
+    for code, expected in ((INTERRUPTED_CODE, INTERRUPTED_CODE), (1, 255)):
+        rank_0 = f"echo '[0] step 3'; exit {code}"
+        mpirun = (f"#!/bin/sh\nPMI_RANK=0 sh -c {shlex.quote(RANK_WRAPPER)} xeon-rank sh -c {shlex.quote(rank_0)}\n"
+                  f"printf %s {shlex.quote(HYDRA_END)}\nexit 255\n")
+        plan, done, _, _ = run_job_script(tmp_path / str(code), "intel-mpi", mpirun=mpirun)
+        assert done.returncode == expected, done.stdout + done.stderr
+        shown = assemble((tmp_path / str(code) / "home" / plan.job_dir / "log").read_text(), ["node0"])
+        assert "[node0 r0] step 3" in shown and f"[xeon-cluster] job {plan.job_id} exited with code {expected}" in shown
+        note = f"[xeon-cluster] hidden: {len(HYDRA_END.splitlines())} line(s) of {LAUNCHER_END_NAME}"
+        if code == INTERRUPTED_CODE:
+            assert _launcher_end_shown(shown) == [] and note in shown, shown
+        else:
+            assert [line.split("] ", 1)[1] for line in _launcher_end_shown(shown)] == HYDRA_END.splitlines(), shown
+            assert not any(LAUNCHER_END_NAME in line for line in shown)
+
+
+def test_a_stopped_jobs_launcher_end_is_hidden_and_the_log_says_it_was_stopped(tmp_path):
+    """The real job script runs a stand-in mpirun whose rank logs a step; `fab stop`'s own steps
+    (node_setup/ssh/job.py stop: job-stop-master.sh marks the job stopped, job-stop-node.sh ends what carries
+    the job's id) end it; the stand-in then prints Hydra's end lines and returns 255. The log says the job was
+    stopped; what a person sees has no Hydra line, one count line for them, and the job's last lines."""
+    from cluster.job.launch import plan_launch
+    from cluster.job.layout import plan_layout
+    from cluster.stack import catalog
+
+    home, venv = tmp_path / "home", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    mpirun = venv / "bin" / "mpirun"
+    (tmp_path / "hydra-end").write_text(HYDRA_END)
+    mpirun.write_text(f"#!/bin/sh\ntrap 'cat {shlex.quote(str(tmp_path / 'hydra-end'))}; exit 255' TERM\n"
+                      "echo '[0] step 1'\nwhile :; do sleep 0.1; done\n")
+    mpirun.chmod(0o755)
+    layout = plan_layout(catalog.custom("test", 1, 2), backend="gloo")
+    plan = plan_launch(flavour="intel-mpi", job_id="20260101-000000-5a0b", hosts=["node0"], master_addr="127.0.0.1",
+                       layout=layout, program=["python", "-m", "training"], venv=str(venv))
+    d = home / plan.job_dir
+    d.mkdir(parents=True)
+    (d / "run.sh").write_text(plan.script())
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
+    script = subprocess.Popen(["sh", str(d / "run.sh")], env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        for _ in range(300):  # the rank's step is in the log: the job runs
+            if "[0] step 1" in ((d / "log").read_text() if (d / "log").exists() else ""):
+                break
+            time.sleep(0.1)
+        here = LocalMaster(home)  # the master is the job's one node
+        assert all(step.ok for step in jobs.stop(here, {"node0": here}, plan.job_id, grace=2))
+        assert script.wait(timeout=30) == 255
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+    log = (d / "log").read_text()
+    assert f"[xeon-cluster] job {plan.job_id} was stopped\n" in log and "exited with status 255" in log
+    shown = assemble(log, ["node0"])
+    assert _launcher_end_shown(shown) == [] and "[mpirun  ] Terminated" not in shown, shown
+    ended = len(HYDRA_END.splitlines()) + log.splitlines().count("Terminated")  # the shell's, for the stand-in's sleep
+    assert f"[xeon-cluster] hidden: {ended} line(s) of {LAUNCHER_END_NAME}" in shown
+    assert shown[-3:-1] == [f"[xeon-cluster] job {plan.job_id} was stopped",
+                            f"[xeon-cluster] job {plan.job_id} exited with code 255"]
+
+
+def test_the_launchers_lines_before_a_rank_speaks_and_before_more_rank_lines_are_shown_in_place():
+    """Held end lines are shown once a rank speaks again, and Hydra's lines before any rank's (a node it cannot
+    reach) are never held; a log that ends without the job script's line shows what was held."""
+    hydra = "[mpiexec@node0] Error: Unable to run bstrap_proxy on node1"
+    assert assemble(f"{hydra}\n[0] step 1\n", ["node0"]) == [f"[mpirun  ] {hydra}", "[node0 r0] step 1"]
+    log = f"[0] step 1\n{hydra}\n[0] step 2\n{hydra}\n"
+    assert assemble(log, ["node0"]) == ["[node0 r0] step 1", f"[mpirun  ] {hydra}", "[node0 r0] step 2",
+                                        f"[mpirun  ] {hydra}"]

@@ -177,3 +177,40 @@ def test_with_pinning_each_local_rank_runs_on_its_own_cores(tmp_path):
                    LOCAL_WORLD_SIZE="2", **{CPUS_VARIABLE: "0 0", NODE_VARIABLE: "n"})
     out = proc.communicate(timeout=30)[0]
     assert proc.returncode == 0 and out.split() == ["[n", "r1]", "Cpus_allowed_list:", "0"], out
+
+
+@pytest.mark.parametrize("rank_0, expected", [
+    ("exit 75", 75),  # rank 0 checkpointed at a spot notice and ended INTERRUPTED
+    ('echo 75 > "$XEON_CLUSTER_RANK_DIR/{prefix}0"; kill -9 $$', 75),  # its recorded outcome, then killed
+    ("exit 3", 1),  # a failure of the program's own: torchrun's code stays the job's
+])
+def test_a_torchrun_job_whose_rank_0_ended_interrupted_ends_interrupted_whatever_torchrun_returned(
+        tmp_path, rank_0, expected):
+    """The torchrun job script run for real on a one-node plan, a stand-in torchrun that runs rank 0 under the real
+    rank wrapper and then returns 1 (what torchrun returns for any failed worker): the job's exit_code is rank 0's
+    75 (`fab jobs`: interrupted) and the launcher's 1 kept beside it; any other failure keeps torchrun's code."""
+    from training.exit_codes import INTERRUPTED
+    from xeon_cluster.run import OUTCOME_RECORD_PREFIX
+
+    assert INTERRUPTED == 75
+    home, venv = tmp_path / "home", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "torchrun"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != --no-python ]; do shift; done; shift\nRANK=0 "$@"\nexit 1\n')
+    fake.chmod(0o755)
+    layout = plan_layout(catalog.custom("test", 1, 2), backend="gloo")
+    plan = plan_torchrun_launch(job_id=JOB, hosts=["node0"], addresses=["127.0.0.1"], layout=layout,
+                                program=["sh", "-c", rank_0.format(prefix=OUTCOME_RECORD_PREFIX)], venv=str(venv))
+    d = home / plan.job_dir
+    d.mkdir(parents=True)
+    (d / "run.sh").write_text(plan.script())
+    (d / ENV_FILE).write_text(plan.env_file())
+    done = subprocess.run(["bash", str(d / "run.sh")], env={"HOME": str(home), "PATH": PATH}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    log = (d / "log").read_text()
+    assert done.returncode == expected, log + done.stderr
+    assert (d / "exit_code").read_text() == f"{expected}\n", log
+    assert (d / "launcher_exit_code").exists() == (expected == INTERRUPTED), log
+    if expected == INTERRUPTED:
+        assert (d / "launcher_exit_code").read_text() == "1\n"
+        assert "rank 0 ended with code 75 (interrupted); the launcher returned 1" in log
