@@ -39,6 +39,7 @@ from node_setup.local.state import (
     DEFAULT_NOTICE_SECONDS,
     DEFAULT_WHEELHOUSE,
     GROUP_FILE,
+    KEEPER_LOCK_FILE,
     KEEPER_LOG_FILE,
     KEEPER_PID_FILE,
     LOCAL_INSTANCE_TYPE,
@@ -430,7 +431,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = Fa
                                 f"{paths.state_path})")
     for node in state.nodes:
         shutil.rmtree(node.dir, ignore_errors=True)
-    (Path(state.data_dir) / GROUP_FILE).unlink(missing_ok=True)
+    for name in (GROUP_FILE, KEEPER_LOCK_FILE):
+        (Path(state.data_dir) / name).unlink(missing_ok=True)
     _remove_empty_dir(Path(state.data_dir))
     for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path,
                  paths.cluster_dir / KEEPER_LOG_FILE):

@@ -45,7 +45,7 @@ from node_setup.controller import config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.local.console import console_path
-from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_LOG_FILE, KEEPER_PID_FILE
+from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_LOCK_FILE, KEEPER_LOG_FILE, KEEPER_PID_FILE
 
 POLL_S = 1.0
 MAX_DELAY_S = 3600.0
@@ -152,8 +152,18 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
 
 def keep(name: str, delay: float, *, console_delay: float = 0.0, polls: int | None = None,
          progress=print) -> None:
-    """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone)."""
+    """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone), holding
+    KEEPER_LOCK_FILE in the data directory while it runs (how a node, which cannot see its pid, knows it runs)."""
     paths = local_state.paths_for(name)
+    state = local_state.load_state(paths)
+    if state is None:
+        return
+    with local_cluster.system.holding_lock(Path(state.data_dir) / KEEPER_LOCK_FILE):
+        _keep(paths, name, delay, console_delay, polls, progress)
+
+
+def _keep(paths: local_state.ClusterPaths, name: str, delay: float, console_delay: float, polls: int | None,
+          progress) -> None:
     down_since: dict[str, float] = {}
     held: dict[str, tuple[float, local_state.NodeState]] = {}  # name -> (when its console is shown, the node)
     done = 0

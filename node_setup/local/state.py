@@ -69,6 +69,9 @@ NODE_INTERFACE = "eth0"  # the node's end of its veth, inside its namespace
 # The group keeper's files (node_setup/local/keeper.py): its record of the group, in the data directory
 # (node_setup/backends/local.py reads it on the master), and its pid, in the cluster's config directory.
 GROUP_FILE = "group.json"
+# Held (flock) by the running keeper, beside GROUP_FILE: a node, in its own PID namespace, cannot see the
+# keeper's pid, but it can see that this lock is held (node_setup/backends/local.py's keeper_of).
+KEEPER_LOCK_FILE = "keeper.lock"
 HANDBACK_PREFIX = "handback-"  # + an instance id: a worker the supervisor hands back to the keeper
 KEEPER_PID_FILE = "keeper.pid"
 KEEPER_LOG_FILE = "keeper.log"  # what it did, beside its pid; `fab local-down` removes both
