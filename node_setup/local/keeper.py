@@ -41,7 +41,7 @@ import yaml
 
 from cluster.node.boot_script import boot_script
 from cluster.node.render import RenderError
-from node_setup.controller import config_root
+from node_setup.controller import KEY_STORE_DIR, config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.local.console import console_path
@@ -128,7 +128,7 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
     """Run the workers' first-boot script on a new machine, as cloud-init runs the launch template's user
     data on AWS (cluster/node/boot_script.py): inside the node (its mount namespace, where /root is its own),
     as root, so the script finds the SSH user's home itself. `from=` is the cluster's subnet."""
-    public = config_root() / "keys" / state.name / "id_ed25519.pub"
+    public = config_root() / KEY_STORE_DIR / state.name / "id_ed25519.pub"
     if not public.exists():
         return
     try:

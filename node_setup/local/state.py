@@ -35,7 +35,7 @@ from typing import Callable
 from cluster import names
 from cluster.inventory import Inventory, Node
 from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
-from node_setup.controller import PROJECT_ROOT, config_root
+from node_setup.controller import LOCAL_CLUSTERS_DIR, PROJECT_ROOT, config_root
 
 DEFAULT_NAME = "local"
 MAX_NODES = 64
@@ -119,7 +119,7 @@ class ClusterPaths:
 def paths_for(name: str = DEFAULT_NAME, *, config: Path | str | None = None,
               data: Path | str | None = None) -> ClusterPaths:
     validate_name(name)
-    return ClusterPaths(name=name, cluster_dir=Path(config or config_root()) / "local" / name,
+    return ClusterPaths(name=name, cluster_dir=Path(config or config_root()) / LOCAL_CLUSTERS_DIR / name,
                         data_dir=Path(data or data_root()) / name)
 
 
@@ -420,5 +420,5 @@ def owner_note(state: ClusterState) -> str | None:
 
 def list_clusters(config: Path | str | None = None) -> list[str]:
     """Names of the local clusters that have a state file under the config dir."""
-    base = Path(config or config_root()) / "local"
+    base = Path(config or config_root()) / LOCAL_CLUSTERS_DIR
     return sorted(p.parent.name for p in base.glob("*/state.json"))

@@ -237,8 +237,9 @@ def namespace_pids(namespace: str) -> list[int]:
 # The node's init, PID 1 of the node's own PID namespace (`unshare --pid --fork --mount-proc`: the
 # node's /proc lists only its own processes, so nothing on it can see, signal or read the /proc of a
 # controller process). It takes its own hostname, hides each folder given as an argument (the
-# controller's config folder: keys, the run-spec key, the local clusters' state) under an empty 0700
-# tmpfs in the node's mount namespace (first: a folder under /root is hidden before /root is the
+# controller's secrets: its key store with every cluster's key and the run-spec key, and the local
+# clusters' folders with their controller keys; node_setup/controller.py's SECRET_DIRS) under an empty
+# 0700 tmpfs in the node's mount namespace (first: a folder under /root is hidden before /root is the
 # node's own), then takes its own /root and /etc/hosts. Before sshd, the node
 # writes its host keys into its console file as cloud-init does on EC2 (node_setup/local/console.py):
 # the controller verifies a new node's host key from it. sshd then runs as the init's child, and the
@@ -285,18 +286,19 @@ def children(pid: int, proc: Path = Path("/proc")) -> list[int]:
 
 
 def hidden_folders(folders: list[Path], node_dir: Path) -> list[str]:
-    """The controller's folders a node must not read, absolute and existing (made 0700 if missing); a
-    folder that holds the node's own directory cannot be hidden from it: refused."""
+    """The controller's folders a node must not read (its secrets), absolute and existing (made 0700 if
+    missing); a folder that holds the node's own directory cannot be hidden from it: refused."""
     hidden: list[str] = []
     for folder in folders:
         folder = folder.absolute()
         if node_dir.absolute().is_relative_to(folder):
-            raise LocalClusterError(f"the local nodes' data folder {node_dir} lies inside the controller's config "
-                                    f"folder {folder}, which nodes must not read; set {DATA_ROOT_ENV} "
+            raise LocalClusterError(f"the local nodes' data folder {node_dir} lies inside {folder}, a folder of "
+                                    f"the controller's secrets, which nodes must not read; set {DATA_ROOT_ENV} "
                                     "to a folder outside it")
         if str(folder) not in hidden:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             hidden.append(str(folder))
+    for folder in hidden:  # once every folder is allowed: nothing made before a refusal
+        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
     return hidden
 
 

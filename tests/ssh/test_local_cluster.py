@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from node_setup.controller import config_root
+from node_setup.controller import secret_folders
 from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
@@ -51,19 +51,25 @@ def test_nodes_have_own_hostname_home_and_recorded_host_keys(local_cluster, tmp_
     assert not list(Path("/root").glob(f"{marker}-*"))
 
 
-def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_config(local_cluster, tmp_path):
-    """A node has its own PID namespace and the controller's config folder is empty on it: a process on
+def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_secrets(local_cluster, tmp_path):
+    """A node has its own PID namespace and the controller's folders of secrets are empty on it: a process on
     node0 (what a rank is: a child of the node's sshd) finds no controller process in its /proc (not by the
-    controller's PID, nor by its command line, nor through /proc/<pid>/root), and reads neither the
-    cluster's controller key nor a file put in the controller's config folder after the node started."""
+    controller's PID, nor by its command line, nor through /proc/<pid>/root), and reads neither the cluster's
+    controller key nor a key put in the controller's key store after the node started; a file elsewhere in
+    the config folder (not a secret) it reads as the controller wrote it."""
     known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
     marker = f"controller-{secrets.token_hex(4)}"
-    probe = config_root() / "keys" / f"{marker}.key"
+    config = local_cluster.config_home / "xeon-cluster"
+    hidden = secret_folders(config)
+    probe = hidden[0] / f"{marker}.key"  # the key store: every cluster's key pair, the run-spec key
+    key = local_cluster.paths.key_path  # in the local clusters' folder
+    assert all(any(p.is_relative_to(folder) for folder in hidden) for p in (probe, key))
     probe.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text(f"{marker}\n")
+    visible = config / f"{marker}.txt"  # beside the folders of secrets
+    visible.write_text(f"{marker}-not-secret\n")
     controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
     try:
-        key = local_cluster.paths.key_path
         for _ in range(200):  # the host sees it once the child has exec'd
             if marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes():
                 break
@@ -72,14 +78,19 @@ def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_confi
         seen = local_cluster.ssh(0, f"cat /proc/{controller.pid}/cmdline /proc/{os.getpid()}/cmdline; "
                                     f"grep -l {marker} /proc/[0-9]*/cmdline; cat /proc/{controller.pid}/root{probe} "
                                     f"/proc/{controller.pid}/root{key}; echo done", known_hosts)
-        files = local_cluster.ssh(0, f"cat {probe} {key}; ls -A {probe.parent.parent} {key.parent}; echo done",
+        files = local_cluster.ssh(0, f"cat {probe} {key}; ls -A {' '.join(map(str, hidden))}; echo done",
                                   known_hosts)
+        other = local_cluster.ssh(0, f"cat {visible}", known_hosts)
     finally:
         controller.kill()
         controller.wait()
+        probe.unlink()
+        visible.unlink()
+    assert key.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----") and probe.parent.is_dir()  # here
     assert seen.stdout.splitlines()[-1:] == ["done"], seen.stdout + seen.stderr
     assert marker not in seen.stdout and "PRIVATE KEY" not in seen.stdout, seen.stdout
-    assert files.stdout.split() == ["done"], files.stdout  # the config folders are empty on the node
+    assert files.stdout.split() == ["done"], files.stdout  # the folders of secrets are empty on the node
+    assert other.stdout == f"{marker}-not-secret\n", other.stdout + other.stderr
     own = local_cluster.ssh(0, "readlink /proc/1/ns/pid /proc/self/ns/pid", known_hosts).stdout.split()
     assert len(set(own)) == 1 and own[0] != os.readlink("/proc/self/ns/pid")  # the node's own, not ours
 
