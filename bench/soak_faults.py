@@ -130,7 +130,7 @@ class Injector:
         state = supervisor_state(self.cluster)
         pid, run = state.get("pid"), str(state.get("run"))
         # the state file names the supervisor as the master numbers it (its own PID namespace): this machine's number
-        on_host = local_system.host_pid(self.master.namespace, int(pid)) if str(pid).isdigit() else None
+        on_host = local_system.host_pid(self.cluster.master.namespace, int(pid)) if str(pid).isdigit() else None
         try:
             cmdline = Path(f"/proc/{on_host}/cmdline").read_bytes().decode(errors="replace") if on_host else ""
         except OSError:

@@ -78,8 +78,8 @@ def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_secre
         seen = local_cluster.ssh(0, f"cat /proc/{controller.pid}/cmdline /proc/{os.getpid()}/cmdline; "
                                     f"grep -l {marker} /proc/[0-9]*/cmdline; cat /proc/{controller.pid}/root{probe} "
                                     f"/proc/{controller.pid}/root{key}; echo done", known_hosts)
-        files = local_cluster.ssh(0, f"cat {probe} {key}; ls -A {' '.join(map(str, hidden))}; echo done",
-                                  known_hosts)
+        listed = " ".join(map(str, hidden))
+        files = local_cluster.ssh(0, f"cat {probe} {key}; for d in {listed}; do ls -A $d; done; echo done", known_hosts)
         other = local_cluster.ssh(0, f"cat {visible}", known_hosts)
     finally:
         controller.kill()
