@@ -9,8 +9,9 @@ Each acts the way the fault would arrive on AWS and touches nothing the run owns
   then unlimited;
 - store-errors: the checkpoint store's fault proxy (bench/soak_store.py) answers every request with 503
   SlowDown or 500 InternalError, then forwards again;
-- supervisor-kill: the supervisor's own process (the pid its state file names, checked to be this run's
-  supervisor) killed with SIGKILL, as the kernel's OOM killer would;
+- supervisor-kill: the supervisor's own process (the pid its state file names, as the master's own PID
+  namespace numbers it, translated to this machine's; checked to be this run's supervisor) killed with
+  SIGKILL, as the kernel's OOM killer would;
 - disk-full: the master's output filesystem (a tmpfs over the soak's folder in its home, mounted in the
   master's own mount namespace, so only the master sees it) filled with one file to FILL_LEAVES_BYTES
   free, less than a checkpoint needs, and kept so while held (the run's pruning frees space), then the
@@ -29,6 +30,7 @@ from pathlib import Path
 from bench.soak_plan import SLOW_LINK_MBIT, Fault
 from cluster.run import supervision as sv
 from node_setup.local import state as local_state
+from node_setup.local import system as local_system
 
 REPO = Path(__file__).resolve().parents[1]
 NOTICE = "5s"
@@ -127,14 +129,17 @@ class Injector:
     def _supervisor_kill(self, fault: Fault, on: bool) -> str:
         state = supervisor_state(self.cluster)
         pid, run = state.get("pid"), str(state.get("run"))
+        # the state file names the supervisor as the master numbers it (its own PID namespace): this machine's number
+        on_host = local_system.host_pid(self.cluster.master.namespace, int(pid)) if str(pid).isdigit() else None
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            cmdline = Path(f"/proc/{on_host}/cmdline").read_bytes().decode(errors="replace") if on_host else ""
         except OSError:
             cmdline = ""
-        if sv.SUPERVISOR_MODULE not in cmdline or run not in cmdline:
-            raise RuntimeError(f"the state file's pid {pid} is not run {run}'s supervisor ({cmdline[:120]!r})")
-        os.kill(int(pid), signal.SIGKILL)
-        return f"supervisor (pid {pid}) killed with SIGKILL"
+        if on_host is None or sv.SUPERVISOR_MODULE not in cmdline or run not in cmdline:
+            raise RuntimeError(f"the state file's pid {pid} (on the master) is not run {run}'s supervisor "
+                               f"({cmdline[:120]!r})")
+        os.kill(on_host, signal.SIGKILL)
+        return f"supervisor (pid {pid} on the master, {on_host} here) killed with SIGKILL"
 
     def keep(self, fault: Fault) -> None:
         """While a fault is held: a full disk stays full (the run's pruning frees space that the fill takes)."""

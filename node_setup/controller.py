@@ -28,6 +28,20 @@ def config_root() -> Path:
     return Path(base) / "xeon-cluster"
 
 
+# The config directory's folders that hold the controller's secrets: the key store (every cluster's key pair
+# and known_hosts, the run-spec signing key: node_setup/ssh/keys.py) and the local clusters' folders (each
+# holds the controller's private key for that cluster: node_setup/local/state.py). A local node sees neither
+# (node_setup/local/system.py hides them under an empty tmpfs); the rest of the config directory is not secret.
+KEY_STORE_DIR = "keys"
+LOCAL_CLUSTERS_DIR = "local"
+SECRET_DIRS = (KEY_STORE_DIR, LOCAL_CLUSTERS_DIR)
+
+
+def secret_folders(root: Path) -> list[Path]:
+    """The folders of config directory `root` that hold secrets (SECRET_DIRS)."""
+    return [root / name for name in SECRET_DIRS]
+
+
 def cache_root() -> Path:
     """The controller's cache: ``${XDG_CACHE_HOME:-~/.cache}/xeon-cluster`` (project wheels)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

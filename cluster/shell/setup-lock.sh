@@ -2,33 +2,39 @@
 # The setup lock (cluster/node/setup_script.py with_setup_lock puts these functions into install.sh
 # and install-requirements.sh): the nodes of a local cluster share /opt, so one setup at a time
 # writes the shared venv. `setup_lock FILE TIMEOUT` takes FILE's lock on fd 9 and at once writes its
-# holder's record into it: "PID START" (this shell, and its start time, so a recycled pid is not
-# taken for it), the path that exists while the holder's node does (its network namespace's, where
-# it has a named one: a local node; else empty), and who it is (LOCK_HOLDER: cluster and checkout,
-# then the node). A waiter says who holds the lock, and breaks it when that holder is gone: its
-# process ended (while something it started still holds the lock) or its node's namespace no longer
-# exists, judged twice a poll apart on the same record (a record seen once may be a crashed
-# holder's that the lock's new holder is about to replace). Commands run under the lock get fd 9
+# holder's record into it: "PID START PIDNS" (this shell, its start time, so a recycled pid is not
+# taken for it, and the PID namespace that numbers it: each local node has its own), the path that
+# exists while the holder's node does (its network namespace's, where it has a named one: a local
+# node; else empty), and who it is (LOCK_HOLDER: cluster and checkout, then the node). A waiter says
+# who holds the lock, and breaks it when that holder is gone: its process ended (judged only by a
+# waiter in the holder's own PID namespace: another node cannot see it, so there its node's
+# namespace alone decides) or its node's namespace no longer exists, judged twice a poll apart on
+# the same record (a record seen once may be a crashed holder's that the lock's new holder is about
+# to replace). Commands run under the lock get fd 9
 # closed (`9>&-`), so the lock ends with the shell that took it.
 # Header: LOCK_HOLDER.
 setup_lock_started() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 
 setup_lock_inode() { stat -L -c %d:%i "$1" 2>/dev/null; }
 
+setup_lock_pidns() { readlink /proc/self/ns/pid 2>/dev/null; }
+
 setup_lock_gone() {  # the record names a holder that no longer exists (no record: not judged)
-  local pid="" started="" alive=""
-  { read -r pid started; read -r alive; } <<< "$1"
+  local pid="" started="" pidns="" alive=""
+  { read -r pid started pidns; read -r alive; } <<< "$1"
   case "$pid" in '' | *[!0-9]*) return 1 ;; esac
-  [ -e "/proc/$pid" ] || return 0
-  if [ -n "$started" ] && [ "$(setup_lock_started "$pid")" != "$started" ]; then return 0; fi  # pid recycled
+  if [ -z "$pidns" ] || [ "$pidns" = "$(setup_lock_pidns)" ]; then  # its pid is one this waiter can look up
+    [ -e "/proc/$pid" ] || return 0
+    if [ -n "$started" ] && [ "$(setup_lock_started "$pid")" != "$started" ]; then return 0; fi  # pid recycled
+  fi
   [ -n "$alive" ] && [ ! -e "$alive" ]
 }
 
 setup_lock() {
   local file=$1 timeout=$2 waited=0 told="" judged="" record seen who alive
   alive=$(ip netns identify "$$" 2>/dev/null | head -n 1)
-  record=$(printf '%s %s\n%s\n%s, node %s' "$$" "$(setup_lock_started "$$")" "${alive:+/run/netns/$alive}" \
-    "$LOCK_HOLDER" "$(hostname)")
+  record=$(printf '%s %s %s\n%s\n%s, node %s' "$$" "$(setup_lock_started "$$")" "$(setup_lock_pidns)" \
+    "${alive:+/run/netns/$alive}" "$LOCK_HOLDER" "$(hostname)")
   while :; do
     exec 9<>"$file" || return 1
     if flock -n 9; then

@@ -23,7 +23,7 @@ from node_setup.backends.members import checked_member
 from node_setup.local.console import CONSOLE_FILE
 from node_setup.backends.files import load_inventory_file
 from node_setup.local import state as local_state
-from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX
+from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_LOCK_FILE
 
 
 class LocalGroup:
@@ -146,7 +146,9 @@ def with_down_nodes(inventory: Inventory, state: local_state.ClusterState, up: d
 
 def keeper_of(data_dir: Path) -> dict | None:
     """The group keeper of the cluster whose data directory this is, while it runs ({"pid", "delay_s"}, from
-    its record there, which the master sees too), else None: no lost node comes back by itself."""
+    its record there, which the master sees too), else None: no lost node comes back by itself. It runs when
+    its pid is this cluster's keeper or, where that pid cannot be seen (on a node, in its own PID namespace),
+    while its lock there is held."""
     from node_setup.local import system
 
     try:
@@ -154,7 +156,8 @@ def keeper_of(data_dir: Path) -> dict | None:
         cluster, pid, delay = str(record["cluster"]), int(record["keeper"]["pid"]), float(record["keeper"]["delay_s"])
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return {"pid": pid, "delay_s": delay} if system.is_keeper(pid, cluster) else None
+    running = system.is_keeper(pid, cluster) or system.lock_held(data_dir / KEEPER_LOCK_FILE)
+    return {"pid": pid, "delay_s": delay} if running else None
 
 
 class LocalBackend:

@@ -4,14 +4,17 @@ What one node is (docs/design.md, "The local cluster")::
 
     ip netns add xc-<name>-n<i>                      # own network stack
     veth xcv-<tag>-<i> (host, on bridge xcb-<tag>) <-> eth0 (node), 10.x.y.(i+2)/24
-    ip netns exec NS unshare --uts --mount --propagation private sh -c '
+    ip netns exec NS unshare --uts --mount --propagation private --pid --fork --mount-proc --kill-child sh -c '
         hostname node<i>; mount --bind <node dir>/root /root; mount --bind <node dir>/etc/hosts /etc/hosts
-        exec sshd -D -f <node dir>/etc/sshd_config'
+        mount -t tmpfs xc-hidden <config dir>/keys; ...<config dir>/local  # the controller's secrets: empty on the node
+        sshd -D -f <node dir>/etc/sshd_config &     # the init (PID 1 of the node) reaps what is left to it
 
 The bridge holds 10.x.y.1, so the controller on the host reaches every node directly. Nodes share
-the host's filesystem except /root and /etc/hosts. Every name, address, PID and directory made is
-recorded in a state file, and `destroy` removes exactly those (by recorded PID and name), so it is
-safe to run twice and never touches anything it did not make.
+the host's filesystem except /root, /etc/hosts and the folders of the controller's secrets (its key
+store and the local clusters' folders: node_setup/controller.py's SECRET_DIRS); each has its own
+PID namespace, so a node's processes see only the node's own (never the controller's /proc).
+Every name, address, PID and directory made is recorded in a state file, and `destroy` removes
+exactly those (by recorded PID and name), so it is safe to run twice and never touches anything it did not make.
 Where its files live: node_setup/local/state.py.
 """
 
@@ -28,6 +31,7 @@ from typing import Callable, Collection
 
 import yaml
 
+from node_setup.controller import config_root, secret_folders
 from node_setup.local import system
 from node_setup.local.imds_server import INSTANCE_ACTION_FILE, REBALANCE_FILE
 from node_setup.local.runs import ensure_run_folder
@@ -36,6 +40,7 @@ from node_setup.local.state import (
     DEFAULT_NOTICE_SECONDS,
     DEFAULT_WHEELHOUSE,
     GROUP_FILE,
+    KEEPER_LOCK_FILE,
     KEEPER_LOG_FILE,
     KEEPER_PID_FILE,
     LOCAL_INSTANCE_TYPE,
@@ -221,7 +226,9 @@ def _start_node(state: ClusterState, node: NodeState, prefixlen: int, controller
             if result.returncode != 0:
                 raise LocalClusterError(f"`{' '.join(argv)}` failed (exit {result.returncode}): "
                                         f"{(result.stderr or result.stdout).strip()}")
-    node.sshd_pid = system.start_sshd(node)
+    # the secrets of this cluster's config directory and of this controller's (where they differ)
+    hide = [*secret_folders(paths.cluster_dir.parent.parent), *secret_folders(config_root())]
+    node.sshd_pid = system.start_sshd(node, hide)
     save_state(paths, state)
     node.imds_pid = system.start_imds(node, METADATA_ADDRESS, LOCAL_INSTANCE_TYPE, LOCAL_ZONE)
     save_state(paths, state)
@@ -427,7 +434,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = Fa
                                 f"{paths.state_path})")
     for node in state.nodes:
         shutil.rmtree(node.dir, ignore_errors=True)
-    (Path(state.data_dir) / GROUP_FILE).unlink(missing_ok=True)
+    for name in (GROUP_FILE, KEEPER_LOCK_FILE):
+        (Path(state.data_dir) / name).unlink(missing_ok=True)
     _remove_empty_dir(Path(state.data_dir))
     for path in (Path(state.inventory_path), Path(state.key_path), Path(f"{state.key_path}.pub"), paths.state_path,
                  paths.cluster_dir / KEEPER_LOG_FILE):

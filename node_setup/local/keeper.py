@@ -41,11 +41,11 @@ import yaml
 
 from cluster.node.boot_script import boot_script
 from cluster.node.render import RenderError
-from node_setup.controller import config_root
+from node_setup.controller import KEY_STORE_DIR, config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.local.console import console_path
-from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_LOG_FILE, KEEPER_PID_FILE
+from node_setup.local.state import GROUP_FILE, HANDBACK_PREFIX, KEEPER_LOCK_FILE, KEEPER_LOG_FILE, KEEPER_PID_FILE
 
 POLL_S = 1.0
 MAX_DELAY_S = 3600.0
@@ -128,7 +128,7 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
     """Run the workers' first-boot script on a new machine, as cloud-init runs the launch template's user
     data on AWS (cluster/node/boot_script.py): inside the node (its mount namespace, where /root is its own),
     as root, so the script finds the SSH user's home itself. `from=` is the cluster's subnet."""
-    public = config_root() / "keys" / state.name / "id_ed25519.pub"
+    public = config_root() / KEY_STORE_DIR / state.name / "id_ed25519.pub"
     if not public.exists():
         return
     try:
@@ -140,7 +140,7 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
         progress(f"keeper: {node.name}: no cluster key written: its sshd is not running")
         return
     try:
-        done = subprocess.run(["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--net",
+        done = subprocess.run(["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--net", "--pid",
                                "/bin/sh", "-c", script, "xeon-cluster-boot"],
                               capture_output=True, text=True, timeout=BOOT_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -152,8 +152,18 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
 
 def keep(name: str, delay: float, *, console_delay: float = 0.0, polls: int | None = None,
          progress=print) -> None:
-    """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone)."""
+    """The keeper's loop (`polls`: stop after that many, for tests; None: until the cluster is gone), holding
+    KEEPER_LOCK_FILE in the data directory while it runs (how a node, which cannot see its pid, knows it runs)."""
     paths = local_state.paths_for(name)
+    state = local_state.load_state(paths)
+    if state is None:
+        return
+    with local_cluster.system.holding_lock(Path(state.data_dir) / KEEPER_LOCK_FILE):
+        _keep(paths, name, delay, console_delay, polls, progress)
+
+
+def _keep(paths: local_state.ClusterPaths, name: str, delay: float, console_delay: float, polls: int | None,
+          progress) -> None:
     down_since: dict[str, float] = {}
     held: dict[str, tuple[float, local_state.NodeState]] = {}  # name -> (when its console is shown, the node)
     done = 0

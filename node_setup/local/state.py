@@ -35,7 +35,7 @@ from typing import Callable
 from cluster import names
 from cluster.inventory import Inventory, Node
 from cluster.stack.tags import ROLE_MASTER, ROLE_WORKER
-from node_setup.controller import PROJECT_ROOT, config_root
+from node_setup.controller import LOCAL_CLUSTERS_DIR, PROJECT_ROOT, config_root
 
 DEFAULT_NAME = "local"
 MAX_NODES = 64
@@ -69,6 +69,9 @@ NODE_INTERFACE = "eth0"  # the node's end of its veth, inside its namespace
 # The group keeper's files (node_setup/local/keeper.py): its record of the group, in the data directory
 # (node_setup/backends/local.py reads it on the master), and its pid, in the cluster's config directory.
 GROUP_FILE = "group.json"
+# Held (flock) by the running keeper, beside GROUP_FILE: a node, in its own PID namespace, cannot see the
+# keeper's pid, but it can see that this lock is held (node_setup/backends/local.py's keeper_of).
+KEEPER_LOCK_FILE = "keeper.lock"
 HANDBACK_PREFIX = "handback-"  # + an instance id: a worker the supervisor hands back to the keeper
 KEEPER_PID_FILE = "keeper.pid"
 KEEPER_LOG_FILE = "keeper.log"  # what it did, beside its pid; `fab local-down` removes both
@@ -116,7 +119,7 @@ class ClusterPaths:
 def paths_for(name: str = DEFAULT_NAME, *, config: Path | str | None = None,
               data: Path | str | None = None) -> ClusterPaths:
     validate_name(name)
-    return ClusterPaths(name=name, cluster_dir=Path(config or config_root()) / "local" / name,
+    return ClusterPaths(name=name, cluster_dir=Path(config or config_root()) / LOCAL_CLUSTERS_DIR / name,
                         data_dir=Path(data or data_root()) / name)
 
 
@@ -417,5 +420,5 @@ def owner_note(state: ClusterState) -> str | None:
 
 def list_clusters(config: Path | str | None = None) -> list[str]:
     """Names of the local clusters that have a state file under the config dir."""
-    base = Path(config or config_root()) / "local"
+    base = Path(config or config_root()) / LOCAL_CLUSTERS_DIR
     return sorted(p.parent.name for p in base.glob("*/state.json"))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from node_setup.local.console import WRITE_CONSOLE, console_path
-from node_setup.local.state import LocalClusterError, NodeState, Progress
+from node_setup.local.state import DATA_ROOT_ENV, LocalClusterError, NodeState, Progress
 
 SSHD = "/usr/sbin/sshd"
 # Held while a subnet is chosen and its bridge made, so concurrent local-ups pick different subnets.
@@ -170,6 +170,33 @@ def is_keeper(pid: int, name: str) -> bool:
     return process_alive(pid) and KEEPER_MODULE.encode() in argv and name.encode() in argv
 
 
+def lock_held(path: Path) -> bool:
+    """Some process holds an flock on `path` (False when it does not exist): what a process that cannot see
+    the holder's pid (another PID namespace) can still tell."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also ends the shared lock this took
+    return False
+
+
+@contextmanager
+def holding_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (made 0644 if missing) while the block runs; never inherited by a child."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)
@@ -207,37 +234,107 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
 
 
-# The node's init: own hostname, own /root and /etc/hosts (mount namespace), then sshd in the
-# foreground. Every step execs, so the PID that the launcher prints is sshd's.
-# Before sshd, the node writes its host keys into its console file as cloud-init does on EC2
-# (node_setup/local/console.py): the controller verifies a new node's host key from it.
-_NODE_SCRIPT = ('set -e; hostname "$XC_HOSTNAME"; mount --bind "$XC_HOME" /root; '
-                'mount --bind "$XC_HOSTS" /etc/hosts; ' + WRITE_CONSOLE + '; exec "$XC_SSHD" -D -e -f "$XC_CONFIG"')
+# The node's init, PID 1 of the node's own PID namespace (`unshare --pid --fork --mount-proc`: the
+# node's /proc lists only its own processes, so nothing on it can see, signal or read the /proc of a
+# controller process). It takes its own hostname, hides each folder given as an argument (the
+# controller's secrets: its key store with every cluster's key and the run-spec key, and the local
+# clusters' folders with their controller keys; node_setup/controller.py's SECRET_DIRS) under an empty
+# 0700 tmpfs in the node's mount namespace (first: a folder under /root is hidden before /root is the
+# node's own), then takes its own /root and /etc/hosts. Before sshd, the node
+# writes its host keys into its console file as cloud-init does on EC2 (node_setup/local/console.py):
+# the controller verifies a new node's host key from it. sshd then runs as the init's child, and the
+# init reaps whatever is left to it (`wait` reaps any child), so a stopped sshd leaves the node's other
+# processes running, as on a machine whose sshd died.
+_NODE_SCRIPT = ('set -e; hostname "$XC_HOSTNAME"; '
+                'for hidden in "$@"; do mount -t tmpfs -o mode=0700,size=64k,nosuid,nodev,noexec xc-hidden "$hidden"; '
+                'done; mount --bind "$XC_HOME" /root; mount --bind "$XC_HOSTS" /etc/hosts; ' + WRITE_CONSOLE
+                + '; "$XC_SSHD" -D -e -f "$XC_CONFIG" & set +e; '
+                'while :; do wait; sleep 3600 & done')
 # Started in a new session, the launcher puts the node in the background and exits, so the node's
-# sshd is re-parented away from fab and survives it (no SIGHUP: the session has no terminal).
-_LAUNCHER = ('ip netns exec "$XC_NS" unshare --uts --mount --propagation private /bin/sh -c "$XC_NODE_SCRIPT" '
-             '</dev/null >>"$XC_LOG" 2>&1 & echo $!')
+# init is re-parented away from fab and survives it (no SIGHUP: the session has no terminal). It prints
+# the PID of `unshare`, whose child is the node's init (--kill-child: if unshare goes, so does the node).
+_LAUNCHER = ('ip netns exec "$XC_NS" unshare --uts --mount --propagation private --pid --fork --mount-proc '
+             '--kill-child /bin/sh -c "$XC_NODE_SCRIPT" xc-node "$@" </dev/null >>"$XC_LOG" 2>&1 & echo $!')
 
 
-def _launch_in_namespace(node: NodeState, launcher: str, what: str, values: dict[str, str]) -> int:
+def _launch_in_namespace(node: NodeState, launcher: str, what: str, values: dict[str, str],
+                         args: tuple[str, ...] = ()) -> int:
     """Run `launcher` (a script that starts `what` detached in the node's namespace and prints its PID)
-    with `values` as its environment; the PID."""
+    with `values` as its environment and `args` as its arguments; the PID."""
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
            "XC_NS": node.namespace, **values}
-    done = subprocess.run(["/bin/sh", "-c", launcher], env=env, capture_output=True, text=True,
-                          start_new_session=True, timeout=30)
+    done = subprocess.run(["/bin/sh", "-c", launcher, "xc-launcher", *args], env=env, capture_output=True,
+                          text=True, start_new_session=True, timeout=30)
     if done.returncode != 0 or not done.stdout.strip().isdigit():
         raise LocalClusterError(f"{node.name}: could not start {what} in namespace {node.namespace}: "
                                 f"{done.stderr.strip() or done.stdout.strip()}")
     return int(done.stdout.strip())
 
 
-def start_sshd(node: NodeState) -> int:
+def children(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The PIDs whose parent is `pid` (field 4 of /proc/<pid>/stat), as this machine's PID namespace numbers them."""
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(found)
+
+
+def hidden_folders(folders: list[Path], node_dir: Path) -> list[str]:
+    """The controller's folders a node must not read (its secrets), absolute and existing (made 0700 if
+    missing); a folder that holds the node's own directory cannot be hidden from it: refused."""
+    hidden: list[str] = []
+    for folder in folders:
+        folder = folder.absolute()
+        if node_dir.absolute().is_relative_to(folder):
+            raise LocalClusterError(f"the local nodes' data folder {node_dir} lies inside {folder}, a folder of "
+                                    f"the controller's secrets, which nodes must not read; set {DATA_ROOT_ENV} "
+                                    "to a folder outside it")
+        if str(folder) not in hidden:
+            hidden.append(str(folder))
+    for folder in hidden:  # once every folder is allowed: nothing made before a refusal
+        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return hidden
+
+
+def start_sshd(node: NodeState, hide: list[Path]) -> int:
+    """The node's init in its own PID and mount namespaces, hiding the folders `hide`; returns its sshd's
+    PID (as this machine numbers it: the init's child, found once it runs sshd)."""
     node_dir = Path(node.dir)
-    return _launch_in_namespace(node, _LAUNCHER, "sshd", {
+    launched = _launch_in_namespace(node, _LAUNCHER, "sshd", {
         "XC_NODE_SCRIPT": _NODE_SCRIPT, "XC_LOG": str(node_dir / "sshd.log"), "XC_HOSTNAME": node.name,
         "XC_HOME": str(node_dir / "root"), "XC_HOSTS": str(node_dir / "etc" / "hosts"), "XC_SSHD": SSHD,
-        "XC_CONFIG": node.sshd_config, "XC_ETC": str(node_dir / "etc"), "XC_CONSOLE": str(console_path(node))})
+        "XC_CONFIG": node.sshd_config, "XC_ETC": str(node_dir / "etc"), "XC_CONSOLE": str(console_path(node))},
+        tuple(hidden_folders(hide, node_dir)))
+    deadline = time.monotonic() + SSHD_START_TIMEOUT
+    while time.monotonic() < deadline:
+        for init in children(launched):
+            for pid in children(init):
+                if is_our_sshd(pid, node):
+                    return pid
+        if not process_alive(launched):
+            break
+        time.sleep(0.02)
+    raise LocalClusterError(f"{node.name}: its sshd did not start in namespace {node.namespace}: {log_tail(node)}")
+
+
+def host_pid(namespace: str, pid: int) -> int | None:
+    """The PID, as this machine numbers it, of the process that node namespace `namespace` numbers `pid`
+    (the last NSpid of /proc/<host pid>/status): a node's records hold its own numbers."""
+    for candidate in namespace_pids(namespace):
+        try:
+            status = Path(f"/proc/{candidate}/status").read_text()
+        except OSError:
+            continue
+        numbers = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(numbers) > 1 and numbers[-1] == str(pid):
+            return candidate
+    return None
 
 
 def port_open(address: str, port: int = 22) -> bool:

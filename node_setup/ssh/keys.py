@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cluster import names
 from cluster.node.render import key_comment
-from node_setup.controller import PROJECT_ROOT, config_root
+from node_setup.controller import KEY_STORE_DIR, PROJECT_ROOT, config_root
 
 
 class KeyStoreError(RuntimeError):
@@ -37,7 +37,7 @@ def cluster_dir(cluster: str, *, create: bool = True) -> Path:
         names.cluster(cluster)
     except names.UnsafeValue as exc:
         raise KeyStoreError(str(exc)) from None
-    path = config_root() / "keys" / cluster
+    path = config_root() / KEY_STORE_DIR / cluster
     resolved = path.resolve()
     if resolved == PROJECT_ROOT or PROJECT_ROOT in resolved.parents:
         raise KeyStoreError(f"key directory {path} lies inside the project checkout {PROJECT_ROOT}; keys must never "
@@ -155,7 +155,7 @@ SPEC_KEY_BYTES = 32
 
 def _spec_key_path() -> Path:
     """SPEC_KEY_FILE in the key store's root (0700, made here), never inside the checkout."""
-    root = config_root() / "keys"
+    root = config_root() / KEY_STORE_DIR
     resolved = root.resolve()
     if resolved == PROJECT_ROOT or PROJECT_ROOT in resolved.parents:
         raise KeyStoreError(f"key directory {root} lies inside the project checkout {PROJECT_ROOT}; keys must never "

@@ -1,5 +1,6 @@
 """What a test sees of a job on the local cluster's nodes from this machine (the nodes share its
-file system and pid space): a node's home, the newest job there, the job's processes, waiting, and
+file system; each node's own PID namespace lies inside this machine's, so this machine sees every node's
+processes, by its own numbers): a node's home, the newest job there, the job's processes, waiting, and
 acting on the cluster once a running `fab train` has reached a given line."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def newest_job(cluster, index: int = 0) -> str | None:
 
 
 def job_processes(job_id: str) -> list[int]:
-    """Every process on this machine (the local nodes share its pid space) marked with the job."""
+    """Every process on this machine (every node's too, as this machine numbers them) marked with the job."""
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:

@@ -7,11 +7,13 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from node_setup.controller import secret_folders
 from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
@@ -47,6 +49,50 @@ def test_nodes_have_own_hostname_home_and_recorded_host_keys(local_cluster, tmp_
         # ... which lives in that node's own directory on the host, not in the host's /root
         assert (Path(node.dir) / "root" / f"{marker}-{i}").read_text() == f"{i}\n"
     assert not list(Path("/root").glob(f"{marker}-*"))
+
+
+def test_a_node_sees_no_controller_process_and_cannot_read_the_controllers_secrets(local_cluster, tmp_path):
+    """A node has its own PID namespace and the controller's folders of secrets are empty on it: a process on
+    node0 (what a rank is: a child of the node's sshd) finds no controller process in its /proc (not by the
+    controller's PID, nor by its command line, nor through /proc/<pid>/root), and reads neither the cluster's
+    controller key nor a key put in the controller's key store after the node started; a file elsewhere in
+    the config folder (not a secret) it reads as the controller wrote it."""
+    known_hosts = local_cluster.write_known_hosts(tmp_path / "known_hosts")
+    marker = f"controller-{secrets.token_hex(4)}"
+    config = local_cluster.config_home / "xeon-cluster"
+    hidden = secret_folders(config)
+    probe = hidden[0] / f"{marker}.key"  # the key store: every cluster's key pair, the run-spec key
+    key = local_cluster.paths.key_path  # in the local clusters' folder
+    assert all(any(p.is_relative_to(folder) for folder in hidden) for p in (probe, key))
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(f"{marker}\n")
+    visible = config / f"{marker}.txt"  # beside the folders of secrets
+    visible.write_text(f"{marker}-not-secret\n")
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
+    try:
+        for _ in range(200):  # the host sees it once the child has exec'd
+            if marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.05)
+        assert marker.encode() in Path(f"/proc/{controller.pid}/cmdline").read_bytes()
+        seen = local_cluster.ssh(0, f"cat /proc/{controller.pid}/cmdline /proc/{os.getpid()}/cmdline; "
+                                    f"grep -l {marker} /proc/[0-9]*/cmdline; cat /proc/{controller.pid}/root{probe} "
+                                    f"/proc/{controller.pid}/root{key}; echo done", known_hosts)
+        listed = " ".join(map(str, hidden))
+        files = local_cluster.ssh(0, f"cat {probe} {key}; for d in {listed}; do ls -A $d; done; echo done", known_hosts)
+        other = local_cluster.ssh(0, f"cat {visible}", known_hosts)
+    finally:
+        controller.kill()
+        controller.wait()
+        probe.unlink()
+        visible.unlink()
+    assert key.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----") and probe.parent.is_dir()  # here
+    assert seen.stdout.splitlines()[-1:] == ["done"], seen.stdout + seen.stderr
+    assert marker not in seen.stdout and "PRIVATE KEY" not in seen.stdout, seen.stdout
+    assert files.stdout.split() == ["done"], files.stdout  # the folders of secrets are empty on the node
+    assert other.stdout == f"{marker}-not-secret\n", other.stdout + other.stderr
+    own = local_cluster.ssh(0, "readlink /proc/1/ns/pid /proc/self/ns/pid", known_hosts).stdout.split()
+    assert len(set(own)) == 1 and own[0] != os.readlink("/proc/self/ns/pid")  # the node's own, not ours
 
 
 def test_wrong_host_key_is_refused(local_cluster, tmp_path):

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from node_setup.local import system as local_system
 from cluster.job.launch import JOBS_DIR
 from cluster.job.torchrun import AGENT_FILE
 from tests.ssh.jobs_on_nodes import job_processes, newest_job, node_home, wait_for, wait_for_new_job
@@ -179,9 +180,11 @@ def test_elastic_run_loses_a_node_and_resumes_on_two_from_its_checkpoint(elastic
         agent = int((node2 / AGENT_FILE).read_text().split()[0])
         ranks = [int(f.read_text().split()[0]) for f in (node2 / "ranks").glob("rank-*")]
         cluster.stop_sshd(2)  # the node is gone: no SSH either
-        for pid in [agent, *ranks]:  # this job's torchrun on node 2 and its rank, by recorded pid
+        for pid in [agent, *ranks]:  # this job's torchrun on node 2 and its rank, by recorded pid (the node's own)
+            on_host = local_system.host_pid(cluster.state.nodes[2].namespace, pid)
             try:
-                os.kill(pid, signal.SIGKILL)
+                if on_host is not None:
+                    os.kill(on_host, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         try:

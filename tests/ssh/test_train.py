@@ -24,6 +24,7 @@ import pytest
 
 from cluster.job.job_args import SYNTHETIC_MODEL_NAME
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
+from node_setup.local import system as local_system
 from cluster.job.launch import JOBS_DIR
 from cluster.cost.spend import COST_KEY, LOCAL_NO_PRICE
 from cluster.node.profiles import PROFILES, venv_dir
@@ -173,9 +174,11 @@ def test_killed_rank_names_node_and_rank_and_leaves_nothing(train_cluster):
     try:
         job_id = wait_for_new_job(train_cluster, before, proc)
         wait_for(lambda: rank_file(train_cluster, 1, job_id, 1).exists(), 90, "rank 1 on node1")
-        pid = int(rank_file(train_cluster, 1, job_id, 1).read_text().split()[0])
+        pid = int(rank_file(train_cluster, 1, job_id, 1).read_text().split()[0])  # as node1 numbers it
         time.sleep(2)
-        os.kill(pid, signal.SIGKILL)
+        on_host = local_system.host_pid(train_cluster.state.nodes[1].namespace, pid)
+        assert on_host is not None, f"rank 1 (pid {pid} on node1) is not running"
+        os.kill(on_host, signal.SIGKILL)
         out, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:

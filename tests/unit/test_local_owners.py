@@ -201,3 +201,25 @@ def test_groups_that_replace_nothing_say_so():
 
     assert not StaticGroup([]).replaces_lost()
 
+
+
+def test_a_node_that_cannot_see_the_keepers_pid_knows_it_runs_by_its_lock(tmp_path):
+    """On a node (its own PID namespace) the record's pid names no process; the keeper's lock in the data
+    directory, held while the keeper runs, says it runs, and once it ends, that nothing replaces a lost node."""
+    inventory, state = inventory_of()
+    record = keeper.group_record(state, {n.name: True for n in state.nodes}, 30.0)
+    unseen = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 10_000
+    (tmp_path / local_state.GROUP_FILE).write_text(json.dumps({**record, "keeper": {"pid": unseen, "delay_s": 30.0}}))
+    assert keeper_of(tmp_path) is None  # neither its pid nor its lock: no keeper
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from node_setup.local.system import holding_lock\n"
+                               f"with holding_lock(Path({str(tmp_path / local_state.KEEPER_LOCK_FILE)!r})):\n"
+                               "    print('held', flush=True); time.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert keeper_of(tmp_path) == {"pid": unseen, "delay_s": 30.0}
+        assert LocalGroup(str(tmp_path)).replaces_lost()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert keeper_of(tmp_path) is None and not LocalGroup(str(tmp_path)).replaces_lost()  # its lock ended with it

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,28 @@ def test_a_lock_whose_holder_node_namespace_is_gone_is_broken(tmp_path):
         end(sleeper)
     assert took.returncode == 0, took.stdout + took.stderr
     assert f"was held by {HOLDER}, node node1, which is gone; breaking it" in took.stdout
+
+
+def test_a_holder_on_another_node_is_judged_by_its_node_not_by_a_pid_this_waiter_cannot_see(tmp_path):
+    """Each local node has its own PID namespace: a holder's pid, as its node numbers it, means nothing on
+    another node. Its record names that namespace, so the waiter waits while the holder's node is there (its
+    pid not found here), and breaks the lock once the node is gone."""
+    lock, node = tmp_path / ".setup-stock.lock", tmp_path / "netns-xc-there-n0"
+    node.touch()
+    sleeper = locked_by_flock(lock)
+    try:
+        unseen = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 10_000
+        lock.write_text(f"{unseen} 123 pid:[1]\n{node}\n{HOLDER}, node node0\n")
+        waited = take(lock, timeout_s=3)
+        node.unlink()
+        took = take(lock, timeout_s=30)
+    finally:
+        end(sleeper)
+    assert waited.returncode == 23 and "breaking" not in waited.stdout, waited.stdout
+    assert f"still held by {HOLDER}, node node0" in waited.stdout
+    assert took.returncode == 0 and f"held by {HOLDER}, node node0, which is gone; breaking it" in took.stdout
+    record = took.stdout.split("taken\n", 1)[1].splitlines()
+    assert record[0].split()[2] == os.readlink("/proc/self/ns/pid")  # the waiter's own record names its namespace
 
 
 def test_a_lock_without_a_record_is_waited_for_not_broken(tmp_path):
