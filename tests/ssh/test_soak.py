@@ -38,7 +38,8 @@ def test_a_short_soak_completes_through_three_kinds_of_fault(installed_cluster, 
     report_path = tmp_path / "soak.json"
     done = subprocess.run([sys.executable, "bench/soak.py", "--cluster", installed_cluster.name, "--nodes", "3",
                            "--kinds", ",".join(KINDS), "--faults", "3", "--steps", str(STEPS), "--checkpoint-steps",
-                           str(INTERVAL), "--hold", "3", "--settle", "5", "--baselines", "1", "--json", str(report_path)],
+                           str(INTERVAL), "--hold", "3", "--settle", "5", "--baselines", "1",
+                           "--json", str(report_path)],
                           cwd=REPO_ROOT, env=installed_cluster.env(), capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-3000:])
     report = json.loads(report_path.read_text())
