@@ -67,25 +67,35 @@ def test_the_torchrun_job_script_passes_shellcheck_and_keeps_values_literal(tmp_
         assert result.returncode == 0, result.stdout
 
 
-def test_the_torchrun_job_script_gives_torchrun_the_env_files_values_and_no_command_line_holds_them(tmp_path):
-    """The job script run for real on a one-node plan, a fake torchrun in a fake venv: the --env value
-    reaches torchrun's environment (from the job's env file, on the node command's stdin) and is in
-    neither torchrun's argv, the node command, nor run.sh."""
-    secret = "hf_" + "Zq9" * 12 + " $(touch pwned)"
+def run_one_node_job(tmp_path, torchrun_body: str, program: list[str], **plan_args):
+    """The torchrun job script run for real on a one-node plan of `program`, with a stand-in torchrun (a sh
+    script of `torchrun_body`) in a fake venv: (the plan, the job's directory, the finished script)."""
     home, venv = tmp_path / "home", tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    fake = venv / "bin" / "torchrun"  # records its argv and its environment, NUL-separated
-    fake.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$HOME/torchrun.args"\nenv -0 > "$HOME/torchrun.env"\n')
+    fake = venv / "bin" / "torchrun"
+    fake.write_text(f"#!/bin/sh\n{torchrun_body}\n")
     fake.chmod(0o755)
     layout = plan_layout(catalog.custom("test", 1, 2), backend="gloo")
     plan = plan_torchrun_launch(job_id=JOB, hosts=["node0"], addresses=["127.0.0.1"], layout=layout,
-                                program=["python3", "x.py"], venv=str(venv), extra_env={"HF_TOKEN": secret})
+                                program=program, venv=str(venv), **plan_args)
     d = home / plan.job_dir
     d.mkdir(parents=True)
     (d / "run.sh").write_text(plan.script())
     (d / ENV_FILE).write_text(plan.env_file())
     done = subprocess.run(["bash", str(d / "run.sh")], env={"HOME": str(home), "PATH": PATH}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
+    return plan, d, done
+
+
+def test_the_torchrun_job_script_gives_torchrun_the_env_files_values_and_no_command_line_holds_them(tmp_path):
+    """The job script run for real on a one-node plan, a fake torchrun in a fake venv: the --env value
+    reaches torchrun's environment (from the job's env file, on the node command's stdin) and is in
+    neither torchrun's argv, the node command, nor run.sh."""
+    secret = "hf_" + "Zq9" * 12 + " $(touch pwned)"
+    # the stand-in torchrun records its argv and its environment, NUL-separated
+    records = 'printf "%s\\0" "$@" > "$HOME/torchrun.args"\nenv -0 > "$HOME/torchrun.env"'
+    plan, d, done = run_one_node_job(tmp_path, records, ["python3", "x.py"], extra_env={"HF_TOKEN": secret})
+    home = tmp_path / "home"
     assert (d / "exit_code").read_text() == "0\n", (d / "log").read_text() + done.stderr
     env = dict(item.split("=", 1) for item in (home / "torchrun.env").read_text().split("\0") if item)
     assert env["HF_TOKEN"] == secret and env[NODE_VARIABLE] == "node0"
@@ -193,20 +203,8 @@ def test_a_torchrun_job_whose_rank_0_ended_interrupted_ends_interrupted_whatever
     from xeon_cluster.run import OUTCOME_RECORD_PREFIX
 
     assert INTERRUPTED == 75
-    home, venv = tmp_path / "home", tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    fake = venv / "bin" / "torchrun"
-    fake.write_text('#!/bin/sh\nwhile [ "$1" != --no-python ]; do shift; done; shift\nRANK=0 "$@"\nexit 1\n')
-    fake.chmod(0o755)
-    layout = plan_layout(catalog.custom("test", 1, 2), backend="gloo")
-    plan = plan_torchrun_launch(job_id=JOB, hosts=["node0"], addresses=["127.0.0.1"], layout=layout,
-                                program=["sh", "-c", rank_0.format(prefix=OUTCOME_RECORD_PREFIX)], venv=str(venv))
-    d = home / plan.job_dir
-    d.mkdir(parents=True)
-    (d / "run.sh").write_text(plan.script())
-    (d / ENV_FILE).write_text(plan.env_file())
-    done = subprocess.run(["bash", str(d / "run.sh")], env={"HOME": str(home), "PATH": PATH}, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    _, d, done = run_one_node_job(tmp_path, 'while [ "$1" != --no-python ]; do shift; done; shift\nRANK=0 "$@"\nexit 1',
+                                  ["sh", "-c", rank_0.format(prefix=OUTCOME_RECORD_PREFIX)])
     log = (d / "log").read_text()
     assert done.returncode == expected, log + done.stderr
     assert (d / "exit_code").read_text() == f"{expected}\n", log
