@@ -24,7 +24,7 @@ from invoke import Context, Exit
 from cluster.node import autostop
 from node_setup.aws import worker_group as aws_worker_group
 from node_setup.tasks import lifecycle as task
-from tests.aws.test_worker_group import REGION, _as_the_program_makes_it
+from tests.aws.test_worker_group import REGION, _as_the_program_makes_it, master_instance
 
 FAKE = Path(__file__).resolve().parents[1] / "unit" / "fake_pulumi.py"
 CLIENT = aws_worker_group.clients.client
@@ -174,6 +174,7 @@ def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_
         stack_file.write("  xeon-cluster:onDemandFallback: 0.2s\n  xeon-cluster:instanceTypes:\n"
                          + "".join(f"    - {t}\n" for t in TYPES))
     _mixed_group(3)
+    master_instance()
     double = ShortGroupDouble([{"StatusCode": "Failed", "StatusMessage": REFUSED}])  # 2 of 3, spot refused
     monkeypatch.setattr(aws_worker_group.clients, "client",
                         lambda service, region=None: double if service == "autoscaling" else boto3.client(

@@ -45,6 +45,18 @@ def endpoint(aws_credentials, monkeypatch):
         server.stop()
 
 
+def master_instance() -> str:
+    """A running master instance of the cluster, tagged as infra/master.py tags it; its id."""
+    ec2 = boto3.client("ec2", REGION)
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    tags = {**cluster_tags(CLUSTER, "dev"), ROLE_KEY: ROLE_MASTER}
+    (made,) = ec2.run_instances(
+        ImageId=ec2.describe_images()["Images"][0]["ImageId"], InstanceType="c6i.large", MinCount=1, MaxCount=1,
+        SubnetId=subnet, TagSpecifications=[{"ResourceType": "instance", "Tags": [
+            {"Key": k, "Value": v} for k, v in tags.items()]}])["Instances"]
+    return made["InstanceId"]
+
+
 def _as_the_program_makes_it(count: int = 3) -> tuple[str, str]:
     """A master instance and the worker group of `count` (template + group tagged as infra/workers.py does)."""
     ec2, asg = boto3.client("ec2", REGION), boto3.client("autoscaling", REGION)
@@ -52,9 +64,7 @@ def _as_the_program_makes_it(count: int = 3) -> tuple[str, str]:
     image = ec2.describe_images()["Images"][0]["ImageId"]
     base = cluster_tags(CLUSTER, "dev")
     worker = [{"Key": k, "Value": v} for k, v in {**base, ROLE_KEY: ROLE_WORKER, "Name": f"{CLUSTER}-worker"}.items()]
-    ec2.run_instances(ImageId=image, InstanceType="c6i.large", MinCount=1, MaxCount=1, SubnetId=subnet,
-                      TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                          {"Key": k, "Value": v} for k, v in {**base, ROLE_KEY: ROLE_MASTER}.items()]}])
+    master_instance()
     template = ec2.create_launch_template(LaunchTemplateName=f"{CLUSTER}-worker", TagSpecifications=[
         {"ResourceType": "launch-template", "Tags": [{"Key": k, "Value": v} for k, v in base.items()]}],
         LaunchTemplateData={
