@@ -24,8 +24,9 @@ class AwsGroup:
     """The workers' Auto Scaling group, read with the node role (boto3 in the node venv).
 
     A lost worker's slot is filled by the group's newest in-service instance that is no member yet; a
-    replacement the supervisor refuses is handed back (`hand_back`: terminated through the group, which
-    launches another; the master's role may make that call on its own group only).
+    replacement the supervisor refuses (or a worker `fab up` cannot reach to arm) is handed back (`hand_back`:
+    terminated through the group, which launches another; the master's role may make that call on its own
+    group only).
     """
 
     def __init__(self, region: str, group_name: str, members: list[Member]):

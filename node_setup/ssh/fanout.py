@@ -4,6 +4,7 @@
                                             ThreadingGroup; a NodeOutcome per node
     each_node(conns, work)                  `work(name, conn)` per node, for work of several SSH
                                             steps (uploads, installs); one thread per node
+    unopened(conns)                         the nodes whose connection does not open, each with why
 
 Neither raises for a node: an unreachable node, a refused login or a failing command becomes that
 node's result with the reason (connections.explain), and the other nodes go on.
@@ -41,6 +42,19 @@ def each_node(conns: Mapping[str, object], work: Callable[[str, object], T]) -> 
     items = list(conns.items())
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(items))), thread_name_prefix="xc-node") as pool:
         return list(pool.map(lambda item: work(*item), items))
+
+
+def unopened(conns: Mapping[str, object]) -> dict[str, str]:
+    """The nodes whose connection does not open (unreachable, reclaimed, a never-seen host key its console does not
+    show in time or refutes), each with why in one line (connections.explain); every node tried at once."""
+    def one(name: str, conn) -> tuple[str, str | None]:
+        try:
+            conn.open()
+        except Exception as exc:  # noqa: BLE001 - that node's failure, said; the others go on
+            return name, connections.explain(exc, conn)
+        return name, None
+
+    return {name: why for name, why in each_node(conns, one) if why}
 
 
 def on_nodes(conns: Mapping[str, object], command: str, *, timeout: float | None = None) -> list[NodeOutcome]:

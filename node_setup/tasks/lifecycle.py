@@ -8,7 +8,8 @@ service: the program's own wait covers a group it creates, not one it only updat
 filled goes on launching workers later (billed). It fails with the group's own reason (its latest scaling
 activity) when the workers are not there, and exits 1 when the cluster has no running master. Last, the master's
 idle auto-stop is armed with the stack's autoStopIdle, as `fab setup` arms it (a cluster nobody uses stops), also
-after a failed `pulumi up` or wait once the group exists (the image was made: nothing armed reaches it). `fab down`:
+after a failed `pulumi up` or wait once the group exists (the image was made: nothing armed reaches it); a
+worker it cannot reach is left out, named, and given back to its group, and the rest are armed. `fab down`:
 `pulumi destroy`, then, once it succeeded, `fab forget` (the controller's key pair and host keys
 of the cluster) and `fab sweep`'s listing. The steps and command lines are cluster/stack/lifecycle.py's,
 the process handling (streamed output, Ctrl-C passed on once, never a kill) node_setup/pulumi_cli.py's.
@@ -207,9 +208,53 @@ def _no_running_master(spec: ClusterSpec) -> str | None:
             "--refresh` makes a new one)")
 
 
-def _arm_autostop(spec: ClusterSpec) -> str | None:
+def _give_back(node, group, region: str | None) -> str:
+    """What became of a worker the arming leaves out, in words: one EC2 says is gone is the group's to replace;
+    another is handed back to the group as the supervisor hands back a replacement it cannot admit
+    (node_setup/backends/aws.py's AwsGroup: terminated through the group, which launches another)."""
+    from cluster.run.supervision import GONE_STATES, Member
+    from node_setup.backends.aws import AwsGroup
+
+    if group is None or not region or not node.instance_id:
+        return ("not handed back (the workers' group was not read): `fab status` shows it; `fab setup` arms the "
+                "nodes again")
+    machines = AwsGroup(region, group.name, [])
+    member = Member(node.name, node.private_address, node.instance_id)
+    try:
+        state = machines.instance_state(member)
+    except Exception:  # noqa: BLE001 - not known: handed back (a terminated one is refused there, said so)
+        state = None
+    if state in GONE_STATES:
+        return f"EC2 says it is {state}: the group {group.name} launches its replacement"
+    return machines.hand_back(member)
+
+
+def _reachable(inventory, conns: dict, group):
+    """The inventory and connections without the workers whose connection does not open (each left out in one
+    warning line naming it and why, and given back to its group: `_give_back`); a line saying why when the
+    master itself cannot be reached (nothing to arm)."""
+    from dataclasses import replace
+
+    from node_setup.ssh.fanout import unopened
+
+    failed = unopened(conns)
+    master = inventory.master
+    if master.name in failed:
+        return f"the master {master.name} ({master.instance_id}) cannot be reached: {failed[master.name]}"
+    left = tuple(n for n in inventory.nodes if n.name in failed)
+    for node in left:
+        print(f"warning: {node.name} ({node.instance_id}) is left out of the arming: {failed[node.name]}; "
+              f"{_give_back(node, group, inventory.region)}", flush=True)
+    kept = replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name not in failed),
+                   down=inventory.down + left)
+    return kept, {name: conn for name, conn in conns.items() if name not in failed}
+
+
+def _arm_autostop(spec: ClusterSpec, group=None) -> str | None:
     """Arm the master's idle auto-stop with the stack's autoStopIdle as `fab setup` does (the cluster key and
-    the full node list on the master first); what went wrong in one line, None when it is armed (or off)."""
+    the node list on the master first) on the nodes that can be reached: a worker that cannot (no host key
+    fingerprints on its console in time, reclaimed since it was found) is left out, named, and given back to
+    `group` (`_reachable`); what went wrong in one line, None when it is armed (or off)."""
     from cluster.node import autostop
     from node_setup.ssh import autostop as remote
     from node_setup.ssh import connections
@@ -226,7 +271,10 @@ def _arm_autostop(spec: ClusterSpec) -> str | None:
         return str(getattr(exc, "message", None) or exc).removeprefix("error: ")
     conns = common.connect(inventory)
     try:
-        print(autostop.status_line(remote.arm_at_setup(inventory, conns, idle_s, force=False)), flush=True)
+        reachable = _reachable(inventory, conns, group)
+        if isinstance(reachable, str):
+            return reachable
+        print(autostop.status_line(remote.arm_at_setup(*reachable, idle_s, force=False)), flush=True)
     except Exception as exc:  # noqa: BLE001 - said in one line: the cluster is up, the auto-stop is not armed
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     finally:
@@ -294,7 +342,7 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
             raise Exit(f"error: {masterless}", code=FAILED)
         # After a failed `pulumi up` the master may be up with nothing to stop it; once the group exists the
         # image was made from it, so arming it puts nothing into an image.
-        unarmed = _arm_autostop(spec) if not code or group is not None else None
+        unarmed = _arm_autostop(spec, group) if not code or group is not None else None
     if unarmed:
         print(f"warning: the idle auto-stop is not armed ({unarmed}): nothing stops this cluster when it is idle; "
               "`fab setup` or `fab autostop` arms it", flush=True)

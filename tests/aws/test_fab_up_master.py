@@ -87,6 +87,7 @@ def _shutting_down(monkeypatch, reads: int) -> str:
     return master
 
 
+@pytest.mark.slow  # about 3 s (moto, the Pulumi double, a new master): outside the inner loop
 def test_fab_up_waits_for_a_shutting_down_master_to_be_gone_before_pulumi_up_and_is_up_with_the_new_one(
         site, monkeypatch, capsys):  # noqa: F811 - the fixture
     old = _shutting_down(monkeypatch, reads=3)
