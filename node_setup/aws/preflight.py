@@ -22,6 +22,10 @@ Checks, in order, each ending in a `Finding` that says what to change:
                instance profile needs): IAM's policy simulator (SimulatePrincipalPolicy) for the
                caller's user or role, on a role named like the one `pulumi up` makes
                (node_setup/aws/pass_role.py)
+  console      the caller may read the console of the cluster's instances (ec2:GetConsoleOutput), where
+               `pulumi up`'s setup step verifies the master's host key and `fab` each new node's: the
+               same simulator, for the same caller, on an instance of the region with the cluster's tag
+               (node_setup/aws/console_read.py)
   ebs-key      the Auto Scaling service role may use the account's default EBS key, which encrypts
                the workers' volumes: a customer managed key needs its policy or a grant to name the
                role, which the dry run (the caller's credentials) cannot show (node_setup/aws/ebs_key.py)
@@ -53,6 +57,7 @@ from cluster.stack import subnet_choice
 from cluster.stack.spec import ClusterSpec, next_master_type
 from cluster.stack.tags import PROFILE_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY, cluster_tags, node_tags
 from node_setup.aws import errors
+from node_setup.aws.console_read import check_console_read
 from node_setup.aws.ebs_key import check_ebs_key
 from node_setup.aws.zones import next_best_zone_fix, offered
 from node_setup.aws.findings import (FAIL, OK, SKIPPED, WARN, AwsClients, Report, check_credentials, check_region,
@@ -349,7 +354,7 @@ def run_preflight(spec: ClusterSpec, *, clients: AwsClients | None = None,
         return report
     clients = clients or AwsClients.for_region(spec.region)
     if not check_credentials(report, clients):
-        report.add("checks", SKIPPED, "offering, quota, dry-run and pass-role need credentials")
+        report.add("checks", SKIPPED, "offering, quota, dry-run, pass-role and console need credentials")
         check_admin_cidr(report, spec, public_ip)
         return report
     run_checks(report, (
@@ -357,6 +362,7 @@ def run_preflight(spec: ClusterSpec, *, clients: AwsClients | None = None,
         ("quota", lambda done: check_quotas(report, clients, spec)),
         ("dry-run", lambda done: check_dry_run(report, clients, spec, done.get("offering"))),
         ("pass-role", lambda done: check_pass_role(report, clients, spec)),
+        ("console", lambda done: check_console_read(report, clients, spec, done.get("pass-role"))),
         ("ebs-key", lambda done: check_ebs_key(report, clients, spec)),
     ))
     check_admin_cidr(report, spec, public_ip)

@@ -87,7 +87,8 @@ def test_pass_role_denied_fails_with_what_to_allow(mocked_aws, decision):
 
 
 def test_a_denied_policy_simulation_is_a_warning_that_the_check_was_not_made(mocked_aws):
-    iam, stub = stubbed_iam(("simulate-error", MOTO_CALLER, "AccessDenied"))
+    iam, stub = stubbed_iam(("simulate-error", MOTO_CALLER, "AccessDenied"),
+                            ("console-error", MOTO_CALLER, "AccessDenied"))
     quotas, _ = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
     report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas, iam=iam),
                            public_ip=lambda: MY_ADDRESS)

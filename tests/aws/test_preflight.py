@@ -73,6 +73,9 @@ MOTO_CALLER = "arn:aws:iam::123456789012:user/moto"  # moto's default identity, 
 NODE_ROLE = "arn:aws:iam::123456789012:role/xeon-dev-node-0000000"  # named like the role `pulumi up` makes
 PASSED_TO_EC2 = [{"ContextKeyName": "iam:PassedToService", "ContextKeyValues": ["ec2.amazonaws.com"],
                   "ContextKeyType": "string"}]
+CLUSTER_INSTANCE = "arn:aws:ec2:us-east-1:123456789012:instance/*"  # any instance of the region: none exists yet
+CLUSTER_TAG = [{"ContextKeyName": f"{prefix}:ResourceTag/xeon-cluster:cluster", "ContextKeyValues": ["xeon-dev"],
+                "ContextKeyType": "string"} for prefix in ("ec2", "aws")]
 
 
 def stubbed_iam(*answers):
@@ -80,8 +83,9 @@ def stubbed_iam(*answers):
 
     `answers`, in call order: ("role", name, arn) answers get_role, ("role-error", name, code) refuses
     it, ("simulate", source, decision) answers simulate_principal_policy for the node role with that
-    decision, ("simulate-error", source, code) refuses it. Each request is checked against the one
-    expected.
+    decision, ("simulate-error", source, code) refuses it; ("console", source, decision) and
+    ("console-error", source, code) do the same for ec2:GetConsoleOutput on an instance of the cluster
+    (the console check). Each request is checked against the one expected.
     """
     client = boto3.client("iam", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     stub = Stubber(client)
@@ -98,11 +102,13 @@ def stubbed_iam(*answers):
                                   expected_params={"RoleName": name})
         else:
             source, outcome = args
-            asked = {"PolicySourceArn": source, "ActionNames": ["iam:PassRole"], "ResourceArns": [NODE_ROLE],
-                     "ContextEntries": PASSED_TO_EC2}
-            if kind == "simulate":
+            action, resource, context = (("ec2:GetConsoleOutput", CLUSTER_INSTANCE, CLUSTER_TAG)
+                                         if kind.startswith("console") else ("iam:PassRole", NODE_ROLE, PASSED_TO_EC2))
+            asked = {"PolicySourceArn": source, "ActionNames": [action], "ResourceArns": [resource],
+                     "ContextEntries": context}
+            if kind in ("simulate", "console"):
                 stub.add_response("simulate_principal_policy", {"EvaluationResults": [{
-                    "EvalActionName": "iam:PassRole", "EvalResourceName": NODE_ROLE, "EvalDecision": outcome}],
+                    "EvalActionName": action, "EvalResourceName": resource, "EvalDecision": outcome}],
                     "IsTruncated": False}, asked)
             else:
                 stub.add_client_error("simulate_principal_policy", service_error_code=outcome, http_status_code=403,
@@ -113,14 +119,14 @@ def stubbed_iam(*answers):
 
 def test_a_good_account_passes_every_check(mocked_aws):
     quotas, stub = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 512})
-    iam, iam_stub = stubbed_iam(("simulate", MOTO_CALLER, "allowed"))
+    iam, iam_stub = stubbed_iam(("simulate", MOTO_CALLER, "allowed"), ("console", MOTO_CALLER, "allowed"))
     report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(quotas=quotas, iam=iam),
                            public_ip=lambda: MY_ADDRESS)
     stub.assert_no_pending_responses()
     iam_stub.assert_no_pending_responses()
     assert report.exit_code == 0, report.render()
     assert [f.check for f in report.findings] == ["region", "credentials", "offering", "quota", "dry-run",
-                                                  "dry-run", "pass-role", "admin-cidr"]
+                                                  "dry-run", "pass-role", "console", "admin-cidr"]
     assert all(f.status == pf.OK for f in report.findings), report.render()
     offering = next(f for f in report.findings if f.check == "offering")
     assert "us-east-1a" in offering.message and "not offered in us-east-1e" in offering.message

@@ -97,4 +97,4 @@ def test_no_workers_nothing_to_check_and_preflight_runs_it_after_pass_role(accou
     report = run_preflight(ClusterSpec.from_config(minimal_config(), stack="dev", region=REGION),
                            clients=account, public_ip=None)
     checks = [f.check for f in report.findings]
-    assert checks.index("ebs-key") == checks.index("pass-role") + 1
+    assert checks.index("ebs-key") == checks.index("console") + 1 == checks.index("pass-role") + 2

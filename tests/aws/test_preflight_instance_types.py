@@ -43,7 +43,7 @@ class FirstTypeRefused:
 
 def test_every_listed_type_is_checked_for_offering_quota_and_a_dry_run(mocked_aws):
     quotas, stub = stubbed_service_quotas(**{SPOT_QUOTA_CODE: 1024})
-    iam, _ = stubbed_iam(("simulate", MOTO_CALLER, "allowed"))
+    iam, _ = stubbed_iam(("simulate", MOTO_CALLER, "allowed"), ("console", MOTO_CALLER, "allowed"))
     aws = clients(quotas=quotas, iam=iam)
     aws.ec2 = FirstTypeRefused(aws.ec2, refused="none")
     report = pf.run_preflight(spec_for(baseAmi=canonical_image(), instanceType="", instanceTypes=TYPES),

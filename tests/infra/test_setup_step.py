@@ -415,6 +415,40 @@ def test_a_master_whose_ec2_console_never_lists_its_host_keys_is_refused_without
     assert known_hosts(config_home).read_text() == ""
 
 
+class DeniedConsoleEc2:
+    """Test double of an EC2 client whose caller lacks ec2:GetConsoleOutput (moto enforces no IAM)."""
+
+    def get_console_output(self, **_):
+        from botocore.exceptions import ClientError
+
+        raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform "
+                                     "this operation."}, "ResponseMetadata": {"HTTPStatusCode": 403}},
+                          "GetConsoleOutput")
+
+
+def test_a_master_whose_console_cannot_be_read_is_refused_at_once_in_one_line_not_after_its_boot(tmp_path,
+                                                                                                  config_home):
+    """A read error is not a console that lists nothing yet: refused at its first read, though the metal master's
+    boot may take 40 minutes, naming the permission (`fab preflight`'s console check asks about it first)."""
+    props = _props_with_key(tmp_path, host="198.51.100.9", instance_id="i-0master", region="us-east-1",
+                            ssh_timeout_seconds=setup_step.ssh_timeout_for("r7iz.metal-16xl"))
+    console = setup_step.master_console(props)
+    console._ec2 = DeniedConsoleEc2()
+
+    def connect_double(props, key, host_keys):
+        raise AssertionError("must not connect to a master whose host key could not be verified")
+
+    started = time.monotonic()
+    with pytest.raises(SetupError) as caught:
+        run_profile_setup(props, connect=connect_double, console=console)
+    assert time.monotonic() - started < console.wait_s / 100 and console.wait_s == 2400
+    line = str(caught.value)
+    assert line.startswith("setup step: host key of 198.51.100.9 (instance i-0master) not verified: cannot read the "
+                           "console of i-0master (UnauthorizedOperation: You are not authorized")
+    assert "allow ec2:GetConsoleOutput on i-0master" in line and line.endswith("; refused") and "\n" not in line
+    assert known_hosts(config_home).read_text() == ""
+
+
 # ------------------------------------------------------------------------ with test doubles
 
 
