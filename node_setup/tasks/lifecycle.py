@@ -182,13 +182,19 @@ def _old_master_gone(spec: ClusterSpec) -> None:
                                            poll_s=MASTER_GONE_POLL_S, say=_say)
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
         raise Exit(f"error: could not read the old master's state ({_aws_problem(exc)}): nothing was changed; run "
-                   "`fab up` again once `fab status` shows no master shutting down", code=FAILED) from None
+                   f"`fab up` again once {_state_command(going, spec.region)} says terminated", code=FAILED) from None
     if left:
         raise Exit(f"error: the old master of {spec.cluster_name} is still not terminated after {wait} "
                    f"({termination.states_text(left)}): a `pulumi up --refresh` now would keep it and make no new "
-                   "master, so nothing was changed; run `fab up` again once EC2 reports it terminated (`fab "
-                   "status` shows it)", code=FAILED)
+                   f"master, so nothing was changed; run `fab up` again once {_state_command(going, spec.region)} "
+                   "says terminated", code=FAILED)
     print("fab: the old master is terminated: `pulumi up --refresh` makes a new one", flush=True)
+
+
+def _state_command(instance_ids: list[str], region: str | None) -> str:
+    """The AWS CLI command that shows the instances' states."""
+    return (f"`aws ec2 describe-instances --instance-ids {' '.join(instance_ids)}"
+            + (f" --region {region}" if region else "") + " --query 'Reservations[].Instances[].State.Name'`")
 
 
 def _no_running_master(spec: ClusterSpec) -> str | None:
@@ -198,8 +204,8 @@ def _no_running_master(spec: ClusterSpec) -> str | None:
     try:
         masters = termination.cluster_masters(spec.cluster_name, spec.region)
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
-        return (f"could not check that the master of {spec.cluster_name} runs ({_aws_problem(exc)}); `fab status` "
-                "shows it")
+        return (f"could not check that the master of {spec.cluster_name} runs ({_aws_problem(exc)}); run `fab up` "
+                "again")
     if termination.RUNNING in masters.values():
         return None
     return (f"cluster {spec.cluster_name} has no running master after `pulumi up` "

@@ -113,7 +113,9 @@ def test_a_master_still_shutting_down_after_the_wait_runs_no_pulumi_and_exits_1(
     line = refused.value.message
     assert "\n" not in line and line.startswith(
         f"error: the old master of {CLUSTER} is still not terminated after 0s ({old}: shutting-down): a `pulumi up "
-        "--refresh` now would keep it and make no new master, so nothing was changed; run `fab up` again once")
+        "--refresh` now would keep it and make no new master, so nothing was changed; run `fab up` again once "
+        f"`aws ec2 describe-instances --instance-ids {old} --region {REGION} --query "
+        "'Reservations[].Instances[].State.Name'` says terminated")
     assert not Path(os.environ["FAKE_PULUMI_LOG"]).exists() and site == []  # no Pulumi, nothing armed
     assert "is up" not in capsys.readouterr().out
 
