@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 from cluster.run import recovery as rc
 from cluster.run import supervision as sv
@@ -62,6 +63,43 @@ class LoopSpec:
 
 
 @dataclass
+class Batch:
+    plan: rc.BatchPlan
+    describe_line: str
+
+
+class Nodes(Protocol):
+    """The run's nodes as the loop asks them (node_setup/supervisor/onmaster.py's Nodes)."""
+    def probe(self, member: Member) -> tuple[bool, str | None]: ...
+    def host_key(self, member: Member) -> str | None: ...
+    def admit(self, member: Member, key: str) -> str | None: ...
+
+
+class Job(Protocol):
+    """The run's jobs on the master (node_setup/supervisor/onmaster.py's Job)."""
+    def new_id(self) -> str: ...
+    def launch(self, members: list[Member], *, resume: bool, batch: rc.BatchPlan | None) -> str: ...
+    def adopt(self, job_id: str, members: list[Member], *, resume: bool, launched_at: float) -> None: ...
+    def outcome(self, job_id: str) -> int | str | None: ...
+    def stop(self, job_id: str) -> None: ...
+    def newest_checkpoint(self) -> tuple[int | None, float | None]: ...
+    def summary(self) -> dict | None: ...
+    def batch_for(self, node_count: int) -> Batch | None: ...
+    def finish(self, records: list[dict]) -> None: ...
+    def keep_for_controller(self) -> str: ...
+
+
+class Store(Protocol):
+    """The run's files (node_setup/supervisor/onmaster.py's RunFiles)."""
+    def say(self, line: str) -> None: ...
+    def state(self, *, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict], line: str = "",
+              pending: list[str], restart: dict | None) -> None: ...
+    def stop_requested(self) -> bool: ...
+    def records(self) -> list[dict]: ...
+    def save_records(self, records: list[dict]) -> None: ...
+
+
+@dataclass
 class _Lost:
     name: str
     instance_id: str
@@ -72,11 +110,11 @@ class _Lost:
 class Supervisor:
     spec: LoopSpec
     backend: MachineGroup  # the cluster's kind's (node_setup/backends/): its members, instance states, consoles
-    nodes: object
-    job: object
-    store: object
-    clock: object = time.time
-    sleep: object = time.sleep
+    nodes: Nodes
+    job: Job
+    store: Store
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     members: dict[str, Member] = field(default_factory=dict)
     current: list[str] = field(default_factory=list)
     pending: dict[str, str] = field(default_factory=dict)  # slot -> the lost instance id
@@ -96,6 +134,12 @@ class Supervisor:
     @property
     def master(self) -> str:
         return self.spec.wanted[0].name
+
+    @property
+    def watched(self) -> str:
+        """The job watched: every launch and adoption sets it before the loop watches."""
+        assert self.job_id is not None
+        return self.job_id
 
     def say(self, line: str) -> None:
         self.store.say(line)
@@ -292,11 +336,11 @@ class Supervisor:
         noticed = any(x.cause == sv.NOTICE for x in lost)
         deadline = self.clock() + (JOB_END_GRACE_S if noticed else 0)
         while True:
-            outcome = self.job.outcome(self.job_id)
-            if outcome is not None and outcome != "stopped":
+            outcome = self.job.outcome(self.watched)
+            if isinstance(outcome, int):  # not None (running), not "stopped"
                 return outcome
             if self.clock() >= deadline:
-                self.job.stop(self.job_id)
+                self.job.stop(self.watched)
                 return ENDED_BY_SUPERVISOR
             self.sleep(self.spec.poll_s)
 
@@ -427,7 +471,7 @@ class Supervisor:
         ended = self.clock()
         self.recovering = {"grow": True, "number": len(self.records) + 1}
         self._state(sv.RUNNING, "a replacement joins at this checkpoint")
-        self.job.stop(self.job_id)
+        self.job.stop(self.watched)
         step, _ = self.job.newest_checkpoint()
         joined = self._join_admitted()
         batch = self.job.batch_for(len(self.current))

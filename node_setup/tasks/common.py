@@ -134,11 +134,13 @@ class CheckedArgument(Argument):
 class XcTask(Task):
     """invoke's Task with the project's flags: explicit short flags, checked numbers."""
 
+    kinds: dict[str, Any] = {}  # option -> its kind where that is not its default's type (`task(kinds=...)`)
+
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         opts = super().arg_opts(name, default, taken_names)
         if isinstance(default, Unset):
             opts["kind"] = default.kind
-        elif name in getattr(self, "kinds", {}):
+        elif name in self.kinds:
             opts["kind"] = self.kinds[name]
         short = SHORT_FLAGS.get(name)
         if short and short not in taken_names:

@@ -109,15 +109,15 @@ def supervisor_spec(request: RunRequest, inventory: Inventory, job: JobPlan) -> 
 def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, all_ranks: bool = False) -> int:
     """`fab train --managed` once the lifecycle prepared the nodes: the run handed to its supervisor on the
     master, then its log followed (Ctrl-C detaches) or, with --detach, fab's return once the first job started."""
-    assert request.managed is not None  # the --managed path
+    managed = request.managed
+    assert managed is not None  # the --managed path
     master = life.transport.conns[life.transport.master]
     request = dataclasses.replace(request, output_dir=job.output_dir)  # every relaunch writes where the first did
     for line in publish_spec(master, request, inventory, job.output_dir, key=_spec_key()):
         say(line)
     spec, secrets = supervisor_spec(request, inventory, job)
     nodes.start_supervisor(master, spec, secrets, systemd=backend_for(inventory.kind).supervisor_as_service())
-    opts = rc.ManagedOptions(request.managed.max_recoveries, request.managed.min_nodes, request.managed.wait_s,
-                             request.nodes)
+    opts = rc.ManagedOptions(managed.max_recoveries, managed.min_nodes, managed.wait_s, request.nodes)
     say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: "
         + opts.describe().replace("fab stays attached and recovers", "it recovers"))
     if job.inventory.master.spot:
@@ -135,7 +135,7 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
                    f"~/{sv.RUN_ROOT}/{request.run_id}/{sv.LOG_FILE} there", UNREACHABLE)
     say(sv.status_line(state))
     job_history.observed(job.inventory, master)  # the run's first job at its start, into the controller's history
-    if request.managed.detach or state.get("status") in sv.FINAL:
+    if managed.detach or state.get("status") in sv.FINAL:
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, request.run_id, all_ranks=all_ranks)
@@ -153,7 +153,7 @@ def run_exit_code(verdict: str, state: dict | None) -> int:
     if verdict != runlog.ENDED:
         return FAILED
     return {sv.COMPLETED: OK, sv.STOPPED: STOPPED, sv.MASTER_LOST: INTERRUPTED_BY_RECLAIM}.get(
-        (state or {}).get("status"), FAILED)
+        (state or {}).get("status", ""), FAILED)
 
 
 def detached_line(run_id: str) -> str:
