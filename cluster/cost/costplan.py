@@ -3,7 +3,7 @@
     plan_rows(inputs, price)   -> [PlanRow]      the prediction and the whole cost per node count
                                                  (inputs: cluster/cost/plan_options.py's plan_inputs)
     with_on_demand_master(rows, price, ...)      what the master alone on demand adds (its line)
-    render_table / render_json                   what `fab plan` prints
+    render_table                                 what `fab plan` prints (PlanRow.as_json: its --json)
 
 The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the image's
 build on its own small instance, then every node from its launch; cluster/stack/lifecycle.py's steps, with the
@@ -17,7 +17,6 @@ price history a spot price is `spot_estimate`'s, named as an estimate.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
@@ -301,6 +300,3 @@ def compile_line(rows: list[PlanRow]) -> str:
             + (f"; eager: {', '.join(map(str, eager))} node(s) (too few steps for the compile to pay)"
                if eager else ""))
 
-
-def render_json(rows: list[PlanRow]) -> str:
-    return json.dumps([row.as_json() for row in rows], indent=2)

@@ -220,11 +220,6 @@ class SyntheticData:
         return {"task_name": self.task, "model": self.model,
                 "train_file": f"{self.directory}/train.json", "validation_file": f"{self.directory}/eval.json"}
 
-    @property
-    def recommended(self) -> str:
-        """SYNTHETIC_ARGS of the task, as --extra text (the user's own --extra goes after it)."""
-        return shlex.join(SYNTHETIC_ARGS[self.task])
-
 
 def synthetic_data(task: str, examples: int | None, python: str, shared_root: str | None = None) -> SyntheticData:
     """The demo for `task` with `examples` training examples (None: the generator's default). `shared_root`: a

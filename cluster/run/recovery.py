@@ -1,7 +1,5 @@
 """`fab train --managed`: what to do when a supervised job ends interrupted (pure decisions).
 
-- `managed_options(...)`: --max-recoveries, --min-nodes and --wait-for-capacity checked where they
-  enter (one line naming the setting, the value and what is allowed).
 - `parse_wait(text)`: a duration (cluster/cost/timemodel.py's forms: 90, 45s, 10m, 1h30m) or 0 (do not
   wait for replacements at all).
 - `next_step(...)`: after the wait, go on with the full cluster, on the survivors, or stop.
@@ -61,28 +59,6 @@ def parse_wait(text: str, setting: str = "--wait-for-capacity") -> float:
         return parse_duration(raw, setting)
     except ValueError as exc:
         raise RecoveryError(f"{exc} (or 0: do not wait, resume on the survivors)") from None
-
-
-def managed_options(*, max_recoveries: str | int | None, min_nodes: str | int | None, wait: str | None,
-                    nodes: int) -> ManagedOptions:
-    """The checked --managed settings for a job on `nodes` nodes (unset: the defaults)."""
-    k = _whole("--max-recoveries", max_recoveries, DEFAULT_MAX_RECOVERIES, "0 or more")
-    if k < 0:
-        raise RecoveryError(f"--max-recoveries: {k} is not allowed; give 0 or more (0: report and stop)")
-    m = _whole("--min-nodes", min_nodes, 1, f"1 to {nodes} (the job's nodes)")
-    if not 1 <= m <= nodes:
-        raise RecoveryError(f"--min-nodes: {m} is not allowed; allowed 1 to {nodes} (the job's nodes)")
-    seconds = parse_wait(DEFAULT_WAIT_FOR_CAPACITY if wait in (None, "") else wait)
-    return ManagedOptions(k, m, seconds, nodes)
-
-
-def _whole(setting: str, value, default: int, allowed: str) -> int:
-    if value in (None, ""):
-        return default
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise RecoveryError(f"{setting}: {value!r} is not a whole number; allowed {allowed}") from None
 
 
 def next_step(wanted: int, available: int, min_nodes: int) -> str:

@@ -39,14 +39,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from cluster import exit_codes
 from cluster.run import recovery as rc
 from cluster.run import supervision as sv
 from cluster.backend import MachineGroup
 from cluster.run.runlog import started_line
 from cluster.run.supervision import Member
 
-INTERRUPTED = 75  # training/exit_codes.py's INTERRUPTED_BY_RECLAIM
-NOT_RECOVERED = (2, 130)  # bad input, Ctrl-C: the user's ends, not the cluster's
+NOT_RECOVERED = (exit_codes.BAD_INPUT, exit_codes.CTRL_C)  # the user's ends, not the cluster's
 JOB_END_GRACE_S = 180.0  # after a worker's notice: how long the job may take to checkpoint and end
 ENDED_BY_SUPERVISOR = 137  # the record's exit code when the supervisor stopped a job that hung (SIGKILL's)
 CONFIRM_S = 120.0  # after a job's end: how long a silent worker's loss may wait for its instance's state
@@ -188,7 +188,7 @@ class Supervisor:
                 lost = self._losses_after_end()
                 if lost is None:
                     return self._master_lost("the master's own notice")
-                if not lost and code != INTERRUPTED:
+                if not lost and code != exit_codes.INTERRUPTED:
                     return self._final(sv.FAILED, f"job {self.job_id} failed (exit code {code}) and every node "
                                                   "answers: not an interruption, no recovery")
             elif kind == "lost":  # while the job runs
@@ -354,7 +354,7 @@ class Supervisor:
         names = [x.name for x in lost]
         # a job that ended 75 checkpointed at a notice: its lost nodes were reclaimed, even when they went
         # before a probe read their notice
-        noticed = any(x.cause == sv.NOTICE for x in lost) or (code == INTERRUPTED and bool(lost))
+        noticed = any(x.cause == sv.NOTICE for x in lost) or (code == exit_codes.INTERRUPTED and bool(lost))
         for x in lost:
             x.cause = sv.NOTICE if noticed else x.cause
         cause = sv.NOTICE if noticed else (sv.SILENT if lost else "interrupted")

@@ -8,7 +8,7 @@
     connect(inventory)           a Connection per node, host keys pinned (node_setup/ssh/connections.py)
     fail(message, code)          stop the task: `error: <message>` on stderr and the exit code
 
-Exit codes of the tasks (`fab train` passes the job's own code through, training/exit_codes.py):
+Exit codes of the tasks (cluster/exit_codes.py; `fab train` passes the job's own code through):
 0 ok; 1 a node failed or something could not be done; 2 bad input, nothing touched; 3 a node
 could not be reached; 75 the job was interrupted by a spot reclaim; 130 interrupted with Ctrl-C.
 """
@@ -23,15 +23,15 @@ from invoke.parser import Argument
 from invoke.tasks import Task
 
 from cluster.inventory import Inventory
-from training import exit_codes
+from cluster import exit_codes
 
 OK = exit_codes.OK
 FAILED = exit_codes.FAILED
 BAD_INPUT = exit_codes.BAD_INPUT
-UNREACHABLE = 3
+UNREACHABLE = exit_codes.UNREACHABLE
 INTERRUPTED_BY_RECLAIM = exit_codes.INTERRUPTED
-CTRL_C = 130
-STOPPED = 143  # 128 + SIGTERM: the job was ended by `fab stop`
+CTRL_C = exit_codes.CTRL_C
+STOPPED = exit_codes.STOPPED
 
 CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `fab local-up`, or the path of an "
                 "inventory YAML file; default: the only xeon-cluster cluster running in the region")
@@ -172,19 +172,6 @@ def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None,  # noqa: 
         return made
 
     return define
-
-
-def whole_number(option: str, value: Any, *, minimum: int | None = None, unset: Any = ("", None)) -> int | None:
-    """A string option read as a whole number (None when unset), or exit 2 naming the option."""
-    if value in unset:
-        return None
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise fail(f"--{option}: {value!r} is not a whole number") from None
-    if minimum is not None and number < minimum:
-        raise fail(f"--{option}: {number} is not allowed; give {minimum} or more")
-    return number
 
 
 def inventory(cluster: str | None, region: str | None) -> Inventory:

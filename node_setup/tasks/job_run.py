@@ -9,7 +9,7 @@ and its log followed to the end (`follow_to_end`: the outcome as fab's exit code
 world check of your program, the cost), or with --managed the run handed to its supervisor on the
 master (node_setup/tasks/managed.py), which runs the same lifecycle there for every job.
 
-Exit codes: the job's own (training/exit_codes.py), node_setup/tasks/common.py's (2 bad input, 3 a node
+Exit codes (cluster/exit_codes.py): the job's own, or fab's (2 bad input, 3 a node
 unreachable or not prepared, 130 Ctrl-C, 143 stopped), or cluster/job/worldcheck.py's TRAINED_ALONE.
 """
 

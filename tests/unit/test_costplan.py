@@ -34,7 +34,7 @@ def test_cheapest_and_fastest():
 
 
 def test_json_has_one_object_per_node_count_with_the_documented_keys():
-    data = json.loads(costplan.render_json(_rows()))
+    data = [row.as_json() for row in _rows()]
     assert [d["nodes"] for d in data] == [1, 2, 4, 8]
     assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
                           "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
@@ -268,7 +268,7 @@ def test_auto_stop_off_counts_no_idle_tail_and_says_the_nodes_bill_until_destroy
     rows, _ = _plan(nodes="4", auto_stop_idle="off")
     row = rows[0]
     assert row.idle_tail_seconds is None and row.idle_tail_usd == 0
-    assert json.loads(costplan.render_json(rows))[0]["idle_tail_seconds"] is None
+    assert [row.as_json() for row in rows][0]["idle_tail_seconds"] is None
     text = costplan.render_table(rows)
     assert "idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)" in text
     assert text.splitlines()[1].split()[9] == "-"  # the idle $ column (durations are two words)
@@ -291,7 +291,7 @@ def test_the_total_is_provisioning_plus_run_plus_idle_tail_and_each_is_shown():
     cells = line.split()  # nodes, epoch time and run time (two words each), efficiency, $/hour, then the costs
     assert [float(c) for c in cells[7:11]] == pytest.approx(
         [row.provisioning_usd, row.run_usd, row.idle_tail_usd, row.total_usd], abs=0.006)
-    data = json.loads(costplan.render_json(rows))[0]
+    data = [row.as_json() for row in rows][0]
     assert (data["instance_type"], data["market"], data["price_source"]) == (
         "r7iz.metal-16xl", "spot", "spot $5.0000/instance-hour, given with --hourly-usd")
     assert (data["provisioning_seconds"], data["idle_tail_seconds"]) == (BAKE_METAL_S, 1800.0)
@@ -433,7 +433,7 @@ def test_an_on_demand_master_counts_the_plan_s_own_terms(over, hours):
     # by hand: the spot estimate is half of 5.952, so the master on demand adds 2.976 $/hour
     assert rows[0].on_demand_master_usd == pytest.approx(2.976 * hours, abs=0.002)
     assert f"+${2.976 * hours:.2f} (total $" in line and "(static table)" not in line  # the price line names it
-    data = json.loads(costplan.render_json(rows))[0]
+    data = [row.as_json() for row in rows][0]
     assert data["on_demand_master_extra_usd"] == pytest.approx(2.976 * hours, abs=0.002)
     assert data["on_demand_master_total_usd"] == pytest.approx(data["total_usd"] + 2.976 * hours, abs=0.002)
 
@@ -444,7 +444,7 @@ def test_a_plan_on_demand_says_the_master_already_is():
     rows, line = costplan.with_on_demand_master(rows, price, None)
     assert line == ("on-demand master (recommended for --managed runs): master already on demand "
                     "(this plan prices every node on demand)")
-    assert [json.loads(costplan.render_json(rows))[i]["on_demand_master_extra_usd"] for i in (0, 1)] == [0.0, 0.0]
+    assert [[row.as_json() for row in rows][i]["on_demand_master_extra_usd"] for i in (0, 1)] == [0.0, 0.0]
 
 
 def test_a_stack_with_an_on_demand_master_gets_the_figure_the_spot_table_leaves_out():
@@ -467,7 +467,7 @@ def test_fab_plan_with_a_given_price_does_not_guess_the_on_demand_one(tmp_path, 
     rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4"), hourly_usd=5.0)
     assert notes[0] == ("on-demand master (recommended for --managed runs): not priced (--hourly-usd gives one "
                         "price for every node, not the master's on-demand price)")
-    assert json.loads(costplan.render_json(rows))[0]["on_demand_master_extra_usd"] is None
+    assert [row.as_json() for row in rows][0]["on_demand_master_extra_usd"] is None
     rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4", on_demand=True), hourly_usd=5.0)
     assert notes[0].endswith("master already on demand (this plan prices every node on demand)")
 
