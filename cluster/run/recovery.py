@@ -1,6 +1,6 @@
 """`fab train --managed`: what to do when a supervised job ends interrupted (pure decisions).
 
-- `parse_wait(text)`: a duration (cluster/cost/timemodel.py's forms: 90, 45s, 10m, 1h30m) or 0 (do not
+- `parse_wait(text)`: a duration (cluster/durations.py's forms: 90, 45s, 10m, 1h30m) or 0 (do not
   wait for replacements at all).
 - `next_step(...)`: after the wait, go on with the full cluster, on the survivors, or stop.
 - `batch_for(...)`: the per-rank batch and gradient accumulation that keep the global batch
@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from cluster.cost.timemodel import format_duration, parse_duration
+from cluster.durations import format_duration, parse_duration
 
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_WAIT_FOR_CAPACITY = "15m"  # a `pulumi up --refresh` that replaces a spot node takes a few minutes

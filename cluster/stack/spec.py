@@ -20,7 +20,7 @@ from cluster.stack import catalog
 from cluster import names
 from cluster.stack.catalog import InstanceType
 from cluster.stack.config_keys import CONFIG_KEYS, is_unset
-from cluster.cost.timemodel import parse_duration
+from cluster.durations import parse_duration
 from cluster.node.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 MAX_WORKERS = 128

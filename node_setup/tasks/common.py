@@ -66,7 +66,7 @@ def given(value: Any) -> bool:
 
 
 class _DurationKind:
-    """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/cost/timemodel.py's one
+    """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/durations.py's one
     parser); a bare number is refused with a line that says to add a unit. `off`: also `off` or 0 -> 0.0."""
 
     def __init__(self, name: str, off: bool, zero: str = "off") -> None:
@@ -75,7 +75,7 @@ class _DurationKind:
         self.zero = zero  # what the error offers for none: `off`, or `0` where off means nothing (a notice)
 
     def __call__(self, text: Any, setting: str = "duration") -> float:
-        from cluster.cost.timemodel import parse_duration
+        from cluster.durations import parse_duration
 
         raw = str(text).strip().lower()
         if self.off and raw in ("off", "0", "0s", "0m", "0h"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from invoke import Exit
 
-from cluster.cost.timemodel import format_duration
+from cluster.durations import format_duration
 from cluster.stack import lifecycle
 from cluster.stack import worker_group as group_rules
 from cluster.stack.catalog import METAL_BOOT_WAIT_S

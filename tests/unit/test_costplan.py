@@ -7,6 +7,7 @@ import pytest
 
 from cluster.cost import costplan, plan_options
 from cluster.cost import timemodel as tm
+from cluster.durations import format_duration
 from cluster.cost.models import lookup_dataset, lookup_model
 from tests.fab_run import ROOT
 
@@ -329,8 +330,8 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     # node's boot, each at its typical time; the master no longer bills through an install and a bake (it was
     # 2h 04m 00s, $12.05), and the worst case (every boot its wait budget) is shown beside it.
     stock_bake_s = 60 + BUILD_S["stock"] + KEPT_METAL_MASTER_S
-    assert (f"provision $: the first `pulumi up` with the image built apart, {tm.format_duration(stock_bake_s)}"
-            in table) and tm.format_duration(stock_bake_s) == "37m 30s"
+    assert (f"provision $: the first `pulumi up` with the image built apart, {format_duration(stock_bake_s)}"
+            in table) and format_duration(stock_bake_s) == "37m 30s"
     assert ("the build instance's boot (m7i.large) 2m 00s, install on it 10m 00s, the image's snapshot (40 GiB)"
             in table) and "every node's boot from the image 9m 00s" in table
     assert "idle $: 30m 00s idle" in table
@@ -339,7 +340,7 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     spot_usd = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
     worst_usd = spot_usd * (WORST_MASTER_S + 3 * METAL_BUDGET) / 3600 + WORST_BUILDER_USD["stock"]
     worst_s = 60 + WORST_BUILD_S["stock"] + WORST_MASTER_S
-    assert (f"; at most ${worst_usd:.2f} ({tm.format_duration(worst_s)}) if every boot takes its wait budget "
+    assert (f"; at most ${worst_usd:.2f} ({format_duration(worst_s)}) if every boot takes its wait budget "
             "(a node's 40m 00s); run $") in table
     row = json.loads(fab_plan("--json"))[0]
     spot = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
