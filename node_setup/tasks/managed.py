@@ -23,6 +23,7 @@ from cluster.backend import BackendError
 from cluster.inventory import Inventory
 from cluster.job.jobplan import JobPlan
 from cluster.job.request import OwnProgram, RequestError, RunRequest
+from cluster.job.train_options import JobOptions
 from cluster.job.userjob import CopyPlan, UserJobError
 from cluster.run import recovery as rc
 from cluster.run import runspec
@@ -214,7 +215,7 @@ def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, mas
     return text, where, directory
 
 
-def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: str, s3=None) -> RunRequest:
+def resumed_request(inventory: Inventory, options: JobOptions | dict[str, Any], *, run_id: str, s3=None) -> RunRequest:
     """`fab train --managed --resume`: the run's request read back from its spec, the signature and every field
     checked before anything starts (one line naming where, exit 2), then the same run again: a new run id,
     --resume, the withheld --env values given again (`options`: fab train's, left out as None)."""
@@ -222,17 +223,18 @@ def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: st
     from cluster.job.run_env import check_env
     from node_setup.tasks import common
 
-    uri, output_dir = options.get("checkpoint_uri") or "", options.get("output_dir") or ""
+    o = JobOptions.of(options)
+    uri, output_dir = o.checkpoint_uri or "", o.output_dir or ""
     master = common.connect(inventory)[inventory.master.name] if not uri else None
     text, where, read_from = read_spec(inventory, checkpoint_uri=uri, output_dir=output_dir, master=master, s3=s3)
     try:
         binding = runspec.Binding(inventory.name, inventory.kind, checkpoint_uri=uri or None,
                                   output_dir=None if uri else read_from)
         found = runspec.read(text, where, _spec_key(), binding)
-        env = dict(check_env(env_pairs(options.get("env") or ""), found.request.allow_env))
+        env = dict(check_env(env_pairs(o.env or ""), found.request.allow_env))
         own = found.request.own
         request = runspec.resumed(found, env, run_id, workdir=workdir_again(own) if own is not None else None,
-                                  workdir_changed_ok=bool(options.get("workdir_changed_ok")))
+                                  workdir_changed_ok=bool(o.workdir_changed_ok))
         inventory.first(request.nodes)
     except (runspec.RunSpecError, RequestError, LaunchError) as exc:
         raise fail(str(exc)) from None
