@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from cluster.durations import format_duration, parse_duration
+from cluster.durations import parse_duration
 
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_WAIT_FOR_CAPACITY = "15m"  # a `pulumi up --refresh` that replaces a spot node takes a few minutes
@@ -31,20 +31,6 @@ FULL, SURVIVORS, TOO_FEW = "full", "survivors", "too-few"
 
 class RecoveryError(ValueError):
     """A --managed setting that cannot be used; the message names it, the value and what is allowed."""
-
-
-@dataclass(frozen=True)
-class ManagedOptions:
-    max_recoveries: int
-    min_nodes: int
-    wait_seconds: float
-    nodes: int  # the job's node count at the start
-
-    def describe(self) -> str:
-        wait = ("no wait for replacements (resume on the survivors at once)" if not self.wait_seconds
-                else f"replacements awaited up to {format_duration(self.wait_seconds)}")
-        return (f"fab stays attached and recovers up to {self.max_recoveries} interruption(s); "
-                f"{wait}; at least {self.min_nodes} of {self.nodes} node(s) to go on")
 
 
 def parse_wait(text: str, setting: str = "--wait-for-capacity") -> float:

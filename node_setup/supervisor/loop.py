@@ -45,6 +45,7 @@ from cluster.run import supervision as sv
 from cluster.backend import MachineGroup
 from cluster.run.runlog import started_line
 from cluster.run.supervision import Member
+from cluster.job.request import Managed
 
 NOT_RECOVERED = (exit_codes.BAD_INPUT, exit_codes.CTRL_C)  # the user's ends, not the cluster's
 JOB_END_GRACE_S = 180.0  # after a worker's notice: how long the job may take to checkpoint and end
@@ -56,7 +57,7 @@ CONFIRM_S = 120.0  # after a job's end: how long a silent worker's loss may wait
 class LoopSpec:
     run_id: str
     wanted: list[Member]  # the run's nodes at the start, master first: what recoveries restore
-    options: rc.ManagedOptions
+    managed: Managed  # --max-recoveries, --min-nodes, --wait-for-capacity
     poll_s: float = 5.0
     resume: bool = False  # the first launch continues a run (`fab train --managed --resume`)
     previous: dict | None = None  # the state file this run's supervisor left when its process ended (a restart)
@@ -164,8 +165,7 @@ class Supervisor:
         if self.spec.previous is not None:
             event = self._carry_on(self.spec.previous)
         else:
-            self.say(self.spec.options.describe().replace("fab stays attached and recovers",
-                                                          "the master supervises the run and recovers"))
+            self.say("the master supervises the run and recovers " + self.spec.managed.describe(len(self.spec.wanted)))
             self._launch(resume=self.spec.resume, batch=None)
             event = None
         while True:
@@ -348,8 +348,8 @@ class Supervisor:
 
     def _recover(self, lost: list[_Lost], code: int, ended: float | None = None) -> str | None:
         ended = self.clock() if ended is None else ended
-        if len(self.records) >= self.spec.options.max_recoveries:
-            return self._final(sv.FAILED, f"--max-recoveries {self.spec.options.max_recoveries} reached: not "
+        if len(self.records) >= self.spec.managed.max_recoveries:
+            return self._final(sv.FAILED, f"--max-recoveries {self.spec.managed.max_recoveries} reached: not "
                                           "recovering again; `fab train --managed --resume` continues the run")
         names = [x.name for x in lost]
         # a job that ended 75 checkpointed at a notice: its lost nodes were reclaimed, even when they went
@@ -370,18 +370,18 @@ class Supervisor:
             if x.name in self.current:  # a restart's recovery: already out
                 self.current.remove(x.name)
         self.verified = {}
-        if self.spec.options.wait_seconds and self.pending and not self.backend.replaces_lost():
+        if self.spec.managed.wait_s and self.pending and not self.backend.replaces_lost():
             self.say(f"no replacement can come for {', '.join(sorted(self.pending))} (nothing replaces a lost "
                      "machine of this cluster): going on with the survivors at once")
-        elif self.spec.options.wait_seconds and self.pending:
+        elif self.spec.managed.wait_s and self.pending:
             self.say(f"awaiting replacement(s) for {', '.join(sorted(self.pending))} from the group (up to "
-                     f"{self.spec.options.wait_seconds:g} s)")
-            self._replacements_ready(block=True, deadline=ended + self.spec.options.wait_seconds)
+                     f"{self.spec.managed.wait_s:g} s)")
+            self._replacements_ready(block=True, deadline=ended + self.spec.managed.wait_s)
         joined = self._join_admitted()
-        decision = rc.next_step(len(self.spec.wanted), len(self.current), self.spec.options.min_nodes)
+        decision = rc.next_step(len(self.spec.wanted), len(self.current), self.spec.managed.min_nodes)
         if decision == rc.TOO_FEW:
             return self._final(sv.FAILED, f"only {len(self.current)} node(s) left ({', '.join(self.current)}); "
-                                          f"--min-nodes is {self.spec.options.min_nodes}: stopping")
+                                          f"--min-nodes is {self.spec.managed.min_nodes}: stopping")
         batch = self.job.batch_for(len(self.current))
         stopped = ((summary or {}).get("interruption") or {}).get("step") or (summary or {}).get("steps")
         lost_s = rc.work_lost_seconds(stopped, step, ((summary or {}).get("step_time_seconds") or {}).get("mean"))

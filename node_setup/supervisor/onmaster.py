@@ -408,12 +408,11 @@ def build(run_dir: Path) -> Supervisor:
                for i, n in enumerate(inventory.nodes)]
     # the cluster's group (local: its keeper's record, which has the instance ids a local inventory lacks)
     group, members = backend_for(inventory.kind).machine_group(spec, members)
-    opts = rc.ManagedOptions(managed.max_recoveries, managed.min_nodes, managed.wait_s, len(members))
     python = f"{venv_dir(get_profile(inventory.profile))}/bin/python"
     transport = ShellTransport(inventory.master.name, request.run_id)
     nodes = Nodes(transport, inventory, cluster, python)
     files = RunFiles(run_dir, str(request.output_dir), request.run_id)
-    loop_spec = LoopSpec(request.run_id, members, opts, float(spec.get("poll_seconds", 5)), request.resume,
+    loop_spec = LoopSpec(request.run_id, members, managed, float(spec.get("poll_seconds", 5)), request.resume,
                          previous=files.previous())
     return Supervisor(loop_spec, group, nodes, Job(request, transport, nodes, files.say), files)
 

@@ -118,9 +118,8 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
         say(line)
     spec, secrets = supervisor_spec(request, inventory, job)
     nodes.start_supervisor(master, spec, secrets, systemd=backend_for(inventory.kind).supervisor_as_service())
-    opts = rc.ManagedOptions(managed.max_recoveries, managed.min_nodes, managed.wait_s, request.nodes)
-    say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: "
-        + opts.describe().replace("fab stays attached and recovers", "it recovers"))
+    say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: it recovers "
+        + managed.describe(request.nodes))
     if job.inventory.master.spot:
         say("the master is a spot instance: it is the run's single point of failure (a reclaimed master ends the "
             "run; `fab train --managed --resume` continues it once it is back)")
