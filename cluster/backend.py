@@ -44,6 +44,7 @@ NodePrice = tuple[float | None, str]  # USD per hour (None: not known) and where
 class ConsoleSource(Protocol):
     """Where a new node's console host keys are read (cluster/node/console.py parses the text)."""
 
+    kind: str  # the cluster kind whose nodes' consoles these are (named in a refusal)
     wait_s: float  # how long to wait for the fingerprints to appear
     poll_s: float
 

@@ -109,8 +109,8 @@ def placement(spec: ClusterSpec) -> Placement:
                 f"availabilityZone: {spec.availability_zone!r} does not offer {_types_shown(spec)}; allowed: "
                 f"{', '.join(zones)} (`fab preflight --pick-zone` ranks them)")
         zones = [spec.availability_zone]
-    filters = [{"name": "vpc-id", "values": [vpc_id]},
-               {"name": "availability-zone", "values": zones}]
+    filters: list[aws.ec2.GetSubnetsFilterArgsDict] = [{"name": "vpc-id", "values": [vpc_id]},
+                                                       {"name": "availability-zone", "values": zones}]
     if default_vpc:
         filters.append({"name": "default-for-az", "values": ["true"]})
     subnet_id = choose_subnet(aws.ec2.get_subnets(filters=filters).ids or [])
@@ -140,7 +140,8 @@ def _described(found) -> dict:
 
 def kept_images() -> list[image_reuse.KeptImage]:
     """The account's kept images in the stack's region (owned here, with the kept filters)."""
-    filters = [{"name": name, "values": [value]} for name, value in image_reuse.KEPT_FILTERS]
+    filters: list[aws.ec2.GetAmiIdsFilterArgsDict] = [{"name": name, "values": [value]}
+                                                      for name, value in image_reuse.KEPT_FILTERS]
     ids = aws.ec2.get_ami_ids(owners=["self"], filters=filters).ids or []
     return [image_reuse.KeptImage.from_description(_described(aws.ec2.get_ami(
         owners=["self"], filters=[{"name": "image-id", "values": [image_id]}]))) for image_id in ids]

@@ -65,7 +65,8 @@ class ClusterNetwork(pulumi.ComponentResource):
                 description=f"outbound {family}",
                 tags=tags,
                 opts=child,
-                **{f"cidr_{family}": cidr})
+                cidr_ipv4=cidr if family == "ipv4" else None,
+                cidr_ipv6=cidr if family == "ipv6" else None)
             for family, cidr in (("ipv4", "0.0.0.0/0"), ("ipv6", "::/0"))
         ]
 

@@ -44,7 +44,7 @@ back with today's lookups) neither changes the template nor replaces the group.
 from __future__ import annotations
 
 import base64
-from typing import Sequence
+from typing import Any, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -126,7 +126,7 @@ class WorkerGroup(pulumi.ComponentResource):
         public = network.public_ip
         # Everything a worker's launch takes from the template but its user data: a change of any of it
         # replaces the group (below); a new user data does not.
-        shape = dict(
+        shape: dict[str, Any] = dict(
             instance_type=spec.instance_type,
             key_name=network.key_name,
             # With a public address asked for (the default VPC), the groups go with the interface.

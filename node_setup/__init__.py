@@ -12,7 +12,7 @@
     plan_plot.py      the `fab plan --plot` drawing
 
 Decisions come from `cluster/` (pure); this package carries them out. Nothing here imports
-pulumi, torch or transformers; `training` is imported only for pure constants (the exit codes in
-training/exit_codes.py, and the metadata address in training/imds.py for the local cluster).
+pulumi, torch or transformers; `training` is imported only for pure constants (the metadata address in
+training/imds.py for the local cluster).
 What each room may import is docs/design.md's layer table (tests/unit/test_layers.py checks it).
 """

@@ -235,7 +235,3 @@ def documents(text: str) -> list:
     """Every manifest of a file `fab k8s-job` wrote, in its models."""
     return [from_dict(d) for d in yaml.safe_load_all(text) if d is not None]
 
-
-def from_yaml(text: str):
-    """The job of a file `fab k8s-job` wrote (its last document), in its models."""
-    return documents(text)[-1]

@@ -11,7 +11,7 @@ from importlib import metadata
 from typing import Sequence
 
 from cluster.job.jobreport import interruption_record
-from training import exit_codes
+from cluster import exit_codes
 
 VERSIONED_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "intel-extension-for-pytorch",
                       "oneccl-bind-pt", "impi-rt")

@@ -5,7 +5,7 @@ group (ccl or gloo) -> every argument (TrainingArguments) -> checkpoints: the --
 probe, the run's id and the resume point (the newest checkpoint every rank can read) -> tokenizer,
 data, model (all ranks agree on any error) -> training with step timing, timed checkpoints and the
 spot watcher -> final model, evaluation -> summary on rank 0 -> process group destroyed.
-Exit codes are in training/exit_codes.py.
+Exit codes are in cluster/exit_codes.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from training import exit_codes
+from cluster import exit_codes
 from training import ranks as rank_env
 from training.errors import BadInput
 from training.resume import RunCheckpoints

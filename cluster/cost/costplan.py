@@ -3,7 +3,7 @@
     plan_rows(inputs, price)   -> [PlanRow]      the prediction and the whole cost per node count
                                                  (inputs: cluster/cost/plan_options.py's plan_inputs)
     with_on_demand_master(rows, price, ...)      what the master alone on demand adds (its line)
-    render_table / render_json                   what `fab plan` prints
+    render_table                                 what `fab plan` prints (PlanRow.as_json: its --json)
 
 The whole cost is three terms, each shown on its own: provisioning (the first `pulumi up`: the image's
 build on its own small instance, then every node from its launch; cluster/stack/lifecycle.py's steps, with the
@@ -17,12 +17,12 @@ price history a spot price is `spot_estimate`'s, named as an estimate.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from cluster.cost import timemodel as tm
+from cluster.durations import format_duration
 from cluster.cost.plan_options import PlanInputs
 
 @dataclass(frozen=True)
@@ -245,8 +245,8 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
     for row in rows:
         p = row.prediction
         idle = "-" if row.idle_tail_seconds is None else f"{row.idle_tail_usd:.2f}"
-        lines.append(f"{row.nodes:>5}  {tm.format_duration(p.epoch_seconds):>11}  "
-                     f"{tm.format_duration(p.run_seconds):>11}  "
+        lines.append(f"{row.nodes:>5}  {format_duration(p.epoch_seconds):>11}  "
+                     f"{format_duration(p.run_seconds):>11}  "
                      f"{p.efficiency:>10.0%}  {row.hourly_usd:>8.2f}  {row.provisioning_usd:>11.2f}  "
                      f"{row.run_usd:>8.2f}  {idle:>8}  {row.total_usd:>8.2f}"
                      f"  {p.step_seconds:>7.3f}  {p.comm_s / p.steps:>7.3f}")
@@ -259,8 +259,8 @@ def render_table(rows: list[PlanRow], *, header: str = "", price_source: str = "
     lines.extend(notes)
     cheap, fast = cheapest(rows), fastest(rows)
     lines.append(f"cheapest: {cheap.nodes} node(s), ${cheap.total_usd:.2f} in "
-                 f"{tm.format_duration(cheap.prediction.run_seconds)}")
-    lines.append(f"fastest:  {fast.nodes} node(s), {tm.format_duration(fast.prediction.run_seconds)} "
+                 f"{format_duration(cheap.prediction.run_seconds)}")
+    lines.append(f"fastest:  {fast.nodes} node(s), {format_duration(fast.prediction.run_seconds)} "
                  f"for ${fast.total_usd:.2f}")
     return "\n".join(lines)
 
@@ -273,22 +273,22 @@ def lifecycle_line(rows: Sequence[PlanRow]) -> str:
     kept image, or with a bake) and what it would cost."""
     row = rows[0]
     how = "from " + row.provisioning_from if row.provisioning_from != "bake" else BUILT
-    up = (f"provision $: the first `pulumi up` {how}, {tm.format_duration(row.provisioning_seconds)} (every node "
+    up = (f"provision $: the first `pulumi up` {how}, {format_duration(row.provisioning_seconds)} (every node "
           "from its launch; the image's build on its own small instance)" if row.provisioning_seconds else
           "provision $: not counted")
     if row.other_provisioning_seconds is not None:
         other = (BUILT if row.provisioning_from != "bake" else
                  "from a kept image (keepImage: true keeps a stack's image for the next one)")
         figures = ", ".join(f"{r.nodes} node(s) ${r.other_provisioning_usd:.2f}" for r in rows)
-        up += f"; {other}: {tm.format_duration(row.other_provisioning_seconds)}, {figures}"
+        up += f"; {other}: {format_duration(row.other_provisioning_seconds)}, {figures}"
     if row.worst_provisioning_seconds is not None and row.boot_budget_seconds is not None:
         figures = ", ".join(f"{'' if len(rows) == 1 else f'{r.nodes} node(s) '}${r.worst_provisioning_usd:.2f}"
                             for r in rows)
-        up += (f"; at most {figures} ({tm.format_duration(row.worst_provisioning_seconds)}) if every boot takes its "
-               f"wait budget (a node's {tm.format_duration(row.boot_budget_seconds)})")
+        up += (f"; at most {figures} ({format_duration(row.worst_provisioning_seconds)}) if every boot takes its "
+               f"wait budget (a node's {format_duration(row.boot_budget_seconds)})")
     idle = ("idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)"
             if row.idle_tail_seconds is None else
-            f"idle $: {tm.format_duration(row.idle_tail_seconds)} idle after the run until the auto-stop")
+            f"idle $: {format_duration(row.idle_tail_seconds)} idle after the run until the auto-stop")
     return f"{up}; run $: start-up and every epoch; {idle}"
 
 
@@ -301,6 +301,3 @@ def compile_line(rows: list[PlanRow]) -> str:
             + (f"; eager: {', '.join(map(str, eager))} node(s) (too few steps for the compile to pay)"
                if eager else ""))
 
-
-def render_json(rows: list[PlanRow]) -> str:
-    return json.dumps([row.as_json() for row in rows], indent=2)

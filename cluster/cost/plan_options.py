@@ -21,6 +21,7 @@ from cluster.stack import catalog, lifecycle
 from cluster.stack.image_reuse import SNAPSHOT_USD_PER_GIB_MONTH
 from cluster.cost import models
 from cluster.cost import timemodel as tm
+from cluster.durations import format_duration, parse_duration
 from cluster.cost.calibration import Calibration, foreign_machine, noisy_counts
 from cluster.stack.catalog import InstanceType
 from cluster.cost import flops
@@ -144,12 +145,12 @@ def plan_inputs(spec: ClusterSpec | None, options: PlanOptions, calibration: Cal
         lifecycle.first_up(instance, build_gib, kept_image=not kept_image),
         lifecycle.first_up(instance, build_gib, kept_image=bool(kept_image), worst_case=True))
     how = f"from kept image {kept_image}" if kept_image else "with the image's build"
-    sources += [("provisioning", f"{tm.format_duration(up.seconds)} first `pulumi up` {how} ({up.describe()}), "
-                 f"each worker {tm.format_duration(up.worker_seconds)} of it" if up else "not counted",
+    sources += [("provisioning", f"{format_duration(up.seconds)} first `pulumi up` {how} ({up.describe()}), "
+                 f"each worker {format_duration(up.worker_seconds)} of it" if up else "not counted",
                  f"{up.source}{'; ' + kept_why if kept_why else ''}" if up else
                  "given (--no-provisioning: the cluster is up)"),
                 ("idle tail", "auto-stop off: not counted, the nodes bill until `pulumi destroy`"
-                 if idle_tail_s is None else f"{tm.format_duration(idle_tail_s)} until the idle auto-stop",
+                 if idle_tail_s is None else f"{format_duration(idle_tail_s)} until the idle auto-stop",
                  idle_source)]
     notes = [f"throughput: {rate:.1f} samples/s per node, {rate_source}"]
     if up and not kept_image:
@@ -366,9 +367,9 @@ def _compute_rate(o: PlanOptions, cal: Calibration | None, itype: str, model_nam
     model it has no rate for, its FLOPs-scaled estimate)."""
     rates: dict[int, float] = {}
     if o.single_node_time:
-        seconds = tm.parse_duration(o.single_node_time)
+        seconds = parse_duration(o.single_node_time, "--single-node-time")
         rate = tm.throughput_from_single_node_time(seconds, n_samples)
-        rate_source = f"single-node time {tm.format_duration(seconds)} (given)"
+        rate_source = f"single-node time {format_duration(seconds)} (given)"
         return rate, rate_source, rates, [("compute", f"{rate:.1f} samples/s per node", rate_source)]
     if cal and model_name == cal.model and batch == cal.batch:
         rate, _ = cal.rate(1)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.cost import timemodel as tm
+from cluster.durations import format_duration
 
 # How a node is paid for: its kind's backend says which (node_setup/backends/, `market`).
 SPOT = "spot"
@@ -114,7 +115,7 @@ def usd(value: float | None, digits: int = 2) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    return UNKNOWN if seconds is None else tm.format_duration(seconds)
+    return UNKNOWN if seconds is None else format_duration(seconds)
 
 
 def iso_utc(at: float | None) -> str | None:

@@ -13,7 +13,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 TASKS = ("qa", "classification", "causal-lm")
 # How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
@@ -164,28 +164,27 @@ def ddp_bucket_argument(value: str | float | None) -> list[str]:
     return ["--ddp_bucket_mb", f"{number:g}"]
 
 
-def training_arguments(*, bf16: str = "auto", resume: bool = False, extra: str = "", grad_comm: str | None = None,
-                       ddp_bucket_mb: str | float | None = None, extra_args: Sequence[str] = (),
-                       **options: Any) -> list[str]:
+def training_arguments(*, task_name: str | None = None, model: str | None = None, dataset: str | None = None,
+                       dataset_config: str | None = None, train_file: str | None = None,
+                       validation_file: str | None = None, epochs: str | float | None = None,
+                       batch_size: int | str | None = None, checkpoint_minutes: str | float | None = None,
+                       checkpoint_uri: str | None = None, max_steps: int | str | None = None, bf16: str = "auto",
+                       resume: bool = False, extra: str = "", grad_comm: str | None = None,
+                       ddp_bucket_mb: str | float | None = None, extra_args: Sequence[str] = ()) -> list[str]:
     """The `python -m training` arguments for fab train's options; `extra_args`, then `extra` (split like a
-    shell) go last.
-
-    `options` are the names in OPTION_ARGS (task_name, model, dataset, ...); None and "" are left out.
-    `grad_comm` and `ddp_bucket_mb` become `--grad_comm` and `--ddp_bucket_mb` (checked here).
+    shell) go last. The first eleven become OPTION_ARGS' flags (None and "" are left out); `grad_comm` and
+    `ddp_bucket_mb` become `--grad_comm` and `--ddp_bucket_mb` (checked here).
     """
-    unknown = sorted(set(options) - {name for name, _ in OPTION_ARGS})
-    if unknown:
-        raise TypeError(f"training_arguments: unknown option(s) {unknown}")
-    task = options.get("task_name")
-    if task and task not in TASKS:
-        raise JobArgsError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
-    check_epochs(options.get("epochs"))
-    check_checkpoint_minutes(options.get("checkpoint_minutes"))
-    if options.get("checkpoint_uri"):
-        parse_s3_uri(options["checkpoint_uri"])
+    if task_name and task_name not in TASKS:
+        raise JobArgsError(f"--task: {task_name!r} is not allowed; choose {' or '.join(TASKS)}")
+    check_epochs(epochs)
+    check_checkpoint_minutes(checkpoint_minutes)
+    if checkpoint_uri:
+        parse_s3_uri(checkpoint_uri)
     args: list[str] = []
-    for name, flag in OPTION_ARGS:
-        value = options.get(name)
+    values = (task_name, model, dataset, dataset_config, train_file, validation_file, epochs, batch_size,
+              checkpoint_minutes, checkpoint_uri, max_steps)
+    for (_, flag), value in zip(OPTION_ARGS, values, strict=True):
         if value not in (None, ""):
             args += [flag, str(value)]
     bf16 = (bf16 or "auto").lower()
@@ -219,11 +218,6 @@ class SyntheticData:
         """fab train's data options that point the job at the demo."""
         return {"task_name": self.task, "model": self.model,
                 "train_file": f"{self.directory}/train.json", "validation_file": f"{self.directory}/eval.json"}
-
-    @property
-    def recommended(self) -> str:
-        """SYNTHETIC_ARGS of the task, as --extra text (the user's own --extra goes after it)."""
-        return shlex.join(SYNTHETIC_ARGS[self.task])
 
 
 def synthetic_data(task: str, examples: int | None, python: str, shared_root: str | None = None) -> SyntheticData:

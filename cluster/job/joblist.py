@@ -12,7 +12,7 @@ beneath their run's line); every text in the table goes
 through cluster/names.py's `printable` (no escape sequence or control character from a node reaches the terminal).
 
 States: running, completed (exit code 0), failed (another code), interrupted (the code of a spot
-reclaim: training/exit_codes.py INTERRUPTED), stopped (`fab stop` ended it; its exit code is the
+reclaim: cluster/exit_codes.py INTERRUPTED), stopped (`fab stop` ended it; its exit code is the
 launcher's, once it returned) and unknown (the job script is gone without an exit code, e.g. the master
 restarted, or its records cannot be read).
 """
@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Sequence
 
 from cluster.job.jobplan import JOB_ID_RE, shown
-from cluster.job.launch import INTERRUPTED_CODE, JOBS_DIR, LAUNCHERS
+from cluster import exit_codes
+from cluster.job.launch import JOBS_DIR, LAUNCHERS
 from cluster import records
 from cluster.cost.spend import COST_KEY
 from cluster.job import jobprogress, jobsummary
@@ -163,7 +164,7 @@ def _row(item: dict, now: int | None, node: str, problems: list[str]) -> JobRow 
     elif said == "stopped":
         state = "stopped"
     elif said == "exited" and code is not None:
-        state = "completed" if code == 0 else "interrupted" if code == INTERRUPTED_CODE else "failed"
+        state = "completed" if code == 0 else "interrupted" if code == exit_codes.INTERRUPTED else "failed"
     elif said not in _MASTER_STATES:
         problems.append(f"{where}: state {printable(repr(said))[:30]} is not one job-list.sh says")
     meta, problem = job_record(_decoded(item.get("job_json"), "job.json", where, problems), where)

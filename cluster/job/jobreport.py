@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cluster import exit_codes
 from cluster.inventory import Inventory
 from cluster.job.joblog import RankFailure, first_failure
 from cluster.job.jobsummary import PRINTED as SUMMARY_KEYS
@@ -90,7 +91,7 @@ def spot_warning(inventory: Inventory, checkpoint_uri: str | None) -> str | None
 # ------------------------------------------------------------------------------ how a job ended: one rule
 
 RUNNING, STOPPED, EXITED = "running", "stopped", "exited"
-NO_EXIT_CODE = 1  # training/exit_codes.py's FAILED: a job that ended without writing its exit code
+NO_EXIT_CODE = exit_codes.FAILED  # a job that ended without writing its exit code
 
 
 @dataclass(frozen=True)

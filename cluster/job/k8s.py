@@ -351,11 +351,6 @@ class PodPlan:
     def pvc(self) -> str | None:
         return next((v.source for v in self.volumes if v.kind == "claim"), None)
 
-    @property
-    def output_volume(self) -> bool:
-        """Whether the output directory has an emptyDir of its own (it lies outside every volume)."""
-        return any(v.name == VOLUME_OUTPUT for v in self.volumes)
-
 
 def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...] = (), output_dir: str,
              instance: str, profile: str = "stock", synthetic: SyntheticData | None = None, cores: int | None = None,

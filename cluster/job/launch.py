@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from cluster import names, shell
+from cluster import exit_codes, names, shell
 from cluster.job.layout import Layout
 from xeon_cluster import NOTICE_FILE_VARIABLE, NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE
 from xeon_cluster.run import ACCELERATE_CPU_VARIABLE, OUTCOME_RECORD_PREFIX, RANK_DIR_VARIABLE
@@ -62,7 +62,6 @@ TORCH_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
                           "MASTER_ADDR", "MASTER_PORT")
 WORKDIR_VARIABLE = "XEON_CLUSTER_WORKDIR"
 PYTHON_VARIABLE = "XEON_CLUSTER_PYTHON"
-NOTICE_FILE = "notice"  # in the job directory on every node
 # In the job directory on the master, mode 0600 (cluster/job/jobcommands.py file_mode): the user's
 # `--env` values as `export NAME='value'` lines. The job script reads it just before the launcher, which
 # passes them on (Intel MPI `-genvall`, Open MPI `-x NAME`; torchrun's node command reads it on its stdin),
@@ -79,7 +78,6 @@ RESERVED_VARIABLES = (*TORCH_LAUNCH_VARIABLES, JOB_MARKER, OUTPUT_DIR_VARIABLE, 
 CPU_WORLD_ENV = {ACCELERATE_CPU_VARIABLE: "true"}
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
-INTERRUPTED_CODE = 75  # training/exit_codes.py INTERRUPTED (cluster/ imports nothing from training/)
 
 # Runs as `sh -c RANK_WRAPPER xeon-rank PROGRAM ARGS...` on every node (cluster/shell/rank-wrapper.sh):
 # records "pid pgid host" ("-" for a pgid it could not read) in ~/.xeon-cluster/jobs/<job>/ranks/rank-<rank>,
@@ -229,7 +227,7 @@ class LaunchPlan:
             **{f"{key}_PREPEND": self.prepends.get(key, "") for key in PREPENDED},
             "ONECCL_PYTHON": f"{self.venv}/bin/python" if ONECCL_ENV_SETUP in self.setup else "",
             "HYDRA_IFACE": "yes" if HYDRA_IFACE_SETUP in self.setup else "no",
-            "INTERRUPTED": str(INTERRUPTED_CODE),
+            "INTERRUPTED": str(exit_codes.INTERRUPTED),
             "OUTCOME_PREFIX": OUTCOME_RECORD_PREFIX,
             "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
             "MPIRUN": self.argv,  # the positional parameters
@@ -250,7 +248,7 @@ class LaunchPlan:
             "NODES": list(self.node_commands), "COMMANDS": list(self.node_commands.values()),
             "STOP_COMMAND": self.stop_command, "END_WAIT": str(TORCHRUN_END_WAIT_SECONDS),
             "ENV_FILE": f"{self.job_dir}/{ENV_FILE}",
-            "INTERRUPTED": str(INTERRUPTED_CODE), "OUTCOME_PREFIX": OUTCOME_RECORD_PREFIX,
+            "INTERRUPTED": str(exit_codes.INTERRUPTED), "OUTCOME_PREFIX": OUTCOME_RECORD_PREFIX,
         }
         clash = set(values) & set(self.exports)
         if clash:

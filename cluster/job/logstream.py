@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TextIO
 
-from cluster.job.launch import INTERRUPTED_CODE
+from cluster.exit_codes import INTERRUPTED
 from cluster.names import printable
 
 LAUNCHER = "launcher"
@@ -68,7 +68,7 @@ LAUNCHER_END = re.compile(r"(\[(?:mpiexec|proxy:[^\]@]*|bstrap:[^\]@]*)@[^\]]*\]
                           r"(?: by remote host)?\.$|=+$|=   |(?:Terminated|Killed)$)")
 # The job script's line that says the job was stopped or interrupted (cluster/shell/job.sh).
 ENDED_QUIETLY = re.compile(re.escape(_JOB_LINE) + r"\S+(?: was stopped$|: rank 0 ended with code "
-                           rf"{INTERRUPTED_CODE} \(interrupted\)| exited with code {INTERRUPTED_CODE}$)")
+                           rf"{INTERRUPTED} \(interrupted\)| exited with code {INTERRUPTED}$)")
 LAUNCHER_END_NAME = "the launcher's end lines of a stopped or interrupted job (Hydra's, its ssh's)"
 MAX_END_LINES = 200  # more is not an ending: shown
 

@@ -36,6 +36,7 @@ from cluster.job.lora import PEFT_CHOICES
 from cluster.job import checks as ck
 from cluster.job.checks import RequestError, check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
+from cluster.durations import format_duration
 from cluster.names import UnsafeValue, job_name
 from cluster.job.userjob import (NOTICE_SIGNALS, CopyPlan, RequirementsPlan, UserJobError, UserProgram,
                                  check_entry_path, check_module)
@@ -263,6 +264,13 @@ class Managed:
         ck.whole("--min-nodes", self.min_nodes, 1, MAX_NODES, optional=False)
         ck.number("--wait-for-capacity", self.wait_s, 0, MAX_WAIT_S)
         ck.flag("--detach", self.detach)
+
+    def describe(self, nodes: int) -> str:
+        """`up to 3 interruption(s); replacements awaited up to 15m 00s; at least 1 of 3 node(s) to go on`."""
+        wait = ("no wait for replacements (resume on the survivors at once)" if not self.wait_s
+                else f"replacements awaited up to {format_duration(self.wait_s)}")
+        return (f"up to {self.max_recoveries} interruption(s); {wait}; at least {self.min_nodes} of {nodes} node(s) "
+                "to go on")
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,6 @@ REFUSED_ENV_SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
          "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "BROWSER", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH"),
         ("GIT_CONFIG",)),
 }
-REFUSED_ENV_NAMES = tuple(name for names, _ in REFUSED_ENV_SOURCES.values() for name in names)
-REFUSED_ENV_PREFIXES = tuple(prefix for _, prefixes in REFUSED_ENV_SOURCES.values() for prefix in prefixes)
 ALLOW_ENV_OPTION = "--allow-env"
 ALLOW_ENV_KEY = "allow_env"  # the tasks' option name: from the command line only, never a job file
 
@@ -68,11 +66,6 @@ def refused_source(name: str) -> str | None:
         if name in names or name.startswith(prefixes):
             return source
     return None
-
-
-def refused_env_name(name: str) -> bool:
-    """Whether `name` changes how an interpreter, a shell, the loader, ... starts (REFUSED_ENV_SOURCES)."""
-    return refused_source(name) is not None
 
 
 def parse_allow_env(text: str) -> tuple[str, ...]:
@@ -86,7 +79,7 @@ def parse_allow_env(text: str) -> tuple[str, ...]:
 
 def check_env(env: Mapping[str, str], allow: Iterable[str] = (), setting: str = "--env") -> tuple[tuple[str, str], ...]:
     """The ranks' environment checked: names are variable names, not set by the launch itself and, unless
-    `allow` names them, not REFUSED_ENV_*; values are one line. Returned as pairs in the given order."""
+    `allow` names them, not REFUSED_ENV_SOURCES'; values are one line. Returned as pairs in the given order."""
     allowed = set(allow)
     for name, value in env.items():
         if not isinstance(name, str) or not is_variable_name(name) or len(name) > 128:

@@ -72,11 +72,6 @@ def pod_name(job: str, index: int) -> str:
     return f"{job}-{REPLICATED_JOB}-0-{index}"
 
 
-def master_host(job: str) -> str:
-    """The first pod under the job's headless Service: the torch policy's PET_MASTER_ADDR."""
-    return f"{pod_name(job, 0)}.{job}"
-
-
 @dataclass(frozen=True)
 class TrainJobPlan:
     name: str

@@ -58,7 +58,7 @@ from cluster.job.launch import JOBS_DIR
 from cluster.node.profiles import NODE_ROOT
 from cluster.inventory import Node
 from cluster.node.render import HOSTFILE_NAME, MasterPaths, hostfile_text, known_hosts_text, ssh_config_block
-from cluster.cost.timemodel import format_duration, parse_duration
+from cluster.durations import format_duration, parse_duration
 
 DEFAULT_IDLE = "30m"  # `fab autostop --idle` and the stack's autoStopIdle
 OFF = "off"  # the stack setting's value that arms nothing

@@ -95,11 +95,6 @@ class ConsoleHostKeys:
         wanted = fingerprint(key_b64)
         return next((f for f in self.fingerprints if f.sha256 == wanted), None)
 
-    def verified_keys(self) -> tuple[str, ...]:
-        """The keys block's keys whose fingerprints the fingerprint block lists (none after a conflict)."""
-        listed = {f.sha256 for f in self.fingerprints}
-        return () if self.conflicts else tuple(k for k in self.keys if fingerprint(k.split()[1]) in listed)
-
 
 def fingerprint(key_b64: str) -> str:
     """`SHA256:...` of a public key's base64 blob, as `ssh-keygen -l` prints it; "" when not base64."""

@@ -1,8 +1,6 @@
 """`fab train --managed`: what to do when a supervised job ends interrupted (pure decisions).
 
-- `managed_options(...)`: --max-recoveries, --min-nodes and --wait-for-capacity checked where they
-  enter (one line naming the setting, the value and what is allowed).
-- `parse_wait(text)`: a duration (cluster/cost/timemodel.py's forms: 90, 45s, 10m, 1h30m) or 0 (do not
+- `parse_wait(text)`: a duration (cluster/durations.py's forms: 90, 45s, 10m, 1h30m) or 0 (do not
   wait for replacements at all).
 - `next_step(...)`: after the wait, go on with the full cluster, on the survivors, or stop.
 - `batch_for(...)`: the per-rank batch and gradient accumulation that keep the global batch
@@ -20,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from cluster.cost.timemodel import format_duration, parse_duration
+from cluster.durations import parse_duration
 
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_WAIT_FOR_CAPACITY = "15m"  # a `pulumi up --refresh` that replaces a spot node takes a few minutes
@@ -35,20 +33,6 @@ class RecoveryError(ValueError):
     """A --managed setting that cannot be used; the message names it, the value and what is allowed."""
 
 
-@dataclass(frozen=True)
-class ManagedOptions:
-    max_recoveries: int
-    min_nodes: int
-    wait_seconds: float
-    nodes: int  # the job's node count at the start
-
-    def describe(self) -> str:
-        wait = ("no wait for replacements (resume on the survivors at once)" if not self.wait_seconds
-                else f"replacements awaited up to {format_duration(self.wait_seconds)}")
-        return (f"fab stays attached and recovers up to {self.max_recoveries} interruption(s); "
-                f"{wait}; at least {self.min_nodes} of {self.nodes} node(s) to go on")
-
-
 def parse_wait(text: str, setting: str = "--wait-for-capacity") -> float:
     """Seconds to wait for replacement nodes: 0, or a duration such as 90, 45s, 10m or 1h30m."""
     raw = str(text).strip()
@@ -61,28 +45,6 @@ def parse_wait(text: str, setting: str = "--wait-for-capacity") -> float:
         return parse_duration(raw, setting)
     except ValueError as exc:
         raise RecoveryError(f"{exc} (or 0: do not wait, resume on the survivors)") from None
-
-
-def managed_options(*, max_recoveries: str | int | None, min_nodes: str | int | None, wait: str | None,
-                    nodes: int) -> ManagedOptions:
-    """The checked --managed settings for a job on `nodes` nodes (unset: the defaults)."""
-    k = _whole("--max-recoveries", max_recoveries, DEFAULT_MAX_RECOVERIES, "0 or more")
-    if k < 0:
-        raise RecoveryError(f"--max-recoveries: {k} is not allowed; give 0 or more (0: report and stop)")
-    m = _whole("--min-nodes", min_nodes, 1, f"1 to {nodes} (the job's nodes)")
-    if not 1 <= m <= nodes:
-        raise RecoveryError(f"--min-nodes: {m} is not allowed; allowed 1 to {nodes} (the job's nodes)")
-    seconds = parse_wait(DEFAULT_WAIT_FOR_CAPACITY if wait in (None, "") else wait)
-    return ManagedOptions(k, m, seconds, nodes)
-
-
-def _whole(setting: str, value, default: int, allowed: str) -> int:
-    if value in (None, ""):
-        return default
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise RecoveryError(f"{setting}: {value!r} is not a whole number; allowed {allowed}") from None
 
 
 def next_step(wanted: int, available: int, min_nodes: int) -> str:

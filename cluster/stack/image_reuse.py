@@ -31,7 +31,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from cluster.cost.timemodel import format_duration
+from cluster.durations import format_duration
 from cluster.stack import lifecycle
 from cluster.stack.image_build import BUILDER_INSTANCE_TYPE
 from cluster.stack.images import BASE_IMAGE_FILTERS

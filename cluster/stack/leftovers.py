@@ -26,8 +26,6 @@ IAM_KINDS = ("instance-profile", "iam-role")
 
 UP, STACK, LEAKED, KEPT, UNKNOWN = "up", "stack", "leaked", "kept", "unknown"
 IN_USE = "in-use"  # an IAM role or profile of a cluster that is up, or has its stack, in another region
-# Statuses the sweep never deletes; LEAKED always, KEPT (the checkpoint buckets) only when asked.
-LEFT_ALONE = (UP, STACK, IN_USE, UNKNOWN)
 
 
 def marks_stack(tags: Mapping[str, str]) -> bool:

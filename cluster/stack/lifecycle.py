@@ -17,7 +17,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from cluster.cost.timemodel import format_duration
+from cluster.durations import format_duration
 from cluster.stack.catalog import InstanceType, boot_wait_s, typical_boot_s
 from cluster.stack.image_build import BUILDER_INSTANCE_TYPE, BUILDER_USD_PER_HOUR
 

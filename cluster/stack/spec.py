@@ -20,7 +20,7 @@ from cluster.stack import catalog
 from cluster import names
 from cluster.stack.catalog import InstanceType
 from cluster.stack.config_keys import CONFIG_KEYS, is_unset
-from cluster.cost.timemodel import parse_duration
+from cluster.durations import parse_duration
 from cluster.node.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 MAX_WORKERS = 128
@@ -33,7 +33,6 @@ PUBLIC_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2
 # An availability zone's name: its region's name and a letter ("us-east-1a"; Local Zones: "us-west-2-lax-1a").
 ZONE_RE = re.compile(r"^[a-z]{2}(-[a-z0-9]+)+[a-z]\Z")
 CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]\Z")
-OPEN_CIDRS = ("0.0.0.0/0", "::/0")
 # The widest admin network accepted without allowSshFromAnywhere, per IP version. An IPv4 /8 is the
 # largest block ever assigned to a single holder, and an IPv6 /32 is the usual allocation to a whole
 # ISP (an end site gets a /48 or /56): a shorter prefix spans many unrelated networks, so it is

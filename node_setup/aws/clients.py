@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -10,6 +11,10 @@ from botocore.exceptions import NoRegionError
 
 # Throttling is retried with exponential backoff and a client-side rate limiter.
 RETRY_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=10, read_timeout=60)
+
+
+# A boto3 client: botocore makes its methods at run time, so to mypy it is Any (no stubs are installed).
+Client = Any
 
 
 class AwsSetupError(RuntimeError):
@@ -27,7 +32,7 @@ def resolve_region(region: str | None = None) -> str:
     return region
 
 
-def client(service: str, region: str | None = None):
+def client(service: str, region: str | None = None) -> Client:
     """A boto3 client with adaptive retries; raises AwsSetupError when no region can be found."""
     try:
         return boto3.client(service, region_name=resolve_region(region), config=RETRY_CONFIG)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from cluster.inventory import KEY_ENV, ClusterSelectionError, Inventory, Node
 from cluster.node.profiles import DEFAULT_PROFILE, PROFILES
@@ -164,7 +164,7 @@ def find_cluster(cluster: str | None, region: str | None) -> Inventory:
     return inventory_from_instances(cluster, running[cluster], region=region, key_path=os.environ.get(KEY_ENV) or None)
 
 
-def _not_running_message(cluster: str, region: str, running: Mapping[str, list], waiting: list[Mapping]) -> str:
+def _not_running_message(cluster: str, region: str, running: Mapping[str, list], waiting: Sequence[Mapping]) -> str:
     message = f"no running xeon-cluster cluster named {cluster!r} in region {region}"
     if waiting:
         states = sorted({i.get("State", {}).get("Name", "?") for i in waiting})

@@ -71,11 +71,11 @@ class Report:
 @dataclass
 class AwsClients:
     """The clients preflight uses; tests hand in moto clients or named test doubles."""
-    sts: object
-    ec2: object
-    quotas: object
-    iam: object = None  # preflight's iam:PassRole check (SimulatePrincipalPolicy); None: not checked
-    kms: object = None  # preflight's EBS key check (node_setup/aws/ebs_key.py); None: not checked
+    sts: aws.Client
+    ec2: aws.Client
+    quotas: aws.Client
+    iam: aws.Client | None = None  # preflight's iam:PassRole check (SimulatePrincipalPolicy); None: not checked
+    kms: aws.Client | None = None  # preflight's EBS key check (node_setup/aws/ebs_key.py); None: not checked
 
     @classmethod
     def for_region(cls, region: str) -> "AwsClients":

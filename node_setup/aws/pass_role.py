@@ -59,7 +59,10 @@ def policy_source_arn(iam, caller_arn: str) -> str | None:
 
 def node_role_arn(spec: ClusterSpec, source_arn: str) -> str:
     """An ARN like the node role's that `pulumi up` makes (infra/node_role.py), in the caller's account."""
-    partition, _, account, _ = arn_parts(source_arn)
+    parts = arn_parts(source_arn)
+    if parts is None:
+        raise ValueError(f"not an ARN: {source_arn!r}")
+    partition, _, account, _ = parts
     return f"arn:{partition}:iam::{account}:role/{spec.cluster_name}{NODE_ROLE_NAME_SUFFIX}"
 
 

@@ -33,7 +33,7 @@ QUOTA_GROUPS = {
 
 def quota_group(instance_type: str) -> str | None:
     """The Service Quotas vCPU group the type counts against ("Standard", "Inf", ...), None if unknown."""
-    prefix = re.match(r"[a-z]*", instance_type.split(".")[0].lower()).group(0)
+    prefix = re.split(r"[^a-z]", instance_type.split(".")[0].lower(), maxsplit=1)[0]
     return QUOTA_GROUPS.get(prefix)
 
 
@@ -48,7 +48,7 @@ def _quota_value(quotas, code: str) -> float:
 
 
 def _vcpus(ec2, types: set[str]) -> dict[str, int]:
-    known = {t: catalog.lookup(t).vcpus for t in types if catalog.lookup(t)}
+    known = {t: info.vcpus for t in types if (info := catalog.lookup(t))}
     unknown = sorted(types - set(known))
     if unknown:
         for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=unknown):

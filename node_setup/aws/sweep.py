@@ -143,7 +143,7 @@ class Listing:
                 extra = " ".join(x for x in (res.state, res.detail) if x)
                 lines.append(f"  {self.status(res):<6} {res.kind:<15} {res.id:<28} {extra}".rstrip())
         if self.resources:
-            counts = defaultdict(int)
+            counts: defaultdict[str, int] = defaultdict(int)
             for res in self.resources:
                 counts[self.status(res)] += 1
             unknown = f", {counts[UNKNOWN]} unknown (not deleted)" if counts[UNKNOWN] else ""

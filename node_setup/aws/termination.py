@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from botocore.exceptions import ClientError
 
-from cluster.cost.timemodel import format_duration
+from cluster.durations import format_duration
 from cluster.run.stack_recovery import TERMINATED_POLL_S, TERMINATED_WAIT_S
 from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER
 from node_setup.aws import clients

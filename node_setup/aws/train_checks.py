@@ -77,10 +77,10 @@ def check_spot_notices(report: Report, clients: AwsClients, inventory: Inventory
     The request id comes from the instance record; when describe_instances was not allowed
     (`records` None) the requests are looked up by instance id instead.
     """
-    spot_nodes = [n for n in inventory.nodes if n.spot and n.instance_id]
+    node_of = {n.instance_id: n for n in inventory.nodes if n.spot and n.instance_id}
+    spot_nodes = list(node_of.values())
     if not spot_nodes:
         return
-    node_of = {n.instance_id: n for n in spot_nodes}
     if records is None:
         query = {"Filters": [{"Name": "instance-id", "Values": sorted(node_of)}]}
     else:

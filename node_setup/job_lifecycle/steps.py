@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 from cluster.inventory import Inventory
 from cluster.job import jobcommands as jc
@@ -72,9 +72,12 @@ def _failed(answers: Sequence[Answer], what: str, reason: str) -> None:
                              f"Fix or replace {names}, or use fewer nodes (--nodes), then rerun", reason, answers)
 
 
+T = TypeVar("T", bound=Transport)
+
+
 @dataclass
-class Lifecycle:
-    transport: Transport
+class Lifecycle(Generic[T]):
+    transport: T  # fab's FabricTransport, the supervisor's ShellTransport (each side reads its own further)
     say: Callable[[str], None] = print
 
     def nodes(self, plan: JobPlan) -> list[str]:

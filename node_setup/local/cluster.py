@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Collection
 
@@ -419,11 +420,11 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = Fa
                 progress(f"  {node.name}: removed the link limit "
                          f"({describe_link(state.link_mbit, state.link_delay_ms)})")
         if node.namespace in namespaces:
-            _remove(["ip", "netns", "del", node.namespace], lambda ns=node.namespace: ns in system.namespaces(),
+            _remove(["ip", "netns", "del", node.namespace], partial(system.namespace_exists, node.namespace),
                     problems)
         # deleting the namespace takes its veth pair along, asynchronously: delete only what is still there
         if system.link_exists(node.veth):
-            _remove(["ip", "link", "del", node.veth], lambda veth=node.veth: system.link_exists(veth), problems)
+            _remove(["ip", "link", "del", node.veth], partial(system.link_exists, node.veth), problems)
         progress(f"  {node.name}: stopped {len(stopped)} process(es), removed namespace {node.namespace}")
     if state.bridge and state.subnet and system.link_exists(state.bridge):
         _remove(["ip", "link", "del", state.bridge], lambda: system.link_exists(state.bridge), problems)

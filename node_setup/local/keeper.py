@@ -207,8 +207,8 @@ def _keep(paths: local_state.ClusterPaths, name: str, delay: float, console_dela
                         if console_delay:  # before the group's record shows the new machine
                             hold_console(node)
                             held[node.name] = (time.time() + console_delay, node)
-                for n in due:
-                    down_since.pop(n, None)
+                for back in due:
+                    down_since.pop(back, None)
                 write_group(after, {n.name: True for n in after.nodes}, delay)
         time.sleep(POLL_S)
 

@@ -117,6 +117,10 @@ def namespaces() -> set[str]:
     return {entry["name"] for entry in ip_json("netns", "list")}
 
 
+def namespace_exists(name: str) -> bool:
+    return name in namespaces()
+
+
 def link_exists(name: str) -> bool:
     return run(["ip", "link", "show", "dev", name], check=False).returncode == 0
 
@@ -297,8 +301,8 @@ def hidden_folders(folders: list[Path], node_dir: Path) -> list[str]:
                                     "to a folder outside it")
         if str(folder) not in hidden:
             hidden.append(str(folder))
-    for folder in hidden:  # once every folder is allowed: nothing made before a refusal
-        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
+    for allowed in hidden:  # once every folder is allowed: nothing made before a refusal
+        Path(allowed).mkdir(mode=0o700, parents=True, exist_ok=True)
     return hidden
 
 

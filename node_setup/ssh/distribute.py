@@ -166,7 +166,7 @@ def _distribute(inventory: Inventory, conns: dict, key: keys.ClusterKey,
         master = conns[inventory.master.name]
         try:
             result.hostfile, result.master_files = _write_master_files(
-                master, inventory, key, {n.node: n.host_key for n in result.nodes})
+                master, inventory, key, {n.node: n.host_key for n in result.nodes if n.host_key})
             written = [p for p, state in result.master_files.items() if state == "written"]
             result.nodes[0].detail += "; master files " + (f"written: {', '.join(written)}" if written else "unchanged")
             progress(inventory.master.name, f"hostfile {result.hostfile}; ssh config, known_hosts, key "

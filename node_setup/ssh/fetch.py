@@ -213,6 +213,7 @@ class LocalTree:
         """`parts` for writing (appended to, or emptied first), never through a link."""
         parts = local_parts(parts, str(self.dest))
         fd = self._folder(parts[:-1], make=True)
+        assert fd is not None  # made, so never missing
         try:
             flags = _FILE_FLAGS | (os.O_APPEND if append else os.O_TRUNC)
             try:

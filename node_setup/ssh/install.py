@@ -211,9 +211,9 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
         try:
             conn.open()
         except Exception as exc:  # noqa: BLE001 - every connect failure is reported per node
-            result = InstallResult(name, False, None, seconds=time.monotonic() - start,
-                                   error=connections.explain(exc, conn), unreachable=True)
-            progress(name, result.error)
+            error = connections.explain(exc, conn)
+            result = InstallResult(name, False, None, seconds=time.monotonic() - start, error=error, unreachable=True)
+            progress(name, error)
             return result
         try:
             if inventory.wheelhouse and copies_wheelhouse:

@@ -9,13 +9,16 @@ requirements.py's.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cluster.inventory import Inventory
 from cluster.job.jobplan import JobPlan
 from node_setup.job_lifecycle.transport import Answer
 from node_setup.ssh import connections
 from node_setup.ssh.fanout import NodeOutcome, each_node
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 
 def _answer(outcome: NodeOutcome) -> Answer:
@@ -31,7 +34,7 @@ class DistributionFailed(RuntimeError):
 
 
 class FabricTransport:
-    def __init__(self, inventory: Inventory, conns: Mapping[str, object]):
+    def __init__(self, inventory: Inventory, conns: Mapping[str, Connection]):
         self.inventory, self.conns = inventory, dict(conns)
         self.master = inventory.master.name
 

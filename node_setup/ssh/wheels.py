@@ -106,7 +106,8 @@ def reachable_indexes(urls: Iterable[str], timeout: float = INDEX_PROBE_TIMEOUT_
     not ask one that does not answer: that index's packages then come from the controller's own
     find-links (`--no-index`), never from PyPI.
     """
-    good, bad = [], []
+    good: list[str] = []
+    bad: list[str] = []
     for url in urls:
         if url.startswith("file://"):  # a local index (a mirror, or a test's)
             (good if Path(urllib.request.url2pathname(url[len("file://"):])).is_dir() else bad).append(url)

@@ -84,8 +84,8 @@ def scan(workdir: str | Path, limit_bytes: int = DEFAULT_WORKDIR_LIMIT_MB * 1024
             elif (d in ALWAYS_SKIPPED or (full / VENV_MARKER).is_file() or full.is_symlink()
                     or (spec is not None and spec.match_file(path + "/"))):
                 skipped.append(path + "/")
-            elif withheld_reason(path, includes) and not leads_to_include(path, includes):
-                withheld.append((path + "/", withheld_reason(path, includes)))
+            elif (reason := withheld_reason(path, includes)) and not leads_to_include(path, includes):
+                withheld.append((path + "/", reason))
             else:
                 keep.append(d)
         dirs[:] = keep

@@ -37,15 +37,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
+from cluster import exit_codes
 from cluster.run import recovery as rc
 from cluster.run import supervision as sv
 from cluster.backend import MachineGroup
 from cluster.run.runlog import started_line
 from cluster.run.supervision import Member
+from cluster.job.request import Managed
 
-INTERRUPTED = 75  # training/exit_codes.py's INTERRUPTED_BY_RECLAIM
-NOT_RECOVERED = (2, 130)  # bad input, Ctrl-C: the user's ends, not the cluster's
+NOT_RECOVERED = (exit_codes.BAD_INPUT, exit_codes.CTRL_C)  # the user's ends, not the cluster's
 JOB_END_GRACE_S = 180.0  # after a worker's notice: how long the job may take to checkpoint and end
 ENDED_BY_SUPERVISOR = 137  # the record's exit code when the supervisor stopped a job that hung (SIGKILL's)
 CONFIRM_S = 120.0  # after a job's end: how long a silent worker's loss may wait for its instance's state
@@ -55,10 +57,47 @@ CONFIRM_S = 120.0  # after a job's end: how long a silent worker's loss may wait
 class LoopSpec:
     run_id: str
     wanted: list[Member]  # the run's nodes at the start, master first: what recoveries restore
-    options: rc.ManagedOptions
+    managed: Managed  # --max-recoveries, --min-nodes, --wait-for-capacity
     poll_s: float = 5.0
     resume: bool = False  # the first launch continues a run (`fab train --managed --resume`)
     previous: dict | None = None  # the state file this run's supervisor left when its process ended (a restart)
+
+
+@dataclass
+class Batch:
+    plan: rc.BatchPlan
+    describe_line: str
+
+
+class Nodes(Protocol):
+    """The run's nodes as the loop asks them (node_setup/supervisor/onmaster.py's Nodes)."""
+    def probe(self, member: Member) -> tuple[bool, str | None]: ...
+    def host_key(self, member: Member) -> str | None: ...
+    def admit(self, member: Member, key: str) -> str | None: ...
+
+
+class Job(Protocol):
+    """The run's jobs on the master (node_setup/supervisor/onmaster.py's Job)."""
+    def new_id(self) -> str: ...
+    def launch(self, members: list[Member], *, resume: bool, batch: rc.BatchPlan | None) -> str: ...
+    def adopt(self, job_id: str, members: list[Member], *, resume: bool, launched_at: float) -> None: ...
+    def outcome(self, job_id: str) -> int | str | None: ...
+    def stop(self, job_id: str) -> None: ...
+    def newest_checkpoint(self) -> tuple[int | None, float | None]: ...
+    def summary(self) -> dict | None: ...
+    def batch_for(self, node_count: int) -> Batch | None: ...
+    def finish(self, records: list[dict]) -> None: ...
+    def keep_for_controller(self) -> str: ...
+
+
+class Store(Protocol):
+    """The run's files (node_setup/supervisor/onmaster.py's RunFiles)."""
+    def say(self, line: str) -> None: ...
+    def state(self, *, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict], line: str = "",
+              pending: list[str], restart: dict | None) -> None: ...
+    def stop_requested(self) -> bool: ...
+    def records(self) -> list[dict]: ...
+    def save_records(self, records: list[dict]) -> None: ...
 
 
 @dataclass
@@ -72,11 +111,11 @@ class _Lost:
 class Supervisor:
     spec: LoopSpec
     backend: MachineGroup  # the cluster's kind's (node_setup/backends/): its members, instance states, consoles
-    nodes: object
-    job: object
-    store: object
-    clock: object = time.time
-    sleep: object = time.sleep
+    nodes: Nodes
+    job: Job
+    store: Store
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     members: dict[str, Member] = field(default_factory=dict)
     current: list[str] = field(default_factory=list)
     pending: dict[str, str] = field(default_factory=dict)  # slot -> the lost instance id
@@ -96,6 +135,12 @@ class Supervisor:
     @property
     def master(self) -> str:
         return self.spec.wanted[0].name
+
+    @property
+    def watched(self) -> str:
+        """The job watched: every launch and adoption sets it before the loop watches."""
+        assert self.job_id is not None
+        return self.job_id
 
     def say(self, line: str) -> None:
         self.store.say(line)
@@ -120,8 +165,7 @@ class Supervisor:
         if self.spec.previous is not None:
             event = self._carry_on(self.spec.previous)
         else:
-            self.say(self.spec.options.describe().replace("fab stays attached and recovers",
-                                                          "the master supervises the run and recovers"))
+            self.say("the master supervises the run and recovers " + self.spec.managed.describe(len(self.spec.wanted)))
             self._launch(resume=self.spec.resume, batch=None)
             event = None
         while True:
@@ -144,7 +188,7 @@ class Supervisor:
                 lost = self._losses_after_end()
                 if lost is None:
                     return self._master_lost("the master's own notice")
-                if not lost and code != INTERRUPTED:
+                if not lost and code != exit_codes.INTERRUPTED:
                     return self._final(sv.FAILED, f"job {self.job_id} failed (exit code {code}) and every node "
                                                   "answers: not an interruption, no recovery")
             elif kind == "lost":  # while the job runs
@@ -292,11 +336,11 @@ class Supervisor:
         noticed = any(x.cause == sv.NOTICE for x in lost)
         deadline = self.clock() + (JOB_END_GRACE_S if noticed else 0)
         while True:
-            outcome = self.job.outcome(self.job_id)
-            if outcome is not None and outcome != "stopped":
+            outcome = self.job.outcome(self.watched)
+            if isinstance(outcome, int):  # not None (running), not "stopped"
                 return outcome
             if self.clock() >= deadline:
-                self.job.stop(self.job_id)
+                self.job.stop(self.watched)
                 return ENDED_BY_SUPERVISOR
             self.sleep(self.spec.poll_s)
 
@@ -304,13 +348,13 @@ class Supervisor:
 
     def _recover(self, lost: list[_Lost], code: int, ended: float | None = None) -> str | None:
         ended = self.clock() if ended is None else ended
-        if len(self.records) >= self.spec.options.max_recoveries:
-            return self._final(sv.FAILED, f"--max-recoveries {self.spec.options.max_recoveries} reached: not "
+        if len(self.records) >= self.spec.managed.max_recoveries:
+            return self._final(sv.FAILED, f"--max-recoveries {self.spec.managed.max_recoveries} reached: not "
                                           "recovering again; `fab train --managed --resume` continues the run")
         names = [x.name for x in lost]
         # a job that ended 75 checkpointed at a notice: its lost nodes were reclaimed, even when they went
         # before a probe read their notice
-        noticed = any(x.cause == sv.NOTICE for x in lost) or (code == INTERRUPTED and bool(lost))
+        noticed = any(x.cause == sv.NOTICE for x in lost) or (code == exit_codes.INTERRUPTED and bool(lost))
         for x in lost:
             x.cause = sv.NOTICE if noticed else x.cause
         cause = sv.NOTICE if noticed else (sv.SILENT if lost else "interrupted")
@@ -326,18 +370,18 @@ class Supervisor:
             if x.name in self.current:  # a restart's recovery: already out
                 self.current.remove(x.name)
         self.verified = {}
-        if self.spec.options.wait_seconds and self.pending and not self.backend.replaces_lost():
+        if self.spec.managed.wait_s and self.pending and not self.backend.replaces_lost():
             self.say(f"no replacement can come for {', '.join(sorted(self.pending))} (nothing replaces a lost "
                      "machine of this cluster): going on with the survivors at once")
-        elif self.spec.options.wait_seconds and self.pending:
+        elif self.spec.managed.wait_s and self.pending:
             self.say(f"awaiting replacement(s) for {', '.join(sorted(self.pending))} from the group (up to "
-                     f"{self.spec.options.wait_seconds:g} s)")
-            self._replacements_ready(block=True, deadline=ended + self.spec.options.wait_seconds)
+                     f"{self.spec.managed.wait_s:g} s)")
+            self._replacements_ready(block=True, deadline=ended + self.spec.managed.wait_s)
         joined = self._join_admitted()
-        decision = rc.next_step(len(self.spec.wanted), len(self.current), self.spec.options.min_nodes)
+        decision = rc.next_step(len(self.spec.wanted), len(self.current), self.spec.managed.min_nodes)
         if decision == rc.TOO_FEW:
             return self._final(sv.FAILED, f"only {len(self.current)} node(s) left ({', '.join(self.current)}); "
-                                          f"--min-nodes is {self.spec.options.min_nodes}: stopping")
+                                          f"--min-nodes is {self.spec.managed.min_nodes}: stopping")
         batch = self.job.batch_for(len(self.current))
         stopped = ((summary or {}).get("interruption") or {}).get("step") or (summary or {}).get("steps")
         lost_s = rc.work_lost_seconds(stopped, step, ((summary or {}).get("step_time_seconds") or {}).get("mean"))
@@ -427,7 +471,7 @@ class Supervisor:
         ended = self.clock()
         self.recovering = {"grow": True, "number": len(self.records) + 1}
         self._state(sv.RUNNING, "a replacement joins at this checkpoint")
-        self.job.stop(self.job_id)
+        self.job.stop(self.watched)
         step, _ = self.job.newest_checkpoint()
         joined = self._join_admitted()
         batch = self.job.batch_for(len(self.current))

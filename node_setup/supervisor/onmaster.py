@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -45,7 +45,7 @@ from cluster.run.supervision import Member
 from node_setup.backends import backend_for
 from node_setup.job_lifecycle.steps import Lifecycle
 from node_setup.job_lifecycle.transport import Answer
-from node_setup.supervisor.loop import LoopSpec, Supervisor
+from node_setup.supervisor.loop import Batch, LoopSpec, Supervisor
 
 PROBE_TIMEOUT_S = 8
 _NOTICE_PY = ("from training.imds import ImdsClient, endpoint\n"
@@ -135,7 +135,7 @@ class ShellTransport:
                 ["ssh", "-o", f"ConnectTimeout={PROBE_TIMEOUT_S}", "-o", "BatchMode=yes", node, command])
         try:
             done = subprocess.run(argv, capture_output=True, input=data, timeout=timeout, cwd=str(Path.home()),
-                                  **({} if data is not None else {"stdin": subprocess.DEVNULL}))
+                                  stdin=subprocess.DEVNULL if data is None else None)
         except subprocess.TimeoutExpired:
             return Answer(node, 124, f"no answer in {timeout:g} s")
         return Answer(node, done.returncode, (done.stdout + done.stderr).decode(errors="replace"))
@@ -240,12 +240,6 @@ def _moved(inventory: Inventory, member: Member) -> Inventory:
     return replace(inventory, nodes=tuple(nodes))
 
 
-@dataclass
-class Batch:
-    plan: rc.BatchPlan
-    describe_line: str
-
-
 class Job:
     """The run's jobs on the master: each planned from the run's request, as `fab train` plans it."""
 
@@ -296,7 +290,7 @@ class Job:
         self.plans[job_id] = self._plan(job_id, members, resume=resume, batch=None)
         self.started = launched_at
 
-    def outcome(self, job_id: str):
+    def outcome(self, job_id: str) -> int | str | None:
         """None while the job runs, "stopped" after `fab stop`, else its exit code (the one rule: a rank's own
         where the launcher returned another)."""
         job = self.plans[job_id]
@@ -414,12 +408,11 @@ def build(run_dir: Path) -> Supervisor:
                for i, n in enumerate(inventory.nodes)]
     # the cluster's group (local: its keeper's record, which has the instance ids a local inventory lacks)
     group, members = backend_for(inventory.kind).machine_group(spec, members)
-    opts = rc.ManagedOptions(managed.max_recoveries, managed.min_nodes, managed.wait_s, len(members))
     python = f"{venv_dir(get_profile(inventory.profile))}/bin/python"
     transport = ShellTransport(inventory.master.name, request.run_id)
     nodes = Nodes(transport, inventory, cluster, python)
     files = RunFiles(run_dir, str(request.output_dir), request.run_id)
-    loop_spec = LoopSpec(request.run_id, members, opts, float(spec.get("poll_seconds", 5)), request.resume,
+    loop_spec = LoopSpec(request.run_id, members, managed, float(spec.get("poll_seconds", 5)), request.resume,
                          previous=files.previous())
     return Supervisor(loop_spec, group, nodes, Job(request, transport, nodes, files.say), files)
 

@@ -4,9 +4,9 @@ One module per group of tasks (setup, train, jobs, remote, local, costs, images,
 `common` holds what they share (the cluster option, exit codes, help texts, option parsing).
 Beside them, what some tasks call: `managed` (`fab train --managed`'s supervisor), `spend` (the
 planned and actual cost lines), `executor` (arguments after `--` go to the training program) and
-`program` (the `xeon-cluster` command). May import everything in node_setup and `cluster/`, and
-`training.exit_codes`; the heavy imports (boto3, Fabric connections) happen inside the tasks that
-need them, so `fab --list` and a local cluster never import boto3.
+`program` (the `xeon-cluster` command). May import everything in node_setup and `cluster/`; the heavy
+imports (boto3, Fabric connections) happen inside the tasks that need them, so `fab --list` and a local
+cluster never import boto3.
 """
 
 from invoke import Collection

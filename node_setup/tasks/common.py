@@ -8,7 +8,7 @@
     connect(inventory)           a Connection per node, host keys pinned (node_setup/ssh/connections.py)
     fail(message, code)          stop the task: `error: <message>` on stderr and the exit code
 
-Exit codes of the tasks (`fab train` passes the job's own code through, training/exit_codes.py):
+Exit codes of the tasks (cluster/exit_codes.py; `fab train` passes the job's own code through):
 0 ok; 1 a node failed or something could not be done; 2 bad input, nothing touched; 3 a node
 could not be reached; 75 the job was interrupted by a spot reclaim; 130 interrupted with Ctrl-C.
 """
@@ -23,15 +23,15 @@ from invoke.parser import Argument
 from invoke.tasks import Task
 
 from cluster.inventory import Inventory
-from training import exit_codes
+from cluster import exit_codes
 
 OK = exit_codes.OK
 FAILED = exit_codes.FAILED
 BAD_INPUT = exit_codes.BAD_INPUT
-UNREACHABLE = 3
+UNREACHABLE = exit_codes.UNREACHABLE
 INTERRUPTED_BY_RECLAIM = exit_codes.INTERRUPTED
-CTRL_C = 130
-STOPPED = 143  # 128 + SIGTERM: the job was ended by `fab stop`
+CTRL_C = exit_codes.CTRL_C
+STOPPED = exit_codes.STOPPED
 
 CLUSTER_HELP = ("AWS cluster name, `local` (or local:NAME) for the cluster of `fab local-up`, or the path of an "
                 "inventory YAML file; default: the only xeon-cluster cluster running in the region")
@@ -66,7 +66,7 @@ def given(value: Any) -> bool:
 
 
 class _DurationKind:
-    """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/cost/timemodel.py's one
+    """An option's kind for durations: `90s`, `30m`, `2h`, `1h30m` -> seconds (cluster/durations.py's one
     parser); a bare number is refused with a line that says to add a unit. `off`: also `off` or 0 -> 0.0."""
 
     def __init__(self, name: str, off: bool, zero: str = "off") -> None:
@@ -75,7 +75,7 @@ class _DurationKind:
         self.zero = zero  # what the error offers for none: `off`, or `0` where off means nothing (a notice)
 
     def __call__(self, text: Any, setting: str = "duration") -> float:
-        from cluster.cost.timemodel import parse_duration
+        from cluster.durations import parse_duration
 
         raw = str(text).strip().lower()
         if self.off and raw in ("off", "0", "0s", "0m", "0h"):
@@ -134,11 +134,13 @@ class CheckedArgument(Argument):
 class XcTask(Task):
     """invoke's Task with the project's flags: explicit short flags, checked numbers."""
 
+    kinds: dict[str, Any] = {}  # option -> its kind where that is not its default's type (`task(kinds=...)`)
+
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         opts = super().arg_opts(name, default, taken_names)
         if isinstance(default, Unset):
             opts["kind"] = default.kind
-        elif name in getattr(self, "kinds", {}):
+        elif name in self.kinds:
             opts["kind"] = self.kinds[name]
         short = SHORT_FLAGS.get(name)
         if short and short not in taken_names:
@@ -170,19 +172,6 @@ def task(*, help: dict[str, str], kinds: dict[str, Any] | None = None,  # noqa: 
         return made
 
     return define
-
-
-def whole_number(option: str, value: Any, *, minimum: int | None = None, unset: Any = ("", None)) -> int | None:
-    """A string option read as a whole number (None when unset), or exit 2 naming the option."""
-    if value in unset:
-        return None
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise fail(f"--{option}: {value!r} is not a whole number") from None
-    if minimum is not None and number < minimum:
-        raise fail(f"--{option}: {number} is not allowed; give {minimum} or more")
-    return number
 
 
 def inventory(cluster: str | None, region: str | None) -> Inventory:

@@ -6,6 +6,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal, overload
 
 from invoke import Exit
 
@@ -24,6 +25,10 @@ from node_setup.stack_config import StackConfigError, choose_stack, load_stack_s
 from node_setup.tasks.common import FAILED, Unset, duration, duration_or_off, fail, given, task
 
 
+@overload
+def _stack_spec(stack: str, *, required: Literal[True]) -> ClusterSpec: ...
+@overload
+def _stack_spec(stack: str, *, required: bool) -> ClusterSpec | None: ...
 def _stack_spec(stack: str, *, required: bool) -> ClusterSpec | None:
     """The stack's validated spec; None only when not `required` and there is no stack file at all."""
     if not stack and not required and not stack_files():

@@ -17,6 +17,7 @@ from cluster.job import request as rq
 from cluster.job.job_args import BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS
 from cluster.job.lora import PEFT_CHOICES
 from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
+from cluster.job.train_options import JobOptions
 from node_setup.tasks.common import Unset, duration_or_off, given
 
 # The shared options' help, by option name (a task overrides a text where its option means more).
@@ -81,15 +82,15 @@ def groups(**own: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def plain(options: dict[str, Any]) -> dict[str, Any]:
-    """A task's options with every Unset (left out) as None."""
-    return {name: (value if given(value) else None) for name, value in options.items()}
+def plain(options: dict[str, Any]) -> JobOptions:
+    """A task's options, typed, with every Unset (left out) as None."""
+    return JobOptions.of({name: (value if given(value) else None) for name, value in options.items()})
 
 
 # ------------------------------------------------------------------------------ fab train's request
 
 
-def own_program(options: dict[str, Any], profile: str) -> rq.OwnProgram | None:
+def own_program(options: JobOptions | dict[str, Any], profile: str) -> rq.OwnProgram | None:
     """--script/--module with their options, checked on this machine (the files, the workdir's scan, the
     requirements for the nodes' `profile`); None without them: fab train's and fab k8s-job's. RequestError (or
     UserJobError) with one line otherwise."""
@@ -97,14 +98,15 @@ def own_program(options: dict[str, Any], profile: str) -> rq.OwnProgram | None:
     from cluster.node.profiles import get_profile
     from node_setup.ssh.workdir import scan
 
-    script, module = options.get("script") or "", options.get("module") or ""
+    o = JobOptions.of(options)
+    script, module = o.script or "", o.module or ""
     if not (script or module):
         return None
     if script and module:
         raise rq.RequestError(f"--module: {module!r} given with --script {script!r}; allowed: one of them")
-    words = userjob.split_args(f"{options.get('args') or ''} {options.get('extra') or ''}")
-    signal = userjob.notice_signal(options.get("notice_signal") or "")
-    workdir = options.get("workdir") or ""
+    words = userjob.split_args(f"{o.args or ''} {o.extra or ''}")
+    signal = userjob.notice_signal(o.notice_signal or "")
+    workdir = o.workdir or ""
     if script:
         path = Path(script).expanduser()
         if not path.is_file():
@@ -116,11 +118,11 @@ def own_program(options: dict[str, Any], profile: str) -> rq.OwnProgram | None:
         root = Path(workdir).expanduser() if workdir else Path.cwd()
     if not root.is_dir():
         raise rq.RequestError(f"--workdir: {workdir!r} is not a folder on this machine")
-    limit_mb = int(options.get("workdir_limit_mb") or userjob.DEFAULT_WORKDIR_LIMIT_MB)
+    limit_mb = int(o.workdir_limit_mb or userjob.DEFAULT_WORKDIR_LIMIT_MB)
     rel = userjob.script_in_workdir(str(path.resolve()), str(root.resolve())) if script else None
     copy = scan(root, limit_mb * 1024 * 1024)
     install = None
-    requirements = options.get("requirements") or ""
+    requirements = o.requirements or ""
     if requirements:
         req_path = Path(requirements).expanduser()
         if not req_path.is_file():
@@ -129,11 +131,11 @@ def own_program(options: dict[str, Any], profile: str) -> rq.OwnProgram | None:
                                              get_profile(profile))
     return rq.OwnProgram(script=rel, module=module or None, args=tuple(words), signal=signal,
                          workdir=str(root.resolve()), workdir_limit_mb=limit_mb, requirements=requirements or None,
-                         resume_arg=options.get("resume_arg") or "", independent_ranks=bool(
-                             options.get("independent_ranks")), copy=copy, install=install)
+                         resume_arg=o.resume_arg or "", independent_ranks=bool(o.independent_ranks), copy=copy,
+                         install=install)
 
 
-def train_request(options: dict[str, Any], inventory: Inventory, *, run_id: str) -> tuple[rq.RunRequest, list[str]]:
+def train_request(options: JobOptions, inventory: Inventory, *, run_id: str) -> tuple[rq.RunRequest, list[str]]:
     """fab train's options (plain: left out is None) made into the run's request, and the lines to print (the
     calibration's note, the measured layout, the compile decision). RequestError/UserJobError: one line."""
     from node_setup import calibrations

@@ -9,13 +9,14 @@ and its log followed to the end (`follow_to_end`: the outcome as fab's exit code
 world check of your program, the cost), or with --managed the run handed to its supervisor on the
 master (node_setup/tasks/managed.py), which runs the same lifecycle there for every job.
 
-Exit codes: the job's own (training/exit_codes.py), node_setup/tasks/common.py's (2 bad input, 3 a node
+Exit codes (cluster/exit_codes.py): the job's own, or fab's (2 bad input, 3 a node
 unreachable or not prepared, 130 Ctrl-C, 143 stopped), or cluster/job/worldcheck.py's TRAINED_ALONE.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from cluster.inventory import Inventory
 from cluster.job import jobreport, jobsummary, worldcheck
@@ -27,6 +28,9 @@ from node_setup.job_lifecycle.steps import BUSY, UNREACHABLE, Lifecycle, Lifecyc
 from node_setup.ssh import job as jobs
 from node_setup.tasks.common import CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, STOPPED, fail
 from node_setup.tasks.common import UNREACHABLE as UNREACHABLE_CODE
+
+if TYPE_CHECKING:
+    from node_setup.ssh.transport import FabricTransport
 
 
 def say(line: str) -> None:
@@ -129,7 +133,7 @@ def read_summary(master, job: JobPlan) -> tuple[dict | None, str | None]:
     return (summary, None) if summary is not None else (None, f"summary ({path}): unreadable")
 
 
-def follow_to_end(life: Lifecycle, job: JobPlan, *, all_ranks: bool = False) -> int:
+def follow_to_end(life: Lifecycle[FabricTransport], job: JobPlan, *, all_ranks: bool = False) -> int:
     """Stream the job until it ends (Ctrl-C asks whether to stop it), then its outcome (the one rule,
     cluster/job/jobreport.py) as fab's exit code, with what it means."""
     master = life.transport.conns[life.transport.master]
@@ -179,7 +183,7 @@ def follow_to_end(life: Lifecycle, job: JobPlan, *, all_ranks: bool = False) -> 
     return ended.code if ended.code is not None else FAILED
 
 
-def on_interrupt(life: Lifecycle, job: JobPlan) -> int:
+def on_interrupt(life: Lifecycle[FabricTransport], job: JobPlan) -> int:
     say("\ninterrupted.")
     try:
         answer = input(f"Stop job {job.job_id} on every node? [y/N] ").strip().lower()
@@ -193,7 +197,7 @@ def on_interrupt(life: Lifecycle, job: JobPlan) -> int:
     return CTRL_C
 
 
-def world_check(life: Lifecycle, job: JobPlan, independent: bool) -> int:
+def world_check(life: Lifecycle[FabricTransport], job: JobPlan, independent: bool) -> int:
     """After your program ended 0 on every rank: did its ranks form one world (cluster/job/worldcheck.py)?"""
     from node_setup.ssh.world import read_records
 

@@ -12,6 +12,7 @@ naming the option, the value and what is allowed).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def k8s_job(c, api=k8s.DEFAULT_API, nodes=1, image="", instance_type=k8s.DEFAULT
         module=module, args=args, workdir=workdir))
     try:
         k8s.check_api(api)
-        own = job_options.own_program({**options, "notice_signal": NO_SIGNAL}, profile)  # no notice in a pod
+        own = job_options.own_program(dataclasses.replace(options, notice_signal=NO_SIGNAL), profile)  # no notice
         run = k8s_request(options, run_id=new_job_id(), own=own)
         common = dict(image=image, name=name, namespace=namespace, instance=instance_type, profile=profile,
                       cores=cores or None, pvc=pvc or None, restart_limit=max_restarts if given(max_restarts) else None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from invoke import Exit
 
-from cluster.cost.timemodel import format_duration
+from cluster.durations import format_duration
 from cluster.run.stack_recovery import TERMINATED_POLL_S, TERMINATED_WAIT_S
 from cluster.stack import lifecycle
 from cluster.stack import worker_group as group_rules
@@ -280,7 +280,8 @@ def _arm_autostop(spec: ClusterSpec, group=None) -> str | None:
         reachable = _reachable(inventory, conns, group)
         if isinstance(reachable, str):
             return reachable
-        print(autostop.status_line(remote.arm_at_setup(*reachable, idle_s, force=False)), flush=True)
+        kept, kept_conns = reachable
+        print(autostop.status_line(remote.arm_at_setup(kept, kept_conns, idle_s, force=False)), flush=True)
     except Exception as exc:  # noqa: BLE001 - said in one line: the cluster is up, the auto-stop is not armed
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     finally:

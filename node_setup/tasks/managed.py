@@ -23,6 +23,7 @@ from cluster.backend import BackendError
 from cluster.inventory import Inventory
 from cluster.job.jobplan import JobPlan
 from cluster.job.request import OwnProgram, RequestError, RunRequest
+from cluster.job.train_options import JobOptions
 from cluster.job.userjob import CopyPlan, UserJobError
 from cluster.run import recovery as rc
 from cluster.run import runspec
@@ -109,17 +110,16 @@ def supervisor_spec(request: RunRequest, inventory: Inventory, job: JobPlan) -> 
 def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, all_ranks: bool = False) -> int:
     """`fab train --managed` once the lifecycle prepared the nodes: the run handed to its supervisor on the
     master, then its log followed (Ctrl-C detaches) or, with --detach, fab's return once the first job started."""
-    assert request.managed is not None  # the --managed path
+    managed = request.managed
+    assert managed is not None  # the --managed path
     master = life.transport.conns[life.transport.master]
     request = dataclasses.replace(request, output_dir=job.output_dir)  # every relaunch writes where the first did
     for line in publish_spec(master, request, inventory, job.output_dir, key=_spec_key()):
         say(line)
     spec, secrets = supervisor_spec(request, inventory, job)
     nodes.start_supervisor(master, spec, secrets, systemd=backend_for(inventory.kind).supervisor_as_service())
-    opts = rc.ManagedOptions(request.managed.max_recoveries, request.managed.min_nodes, request.managed.wait_s,
-                             request.nodes)
-    say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: "
-        + opts.describe().replace("fab stays attached and recovers", "it recovers"))
+    say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: it recovers "
+        + managed.describe(request.nodes))
     if job.inventory.master.spot:
         say("the master is a spot instance: it is the run's single point of failure (a reclaimed master ends the "
             "run; `fab train --managed --resume` continues it once it is back)")
@@ -135,7 +135,7 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
                    f"~/{sv.RUN_ROOT}/{request.run_id}/{sv.LOG_FILE} there", UNREACHABLE)
     say(sv.status_line(state))
     job_history.observed(job.inventory, master)  # the run's first job at its start, into the controller's history
-    if request.managed.detach or state.get("status") in sv.FINAL:
+    if managed.detach or state.get("status") in sv.FINAL:
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, request.run_id, all_ranks=all_ranks)
@@ -153,7 +153,7 @@ def run_exit_code(verdict: str, state: dict | None) -> int:
     if verdict != runlog.ENDED:
         return FAILED
     return {sv.COMPLETED: OK, sv.STOPPED: STOPPED, sv.MASTER_LOST: INTERRUPTED_BY_RECLAIM}.get(
-        (state or {}).get("status"), FAILED)
+        (state or {}).get("status", ""), FAILED)
 
 
 def detached_line(run_id: str) -> str:
@@ -214,7 +214,7 @@ def read_spec(inventory: Inventory, *, checkpoint_uri: str, output_dir: str, mas
     return text, where, directory
 
 
-def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: str, s3=None) -> RunRequest:
+def resumed_request(inventory: Inventory, options: JobOptions | dict[str, Any], *, run_id: str, s3=None) -> RunRequest:
     """`fab train --managed --resume`: the run's request read back from its spec, the signature and every field
     checked before anything starts (one line naming where, exit 2), then the same run again: a new run id,
     --resume, the withheld --env values given again (`options`: fab train's, left out as None)."""
@@ -222,17 +222,18 @@ def resumed_request(inventory: Inventory, options: dict[str, Any], *, run_id: st
     from cluster.job.run_env import check_env
     from node_setup.tasks import common
 
-    uri, output_dir = options.get("checkpoint_uri") or "", options.get("output_dir") or ""
+    o = JobOptions.of(options)
+    uri, output_dir = o.checkpoint_uri or "", o.output_dir or ""
     master = common.connect(inventory)[inventory.master.name] if not uri else None
     text, where, read_from = read_spec(inventory, checkpoint_uri=uri, output_dir=output_dir, master=master, s3=s3)
     try:
         binding = runspec.Binding(inventory.name, inventory.kind, checkpoint_uri=uri or None,
                                   output_dir=None if uri else read_from)
         found = runspec.read(text, where, _spec_key(), binding)
-        env = dict(check_env(env_pairs(options.get("env") or ""), found.request.allow_env))
+        env = dict(check_env(env_pairs(o.env or ""), found.request.allow_env))
         own = found.request.own
         request = runspec.resumed(found, env, run_id, workdir=workdir_again(own) if own is not None else None,
-                                  workdir_changed_ok=bool(options.get("workdir_changed_ok")))
+                                  workdir_changed_ok=bool(o.workdir_changed_ok))
         inventory.first(request.nodes)
     except (runspec.RunSpecError, RequestError, LaunchError) as exc:
         raise fail(str(exc)) from None

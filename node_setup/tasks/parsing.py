@@ -151,7 +151,9 @@ def _print_task_help(program: Program, name: str) -> None:
 def install() -> None:
     """Route every parse error through `_error`, and `--help <unknown task>` too, and print a task's help in
     its option groups (idempotent)."""
-    invoke_parser.ParseMachine.error = _error
-    invoke_parser.ParseMachine.see_value = _value
-    Program.parse_cleanup = _cleanup
-    Program.print_task_help = _print_task_help
+    # Replacing invoke's methods is the point here (`fab` is Fabric's own Program, not one we could subclass),
+    # so mypy's objection to assigning to a method is silenced for these four lines only.
+    invoke_parser.ParseMachine.error = _error  # type: ignore[method-assign, assignment]
+    invoke_parser.ParseMachine.see_value = _value  # type: ignore[method-assign, assignment]
+    Program.parse_cleanup = _cleanup  # type: ignore[method-assign, assignment]
+    Program.print_task_help = _print_task_help  # type: ignore[method-assign, assignment]

@@ -47,7 +47,7 @@ def cluster_spend(inventory: Inventory, *, now: float | None = None, book=None) 
 def status_json(inventory: Inventory, spent: spend.ClusterSpend, nodes: list[dict[str, Any]],
                 job: dict[str, Any] | None, problems: list[str]) -> str:
     """`fab status --json`: the cluster, every node (its status row and spend), the total, the job."""
-    rows = [{**row, **(spent.node(row["name"]).as_json() if spent.node(row["name"]) else {})} for row in nodes]
+    rows = [{**row, **(node.as_json() if (node := spent.node(row["name"])) else {})} for row in nodes]
     return json.dumps({"cluster": inventory.name, "kind": inventory.kind, "profile": inventory.profile,
                        "nodes": rows, "total": spent.total_json(), "job": job, "problems": problems}, indent=2)
 
@@ -62,8 +62,8 @@ def plan_seconds(plan: JobPlan, calibration_for: Callable[[str], Any] | None = N
     job = plan.request.builtin if plan.request is not None else None
     if job is None:
         return None, "the planner knows the built-in job only, not your own --script/--module"
-    itype = inventory.instance_type or inventory.master.instance_type
-    if not catalog.lookup(itype or ""):
+    itype = inventory.instance_type or inventory.master.instance_type or ""
+    if not catalog.lookup(itype):
         if itype:
             return None, f"instance type {itype!r} is not in the planner's catalog"
         return None, f"the machines of cluster {inventory.name!r} have no instance type from the planner's catalog"

@@ -7,7 +7,7 @@ checked environment), or with `--managed --resume` the request read back from th
 (node_setup/tasks/managed.py); the plan is made from it (cluster/job/jobplan.py's `plan`, printed by
 --dry-run), and node_setup/tasks/job_run.py runs it: every path the same lifecycle.
 
-Its exit code is the job's own (training/exit_codes.py: 0 ok, 1 failed, 2 bad input, 75 interrupted by a
+Its exit code is the job's own (cluster/exit_codes.py: 0 ok, 1 failed, 2 bad input, 75 interrupted by a
 spot reclaim; when a rank's program failed, that program's code as its rank wrapper reported it, where
 the launcher returned another: Intel MPI's 255, torchrun's 1), or node_setup/tasks/common.py's: 2 bad
 option or cluster, 3 a node cannot be reached or prepared, 130 after Ctrl-C; or cluster/job/worldcheck.py's

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from training import exit_codes
+from cluster import exit_codes
 
 
 def qa_row(i, answers):

@@ -44,7 +44,7 @@ def test_percentiles_and_throughput():
 def test_build_summary_reports_an_interruption_and_every_key():
     from types import SimpleNamespace as NS
 
-    from training import exit_codes
+    from cluster import exit_codes
 
     parsed = NS(training=NS(per_device_train_batch_size=4, gradient_accumulation_steps=2),
                 job=NS(checkpoint_minutes=5.0, checkpoint_uri="s3://bucket/run", grad_comm="bf16", ddp_bucket_mb=None,

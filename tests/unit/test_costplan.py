@@ -7,6 +7,7 @@ import pytest
 
 from cluster.cost import costplan, plan_options
 from cluster.cost import timemodel as tm
+from cluster.durations import format_duration
 from cluster.cost.models import lookup_dataset, lookup_model
 from tests.fab_run import ROOT
 
@@ -34,7 +35,7 @@ def test_cheapest_and_fastest():
 
 
 def test_json_has_one_object_per_node_count_with_the_documented_keys():
-    data = json.loads(costplan.render_json(_rows()))
+    data = [row.as_json() for row in _rows()]
     assert [d["nodes"] for d in data] == [1, 2, 4, 8]
     assert all(set(d) == {"nodes", "instance_type", "market", "price_source", "epoch_seconds", "step_seconds",
                           "comm_seconds_per_step", "efficiency", "hourly_usd", "provisioning_seconds",
@@ -268,7 +269,7 @@ def test_auto_stop_off_counts_no_idle_tail_and_says_the_nodes_bill_until_destroy
     rows, _ = _plan(nodes="4", auto_stop_idle="off")
     row = rows[0]
     assert row.idle_tail_seconds is None and row.idle_tail_usd == 0
-    assert json.loads(costplan.render_json(rows))[0]["idle_tail_seconds"] is None
+    assert [row.as_json() for row in rows][0]["idle_tail_seconds"] is None
     text = costplan.render_table(rows)
     assert "idle $: auto-stop off, not counted (the nodes bill until `pulumi destroy`)" in text
     assert text.splitlines()[1].split()[9] == "-"  # the idle $ column (durations are two words)
@@ -291,7 +292,7 @@ def test_the_total_is_provisioning_plus_run_plus_idle_tail_and_each_is_shown():
     cells = line.split()  # nodes, epoch time and run time (two words each), efficiency, $/hour, then the costs
     assert [float(c) for c in cells[7:11]] == pytest.approx(
         [row.provisioning_usd, row.run_usd, row.idle_tail_usd, row.total_usd], abs=0.006)
-    data = json.loads(costplan.render_json(rows))[0]
+    data = [row.as_json() for row in rows][0]
     assert (data["instance_type"], data["market"], data["price_source"]) == (
         "r7iz.metal-16xl", "spot", "spot $5.0000/instance-hour, given with --hourly-usd")
     assert (data["provisioning_seconds"], data["idle_tail_seconds"]) == (BAKE_METAL_S, 1800.0)
@@ -329,8 +330,8 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     # node's boot, each at its typical time; the master no longer bills through an install and a bake (it was
     # 2h 04m 00s, $12.05), and the worst case (every boot its wait budget) is shown beside it.
     stock_bake_s = 60 + BUILD_S["stock"] + KEPT_METAL_MASTER_S
-    assert (f"provision $: the first `pulumi up` with the image built apart, {tm.format_duration(stock_bake_s)}"
-            in table) and tm.format_duration(stock_bake_s) == "37m 30s"
+    assert (f"provision $: the first `pulumi up` with the image built apart, {format_duration(stock_bake_s)}"
+            in table) and format_duration(stock_bake_s) == "37m 30s"
     assert ("the build instance's boot (m7i.large) 2m 00s, install on it 10m 00s, the image's snapshot (40 GiB)"
             in table) and "every node's boot from the image 9m 00s" in table
     assert "idle $: 30m 00s idle" in table
@@ -339,7 +340,7 @@ def test_fab_plan_for_the_recipe_s_four_nodes_shows_provisioning_run_and_idle_ta
     spot_usd = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
     worst_usd = spot_usd * (WORST_MASTER_S + 3 * METAL_BUDGET) / 3600 + WORST_BUILDER_USD["stock"]
     worst_s = 60 + WORST_BUILD_S["stock"] + WORST_MASTER_S
-    assert (f"; at most ${worst_usd:.2f} ({tm.format_duration(worst_s)}) if every boot takes its wait budget "
+    assert (f"; at most ${worst_usd:.2f} ({format_duration(worst_s)}) if every boot takes its wait budget "
             "(a node's 40m 00s); run $") in table
     row = json.loads(fab_plan("--json"))[0]
     spot = 5.952 * costplan.SPOT_ESTIMATE_FRACTION
@@ -433,7 +434,7 @@ def test_an_on_demand_master_counts_the_plan_s_own_terms(over, hours):
     # by hand: the spot estimate is half of 5.952, so the master on demand adds 2.976 $/hour
     assert rows[0].on_demand_master_usd == pytest.approx(2.976 * hours, abs=0.002)
     assert f"+${2.976 * hours:.2f} (total $" in line and "(static table)" not in line  # the price line names it
-    data = json.loads(costplan.render_json(rows))[0]
+    data = [row.as_json() for row in rows][0]
     assert data["on_demand_master_extra_usd"] == pytest.approx(2.976 * hours, abs=0.002)
     assert data["on_demand_master_total_usd"] == pytest.approx(data["total_usd"] + 2.976 * hours, abs=0.002)
 
@@ -444,7 +445,7 @@ def test_a_plan_on_demand_says_the_master_already_is():
     rows, line = costplan.with_on_demand_master(rows, price, None)
     assert line == ("on-demand master (recommended for --managed runs): master already on demand "
                     "(this plan prices every node on demand)")
-    assert [json.loads(costplan.render_json(rows))[i]["on_demand_master_extra_usd"] for i in (0, 1)] == [0.0, 0.0]
+    assert [[row.as_json() for row in rows][i]["on_demand_master_extra_usd"] for i in (0, 1)] == [0.0, 0.0]
 
 
 def test_a_stack_with_an_on_demand_master_gets_the_figure_the_spot_table_leaves_out():
@@ -467,7 +468,7 @@ def test_fab_plan_with_a_given_price_does_not_guess_the_on_demand_one(tmp_path, 
     rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4"), hourly_usd=5.0)
     assert notes[0] == ("on-demand master (recommended for --managed runs): not priced (--hourly-usd gives one "
                         "price for every node, not the master's on-demand price)")
-    assert json.loads(costplan.render_json(rows))[0]["on_demand_master_extra_usd"] is None
+    assert [row.as_json() for row in rows][0]["on_demand_master_extra_usd"] is None
     rows, _, _, notes, _ = build_plan(plan_options.PlanOptions(nodes="4", on_demand=True), hourly_usd=5.0)
     assert notes[0].endswith("master already on demand (this plan prices every node on demand)")
 

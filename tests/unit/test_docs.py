@@ -242,7 +242,7 @@ def test_every_markdown_file_named_in_code_tests_or_docs_is_in_the_repository():
 @pytest.mark.parametrize("heading, expected", [
     ("`fab distribute` (also done by `fab train` before every launch)",
      "fab-distribute-also-done-by-fab-train-before-every-launch"),
-    ("Exit codes (`training/exit_codes.py`)", "exit-codes-trainingexit_codespy"),
+    ("Exit codes (`cluster/exit_codes.py`)", "exit-codes-clusterexit_codespy"),
     ("Checkpoints, spot interruptions and `--resume`", "checkpoints-spot-interruptions-and---resume"),
     ("Which cluster: `--cluster`", "which-cluster---cluster"),
 ])

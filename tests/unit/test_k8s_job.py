@@ -53,7 +53,7 @@ def elastic_text() -> str:
 
 def test_the_manifest_round_trips_through_the_sdks_models(elastic_text):
     manifest = yaml.safe_load(elastic_text)
-    job = kubeflow.from_yaml(elastic_text)
+    job = kubeflow.documents(elastic_text)[-1]
     assert type(job).__name__ == "KubeflowOrgV1PyTorchJob"
     assert type(job.spec.pytorch_replica_specs["Worker"].template).__name__ == "V1PodTemplateSpec"
     assert job.spec.elastic_policy.min_replicas == 2  # typed fields, not a dict
@@ -92,7 +92,7 @@ def test_the_command_is_torchrun_with_the_layout_and_the_operators_elastic_setti
     assert command[command.index("-m"):command.index("-m") + 2] == ["-m", "training"]
     assert "--learning_rate" in command and "--resume" in command  # a restarted pod continues its run
     assert option(command, "--output_dir") == f"{k8s.WORK_MOUNT}/runs/{k8s.DEFAULT_NAME}"
-    job = kubeflow.from_yaml(elastic_text)
+    job = kubeflow.documents(elastic_text)[-1]
     for index in (0, 3):  # what torchrun reads from the operator equals what the command says
         injected = operator_env(job, index)
         assert injected["PET_NNODES"] == option(command, "--nnodes") == "2:4"
@@ -114,7 +114,7 @@ def test_without_a_minimum_there_is_no_elastic_policy():
     assert "elasticPolicy" not in manifest["spec"]
     command = container(manifest)["command"]
     assert option(command, "--nnodes") == "3" and "--max-restarts" not in command
-    assert operator_env(kubeflow.from_yaml(yaml.safe_dump(manifest)), 1)["PET_NNODES"] == "3"
+    assert operator_env(kubeflow.documents(yaml.safe_dump(manifest))[-1], 1)["PET_NNODES"] == "3"
     work = next(v for v in worker(manifest)["template"]["spec"]["volumes"] if v["name"] == "work")
     assert work == {"emptyDir": {}, "name": "work"}  # no --pvc
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cluster.stack import catalog
-from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, INTERRUPTED_CODE, JOB_MARKER, RANK_WRAPPER,
+from cluster.job.launch import (ENV_FILE, FLAVOURS, HYDRA_IFACE_SETUP, JOB_MARKER, RANK_WRAPPER,
                                 LaunchError, hostfile_text, master_port_for, plan_launch)
 from cluster.job.layout import plan_layout
 from tests.fab_run import ROOT
@@ -244,12 +244,11 @@ def test_rank_wrapper_records_pid_and_runs_program(tmp_path):
 
 
 def test_a_job_whose_rank_0_ended_interrupted_ends_interrupted_whatever_mpirun_returned(tmp_path):
-    """Rank 0 checkpointed at a spot notice and ended 75 (training/exit_codes.py INTERRUPTED); mpirun then
+    """Rank 0 checkpointed at a spot notice and ended 75 (cluster/exit_codes.py INTERRUPTED); mpirun then
     returned 255 (a reclaimed node gone): the job's exit_code is 75, what `fab jobs` shows as interrupted, and
     the launcher's 255 is kept beside it. A failure that is not rank 0's interruption keeps mpirun's code."""
-    from training.exit_codes import INTERRUPTED
+    from cluster.exit_codes import INTERRUPTED
 
-    assert INTERRUPTED_CODE == INTERRUPTED
     for rank_0, expected in ((f"exit {INTERRUPTED}", INTERRUPTED), ("exit 1", 255)):
         # a stand-in mpirun: rank 0 under the real rank wrapper, then the launcher's own code
         mpirun = (f"#!/bin/sh\nPMI_RANK=0 sh -c {shlex.quote(RANK_WRAPPER)} xeon-rank sh -c {shlex.quote(rank_0)}\n"
@@ -270,7 +269,7 @@ def test_a_rank_0_killed_during_its_exit_after_recording_its_interruption_ends_t
     ended first, and mpirun killed rank 0 during its exit and returned 255 (no exit 75 of rank 0's). The outcome
     the built-in job records before its exit (xeon_cluster/run.py record_outcome, the real one here) is the
     job's: exit_code 75, the launcher's 255 beside it."""
-    from training.exit_codes import INTERRUPTED
+    from cluster.exit_codes import INTERRUPTED
 
     program = (f"from xeon_cluster.run import record_outcome; record_outcome({INTERRUPTED}); "
                "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")

@@ -29,10 +29,58 @@ def test_importing_every_cluster_module_loads_nothing_that_acts():
     assert not loaded & set(FORBIDDEN), f"cluster/ imports {sorted(loaded & set(FORBIDDEN))}"
 
 
+# cluster/'s own order, lowest first: a module imports from its own layer or a lower one. The shared base (exit codes,
+# durations, names, the record reader, the node-side shell) is for every layer; the cluster's vocabulary
+# (inventory) sits with the nodes; backend (the kinds' one interface) on top.
+CLUSTER_LAYERS = (("exit_codes", "durations", "names", "records", "shell"), ("stack",), ("node", "inventory"),
+                  ("cost",), ("job",), ("run",), ("backend",))
+# The arrows that still run back up, each (file, the higher unit it imports): this list only shrinks (the test
+# below fails for one that is gone, so that it goes from here too).
+CLUSTER_BACK_ARROWS = {
+    ("cluster/stack/spec.py", "node"),  # the softwareProfile setting is checked against node/profiles.py
+    ("cluster/node/autostop.py", "job"),  # JOBS_DIR: where a job's directory lies on a node
+    ("cluster/cost/benchplan.py", "job"),  # `fab bench` plans its runs as jobs
+    ("cluster/cost/jobcosts.py", "job"),  # `fab jobs --costs` reads `fab jobs`' rows
+    ("cluster/cost/plan_options.py", "job"),  # LoRA's and the gradient sync's settings
+    ("cluster/job/jobplan.py", "run"),  # a relaunch's batch plan and --resume words
+    ("cluster/job/request.py", "run"),  # the run id's form, --resume's words
+    ("cluster/job/train_options.py", "run"),  # the --managed defaults and --wait-for-capacity's reader
+}
+_CLUSTER_RANK = {unit: rank for rank, layer in enumerate(CLUSTER_LAYERS) for unit in layer}
+
+
+def _cluster_arrows() -> set[tuple[str, str]]:
+    """(file, unit) for every import of one of cluster/'s units (a sub-package or a top module) from another."""
+    arrows = set()
+    for path in sorted((ROOT / "cluster").rglob("*.py")):
+        own = path.relative_to(ROOT / "cluster").with_suffix("").parts[0]
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "cluster" and len(parts) > 1 and parts[1] != own and parts[1] in _CLUSTER_RANK:
+                arrows.add((str(path.relative_to(ROOT)), parts[1]))
+    return arrows
+
+
+def test_every_unit_of_cluster_has_its_place_in_the_order():
+    units = {p.stem for p in (ROOT / "cluster").glob("*.py") if p.stem != "__init__"}
+    units |= {p.parent.name for p in (ROOT / "cluster").glob("*/__init__.py")}
+    assert units == set(_CLUSTER_RANK), sorted(units ^ set(_CLUSTER_RANK))
+
+
+def test_cluster_imports_run_down_its_layers():
+    own_rank = {}
+    for path in (ROOT / "cluster").rglob("*.py"):
+        unit = path.relative_to(ROOT / "cluster").with_suffix("").parts[0]
+        own_rank[str(path.relative_to(ROOT))] = _CLUSTER_RANK.get(unit, -1)
+    up = {(f, unit) for f, unit in _cluster_arrows() if _CLUSTER_RANK[unit] > own_rank[f]}
+    assert not up - CLUSTER_BACK_ARROWS, f"imports against cluster/'s order: {sorted(up - CLUSTER_BACK_ARROWS)}"
+    assert not CLUSTER_BACK_ARROWS - up, f"no longer imported: drop {sorted(CLUSTER_BACK_ARROWS - up)} from the list"
+
+
 # docs/design.md's layer table for node_setup's rooms, as data: the project modules each room may import
 # besides its own, and the packages it must never import. The table there names each of them too.
 ROOMS = {
-    "node_setup/tasks": (("cluster", "node_setup", "training.exit_codes"), ()),
+    "node_setup/tasks": (("cluster", "node_setup"), ()),
     "node_setup/aws": (("cluster",), ("fabric", "paramiko")),
     "node_setup/ssh": (("cluster", "node_setup.controller", "node_setup.local.state",
                         "node_setup.local.console", "node_setup.aws.console", "node_setup.backends",

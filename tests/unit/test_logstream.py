@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from cluster.job.joblog import failure_report
-from cluster.job.launch import INTERRUPTED_CODE, job_dir
+from cluster.exit_codes import INTERRUPTED
+from cluster.job.launch import job_dir
 from cluster.job.logstream import LAUNCHER_END_NAME, LogAssembler, LogSink, assemble, whole_lines
 from node_setup.ssh import job as jobs
 from tests.unit.test_runlog import LocalMaster
@@ -262,7 +263,7 @@ def test_an_interrupted_jobs_launcher_end_is_hidden_and_counted_and_a_failed_job
     job's end lines are hidden and counted; the failed job's are shown (they say which node went away)."""
     from tests.unit.test_launch import RANK_WRAPPER, run_job_script
 
-    for code, expected in ((INTERRUPTED_CODE, INTERRUPTED_CODE), (1, 255)):
+    for code, expected in ((INTERRUPTED, INTERRUPTED), (1, 255)):
         rank_0 = f"echo '[0] step 3'; exit {code}"
         mpirun = (f"#!/bin/sh\nPMI_RANK=0 sh -c {shlex.quote(RANK_WRAPPER)} xeon-rank sh -c {shlex.quote(rank_0)}\n"
                   f"printf %s {shlex.quote(HYDRA_END)}\nexit 255\n")
@@ -271,7 +272,7 @@ def test_an_interrupted_jobs_launcher_end_is_hidden_and_counted_and_a_failed_job
         shown = assemble((tmp_path / str(code) / "home" / plan.job_dir / "log").read_text(), ["node0"])
         assert "[node0 r0] step 3" in shown and f"[xeon-cluster] job {plan.job_id} exited with code {expected}" in shown
         note = f"[xeon-cluster] hidden: {len(HYDRA_END.splitlines())} line(s) of {LAUNCHER_END_NAME}"
-        if code == INTERRUPTED_CODE:
+        if code == INTERRUPTED:
             assert _launcher_end_shown(shown) == [] and note in shown, shown
         else:
             assert [line.split("] ", 1)[1] for line in _launcher_end_shown(shown)] == HYDRA_END.splitlines(), shown

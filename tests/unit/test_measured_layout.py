@@ -174,7 +174,7 @@ def test_fab_plan_adds_the_compile_to_the_start_up_where_it_pays():
         assert row.prediction.compute_s == pytest.approx(eager.prediction.compute_s * 0.5)
     text = costplan.render_table(rows)
     assert "compiled: 1, 2 node(s): run time includes 10 s of compile in the start-up" in text
-    assert json.loads(costplan.render_json(rows))[0]["compile_seconds"] == 10.0
+    assert [row.as_json() for row in rows][0]["compile_seconds"] == 10.0
     dear = {**cheap, "compile_s": 20.0}  # 2 nodes save 12.5 s < 20 s: eager there
     _, rows = _plan(calibration(compile=dear))
     assert [r.prediction.compile_s for r in rows] == [20.0, 0.0]

@@ -18,7 +18,7 @@ from pathlib import Path
 import invoke
 import pytest
 
-from cluster.run import recovery as rc
+from cluster.job.request import Managed
 from cluster.run import runlog
 from cluster.run import supervision as sv
 from cluster.job.launch import job_dir
@@ -69,7 +69,7 @@ def test_the_loops_start_lines_give_the_jobs_in_the_order_it_launched_them():
         return real
 
     fake.launch = launch_with_real_ids
-    spec = LoopSpec(RUN, list(fake.members.values()), rc.ManagedOptions(3, 1, 600.0, 3), poll_s=5.0)
+    spec = LoopSpec(RUN, list(fake.members.values()), Managed(3, 1, 600.0), poll_s=5.0)
     loop = Supervisor(spec, FakeBackend(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep)
     assert loop.run() == sv.COMPLETED
     reader = runlog.RunFollower()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from cluster.job.request import Managed
 from cluster.run import recovery as rc
 from cluster.run import supervision as sv
 from cluster.node.console import fingerprint
@@ -203,7 +204,7 @@ def test_the_fake_backend_implements_every_operation_of_the_protocol():
 
 def supervise(fake: FakeCluster, *, wait=600.0, min_nodes=1, max_recoveries=3) -> str:
     spec = LoopSpec("20261123-101500-ab12", list(fake.members.values()),
-                    rc.ManagedOptions(max_recoveries, min_nodes, wait, 3), poll_s=5.0)
+                    Managed(max_recoveries, min_nodes, wait), poll_s=5.0)
     loop = Supervisor(spec, FakeBackend(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep)
     return loop.run()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.run import recovery as rc
+from cluster.job.request import Managed
 from cluster.run import supervision as sv
 from node_setup.supervisor import respawn
 from node_setup.supervisor.loop import LoopSpec, Supervisor
@@ -46,7 +46,7 @@ def killed_at(fake: FakeCluster, moment: float) -> None:
 
 
 def supervisor(fake: FakeCluster, files: RunFiles, *, restart: bool, wait: float = 600.0) -> Supervisor:
-    spec = LoopSpec(RUN, list(fake.members.values()), rc.ManagedOptions(3, 1, wait, 3), poll_s=5.0,
+    spec = LoopSpec(RUN, list(fake.members.values()), Managed(3, 1, wait), poll_s=5.0,
                     previous=files.previous() if restart else None)
     return Supervisor(spec, FakeBackend(fake), fake, fake, files, clock=fake.clock, sleep=lambda s: fake.sleep(s))
 

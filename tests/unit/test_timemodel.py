@@ -5,6 +5,7 @@ import math
 import pytest
 
 from cluster.cost import timemodel as tm
+from cluster import durations
 from cluster.cost.models import lookup_dataset, lookup_model, parse_count
 
 DISTIL = lookup_model("distilbert-base-uncased").params
@@ -88,7 +89,7 @@ def test_recipe_four_node_figure_within_15_percent(overlap, pg):
     pred = tm.predict(work, tm.Network(25, placement_group=pg), 4, _rate(), ranks_per_node=2, overlap=overlap)
     assert pred.steps == math.ceil(SQUAD / 256)
     measured = 7 * 60 + 30
-    assert abs(pred.run_seconds - measured) / measured < 0.15, tm.format_duration(pred.run_seconds)
+    assert abs(pred.run_seconds - measured) / measured < 0.15, durations.format_duration(pred.run_seconds)
 
 
 def test_default_throughput_for_the_recipe_matches_its_measurement():
@@ -107,19 +108,19 @@ def test_default_throughput_for_the_recipe_matches_its_measurement():
     (" 7m30s ", 450), ("2H", 7200),
 ])
 def test_parse_duration(text, seconds):
-    assert tm.parse_duration(text) == seconds
+    assert durations.parse_duration(text, "--single-node-time") == seconds
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1h30", "m", "30m1h", "-5m", "0s", "1d"])
 def test_parse_duration_rejects_with_the_allowed_forms(text):
     with pytest.raises(ValueError, match="--single-node-time"):
-        tm.parse_duration(text)
+        durations.parse_duration(text, "--single-node-time")
 
 
 def test_format_duration():
-    assert tm.format_duration(450) == "7m 30s"
-    assert tm.format_duration(3723) == "1h 02m 03s"
-    assert tm.format_duration(45.4) == "45s"
+    assert durations.format_duration(450) == "7m 30s"
+    assert durations.format_duration(3723) == "1h 02m 03s"
+    assert durations.format_duration(45.4) == "45s"
 
 
 def test_model_sizes_and_counts():

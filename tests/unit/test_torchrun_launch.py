@@ -199,7 +199,7 @@ def test_a_torchrun_job_whose_rank_0_ended_interrupted_ends_interrupted_whatever
     """The torchrun job script run for real on a one-node plan, a stand-in torchrun that runs rank 0 under the real
     rank wrapper and then returns 1 (what torchrun returns for any failed worker): the job's exit_code is rank 0's
     75 (`fab jobs`: interrupted) and the launcher's 1 kept beside it; any other failure keeps torchrun's code."""
-    from training.exit_codes import INTERRUPTED
+    from cluster.exit_codes import INTERRUPTED
     from xeon_cluster.run import OUTCOME_RECORD_PREFIX
 
     assert INTERRUPTED == 75
