@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm_python
+
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = Path(__file__).resolve().parent / "doubles"
 REGION = "us-east-1"
+_warm: dict = {}  # this pytest process's warm interpreter (tests/warm_python.py): its process and socket
 
 
 def free_port() -> int:
@@ -61,8 +64,42 @@ def mpi_env(extra: dict | None = None) -> dict:
         "TOKENIZERS_PARALLELISM": "false",
     })
     env.pop("XEON_IMDS_ENDPOINT", None)
+    env.pop(warm_python.SOCKET_ENV, None)
     env.update(extra or {})
     return env
+
+
+def _warm_socket() -> str | None:
+    """The socket of this pytest process's warm interpreter, started at the first rank launched (None: it did
+    not start, and the ranks run the real interpreter)."""
+    if "socket" not in _warm:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="xc-warm-")
+        path = os.path.join(folder, "socket")
+        proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", "--serve", path], env=mpi_env(),
+                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+        atexit.register(shutil.rmtree, folder, True)
+        atexit.register(proc.kill)
+        ready = proc.stdout.readline().strip() == "ready" if proc.stdout else False
+        _warm["socket"] = path if ready else None
+    return _warm["socket"]
+
+
+def rank_command(python: str = sys.executable) -> list[str]:
+    """What starts one rank of the job: `python -m training`, through this process's warm interpreter where it
+    can stand in (tests/warm_python.py: the same interpreter, the same import-time settings)."""
+    if python == sys.executable and _warm_socket():
+        return [python, "-m", "tests.warm_python", "-m", "training"]
+    return [python, "-m", "training"]
+
+
+def warm_env(env: dict) -> dict:
+    """`env` with the warm interpreter's socket, for rank_command's processes."""
+    return {**env, warm_python.SOCKET_ENV: _warm["socket"]} if _warm.get("socket") else env
 
 
 def run_mpi(rank_args: list[list[str]], env: dict, per_rank_env: list[dict] | None = None,
@@ -76,8 +113,8 @@ def run_mpi(rank_args: list[list[str]], env: dict, per_rank_env: list[dict] | No
         command += ["-n", "1"]
         for key, value in (per_rank_env[index] if per_rank_env else {}).items():
             command += ["-env", key, value]
-        command += [python, "-m", "training", *args]
-    return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        command += [*rank_command(python), *args]
+    return subprocess.run(command, env=warm_env(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 requires_mpi = pytest.mark.skipif(impi_prefix() is None, reason="impi-rt (Intel MPI wheel) is not installed")

@@ -12,12 +12,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import REPO, free_port, mpi_env, read_summary, requires_mpi, run_mpi
+from tests.training.conftest import (REPO, free_port, mpi_env, rank_command, read_summary, requires_mpi, run_mpi,
+                                     warm_env)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, requires_mpi]
 
@@ -47,7 +47,7 @@ def as_nodes(args_by_rank: list[list[str]], env: dict, timeout: float = 240) -> 
     for rank, args in enumerate(args_by_rank):
         rank_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(len(args_by_rank)), "LOCAL_RANK": "0",
                     "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-m", "training", *args], env=rank_env, cwd=REPO,
+        procs.append(subprocess.Popen([*rank_command(), *args], env=warm_env(rank_env), cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for proc in procs:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 
-from tests.training.conftest import REPO, mpi_env, read_summary
+from tests.training.conftest import REPO, mpi_env, rank_command, read_summary, warm_env
 from training import checkpoint_s3, checkpoints
 
 pytestmark = pytest.mark.slow
@@ -20,7 +19,7 @@ def run_job(demo, output_dir, s3_env, *extra, timeout=240):
     env = {k: v for k, v in mpi_env(s3_env).items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     args = [*demo["args"], "--output_dir", str(output_dir), "--checkpoint_minutes", "0", "--spot_watch", "off",
             "--per_device_train_batch_size", "16", "--max_eval_samples", "0", "--bf16", "false", *extra]
-    return subprocess.run([sys.executable, "-m", "training", *args], env=env, cwd=REPO, capture_output=True,
+    return subprocess.run([*rank_command(), *args], env=warm_env(env), cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 
