@@ -161,8 +161,9 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os._exit(0)
 
 
-def serve(path: str) -> None:
-    _warm_up()
+def serve(path: str, warm_up: bool = True) -> None:
+    if warm_up:
+        _warm_up()
     own = import_time_env(dict(os.environ))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -207,6 +208,6 @@ def serve(path: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve(sys.argv[2])
+        serve(sys.argv[2], warm_up="--cold" not in sys.argv[3:])
     else:
         client(sys.argv[1:])

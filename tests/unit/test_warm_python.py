@@ -1,0 +1,82 @@
+"""tests/warm_python.py, the warm interpreter tests/training's ranks start from: a forked job gets the caller's
+arguments, environment, working directory and output, its exit code and death by signal reach the caller, a
+signal to the caller reaches the job, and a request with other import-time settings runs the real interpreter.
+The server here skips the warm-up (`--cold`): what is checked is the hand-over, not the imports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import warm_python
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = '''
+import os, sys, time
+print("pid", os.getpid(), "args", sys.argv[1:], "cwd", os.getcwd(), "flag", os.environ.get("FLAG"), flush=True)
+if "--wait" in sys.argv:
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+'''
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "prog.py").write_text(PROGRAM)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'pkg'}:{REPO}"}
+    env.pop(warm_python.SOCKET_ENV, None)
+    path = str(tmp_path / "socket")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", "--serve", path, "--cold"], env=env,
+                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield {"env": {**env, warm_python.SOCKET_ENV: path}, "pid": proc.pid}
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+def run(server, *args, env=None, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "tests.warm_python", "-m", "prog", *args],
+                            env=env or server["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)
+
+
+def test_a_forked_job_gets_the_callers_arguments_environment_folder_and_exit_code(server, tmp_path):
+    proc = run(server, "3", "a b", env={**server["env"], "FLAG": "on"}, cwd=tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err
+    assert f"args ['3', 'a b'] cwd {tmp_path} flag on" in out, out
+    assert int(out.split()[1]) != proc.pid  # not the caller: a fork of the server
+
+
+def test_a_signal_reaches_the_job_and_its_death_the_caller(server):
+    proc = run(server, "0", "--wait")
+    pid = int(proc.stdout.readline().split()[1])
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGTERM
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_killed_caller_takes_its_job_with_it(server):
+    proc = run(server, "0", "--wait")
+    pid = int(proc.stdout.readline().split()[1])
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.time() + 10
+    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+        assert time.time() < deadline, "the job outlived its killed caller"
+        time.sleep(0.1)
+
+
+def test_other_import_time_settings_run_the_real_interpreter(server):
+    proc = run(server, "0", env={**server["env"], "OMP_NUM_THREADS": "7"})
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and int(out.split()[1]) == proc.pid  # exec'd in place: the caller's own pid
