@@ -15,7 +15,7 @@ stack's idle auto-stop) is handed in by the caller (node_setup/tasks/job_options
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any, Callable, Mapping
 
@@ -99,9 +99,6 @@ class JobOptions:
     def given(self, name: str) -> bool:
         """Whether the option `name` (a field) was given: not None, "" or False."""
         return _given(getattr(self, name))
-
-
-OPTION_NAMES = tuple(f.name for f in fields(JobOptions))
 
 
 def _option(name: str) -> str:
