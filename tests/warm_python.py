@@ -68,12 +68,7 @@ def client(argv: list[str]) -> None:
 
     for signum in PASSED_SIGNALS:
         signal.signal(signum, pass_on)
-    while True:
-        try:
-            line = reader.readline()
-            break
-        except InterruptedError:
-            continue
+    line = reader.readline()  # retried by Python across the signals passed on (PEP 475)
     status = json.loads(line) if line else {"signal": int(signal.SIGKILL)}
     if "signal" in status:
         signal.signal(status["signal"], signal.SIG_DFL)

@@ -4,7 +4,6 @@ has no IAM policy simulator, so SimulatePrincipalPolicy (and GetRole) are answer
 (tests/aws/test_preflight.py), a test double on botocore's Stubber that checks each request; the callers are moto's.
 """
 
-import boto3
 import pytest
 
 moto = pytest.importorskip("moto")
@@ -14,6 +13,7 @@ from node_setup.aws.findings import FAIL, OK, SKIPPED, WARN, Report  # noqa: E40
 from node_setup.aws.preflight import run_preflight  # noqa: E402
 from node_setup.aws.quotas import SPOT_QUOTA_CODE  # noqa: E402
 from tests.aws.test_preflight import (  # noqa: E402
+    assumed_role_session,
     CLUSTER_INSTANCE,
     MOTO_CALLER,
     MY_ADDRESS,
@@ -49,10 +49,7 @@ def test_a_caller_who_may_not_read_the_consoles_fails_preflight_before_anything_
 def test_an_allowed_console_read_is_ok_and_asked_of_the_role_the_pass_role_check_found(mocked_aws):
     """An assumed-role session: GetRole once (the pass-role check's), then both simulations for that role."""
     role = "arn:aws:iam::123456789012:role/ops/deployer"
-    creds = boto3.client("sts", region_name="us-east-1").assume_role(RoleArn=role, RoleSessionName="ci")
-    session = boto3.Session(aws_access_key_id=creds["Credentials"]["AccessKeyId"],
-                            aws_secret_access_key=creds["Credentials"]["SecretAccessKey"],
-                            aws_session_token=creds["Credentials"]["SessionToken"], region_name="us-east-1")
+    session = assumed_role_session(role, "ci")
     quotas, _ = stubbed_service_quotas(session=session, **{SPOT_QUOTA_CODE: 512})
     iam, stub = stubbed_iam(("role", "deployer", role), ("simulate", role, "allowed"), ("console", role, "allowed"))
     report = run_preflight(spec_for(baseAmi=canonical_image()), clients=clients(session=session, quotas=quotas,

@@ -15,6 +15,7 @@ from node_setup.aws.pass_role import check_pass_role, role_arn_of_session  # noq
 from node_setup.aws.preflight import run_preflight  # noqa: E402
 from node_setup.aws.quotas import SPOT_QUOTA_CODE  # noqa: E402
 from tests.aws.test_preflight import (  # noqa: E402
+    assumed_role_session,
     MOTO_CALLER,
     MY_ADDRESS,
     NODE_ROLE,
@@ -51,10 +52,7 @@ def test_pass_role_allowed_for_an_iam_user(mocked_aws):
 def test_pass_role_of_an_assumed_role_asks_about_the_role_with_its_path(mocked_aws):
     """An IAM Identity Center session: the simulation needs the role's ARN, which has a path."""
     sso_role = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_Admin_0123456789abcdef"
-    creds = boto3.client("sts", region_name="us-east-1").assume_role(RoleArn=sso_role, RoleSessionName="alice")
-    session = boto3.Session(aws_access_key_id=creds["Credentials"]["AccessKeyId"],
-                            aws_secret_access_key=creds["Credentials"]["SecretAccessKey"],
-                            aws_session_token=creds["Credentials"]["SessionToken"], region_name="us-east-1")
+    session = assumed_role_session(sso_role, "alice")
     iam, stub = stubbed_iam(("role", "AWSReservedSSO_Admin_0123456789abcdef", sso_role),
                             ("simulate", sso_role, "allowed"))
     report = Report(region="us-east-1")
@@ -64,10 +62,7 @@ def test_pass_role_of_an_assumed_role_asks_about_the_role_with_its_path(mocked_a
 
 
 def test_pass_role_of_an_assumed_role_without_get_role_uses_the_role_arn_without_a_path(mocked_aws):
-    creds = boto3.client("sts", region_name="us-east-1").assume_role(
-        RoleArn="arn:aws:iam::123456789012:role/deployer", RoleSessionName="ci")["Credentials"]
-    session = boto3.Session(aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
-                            aws_session_token=creds["SessionToken"], region_name="us-east-1")
+    session = assumed_role_session("arn:aws:iam::123456789012:role/deployer", "ci")
     iam, stub = stubbed_iam(("role-error", "deployer", "AccessDenied"),
                             ("simulate", "arn:aws:iam::123456789012:role/deployer", "allowed"))
     report = Report(region="us-east-1")

@@ -78,6 +78,14 @@ CLUSTER_TAG = [{"ContextKeyName": f"{prefix}:ResourceTag/xeon-cluster:cluster", 
                 "ContextKeyType": "string"} for prefix in ("ec2", "aws")]
 
 
+def assumed_role_session(role_arn: str, session_name: str) -> boto3.Session:
+    """A boto3 session of `role_arn` assumed through moto's STS (an assumed-role caller, as SSO gives one)."""
+    creds = boto3.client("sts", region_name="us-east-1").assume_role(RoleArn=role_arn,
+                                                                     RoleSessionName=session_name)["Credentials"]
+    return boto3.Session(aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+                         aws_session_token=creds["SessionToken"], region_name="us-east-1")
+
+
 def stubbed_iam(*answers):
     """Test double for IAM's policy simulator (moto has none), on botocore's Stubber over a real client.
 

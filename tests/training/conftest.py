@@ -21,7 +21,7 @@ from tests import warm_python
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = Path(__file__).resolve().parent / "doubles"
 REGION = "us-east-1"
-_warm: dict = {}  # this pytest process's warm interpreter (tests/warm_python.py): its process and socket
+_warm: dict = {}  # this pytest process's warm interpreter (tests/warm_python.py): its socket, once started
 
 
 def free_port() -> int:
@@ -99,7 +99,8 @@ def rank_command(python: str = sys.executable) -> list[str]:
 
 def warm_env(env: dict) -> dict:
     """`env` with the warm interpreter's socket, for rank_command's processes."""
-    return {**env, warm_python.SOCKET_ENV: _warm["socket"]} if _warm.get("socket") else env
+    socket_path = _warm_socket()
+    return {**env, warm_python.SOCKET_ENV: socket_path} if socket_path else env
 
 
 def run_mpi(rank_args: list[list[str]], env: dict, per_rank_env: list[dict] | None = None,
