@@ -38,6 +38,7 @@ def import_time_env(env: dict) -> dict:
 # ------------------------------------------------------------------------------ the caller
 
 def _real(argv: list[str]) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)  # a mask is kept across exec
     os.execv(sys.executable, [sys.executable, *argv])
 
 
@@ -46,6 +47,9 @@ def client(argv: list[str]) -> None:
     path = os.environ.get(SOCKET_ENV, "")
     if not path or argv[:1] != ["-m"]:
         _real(argv)
+    # held until the job's pid is known and they can be passed on (a signal before that would end this caller
+    # alone, and the server would then kill the job instead of giving it the signal)
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_SIGNALS)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
@@ -68,6 +72,7 @@ def client(argv: list[str]) -> None:
 
     for signum in PASSED_SIGNALS:
         signal.signal(signum, pass_on)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)
     line = reader.readline()  # retried by Python across the signals passed on (PEP 475)
     status = json.loads(line) if line else {"signal": int(signal.SIGKILL)}
     if "signal" in status:
