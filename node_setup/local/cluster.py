@@ -406,14 +406,16 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = Fa
         progress("  stopped the group keeper")
     problems: list[str] = []
     namespaces = system.namespaces()
+    node_pids: dict[str, list[int]] = {}
     for node in state.nodes:
-        pids = []
+        pids = node_pids[node.name] = []
         if node.sshd_pid is not None and system.is_our_sshd(node.sshd_pid, node):
             pids.append(node.sshd_pid)
         if node.namespace in namespaces:
             # whatever still runs inside the node (ssh sessions, training ranks) goes with it
             pids += [p for p in system.namespace_pids(node.namespace) if p not in pids and p != os.getpid()]
-        stopped = system.stop_pids(pids)
+    stopped = set(system.stop_pids([pid for pids in node_pids.values() for pid in pids]))  # all nodes at once
+    for node in state.nodes:
         if state.link_mbit and node.namespace in namespaces:
             unshaped = system.run(link_unshaping_command(node.namespace), check=False)
             if unshaped.returncode == 0:
@@ -425,7 +427,8 @@ def destroy(paths: ClusterPaths, progress: Progress = quiet, *, force: bool = Fa
         # deleting the namespace takes its veth pair along, asynchronously: delete only what is still there
         if system.link_exists(node.veth):
             _remove(["ip", "link", "del", node.veth], partial(system.link_exists, node.veth), problems)
-        progress(f"  {node.name}: stopped {len(stopped)} process(es), removed namespace {node.namespace}")
+        progress(f"  {node.name}: stopped {len(stopped.intersection(node_pids[node.name]))} process(es), "
+                 f"removed namespace {node.namespace}")
     if state.bridge and state.subnet and system.link_exists(state.bridge):
         _remove(["ip", "link", "del", state.bridge], lambda: system.link_exists(state.bridge), problems)
         progress(f"  removed bridge {state.bridge} ({state.subnet})")

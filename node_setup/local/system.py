@@ -208,8 +208,24 @@ def reap(pid: int) -> None:
         pass
 
 
+def drops_signal(pid: int, sig: int, proc: Path = Path("/proc")) -> bool:
+    """Whether `sig` cannot end `pid` now: it ignores or blocks it (`unshare --fork` blocks SIGTERM while
+    it waits for its child), or it is a PID namespace's init with no handler for it (the kernel drops
+    such a signal, even from outside the namespace; only SIGKILL and SIGSTOP reach it)."""
+    try:
+        fields = dict(line.split(":", 1) for line in (proc / str(pid) / "status").read_text().splitlines()
+                      if ":" in line)
+        bit = 1 << (sig - 1)
+        if (int(fields["SigIgn"], 16) | int(fields["SigBlk"], 16)) & bit:
+            return True
+        return fields["NSpid"].split()[-1] == "1" and not int(fields["SigCgt"], 16) & bit
+    except (OSError, KeyError, ValueError, IndexError):
+        return False
+
+
 def stop_pids(pids: list[int], timeout: float = STOP_TIMEOUT, first: int = signal.SIGTERM) -> list[int]:
-    """`first` (SIGTERM), then SIGKILL after `timeout`; returns the PIDs that were still running."""
+    """`first` (SIGTERM), then SIGKILL once every process that can take `first` has gone, or after
+    `timeout`; returns the PIDs that were still running."""
     live = [pid for pid in pids if process_alive(pid)]
     for pid in live:
         try:
@@ -221,7 +237,7 @@ def stop_pids(pids: list[int], timeout: float = STOP_TIMEOUT, first: int = signa
         for pid in live:
             reap(pid)
         left = [pid for pid in live if process_alive(pid)]
-        if not left or time.monotonic() > deadline:
+        if all(drops_signal(pid, first) for pid in left) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     for pid in left:

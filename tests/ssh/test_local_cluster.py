@@ -158,9 +158,27 @@ def test_local_up_refuses_a_running_cluster_and_replace_replaces(local_cluster_f
     cluster.destroy()
 
 
-def test_local_down_removes_exactly_what_local_up_made(local_cluster_factory):
+def _node_pids_running(cluster, index: int, marker: str) -> list[int]:
+    """The host's PIDs of node `index`'s processes whose command line holds `marker`."""
+    pids = local_system.namespace_pids(cluster.state.nodes[index].namespace)
+    return [p for p in pids if marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_local_down_removes_exactly_what_local_up_made(local_cluster_factory, tmp_path):
     cluster = local_cluster_factory(2)
     state = cluster.state
+    # on node0 a job that takes its SIGTERM (it writes where it was told) and one that ignores it
+    told = tmp_path / "told"
+    started = cluster.ssh(0, f"sh -c 'trap \"echo TERM > {told}; exit 0\" TERM; sleep 301 & wait' >/dev/null 2>&1 & "
+                             "sh -c 'trap \"\" TERM; sleep 302' >/dev/null 2>&1 &")
+    assert started.returncode == 0, started.stderr
+    for _ in range(100):
+        taking, ignoring = _node_pids_running(cluster, 0, "sleep 301"), _node_pids_running(cluster, 0, "sleep 302")
+        if taking and ignoring:
+            break
+        time.sleep(0.05)
+    assert taking and ignoring
+    jobs = taking + ignoring
     # unrelated things, one named like a node of this cluster would be, must survive local-down
     unrelated = [f"xc-unrelated-{secrets.token_hex(3)}", local_state.namespace_name(cluster.name, 2)]
     for ns in unrelated:
@@ -171,7 +189,8 @@ def test_local_down_removes_exactly_what_local_up_made(local_cluster_factory):
         assert {n.namespace for n in state.nodes} <= _namespaces()
         assert lc.destroy(cluster.paths) is True
 
-        assert not any(local_system.process_alive(p) for p in pids)
+        assert not any(local_system.process_alive(p) for p in pids + jobs)
+        assert told.read_text() == "TERM\n"  # SIGTERM first, for whatever takes it
         assert not ({n.namespace for n in state.nodes} & _namespaces())
         assert not _link_exists(state.bridge)
         assert not any(_link_exists(n.veth) for n in state.nodes)
