@@ -1,20 +1,26 @@
-"""A warm interpreter for the job's ranks in tests/training: `python -m tests.warm_python -m training ARGS`
-runs like `python -m training ARGS`, but the job's process is forked from a server that has torch,
-transformers, datasets and peft imported already (about 6 CPU-seconds a rank on a 2-core machine, more
-than most tests' steps cost).
+"""A warm interpreter for the tests' ranks: the job's process is forked from a server that has torch,
+transformers, datasets and peft imported already (about 7 CPU-seconds a rank on a 2-core machine, more than
+most tests' steps cost), and runs like a fresh `python -m training ARGS` would.
 
-The server (one per pytest process, started at its first rank by tests/training/conftest.py, ending when
-that process closes its stdin) forks a monitor per request, and the monitor forks the job with the caller's
-argv, environment, working directory and stdin/stdout/stderr (passed over the socket); the job runs
-`training/__main__.py` with runpy. Its exit status goes back to the caller, which exits with it; a signal
-the caller gets is passed on, and a caller that is gone (killed by mpirun, say) takes the job with it.
-Where the server cannot stand in for a fresh interpreter the caller execs the real one with the same
-command: no server, another interpreter, or import-time settings (PYTHONPATH, OMP_*, HF_*, ...) other than
-the server's. The local-cluster tests and the single-process job tests run the real interpreter.
+Two ways in. In tests/training, `python -m tests.warm_python -m training ARGS` (tests/training/conftest.py's
+rank_command, the socket in XEON_TEST_WARM_PYTHON). On a local cluster's node, the node venv's own
+`python -m training...` (a rank, the demo writer): a .pth hook the tests put in the shared venv (install_node_hook)
+hands the start over where the node's cluster folder holds NODE_MARKER, the sockets of servers that run the node
+venv's interpreter (tests/ssh/conftest.py); the job then enters the node's namespaces (network, hostname,
+mounts, PIDs) before it starts. Everywhere else the hook does nothing.
+
+The server (ending when its stdin closes) forks a monitor per request, and the monitor forks the job with the
+caller's argv, environment, working directory and stdin/stdout/stderr (passed over the socket); the job runs
+the module with runpy. Its exit status goes back to the caller, which exits with it; a signal the caller gets
+is passed on (over the socket), and a caller that is gone (killed by mpirun, say) takes the job with it. Where
+the server cannot stand in for a fresh interpreter the caller runs the real one: no server, another
+interpreter, or import-time settings (PYTHONPATH, LD_PRELOAD, HF_*, ...) other than the server's;
+OMP_NUM_THREADS, read when torch loads, is applied with torch.set_num_threads instead.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -22,63 +28,117 @@ import signal
 import socket
 import sys
 
-SOCKET_ENV = "XEON_TEST_WARM_PYTHON"  # the server's socket path, in the environment of the tests' ranks
+SOCKET_ENV = "XEON_TEST_WARM_PYTHON"  # the server's socket path, in the environment of tests/training's ranks
+NODE_MARKER = ".xeon-test-warm-python"  # in a local cluster's data folder: the folder of its nodes' servers
+BASE_SOCKET = "base.socket"  # in that folder: the server with no import-time settings, which starts the others
+HOOK_MODULE = "xeon_test_warm_python"  # this file's name in the node venv, beside its .pth hook
+NAMESPACES = ("net", "uts", "mnt", "pid")  # a node's, entered by its job in this order
 # Settings read while the modules are imported (the OpenMP runtime at torch's load, the hub's offline flags
-# at its import, the module path): a request whose values differ runs the real interpreter.
+# at its import, the module path, the preloaded allocator): a request whose values differ runs the real
+# interpreter. Not those read later (TORCHELASTIC_*) or applied in the job (OMP_NUM_THREADS).
 IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "LD_", "HF_", "TRANSFORMERS", "TORCH", "PYTORCH",
                         "TOKENIZERS", "DATASETS", "XEON_TEST_DOUBLE")
+RUN_TIME = ("OMP_NUM_THREADS", "TORCHELASTIC_")
 PASSED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MAX_MESSAGE = 1 << 20
 
 
 def import_time_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and not k.startswith(RUN_TIME)}
 
 
 # ------------------------------------------------------------------------------ the caller
 
 def _real(argv: list[str]) -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)  # a mask is kept across exec
     os.execv(sys.executable, [sys.executable, *argv])
+
+
+def _hand_over(path: str, argv: list[str], namespaces: tuple[str, ...] = ()) -> None:
+    """Run `python ARGV` through the server at `path` and end this process as the job ended; returns only
+    where the server cannot stand in (refused, or no server), with nothing changed."""
+    # held until the job runs and they can be passed on (a signal before that would end this caller alone,
+    # and the server would then kill the job instead of giving it the signal)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_SIGNALS)
+    fds = [0, 1, 2]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        fds += [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in namespaces]
+        conn.connect(path)
+        request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "python": sys.executable,
+                   "namespaces": list(namespaces)}
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)  # the descriptors with it
+        reader = conn.makefile("r")
+        answer = json.loads(reader.readline() or "{}")
+    except (OSError, ValueError):
+        answer = {}
+    finally:
+        for fd in fds[3:]:
+            os.close(fd)
+    if "pid" not in answer:  # refused (another interpreter, other import-time settings) or no server
+        conn.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return
+
+    def pass_on(signum, _frame):
+        try:
+            conn.sendall(bytes([signum]))
+        except OSError:
+            pass
+
+    for signum in PASSED_SIGNALS:
+        signal.signal(signum, pass_on)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    line = reader.readline()  # retried by Python across the signals passed on (PEP 475)
+    status = json.loads(line) if line else {"signal": int(signal.SIGKILL)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "signal" in status:
+        signal.signal(status["signal"], signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [status["signal"]])
+        os.kill(os.getpid(), status["signal"])
+    os._exit(status.get("code", 1))
 
 
 def client(argv: list[str]) -> None:
     """Run `python ARGV` through the server, or as itself where the server cannot stand in."""
     path = os.environ.get(SOCKET_ENV, "")
-    if not path or argv[:1] != ["-m"]:
-        _real(argv)
-    # held until the job's pid is known and they can be passed on (a signal before that would end this caller
-    # alone, and the server would then kill the job instead of giving it the signal)
-    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_SIGNALS)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-        request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "python": sys.executable}
-        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])  # the descriptors with it
-        reader = conn.makefile("r")
-        answer = json.loads(reader.readline() or "{}")
-    except (OSError, ValueError):
-        answer = {}
-    if "pid" not in answer:  # refused (another interpreter, other import-time settings) or no server
-        conn.close()
-        _real(argv)
-    pid = answer["pid"]
+    if path and argv[:1] == ["-m"]:
+        _hand_over(path, argv)
+    _real(argv)
 
-    def pass_on(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
 
-    for signum in PASSED_SIGNALS:
-        signal.signal(signum, pass_on)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)
-    line = reader.readline()  # retried by Python across the signals passed on (PEP 475)
-    status = json.loads(line) if line else {"signal": int(signal.SIGKILL)}
-    if "signal" in status:
-        signal.signal(status["signal"], signal.SIG_DFL)
-        os.kill(os.getpid(), status["signal"])
-    sys.exit(status.get("code", 1))
+def node_hook() -> None:
+    """At the start of the node venv's interpreter (its .pth): hand a `python [-u] -m training...` over to the
+    servers its cluster's data folder names, if any; otherwise return and let the interpreter go on."""
+    argv = list(getattr(sys, "orig_argv", ())[1:])
+    if argv[:1] == ["-u"]:
+        argv = argv[1:]
+        unbuffered = True
+    else:
+        unbuffered = False
+    if argv[:1] != ["-m"] or len(argv) < 2 or argv[1].split(".")[0] != "training":
+        return
+    try:  # the node's /root is a bind mount of <cluster data folder>/<node>/root
+        with open("/proc/self/mountinfo") as mounts:
+            root = next(line.split()[3] for line in mounts if line.split()[4] == "/root")
+        with open(os.path.join(os.path.dirname(os.path.dirname(root)), NODE_MARKER)) as marker:
+            folder = marker.read().strip()
+    except (OSError, StopIteration, IndexError):
+        return
+    # the server for this start's import-time settings (once spawned), else the base server (which counts it)
+    for name in (f"{settings_key(import_time_env(dict(os.environ)))}.socket", BASE_SOCKET):
+        _hand_over(os.path.join(folder, name), ["-u", *argv] if unbuffered else argv, NAMESPACES)
+
+
+def install_node_hook(site_packages: str) -> None:
+    """Put this file and its .pth hook into a venv's site-packages (each written whole, then renamed)."""
+    for name, text in ((f"{HOOK_MODULE}.py", open(__file__).read()),
+                       (f"{HOOK_MODULE}.pth", f'import sys; "training" in " ".join(getattr(sys, "orig_argv", '
+                                              f'())[1:4]) and __import__("{HOOK_MODULE}").node_hook()\n')):
+        target = os.path.join(site_packages, name)
+        with open(f"{target}.{os.getpid()}.tmp", "w") as out:
+            out.write(text)
+        os.replace(f"{target}.{os.getpid()}.tmp", target)
 
 
 # ------------------------------------------------------------------------------ the server
@@ -90,8 +150,6 @@ def _warm_up() -> None:
     import transformers  # noqa: F401
     from transformers import (AutoModelForCausalLM, AutoModelForQuestionAnswering,  # noqa: F401
                               AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments)
-
-    import training.train  # noqa: F401
 
 
 def _job(request: dict, fds: list[int]) -> None:
@@ -110,7 +168,15 @@ def _job(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        module, args = request["argv"][1], request["argv"][2:]
+        if "torch" in sys.modules and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        argv = request["argv"]
+        if argv[0] == "-u":  # unbuffered, as `python -u` makes stdout and stderr
+            argv = argv[1:]
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
+                                          errors="backslashreplace")
+        module, args = argv[1], argv[2:]
         sys.argv = [module, *args]
         sys.path[0] = request["cwd"]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -129,13 +195,31 @@ def _job(request: dict, fds: list[int]) -> None:
             os._exit(code)
 
 
+def _setns(fd: int) -> None:
+    if hasattr(os, "setns"):  # Python 3.12
+        os.setns(fd, 0)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, 0) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+
+
 def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the forked monitor: fork the job, tell the caller its pid, then its end (never returns)."""
+    """In the forked monitor: enter the caller's namespaces, fork the job, tell the caller it runs, pass on
+    the signals it sends (a byte each), then tell it the job's end (never returns)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        for fd in fds[3:]:  # the PID namespace last: it is the job's, not the monitor's
+            _setns(fd)
+    except OSError:
+        conn.sendall(b"{}\n")
+        os._exit(0)
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _job(request, fds)
+        _job(request, fds[:3])
     for fd in fds:
         os.close(fd)
     status: dict = {}
@@ -148,10 +232,16 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
                           else {"code": os.WEXITSTATUS(raw)})
                 break
             readable, _, _ = select.select([conn], [], [], 0.2)
-            if readable and not conn.recv(1):  # the caller is gone: so is its job
+            if not readable:
+                continue
+            passed = conn.recv(16)
+            if not passed:  # the caller is gone: so is its job
                 os.killpg(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 os._exit(0)
+            for signum in passed:
+                if signum in PASSED_SIGNALS:
+                    os.kill(pid, signum)
         conn.sendall(json.dumps(status).encode() + b"\n")
     except OSError:
         try:
@@ -161,15 +251,30 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os._exit(0)
 
 
-def serve(path: str, warm_up: bool = True) -> None:
-    if warm_up:
+def settings_key(settings: dict) -> str:
+    """The name of the node server for these import-time settings (its socket: <key>.socket)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def serve(path: str, warm_up: str = "", spawn: bool = False) -> None:
+    """Serve at `path` until stdin closes. With `spawn` (the node servers), the second start refused for the
+    same import-time settings starts a server for those settings beside this one (its socket, named by
+    settings_key, appears once it is warm; it ends with this server); not for settings with their own HF_HOME
+    (a pod's volume, one test's)."""
+    own = import_time_env(dict(os.environ))  # as started: importing torch sets TORCHINDUCTOR_CACHE_DIR
+    if warm_up == "--torch":
+        import torch  # noqa: F401
+    elif warm_up != "--cold":
         _warm_up()
-    own = import_time_env(dict(os.environ))
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors (and spawned servers) are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
     print("ready", flush=True)
+    refused: dict[str, int] = {}
+    spawned = []  # their stdin: when this server ends, so do they
     while True:
         readable, _, _ = select.select([listener, sys.stdin], [], [])
         if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1):  # the pytest process is gone
@@ -179,7 +284,7 @@ def serve(path: str, warm_up: bool = True) -> None:
         conn, _ = listener.accept()
         fds: list[int] = []
         try:
-            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3 + len(NAMESPACES))
             while data and not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
                 more = conn.recv(MAX_MESSAGE)
                 if not more:
@@ -191,12 +296,26 @@ def serve(path: str, warm_up: bool = True) -> None:
                 os.close(fd)
             conn.close()
             continue
-        if request.get("python") != sys.executable or import_time_env(request.get("env", {})) != own \
-                or len(fds) != 3:
+        settings = import_time_env(request.get("env", {}))
+        if request.get("python") != sys.executable or settings != own \
+                or len(fds) != 3 + len(request.get("namespaces", ())):
             for fd in fds:
                 os.close(fd)
             conn.sendall(b"{}\n")
             conn.close()
+            with open(os.path.join(os.path.dirname(path), "refused.log"), "a") as log:  # what ran cold
+                log.write(json.dumps({"argv": request.get("argv", [])[:3], "settings": settings}) + "\n")
+            key = settings_key(settings)
+            refused[key] = refused.get(key, 0) + 1
+            if spawn and refused[key] == 2 and request.get("python") == sys.executable and "HF_HOME" not in settings:
+                import subprocess
+
+                env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/"),
+                       **settings}
+                spawned.append(subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "--serve",
+                     os.path.join(os.path.dirname(path), f"{key}.socket")], env=env, cwd="/",
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             continue
         if os.fork() == 0:
             listener.close()
@@ -208,6 +327,7 @@ def serve(path: str, warm_up: bool = True) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve(sys.argv[2], warm_up="--cold" not in sys.argv[3:])
+        serve(sys.argv[2], next((a for a in sys.argv[3:] if a in ("--cold", "--torch")), ""),  # what to import
+              spawn="--spawn" in sys.argv[3:])
     else:
         client(sys.argv[1:])

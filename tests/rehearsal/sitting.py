@@ -73,6 +73,7 @@ from tests.rehearsal.engine import Stack, environ_set
 from tests.rehearsal.group_launches import GROUP_NAME_TAG
 from tests.rehearsal.security_groups import SshIngressDouble
 from tests.ssh.conftest import FAB, REPO_ROOT, local_cluster_unavailable
+from tests.ssh.warm_nodes import WarmNodes
 
 NODES = 3
 INSTANCE_TYPE = "r7iz.metal-16xl"  # Pulumi.example.yaml's; the local nodes stand in for it
@@ -107,6 +108,7 @@ class Sitting:
     verbose: bool = False
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
     steps: list[StepResult] = field(default_factory=list)
+    warm: WarmNodes | None = None  # the tests' warm starts for the nodes' jobs (tests/ssh/warm_nodes.py)
 
     def __post_init__(self):
         self.local_name = f"rh-{self.tag}"
@@ -209,6 +211,8 @@ class Sitting:
             result["summary"] = (f"{self.state.subnet} on bridge {self.state.bridge}: "
                                  + ", ".join(f"{n.name} {n.address}" for n in self.state.nodes))
         self.venv_ready()
+        if self.warm and self.state:
+            self.warm.mark(self.state.data_dir)
 
     def venv_ready(self) -> None:
         """The nodes have no internet: the setup step (which installs from PyPI on AWS) needs the shared

@@ -14,6 +14,7 @@ import pytest
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
 from tests.rehearsal.sitting import NODES, Sitting
+from tests.ssh.warm_nodes import WarmNodes
 from tests.ssh.conftest import REPO_ROOT, local_cluster_unavailable
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
@@ -28,7 +29,7 @@ def test_pulumi_up_then_fab_train_status_destroy_and_sweep_on_the_nodes_the_prog
     reason = local_cluster_unavailable()
     if reason:
         pytest.skip(reason)
-    sitting = Sitting(tmp_path)
+    sitting = Sitting(tmp_path, warm=WarmNodes())
     steps = sitting.run()  # each step checks its own result; a failed one raises with the output
     names = [s.name for s in steps if not s.name.startswith("prepare:")]
     assert len(names) == len(STEPS) and all(n.startswith(want) for n, want in zip(names, STEPS)), names

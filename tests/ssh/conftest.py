@@ -29,6 +29,7 @@ from node_setup.backends.files import load_inventory_file
 from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
 from node_setup.local import system as local_system
+from tests.ssh.warm_nodes import WarmNodes
 
 
 def local_cluster_unavailable() -> str | None:
@@ -60,6 +61,13 @@ class RunningLocalCluster:
     config_home: Path  # XDG_CONFIG_HOME under which its key, inventory and state live
     data_root: Path
     known_hosts: Path  # every node's recorded host key, by address and alias (the test's own file)
+    warm: WarmNodes | None = None
+
+    def start_jobs_warm(self) -> None:
+        """Its nodes' `python -m training...` from this session's warm servers, once the node venv exists
+        (tests/ssh/warm_nodes.py); called again after a setup that made the venv."""
+        if self.warm:
+            self.warm.mark(self.state.data_dir)
 
     @property
     def name(self) -> str:
@@ -120,6 +128,7 @@ def local_cluster_factory(tmp_path_factory):
     base = tmp_path_factory.mktemp("xc-local")
     session_tag = secrets.token_hex(3)
     made: list[RunningLocalCluster] = []
+    warm = WarmNodes()
 
     def make(nodes: int = 3) -> RunningLocalCluster:
         name = f"t{session_tag}-{len(made)}"
@@ -129,7 +138,8 @@ def local_cluster_factory(tmp_path_factory):
         known_hosts = base / f"{name}.known_hosts"
         known_hosts.write_text(state.known_hosts_text())
         cluster = RunningLocalCluster(state=state, paths=paths, config_home=config_home, data_root=data,
-                                      known_hosts=known_hosts)
+                                      known_hosts=known_hosts, warm=warm)
+        cluster.start_jobs_warm()
         made.append(cluster)
         return cluster
 
@@ -172,6 +182,7 @@ def setup_runs(local_cluster) -> dict[str, subprocess.CompletedProcess]:
     if runs["setup"].returncode != 0:
         pytest.fail(f"fab setup failed (exit "
                     f"{runs['setup'].returncode}):\n{runs['setup'].stdout}\n{runs['setup'].stderr}")
+    local_cluster.start_jobs_warm()
     runs["distribute"] = run_fab(local_cluster, "distribute", timeout=120)
     if runs["distribute"].returncode != 0:
         pytest.fail(f"fab distribute failed:\n{runs['distribute'].stdout}\n{runs['distribute'].stderr}")

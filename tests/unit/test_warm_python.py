@@ -20,25 +20,42 @@ REPO = Path(__file__).resolve().parents[2]
 PROGRAM = '''
 import os, sys, time
 print("pid", os.getpid(), "args", sys.argv[1:], "cwd", os.getcwd(), "flag", os.environ.get("FLAG"), flush=True)
+if "--threads" in sys.argv:
+    import torch
+    print("threads", torch.get_num_threads(), flush=True)
+if "--host" in sys.argv:
+    import socket
+    print("host", socket.gethostname())  # no flush: only `-u` gets it out before os._exit
+    os._exit(0)
 if "--wait" in sys.argv:
     time.sleep(60)
 sys.exit(int(sys.argv[1]))
 '''
 
 
-@pytest.fixture
-def server(tmp_path):
+def _server(tmp_path, warm_up: str):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "prog.py").write_text(PROGRAM)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'pkg'}:{REPO}"}
     env.pop(warm_python.SOCKET_ENV, None)
+    env.pop("OMP_NUM_THREADS", None)
     path = str(tmp_path / "socket")
-    proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", "--serve", path, "--cold"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", "--serve", path, warm_up], env=env,
                             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    yield {"env": {**env, warm_python.SOCKET_ENV: path}, "pid": proc.pid}
+    yield {"env": {**env, warm_python.SOCKET_ENV: path}, "pid": proc.pid, "path": path}
     proc.stdin.close()
     proc.wait(timeout=10)
+
+
+@pytest.fixture
+def server(tmp_path):
+    yield from _server(tmp_path, "--cold")
+
+
+@pytest.fixture
+def torch_server(tmp_path):
+    yield from _server(tmp_path, "--torch")
 
 
 def run(server, *args, env=None, **kwargs):
@@ -76,6 +93,27 @@ def test_a_killed_caller_takes_its_job_with_it(server):
 
 
 def test_other_import_time_settings_run_the_real_interpreter(server):
-    proc = run(server, "0", env={**server["env"], "OMP_NUM_THREADS": "7"})
+    proc = run(server, "0", env={**server["env"], "KMP_AFFINITY": "compact"})
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and int(out.split()[1]) == proc.pid  # exec'd in place: the caller's own pid
+
+
+def test_the_jobs_thread_count_is_its_own_omp_num_threads_though_torch_was_loaded_before(torch_server):
+    for threads in ("1", "2"):
+        proc = run(torch_server, "0", "--threads", env={**torch_server["env"], "OMP_NUM_THREADS": threads})
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert f"threads {threads}" in out and int(out.split()[1]) != proc.pid, out  # forked, not exec'd
+
+
+def test_a_node_callers_namespaces_are_the_jobs_and_dash_u_keeps_its_output_unbuffered(server):
+    """As the node hook hands a start over: the job takes the caller's hostname (its UTS namespace) and, under
+    `-u`, writes what it prints at once."""
+    hand_over = ("import sys; from tests import warm_python; "
+                 f"warm_python._hand_over({server['path']!r}, ['-u', '-m', 'prog', '0', '--host'], ('uts',)); "
+                 "print('not handed over')")
+    done = subprocess.run(["unshare", "--uts", "sh", "-c", 'hostname xc-warm-test && exec "$@"', "sh",
+                           sys.executable, "-c", hand_over], env=server["env"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("\nhost xc-warm-test\n") and "not handed over" not in done.stdout, done.stdout
