@@ -32,19 +32,23 @@ SOCKET_ENV = "XEON_TEST_WARM_PYTHON"  # the server's socket path, in the environ
 NODE_MARKER = ".xeon-test-warm-python"  # in a local cluster's data folder: the folder of its nodes' servers
 BASE_SOCKET = "base.socket"  # in that folder: the server with no import-time settings, which starts the others
 HOOK_MODULE = "xeon_test_warm_python"  # this file's name in the node venv, beside its .pth hook
+USER_RUNNER = ("xeon_cluster.run",)  # what runs a user's program on a node (with runpy): started warm too
 NAMESPACES = ("net", "uts", "mnt", "pid")  # a node's, entered by its job in this order
 # Settings read while the modules are imported (the OpenMP runtime at torch's load, the hub's offline flags
 # at its import, the module path, the preloaded allocator): a request whose values differ runs the real
-# interpreter. Not those read later (TORCHELASTIC_*) or applied in the job (OMP_NUM_THREADS).
+# interpreter. Not those read later (TORCHELASTIC_*, HF_TOKEN) or applied in the job (OMP_NUM_THREADS,
+# PYTHONUNBUFFERED).
 IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "LD_", "HF_", "TRANSFORMERS", "TORCH", "PYTORCH",
                         "TOKENIZERS", "DATASETS", "XEON_TEST_DOUBLE")
-RUN_TIME = ("OMP_NUM_THREADS", "TORCHELASTIC_")
+RUN_TIME_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "HF_TOKEN")
+RUN_TIME_PREFIXES = ("TORCHELASTIC_",)
 PASSED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MAX_MESSAGE = 1 << 20
 
 
 def import_time_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and not k.startswith(RUN_TIME)}
+    return {k: v for k, v in env.items()
+            if k.startswith(IMPORT_TIME_PREFIXES) and k not in RUN_TIME_NAMES and not k.startswith(RUN_TIME_PREFIXES)}
 
 
 # ------------------------------------------------------------------------------ the caller
@@ -108,15 +112,16 @@ def client(argv: list[str]) -> None:
 
 
 def node_hook() -> None:
-    """At the start of the node venv's interpreter (its .pth): hand a `python [-u] -m training...` over to the
-    servers its cluster's data folder names, if any; otherwise return and let the interpreter go on."""
+    """At the start of the node venv's interpreter (its .pth): hand a `python [-u] -m training...` (or the user
+    program runner) over to the servers its cluster's data folder names, if any; otherwise return and let the
+    interpreter go on."""
     argv = list(getattr(sys, "orig_argv", ())[1:])
     if argv[:1] == ["-u"]:
         argv = argv[1:]
         unbuffered = True
     else:
         unbuffered = False
-    if argv[:1] != ["-m"] or len(argv) < 2 or argv[1].split(".")[0] != "training":
+    if argv[:1] != ["-m"] or len(argv) < 2 or not (argv[1].split(".")[0] == "training" or argv[1] in USER_RUNNER):
         return
     try:  # the node's /root is a bind mount of <cluster data folder>/<node>/root
         with open("/proc/self/mountinfo") as mounts:
@@ -133,8 +138,9 @@ def node_hook() -> None:
 def install_node_hook(site_packages: str) -> None:
     """Put this file and its .pth hook into a venv's site-packages (each written whole, then renamed)."""
     for name, text in ((f"{HOOK_MODULE}.py", open(__file__).read()),
-                       (f"{HOOK_MODULE}.pth", f'import sys; "training" in " ".join(getattr(sys, "orig_argv", '
-                                              f'())[1:4]) and __import__("{HOOK_MODULE}").node_hook()\n')):
+                       (f"{HOOK_MODULE}.pth", f'import sys; a = " ".join(getattr(sys, "orig_argv", ())[1:4]); '
+                                              f'("training" in a or "xeon_cluster.run" in a) and '
+                                              f'__import__("{HOOK_MODULE}").node_hook()\n')):
         target = os.path.join(site_packages, name)
         with open(f"{target}.{os.getpid()}.tmp", "w") as out:
             out.write(text)
@@ -144,6 +150,7 @@ def install_node_hook(site_packages: str) -> None:
 # ------------------------------------------------------------------------------ the server
 
 def _warm_up() -> None:
+    import accelerate  # noqa: F401
     import datasets  # noqa: F401
     import peft  # noqa: F401
     import torch  # noqa: F401
@@ -171,8 +178,8 @@ def _job(request: dict, fds: list[int]) -> None:
         if "torch" in sys.modules and os.environ.get("OMP_NUM_THREADS", "").isdigit():
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         argv = request["argv"]
-        if argv[0] == "-u":  # unbuffered, as `python -u` makes stdout and stderr
-            argv = argv[1:]
+        if argv[0] == "-u" or os.environ.get("PYTHONUNBUFFERED"):  # unbuffered, as `python -u` makes them
+            argv = argv[1:] if argv[0] == "-u" else argv
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
             sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                           errors="backslashreplace")
