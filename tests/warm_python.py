@@ -226,6 +226,8 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
     pid = os.fork()
     if pid == 0:
         conn.close()
+        for fd in fds[3:]:  # a held namespace would outlive its node
+            os.close(fd)
         _job(request, fds[:3])
     for fd in fds:
         os.close(fd)
