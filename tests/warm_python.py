@@ -4,10 +4,11 @@ most tests' steps cost), and runs like a fresh `python -m training ARGS` would.
 
 Two ways in. In tests/training, `python -m tests.warm_python -m training ARGS` (tests/training/conftest.py's
 rank_command, the socket in XEON_TEST_WARM_PYTHON). On a local cluster's node, the node venv's own
-`python -m training...` (a rank, the demo writer): a .pth hook the tests put in the shared venv (install_node_hook)
-hands the start over where the node's cluster folder holds NODE_MARKER, the sockets of servers that run the node
-venv's interpreter (tests/ssh/conftest.py); the job then enters the node's namespaces (network, hostname,
-mounts, PIDs) before it starts. Everywhere else the hook does nothing.
+`python -m training...` (a rank, the demo writer) or `-m xeon_cluster.run` (a user's program): a .pth hook the
+tests put in the shared venv (install_node_hook) hands the start over where the node's cluster data folder holds
+NODE_MARKER, naming the folder of servers that run the node venv's interpreter (tests/ssh/warm_nodes.py); the
+job then enters the node's namespaces (network, hostname, mounts, PIDs) before it starts. Everywhere else the
+hook does nothing.
 
 The server (ending when its stdin closes) forks a monitor per request, and the monitor forks the job with the
 caller's argv, environment, working directory and stdin/stdout/stderr (passed over the socket); the job runs
@@ -15,7 +16,7 @@ the module with runpy. Its exit status goes back to the caller, which exits with
 is passed on (over the socket), and a caller that is gone (killed by mpirun, say) takes the job with it. Where
 the server cannot stand in for a fresh interpreter the caller runs the real one: no server, another
 interpreter, or import-time settings (PYTHONPATH, LD_PRELOAD, HF_*, ...) other than the server's;
-OMP_NUM_THREADS, read when torch loads, is applied with torch.set_num_threads instead.
+OMP_NUM_THREADS, read when torch loads, is applied with torch.set_num_threads instead, PYTHONUNBUFFERED as -u.
 """
 
 from __future__ import annotations
