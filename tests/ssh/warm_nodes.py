@@ -32,9 +32,12 @@ class WarmNodes:
         python = VENV / "bin" / "python"
         if not python.exists():
             return None
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        warm_python.install_node_hook(site)
+        try:  # a venv another worker's setup is remaking this moment: cold, and asked again at the next mark
+            site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+            warm_python.install_node_hook(site)
+        except (OSError, subprocess.SubprocessError):
+            return None
         folder = tempfile.mkdtemp(prefix="xc-warm-nodes-")
         atexit.register(shutil.rmtree, folder, True)
         ranks = {"LD_LIBRARY_PATH": f"{VENV}/lib", **({"LD_PRELOAD": TCMALLOC_PATH} if Path(TCMALLOC_PATH).exists()
