@@ -117,12 +117,9 @@ def node_hook() -> None:
     program runner) over to the servers its cluster's data folder names, if any; otherwise return and let the
     interpreter go on."""
     argv = list(getattr(sys, "orig_argv", ())[1:])
-    if argv[:1] == ["-u"]:
-        argv = argv[1:]
-        unbuffered = True
-    else:
-        unbuffered = False
-    if argv[:1] != ["-m"] or len(argv) < 2 or not (argv[1].split(".")[0] == "training" or argv[1] in USER_RUNNER):
+    command = argv[1:] if argv[:1] == ["-u"] else argv
+    if command[:1] != ["-m"] or len(command) < 2 or not (command[1].split(".")[0] == "training"
+                                                         or command[1] in USER_RUNNER):
         return
     try:  # the node's /root is a bind mount of <cluster data folder>/<node>/root
         with open("/proc/self/mountinfo") as mounts:
@@ -133,14 +130,14 @@ def node_hook() -> None:
         return
     # the server for this start's import-time settings (once spawned), else the base server (which counts it)
     for name in (f"{settings_key(import_time_env(dict(os.environ)))}.socket", BASE_SOCKET):
-        _hand_over(os.path.join(folder, name), ["-u", *argv] if unbuffered else argv, NAMESPACES)
+        _hand_over(os.path.join(folder, name), argv, NAMESPACES)
 
 
 def install_node_hook(site_packages: str) -> None:
     """Put this file and its .pth hook into a venv's site-packages (each written whole, then renamed)."""
     for name, text in ((f"{HOOK_MODULE}.py", open(__file__).read()),
                        (f"{HOOK_MODULE}.pth", f'import sys; a = " ".join(getattr(sys, "orig_argv", ())[1:4]); '
-                                              f'("training" in a or "xeon_cluster.run" in a) and '
+                                              f'any(m in a for m in {("training", *USER_RUNNER)!r}) and '
                                               f'__import__("{HOOK_MODULE}").node_hook()\n')):
         target = os.path.join(site_packages, name)
         with open(f"{target}.{os.getpid()}.tmp", "w") as out:
