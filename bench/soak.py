@@ -79,6 +79,8 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--faults", type=int, default=0, help="how many (default: two of each kind per 30 min)")
     parser.add_argument("--steps", type=int, default=0, help="the run's steps (default: measured for --minutes)")
     parser.add_argument("--checkpoint-steps", type=int, default=25, help="checkpoint interval in steps")
+    parser.add_argument("--batch-size", type=int, default=0, help="the batch per rank (default: the demo's)")
+    parser.add_argument("--examples", type=int, default=EXAMPLES, help=f"the demo's examples (default {EXAMPLES})")
     parser.add_argument("--baselines", type=int, default=3,
                         help="undisturbed runs of the same settings to check the run against (default 3: the "
                              "first for step-by-step fidelity, all for the final loss's spread; 0 with --no-baseline)")
@@ -104,7 +106,8 @@ def _options() -> argparse.Namespace:
     for fault in o.schedule:
         fault.hold_s = o.hold if o.hold and fault.hold_s else fault.hold_s
     for what, value, low in (("--nodes", o.nodes, 1), ("--checkpoint-steps", o.checkpoint_steps, 1),
-                             ("--steps", o.steps, 0), ("--minutes", o.minutes, 0.5), ("--hold", o.hold, 0),
+                             ("--steps", o.steps, 0), ("--batch-size", o.batch_size, 0),
+                             ("--examples", o.examples, 1), ("--minutes", o.minutes, 0.5), ("--hold", o.hold, 0),
                              ("--settle", o.settle, 0), ("--baselines", o.baselines, 0)):
         if value < low:
             raise plan.PlanError(f"{what}: {value} is not allowed; allowed {low} or more")
@@ -145,7 +148,8 @@ class Run:
         extra = (f"--save_steps {self.o.checkpoint_steps} --logging_steps 1 --seed {self.o.seed} "
                  "--spot_poll_seconds 1")
         argv = ["train", "--managed", "--detach", "--cluster", f"local:{self.cluster.name}",
-                "--synthetic-examples", str(EXAMPLES), "--max-steps", str(self.steps), "--max-recoveries", "100",
+                "--synthetic-examples", str(self.o.examples), "--max-steps", str(self.steps), "--max-recoveries", "100",
+                *(("--batch-size", str(self.o.batch_size)) if self.o.batch_size else ()),
                 "--wait-for-capacity", "5m", "--output-dir", self.output, "--checkpoint-uri", self.uri,
                 "--env", store.node_env(), "--extra", extra]
         self.handed_at = time.time()
@@ -354,7 +358,8 @@ def calibrate(cluster: LocalCluster, env: dict, o: argparse.Namespace) -> int:
     """Steps that take --minutes undisturbed: a short run's mean step time (summary.json), same settings."""
     out = f"{output_root(o.name)}/calibration"
     extra = f"--save_steps {o.checkpoint_steps} --logging_steps 1 --seed {o.seed}"
-    done = fab(env, "train", "--cluster", f"local:{cluster.name}", "--synthetic-examples", str(EXAMPLES),
+    done = fab(env, "train", "--cluster", f"local:{cluster.name}", "--synthetic-examples", str(o.examples),
+               *(("--batch-size", str(o.batch_size)) if o.batch_size else ()),
                "--max-steps", "60", "--output-dir", out, "--extra", extra, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"the calibration run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr}")
