@@ -135,9 +135,10 @@ def node_hook() -> None:
 
 def install_node_hook(site_packages: str) -> None:
     """Put this file and its .pth hook into a venv's site-packages (each written whole, then renamed)."""
+    # site exec()s a .pth line in its own function's locals, which a comprehension there would not see
     for name, text in ((f"{HOOK_MODULE}.py", open(__file__).read()),
                        (f"{HOOK_MODULE}.pth", f'import sys; a = " ".join(getattr(sys, "orig_argv", ())[1:4]); '
-                                              f'any(m in a for m in {("training", *USER_RUNNER)!r}) and '
+                                              f'any(map(a.__contains__, {("training", *USER_RUNNER)!r})) and '
                                               f'__import__("{HOOK_MODULE}").node_hook()\n')):
         target = os.path.join(site_packages, name)
         with open(f"{target}.{os.getpid()}.tmp", "w") as out:

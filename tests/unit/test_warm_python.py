@@ -6,6 +6,8 @@ The server here skips the warm-up (`--cold`): what is checked is the hand-over, 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,3 +119,37 @@ def test_a_node_callers_namespaces_are_the_jobs_and_dash_u_keeps_its_output_unbu
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("\nhost xc-warm-test\n") and "not handed over" not in done.stdout, done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a node's /root bind mount needs root")
+def test_the_hook_in_a_node_venv_hands_a_training_start_over_and_leaves_others_alone(tmp_path):
+    """The .pth hook install_node_hook puts into a venv, as a node's interpreter runs it: in a mount namespace whose
+    /root is <data>/node0/root and <data> holds the marker, `python -m training.<module>` runs in the marker's
+    server (a fork of it: its orig_argv), and `python -c` runs as itself, neither printing an error of site's."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    warm_python.install_node_hook(site)
+    (tmp_path / "pkg" / "training").mkdir(parents=True)
+    (tmp_path / "pkg" / "training" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "training" / "probe.py").write_text("import sys; print('argv', sys.orig_argv[1:3])\n")
+    data, servers = tmp_path / "data", tmp_path / "servers"
+    (data / "node0" / "root").mkdir(parents=True)
+    servers.mkdir()
+    (data / warm_python.NODE_MARKER).write_text(f"{servers}\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path / "pkg")}
+    proc = subprocess.Popen([python, "-m", warm_python.HOOK_MODULE, "--serve", str(servers / warm_python.BASE_SOCKET),
+                             "--cold"], env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        node = (f"mount --bind {shlex.quote(str(data / 'node0' / 'root'))} /root && cd / && "
+                f"{shlex.quote(python)} -m training.probe && {shlex.quote(python)} -c 'print(\"plain\")'")
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", node], env=env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == f"argv ['-m', '{warm_python.HOOK_MODULE}']\nplain\n", done.stdout
