@@ -6,19 +6,7 @@ import sys
 
 import pytest
 
-from tests.training.conftest import REPO
-
-PROBE = """
-import sys, tempfile
-import torch
-from transformers import Trainer, TrainingArguments
-from training.args import JobArguments, resolve_compile
-
-t = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True)
-print(resolve_compile(JobArguments(compile=sys.argv[1], compile_estimate=sys.argv[2] or None), t, 10))
-trainer = Trainer(model=torch.nn.Linear(2, 2), args=t)
-print("dynamo backend:", trainer.accelerator.state.dynamo_plugin.backend.value)
-"""
+from tests.training.conftest import REPO, mpi_env, warm_env
 
 
 @pytest.mark.parametrize("choice, estimate, backend", [
@@ -29,8 +17,8 @@ print("dynamo backend:", trainer.accelerator.state.dynamo_plugin.backend.value)
 ])
 @pytest.mark.slow
 def test_the_trainer_compiles_exactly_when_the_job_says_so(choice, estimate, backend):
-    # a process of its own: accelerate's state is one per process
-    done = subprocess.run([sys.executable, "-c", PROBE, choice, estimate], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    # a process of its own (accelerate's state is one per process), forked from the warm interpreter
+    done = subprocess.run([sys.executable, "-m", "tests.warm_python", "-m", "tests.training.compile_probe", choice,
+                           estimate], env=warm_env(mpi_env()), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"dynamo backend: {backend}" in done.stdout
