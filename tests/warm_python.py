@@ -4,7 +4,8 @@ most tests' steps cost), and runs like a fresh `python -m training ARGS` would.
 
 Two ways in. In tests/training, `python -m tests.warm_python -m training ARGS` (tests/training/conftest.py's
 rank_command, the socket in XEON_TEST_WARM_PYTHON). On a local cluster's node, the node venv's own
-`python -m training...` (a rank, the demo writer) or `-m xeon_cluster.run` (a user's program): a .pth hook the
+`python -m training...` (a rank, the demo writer), `-m xeon_cluster.run` (a user's program) or `torchrun` (its
+agent, whose workers are ranks): a .pth hook the
 tests put in the shared venv (install_node_hook) hands the start over where the node's cluster data folder holds
 NODE_MARKER, naming the folder of servers that run the node venv's interpreter (tests/ssh/warm_nodes.py); the
 job then enters the node's namespaces (network, hostname, mounts, PIDs) before it starts. Everywhere else the
@@ -34,6 +35,7 @@ NODE_MARKER = ".xeon-test-warm-python"  # in a local cluster's data folder: the 
 BASE_SOCKET = "base.socket"  # in that folder: the server with no import-time settings, which starts the others
 HOOK_MODULE = "xeon_test_warm_python"  # this file's name in the node venv, beside its .pth hook
 USER_RUNNER = ("xeon_cluster.run",)  # what runs a user's program on a node (with runpy): started warm too
+SCRIPTS = ("torchrun",)  # the node venv's console scripts started warm (torchrun's agent), by their file's name
 NAMESPACES = ("net", "uts", "mnt", "pid")  # a node's, entered by its job in this order
 # Settings read while the modules are imported (the OpenMP runtime at torch's load, the hub's offline flags
 # at its import, the module path, the preloaded allocator): a request whose values differ runs the real
@@ -118,8 +120,9 @@ def node_hook() -> None:
     interpreter go on."""
     argv = list(getattr(sys, "orig_argv", ())[1:])
     command = argv[1:] if argv[:1] == ["-u"] else argv
-    if command[:1] != ["-m"] or len(command) < 2 or not (command[1].split(".")[0] == "training"
-                                                         or command[1] in USER_RUNNER):
+    module = command[1] if command[:1] == ["-m"] and len(command) > 1 else ""
+    if not (module.split(".")[0] == "training" or module in USER_RUNNER
+            or (command and not module and os.path.basename(command[0]) in SCRIPTS)):
         return
     try:  # the node's /root is a bind mount of <cluster data folder>/<node>/root
         with open("/proc/self/mountinfo") as mounts:
@@ -138,7 +141,7 @@ def install_node_hook(site_packages: str) -> None:
     # site exec()s a .pth line in its own function's locals, which a comprehension there would not see
     for name, text in ((f"{HOOK_MODULE}.py", open(__file__).read()),
                        (f"{HOOK_MODULE}.pth", f'import sys; a = " ".join(getattr(sys, "orig_argv", ())[1:4]); '
-                                              f'any(map(a.__contains__, {("training", *USER_RUNNER)!r})) and '
+                                              f'any(map(a.__contains__, {("training", *USER_RUNNER, *SCRIPTS)!r})) and '
                                               f'__import__("{HOOK_MODULE}").node_hook()\n')):
         target = os.path.join(site_packages, name)
         with open(f"{target}.{os.getpid()}.tmp", "w") as out:
@@ -159,7 +162,7 @@ def _warm_up() -> None:
 
 
 def _job(request: dict, fds: list[int]) -> None:
-    """In the forked job: become the caller's `python -m MODULE ARGS` (never returns)."""
+    """In the forked job: become the caller's `python -m MODULE ARGS` or `python SCRIPT ARGS` (never returns)."""
     import runpy
 
     code = 1
@@ -182,10 +185,14 @@ def _job(request: dict, fds: list[int]) -> None:
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
             sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                           errors="backslashreplace")
-        module, args = argv[1], argv[2:]
-        sys.argv = [module, *args]
-        sys.path[0] = request["cwd"]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            sys.path[0] = request["cwd"]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:  # a script (one of SCRIPTS), as `python SCRIPT ARGS` runs it
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -1,6 +1,7 @@
-"""Warm starts for the local nodes' Python jobs: the ranks' and the demo writer's `python -m training...` of the
-shared node venv are handed to servers that run that venv's interpreter with torch, transformers, datasets and
-peft imported (tests/warm_python.py's node hook), saving each start about 7 CPU-seconds.
+"""Warm starts for the local nodes' Python jobs: the ranks' and the demo writer's `python -m training...`, a user's
+program's runner and torchrun's agent, of the shared node venv, are handed to servers that run that venv's
+interpreter with torch, transformers, datasets and peft imported (tests/warm_python.py's node hook), saving each
+start about 7 CPU-seconds.
 
 Two servers per pytest process, started once the venv exists: the base server, with no import-time settings
 (the demo writer's), and one with the ranks' (the venv's libraries and tcmalloc, as job.sh and the layout give
