@@ -276,8 +276,7 @@ def settings_key(settings: dict) -> str:
 def serve(path: str, warm_up: str = "", spawn: bool = False) -> None:
     """Serve at `path` until stdin closes. With `spawn` (the node servers), the second start refused for the
     same import-time settings starts a server for those settings beside this one (its socket, named by
-    settings_key, appears once it is warm; it ends with this server); not for settings with their own HF_HOME
-    (a pod's volume, one test's)."""
+    settings_key, appears once it is warm; it ends with this server)."""
     own = import_time_env(dict(os.environ))  # as started: importing torch sets TORCHINDUCTOR_CACHE_DIR
     if warm_up == "--torch":
         import torch  # noqa: F401
@@ -322,7 +321,7 @@ def serve(path: str, warm_up: str = "", spawn: bool = False) -> None:
                 log.write(json.dumps({"argv": request.get("argv", [])[:3], "settings": settings}) + "\n")
             key = settings_key(settings)
             refused[key] = refused.get(key, 0) + 1
-            if spawn and refused[key] == 2 and request.get("python") == sys.executable and "HF_HOME" not in settings:
+            if spawn and refused[key] == 2 and request.get("python") == sys.executable:
                 import subprocess
 
                 env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/"),

@@ -11,8 +11,9 @@ The pods are emulated this way, and only this way:
 - cluster DNS: every node's /etc/hosts names every pod (the PyTorchJob's `<job>-worker-<i>`, the
   operator's per-pod Service; the TrainJob's `<job>-node-0-<i>` and `<job>-node-0-<i>.<job>`, under
   the JobSet's headless Service) and every node's hostname (which the rendezvous hands to the others);
-- volumes: the PVC is one directory every node sees, each pod's emptyDir its own directory, a
-  ConfigMap volume its items written as files of their modes into a directory of the pod's own, and
+- volumes: the PVC is one directory every node sees (the module's jobs share it), each pod's emptyDir
+  its own directory, a ConfigMap volume its items written as files of their modes into a directory of
+  the pod's own, and
   a path under a volume's mountPath in the command, a `sh -c` script, the environment or workingDir
   is that directory's; /dev/shm is the node's own;
 - a PyTorchJob's init container runs in each pod first, then the pods' commands run together (a
@@ -32,6 +33,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -222,12 +224,20 @@ def processes_under(marker: str) -> list[int]:
     return [pid for pid in found if pid != os.getpid()]
 
 
-def run_pods(pod_nodes, tmp_path: Path, text: str) -> tuple[list[Pod], list[dict[str, Path]]]:
+@pytest.fixture(scope="module")
+def claim(tmp_path_factory) -> Path:
+    """The PVC: one directory every node sees, which this module's jobs share as a cluster's jobs share their claim
+    (the demo's model made once on it, the hub cache kept); each job's runs folder is its own (run_pods)."""
+    return tmp_path_factory.mktemp("pvc")
+
+
+def run_pods(pod_nodes, pvc: Path, tmp_path: Path, text: str) -> tuple[list[Pod], list[dict[str, Path]]]:
     """Every pod of the job, each on its node: the init container first, then all pods' commands
-    together; asserts they all end 0. Returns the pods and each pod's volume directories."""
+    together; asserts they all end 0. Returns the pods and each pod's volume directories. The claim's
+    runs folder is cleared first: a job of the same name would resume from the one before."""
     found, contents = pods(text)
     assert len(found) == PODS
-    pvc = tmp_path / "pvc"
+    shutil.rmtree(pvc / k8s.RUNS_DIR, ignore_errors=True)
     lines, all_dirs = [], []
     for index, pod in enumerate(found):
         pod_dir = tmp_path / f"pod-{index}"
@@ -261,11 +271,11 @@ def run_pods(pod_nodes, tmp_path: Path, text: str) -> tuple[list[Pod], list[dict
                          [(k8s.API_PYTORCHJOB, (), 2), (k8s.API_PYTORCHJOB, ("--min-nodes", "1"), 1),
                           (k8s.API_TRAINJOB, (), 1)],
                          ids=["pytorchjob-fixed", "pytorchjob-elastic", "trainjob"])
-def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(pod_nodes, tmp_path, api, options,
+def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(pod_nodes, claim, tmp_path, api, options,
                                                                               ranks_per_node):
     text = render(tmp_path, api, "--synthetic-examples", "200", "--max-steps", "4", *options,
                   ranks_per_node=ranks_per_node).read_text()
-    found, dirs = run_pods(pod_nodes, tmp_path, text)
+    found, dirs = run_pods(pod_nodes, claim, tmp_path, text)
     main = found[0].main
     if options:
         assert found[0].injected["PET_NNODES"] == "1:2" and \
@@ -282,7 +292,7 @@ def test_the_pods_of_a_rendered_manifest_train_with_the_operators_environment(po
     assert summary["nodes"] == PODS, summary
 
 
-def test_your_own_program_runs_from_the_workdirs_configmap_in_one_world(pod_nodes, tmp_path):
+def test_your_own_program_runs_from_the_workdirs_configmap_in_one_world(pod_nodes, claim, tmp_path):
     """A TrainJob's: its command copies the workdir (a PyTorchJob's init container runs the same copy
     command, as it runs the demo's preparation above; tests/unit/test_k8s_own_program.py)."""
     workdir = tmp_path / "program"
@@ -291,8 +301,8 @@ def test_your_own_program_runs_from_the_workdirs_configmap_in_one_world(pod_node
         (workdir / path).write_text(text)
     text = render(tmp_path, k8s.API_TRAINJOB, "--script", str(workdir / "train.py")).read_text()
     assert "path: .env" not in text  # withheld, as fab train withholds it
-    _, dirs = run_pods(pod_nodes, tmp_path, text)
-    result = json.loads((tmp_path / "pvc" / "runs" / JOB / "result.json").read_text())
+    _, dirs = run_pods(pod_nodes, claim, tmp_path, text)
+    result = json.loads((claim / k8s.RUNS_DIR / JOB / "result.json").read_text())
     copies = [Path(on_volume(k8s.WORKDIR, pod_dirs)) for pod_dirs in dirs]
     assert result.pop("cwd") in [str(c) for c in copies]  # rank 0's pod's own copy
     assert result == {"world": PODS * 2, "sum": 1.0 + 2 + 3 + 4, "helper": "from the workdir"}
