@@ -152,13 +152,18 @@ def install_node_hook(site_packages: str) -> None:
 # ------------------------------------------------------------------------------ the server
 
 def _warm_up() -> None:
+    import importlib
+    import importlib.util
+
     import accelerate  # noqa: F401
     import datasets  # noqa: F401
-    import peft  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
     from transformers import (AutoModelForCausalLM, AutoModelForQuestionAnswering,  # noqa: F401
                               AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments)
+    for optional in ("peft", "intel_extension_for_pytorch"):  # the LoRA job's; the intel profile's stack's
+        if importlib.util.find_spec(optional):
+            importlib.import_module(optional)
 
 
 def _job(request: dict, fds: list[int]) -> None:

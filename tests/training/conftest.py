@@ -21,7 +21,7 @@ from tests import warm_python
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = Path(__file__).resolve().parent / "doubles"
 REGION = "us-east-1"
-_warm: dict = {}  # this pytest process's warm interpreter (tests/warm_python.py): its socket, once started
+_warm: dict[str, str | None] = {}  # interpreter -> the socket of this pytest process's warm one (tests/warm_python.py)
 
 
 def free_port() -> int:
@@ -69,37 +69,37 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
-def _warm_socket() -> str | None:
-    """The socket of this pytest process's warm interpreter, started at the first rank launched (None: it did
+def _warm_socket(python: str = sys.executable) -> str | None:
+    """The socket of this pytest process's warm `python`, started at the first rank it launches (None: it did
     not start, and the ranks run the real interpreter)."""
-    if "socket" not in _warm:
+    if python not in _warm:
         import atexit
         import shutil
         import tempfile
 
         folder = tempfile.mkdtemp(prefix="xc-warm-")
         path = os.path.join(folder, "socket")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", "--serve", path], env=mpi_env(),
+        proc = subprocess.Popen([python, "-m", "tests.warm_python", "--serve", path], env=mpi_env(),
                                 cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True)
         atexit.register(shutil.rmtree, folder, True)
         atexit.register(proc.kill)
         ready = proc.stdout.readline().strip() == "ready" if proc.stdout else False
-        _warm["socket"] = path if ready else None
-    return _warm["socket"]
+        _warm[python] = path if ready else None
+    return _warm[python]
 
 
 def rank_command(python: str = sys.executable) -> list[str]:
     """What starts one rank of the job: `python -m training`, through this process's warm interpreter where it
     can stand in (tests/warm_python.py: the same interpreter, the same import-time settings)."""
-    if python == sys.executable and _warm_socket():
+    if _warm_socket(python):
         return [python, "-m", "tests.warm_python", "-m", "training"]
     return [python, "-m", "training"]
 
 
-def warm_env(env: dict) -> dict:
-    """`env` with the warm interpreter's socket, for rank_command's processes."""
-    socket_path = _warm_socket()
+def warm_env(env: dict, python: str = sys.executable) -> dict:
+    """`env` with the warm `python`'s socket, for rank_command's processes."""
+    socket_path = _warm_socket(python)
     return {**env, warm_python.SOCKET_ENV: socket_path} if socket_path else env
 
 
@@ -115,7 +115,7 @@ def run_mpi(rank_args: list[list[str]], env: dict, per_rank_env: list[dict] | No
         for key, value in (per_rank_env[index] if per_rank_env else {}).items():
             command += ["-env", key, value]
         command += [*rank_command(python), *args]
-    return subprocess.run(command, env=warm_env(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, env=warm_env(env, python), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 requires_mpi = pytest.mark.skipif(impi_prefix() is None, reason="impi-rt (Intel MPI wheel) is not installed")
