@@ -1,8 +1,9 @@
 """The soak: one long supervised run on a local cluster, many faults of several kinds, measured from outside.
 
     python bench/soak.py [--minutes 30] [--nodes 4] [--seed 1] [--kinds reclaim,silent,...] [--faults N]
-                         [--steps S] [--checkpoint-steps 25] [--hold SECONDS] [--settle SECONDS]
-                         [--baselines 3 | --no-baseline] [--json PATH] [--name NAME | --cluster NAME]
+                         [--steps S] [--checkpoint-steps 25] [--batch-size B] [--examples 3000]
+                         [--hold SECONDS] [--settle SECONDS] [--baselines 3 | --no-baseline] [--json PATH]
+                         [--name NAME | --cluster NAME]
 
 Root and Linux (a local cluster of its own, `fab local-up --name NAME --keeper-delay 10s`, removed at the
 end; `--cluster NAME`: a running local cluster, set up, that the soak uses and leaves running). What it
