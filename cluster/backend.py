@@ -148,6 +148,12 @@ class ClusterBackend(Protocol):
         install; False: the nodes read this machine's folder itself (a local cluster's share its disk)."""
         ...
 
+    def compiles_bytecode(self) -> bool:
+        """Whether an install compiles the venv's bytecode (pip's default); False: the nodes' jobs run as the venv's
+        owner, so their first imports write the bytecode of what they use (a local cluster: a few thousand of the
+        venv's 12,000 modules, not all of them on the setup's time)."""
+        ...
+
     def market(self, node: Node) -> str | None:
         """How a node is paid for (cluster/cost/spend.py's SPOT, ON_DEMAND, LOCAL_MARKET); None: not known."""
         ...

@@ -70,6 +70,7 @@ class InstallPlan:
     node_root: str = NODE_ROOT  # where the venv and its lock live (tests point it elsewhere)
     lock_holder: str = ""  # who takes the setup lock, for a node waiting on it: "cluster C, checkout P"
     venv: str | None = None  # default: cluster.node.profiles.venv_dir(profile)
+    compile_bytecode: bool = True  # False: pip's --no-compile (the backend's compiles_bytecode)
 
     @property
     def venv_path(self) -> str:
@@ -115,6 +116,7 @@ def install_script(plan: InstallPlan) -> str:
         "APT_PACKAGES": profile.apt_packages,
         "TCMALLOC_PACKAGES": TCMALLOC_PACKAGES,
         "PIP_SOURCE": pip_source,
+        "PIP_COMPILE": [] if plan.compile_bytecode else ["--no-compile"],
         "INDEX_URLS": [p.index_url for p in index_pins],
         "INDEX_REQUIREMENTS": [p.requirement() for p in index_pins],
         "PINS": profile.pip_pins,

@@ -4,7 +4,7 @@
 # Header: APT_LOCK_TIMEOUT APT_ATTEMPTS APT_RETRY_DELAY VENV_LOCK_TIMEOUT NODE_ROOT VENV OS_PYTHON
 # PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION (and the setup lock's), and the arrays
 # APT_PACKAGES TCMALLOC_PACKAGES PIP_SOURCE (pip's options for the pins: none, PyPI alone; or the
-# wheelhouse) INDEX_URLS INDEX_REQUIREMENTS (the index-only packages: each requirement line, with
+# wheelhouse) PIP_COMPILE (none, or --no-compile: the jobs' first imports write the bytecode) INDEX_URLS INDEX_REQUIREMENTS (the index-only packages: each requirement line, with
 # its hashes, installed from its index alone, first) PINS.
 # The commands down to the first blank line are its preamble (cluster.shell.preamble), which
 # autostop's own install script (cluster/node/autostop.py install_script) starts with too.
@@ -83,12 +83,13 @@ else
   for i in "${!INDEX_REQUIREMENTS[@]}"; do
     # hashes go in a requirements file; --index-url alone and --no-deps: never PyPI for this name
     printf '%s\n' "${INDEX_REQUIREMENTS[$i]}" > "$VENV/.index-requirement.txt"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps \
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_COMPILE[@]}" --no-deps \
       --index-url "${INDEX_URLS[$i]}" -r "$VENV/.index-requirement.txt" 9>&- \
       || { xc step venv failed "pip install of ${INDEX_REQUIREMENTS[$i]%% *} from ${INDEX_URLS[$i]} failed"; exit 25; }
   done
   rm -f "$VENV/.index-requirement.txt"
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_SOURCE[@]}" "${PINS[@]}" 9>&- \
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_COMPILE[@]}" "${PIP_SOURCE[@]}" \
+    "${PINS[@]}" 9>&- \
     || { xc step venv failed "pip install of the profile's pins failed"; exit 25; }
   echo "$DIGEST" > "$VENV/$PROFILE_MARKER.tmp" && mv "$VENV/$PROFILE_MARKER.tmp" "$VENV/$PROFILE_MARKER"
   xc step venv changed "$VENV has profile $PROFILE ($DIGEST)"
@@ -101,7 +102,8 @@ if [ -z "$PROJECT_WHEEL" ]; then
 elif [ "$(cat "$VENV/$PROJECT_MARKER" 2>/dev/null)" = "$PROJECT_VERSION" ]; then
   xc step project unchanged "xeon-cluster $PROJECT_VERSION already installed"
 else
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps --force-reinstall "$PROJECT_WHEEL" 9>&- \
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PIP_COMPILE[@]}" --no-deps \
+    --force-reinstall "$PROJECT_WHEEL" 9>&- \
     || { xc step project failed "pip install $PROJECT_WHEEL failed"; exit 30; }
   echo "$PROJECT_VERSION" > "$VENV/$PROJECT_MARKER.tmp" && mv "$VENV/$PROJECT_MARKER.tmp" "$VENV/$PROJECT_MARKER"
   xc step project changed "xeon-cluster $PROJECT_VERSION installed"

@@ -178,6 +178,9 @@ class AwsBackend:
 
         return status_lines(inventory.name, inventory.region)
 
+    def compiles_bytecode(self) -> bool:
+        return True  # baked into the image: the jobs' user cannot write it
+
     def copies_wheelhouse(self) -> bool:
         return True
 

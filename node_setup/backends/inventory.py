@@ -73,6 +73,9 @@ class InventoryFileBackend:
     def group_status(self, inventory: Inventory) -> tuple[str, str | None] | None:
         return None
 
+    def compiles_bytecode(self) -> bool:
+        return True  # the jobs run as the SSH user, the venv is root's
+
     def copies_wheelhouse(self) -> bool:
         return True
 

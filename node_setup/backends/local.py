@@ -206,6 +206,9 @@ class LocalBackend:
     def group_status(self, inventory: Inventory) -> tuple[str, str | None] | None:
         return None
 
+    def compiles_bytecode(self) -> bool:
+        return False  # root runs the jobs in the shared venv: their imports write it
+
     def copies_wheelhouse(self) -> bool:
         return False  # the nodes' namespaces see this machine's disk: they read its wheelhouse
 

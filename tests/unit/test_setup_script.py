@@ -214,6 +214,7 @@ def test_install_survives_the_dpkg_lock_a_failure_and_reruns_until_nothing_chang
     assert changed(events) is True
     assert (venv / ".xeon-cluster-profile").read_text().strip() == fingerprint_digest(TEST_PROFILE)
     assert (venv / ".xeon-cluster-project").read_text().strip() == "0.1+src1"
+    assert list(venv.glob("lib/python3*/site-packages/xc_dummy/__pycache__/*.pyc"))  # compiled by the install
     assert not str((venv / "bin" / "python").resolve()).startswith("/root/")
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import xc_dummy, xc_project; print(xc_dummy.VERSION)"],
                            capture_output=True, text=True)
@@ -248,12 +249,13 @@ def test_install_survives_the_dpkg_lock_a_failure_and_reruns_until_nothing_chang
 @pytest.mark.slow
 @needs_os_python
 def test_two_nodes_sharing_the_node_root_install_once(tmp_path, fake_apt):
-    """Like the local cluster's nodes, which share /opt: one installs, the other waits and finds it done."""
+    """Like the local cluster's nodes, which share /opt: one installs, the other waits and finds it done; as the
+    local backend asks, the install leaves the bytecode to the jobs' first imports."""
     state, env = fake_apt
     (state / "installed").write_text("xc-fake-a\nlibgoogle-perftools4\n")
     (tmp_path / "wheelhouse").mkdir()
     make_wheel(tmp_path / "wheelhouse", "xc-dummy", "1.0")
-    script = install_script(plan_for(tmp_path))
+    script = install_script(plan_for(tmp_path, compile_bytecode=False))
     procs = [subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
@@ -261,3 +263,14 @@ def test_two_nodes_sharing_the_node_root_install_once(tmp_path, fake_apt):
     venv_steps = sorted(next(e.status for e in parse_events(o) if e.kind == "step" and e.name == "venv")
                         for o in outputs)
     assert venv_steps == ["changed", "unchanged"]
+    site = next((tmp_path / "opt" / "venv-unittest").glob("lib/python3*/site-packages"))
+    assert (site / "xc_dummy" / "__init__.py").exists() and not list(site.glob("xc_*/__pycache__"))
+
+
+def test_only_a_local_clusters_install_leaves_the_bytecode_to_the_jobs():
+    """Its jobs run as root, the venv's owner, so their imports write what they use; an image's or an inventory
+    machine's jobs run as another user, who could not: their installs compile it."""
+    from node_setup.backends import backend_for
+
+    kinds = {kind: backend_for(kind).compiles_bytecode() for kind in ("local", "aws", "file")}
+    assert kinds == {"local": False, "aws": True, "file": True}
