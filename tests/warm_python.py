@@ -5,11 +5,10 @@ most tests' steps cost), and runs like a fresh `python -m training ARGS` would.
 Two ways in. In tests/training, `python -m tests.warm_python -m training ARGS` (tests/training/conftest.py's
 rank_command, the socket in XEON_TEST_WARM_PYTHON). On a local cluster's node, the node venv's own
 `python -m training...` (a rank, the demo writer), `-m xeon_cluster.run` (a user's program) or `torchrun` (its
-agent, whose workers are ranks): a .pth hook the
-tests put in the shared venv (install_node_hook) hands the start over where the node's cluster data folder holds
-NODE_MARKER, naming the folder of servers that run the node venv's interpreter (tests/ssh/warm_nodes.py); the
-job then enters the node's namespaces (network, hostname, mounts, PIDs) before it starts. Everywhere else the
-hook does nothing.
+agent, whose workers are ranks): a .pth hook the tests put in the shared venv (install_node_hook) hands the start
+over where the node's cluster data folder holds NODE_MARKER, naming the folder of servers that run the node venv's
+interpreter (tests/ssh/warm_nodes.py); the job then enters the node's namespaces (network, hostname, mounts,
+PIDs) before it starts. Everywhere else the hook does nothing.
 
 The server (ending when its stdin closes) forks a monitor per request, and the monitor forks the job with the
 caller's argv, environment, working directory and stdin/stdout/stderr (passed over the socket); the job runs
