@@ -159,9 +159,16 @@ def test_local_up_refuses_a_running_cluster_and_replace_replaces(local_cluster_f
 
 
 def _node_pids_running(cluster, index: int, marker: str) -> list[int]:
-    """The host's PIDs of node `index`'s processes whose command line holds `marker`."""
-    pids = local_system.namespace_pids(cluster.state.nodes[index].namespace)
-    return [p for p in pids if marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+    """The host's PIDs of node `index`'s processes whose command line holds `marker` (one that ended since the
+    listing, such as the node's autostop loop's short commands, is not running)."""
+    running = []
+    for pid in local_system.namespace_pids(cluster.state.nodes[index].namespace):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                running.append(pid)
+        except OSError:
+            continue
+    return running
 
 
 def test_local_down_removes_exactly_what_local_up_made(local_cluster_factory, tmp_path):
