@@ -149,8 +149,7 @@ class Run:
         extra = (f"--save_steps {self.o.checkpoint_steps} --logging_steps 1 --seed {self.o.seed} "
                  "--spot_poll_seconds 1")
         argv = ["train", "--managed", "--detach", "--cluster", f"local:{self.cluster.name}",
-                "--synthetic-examples", str(self.o.examples), "--max-steps", str(self.steps), "--max-recoveries", "100",
-                *(("--batch-size", str(self.o.batch_size)) if self.o.batch_size else ()),
+                *demo_args(self.o), "--max-steps", str(self.steps), "--max-recoveries", "100",
                 "--wait-for-capacity", "5m", "--output-dir", self.output, "--checkpoint-uri", self.uri,
                 "--env", store.node_env(), "--extra", extra]
         self.handed_at = time.time()
@@ -355,13 +354,17 @@ def on_master(path: str) -> str:
     return f"/root/{path}"
 
 
+def demo_args(o: argparse.Namespace) -> list[str]:
+    """fab train's options for the soak's demo: its examples and, when given, the batch per rank."""
+    return ["--synthetic-examples", str(o.examples), *(["--batch-size", str(o.batch_size)] if o.batch_size else [])]
+
+
 def calibrate(cluster: LocalCluster, env: dict, o: argparse.Namespace) -> int:
     """Steps that take --minutes undisturbed: a short run's mean step time (summary.json), same settings."""
     out = f"{output_root(o.name)}/calibration"
     extra = f"--save_steps {o.checkpoint_steps} --logging_steps 1 --seed {o.seed}"
-    done = fab(env, "train", "--cluster", f"local:{cluster.name}", "--synthetic-examples", str(o.examples),
-               *(("--batch-size", str(o.batch_size)) if o.batch_size else ()),
-               "--max-steps", "60", "--output-dir", out, "--extra", extra, timeout=900)
+    done = fab(env, "train", "--cluster", f"local:{cluster.name}", *demo_args(o), "--max-steps", "60",
+               "--output-dir", out, "--extra", extra, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"the calibration run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr}")
     summary = json.loads(cluster.in_master(on_master(f"{out}/summary.json")).read_text())

@@ -4,8 +4,9 @@
 # Header: APT_LOCK_TIMEOUT APT_ATTEMPTS APT_RETRY_DELAY VENV_LOCK_TIMEOUT NODE_ROOT VENV OS_PYTHON
 # PROFILE DIGEST PROFILE_MARKER PROJECT_MARKER PROJECT_WHEEL PROJECT_VERSION (and the setup lock's), and the arrays
 # APT_PACKAGES TCMALLOC_PACKAGES PIP_SOURCE (pip's options for the pins: none, PyPI alone; or the
-# wheelhouse) PIP_COMPILE (none, or --no-compile: the jobs' first imports write the bytecode) INDEX_URLS INDEX_REQUIREMENTS (the index-only packages: each requirement line, with
-# its hashes, installed from its index alone, first) PINS.
+# wheelhouse) PIP_COMPILE (none, or --no-compile: the jobs' first imports write the bytecode) INDEX_URLS
+# INDEX_REQUIREMENTS (the index-only packages: each requirement line, with its hashes, installed from its
+# index alone, first) PINS.
 # The commands down to the first blank line are its preamble (cluster.shell.preamble), which
 # autostop's own install script (cluster/node/autostop.py install_script) starts with too.
 set -uo pipefail

@@ -204,8 +204,9 @@ def setup_nodes(inventory: Inventory, *, conns: dict | None = None, profile: Pro
     if inventory.wheelhouse:
         fill_wheelhouse(profile, inventory.wheelhouse, lambda msg: progress("controller", msg))
     plan_options.setdefault("lock_holder", lock_holder(inventory))
-    plan_options.setdefault("compile_bytecode", backend_for(inventory.kind).compiles_bytecode())
-    copies_wheelhouse = backend_for(inventory.kind).copies_wheelhouse()  # a local cluster's nodes read it here
+    backend = backend_for(inventory.kind)
+    plan_options.setdefault("compile_bytecode", backend.compiles_bytecode())
+    copies_wheelhouse = backend.copies_wheelhouse()  # a local cluster's nodes read it here
 
     def one(name: str, conn) -> InstallResult:
         start = time.monotonic()

@@ -13,9 +13,8 @@ The pods are emulated this way, and only this way:
   the JobSet's headless Service) and every node's hostname (which the rendezvous hands to the others);
 - volumes: the PVC is one directory every node sees (the module's jobs share it), each pod's emptyDir
   its own directory, a ConfigMap volume its items written as files of their modes into a directory of
-  the pod's own, and
-  a path under a volume's mountPath in the command, a `sh -c` script, the environment or workingDir
-  is that directory's; /dev/shm is the node's own;
+  the pod's own, and a path under a volume's mountPath in the command, a `sh -c` script, the
+  environment or workingDir is that directory's; /dev/shm is the node's own;
 - a PyTorchJob's init container runs in each pod first, then the pods' commands run together (a
   TrainJob's command does its preparation itself).
 The interpreter and torchrun are the node venv's, at the path the image has (cluster/node/profiles.py

@@ -6,8 +6,8 @@ start about 7 CPU-seconds.
 Two servers per pytest process, started once the venv exists: the base server, with no import-time settings
 (the demo writer's), and one with the ranks' (the venv's libraries and tcmalloc, as job.sh and the layout give
 them). The base server starts one for other settings (torchrun's agents' and workers', the pods') at their second
-start. A cluster's nodes use them once
-its data folder holds the marker naming their folder (`mark`). What ran cold is in `refused.log` there.
+start. A cluster's nodes use them once its data folder holds the marker naming their folder (`mark`). What ran
+cold is in `refused.log` there.
 """
 
 from __future__ import annotations

@@ -30,14 +30,19 @@ def pins() -> list[str]:
     return [pin for pin in get_profile("intel").pip_pins if not pin.startswith(NOT_ON_PYPI)] + list(JOB_EXTRAS)
 
 
-def ready(imports: bool = True) -> bool:
-    """The environment exists and imports IPEX and transformers (or, without `imports`, holds them: the tests'
-    check, whose ranks import them anyway)."""
-    if not python().exists():
-        return False
-    code = ("import intel_extension_for_pytorch, transformers" if imports else "import importlib.util as u; "
-            "assert u.find_spec('intel_extension_for_pytorch') and u.find_spec('transformers')")
-    return subprocess.run([str(python()), "-c", code], capture_output=True).returncode == 0
+def _runs(code: str) -> bool:
+    return python().exists() and subprocess.run([str(python()), "-c", code], capture_output=True).returncode == 0
+
+
+def ready() -> bool:
+    """The environment exists and imports IPEX and transformers (what building it checks)."""
+    return _runs("import intel_extension_for_pytorch, transformers")
+
+
+def installed() -> bool:
+    """The environment exists and holds IPEX and transformers (the tests' check: their ranks import them)."""
+    return _runs("import importlib.util as u; assert u.find_spec('intel_extension_for_pytorch') and "
+                 "u.find_spec('transformers')")
 
 
 def main() -> int:

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.ipex, pytest.mark.mpi, pytest.mark.slow, requires_mpi]
 
 @pytest.fixture(scope="module")
 def ipex_python() -> str:
-    assert ipex_env.ready(imports=False), (f"{ipex_env.VENV} is missing: build it with `python -m "
-                                           "tests.training.ipex_env`, or deselect these tests with -m 'not ipex'")
+    assert ipex_env.installed(), (f"{ipex_env.VENV} is missing: build it with `python -m tests.training.ipex_env`, "
+                                  "or deselect these tests with -m 'not ipex'")
     return str(ipex_env.python())
 
 
