@@ -1,10 +1,5 @@
-"""The built-in job's command line (`python -m training ...`) from `fab train`'s options (pure).
-
-`training_arguments(...)` turns the task options into the job's arguments; `synthetic_data(...)`
-says how a local cluster without a model or data gets the offline demo (training/synthetic.py):
-where every node writes it, the command that writes it, and the settings under which the tiny
-model learns. Both the controller and the job read the facts here (TASKS, SYNTHETIC_ARGS), so
-they cannot drift apart.
+"""The built-in job's facts the controller and the job share (pure): its tasks and choices, the offline demo
+(`synthetic_data`), the --compile decision, and its other arguments (--extra) checked against its flags.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""A job file: every option of a task (`fab train -f job.yaml`) read from a YAML mapping.
+"""A job file (`fab train -f job.yaml`): a task's options read from a YAML mapping (pure).
 
-Pure: the caller parses the YAML and hands in the mapping, the task's options (name -> kind and
-default, as invoke reports them: int, float, bool or str), the names given on the command line
-(which win over the file) and the file's folder. `resolve` returns the values the file sets, or
-raises JobFileError with one line naming the key, the value and what is allowed.
-
-Keys are the option names with `-` or `_` (`batch-size` or `batch_size`). A path option is read
-relative to the file's folder: `paths` always (a file of this machine: the script, the workdir),
-`maybe_paths` only when that names an existing file (`exists`), else it is kept as written (a
-data file may be a path on the nodes; `cluster` may be `local` or an AWS cluster's name).
+`resolve` takes the parsed mapping, the task's options (kind and default), the names given on the command line
+(which win) and the file's folder (path options are relative to it); JobFileError: one line naming the key.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""One training run as a typed value, made once from `fab train`'s options and resolved there (pure).
-
-`RunRequest` holds what a run is, every value checked as it is made (one line naming the setting,
-the value and what is allowed: RequestError, cluster/job/checks.py): the run's id, its node count (resolved against the
-inventory once), the launcher and its elastic settings (`Launcher`), the layout asked for
-(`LayoutRequest`), the program: the built-in job with its typed settings (`BuiltinJob`, the offline
-demo as `Demo`: task and examples) or your own (`OwnProgram`), the ranks' environment (names that
-change how an interpreter, a shell or the loader starts are refused unless `allow_env` names them:
-cluster/job/run_env.py),
-the output directory, the checkpoint interval in seconds and URI, --resume, the --managed settings
-(`Managed`) and the idle auto-stop armed at the start. Your own program's request records its workdir:
-the folder on this controller and its digest (`workdir_digest`: each file the copy plan copies, path and
-SHA-256), which `fab train --managed --resume` checks the workdir against when it copies it again
-(cluster/run/runspec.py's `resumed`).
-
-Command lines are made from it at the last step (cluster/job/jobplan.py's `plan`: `python -m
-training ...`, mpirun, torchrun; cluster/job/k8s.py: the PyTorchJob) and never read back.
-`to_mapping`/`from_mapping` are its serialized form (the run spec, cluster/run/runspec.py): every
-field typed and range-checked by the same constructors, unknown fields refused. What only this
-controller has (the local files to copy: data files, the workdir's copy plan, the install plan) is
-left out of it; the workdir's digest is in it.
+"""One training run as a typed, frozen value (pure): `RunRequest` and its parts, each value checked as it is
+made (RequestError: one line naming the setting). `to_mapping`/`from_mapping` are its serialized form (the run
+spec, cluster/run/runspec.py), read back through the same checks; this controller's local files are left out.
+Command lines are made from it at the last step (cluster/job/jobplan.py, cluster/job/k8s.py), never read back.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""`fab train`'s options (and a job file's, which arrive as the same options) made into one RunRequest,
-resolved against the inventory once (pure; cluster/job/request.py says what the request holds).
-
-`request_from_options(options, inventory, ...)`: the node count (`--nodes` or every node), the
-launcher and its elastic settings or the --managed ones, the layout (the measured one of `fab bench
---layouts` when --ranks-per-node is left out), durations in seconds, the built-in job's typed
-settings with --extra checked against the flags the job accepts (a flag fab train has an option for
-becomes that option's value: given twice is refused), the offline demo when the nodes are offline
-and no model or data is given, the data files of this machine to copy, the environment, the output
-directory. What needs this machine (is a data file here; the workdir's scan; the calibration; the
-stack's idle auto-stop) is handed in by the caller (node_setup/tasks/job_options.py). RequestError
-(one line naming the option) for anything that cannot be used.
+"""`fab train`'s and `fab k8s-job`'s options (a job file's too) made into one RunRequest, resolved against the
+inventory once (pure). What needs this machine (files here, the calibration, the idle auto-stop) is handed in by
+node_setup/tasks/job_options.py; RequestError (one line naming the option) for anything that cannot be used.
 """
 
 from __future__ import annotations

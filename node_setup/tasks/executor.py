@@ -1,21 +1,6 @@
-"""Arguments after `--` on a `fab` command line go to the training program, not to a shell.
-
-Fabric reads `fab TASK ... -- WORDS` as "run WORDS on the hosts given with -H", and without -H it
-stops with a traceback. The project's `fabric.yaml` (and the `xeon-cluster` command) use this
-executor instead: WORDS are added to `--extra` of a task that has that option (`fab train`), and
-any other task stops with one line and exit code 2. Only with -H does Fabric's own behaviour apply.
-
-A node that cannot be reached while a task runs (no answer, refused, authentication, a changed
-host key) ends the task with one line naming the host and what to check, and exit code 3, never
-paramiko's traceback: every task that connects gets this from here. So does a controller key store
-that cannot be used (node_setup/ssh/keys.py's KeyStoreError: only one half of the cluster key there, a
-key directory inside the checkout): one line saying what to do, exit code 2.
-
-A task with a `file` option (`fab train -f job.yaml`) takes its options from that YAML mapping
-(cluster/job/jobfile.py decides, by the kinds invoke reports for the task's options): what was given
-on the command line wins, what the file sets replaces the defaults, before the remainder after
-`--` is added to `--extra`. A file may not set `file` itself, nor `allow-env` (which lifts the refusal
-of start-up-changing --env names: only a person on the command line may do that).
+"""The project's executor (fabric.yaml, `xeon-cluster`): words after `--` go to a task's `--extra` (Fabric's
+run-on-hosts only with -H), `-f job.yaml` sets a task's options (cluster/job/jobfile.py; the command line wins;
+neither `file` nor `allow-env` from a file), and an unreachable node or unusable key store is one line (exit 3/2).
 """
 
 from __future__ import annotations

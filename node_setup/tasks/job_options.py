@@ -1,10 +1,6 @@
-"""The options `fab train` and `fab k8s-job` share, declared once (help, defaults, groups), your own program
-from their options (`own_program`), and `fab train`'s options made into its run request (`train_request`).
-
-invoke reads each task's options from its signature, so each task still names them; their help texts,
-their defaults (`DEFAULTS`) and their groups in `fab --help` come from here. `train_request` does what
-needs this machine (your program's files, the data files here, the cluster's `fab bench` calibration, the
-backend's idle auto-stop) and hands the rest to cluster/job/train_options.py, which resolves the request.
+"""The options `fab train` and `fab k8s-job` share (help, defaults, groups), your own program from them
+(`own_program`), and `fab train`'s request (`train_request`: what needs this machine, then
+cluster/job/train_options.py).
 """
 
 from __future__ import annotations

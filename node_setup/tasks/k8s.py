@@ -1,13 +1,6 @@
-"""`fab k8s-job`: the training job as a Kubeflow manifest (docs/kubernetes.md): a PyTorchJob (the training
-operator, kubeflow.org/v1, `--api pytorchjob`, the default) or a TrainJob (Kubeflow Trainer v2,
-trainer.kubeflow.org/v1alpha1, `--api trainjob`).
-
-Plans the job (cluster/job/k8s.py: pod resources, layout, torchrun; cluster/job/trainjob.py for the
-TrainJob) from the same job options as `fab train`, or your own program (`--script`/`--module` with
-`--workdir`: the copy plan `fab train` makes, node_setup/ssh/workdir.py, in a ConfigMap written
-ahead of the job), renders it with the projects' own models (node_setup/kubeflow.py) and writes the
-YAML to `-o FILE` or stdout. Connects to nothing. Exit codes: 0 written; 2 bad input (one line
-naming the option, the value and what is allowed).
+"""`fab k8s-job`: the training job as a Kubeflow PyTorchJob (`--api pytorchjob`, the default) or TrainJob
+(`--api trainjob`) manifest (docs/kubernetes.md), planned from the options it shares with `fab train` and
+written to `-o FILE` or stdout. Connects to nothing; exit 0 written, 2 bad input.
 """
 
 from __future__ import annotations

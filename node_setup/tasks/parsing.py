@@ -1,17 +1,8 @@
-"""Command-line mistakes as one line with a suggestion and exit code 2, for `fab` and `xeon-cluster`.
+"""Command-line mistakes as one line with a suggestion and exit code 2, and `fab --help TASK` in option groups.
 
-invoke's parser says "No idea what 'trian' is!" for a misspelt task or option and
-"Flag <_CheckedArgument: epochs [float]> needed value and was not given one!" for an option
-given without its value, both with exit code 1. `install()` (called when the tasks are loaded)
-wraps the parser's one error path so that the same mistakes read::
-
-    error: no task or option 'trian'; did you mean 'train'? (fab --list shows the tasks)
-    error: --epochs needs a value (a whole number)
-
-and end with the project's bad-input code. `fab --help TASK` prints the task's options in the groups
-its `option_groups` names (cluster, program, training, ...; sorted within each), every option with a
-value showing its kind (STRING, INT, FLOAT, DURATION). `fab` itself is Fabric's program, so the wrap is on
-invoke's parse machine, not on a Program subclass; the rest of the parser is untouched.
+invoke says "No idea what 'trian' is!" (exit 1); `install()` makes it `error: no task or option 'trian'; did you
+mean 'train'? (fab --list shows the tasks)`, exit 2. `fab` is Fabric's own Program instance, which the project
+cannot subclass, so the four hooks below replace invoke methods in place (each says which and why).
 """
 
 from __future__ import annotations

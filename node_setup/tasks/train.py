@@ -1,18 +1,7 @@
-"""`fab train`: the training job on a cluster (`fab status`, `fab logs`, `fab stop`: tasks/jobs.py).
-
-Option parsing, then one call: the options (and a job file's, applied by node_setup/tasks/executor.py)
-become one run request (node_setup/tasks/job_options.py, cluster/job/train_options.py: the node count,
-layout, launcher, the built-in job's typed settings or your own program, durations in seconds, the
-checked environment), or with `--managed --resume` the request read back from the run's signed spec
-(node_setup/tasks/managed.py); the plan is made from it (cluster/job/jobplan.py's `plan`, printed by
---dry-run), and node_setup/tasks/job_run.py runs it: every path the same lifecycle.
-
-Its exit code is the job's own (cluster/exit_codes.py: 0 ok, 1 failed, 2 bad input, 75 interrupted by a
-spot reclaim; when a rank's program failed, that program's code as its rank wrapper reported it, where
-the launcher returned another: Intel MPI's 255, torchrun's 1), or node_setup/tasks/common.py's: 2 bad
-option or cluster, 3 a node cannot be reached or prepared, 130 after Ctrl-C; or cluster/job/worldcheck.py's
-TRAINED_ALONE (4) when the ranks of a user's multi-rank program all ended 0 without ever joining one
-process group (`--independent-ranks` says that was meant).
+"""`fab train`: the options become one run request (or, with --managed --resume, the request of the run's
+signed spec), the plan is made from it (--dry-run prints it) and node_setup/tasks/job_run.py runs it.
+The exit code is the job's (cluster/exit_codes.py) or common.py's: 2 bad input, 3 unreachable, 130 Ctrl-C;
+4 (worldcheck.TRAINED_ALONE) when a multi-rank program's ranks never joined one process group.
 """
 
 from __future__ import annotations
