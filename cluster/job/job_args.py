@@ -8,7 +8,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 TASKS = ("qa", "classification", "causal-lm")
 # How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
@@ -47,14 +47,6 @@ SYNTHETIC_ARGS = {
 SYNTHETIC_EPOCHS = "1"
 SYNTHETIC_BATCH_SIZE = 16
 
-# fab train option -> the job's argument, in the order they are passed.
-OPTION_ARGS = (("task_name", "--task"), ("model", "--model_name_or_path"), ("dataset", "--dataset_name"),
-                ("dataset_config", "--dataset_config_name"), ("train_file", "--train_file"),
-                ("validation_file", "--validation_file"), ("epochs", "--num_train_epochs"),
-                ("batch_size", "--per_device_train_batch_size"), ("checkpoint_minutes", "--checkpoint_minutes"),
-                ("checkpoint_uri", "--checkpoint_uri"), ("max_steps", "--max_steps"))
-
-
 # S3 bucket names: 3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit.
 S3_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
@@ -72,131 +64,31 @@ def parse_s3_uri(uri: str, setting: str = "--checkpoint-uri") -> tuple[str, str]
     return bucket, prefix.strip("/")
 
 
-def grad_comm_argument(value: str | None) -> list[str]:
-    """`--grad-comm fp32|bf16` as the job's `--grad_comm` (nothing when unset)."""
-    if value in (None, ""):
-        return []
-    choice = str(value).strip().lower()
-    if choice not in GRAD_COMM_CHOICES:
-        raise JobArgsError(f"--grad-comm: {value!r} is not allowed; choose {' or '.join(GRAD_COMM_CHOICES)} "
-                           "(bf16: DDP compresses each gradient bucket to bf16 on the wire)")
-    return ["--grad_comm", choice]
+def compile_choice(value: str | None, estimate=None, steps: int | None = None) -> tuple[str | None, str]:
+    """(the job's --compile, None for its own default; the line `fab train` prints) for `--compile` (None or "":
+    auto) with the cluster's measured `estimate` (cluster.cost.timemodel.CompileCost, or None) and the run's steps
+    when known (--max-steps)."""
+    from cluster.cost.timemodel import compile_pays
 
-
-def compile_arguments(value: str | None, estimate=None) -> list[str]:
-    """`fab train --compile auto|on|off` as the job's `--compile` (nothing when unset), with auto the
-    calibration's measured figures (`estimate`: cluster.cost.timemodel.CompileCost) as `--compile_estimate`."""
-    if value in (None, ""):
-        return []
-    choice = str(value).strip().lower()
+    choice = str(value or DEFAULT_COMPILE).strip().lower()
     if choice not in COMPILE_CHOICES:
         raise JobArgsError(f"--compile: {value!r} is not allowed; choose {', '.join(COMPILE_CHOICES)} (auto: compile "
                            "when fab bench's measurement says the saving over the run exceeds the compile time)")
-    args = ["--compile", choice]
-    if choice == "auto" and estimate is not None:
-        args += ["--compile_estimate", f"{estimate.eager_step_s:.4f},{estimate.compiled_step_s:.4f},"
-                                       f"{estimate.compile_s:.1f}"]
-    return args
-
-
-def compile_choice(value: str | None, estimate=None, steps: int | None = None) -> tuple[list[str], str]:
-    """(the job's arguments, the line `fab train` prints) for `--compile` (None or "": auto) with the cluster's
-    measured `estimate` (cluster.cost.timemodel.CompileCost, or None) and the run's steps when known (--max-steps)."""
-    from cluster.cost.timemodel import compile_pays
-
-    given = value not in (None, "")
-    args = compile_arguments(value if given else DEFAULT_COMPILE, estimate)
-    choice = args[1]
-    if not given and estimate is None:
-        args = []  # the job's own default (auto, which without an estimate trains eager)
+    given = choice if value or estimate is not None else None  # auto without an estimate: the job's own default
     if choice != "auto":
-        return args, f"compile: {choice} (given: --compile {choice})"
+        return given, f"compile: {choice} (given: --compile {choice})"
     if estimate is None:
-        return args, ("compile: auto -> eager: no compile measurement for this cluster "
-                      "(`fab bench --compile` measures one)")
+        return given, ("compile: auto -> eager: no compile measurement for this cluster "
+                       "(`fab bench --compile` measures one)")
     if steps:
-        return args, f"compile: auto -> {compile_pays(steps, estimate)[1]} (fab bench's measurement)"
+        return given, f"compile: auto -> {compile_pays(steps, estimate)[1]} (fab bench's measurement)"
     saving = estimate.eager_step_s - estimate.compiled_step_s
     if saving <= 0:
-        return args, (f"compile: auto -> eager: fab bench measured the compiled step {estimate.compiled_step_s:.3f} s, "
-                      f"no faster than eager {estimate.eager_step_s:.3f} s")
-    return args, (f"compile: auto -> compiled if the run has more than {math.floor(estimate.compile_s / saving)} "
-                  f"steps ({saving:.3f} s saved per step, {estimate.compile_s:.0f} s to compile, fab bench's "
-                  "measurement); the job counts its steps and decides")
-
-
-def _number(value: str | float) -> float:
-    """`value` as a float; nan when it is no number (callers refuse nan with their own message)."""
-    try:
-        return float(str(value).strip())
-    except ValueError:
-        return float("nan")
-
-
-def check_epochs(value: str | float | None) -> None:
-    """`--epochs`: a finite number above 0 (or unset)."""
-    number = 1.0 if value in (None, "") else _number(value)
-    if not (math.isfinite(number) and number > 0):
-        raise JobArgsError(f"--epochs: {value!r} is not allowed; give a number above 0, e.g. 1 or 0.5")
-
-
-def check_checkpoint_minutes(value: str | float | None) -> None:
-    """`--checkpoint-minutes`: a finite number of 0 or more (0: off), or unset."""
-    number = 0.0 if value in (None, "") else _number(value)
-    if not (math.isfinite(number) and number >= 0):
-        raise JobArgsError(f"--checkpoint-minutes: {value!r} is not allowed; give 0 (off) or a positive number "
-                           "of minutes")
-
-
-def ddp_bucket_argument(value: str | float | None) -> list[str]:
-    """`--ddp-bucket-mb N` as the job's `--ddp_bucket_mb` (nothing when unset); N a positive number."""
-    if value in (None, ""):
-        return []
-    number = _number(value)
-    if not math.isfinite(number) or number <= 0:
-        raise JobArgsError(f"--ddp-bucket-mb: {value!r} is not allowed; give a positive number of MB "
-                           "(DDP's default is 25)")
-    return ["--ddp_bucket_mb", f"{number:g}"]
-
-
-def training_arguments(*, task_name: str | None = None, model: str | None = None, dataset: str | None = None,
-                       dataset_config: str | None = None, train_file: str | None = None,
-                       validation_file: str | None = None, epochs: str | float | None = None,
-                       batch_size: int | str | None = None, checkpoint_minutes: str | float | None = None,
-                       checkpoint_uri: str | None = None, max_steps: int | str | None = None, bf16: str = "auto",
-                       resume: bool = False, extra: str = "", grad_comm: str | None = None,
-                       ddp_bucket_mb: str | float | None = None, extra_args: Sequence[str] = ()) -> list[str]:
-    """The `python -m training` arguments for fab train's options; `extra_args`, then `extra` (split like a
-    shell) go last. The first eleven become OPTION_ARGS' flags (None and "" are left out); `grad_comm` and
-    `ddp_bucket_mb` become `--grad_comm` and `--ddp_bucket_mb` (checked here).
-    """
-    if task_name and task_name not in TASKS:
-        raise JobArgsError(f"--task: {task_name!r} is not allowed; choose {' or '.join(TASKS)}")
-    check_epochs(epochs)
-    check_checkpoint_minutes(checkpoint_minutes)
-    if checkpoint_uri:
-        parse_s3_uri(checkpoint_uri)
-    args: list[str] = []
-    values = (task_name, model, dataset, dataset_config, train_file, validation_file, epochs, batch_size,
-              checkpoint_minutes, checkpoint_uri, max_steps)
-    for (_, flag), value in zip(OPTION_ARGS, values, strict=True):
-        if value not in (None, ""):
-            args += [flag, str(value)]
-    bf16 = (bf16 or "auto").lower()
-    if bf16 not in BF16_CHOICES:
-        raise JobArgsError(f"--bf16: {bf16!r} is not allowed; choose auto (on when the CPU has AMX or "
-                           "AVX512-BF16), on or off")
-    if bf16 != "auto":
-        args += ["--bf16", "true" if bf16 == "on" else "false"]
-    args += grad_comm_argument(grad_comm) + ddp_bucket_argument(ddp_bucket_mb)
-    if resume:
-        args.append("--resume")
-    args += list(extra_args)
-    try:
-        args += shlex.split(extra or "")
-    except ValueError as exc:
-        raise JobArgsError(f"--extra: cannot split {extra!r} like a shell would ({exc}); check its quotes") from None
-    return args
+        return given, (f"compile: auto -> eager: fab bench measured the compiled step {estimate.compiled_step_s:.3f} "
+                       f"s, no faster than eager {estimate.eager_step_s:.3f} s")
+    return given, (f"compile: auto -> compiled if the run has more than {math.floor(estimate.compile_s / saving)} "
+                   f"steps ({saving:.3f} s saved per step, {estimate.compile_s:.0f} s to compile, fab bench's "
+                   "measurement); the job counts its steps and decides")
 
 
 @dataclass(frozen=True)
@@ -210,8 +102,8 @@ class SyntheticData:
 
     @property
     def options(self) -> dict[str, str]:
-        """fab train's data options that point the job at the demo."""
-        return {"task_name": self.task, "model": self.model,
+        """The built-in job's settings that point it at the demo."""
+        return {"task": self.task, "model": self.model,
                 "train_file": f"{self.directory}/train.json", "validation_file": f"{self.directory}/eval.json"}
 
 
@@ -265,6 +157,25 @@ TYPED_FLAGS = {
     "--output_dir": ("output_dir", "--output-dir"), "--compile_estimate": ("compile_estimate", "--compile"),
     "--peft": ("peft", "--peft"),
 }
+
+def typed_arguments(values: dict[str, Any]) -> list[str]:
+    """The job's arguments for its typed settings (by TYPED_FLAGS' field names; None and bf16 auto left out),
+    in TYPED_FLAGS' order: the one place a typed value becomes a flag and its word."""
+    args: list[str] = []
+    for flag, (name, _) in TYPED_FLAGS.items():
+        value = values.get(name)
+        if value is None or value is False or (name == "bf16" and value == "auto"):
+            continue
+        if name == "bf16":
+            value = "true" if value == "on" else "false"
+        elif name == "compile_estimate":
+            value = ",".join(f"{v:.4f}" if i < 2 else f"{v:.1f}" for i, v in enumerate(value))
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
 # What a recovery's batch override replaces (cluster/run/recovery.py's BatchPlan): never kept from --extra.
 BATCH_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size")
 _NEGATIVE_NUMBER = re.compile(r"^-\d+\Z|^-\d*\.\d+\Z")

@@ -27,7 +27,7 @@ from cluster.job.launch import (NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE, PYT
 from cluster.job.layout import Layout, plan_layout
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.job.torchrun import plan_torchrun_launch
-from cluster.job.job_args import BATCH_FLAGS, SYNTHETIC_ARGS, synthetic_data, training_arguments
+from cluster.job.job_args import BATCH_FLAGS, SYNTHETIC_ARGS, synthetic_data, typed_arguments
 from cluster.job.request import Launcher, RunRequest
 from cluster.job.userjob import NO_SIGNAL, CopyPlan, RequirementsPlan, UserProgram, workdir_on_node
 from cluster.run.recovery import BatchPlan
@@ -232,26 +232,13 @@ def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: st
     assert job is not None  # the caller asked for the built-in job's arguments
     batch = restart.batch if restart else None
     demo = synthetic_data(job.demo.task, job.demo.examples, "python", shared_root) if job.demo else None
-    options: dict[str, Any] = dict(task_name=job.task, model=job.model, dataset=job.dataset,
-                                   dataset_config=job.dataset_config, train_file=job.train_file,
-                                   validation_file=job.validation_file)
-    if demo is not None:
-        options.update(demo.options)
-    extra = [*(SYNTHETIC_ARGS[job.demo.task] if job.demo else ())]
-    extra += [w for arg in job.extra if not (batch and arg.flag in BATCH_FLAGS) for w in arg.words()]
-    args = training_arguments(**options, epochs=f"{job.epochs:g}" if job.epochs is not None else None,
-                              batch_size=batch.per_rank if batch else job.batch_size, bf16=job.bf16,
-                              checkpoint_minutes=(f"{round(request.checkpoint_every_s / 60, 4):g}"
-                                                  if request.checkpoint_every_s is not None else None),
-                              checkpoint_uri=request.checkpoint_uri, max_steps=job.max_steps,
-                              grad_comm=job.grad_comm, ddp_bucket_mb=job.ddp_bucket_mb, extra_args=extra)
-    if job.compile is not None:
-        args += ["--compile", job.compile]
-    if job.peft is not None:
-        args += ["--peft", job.peft]
-    if job.compile_estimate is not None:
-        args += ["--compile_estimate", ",".join(f"{v:.4f}" if i < 2 else f"{v:.1f}"
-                                                for i, v in enumerate(job.compile_estimate))]
+    values: dict[str, Any] = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    values.update(demo.options if demo else {}, checkpoint_uri=request.checkpoint_uri,
+                  batch_size=batch.per_rank if batch else job.batch_size,
+                  checkpoint_minutes=(None if request.checkpoint_every_s is None
+                                      else round(request.checkpoint_every_s / 60, 4)))
+    args = typed_arguments(values) + [*(SYNTHETIC_ARGS[job.demo.task] if job.demo else ())]
+    args += [w for arg in job.extra if not (batch and arg.flag in BATCH_FLAGS) for w in arg.words()]
     if batch:
         args += ["--gradient_accumulation_steps", str(batch.accumulation)]
     if catalog.lookup(instance_type or "") and not any(arg.flag == "--instance_type" for arg in job.extra):

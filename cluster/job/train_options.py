@@ -197,10 +197,9 @@ def _builtin(o: JobOptions, offline: bool, run_id: str, *, calibration: Any,
     if o.compile_estimate is not None:
         estimate = None  # the user's own --compile_estimate (through --extra) replaces the calibration's
     try:
-        compile_args, compile_line = compile_choice(o.compile or None, estimate, o.max_steps or None)
+        choice, compile_line = compile_choice(o.compile or None, estimate, o.max_steps or None)
     except JobArgsError as exc:
         raise rq.RequestError(str(exc)) from None
-    choice = compile_args[1] if compile_args else None
     measured = None
     if estimate is not None and choice == "auto":
         measured = (estimate.eager_step_s, estimate.compiled_step_s, estimate.compile_s)

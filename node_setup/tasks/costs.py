@@ -17,7 +17,7 @@ from cluster.cost.spend import LOCAL_NO_PRICE
 from cluster.cost.plan_options import PlanOptions
 from cluster.cost.plan_mfu import plan_flops
 from cluster.stack.config_keys import AUTO_STOP_IDLE
-from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES, check_epochs
+from cluster.job.job_args import DEFAULT_GRAD_COMM, GRAD_COMM_CHOICES
 from cluster.stack.spec import ClusterSpec, ConfigError
 from node_setup.controller import config_root
 from node_setup.discovery import cluster_name
@@ -303,7 +303,6 @@ def build_plan(options: PlanOptions, *, hourly_usd: float = 0.0, region: str = "
     The notes open with the line on what the master alone on demand adds (cluster/cost/costplan.py)."""
     if not (math.isfinite(hourly_usd) and hourly_usd >= 0):
         raise ValueError(f"--hourly-usd: {hourly_usd!r} is not allowed; give a price of 0 or more (0: look it up)")
-    check_epochs(options.epochs)
     spec = _stack_spec(stack, required=False)
     kept, why = _kept_image(spec) if options.provisioning else ("", "")
     inputs = plan_options.plan_inputs(spec, options, calibration, stack_auto_stop_idle=_stack_auto_stop_idle(spec),

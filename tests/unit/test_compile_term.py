@@ -34,13 +34,18 @@ def test_auto_compiles_only_when_the_saving_exceeds_the_compile_time():
 
 def test_fab_train_compile_option_becomes_the_job_s_with_the_calibration_s_estimate():
     from cluster.cost import calibration as calib
-    from cluster.job.job_args import JobArgsError, compile_arguments
+    from cluster.job.job_args import JobArgsError, compile_choice
+    from cluster.job.request import BuiltinJob
+    from tests.unit.test_jobplan import inventory, job_plan
 
-    assert compile_arguments("") == [] and compile_arguments("ON") == ["--compile", "on"]
-    assert compile_arguments("auto", AMX) == ["--compile", "auto", "--compile_estimate", "1.3300,0.9300,60.0"]
-    assert compile_arguments("off", AMX) == ["--compile", "off"]
+    assert compile_choice("")[0] is None and compile_choice("ON")[0] == "on" and compile_choice("off", AMX)[0] == "off"
+    assert compile_choice("auto", AMX)[0] == "auto"
+    args = list(job_plan(inventory(), 2, compile="auto", compile_estimate=(1.33, 0.93, 60.0)).training_args)
+    assert args[args.index("--compile") + 1] == "auto"
+    assert args[args.index("--compile_estimate") + 1] == "1.3300,0.9300,60.0"
+    assert "--compile" not in job_plan(inventory(), 2, compile=BuiltinJob().compile).training_args
     with pytest.raises(JobArgsError, match=r"^--compile: 'maybe' is not allowed; choose auto, on, off"):
-        compile_arguments("maybe")
+        compile_choice("maybe")
     base = {"version": calib.VERSION, "cluster": "c", "model": "m", "params": 10, "batch": 4, "compute": {"1": 5.0}}
     assert calib.from_mapping(base).compile_cost() is None
     measured = calib.from_mapping({**base, "compile": {"eager_step_s": 1.33, "compiled_step_s": 0.93, "compile_s": 60}})

@@ -5,10 +5,10 @@ reports (cluster/job/joblog.py), and the job's arguments (cluster/job/job_args.p
 import pytest
 
 from cluster.inventory import Inventory
-from cluster.job.job_args import ExtraArg, JobArgsError, training_arguments
+from cluster.job.job_args import ExtraArg
 from cluster.job.joblog import failure_report
 from cluster.job.jobplan import JobPlan, plan
-from cluster.job.request import BuiltinJob, Launcher, OwnProgram, RunRequest
+from cluster.job.request import BuiltinJob, Launcher, OwnProgram, RequestError, RunRequest
 
 RUN = "20260101-000000-aaaa"
 
@@ -97,26 +97,30 @@ def test_failure_report_without_hydra_banner_names_ranks_with_errors():
     assert failure_report(log, ["a", "b", "c"], 0) == []
 
 
-def test_training_arguments_map_options_and_pass_extra_verbatim():
-    args = training_arguments(task_name="qa", model="m", dataset="squad", epochs="2", batch_size=32, bf16="on",
-                              checkpoint_minutes="5", checkpoint_uri="s3://ckpt-bucket/p", resume=True,
-                              extra="--learning_rate 3e-5 --run_name 'two words'")
+def test_the_typed_settings_become_the_jobs_flags_and_extra_passes_verbatim():
+    run = RunRequest(RUN, 2, BuiltinJob(task="qa", model="m", dataset="squad", epochs=2.0, batch_size=32, bf16="on",
+                                        extra=(ExtraArg("--learning_rate", ("3e-5",)),
+                                               ExtraArg("--run_name", ("two words",)))),
+                     checkpoint_every_s=300.0, checkpoint_uri="s3://ckpt-bucket/p", resume=True, output_dir="o")
+    args = list(plan(run, inventory(instance_type=None, sockets=1, physical_cores=2)).training_args)
     assert args == ["--task", "qa", "--model_name_or_path", "m", "--dataset_name", "squad",
-                    "--num_train_epochs", "2", "--per_device_train_batch_size", "32", "--checkpoint_minutes", "5",
-                    "--checkpoint_uri", "s3://ckpt-bucket/p", "--bf16", "true", "--resume", "--learning_rate", "3e-5",
-                    "--run_name", "two words"]
-    assert training_arguments() == []
-    with pytest.raises(JobArgsError, match="--bf16"):
-        training_arguments(bf16="maybe")
+                    "--num_train_epochs", "2", "--per_device_train_batch_size", "32", "--bf16", "true",
+                    "--checkpoint_minutes", "5", "--checkpoint_uri", "s3://ckpt-bucket/p", "--learning_rate", "3e-5",
+                    "--run_name", "two words", "--output_dir", "o", "--resume"]
+    assert job_plan(inventory(instance_type=None, sockets=1, physical_cores=2), 2,
+                    output_dir="o").training_args == ("--output_dir", "o")
+    with pytest.raises(RequestError, match="--bf16"):
+        BuiltinJob(bf16="maybe")
 
 
 def test_fab_options_reach_the_training_parser():
     """Every flag fab train emits is one `python -m training` accepts."""
     args_module = pytest.importorskip("training.args")
-    args = training_arguments(task_name="qa", model="m", dataset="squad", dataset_config="plain_text",
-                              epochs="1", batch_size=8, bf16="off", checkpoint_minutes="5",
-                              checkpoint_uri="s3://ckpt-bucket/p", max_steps=3, resume=True)
-    args += ["--output_dir", "out"]
+    run = RunRequest(RUN, 2, BuiltinJob(task="qa", model="m", dataset="squad", dataset_config="plain_text",
+                                        epochs=1.0, batch_size=8, bf16="off", max_steps=3, grad_comm="bf16",
+                                        ddp_bucket_mb=12.5, compile="auto", compile_estimate=(1.0, 0.5, 30.0)),
+                     checkpoint_every_s=300.0, checkpoint_uri="s3://ckpt-bucket/p", resume=True, output_dir="out")
+    args = list(plan(run, inventory()).training_args)
     transformers = pytest.importorskip("transformers")
     parser = transformers.HfArgumentParser((args_module.ModelArguments, args_module.DataArguments,
                                             args_module.JobArguments, transformers.TrainingArguments))
@@ -126,8 +130,8 @@ def test_fab_options_reach_the_training_parser():
 
 @pytest.mark.parametrize("uri", ["gs://b/x", "s3://b/x", "s3://My_Bucket/x", "s3://bucket/../other", "bucket/x"])
 def test_checkpoint_uris_that_no_node_could_use_are_refused(uri):
-    with pytest.raises(JobArgsError, match=r"--checkpoint-uri: .* is not allowed; allowed: s3://BUCKET/PREFIX"):
-        training_arguments(checkpoint_uri=uri)
+    with pytest.raises(RequestError, match=r"--checkpoint-uri: .* is not allowed; allowed: s3://BUCKET/PREFIX"):
+        RunRequest(RUN, 2, BuiltinJob(), checkpoint_uri=uri)
 
 
 def test_reclaim_report_says_what_resumes_the_run():

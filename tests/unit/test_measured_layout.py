@@ -73,15 +73,15 @@ AMX = tm.CompileCost(**COMPILE)
 
 
 def test_compile_choice_says_the_choice_and_its_reason():
-    args, line = compile_choice("", AMX)  # auto by default, the measurement passed for the job to decide
-    assert args == ["--compile", "auto", "--compile_estimate", "1.3300,0.9300,60.0"]
+    choice, line = compile_choice("", AMX)  # auto by default, the measurement passed for the job to decide
+    assert choice == "auto"
     assert line.startswith("compile: auto -> compiled if the run has more than 150 steps (0.400 s saved per step, "
                            "60 s to compile")
     assert compile_choice("auto", AMX, steps=100)[1].startswith("compile: auto -> 100 steps x (1.330 - 0.930) s = "
                                                                 "40 s saved <= 60 s to compile: eager")
-    assert compile_choice("", None) == ([], "compile: auto -> eager: no compile measurement for this cluster "
+    assert compile_choice("", None) == (None, "compile: auto -> eager: no compile measurement for this cluster "
                                             "(`fab bench --compile` measures one)")
-    assert compile_choice("on", AMX) == (["--compile", "on"], "compile: on (given: --compile on)")
+    assert compile_choice("on", AMX) == ("on", "compile: on (given: --compile on)")
     slower = tm.CompileCost(0.1, 0.12, 30)
     assert "no faster than eager" in compile_choice("auto", slower)[1]
     with pytest.raises(JobArgsError, match="--compile: 'fast' is not allowed"):

@@ -14,7 +14,6 @@ import pytest
 
 from cluster.stack import catalog
 from cluster.inventory import Inventory
-from cluster.job.job_args import JobArgsError, training_arguments
 from cluster.job.joblog import failure_report, first_failure
 from cluster.job.logstream import assemble
 from cluster.job.launch import ENV_FILE, RANK_WRAPPER, LaunchError, env_pairs
@@ -127,13 +126,16 @@ def test_env_pairs_is_one_parser_for_every_task():
 
 
 def test_grad_comm_and_bucket_size_reach_the_job_checked():
-    assert training_arguments(grad_comm="BF16", ddp_bucket_mb="12.5")[-4:] == ["--grad_comm", "bf16",
-                                                                                 "--ddp_bucket_mb", "12.5"]
-    assert "--grad_comm" not in training_arguments(grad_comm="", ddp_bucket_mb="")
-    for option, value in (("grad_comm", "fp16"), ("ddp_bucket_mb", "0"), ("ddp_bucket_mb", "-3"),
-                          ("ddp_bucket_mb", "inf"), ("ddp_bucket_mb", "lots")):
-        with pytest.raises(JobArgsError, match=f"--{option.replace('_', '-')}: '{value}' is not allowed"):
-            training_arguments(**{option: value})
+    from cluster.job.request import BuiltinJob
+
+    args = job_plan(inventory(), 2, grad_comm="bf16", ddp_bucket_mb=12.5).training_args
+    assert args[args.index("--grad_comm"):args.index("--grad_comm") + 4] == ("--grad_comm", "bf16",
+                                                                            "--ddp_bucket_mb", "12.5")
+    assert "--grad_comm" not in job_plan(inventory(), 2).training_args
+    for option, value in (("grad_comm", "fp16"), ("ddp_bucket_mb", 0), ("ddp_bucket_mb", -3),
+                          ("ddp_bucket_mb", float("inf")), ("ddp_bucket_mb", "lots")):
+        with pytest.raises(RequestError, match=f"--{option.replace('_', '-')}: {value!r} is not allowed"):
+            BuiltinJob(**{option: value})
 
 
 def wrapper(tmp_path, program: list[str], **env) -> subprocess.Popen:
