@@ -6,82 +6,201 @@ node_setup/tasks/job_options.py; RequestError (one line naming the option) for a
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, get_args, get_type_hints
 
 from cluster.inventory import Inventory, InventoryError
+from cluster.job import k8s
 from cluster.job import request as rq
 from cluster.job.checks import check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
-from cluster.job.job_args import (SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS, TASKS, JobArgsError, compile_choice,
-                                  parse_extra)
+from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE,
+                                  SYNTHETIC_EPOCHS, TASKS, TYPED_FLAGS, JobArgsError, compile_choice, parse_extra)
 from cluster.job.jobplan import default_output_dir, machine_for
-from cluster.job.launch import LaunchError, env_pairs, job_dir
+from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS, LaunchError, env_pairs, job_dir
+from cluster.job.lora import PEFT_CHOICES
+from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
+from cluster.job.userjob import (DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDIR_LIMIT_MB, NO_SIGNAL, NOTICE_SIGNALS,
+                                 human_bytes)
+from cluster.job.worldcheck import TRAINED_ALONE
 from cluster.run.recovery import DEFAULT_MAX_RECOVERIES, DEFAULT_WAIT_FOR_CAPACITY, RecoveryError, parse_wait
 
 PIN_CHOICES = {"": None, "on": True, "true": True, "off": False, "false": False}
 TRUE_WORDS, FALSE_WORDS = ("", "true", "yes", "1", "on"), ("false", "no", "0", "off")
-# The built-in job's options, which mean nothing to your own program (--script/--module).
-BUILTIN_OPTIONS = ("task", "model", "dataset", "dataset_config", "train_file", "validation_file", "epochs",
-                   "batch_size", "max_steps", "checkpoint_every", "checkpoint_uri", "resume", "synthetic_examples",
-                   "grad_comm", "ddp_bucket_mb", "compile", "peft")
-OWN_OPTIONS = ("script", "module", "args", "workdir", "requirements", "independent_ranks")
-MANAGED_ONLY = ("max_recoveries", "wait_for_capacity", "detach", "resume_arg")
+BUILTIN, OWN, MANAGED = "builtin", "own", "managed"  # the options that mean something only to one of them
+SAME = "same"  # `fab k8s-job` takes the option with fab train's help text
+DURATION = "duration"  # a duration option (90s, 30m; off or 0: none): seconds
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How a JobOptions field is an option of `fab train` (and of `fab k8s-job` when `k8s` is its help there, or
+    SAME): its `fab --help` group and text; `kind` where the field's type says less (int, DURATION); `unset`, what
+    leaving it out means; `path`, a job file's value read relative to the file ("path", or "maybe": when such a
+    file exists there); `only`, the program (BUILTIN, OWN) or mode (MANAGED) the option is for."""
+
+    group: str
+    help: str
+    k8s: str | None = None
+    kind: Any = None
+    unset: str = ""
+    path: str = ""
+    only: str = ""
+    k8s_default: Any = None  # `fab k8s-job`'s default where it is not fab train's
+
+
+def _opt(group: str, help: str, default: Any = None, **cli: Any) -> Any:  # noqa: A002 - the option's help
+    return field(default=default, metadata={"cli": Cli(group, help, **cli)})
+
+
+PROGRAM, TRAINING, RECOVERY, OUTPUT = "program", "training", "spot and recovery", "output"
+_TRAIN_FILE = "training data (.json/.jsonl)"
+_OWN_ARGS = "arguments of your --script/--module, split like a shell would (arguments after `--` are added)"
+_INSTEAD = "on every rank instead of the built-in job"
 
 
 @dataclass(frozen=True)
 class JobOptions:
-    """fab train's and fab k8s-job's options as the tasks parsed them (a job file's too), typed; left out: None
+    """fab train's and fab k8s-job's options, each declared once: its type, default and (metadata "cli", Cli) how
+    the tasks show it (node_setup/tasks/job_options.py makes their signatures from these fields). Left out: None
     (a switch: False). `of` takes them by name from a mapping (an unknown name is a TypeError)."""
 
-    nodes: int | None = None
-    task: str | None = None
-    model: str | None = None
-    dataset: str | None = None
-    dataset_config: str | None = None
-    train_file: str | None = None
-    validation_file: str | None = None
-    epochs: float | None = None
-    batch_size: int | None = None
-    bf16: str | None = None
-    checkpoint_every: float | None = None  # seconds
-    checkpoint_uri: str | None = None
-    max_steps: int | None = None
-    output_dir: str | None = None
-    extra: str | None = None
-    resume: bool = False
-    ranks_per_node: int | None = None
-    threads: int | None = None
-    ccl_workers: int | None = None
-    pin: str | None = None
-    env: str | None = None
-    allow_env: str | None = None
-    synthetic_examples: int | None = None
-    script: str | None = None
-    module: str | None = None
-    args: str | None = None
-    workdir: str | None = None
-    workdir_limit_mb: int | None = None
-    requirements: str | None = None
-    notice_signal: str | None = None
-    launcher: str | None = None
-    min_nodes: int | None = None
-    max_restarts: int | None = None
-    grad_comm: str | None = None
-    ddp_bucket_mb: float | None = None
-    compile: str | None = None
-    peft: str | None = None
-    managed: bool = False
-    max_recoveries: int | None = None
-    wait_for_capacity: float | None = None  # seconds
-    independent_ranks: bool = False
-    allow_busy: bool = False
-    resume_arg: str | None = None
-    workdir_changed_ok: bool = False
-    detach: bool = False
-    name: str | None = None
-    compile_estimate: tuple[float, float, float] | None = None  # only from --extra's --compile_estimate
+    nodes: int | None = _opt("cluster", "how many nodes to use, master first (1 to the nodes available; left out: "
+                             "all)", k8s="worker pods, one per node (default 1)", unset="all nodes",
+                             k8s_default=1)
+    task: str | None = _opt(TRAINING, f"training task: {' or '.join(TASKS)} (training default {TASKS[0]})",
+                            k8s=SAME, only=BUILTIN)
+    model: str | None = _opt(TRAINING, "model id or a directory on the nodes (--model_name_or_path)",
+                             k8s="model id, or a directory relative to the volume (--model_name_or_path)",
+                             only=BUILTIN)
+    dataset: str | None = _opt(TRAINING, "hub dataset name (default squad for qa, glue/mrpc for classification)",
+                               k8s=SAME, only=BUILTIN)
+    dataset_config: str | None = _opt(TRAINING, "hub dataset configuration (e.g. mrpc)", k8s=SAME, only=BUILTIN)
+    train_file: str | None = _opt(TRAINING, f"{_TRAIN_FILE}: a file on this machine is copied to every node, else "
+                                  "the path on the nodes", k8s=f"{_TRAIN_FILE}, a path relative to {k8s.WORK_MOUNT}",
+                                  path="maybe", only=BUILTIN)
+    validation_file: str | None = _opt(TRAINING, "evaluation data, like --train-file", k8s=SAME, path="maybe",
+                                       only=BUILTIN)
+    epochs: float | None = _opt(TRAINING, "number of training epochs, a whole number (--num_train_epochs; for part "
+                                "of one: --max-steps)", k8s=SAME, kind=int, unset="the job's", only=BUILTIN)
+    batch_size: int | None = _opt(TRAINING, "batch size per rank (--per_device_train_batch_size)", k8s=SAME,
+                                  unset="the job's", only=BUILTIN)
+    bf16: str | None = _opt(TRAINING, f"{', '.join(BF16_CHOICES)} (auto: on when the CPU has AMX/AVX512-BF16)",
+                            "auto", k8s=SAME)
+    checkpoint_every: float | None = _opt(OUTPUT, "save a checkpoint this often, e.g. 30m or 1h (off: only at the "
+                                          "end)", k8s=SAME, kind=DURATION, only=BUILTIN)  # seconds
+    checkpoint_uri: str | None = _opt(OUTPUT, "s3://bucket/prefix every checkpoint is uploaded to (and --resume "
+                                      "reads)", k8s="s3://bucket/prefix every checkpoint is uploaded to (and a "
+                                      "restarted pod resumes from)", only=BUILTIN)
+    max_steps: int | None = _opt(TRAINING, "stop after N optimizer steps", k8s=SAME, only=BUILTIN)
+    output_dir: str | None = _opt(OUTPUT, "output directory on the nodes, relative to the home directory (default "
+                                  "xeon-cluster-runs/<job id>; local cluster: /var/tmp/xeon-cluster-runs/<cluster>/"
+                                  "<job id>, which its nodes share; with --resume: the newest job's)")
+    extra: str | None = _opt(TRAINING, "more `python -m training` arguments, e.g. --extra '--learning_rate 3e-5 "
+                             "--max_seq_length 256', checked against the flags the job accepts before anything "
+                             "starts (arguments after `--` are added here)", k8s="more `python -m training` "
+                             "arguments (with --script/--module: your program's), verbatim, e.g. --extra "
+                             "'--learning_rate 3e-5' (arguments after `--` are added here)")
+    resume: bool = _opt(RECOVERY, "continue from the newest complete checkpoint (after a spot reclaim); with "
+                        "--managed: the run of the spec beside --checkpoint-uri (or in --output-dir), checked "
+                        "against this controller's signature", False, only=BUILTIN)
+    ranks_per_node: int | None = _opt(PROGRAM, "override ranks per node (default one per socket)",
+                                      k8s="override ranks per pod (default one per socket)", unset="one per socket")
+    threads: int | None = _opt(PROGRAM, "override OpenMP threads per rank (default the rank's physical cores minus "
+                               "CCL workers)", k8s="override OpenMP threads per rank (default the rank's share of the "
+                               "pod's cores minus CCL workers)", unset="the rank's cores")
+    ccl_workers: int | None = _opt(PROGRAM, "override oneCCL workers per rank (intel profile only)", k8s=SAME)
+    pin: str | None = _opt(PROGRAM, "pin ranks to their cores: on or off (default on; off on the local cluster)")
+    env: str | None = _opt(PROGRAM, "extra environment for every rank, e.g. --env 'FI_PROVIDER=tcp "
+                           "CCL_LOG_LEVEL=info'; names that change how an interpreter, a shell or the loader starts "
+                           "(PYTHON*, LD_*, BASH_ENV, PATH ...) only with --allow-env",
+                           k8s="extra environment for every rank, e.g. --env 'CCL_LOG_LEVEL=info' (in clear text in "
+                           "the manifest: never a secret; what cluster/job/secrets.py takes for one, by name or "
+                           "value, gets a warning); names that change how an interpreter, a shell or the loader "
+                           "starts (PYTHON*, LD_*, PATH ...) only with --allow-env")
+    allow_env: str | None = _opt(PROGRAM, "names --env may set although they change how a program starts, e.g. "
+                                 "--allow-env PYTHONHASHSEED (comma-separated; recorded with the run)", k8s=SAME)
+    synthetic_examples: int | None = _opt(TRAINING, "train the offline demo (a tiny model and data made on every "
+                                          "node) with N examples; the default on a local cluster without --model/"
+                                          "--dataset/--train-file (2000 examples)", k8s="train the offline demo (a "
+                                          "tiny model and data made on every node first) with N examples",
+                                          only=BUILTIN)
+    script: str | None = _opt(PROGRAM, f"run your own training script (a .py file in --workdir) {_INSTEAD}",
+                              k8s=f"run your own training script (a .py file in --workdir) {_INSTEAD}; the workdir "
+                              f"goes in a ConfigMap (at most {human_bytes(k8s.CONFIGMAP_LIMIT_BYTES)})", path="path",
+                              only=OWN)
+    module: str | None = _opt(PROGRAM, f"run `python -m MODULE` (found in --workdir or the node venv) {_INSTEAD}",
+                              k8s=f"run `python -m MODULE` (found in --workdir or the image's venv) {_INSTEAD}",
+                              only=OWN)
+    args: str | None = _opt(PROGRAM, _OWN_ARGS, k8s=SAME, only=OWN)
+    workdir: str | None = _opt(PROGRAM, "folder copied to every node, where the ranks start (default: the script's "
+                               "folder; with --module the current folder); .git, __pycache__, virtual environments "
+                               "and what its .gitignore lists stay here", k8s="folder of your program, copied into "
+                               "every pod (default: the script's folder; with --module the current folder); what "
+                               "`fab train` withholds (dot-files, credentials, links out) stays here", path="path",
+                               only=OWN)
+    workdir_limit_mb: int | None = _opt(PROGRAM, f"refuse a workdir over this many MB to copy (default "
+                                        f"{DEFAULT_WORKDIR_LIMIT_MB})", DEFAULT_WORKDIR_LIMIT_MB)
+    requirements: str | None = _opt(PROGRAM, "a requirements file installed into the node venv before the launch "
+                                    "(once per content); a requirement that would change a pinned package of the "
+                                    "profile is refused", path="path", only=OWN)
+    notice_signal: str | None = _opt(RECOVERY, f"signal every rank gets on a spot interruption notice: "
+                                     f"{', '.join(NOTICE_SIGNALS)} or {NO_SIGNAL} (default {DEFAULT_NOTICE_SIGNAL})",
+                                     DEFAULT_NOTICE_SIGNAL)
+    launcher: str | None = _opt(PROGRAM, f"what starts the ranks: {' or '.join(LAUNCHERS)} (default "
+                                f"{DEFAULT_LAUNCHER}; torchrun: one per node, started over SSH, c10d rendezvous on "
+                                "the master)", DEFAULT_LAUNCHER)
+    min_nodes: int | None = _opt(RECOVERY, "with --managed: resume on the survivors when at least M nodes are left "
+                                 "and no replacement came in time (default 1); with --launcher torchrun: elastic, "
+                                 "train on as few as M nodes (torchrun's M:N range; a node that leaves restarts the "
+                                 "ranks on the others, which resume from the newest checkpoint)",
+                                 k8s="elastic: train on as few as M pods (torchrun's M:N range, the operator's "
+                                 f"elasticPolicy; --api {k8s.API_PYTORCHJOB} only)")
+    max_restarts: int | None = _opt(RECOVERY, f"torchrun with --min-nodes: restarts of the ranks before the job "
+                                    f"fails (default {DEFAULT_MAX_RESTARTS})", k8s="restarts before the job fails: "
+                                    "the container restarts of the whole job (runPolicy.backoffLimit, default "
+                                    f"{k8s.DEFAULT_RESTART_LIMIT}) and, elastic, torchrun's restarts of the ranks "
+                                    f"(default {DEFAULT_MAX_RESTARTS}; --api {k8s.API_PYTORCHJOB} only: a TrainJob's "
+                                    "runtime decides)")
+    grad_comm: str | None = _opt(TRAINING, f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's "
+                                 "--grad_comm; bf16 compresses DDP's buckets)", only=BUILTIN)
+    ddp_bucket_mb: float | None = _opt(TRAINING, "DDP's gradient bucket size in MB, a positive number (the job's "
+                                       "--ddp_bucket_mb; DDP's default 25)", only=BUILTIN)
+    compile: str | None = _opt(TRAINING, f"torch.compile the model: {', '.join(COMPILE_CHOICES)} (default auto: "
+                               "compiled when the saving `fab bench --compile` measured, over the run's steps, "
+                               "exceeds the compile time; the job's --compile)", only=BUILTIN)
+    peft: str | None = _opt(TRAINING, f"causal-lm: {' or '.join(PEFT_CHOICES)} (lora: peft's LoRA adapters on a "
+                            "frozen model, the output holds the adapter only; --extra '--lora_r 8' and the job's "
+                            "other --lora_* flags tune it; the job's --peft)", only=BUILTIN)
+    managed: bool = _opt(RECOVERY, "fab stays attached: when the job is interrupted (spot reclaim, a node lost) it "
+                         "gets replacements (or goes on with the survivors) and resumes from the newest checkpoint "
+                         "(docs/long-spot-runs.md)", False)
+    max_recoveries: int | None = _opt(RECOVERY, f"with --managed: recoveries before fab gives up (default "
+                                      f"{DEFAULT_MAX_RECOVERIES})", only=MANAGED)
+    wait_for_capacity: float | None = _opt(RECOVERY, "with --managed: how long to wait for replacement nodes, e.g. "
+                                           f"90s, 10m, 1h (default {DEFAULT_WAIT_FOR_CAPACITY}; 0: do not ask, "
+                                           "resume on the survivors at once)", kind=DURATION, only=MANAGED)  # seconds
+    independent_ranks: bool = _opt(PROGRAM, "with --script/--module: the ranks are meant to run alone (no process "
+                                   "group); without it a multi-rank job whose ranks never joined one exits "
+                                   f"{TRAINED_ALONE} (each rank trained alone)", False, only=OWN)
+    allow_busy: bool = _opt("cluster", "launch even when a chosen node still runs a rank of another job (or the "
+                            "master its job script); without it such a launch stops before anything starts, naming "
+                            "the running job", False)
+    resume_arg: str | None = _opt(RECOVERY, "with --managed --script/--module: the words your program gets when the "
+                                  "supervisor restarts it after a recovery, {checkpoint} standing for the newest "
+                                  "checkpoint folder, e.g. '--resume_from_checkpoint {checkpoint}' (it also gets "
+                                  "XEON_CLUSTER_RESUME_FROM; docs/your-own-script.md)", only=MANAGED)
+    workdir_changed_ok: bool = _opt(RECOVERY, "with --managed --resume of your own program: go on although its "
+                                    "workdir here is not as the run recorded it (files changed, added or removed; "
+                                    "recorded with the run)", False)
+    detach: bool = _opt(RECOVERY, "with --managed: return as soon as the run has started on the master (its "
+                        "supervisor goes on; `fab status`, `fab logs --follow`, `fab stop` reach it from any "
+                        "controller)", False, only=MANAGED)
+    name: str | None = _opt(OUTPUT, "a name for the job (a supervised run's every job): letters, digits, '.', '_' "
+                            "and '-', starting with a letter; `fab jobs` shows it and --job takes it wherever it "
+                            "takes a job id (the newest job of that name)")
+    compile_estimate: tuple[float, float, float] | None = None  # not an option: only from --extra's --compile_estimate
 
     @classmethod
     def of(cls, options: "Mapping[str, Any] | JobOptions") -> "JobOptions":
@@ -90,6 +209,20 @@ class JobOptions:
     def given(self, name: str) -> bool:
         """Whether the option `name` (a field) was given: not None, "" or False."""
         return _given(getattr(self, name))
+
+
+def kind_of(name: str) -> Any:
+    """The type of the field `name` without None (int for `int | None`)."""
+    hint = get_type_hints(JobOptions)[name]
+    return next((a for a in get_args(hint) if a is not type(None)), hint)
+
+
+_BY_FIELD = {name: (flag, option) for flag, (name, option) in TYPED_FLAGS.items()}
+
+
+def options_for(only: str) -> tuple[str, ...]:
+    """The options (fields) that mean something only to `only` (BUILTIN, OWN or MANAGED), in declaration order."""
+    return tuple(f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only)
 
 
 def _option(name: str) -> str:
@@ -124,32 +257,28 @@ def _estimate(text: str) -> tuple[float, float, float]:
 
 
 def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
-    """The typed values --extra gave (parse_extra's), as options; given as an option too is refused."""
-    from cluster.job.job_args import TYPED_FLAGS
-
-    by_field = {f: (flag, option) for flag, (f, option) in TYPED_FLAGS.items()}
+    """The typed values --extra gave (parse_extra's), as options read by their field's type; given as an option
+    too is refused."""
     found: dict[str, Any] = {}
     for name, text in typed.items():
-        flag, option = by_field[name]
-        target = {"checkpoint_minutes": "checkpoint_every", "compile_estimate": "compile_estimate"}.get(name, name)
+        flag, option = _BY_FIELD[name]
+        target = "checkpoint_every" if name == "checkpoint_minutes" else name
         if target != "compile_estimate" and options.given(target) and getattr(options, target) != "auto":
             raise rq.RequestError(f"--extra: {flag} repeats {option}; give it once")
-        if name in ("epochs", "ddp_bucket_mb"):
-            found[target] = _number(flag, text, float)
-        elif name in ("batch_size", "max_steps"):
-            found[target] = _number(flag, text, int)
-        elif name == "checkpoint_minutes":
+        kind = kind_of(target)
+        if name == "checkpoint_minutes":
             found[target] = _number(flag, text, float) * 60
         elif name == "bf16":
             found[target] = "on" if _switch(flag, text) else "off"
-        elif name == "resume":
-            found[target] = _switch(flag, text)
         elif name == "compile_estimate":
             found[target] = _estimate(text)
-        elif name == "output_dir":
-            check_node_path(flag, text)
-            found[target] = text
+        elif kind is bool:
+            found[target] = _switch(flag, text)
+        elif kind in (int, float):
+            found[target] = _number(flag, text, kind)
         else:
+            if name == "output_dir":
+                check_node_path(flag, text)
             found[target] = text
     return found
 
@@ -221,14 +350,14 @@ def check_program_options(o: JobOptions, own: rq.OwnProgram | None) -> None:
     """Your own program's options only with --script/--module (`own`), the built-in job's only without it
     (fab train's and fab k8s-job's options); RequestError naming the first one given otherwise."""
     if own is None:
-        used = next((name for name in OWN_OPTIONS if o.given(name)), None)
+        used = next((name for name in options_for(OWN) if o.given(name)), None)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
         if o.given("resume_arg"):
             raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
         return
-    used = next((name for name in BUILTIN_OPTIONS if o.given(name) and not (name == "compile" and o.compile == "auto")),
-                None)
+    used = next((name for name in options_for(BUILTIN)
+                 if o.given(name) and not (name == "compile" and o.compile == "auto")), None)
     if used or (o.bf16 or "auto") != "auto":
         raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
                               "--script/--module; pass your program's own arguments with --args (or after `--`)")
@@ -253,7 +382,7 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
     if pin not in PIN_CHOICES:
         raise rq.RequestError(f"--pin: {o.pin!r} is not allowed; choose on or off")
     if not o.managed:
-        used = next((name for name in MANAGED_ONLY if o.given(name)), None)
+        used = next((name for name in options_for(MANAGED) if o.given(name)), None)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --managed (fab supervises the job and recovers it)")
     check_program_options(o, own)

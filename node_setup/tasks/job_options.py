@@ -1,86 +1,72 @@
-"""The options `fab train` and `fab k8s-job` share (help, defaults, groups), your own program from them
-(`own_program`), and `fab train`'s request (`train_request`: what needs this machine, then
+"""`fab train`'s and `fab k8s-job`'s options made from JobOptions' one declaration (`job_task`), your own
+program from them (`own_program`), and `fab train`'s request (`train_request`: what needs this machine, then
 cluster/job/train_options.py).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cluster.inventory import Inventory
 from cluster.job import request as rq
-from cluster.job.job_args import BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS
-from cluster.job.lora import PEFT_CHOICES
-from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
-from cluster.job.train_options import JobOptions
-from node_setup.tasks.common import Unset, duration_or_off, given
+from cluster.job.train_options import DURATION, PROGRAM, RECOVERY, SAME, TRAINING, Cli, JobOptions, kind_of
+from node_setup.tasks.common import Unset, duration_or_off, given, task
 
-# The shared options' help, by option name (a task overrides a text where its option means more).
-HELP = {
-    "task": f"training task: {' or '.join(TASKS)} (training default {TASKS[0]})",
-    "dataset": "hub dataset name (default squad for qa, glue/mrpc for classification)",
-    "dataset-config": "hub dataset configuration (e.g. mrpc)",
-    "epochs": "number of training epochs, a whole number (--num_train_epochs; for part of one: --max-steps)",
-    "batch-size": "batch size per rank (--per_device_train_batch_size)",
-    "bf16": f"{', '.join(BF16_CHOICES)} (auto: on when the CPU has AMX/AVX512-BF16)",
-    "checkpoint-every": "save a checkpoint this often, e.g. 30m or 1h (off: only at the end)",
-    "max-steps": "stop after N optimizer steps",
-    "extra": "more `python -m training` arguments, e.g. --extra '--learning_rate 3e-5 --max_seq_length 256', checked "
-             "against the flags the job accepts before anything starts (arguments after `--` are added here)",
-    "ranks-per-node": "override ranks per node (default one per socket)",
-    "threads": "override OpenMP threads per rank (default the rank's physical cores minus CCL workers)",
-    "ccl-workers": "override oneCCL workers per rank (intel profile only)",
-    "env": "extra environment for every rank, e.g. --env 'FI_PROVIDER=tcp CCL_LOG_LEVEL=info'; names that change how "
-           "an interpreter, a shell or the loader starts (PYTHON*, LD_*, BASH_ENV, PATH ...) only with --allow-env",
-    "allow-env": "names --env may set although they change how a program starts, e.g. --allow-env PYTHONHASHSEED "
-                 "(comma-separated; recorded with the run)",
-    "synthetic-examples": "train the offline demo (a tiny model and data made on every node first) with N examples",
-    "max-restarts": f"torchrun with --min-nodes: restarts of the ranks before the job fails (default "
-                    f"{DEFAULT_MAX_RESTARTS})",
-}
-# fab train's built-in job settings that fab k8s-job does not take.
-TRAIN_HELP = {
-    "grad-comm": f"gradients on the wire: {' or '.join(GRAD_COMM_CHOICES)} (the job's --grad_comm; bf16 compresses "
-                 "DDP's buckets)",
-    "ddp-bucket-mb": "DDP's gradient bucket size in MB, a positive number (the job's --ddp_bucket_mb; DDP's default "
-                     "25)",
-    "peft": f"causal-lm: {' or '.join(PEFT_CHOICES)} (lora: peft's LoRA adapters on a frozen model, the output "
-            "holds the adapter only; --extra '--lora_r 8' and the job's other --lora_* flags tune it; the job's "
-            "--peft)",
-    "compile": f"torch.compile the model: {', '.join(COMPILE_CHOICES)} (default auto: compiled when the saving "
-               "`fab bench --compile` measured, over the run's steps, exceeds the compile time; the job's --compile)",
-}
-# Their defaults (invoke takes each option's kind from its default: Unset carries it).
-DEFAULTS: dict[str, Any] = {
-    "epochs": Unset(int, "the job's"), "batch_size": Unset(int, "the job's"), "bf16": "auto",
-    "checkpoint_every": Unset(duration_or_off), "max_steps": Unset(int), "ranks_per_node": Unset(int, "one per socket"),
-    "threads": Unset(int, "the rank's cores"), "ccl_workers": Unset(int), "synthetic_examples": Unset(int),
-    "min_nodes": Unset(int), "max_restarts": Unset(int), "env": "", "allow_env": "", "extra": "",
-}
-# Their groups in `fab --help` (node_setup/tasks/parsing.py); each task adds its own options.
-GROUPS = {
-    "program": ("ranks-per-node", "threads", "ccl-workers", "env", "allow-env"),
-    "training": ("task", "model", "dataset", "dataset-config", "train-file", "validation-file", "epochs", "batch-size",
-                 "max-steps", "bf16", "grad-comm", "ddp-bucket-mb", "compile", "peft", "synthetic-examples", "extra"),
-    "spot and recovery": ("min-nodes", "max-restarts"),
-    "output": ("checkpoint-every", "checkpoint-uri"),
-}
+TRAIN, K8S = "train", "k8s-job"
+CLUSTER_GROUP = "cluster"
+_GROUP_ORDER = (CLUSTER_GROUP, PROGRAM, TRAINING, RECOVERY, "output")
 
 
-def groups(**own: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """GROUPS with a task's own options added (group title with spaces as '_': spot_and_recovery=...), the
-    cluster's first."""
-    out = {"cluster": own.pop("cluster", ()), **{title: tuple(names) for title, names in GROUPS.items()}}
-    for key, names in own.items():
-        title = key.replace("_", " ")
-        out[title] = (*out.get(title, ()), *names)
-    return out
+def _default(cli: Cli, kind: Any, default: Any, which: str) -> Any:
+    """invoke's default, which also gives the option its kind (Unset carries it where leaving it out means
+    something)."""
+    if which == K8S and cli.k8s_default is not None:
+        return cli.k8s_default
+    if default is not None or kind is bool:
+        return default
+    if kind is str:
+        return ""
+    return Unset(duration_or_off if cli.kind == DURATION else cli.kind or kind, cli.unset)
 
 
-def plain(options: dict[str, Any]) -> JobOptions:
-    """A task's options, typed, with every Unset (left out) as None."""
-    return JobOptions.of({name: (value if given(value) else None) for name, value in options.items()})
+def job_task(which: str, own: dict[str, tuple[Any, Cli]]) -> Callable:
+    """`fab train` (TRAIN) or `fab k8s-job` (K8S) from its body `body(c, options: JobOptions, **own)`: its
+    options are JobOptions' fields that it takes and its `own` (name -> (default, Cli)), each with its help,
+    group and job-file path kind."""
+    shared = {f.name: (f.default, f.metadata["cli"]) for f in fields(JobOptions) if "cli" in f.metadata
+              and (which == TRAIN or f.metadata["cli"].k8s is not None)}
+    declared = {**shared, **own}
+
+    def define(body: Callable) -> Any:
+        @functools.wraps(body)
+        def run(c, **values: Any) -> Any:
+            mine = {name: values.pop(name) for name in own}
+            return body(c, JobOptions.of({n: (v if given(v) else None) for n, v in values.items()}), **mine)
+
+        parameters = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        helps: dict[str, str] = {}
+        groups: dict[str, list[str]] = {title: [] for title in _GROUP_ORDER}
+        paths: dict[str, list[str]] = {"path": [], "maybe": []}
+        for name, (default, cli) in declared.items():
+            kind = kind_of(name) if name in shared else type(default)
+            parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                                default=_default(cli, kind, default, which)))
+            dashed = name.replace("_", "-")
+            helps[dashed] = cli.help if which == TRAIN or cli.k8s in (None, SAME) else cli.k8s
+            groups.setdefault(cli.group, []).append(dashed)
+            if cli.path:
+                paths[cli.path].append(name)
+        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        made = task(help=helps)(run)
+        made.option_groups = {title: tuple(names) for title, names in groups.items() if names}
+        made.job_file_paths, made.job_file_maybe_paths = tuple(paths["path"]), tuple(paths["maybe"])
+        return made
+
+    return define
 
 
 # ------------------------------------------------------------------------------ fab train's request

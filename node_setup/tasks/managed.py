@@ -25,7 +25,6 @@ from cluster.job.jobplan import JobPlan
 from cluster.job.request import OwnProgram, RequestError, RunRequest
 from cluster.job.train_options import JobOptions
 from cluster.job.userjob import CopyPlan, UserJobError
-from cluster.run import recovery as rc
 from cluster.run import runspec
 from cluster.run import supervision as sv
 from node_setup import job_history
@@ -33,25 +32,6 @@ from node_setup.backends import backend_for
 from node_setup.ssh import recovery as nodes
 from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
 
-MANAGED_HELP = {
-    "managed": "fab stays attached: when the job is interrupted (spot reclaim, a node lost) it gets replacements "
-               "(or goes on with the survivors) and resumes from the newest checkpoint (docs/long-spot-runs.md)",
-    "max-recoveries": f"with --managed: recoveries before fab gives up (default {rc.DEFAULT_MAX_RECOVERIES})",
-    "min-nodes": "with --managed: resume on the survivors when at least M nodes are left and no replacement came "
-                 "in time (default 1); with --launcher torchrun: elastic, train on as few as M nodes (torchrun's "
-                 "M:N range; a node that leaves restarts the ranks on the others, which resume from the newest "
-                 "checkpoint)",
-    "wait-for-capacity": f"with --managed: how long to wait for replacement nodes, e.g. 90s, 10m, 1h (default "
-                         f"{rc.DEFAULT_WAIT_FOR_CAPACITY}; 0: do not ask, resume on the survivors at once)",
-    "resume-arg": "with --managed --script/--module: the words your program gets when the supervisor restarts it "
-                  "after a recovery, {checkpoint} standing for the newest checkpoint folder, e.g. "
-                  "'--resume_from_checkpoint {checkpoint}' (it also gets XEON_CLUSTER_RESUME_FROM; "
-                  "docs/your-own-script.md)",
-    "detach": "with --managed: return as soon as the run has started on the master (its supervisor goes on; "
-              "`fab status`, `fab logs --follow`, `fab stop` reach it from any controller)",
-    "workdir-changed-ok": "with --managed --resume of your own program: go on although its workdir here is not as "
-                          "the run recorded it (files changed, added or removed; recorded with the run)",
-}
 START_WAIT_S = 300.0  # how long fab waits for the supervisor to start the run's first job
 
 
