@@ -298,11 +298,15 @@ def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], st
     return paths, tuple(files)
 
 
-def _builtin(o: JobOptions, offline: bool, run_id: str, *, calibration: Any,
-             local_file: Callable[[str], str | None]
-             ) -> tuple[rq.BuiltinJob, tuple[rq.DataFile, ...], list[str], JobOptions]:
-    """The built-in job's settings, the data files to copy, the compile line, and the options with what --extra
-    gave them (a typed flag in --extra is that option's value)."""
+def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: str, *, calibration: Any = None,
+             local_file: Callable[[str], str | None] = lambda path: None
+             ) -> tuple[rq.BuiltinJob | rq.OwnProgram, tuple[rq.DataFile, ...], list[str], JobOptions]:
+    """Your program (`own`) or the built-in job's settings, each with its options only; the data files to copy,
+    the compile line, and the options with what --extra gave them (a typed flag in --extra is that option's
+    value)."""
+    check_program_options(o, own)
+    if own is not None:
+        return own, (), [], o
     try:
         words = shlex.split(o.extra or "")
     except ValueError as exc:
@@ -385,7 +389,6 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
         used = next((name for name in options_for(MANAGED) if o.given(name)), None)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --managed (fab supervises the job and recovers it)")
-    check_program_options(o, own)
     nodes = o.nodes or len(inventory.nodes)
     try:
         machine = machine_for(inventory.first(nodes), nodes)[0]
@@ -400,14 +403,8 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
 
         ranks, line = layout_for(calibration, machine.name)
         lines.append(line)
-    files: tuple[rq.DataFile, ...] = ()
-    program: rq.BuiltinJob | rq.OwnProgram
-    if own is None:
-        program, files, more, o = _builtin(o, inventory.offline, run_id, calibration=calibration,
-                                           local_file=local_file)
-        lines += more
-    else:
-        program = own
+    program, files, more, o = _program(o, own, inventory.offline, run_id, calibration=calibration,
+                                       local_file=local_file)
     supervision = None
     if o.managed:
         try:
@@ -427,7 +424,7 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
         checkpoint_every_s=o.checkpoint_every, checkpoint_uri=o.checkpoint_uri or None,
         resume=bool(o.resume), managed=supervision, allow_busy=bool(o.allow_busy), idle_stop_s=idle_stop_s,
         name=o.name or None, data_files=files)
-    return request, [line for line in lines if line]
+    return request, [line for line in (*lines, *more) if line]
 
 
 def k8s_request(options: Mapping[str, Any] | JobOptions, *, run_id: str,
@@ -437,17 +434,12 @@ def k8s_request(options: Mapping[str, Any] | JobOptions, *, run_id: str,
     fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`, made by
     node_setup/tasks/job_options.py's own_program as for fab train); each program's options only with it."""
     o = JobOptions.of(options)
-    check_program_options(o, own)
     try:
         pairs = env_pairs(o.env or "", "CCL_LOG_LEVEL=info")
     except LaunchError as exc:
         raise rq.RequestError(str(exc)) from None
     allow = parse_allow_env(o.allow_env or "")
-    program: rq.BuiltinJob | rq.OwnProgram
-    if own is None:
-        program, _, _, o = _builtin(o, False, run_id, calibration=None, local_file=lambda path: None)
-    else:
-        program = own
+    program, _, _, o = _program(o, own, False, run_id)
     return rq.RunRequest(
         run_id=run_id, nodes=o.nodes or 1, program=program,
         launcher=rq.Launcher("torchrun", o.min_nodes, o.max_restarts if o.min_nodes is not None else None),
