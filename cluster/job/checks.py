@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
+
+T = TypeVar("T")
 
 LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
 _NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
@@ -54,6 +56,14 @@ def choice(setting: str, value: object, choices: Iterable[object], *, optional: 
 def flag(setting: str, value: object) -> None:
     if not isinstance(value, bool):
         raise refuse(setting, value, "true or false")
+
+
+def passes(check: Callable[[T], object], value: T, error: type[Exception]) -> None:
+    """`check(value)`, its `error` (one line naming the setting) raised as a RequestError."""
+    try:
+        check(value)
+    except error as exc:
+        raise RequestError(str(exc)) from None
 
 
 def check_node_path(setting: str, value: object) -> None:

@@ -10,7 +10,8 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from types import UnionType
+from typing import Any, Mapping, Union, get_args, get_origin, get_type_hints
 
 from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS, ExtraArg, JobArgsError,
                                   check_extra, parse_s3_uri)
@@ -32,6 +33,7 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_NODES = 10000
 MAX_WAIT_S = 7 * 86400
 BUILTIN, OWN = "builtin", "own"
+_LOCAL = {"local": True}  # a field's metadata: this controller's own, left out of the serialized form
 
 
 # ---------------------------------------------------------------------------------------- the parts
@@ -109,10 +111,8 @@ class BuiltinJob:
 
     def __post_init__(self) -> None:
         ck.choice("--task", self.task, TASKS)
-        for setting, value in (("--model", self.model), ("--dataset", self.dataset),
-                               ("--dataset-config", self.dataset_config), ("--train-file", self.train_file),
-                               ("--validation-file", self.validation_file)):
-            ck.line(setting, value)
+        for name in ("model", "dataset", "dataset_config", "train_file", "validation_file"):  # one line each
+            ck.line(f"--{name.replace('_', '-')}", getattr(self, name))
         ck.number("--epochs", self.epochs, 0, 1e6, above=True)
         ck.whole("--batch-size", self.batch_size, 1, 1 << 20)
         ck.whole("--max-steps", self.max_steps, 1, 1 << 40)
@@ -138,10 +138,7 @@ class BuiltinJob:
         if self.demo is not None and (self.model or self.dataset or self.train_file):
             raise RequestError("--synthetic-examples: the offline demo brings its own model and data; leave out "
                                "--model, --dataset and --train-file, or drop --synthetic-examples")
-        try:
-            check_extra(self.extra)
-        except JobArgsError as exc:
-            raise RequestError(str(exc)) from None
+        ck.passes(check_extra, self.extra, JobArgsError)
 
 
 def workdir_digest(copy: CopyPlan) -> tuple[tuple[str, str], ...]:
@@ -190,8 +187,8 @@ class OwnProgram:
     independent_ranks: bool = False
     workdir_files: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
     workdir_changed_ok: bool = False
-    copy: CopyPlan | None = field(default=None, compare=False, repr=False)
-    install: RequirementsPlan | None = field(default=None, compare=False, repr=False)
+    copy: CopyPlan | None = field(default=None, compare=False, repr=False, metadata=_LOCAL)
+    install: RequirementsPlan | None = field(default=None, compare=False, repr=False, metadata=_LOCAL)
 
     kind = OWN
 
@@ -203,10 +200,7 @@ class OwnProgram:
             if self.script.startswith("/") or ".." in self.script.split("/"):
                 raise ck.refuse("--script", self.script, "a path inside the workdir")
         else:
-            try:
-                check_module(str(self.module))
-            except UserJobError as exc:
-                raise RequestError(str(exc)) from None
+            ck.passes(check_module, str(self.module), UserJobError)
         if not isinstance(self.args, tuple):
             raise ck.refuse("--args", self.args, "a list of words")
         for word in self.args:
@@ -217,10 +211,7 @@ class OwnProgram:
         ck.line("--requirements", self.requirements)
         ck.line("--resume-arg", self.resume_arg, optional=False)
         if self.resume_arg:
-            try:
-                resume_words(self.resume_arg)
-            except SupervisionError as exc:
-                raise RequestError(str(exc)) from None
+            ck.passes(resume_words, self.resume_arg, SupervisionError)
         ck.flag("--independent-ranks", self.independent_ranks)
         if self.workdir_files is None and self.copy is not None:
             object.__setattr__(self, "workdir_files", workdir_digest(self.copy))
@@ -284,7 +275,7 @@ class RunRequest:
     allow_busy: bool = False
     idle_stop_s: int | None = None  # the idle auto-stop armed at the start (the stack's), None: not armed
     name: str | None = None  # `fab train --name`: the job's (a supervised run's every job's) name
-    data_files: tuple[DataFile, ...] = field(default=(), compare=False)  # this controller's; not serialized
+    data_files: tuple[DataFile, ...] = field(default=(), compare=False, metadata=_LOCAL)
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not RUN_ID_RE.match(self.run_id):
@@ -297,22 +288,15 @@ class RunRequest:
         if len({name for name, _ in self.env}) != len(self.env):
             raise ck.refuse("--env", [name for name, _ in self.env], "each name once")
         check_env(dict(self.env), self.allow_env)
-        if self.output_dir is not None:
-            check_node_path("--output-dir", self.output_dir)
+        check_node_path("--output-dir", self.output_dir)
         ck.number("--checkpoint-every", self.checkpoint_every_s, 0, 10 * 365 * 86400)
         if self.checkpoint_uri is not None:
-            try:
-                parse_s3_uri(self.checkpoint_uri)
-            except JobArgsError as exc:
-                raise RequestError(str(exc)) from None
+            ck.passes(parse_s3_uri, self.checkpoint_uri, JobArgsError)
         ck.flag("--resume", self.resume)
         ck.flag("--allow-busy", self.allow_busy)
         ck.whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
         if self.name is not None:
-            try:
-                job_name(self.name)
-            except UnsafeValue as exc:
-                raise RequestError(str(exc)) from None
+            ck.passes(job_name, self.name, UnsafeValue)
         min_nodes = self.launcher.min_nodes if self.managed is None else self.managed.min_nodes
         if min_nodes is not None and not 1 <= min_nodes <= self.nodes:
             raise RequestError(f"--min-nodes: {min_nodes} is not allowed; allowed 1 to {self.nodes} (the job's nodes)")
@@ -362,65 +346,65 @@ class RunRequest:
         return _build(cls, data, "request")
 
 
-_NOT_SERIALIZED = {"data_files", "copy", "install"}
-_PARTS: dict[str, Any] = {"launcher": Launcher, "layout": LayoutRequest, "managed": Managed, "demo": Demo}
+def _serialized(cls: Any) -> dict[str, Any]:
+    """`cls`'s serialized fields by name, with their type hints: all but this controller's own (`_LOCAL`)."""
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.metadata.get("local")}
 
 
 def _mapping(value: Any) -> Any:
-    if isinstance(value, (BuiltinJob, OwnProgram)):
-        return {"kind": value.kind, **{f.name: _mapping(getattr(value, f.name)) for f in dataclasses.fields(value)
-                                       if f.name not in _NOT_SERIALIZED}}
     if isinstance(value, ExtraArg):
-        return [value.flag, *value.values]
+        return value.words()
     if dataclasses.is_dataclass(value):
-        return {f.name: _mapping(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if f.name not in _NOT_SERIALIZED}
+        kind = {"kind": value.kind} if hasattr(value, "kind") else {}
+        return {**kind, **{name: _mapping(getattr(value, name)) for name in _serialized(type(value))}}
     if isinstance(value, tuple):
         return [_mapping(v) for v in value]
     return value
 
 
 def _build(cls: Any, data: object, where: str) -> Any:
-    """`cls` from its mapping: exactly its serialized fields, nested parts built (and checked) the same way."""
+    """`cls` from its mapping: exactly its serialized fields, each read by its type hint, `cls` checking them."""
     if not isinstance(data, dict):
         raise ck.refuse(where, type(data).__name__, "an object")
-    names = {f.name for f in dataclasses.fields(cls) if f.name not in _NOT_SERIALIZED}
-    extra = sorted(set(data) - names - ({"kind"} if cls in (BuiltinJob, OwnProgram) else set()))
-    if extra:
-        raise RequestError(f"{where}: unknown field {extra[0]!r}; allowed: {', '.join(sorted(names))}")
-    values: dict[str, Any] = {}
-    for name, raw in data.items():
-        if name == "kind":
-            continue
-        if raw is None or name not in _PARTS and name not in ("program", "env", "allow_env", "args", "extra",
-                                                               "compile_estimate", "workdir_files"):
-            values[name] = raw
-        elif name in _PARTS:
-            values[name] = _build(_PARTS[name], raw, f"{where} {name}")
-        elif name == "program":
-            kinds = {BUILTIN: BuiltinJob, OWN: OwnProgram}
-            if not isinstance(raw, dict) or raw.get("kind") not in kinds:
-                raise ck.refuse(f"{where} program", raw if not isinstance(raw, dict) else raw.get("kind"),
-                              f"an object of kind {BUILTIN} or {OWN}")
-            values[name] = _build(kinds[raw["kind"]], raw, f"{where} program")
-        else:
-            values[name] = _tuple(name, raw, where)
+    hints = _serialized(cls)
+    unknown = sorted(set(data) - set(hints) - ({"kind"} if hasattr(cls, "kind") else set()))
+    if unknown:
+        raise RequestError(f"{where}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(hints))}")
+    values = {name: _read(hints[name], raw, f"{where} {name}") for name, raw in data.items() if name != "kind"}
     try:
         return cls(**values)
     except TypeError as exc:  # a field missing
         raise RequestError(f"{where}: {exc}") from None
 
 
-def _tuple(name: str, raw: object, where: str) -> tuple:
-    if not isinstance(raw, list):
-        raise ck.refuse(f"{where} {name}", raw, "a list")
-    if name in ("env", "workdir_files"):
-        if not all(isinstance(p, list) and len(p) == 2 for p in raw):
-            raise ck.refuse(f"{where} {name}", raw, "a list of [NAME, VALUE] pairs" if name == "env" else
-                          "a list of [path, SHA-256] pairs")
-        return tuple((p[0], p[1]) for p in raw)
-    if name == "extra":
-        if not all(isinstance(p, list) and p and all(isinstance(w, str) for w in p) for p in raw):
-            raise ck.refuse(f"{where} extra", raw, "a list of [FLAG, VALUE...] lists")
-        return tuple(ExtraArg(p[0], tuple(p[1:])) for p in raw)
-    return tuple(raw)
+def _read(hint: Any, raw: object, where: str) -> Any:
+    """A value of type `hint` from its JSON: None where the hint allows it, a part from an object (one of several
+    by its `kind`), a tuple from a list (an ExtraArg from [FLAG, VALUE...]); anything else as it is."""
+    types = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    if raw is None and type(None) in types:
+        return None
+    types = tuple(t for t in types if t is not type(None))
+    if len(types) > 1:
+        kinds = {t.kind: t for t in types}
+        if not isinstance(raw, dict) or raw.get("kind") not in kinds:
+            raise ck.refuse(where, raw.get("kind") if isinstance(raw, dict) else raw,
+                            f"an object of kind {' or '.join(kinds)}")
+        return _build(kinds[raw["kind"]], raw, where)
+    (hint,) = types
+    if hint is ExtraArg:
+        if not (isinstance(raw, list) and raw and all(isinstance(w, str) for w in raw)):
+            raise ck.refuse(where, raw, "[FLAG, VALUE...]")
+        return ExtraArg(raw[0], tuple(raw[1:]))
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, raw, where)
+    if get_origin(hint) is tuple:
+        items = get_args(hint)
+        if not isinstance(raw, list):
+            raise ck.refuse(where, raw, "a list")
+        if items[-1] is Ellipsis:
+            return tuple(_read(items[0], item, where) for item in raw)
+        if len(raw) != len(items):
+            raise ck.refuse(where, raw, f"a list of {len(items)} values")
+        return tuple(_read(h, item, where) for h, item in zip(items, raw))
+    return raw
