@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cluster.job.job_args import SYNTHETIC_ARGS
+from cluster.job.demo import SYNTHETIC_ARGS
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 FIXED_WORDS = ("?", ".", ",", "what", "is", "the", "a", "of", "and", "key", "same", "other")

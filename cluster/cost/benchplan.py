@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
 from cluster.inventory import Inventory
-from cluster.job.job_args import (SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE, SYNTHETIC_SEQ_LENGTHS, parse_extra,
-                                  synthetic_data)
+from cluster.job.demo import SYNTHETIC_ARGS, SYNTHETIC_BATCH_SIZE, SYNTHETIC_SEQ_LENGTHS, synthetic_data
+from cluster.job.job_args import parse_extra
 from cluster.job.jobplan import DEFAULT_OUTPUT_ROOT, JobPlan, machine_for, new_job_id, plan
 from cluster.job.launch import plan_launch
 from cluster.job.layout import LayoutError, plan_layout

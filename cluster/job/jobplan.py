@@ -27,7 +27,8 @@ from cluster.job.launch import (NOTICE_SIGNAL_VARIABLE, OUTPUT_DIR_VARIABLE, PYT
 from cluster.job.layout import Layout, plan_layout
 from cluster.node.profiles import get_profile, venv_dir
 from cluster.job.torchrun import plan_torchrun_launch
-from cluster.job.job_args import BATCH_FLAGS, SYNTHETIC_ARGS, synthetic_data, typed_arguments
+from cluster.job.demo import SYNTHETIC_ARGS, synthetic_data
+from cluster.job.job_args import BATCH_FLAGS, typed_arguments
 from cluster.job.request import Launcher, RunRequest
 from cluster.job.userjob import NO_SIGNAL, CopyPlan, RequirementsPlan, UserProgram, workdir_on_node
 from cluster.run.recovery import BatchPlan
@@ -227,7 +228,7 @@ def builtin_arguments(request: RunRequest, *, output_dir: str, instance_type: st
     """`python -m training`'s arguments of the request's built-in job: its typed settings, the offline demo's
     data and settings, its other arguments, then what the plan adds (the instance type, the output
     directory, --resume). A `restart`'s batch replaces the per-rank batch and the accumulation. `shared_root`:
-    the nodes' shared output root, where the demo's model is (job_args.synthetic_data)."""
+    the nodes' shared output root, where the demo's model is (demo.synthetic_data)."""
     job = request.builtin
     assert job is not None  # the caller asked for the built-in job's arguments
     batch = restart.batch if restart else None

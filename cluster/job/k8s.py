@@ -44,7 +44,7 @@ from typing import Any
 from cluster.stack import catalog
 from cluster.stack.catalog import InstanceType
 from cluster.job import request, run_env
-from cluster.job.job_args import SyntheticData, synthetic_data
+from cluster.job.demo import SyntheticData, synthetic_data
 from cluster.job.launch import OUTPUT_DIR_VARIABLE, RESERVED_VARIABLES
 from cluster.job.layout import Layout, plan_layout
 from cluster.job.userjob import CopyPlan, FileEntry, UserProgram, human_bytes
@@ -363,7 +363,7 @@ def plan_pod(*, name: str, image: str, training_args: list[str] | tuple[str, ...
     ConfigMap, WorkdirConfigMap), on a node of type `instance`; `output_dir` gets a volume of its own when
     it lies outside the others.
 
-    `synthetic` (cluster/job/job_args.synthetic_data, made with the image's Python): every pod writes the
+    `synthetic` (cluster/job/demo.synthetic_data, made with the image's Python): every pod writes the
     offline demo into its own scratch volume first and the job trains on it (`training_args` point
     there, relative to the working directory). Your program gets its output directory as
     XEON_CLUSTER_OUTPUT_DIR.

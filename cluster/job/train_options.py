@@ -15,8 +15,9 @@ from cluster.job import k8s
 from cluster.job import request as rq
 from cluster.job.checks import check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
-from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, SYNTHETIC_BATCH_SIZE,
-                                  SYNTHETIC_EPOCHS, TASKS, TYPED_FLAGS, JobArgsError, compile_choice, parse_extra)
+from cluster.job.demo import SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS
+from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOICES, TASKS, TYPED_FLAGS, JobArgsError,
+                                  compile_choice, parse_extra)
 from cluster.job.jobplan import default_output_dir, machine_for
 from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS, LaunchError, env_pairs, job_dir
 from cluster.job.lora import PEFT_CHOICES

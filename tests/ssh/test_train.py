@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.job.job_args import SYNTHETIC_MODEL_NAME
+from cluster.job.demo import SYNTHETIC_MODEL_NAME
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from node_setup.local import system as local_system
 from cluster.job.launch import JOBS_DIR

@@ -323,7 +323,7 @@ def test_planning_reads_the_facts_not_the_kind():
 def test_the_demos_model_is_made_once_in_the_shared_root_where_there_is_one():
     """The offline demo's model: where the nodes share an output root, one for them all there (every node's prepare
     names it, the job reads it); without one, one in each node's home. The data stays in each home."""
-    from cluster.job.job_args import SYNTHETIC_MODEL_DIR
+    from cluster.job.demo import SYNTHETIC_MODEL_DIR
     from cluster.job.request import Demo
     from tests.unit.test_jobplan import job_plan
 
@@ -342,7 +342,7 @@ def test_the_demo_is_made_again_when_its_data_or_its_model_is_gone(tmp_path):
     call and writes what the real one would."""
     import subprocess
 
-    from cluster.job.job_args import synthetic_data
+    from cluster.job.demo import synthetic_data
 
     fake = tmp_path / "fake-python"
     fake.write_text('#!/bin/sh\necho "$@" >> calls\nwhile [ $# -gt 0 ]; do case $1 in --out) d=$2;; '

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.inventory import Inventory
-from cluster.job.job_args import SYNTHETIC_ARGS, synthetic_data
+from cluster.job.demo import SYNTHETIC_ARGS, synthetic_data
 from cluster.job.jobplan import plan
 from cluster.job.request import RequestError
 from cluster.job.train_options import request_from_options

@@ -15,7 +15,7 @@ import yaml
 
 from cluster.stack import catalog
 from cluster.job import k8s
-from cluster.job.job_args import SYNTHETIC_MODEL_DIR
+from cluster.job.demo import SYNTHETIC_MODEL_DIR
 from cluster.job.layout import KMP_BLOCKTIME
 from cluster.node.profiles import TCMALLOC_PATH, get_profile, venv_dir
 from node_setup import kubeflow

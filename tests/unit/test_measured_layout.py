@@ -13,7 +13,8 @@ import pytest
 
 from cluster.cost import calibration as calib
 from cluster.cost import timemodel as tm
-from cluster.job.job_args import SYNTHETIC_MODEL_DIR, JobArgsError, compile_choice
+from cluster.job.demo import SYNTHETIC_MODEL_DIR
+from cluster.job.job_args import JobArgsError, compile_choice
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "r7iz.metal-16xl"

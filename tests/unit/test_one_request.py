@@ -76,7 +76,7 @@ def test_the_supervisors_relaunch_runs_the_planned_command(tmp_path, monkeypatch
     known = tmp_path / ".ssh" / "xeon-cluster-lab.known_hosts"
     known.parent.mkdir()
     known.write_text("".join(f"node{i} {new_key()}\n" for i in range(3)))
-    from cluster.job.job_args import SYNTHETIC_MODEL_DIR
+    from cluster.job.demo import SYNTHETIC_MODEL_DIR
 
     demo = tmp_path / "xeon-cluster-data" / "synthetic-qa-200" / "train.json"  # made already: not made again here
     demo.parent.mkdir(parents=True)
