@@ -55,7 +55,8 @@ def _opt(group: str, help: str, default: Any = None, **cli: Any) -> Any:  # noqa
     return field(default=default, metadata={"cli": Cli(group, help, **cli)})
 
 
-PROGRAM, TRAINING, RECOVERY, OUTPUT = "program", "training", "spot and recovery", "output"
+CLUSTER, PROGRAM, TRAINING, RECOVERY, OUTPUT = "cluster", "program", "training", "spot and recovery", "output"
+GROUPS = (CLUSTER, PROGRAM, TRAINING, RECOVERY, OUTPUT)  # `fab --help`'s order
 _TRAIN_FILE = "training data (.json/.jsonl)"
 _OWN_ARGS = "arguments of your --script/--module, split like a shell would (arguments after `--` are added)"
 _INSTEAD = "on every rank instead of the built-in job"
@@ -67,7 +68,7 @@ class JobOptions:
     the tasks show it (node_setup/tasks/job_options.py makes their signatures from these fields). Left out: None
     (a switch: False). `of` takes them by name from a mapping (an unknown name is a TypeError)."""
 
-    nodes: int | None = _opt("cluster", "how many nodes to use, master first (1 to the nodes available; left out: "
+    nodes: int | None = _opt(CLUSTER, "how many nodes to use, master first (1 to the nodes available; left out: "
                              "all)", k8s="worker pods, one per node (default 1)", unset="all nodes",
                              k8s_default=1)
     task: str | None = _opt(TRAINING, f"training task: {' or '.join(TASKS)} (training default {TASKS[0]})",
@@ -185,7 +186,7 @@ class JobOptions:
     independent_ranks: bool = _opt(PROGRAM, "with --script/--module: the ranks are meant to run alone (no process "
                                    "group); without it a multi-rank job whose ranks never joined one exits "
                                    f"{TRAINED_ALONE} (each rank trained alone)", False, only=OWN)
-    allow_busy: bool = _opt("cluster", "launch even when a chosen node still runs a rank of another job (or the "
+    allow_busy: bool = _opt(CLUSTER, "launch even when a chosen node still runs a rank of another job (or the "
                             "master its job script); without it such a launch stops before anything starts, naming "
                             "the running job", False)
     resume_arg: str | None = _opt(RECOVERY, "with --managed --script/--module: the words your program gets when the "

@@ -13,12 +13,10 @@ from typing import Any, Callable
 
 from cluster.inventory import Inventory
 from cluster.job import request as rq
-from cluster.job.train_options import DURATION, PROGRAM, RECOVERY, SAME, TRAINING, Cli, JobOptions, kind_of
+from cluster.job.train_options import DURATION, GROUPS, SAME, Cli, JobOptions, kind_of
 from node_setup.tasks.common import Unset, duration_or_off, given, task
 
 TRAIN, K8S = "train", "k8s-job"
-CLUSTER_GROUP = "cluster"
-_GROUP_ORDER = (CLUSTER_GROUP, PROGRAM, TRAINING, RECOVERY, "output")
 
 
 def _default(cli: Cli, kind: Any, default: Any, which: str) -> Any:
@@ -49,7 +47,7 @@ def job_task(which: str, own: dict[str, tuple[Any, Cli]]) -> Callable:
 
         parameters = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         helps: dict[str, str] = {}
-        groups: dict[str, list[str]] = {title: [] for title in _GROUP_ORDER}
+        groups: dict[str, list[str]] = {title: [] for title in GROUPS}
         paths: dict[str, list[str]] = {"path": [], "maybe": []}
         for name, (default, cli) in declared.items():
             kind = kind_of(name) if name in shared else type(default)

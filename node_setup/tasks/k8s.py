@@ -17,37 +17,36 @@ from cluster.job.k8s import K8sJobError
 from cluster.job.launch import LaunchError, env_pairs
 from cluster.job.layout import LayoutError
 from cluster.job.request import RequestError
-from cluster.job.train_options import Cli, JobOptions, k8s_request
+from cluster.job.train_options import CLUSTER, OUTPUT, Cli, JobOptions, k8s_request
 from cluster.job.userjob import NO_SIGNAL, UserJobError, human_bytes
 from cluster.node.profiles import PROFILES
 from cluster.job.torchrun import TorchrunError
 from node_setup.tasks import job_options
 from node_setup.tasks.common import Unset, fail
-from node_setup.tasks.job_options import CLUSTER_GROUP
 
 
 @job_options.job_task(job_options.K8S, own={
-    "api": (k8s.DEFAULT_API, Cli(CLUSTER_GROUP, f"which Kubeflow API: {k8s.API_PYTORCHJOB} (the training operator's "
+    "api": (k8s.DEFAULT_API, Cli(CLUSTER, f"which Kubeflow API: {k8s.API_PYTORCHJOB} (the training operator's "
                                  f"kubeflow.org/v1 PyTorchJob, the default) or {k8s.API_TRAINJOB} (Kubeflow Trainer "
                                  f"v2.3+'s TrainJob on the {trainjob.RUNTIME} runtime)")),
-    "image": ("", Cli(CLUSTER_GROUP, "the training image (built from docker/Dockerfile and pushed), e.g. "
+    "image": ("", Cli(CLUSTER, "the training image (built from docker/Dockerfile and pushed), e.g. "
                       "registry.example.com/xeon-cluster:0.1.0")),
-    "instance_type": (k8s.DEFAULT_INSTANCE_TYPE, Cli(CLUSTER_GROUP, "the nodes' EC2 instance type, matched by the "
+    "instance_type": (k8s.DEFAULT_INSTANCE_TYPE, Cli(CLUSTER, "the nodes' EC2 instance type, matched by the "
                                                      f"node selector {k8s.INSTANCE_TYPE_LABEL} (default "
                                                      f"{k8s.DEFAULT_INSTANCE_TYPE})")),
-    "cores": (Unset(int, "all but the kubelet's"), Cli(CLUSTER_GROUP, "physical cores per pod (default all but "
+    "cores": (Unset(int, "all but the kubelet's"), Cli(CLUSTER, "physical cores per pod (default all but "
                                                        f"{k8s.KUBELET_RESERVE_CORES_PER_SOCKET} per socket, left to "
                                                        "the kubelet); CPU requests = limits = these cores' hardware "
                                                        "threads")),
-    "profile": ("stock", Cli(CLUSTER_GROUP, f"software profile of the image: {' or '.join(sorted(PROFILES))} "
+    "profile": ("stock", Cli(CLUSTER, f"software profile of the image: {' or '.join(sorted(PROFILES))} "
                              "(default stock)")),
-    "name": (k8s.DEFAULT_NAME, Cli(CLUSTER_GROUP, "the job's name, also the rendezvous id and the output folder "
+    "name": (k8s.DEFAULT_NAME, Cli(CLUSTER, "the job's name, also the rendezvous id and the output folder "
                                    f"(default {k8s.DEFAULT_NAME})")),
-    "namespace": (k8s.DEFAULT_NAMESPACE, Cli(CLUSTER_GROUP, f"its namespace (default {k8s.DEFAULT_NAMESPACE})")),
-    "pvc": ("", Cli(CLUSTER_GROUP, f"PersistentVolumeClaim mounted at {k8s.WORK_MOUNT} in every pod: data, caches, "
+    "namespace": (k8s.DEFAULT_NAMESPACE, Cli(CLUSTER, f"its namespace (default {k8s.DEFAULT_NAMESPACE})")),
+    "pvc": ("", Cli(CLUSTER, f"PersistentVolumeClaim mounted at {k8s.WORK_MOUNT} in every pod: data, caches, "
                     "checkpoints (ReadWriteMany, so every pod sees rank 0's checkpoints); default an emptyDir, lost "
                     "with the pod")),
-    "output": ("", Cli("output", "write the manifest to this file (default: stdout)")),
+    "output": ("", Cli(OUTPUT, "write the manifest to this file (default: stdout)")),
 })
 def k8s_job(c, options: JobOptions, api: str, image: str, instance_type: str, cores: Any, profile: str, name: str,
             namespace: str, pvc: str, output: str):

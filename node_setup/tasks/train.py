@@ -15,26 +15,25 @@ from cluster.job.jobplan import new_job_id, plan
 from cluster.job.launch import LaunchError
 from cluster.job.layout import LayoutError
 from cluster.job.request import RequestError
-from cluster.job.train_options import Cli, JobOptions
+from cluster.job.train_options import CLUSTER, OUTPUT, Cli, JobOptions
 from cluster.job.userjob import UserJobError
 from cluster.run.supervision import SupervisionError
 from node_setup.tasks import common, job_options, job_run
 from node_setup.tasks import managed as managed_run
 from node_setup.tasks.common import CLUSTER_HELP, REGION_HELP, fail
-from node_setup.tasks.job_options import CLUSTER_GROUP
 
 REFUSED = (RequestError, UserJobError, SupervisionError, InventoryError, LayoutError, LaunchError, JobArgsError,
            ValueError)
 
 
 @job_options.job_task(job_options.TRAIN, own={
-    "cluster": ("", Cli(CLUSTER_GROUP, CLUSTER_HELP, path="maybe")),
-    "region": ("", Cli(CLUSTER_GROUP, REGION_HELP)),
-    "dry_run": (False, Cli(CLUSTER_GROUP, "print nodes, layout, full command and environment (and for --script: "
+    "cluster": ("", Cli(CLUSTER, CLUSTER_HELP, path="maybe")),
+    "region": ("", Cli(CLUSTER, REGION_HELP)),
+    "dry_run": (False, Cli(CLUSTER, "print nodes, layout, full command and environment (and for --script: "
                            "the copy and install plans); connect to nothing")),
-    "all_ranks": (False, Cli("output", "the log shows the metrics every rank prints, not rank 0's only (as "
+    "all_ranks": (False, Cli(OUTPUT, "the log shows the metrics every rank prints, not rank 0's only (as "
                              "`fab logs --all-ranks`)")),
-    "file": ("", Cli(CLUSTER_GROUP, "a YAML job file holding any of these options (`nodes: 4`, `batch-size: 16`, "
+    "file": ("", Cli(CLUSTER, "a YAML job file holding any of these options (`nodes: 4`, `batch-size: 16`, "
                      "`script: train.py`); options on the command line win; paths in it are relative to its "
                      "folder")),
 })
