@@ -116,7 +116,7 @@ def own_program(options: JobOptions | dict[str, Any], profile: str) -> rq.OwnPro
 
 
 def train_request(options: JobOptions, inventory: Inventory, *, run_id: str) -> tuple[rq.RunRequest, list[str]]:
-    """fab train's options (plain: left out is None) made into the run's request, and the lines to print (the
+    """fab train's options (left out: None) made into the run's request, and the lines to print (the
     calibration's note, the measured layout, the compile decision). RequestError/UserJobError: one line."""
     from node_setup import calibrations
     from node_setup.backends import backend_for
