@@ -5,6 +5,7 @@ node_setup/tasks/job_options.py; RequestError (one line naming the option) for a
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
@@ -29,7 +30,7 @@ from cluster.run.recovery import DEFAULT_MAX_RECOVERIES, DEFAULT_WAIT_FOR_CAPACI
 
 PIN_CHOICES = {"": None, "on": True, "true": True, "off": False, "false": False}
 TRUE_WORDS, FALSE_WORDS = ("", "true", "yes", "1", "on"), ("false", "no", "0", "off")
-BUILTIN, OWN, MANAGED = "builtin", "own", "managed"  # the options that mean something only to one of them
+BUILTIN, OWN, MANAGED = rq.BUILTIN, rq.OWN, "managed"  # the options that mean something only to one of them
 SAME = "same"  # `fab k8s-job` takes the option with fab train's help text
 DURATION = "duration"  # a duration option (90s, 30m; off or 0: none): seconds
 
@@ -58,7 +59,6 @@ def _opt(group: str, help: str, default: Any = None, **cli: Any) -> Any:  # noqa
 CLUSTER, PROGRAM, TRAINING, RECOVERY, OUTPUT = "cluster", "program", "training", "spot and recovery", "output"
 GROUPS = (CLUSTER, PROGRAM, TRAINING, RECOVERY, OUTPUT)  # `fab --help`'s order
 _TRAIN_FILE = "training data (.json/.jsonl)"
-_OWN_ARGS = "arguments of your --script/--module, split like a shell would (arguments after `--` are added)"
 _INSTEAD = "on every rank instead of the built-in job"
 
 
@@ -135,7 +135,8 @@ class JobOptions:
     module: str | None = _opt(PROGRAM, f"run `python -m MODULE` (found in --workdir or the node venv) {_INSTEAD}",
                               k8s=f"run `python -m MODULE` (found in --workdir or the image's venv) {_INSTEAD}",
                               only=OWN)
-    args: str | None = _opt(PROGRAM, _OWN_ARGS, k8s=SAME, only=OWN)
+    args: str | None = _opt(PROGRAM, "arguments of your --script/--module, split like a shell would (arguments after "
+                            "`--` are added)", k8s=SAME, only=OWN)
     workdir: str | None = _opt(PROGRAM, "folder copied to every node, where the ranks start (default: the script's "
                                "folder; with --module the current folder); .git, __pycache__, virtual environments "
                                "and what its .gitignore lists stay here", k8s="folder of your program, copied into "
@@ -213,9 +214,14 @@ class JobOptions:
         return _given(getattr(self, name))
 
 
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return get_type_hints(JobOptions)  # evaluated once: every fab start reads each field's
+
+
 def kind_of(name: str) -> Any:
     """The type of the field `name` without None (int for `int | None`)."""
-    hint = get_type_hints(JobOptions)[name]
+    hint = _hints()[name]
     return next((a for a in get_args(hint) if a is not type(None)), hint)
 
 
