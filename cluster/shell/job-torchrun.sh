@@ -6,6 +6,8 @@
 # lines "[node rR] "), and writes its pid, its log and the job's exit code into the job directory:
 # with a fixed node count the first non-zero code of any node's torchrun (which ends the others), in
 # an elastic run the master's (it holds the rendezvous; another node may leave without ending the job).
+# Once the master's torchrun has ended (rank 0 and the rendezvous are done), a node's torchrun still
+# running END_WAIT seconds later is ended, and its code no longer changes the job's.
 # Header: the exported XEON_CLUSTER_JOB, MASTER_ADDR (the rendezvous host), MASTER_PORT (its port);
 # JOB_DIR (relative to $HOME), WORLD_SIZE, RANKS_PER_NODE, NNODES (N or MIN:MAX), ELASTIC (yes/no),
 # NODES (node names, master first), COMMANDS (each node's command line, shell-quoted) and
@@ -56,8 +58,8 @@ while [ "$left" -gt 0 ]; do
     wait "${pids[i]}"; c=$?; codes[i]=$c; left=$((left - 1))
     [ "$c" = 0 ] || echo "[xeon-cluster] node ${NODES[i]}: torchrun exited with code $c"
     if [ "$ELASTIC" != yes ] || [ "$i" = 0 ]; then
-      if [ -z "$code" ] || [ "$code" = 0 ]; then code=$c; fi
-      if [ "$ELASTIC" = yes ] || [ "$c" != 0 ]; then over=${over:-$SECONDS}; fi
+      if [ -z "$code" ] || { [ "$code" = 0 ] && [ "$stopped" = no ]; }; then code=$c; fi
+      if [ "$i" = 0 ] || [ "$c" != 0 ]; then over=${over:-$SECONDS}; fi
       if [ "$c" != 0 ] && [ "$stopped" = no ] && [ "$left" -gt 0 ]; then stop_others; fi
     fi
   done
