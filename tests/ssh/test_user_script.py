@@ -23,6 +23,8 @@ import pytest
 
 from cluster.job.jobplan import LOCAL_OUTPUT_ROOT
 from cluster.node.profiles import PROFILES, venv_dir
+from cluster.job.launch import JOBS_DIR
+from tests.ssh.jobs_on_nodes import newest_job, node_home
 from tests.ssh.shared_venv import marker_restored, setup_lock_held
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +84,16 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 
 def fab(cluster, *args, timeout=300, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
-                          env={**cluster.env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run([*FAB, *args, "--cluster", cluster.cluster_arg], cwd=REPO_ROOT,
+                              env={**cluster.env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:  # what the job was doing, so that the failure says why
+        job = newest_job(cluster)
+        log = node_home(cluster) / JOBS_DIR / job / "log" if job else None
+        tail = log.read_text(errors="replace")[-8000:] if log and log.is_file() else "(no job log)"
+        said = b"".join(o if isinstance(o, bytes) else o.encode() for o in (exc.stdout, exc.stderr) if o)
+        pytest.fail(f"fab {args[0]} ran past {timeout} s; the newest job ({job}) on the master logged:\n{tail}\n"
+                    f"fab printed:\n{said.decode(errors='replace')[-4000:]}")
 
 
 def write(folder: Path, files: dict[str, str]) -> Path:
