@@ -9,6 +9,7 @@ import re
 from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
 _NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
@@ -58,10 +59,10 @@ def flag(setting: str, value: object) -> None:
         raise refuse(setting, value, "true or false")
 
 
-def passes(check: Callable[[T], object], value: T, error: type[Exception]) -> None:
+def passes(check: Callable[[T], R], value: T, error: type[Exception] | tuple[type[Exception], ...]) -> R:
     """`check(value)`, its `error` (one line naming the setting) raised as a RequestError."""
     try:
-        check(value)
+        return check(value)
     except error as exc:
         raise RequestError(str(exc)) from None
 

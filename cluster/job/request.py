@@ -1,8 +1,6 @@
 """One training run as a typed, frozen value (pure): `RunRequest` and its parts, each value checked as it is
-made (RequestError: one line naming the setting). `to_mapping`/`from_mapping` are its serialized form (the run
-spec, cluster/run/runspec.py), read back through the same checks; this controller's local files are left out.
-Command lines are made from it at the last step (cluster/job/jobplan.py, cluster/job/k8s.py), never read back.
-"""
+made (RequestError: one line naming the setting); `to_mapping`/`from_mapping`, its serialized form (the run spec)
+read back through the same checks (docs/design.md, the layers: Request)."""
 
 from __future__ import annotations
 
@@ -127,14 +125,8 @@ class BuiltinJob:
             raise RequestError(f"--ddp-bucket-mb: {self.ddp_bucket_mb!r} is not allowed; give a positive number of MB "
                                "(DDP's default is 25)")
         ck.choice("--compile", self.compile, COMPILE_CHOICES)
-        if self.compile_estimate is not None:
-            estimate = self.compile_estimate
-            if not isinstance(estimate, tuple) or len(estimate) != 3:
-                raise ck.refuse("compile estimate", estimate, "three numbers: eager step, compiled step, compile s")
-            for part in estimate:
-                ck.number("compile estimate", part, 0, 1e6)
-        if self.demo is not None and not isinstance(self.demo, Demo):
-            raise ck.refuse("demo", self.demo, "a task and a number of examples")
+        for part in self.compile_estimate or ():  # its shape: the type (from_mapping reads a list of three)
+            ck.number("compile estimate", part, 0, 1e6)
         if self.demo is not None and (self.model or self.dataset or self.train_file):
             raise RequestError("--synthetic-examples: the offline demo brings its own model and data; leave out "
                                "--model, --dataset and --train-file, or drop --synthetic-examples")
@@ -146,22 +138,17 @@ def workdir_digest(copy: CopyPlan) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((f.path, f.digest) for f in copy.files))
 
 
-def _check_workdir_files(files: object) -> None:
+def _check_workdir_files(files: tuple[tuple[str, str], ...]) -> None:
     setting = "workdir digest"
-    if not isinstance(files, tuple):
-        raise ck.refuse(setting, files, "a list of [path, SHA-256] pairs")
     seen: set[str] = set()
-    for pair in files:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-            raise ck.refuse(setting, pair, "[path, SHA-256] pairs")
-        path, digest = pair
+    for path, digest in files:  # pairs: the type (from_mapping reads lists of two)
         ck.line(setting, path, optional=False, pattern=_FILE_RE)
         try:
             check_entry_path(path)
         except UserJobError:
             raise ck.refuse(setting, path, "paths inside the workdir") from None
-        if not _SHA256_RE.match(digest):
-            raise ck.refuse(f"{setting} {path}", digest, "a SHA-256 digest (64 hex digits)")
+        ck.line(f"{setting} {path}", digest, optional=False, pattern=_SHA256_RE,
+                allowed="a SHA-256 digest (64 hex digits)")
         if path in seen:
             raise ck.refuse(setting, path, "each path once")
         seen.add(path)
@@ -201,8 +188,6 @@ class OwnProgram:
                 raise ck.refuse("--script", self.script, "a path inside the workdir")
         else:
             ck.passes(check_module, str(self.module), UserJobError)
-        if not isinstance(self.args, tuple):
-            raise ck.refuse("--args", self.args, "a list of words")
         for word in self.args:
             ck.line("--args", word, optional=False)
         ck.choice("--notice-signal", self.signal, NOTICE_SIGNALS)
@@ -281,8 +266,6 @@ class RunRequest:
         if not isinstance(self.run_id, str) or not RUN_ID_RE.match(self.run_id):
             raise ck.refuse("run id", self.run_id, "a job id such as 20261123-101500-ab12")
         ck.whole("--nodes", self.nodes, 1, MAX_NODES, optional=False)
-        if not isinstance(self.program, (BuiltinJob, OwnProgram)):
-            raise ck.refuse("program", self.program, "the built-in job or your own program")
         for name in self.allow_env:
             parse_allow_env(name)
         if len({name for name, _ in self.env}) != len(self.env):
