@@ -4,9 +4,10 @@ the value and what is allowed (cluster/job/request.py, cluster/job/run_env.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -54,9 +55,26 @@ def choice(setting: str, value: object, choices: Iterable[object], *, optional: 
     raise RequestError(f"{setting}: {value!r} is not allowed; choose {' or '.join(str(c) for c in choices)}")
 
 
-def flag(setting: str, value: object) -> None:
-    if not isinstance(value, bool):
+def flag(setting: str, value: object, *, optional: bool = False) -> None:
+    if not isinstance(value, bool) and not (value is None and optional):
         raise refuse(setting, value, "true or false")
+
+
+def rule(check: Callable[..., None], setting: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A dataclass field's metadata: its value is checked by `check(setting, value, *args, **kwargs)` (`fields`)."""
+    return {"check": lambda value: check(setting, value, *args, **kwargs)}
+
+
+def checked(default: Any, check: Callable[..., None], setting: str, *args: Any, **kwargs: Any) -> Any:
+    """A dataclass field with its default and its `rule`."""
+    return dataclasses.field(default=default, metadata=rule(check, setting, *args, **kwargs))
+
+
+def fields(value: Any) -> None:
+    """Each field of the dataclass `value` through its check (`checked`), in their order."""
+    for f in dataclasses.fields(value):
+        if "check" in f.metadata:
+            f.metadata["check"](getattr(value, f.name))
 
 
 def passes(check: Callable[[T], R], value: T, error: type[Exception] | tuple[type[Exception], ...]) -> R:
