@@ -226,9 +226,6 @@ def kind_of(name: str) -> Any:
     return next((a for a in get_args(hint) if a is not type(None)), hint)
 
 
-_BY_FIELD = {name: (flag, option) for flag, (name, option) in TYPED_FLAGS.items()}
-
-
 def options_for(only: str) -> tuple[str, ...]:
     """The options (fields) that mean something only to `only` (BUILTIN, OWN or MANAGED), in declaration order."""
     return tuple(f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only)
@@ -249,8 +246,8 @@ def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
     """The values --extra's typed flags gave (parse_extra's), read by their option's type; given as that option
     too is refused."""
     found: dict[str, Any] = {}
-    for name, text in typed.items():
-        flag, option = _BY_FIELD[name]
+    for flag, text in typed.items():
+        name, option = TYPED_FLAGS[flag]
         target = "checkpoint_every" if name == "checkpoint_minutes" else name
         if target != "compile_estimate" and options.given(target) and getattr(options, target) != "auto":
             raise rq.RequestError(f"--extra: {flag} repeats {option}; give it once")
