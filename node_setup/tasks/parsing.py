@@ -15,10 +15,9 @@ from invoke.parser import parser as invoke_parser
 from invoke.parser.context import to_flag
 from invoke.program import Program
 
-from node_setup.tasks.common import DURATION_KINDS, fail
+from node_setup.tasks.common import DURATION_KINDS, NUMBER_WORDS, fail
 
 _UNKNOWN = re.compile(r"No idea what '(?P<token>.*)' is!\Z", re.S)
-_KIND_WORDS = {int: "a whole number", float: "a number", str: "a value", list: "a value"}
 
 
 def suggestion(token: str, candidates: list[str]) -> str:
@@ -45,7 +44,7 @@ def _error(machine: invoke_parser.ParseMachine, msg: str) -> None:  # ParseMachi
                                    context.name if context is not None else None))
     flag = machine.flag
     if flag is not None and "needed value" in msg:
-        word = "a duration such as 30m" if flag.kind in DURATION_KINDS else _KIND_WORDS.get(flag.kind, "a value")
+        word = "a duration such as 30m" if flag.kind in DURATION_KINDS else NUMBER_WORDS.get(flag.kind, "a value")
         raise fail(f"--{flag.name.replace('_', '-')} needs a value ({word})")
     raise fail(msg)
 
@@ -58,14 +57,13 @@ def _value(machine: invoke_parser.ParseMachine, value) -> None:
     first, common.CheckedArgument)."""
     try:
         _see_value(machine, value)
-    except (TypeError, ValueError):
-        flag = machine.flag
-        name = max(flag.names, key=len).replace("_", "-") if flag is not None else "option"
-        word = _KIND_WORDS.get(flag.kind, "a value") if flag is not None else "a value"
-        core = machine.context is None or machine.context.name is None or \
-            (flag is not None and flag not in set(machine.context.flags.values()))
-        raise fail(f"--{name}: {value!r} is not {word}" + (" (an option of fab itself, given before the task: "
-                                                           "`fab --help` lists them)" if core else "")) from None
+    except (TypeError, ValueError):  # raised by the flag's value setter: the flag is the one being read
+        flag, context = machine.flag, machine.context
+        assert flag is not None
+        core = context is None or context.name is None or flag not in set(context.flags.values())
+        raise fail(f"--{max(flag.names, key=len).replace('_', '-')}: {value!r} is not "
+                   f"{NUMBER_WORDS.get(flag.kind, 'a value')}" + (" (an option of fab itself, given before the task: "
+                                                                  "`fab --help` lists them)" if core else "")) from None
 
 
 def _cleanup(program: Program) -> None:
