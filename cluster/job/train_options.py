@@ -226,9 +226,11 @@ def kind_of(name: str) -> Any:
     return next((a for a in get_args(hint) if a is not type(None)), hint)
 
 
-def options_for(only: str) -> tuple[str, ...]:
-    """The options (fields) that mean something only to `only` (BUILTIN, OWN or MANAGED), in declaration order."""
-    return tuple(f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only)
+def _first_given(o: JobOptions, only: str, but: str = "") -> str | None:
+    """The first option given (by declaration order) of those that mean something only to `only` (BUILTIN, OWN or
+    MANAGED), `but` left out."""
+    return next((f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only
+                 and f.name != but and o.given(f.name)), None)
 
 
 def _option(name: str) -> str:
@@ -331,14 +333,13 @@ def check_program_options(o: JobOptions, own: rq.OwnProgram | None) -> None:
     """Your own program's options only with --script/--module (`own`), the built-in job's only without it
     (fab train's and fab k8s-job's options); RequestError naming the first one given otherwise."""
     if own is None:
-        used = next((name for name in options_for(OWN) if o.given(name)), None)
+        used = _first_given(o, OWN)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
         if o.given("resume_arg"):
             raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
         return
-    used = next((name for name in options_for(BUILTIN)
-                 if o.given(name) and not (name == "compile" and o.compile == "auto")), None)
+    used = _first_given(o, BUILTIN, but="compile" if o.compile == "auto" else "")
     if used or (o.bf16 or "auto") != "auto":
         raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
                               "--script/--module; pass your program's own arguments with --args (or after `--`)")
@@ -363,7 +364,7 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
     if pin not in PIN_CHOICES:
         raise rq.RequestError(f"--pin: {o.pin!r} is not allowed; choose on or off")
     if not o.managed:
-        used = next((name for name in options_for(MANAGED) if o.given(name)), None)
+        used = _first_given(o, MANAGED)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --managed (fab supervises the job and recovers it)")
     nodes = o.nodes or len(inventory.nodes)
