@@ -99,6 +99,7 @@ TYPED_FLAGS = {
     "--peft": ("peft", "--peft"),
 }
 
+
 def typed_arguments(values: dict[str, Any]) -> list[str]:
     """The job's arguments for its typed settings (by TYPED_FLAGS' field names; None and bf16 auto left out),
     in TYPED_FLAGS' order: the one place a typed value becomes a flag and its word."""
