@@ -70,13 +70,11 @@ class JobOptions:
     (a switch: False). `of` takes them by name from a mapping (an unknown name is a TypeError)."""
 
     nodes: int | None = _opt(CLUSTER, "how many nodes to use, master first (1 to the nodes available; left out: "
-                             "all)", k8s="worker pods, one per node (default 1)", unset="all nodes",
-                             k8s_default=1)
+                             "all)", k8s="worker pods, one per node (default 1)", unset="all nodes", k8s_default=1)
     task: str | None = _opt(TRAINING, f"training task: {' or '.join(TASKS)} (training default {TASKS[0]})",
                             k8s=SAME, only=BUILTIN)
     model: str | None = _opt(TRAINING, "model id or a directory on the nodes (--model_name_or_path)",
-                             k8s="model id, or a directory relative to the volume (--model_name_or_path)",
-                             only=BUILTIN)
+                             k8s="model id, or a directory relative to the volume (--model_name_or_path)", only=BUILTIN)
     dataset: str | None = _opt(TRAINING, "hub dataset name (default squad for qa, glue/mrpc for classification)",
                                k8s=SAME, only=BUILTIN)
     dataset_config: str | None = _opt(TRAINING, "hub dataset configuration (e.g. mrpc)", k8s=SAME, only=BUILTIN)
@@ -127,8 +125,7 @@ class JobOptions:
     synthetic_examples: int | None = _opt(TRAINING, "train the offline demo (a tiny model and data made on every "
                                           "node) with N examples; the default on a local cluster without --model/"
                                           "--dataset/--train-file (2000 examples)", k8s="train the offline demo (a "
-                                          "tiny model and data made on every node first) with N examples",
-                                          only=BUILTIN)
+                                          "tiny model and data made on every node first) with N examples", only=BUILTIN)
     script: str | None = _opt(PROGRAM, f"run your own training script (a .py file in --workdir) {_INSTEAD}",
                               k8s=f"run your own training script (a .py file in --workdir) {_INSTEAD}; the workdir "
                               f"goes in a ConfigMap (at most {human_bytes(k8s.CONFIGMAP_LIMIT_BYTES)})", path="path",
