@@ -16,7 +16,7 @@ from cluster.job.job_args import (BF16_CHOICES, COMPILE_CHOICES, GRAD_COMM_CHOIC
 from cluster.job.launch import DEFAULT_LAUNCHER, LAUNCHERS
 from cluster.job.lora import PEFT_CHOICES
 from cluster.job import checks as ck
-from cluster.job.checks import RequestError, check_node_path, checked
+from cluster.job.checks import RequestError, check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
 from cluster.durations import format_duration
 from cluster.names import UnsafeValue, job_name
@@ -41,9 +41,9 @@ _LOCAL = {"local": True}  # a field's metadata: this controller's own, left out 
 class Launcher:
     """What starts the ranks: mpirun, or torchrun per node (elastic down to `min_nodes`)."""
 
-    name: str = checked(DEFAULT_LAUNCHER, ck.choice, "--launcher", LAUNCHERS, optional=False)
-    min_nodes: int | None = checked(None, ck.whole, "--min-nodes", 1, MAX_NODES)
-    max_restarts: int | None = checked(None, ck.whole, "--max-restarts", 0, 1000)
+    name: str = ck.checked(DEFAULT_LAUNCHER, ck.choice, "--launcher", LAUNCHERS, optional=False)
+    min_nodes: int | None = ck.checked(None, ck.whole, "--min-nodes", 1, MAX_NODES)
+    max_restarts: int | None = ck.checked(None, ck.whole, "--max-restarts", 0, 1000)
 
     def __post_init__(self) -> None:
         ck.fields(self)
@@ -56,10 +56,10 @@ class Launcher:
 class LayoutRequest:
     """The layout asked for (None: the rule's or a measured one, cluster/job/layout.py)."""
 
-    ranks_per_node: int | None = checked(None, ck.whole, "--ranks-per-node", 1, 4096)
-    threads_per_rank: int | None = checked(None, ck.whole, "--threads", 1, 4096)
-    ccl_workers: int | None = checked(None, ck.whole, "--ccl-workers", 0, 4096)
-    pin: bool | None = checked(None, ck.flag, "--pin", optional=True)
+    ranks_per_node: int | None = ck.checked(None, ck.whole, "--ranks-per-node", 1, 4096)
+    threads_per_rank: int | None = ck.checked(None, ck.whole, "--threads", 1, 4096)
+    ccl_workers: int | None = ck.checked(None, ck.whole, "--ccl-workers", 0, 4096)
+    pin: bool | None = ck.checked(None, ck.flag, "--pin", optional=True)
 
     def __post_init__(self) -> None:
         ck.fields(self)
@@ -70,7 +70,7 @@ class Demo:
     """The offline demo (training/synthetic.py): every node writes it first, rebuilt from these two."""
 
     task: str = field(metadata=ck.rule(ck.choice, "--task", TASKS, optional=False))
-    examples: int | None = checked(None, ck.whole, "--synthetic-examples", 1, 10**9)
+    examples: int | None = ck.checked(None, ck.whole, "--synthetic-examples", 1, 10**9)
 
     def __post_init__(self) -> None:
         ck.fields(self)
@@ -80,21 +80,21 @@ class Demo:
 class BuiltinJob:
     """`python -m training` with its typed settings; `extra`: its other arguments (--extra), checked."""
 
-    task: str | None = checked(None, ck.choice, "--task", TASKS)
-    model: str | None = checked(None, ck.line, "--model")
-    dataset: str | None = checked(None, ck.line, "--dataset")
-    dataset_config: str | None = checked(None, ck.line, "--dataset-config")
-    train_file: str | None = checked(None, ck.line, "--train-file")  # on the nodes
-    validation_file: str | None = checked(None, ck.line, "--validation-file")
-    epochs: float | None = checked(None, ck.number, "--epochs", 0, 1e6, above=True)
-    batch_size: int | None = checked(None, ck.whole, "--batch-size", 1, 1 << 20)
-    max_steps: int | None = checked(None, ck.whole, "--max-steps", 1, 1 << 40)
-    bf16: str = checked("auto", ck.choice, "--bf16", BF16_CHOICES, optional=False)
-    grad_comm: str | None = checked(None, ck.choice, "--grad-comm", GRAD_COMM_CHOICES)
+    task: str | None = ck.checked(None, ck.choice, "--task", TASKS)
+    model: str | None = ck.checked(None, ck.line, "--model")
+    dataset: str | None = ck.checked(None, ck.line, "--dataset")
+    dataset_config: str | None = ck.checked(None, ck.line, "--dataset-config")
+    train_file: str | None = ck.checked(None, ck.line, "--train-file")  # on the nodes
+    validation_file: str | None = ck.checked(None, ck.line, "--validation-file")
+    epochs: float | None = ck.checked(None, ck.number, "--epochs", 0, 1e6, above=True)
+    batch_size: int | None = ck.checked(None, ck.whole, "--batch-size", 1, 1 << 20)
+    max_steps: int | None = ck.checked(None, ck.whole, "--max-steps", 1, 1 << 40)
+    bf16: str = ck.checked("auto", ck.choice, "--bf16", BF16_CHOICES, optional=False)
+    grad_comm: str | None = ck.checked(None, ck.choice, "--grad-comm", GRAD_COMM_CHOICES)
     ddp_bucket_mb: float | None = None
-    compile: str | None = checked(None, ck.choice, "--compile", COMPILE_CHOICES)  # None: the job's own default
+    compile: str | None = ck.checked(None, ck.choice, "--compile", COMPILE_CHOICES)  # None: the job's own default
     compile_estimate: tuple[float, float, float] | None = None  # fab bench's: eager step, compiled step, compile s
-    peft: str | None = checked(None, ck.choice, "--peft", PEFT_CHOICES)  # None: the job's own default (none)
+    peft: str | None = ck.checked(None, ck.choice, "--peft", PEFT_CHOICES)  # None: the job's own default (none)
     demo: Demo | None = None
     extra: tuple[ExtraArg, ...] = ()
 
@@ -147,17 +147,17 @@ class OwnProgram:
     `workdir_files`: the workdir's digest (`workdir_digest`), the copy plan's when one is given; None: not
     recorded. `workdir_changed_ok`: --workdir-changed-ok, a resumed run copied a workdir that had changed."""
 
-    script: str | None = checked(None, ck.line, "--script", pattern=_SCRIPT_RE)  # relative to the workdir
+    script: str | None = ck.checked(None, ck.line, "--script", pattern=_SCRIPT_RE)  # relative to the workdir
     module: str | None = None
     args: tuple[str, ...] = ()
-    signal: str | None = checked("SIGUSR1", ck.choice, "--notice-signal", NOTICE_SIGNALS)
-    workdir: str = checked("", ck.line, "--workdir", optional=False)
-    workdir_limit_mb: int = checked(200, ck.whole, "--workdir-limit-mb", 1, 1 << 30, optional=False)
-    requirements: str | None = checked(None, ck.line, "--requirements")
-    resume_arg: str = checked("", ck.line, "--resume-arg", optional=False)
-    independent_ranks: bool = checked(False, ck.flag, "--independent-ranks")
+    signal: str | None = ck.checked("SIGUSR1", ck.choice, "--notice-signal", NOTICE_SIGNALS)
+    workdir: str = ck.checked("", ck.line, "--workdir", optional=False)
+    workdir_limit_mb: int = ck.checked(200, ck.whole, "--workdir-limit-mb", 1, 1 << 30, optional=False)
+    requirements: str | None = ck.checked(None, ck.line, "--requirements")
+    resume_arg: str = ck.checked("", ck.line, "--resume-arg", optional=False)
+    independent_ranks: bool = ck.checked(False, ck.flag, "--independent-ranks")
     workdir_files: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
-    workdir_changed_ok: bool = checked(False, ck.flag, CHANGED_OK_OPTION)
+    workdir_changed_ok: bool = ck.checked(False, ck.flag, CHANGED_OK_OPTION)
     copy: CopyPlan | None = field(default=None, compare=False, repr=False, metadata=_LOCAL)
     install: RequirementsPlan | None = field(default=None, compare=False, repr=False, metadata=_LOCAL)
 
@@ -189,10 +189,10 @@ class OwnProgram:
 class Managed:
     """`fab train --managed`: the supervisor's settings."""
 
-    max_recoveries: int = checked(3, ck.whole, "--max-recoveries", 0, 1000, optional=False)
-    min_nodes: int = checked(1, ck.whole, "--min-nodes", 1, MAX_NODES, optional=False)
-    wait_s: float = checked(900.0, ck.number, "--wait-for-capacity", 0, MAX_WAIT_S)
-    detach: bool = checked(False, ck.flag, "--detach")
+    max_recoveries: int = ck.checked(3, ck.whole, "--max-recoveries", 0, 1000, optional=False)
+    min_nodes: int = ck.checked(1, ck.whole, "--min-nodes", 1, MAX_NODES, optional=False)
+    wait_s: float = ck.checked(900.0, ck.number, "--wait-for-capacity", 0, MAX_WAIT_S)
+    detach: bool = ck.checked(False, ck.flag, "--detach")
 
     def __post_init__(self) -> None:
         ck.fields(self)
@@ -226,14 +226,15 @@ class RunRequest:
     env: tuple[tuple[str, str], ...] = ()
     allow_env: tuple[str, ...] = ()
     # None: the default (cluster/job/jobplan.py's output root / run id)
-    output_dir: str | None = checked(None, check_node_path, "--output-dir")
-    checkpoint_every_s: float | None = checked(None, ck.number, "--checkpoint-every", 0, 10 * 365 * 86400)  # 0: at end
+    output_dir: str | None = ck.checked(None, check_node_path, "--output-dir")
+    # 0: only at the end
+    checkpoint_every_s: float | None = ck.checked(None, ck.number, "--checkpoint-every", 0, 10 * 365 * 86400)
     checkpoint_uri: str | None = None
-    resume: bool = checked(False, ck.flag, "--resume")
+    resume: bool = ck.checked(False, ck.flag, "--resume")
     managed: Managed | None = None
-    allow_busy: bool = checked(False, ck.flag, "--allow-busy")
+    allow_busy: bool = ck.checked(False, ck.flag, "--allow-busy")
     # the idle auto-stop armed at the start (the stack's), None: not armed
-    idle_stop_s: int | None = checked(None, ck.whole, "idle auto-stop", 1, MAX_WAIT_S)
+    idle_stop_s: int | None = ck.checked(None, ck.whole, "idle auto-stop", 1, MAX_WAIT_S)
     name: str | None = None  # `fab train --name`: the job's (a supervised run's every job's) name
     data_files: tuple[DataFile, ...] = field(default=(), compare=False, metadata=_LOCAL)
 
