@@ -4,11 +4,13 @@ the value and what is allowed (cluster/job/request.py, cluster/job/run_env.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4000}\Z")  # one line of text
 _NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the nodes (it reaches shells quoted)
@@ -53,15 +55,32 @@ def choice(setting: str, value: object, choices: Iterable[object], *, optional: 
     raise RequestError(f"{setting}: {value!r} is not allowed; choose {' or '.join(str(c) for c in choices)}")
 
 
-def flag(setting: str, value: object) -> None:
-    if not isinstance(value, bool):
+def flag(setting: str, value: object, *, optional: bool = False) -> None:
+    if not isinstance(value, bool) and not (value is None and optional):
         raise refuse(setting, value, "true or false")
 
 
-def passes(check: Callable[[T], object], value: T, error: type[Exception]) -> None:
+def rule(check: Callable[..., None], setting: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A dataclass field's metadata: its value is checked by `check(setting, value, *args, **kwargs)` (`fields`)."""
+    return {"check": lambda value: check(setting, value, *args, **kwargs)}
+
+
+def checked(default: Any, check: Callable[..., None], setting: str, *args: Any, **kwargs: Any) -> Any:
+    """A dataclass field with its default and its `rule`."""
+    return dataclasses.field(default=default, metadata=rule(check, setting, *args, **kwargs))
+
+
+def fields(value: Any) -> None:
+    """Each field of the dataclass `value` through its check (`checked`), in their order."""
+    for f in dataclasses.fields(value):
+        if "check" in f.metadata:
+            f.metadata["check"](getattr(value, f.name))
+
+
+def passes(check: Callable[[T], R], value: T, error: type[Exception] | tuple[type[Exception], ...]) -> R:
     """`check(value)`, its `error` (one line naming the setting) raised as a RequestError."""
     try:
-        check(value)
+        return check(value)
     except error as exc:
         raise RequestError(str(exc)) from None
 

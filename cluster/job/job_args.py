@@ -99,6 +99,7 @@ TYPED_FLAGS = {
     "--peft": ("peft", "--peft"),
 }
 
+
 def typed_arguments(values: dict[str, Any]) -> list[str]:
     """The job's arguments for its typed settings (by TYPED_FLAGS' field names; None and bf16 auto left out),
     in TYPED_FLAGS' order: the one place a typed value becomes a flag and its word."""
@@ -141,7 +142,7 @@ def _unknown(flag: str, setting: str) -> JobArgsError:
 def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[str, str], tuple[ExtraArg, ...]]:
     """The built-in job's other arguments, checked against the flags it accepts (cluster/job/training_flags.py,
     its own parser's: a flag it does not know, a missing or surplus value is one line naming `setting`):
-    (TYPED_FLAGS' values by the request's field, "" for a bare flag; every other argument as an ExtraArg)."""
+    (TYPED_FLAGS' values by flag, "" for a bare flag; every other argument as an ExtraArg)."""
     from cluster.job.training_flags import FLAGS, MANY, NONE, OPTIONAL, VALUE
 
     typed: dict[str, str] = {}
@@ -179,10 +180,9 @@ def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[st
             if not _VALUE_RE.match(value):
                 raise JobArgsError(f"{setting}: {name}: {value[:80]!r} is not allowed; allowed: one line of text")
         if flag in TYPED_FLAGS:
-            field_name, option = TYPED_FLAGS[flag]
-            if field_name in typed:
+            if flag in typed:
                 raise JobArgsError(f"{setting}: {name} is given twice; give it once")
-            typed[field_name] = values[0] if values else ""
+            typed[flag] = values[0] if values else ""
             continue
         found.append(ExtraArg(flag, values))
     return typed, tuple(found)
@@ -191,9 +191,7 @@ def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[st
 def check_extra(extra: Sequence[ExtraArg], setting: str = "--extra") -> None:
     """Extra arguments as a request holds them (a run spec read back): each a flag the job accepts with as many
     values as it takes, none of TYPED_FLAGS (the request holds those typed)."""
-    for arg in extra:
-        if not isinstance(arg, ExtraArg) or not isinstance(arg.flag, str):
-            raise JobArgsError(f"{setting}: {arg!r} is not allowed; allowed: a flag and its values")
+    for arg in extra:  # each an ExtraArg: the type (from_mapping reads [FLAG, VALUE...])
         if arg.flag in TYPED_FLAGS:
             raise JobArgsError(f"{setting}: {arg.flag} is not allowed here; allowed: fab train's "
                                f"{TYPED_FLAGS[arg.flag][1]}")

@@ -1,8 +1,6 @@
 """One training run as a typed, frozen value (pure): `RunRequest` and its parts, each value checked as it is
-made (RequestError: one line naming the setting). `to_mapping`/`from_mapping` are its serialized form (the run
-spec, cluster/run/runspec.py), read back through the same checks; this controller's local files are left out.
-Command lines are made from it at the last step (cluster/job/jobplan.py, cluster/job/k8s.py), never read back.
-"""
+made (RequestError: one line naming the setting); `to_mapping`/`from_mapping`, its serialized form (the run spec)
+read back through the same checks (docs/design.md, the layers: Request)."""
 
 from __future__ import annotations
 
@@ -43,14 +41,12 @@ _LOCAL = {"local": True}  # a field's metadata: this controller's own, left out 
 class Launcher:
     """What starts the ranks: mpirun, or torchrun per node (elastic down to `min_nodes`)."""
 
-    name: str = DEFAULT_LAUNCHER
-    min_nodes: int | None = None
-    max_restarts: int | None = None
+    name: str = ck.checked(DEFAULT_LAUNCHER, ck.choice, "--launcher", LAUNCHERS, optional=False)
+    min_nodes: int | None = ck.checked(None, ck.whole, "--min-nodes", 1, MAX_NODES)
+    max_restarts: int | None = ck.checked(None, ck.whole, "--max-restarts", 0, 1000)
 
     def __post_init__(self) -> None:
-        ck.choice("--launcher", self.name, LAUNCHERS, optional=False)
-        ck.whole("--min-nodes", self.min_nodes, 1, MAX_NODES)
-        ck.whole("--max-restarts", self.max_restarts, 0, 1000)
+        ck.fields(self)
         if self.name != "torchrun" and (self.min_nodes is not None or self.max_restarts is not None):
             raise RequestError(f"{'--min-nodes' if self.min_nodes is not None else '--max-restarts'}: only with "
                                "--launcher torchrun (its elastic agent handles a node that leaves)")
@@ -60,65 +56,52 @@ class Launcher:
 class LayoutRequest:
     """The layout asked for (None: the rule's or a measured one, cluster/job/layout.py)."""
 
-    ranks_per_node: int | None = None
-    threads_per_rank: int | None = None
-    ccl_workers: int | None = None
-    pin: bool | None = None
+    ranks_per_node: int | None = ck.checked(None, ck.whole, "--ranks-per-node", 1, 4096)
+    threads_per_rank: int | None = ck.checked(None, ck.whole, "--threads", 1, 4096)
+    ccl_workers: int | None = ck.checked(None, ck.whole, "--ccl-workers", 0, 4096)
+    pin: bool | None = ck.checked(None, ck.flag, "--pin", optional=True)
 
     def __post_init__(self) -> None:
-        ck.whole("--ranks-per-node", self.ranks_per_node, 1, 4096)
-        ck.whole("--threads", self.threads_per_rank, 1, 4096)
-        ck.whole("--ccl-workers", self.ccl_workers, 0, 4096)
-        if self.pin is not None:
-            ck.flag("--pin", self.pin)
+        ck.fields(self)
 
 
 @dataclass(frozen=True)
 class Demo:
     """The offline demo (training/synthetic.py): every node writes it first, rebuilt from these two."""
 
-    task: str
-    examples: int | None = None
+    task: str = field(metadata=ck.rule(ck.choice, "--task", TASKS, optional=False))
+    examples: int | None = ck.checked(None, ck.whole, "--synthetic-examples", 1, 10**9)
 
     def __post_init__(self) -> None:
-        ck.choice("--task", self.task, TASKS, optional=False)
-        ck.whole("--synthetic-examples", self.examples, 1, 10**9)
+        ck.fields(self)
 
 
 @dataclass(frozen=True)
 class BuiltinJob:
     """`python -m training` with its typed settings; `extra`: its other arguments (--extra), checked."""
 
-    task: str | None = None
-    model: str | None = None
-    dataset: str | None = None
-    dataset_config: str | None = None
-    train_file: str | None = None  # on the nodes
-    validation_file: str | None = None
-    epochs: float | None = None
-    batch_size: int | None = None
-    max_steps: int | None = None
-    bf16: str = "auto"
-    grad_comm: str | None = None
+    task: str | None = ck.checked(None, ck.choice, "--task", TASKS)
+    model: str | None = ck.checked(None, ck.line, "--model")
+    dataset: str | None = ck.checked(None, ck.line, "--dataset")
+    dataset_config: str | None = ck.checked(None, ck.line, "--dataset-config")
+    train_file: str | None = ck.checked(None, ck.line, "--train-file")  # on the nodes
+    validation_file: str | None = ck.checked(None, ck.line, "--validation-file")
+    epochs: float | None = ck.checked(None, ck.number, "--epochs", 0, 1e6, above=True)
+    batch_size: int | None = ck.checked(None, ck.whole, "--batch-size", 1, 1 << 20)
+    max_steps: int | None = ck.checked(None, ck.whole, "--max-steps", 1, 1 << 40)
+    bf16: str = ck.checked("auto", ck.choice, "--bf16", BF16_CHOICES, optional=False)
+    grad_comm: str | None = ck.checked(None, ck.choice, "--grad-comm", GRAD_COMM_CHOICES)
     ddp_bucket_mb: float | None = None
-    compile: str | None = None  # None: the job's own default
+    compile: str | None = ck.checked(None, ck.choice, "--compile", COMPILE_CHOICES)  # None: the job's own default
     compile_estimate: tuple[float, float, float] | None = None  # fab bench's: eager step, compiled step, compile s
-    peft: str | None = None  # None: the job's own default (none)
+    peft: str | None = ck.checked(None, ck.choice, "--peft", PEFT_CHOICES)  # None: the job's own default (none)
     demo: Demo | None = None
     extra: tuple[ExtraArg, ...] = ()
 
     kind = BUILTIN
 
     def __post_init__(self) -> None:
-        ck.choice("--task", self.task, TASKS)
-        for name in ("model", "dataset", "dataset_config", "train_file", "validation_file"):  # one line each
-            ck.line(f"--{name.replace('_', '-')}", getattr(self, name))
-        ck.number("--epochs", self.epochs, 0, 1e6, above=True)
-        ck.whole("--batch-size", self.batch_size, 1, 1 << 20)
-        ck.whole("--max-steps", self.max_steps, 1, 1 << 40)
-        ck.choice("--bf16", self.bf16, BF16_CHOICES, optional=False)
-        ck.choice("--grad-comm", self.grad_comm, GRAD_COMM_CHOICES)
-        ck.choice("--peft", self.peft, PEFT_CHOICES)
+        ck.fields(self)
         if self.peft not in (None, "none") and (self.task or TASKS[0]) != "causal-lm":
             raise RequestError(f"--peft: {self.peft} is not allowed with --task {self.task or TASKS[0]}; allowed: "
                                "--task causal-lm")
@@ -126,15 +109,8 @@ class BuiltinJob:
                 self.ddp_bucket_mb, bool) and math.isfinite(self.ddp_bucket_mb) and self.ddp_bucket_mb > 0):
             raise RequestError(f"--ddp-bucket-mb: {self.ddp_bucket_mb!r} is not allowed; give a positive number of MB "
                                "(DDP's default is 25)")
-        ck.choice("--compile", self.compile, COMPILE_CHOICES)
-        if self.compile_estimate is not None:
-            estimate = self.compile_estimate
-            if not isinstance(estimate, tuple) or len(estimate) != 3:
-                raise ck.refuse("compile estimate", estimate, "three numbers: eager step, compiled step, compile s")
-            for part in estimate:
-                ck.number("compile estimate", part, 0, 1e6)
-        if self.demo is not None and not isinstance(self.demo, Demo):
-            raise ck.refuse("demo", self.demo, "a task and a number of examples")
+        for part in self.compile_estimate or ():  # its shape: the type (from_mapping reads a list of three)
+            ck.number("compile estimate", part, 0, 1e6)
         if self.demo is not None and (self.model or self.dataset or self.train_file):
             raise RequestError("--synthetic-examples: the offline demo brings its own model and data; leave out "
                                "--model, --dataset and --train-file, or drop --synthetic-examples")
@@ -146,22 +122,17 @@ def workdir_digest(copy: CopyPlan) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((f.path, f.digest) for f in copy.files))
 
 
-def _check_workdir_files(files: object) -> None:
+def _check_workdir_files(files: tuple[tuple[str, str], ...]) -> None:
     setting = "workdir digest"
-    if not isinstance(files, tuple):
-        raise ck.refuse(setting, files, "a list of [path, SHA-256] pairs")
     seen: set[str] = set()
-    for pair in files:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-            raise ck.refuse(setting, pair, "[path, SHA-256] pairs")
-        path, digest = pair
+    for path, digest in files:  # pairs: the type (from_mapping reads lists of two)
         ck.line(setting, path, optional=False, pattern=_FILE_RE)
         try:
             check_entry_path(path)
         except UserJobError:
             raise ck.refuse(setting, path, "paths inside the workdir") from None
-        if not _SHA256_RE.match(digest):
-            raise ck.refuse(f"{setting} {path}", digest, "a SHA-256 digest (64 hex digits)")
+        ck.line(f"{setting} {path}", digest, optional=False, pattern=_SHA256_RE,
+                allowed="a SHA-256 digest (64 hex digits)")
         if path in seen:
             raise ck.refuse(setting, path, "each path once")
         seen.add(path)
@@ -176,17 +147,17 @@ class OwnProgram:
     `workdir_files`: the workdir's digest (`workdir_digest`), the copy plan's when one is given; None: not
     recorded. `workdir_changed_ok`: --workdir-changed-ok, a resumed run copied a workdir that had changed."""
 
-    script: str | None = None  # relative to the workdir
+    script: str | None = ck.checked(None, ck.line, "--script", pattern=_SCRIPT_RE)  # relative to the workdir
     module: str | None = None
     args: tuple[str, ...] = ()
-    signal: str | None = "SIGUSR1"
-    workdir: str = ""
-    workdir_limit_mb: int = 200
-    requirements: str | None = None
-    resume_arg: str = ""
-    independent_ranks: bool = False
+    signal: str | None = ck.checked("SIGUSR1", ck.choice, "--notice-signal", NOTICE_SIGNALS)
+    workdir: str = ck.checked("", ck.line, "--workdir", optional=False)
+    workdir_limit_mb: int = ck.checked(200, ck.whole, "--workdir-limit-mb", 1, 1 << 30, optional=False)
+    requirements: str | None = ck.checked(None, ck.line, "--requirements")
+    resume_arg: str = ck.checked("", ck.line, "--resume-arg", optional=False)
+    independent_ranks: bool = ck.checked(False, ck.flag, "--independent-ranks")
     workdir_files: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
-    workdir_changed_ok: bool = False
+    workdir_changed_ok: bool = ck.checked(False, ck.flag, CHANGED_OK_OPTION)
     copy: CopyPlan | None = field(default=None, compare=False, repr=False, metadata=_LOCAL)
     install: RequirementsPlan | None = field(default=None, compare=False, repr=False, metadata=_LOCAL)
 
@@ -195,29 +166,19 @@ class OwnProgram:
     def __post_init__(self) -> None:
         if (self.script is None) == (self.module is None):
             raise RequestError("--script/--module: give one of them (your program)")
-        if self.script is not None:
-            ck.line("--script", self.script, pattern=_SCRIPT_RE)
-            if self.script.startswith("/") or ".." in self.script.split("/"):
-                raise ck.refuse("--script", self.script, "a path inside the workdir")
-        else:
-            ck.passes(check_module, str(self.module), UserJobError)
-        if not isinstance(self.args, tuple):
-            raise ck.refuse("--args", self.args, "a list of words")
+        ck.fields(self)
+        if self.script is not None and (self.script.startswith("/") or ".." in self.script.split("/")):
+            raise ck.refuse("--script", self.script, "a path inside the workdir")
+        if self.module is not None:
+            ck.passes(check_module, self.module, UserJobError)
         for word in self.args:
             ck.line("--args", word, optional=False)
-        ck.choice("--notice-signal", self.signal, NOTICE_SIGNALS)
-        ck.line("--workdir", self.workdir, optional=False)
-        ck.whole("--workdir-limit-mb", self.workdir_limit_mb, 1, 1 << 30, optional=False)
-        ck.line("--requirements", self.requirements)
-        ck.line("--resume-arg", self.resume_arg, optional=False)
         if self.resume_arg:
             ck.passes(resume_words, self.resume_arg, SupervisionError)
-        ck.flag("--independent-ranks", self.independent_ranks)
         if self.workdir_files is None and self.copy is not None:
             object.__setattr__(self, "workdir_files", workdir_digest(self.copy))
         if self.workdir_files is not None:
             _check_workdir_files(self.workdir_files)
-        ck.flag(CHANGED_OK_OPTION, self.workdir_changed_ok)
 
     @property
     def program(self) -> UserProgram:
@@ -228,16 +189,13 @@ class OwnProgram:
 class Managed:
     """`fab train --managed`: the supervisor's settings."""
 
-    max_recoveries: int = 3
-    min_nodes: int = 1
-    wait_s: float = 900.0
-    detach: bool = False
+    max_recoveries: int = ck.checked(3, ck.whole, "--max-recoveries", 0, 1000, optional=False)
+    min_nodes: int = ck.checked(1, ck.whole, "--min-nodes", 1, MAX_NODES, optional=False)
+    wait_s: float = ck.checked(900.0, ck.number, "--wait-for-capacity", 0, MAX_WAIT_S)
+    detach: bool = ck.checked(False, ck.flag, "--detach")
 
     def __post_init__(self) -> None:
-        ck.whole("--max-recoveries", self.max_recoveries, 0, 1000, optional=False)
-        ck.whole("--min-nodes", self.min_nodes, 1, MAX_NODES, optional=False)
-        ck.number("--wait-for-capacity", self.wait_s, 0, MAX_WAIT_S)
-        ck.flag("--detach", self.detach)
+        ck.fields(self)
 
     def describe(self, nodes: int) -> str:
         """`up to 3 interruption(s); replacements awaited up to 15m 00s; at least 1 of 3 node(s) to go on`."""
@@ -261,40 +219,36 @@ class DataFile:
 @dataclass(frozen=True)
 class RunRequest:
     run_id: str  # the first job's id (a supervised run's id)
-    nodes: int
+    nodes: int = field(metadata=ck.rule(ck.whole, "--nodes", 1, MAX_NODES, optional=False))
     program: BuiltinJob | OwnProgram
     launcher: Launcher = Launcher()
     layout: LayoutRequest = LayoutRequest()
     env: tuple[tuple[str, str], ...] = ()
     allow_env: tuple[str, ...] = ()
-    output_dir: str | None = None  # None: the default (cluster/job/jobplan.py's output root / run id)
-    checkpoint_every_s: float | None = None  # 0: only at the end
+    # None: the default (cluster/job/jobplan.py's output root / run id)
+    output_dir: str | None = ck.checked(None, check_node_path, "--output-dir")
+    # 0: only at the end
+    checkpoint_every_s: float | None = ck.checked(None, ck.number, "--checkpoint-every", 0, 10 * 365 * 86400)
     checkpoint_uri: str | None = None
-    resume: bool = False
+    resume: bool = ck.checked(False, ck.flag, "--resume")
     managed: Managed | None = None
-    allow_busy: bool = False
-    idle_stop_s: int | None = None  # the idle auto-stop armed at the start (the stack's), None: not armed
+    allow_busy: bool = ck.checked(False, ck.flag, "--allow-busy")
+    # the idle auto-stop armed at the start (the stack's), None: not armed
+    idle_stop_s: int | None = ck.checked(None, ck.whole, "idle auto-stop", 1, MAX_WAIT_S)
     name: str | None = None  # `fab train --name`: the job's (a supervised run's every job's) name
     data_files: tuple[DataFile, ...] = field(default=(), compare=False, metadata=_LOCAL)
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not RUN_ID_RE.match(self.run_id):
             raise ck.refuse("run id", self.run_id, "a job id such as 20261123-101500-ab12")
-        ck.whole("--nodes", self.nodes, 1, MAX_NODES, optional=False)
-        if not isinstance(self.program, (BuiltinJob, OwnProgram)):
-            raise ck.refuse("program", self.program, "the built-in job or your own program")
+        ck.fields(self)
         for name in self.allow_env:
             parse_allow_env(name)
         if len({name for name, _ in self.env}) != len(self.env):
             raise ck.refuse("--env", [name for name, _ in self.env], "each name once")
         check_env(dict(self.env), self.allow_env)
-        check_node_path("--output-dir", self.output_dir)
-        ck.number("--checkpoint-every", self.checkpoint_every_s, 0, 10 * 365 * 86400)
         if self.checkpoint_uri is not None:
             ck.passes(parse_s3_uri, self.checkpoint_uri, JobArgsError)
-        ck.flag("--resume", self.resume)
-        ck.flag("--allow-busy", self.allow_busy)
-        ck.whole("idle auto-stop", self.idle_stop_s, 1, MAX_WAIT_S)
         if self.name is not None:
             ck.passes(job_name, self.name, UnsafeValue)
         min_nodes = self.launcher.min_nodes if self.managed is None else self.managed.min_nodes

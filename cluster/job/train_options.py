@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, get_args, get_type_hints
 from cluster.inventory import Inventory, InventoryError
 from cluster.job import k8s
 from cluster.job import request as rq
+from cluster.job import checks as ck
 from cluster.job.checks import check_node_path
 from cluster.job.run_env import check_env, parse_allow_env
 from cluster.job.demo import SYNTHETIC_BATCH_SIZE, SYNTHETIC_EPOCHS
@@ -26,7 +27,7 @@ from cluster.job.torchrun import DEFAULT_MAX_RESTARTS
 from cluster.job.userjob import (DEFAULT_NOTICE_SIGNAL, DEFAULT_WORKDIR_LIMIT_MB, NO_SIGNAL, NOTICE_SIGNALS,
                                  human_bytes)
 from cluster.job.worldcheck import TRAINED_ALONE
-from cluster.run.recovery import DEFAULT_MAX_RECOVERIES, DEFAULT_WAIT_FOR_CAPACITY, RecoveryError, parse_wait
+from cluster.run.recovery import DEFAULT_MAX_RECOVERIES, DEFAULT_WAIT_FOR_CAPACITY, parse_wait
 
 PIN_CHOICES = {"": None, "on": True, "true": True, "off": False, "false": False}
 TRUE_WORDS, FALSE_WORDS = ("", "true", "yes", "1", "on"), ("false", "no", "0", "off")
@@ -69,13 +70,11 @@ class JobOptions:
     (a switch: False). `of` takes them by name from a mapping (an unknown name is a TypeError)."""
 
     nodes: int | None = _opt(CLUSTER, "how many nodes to use, master first (1 to the nodes available; left out: "
-                             "all)", k8s="worker pods, one per node (default 1)", unset="all nodes",
-                             k8s_default=1)
+                             "all)", k8s="worker pods, one per node (default 1)", unset="all nodes", k8s_default=1)
     task: str | None = _opt(TRAINING, f"training task: {' or '.join(TASKS)} (training default {TASKS[0]})",
                             k8s=SAME, only=BUILTIN)
     model: str | None = _opt(TRAINING, "model id or a directory on the nodes (--model_name_or_path)",
-                             k8s="model id, or a directory relative to the volume (--model_name_or_path)",
-                             only=BUILTIN)
+                             k8s="model id, or a directory relative to the volume (--model_name_or_path)", only=BUILTIN)
     dataset: str | None = _opt(TRAINING, "hub dataset name (default squad for qa, glue/mrpc for classification)",
                                k8s=SAME, only=BUILTIN)
     dataset_config: str | None = _opt(TRAINING, "hub dataset configuration (e.g. mrpc)", k8s=SAME, only=BUILTIN)
@@ -126,8 +125,7 @@ class JobOptions:
     synthetic_examples: int | None = _opt(TRAINING, "train the offline demo (a tiny model and data made on every "
                                           "node) with N examples; the default on a local cluster without --model/"
                                           "--dataset/--train-file (2000 examples)", k8s="train the offline demo (a "
-                                          "tiny model and data made on every node first) with N examples",
-                                          only=BUILTIN)
+                                          "tiny model and data made on every node first) with N examples", only=BUILTIN)
     script: str | None = _opt(PROGRAM, f"run your own training script (a .py file in --workdir) {_INSTEAD}",
                               k8s=f"run your own training script (a .py file in --workdir) {_INSTEAD}; the workdir "
                               f"goes in a ConfigMap (at most {human_bytes(k8s.CONFIGMAP_LIMIT_BYTES)})", path="path",
@@ -211,7 +209,7 @@ class JobOptions:
 
     def given(self, name: str) -> bool:
         """Whether the option `name` (a field) was given: not None, "" or False."""
-        return _given(getattr(self, name))
+        return getattr(self, name) not in (None, "", False)
 
 
 @functools.cache
@@ -225,20 +223,15 @@ def kind_of(name: str) -> Any:
     return next((a for a in get_args(hint) if a is not type(None)), hint)
 
 
-_BY_FIELD = {name: (flag, option) for flag, (name, option) in TYPED_FLAGS.items()}
-
-
-def options_for(only: str) -> tuple[str, ...]:
-    """The options (fields) that mean something only to `only` (BUILTIN, OWN or MANAGED), in declaration order."""
-    return tuple(f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only)
+def _first_given(o: JobOptions, only: str, but: str = "") -> str | None:
+    """The first option given (by declaration order) of those that mean something only to `only` (BUILTIN, OWN or
+    MANAGED), `but` left out."""
+    return next((f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only
+                 and f.name != but and o.given(f.name)), None)
 
 
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _given(value: Any) -> bool:
-    return value not in (None, "", False)
 
 
 def _number(option: str, text: str, kind: Callable[[str], Any]) -> Any:
@@ -248,42 +241,27 @@ def _number(option: str, text: str, kind: Callable[[str], Any]) -> Any:
         raise rq.RequestError(f"{option}: {text!r} is not a number") from None
 
 
-def _switch(option: str, text: str) -> bool:
-    word = text.strip().lower()
-    if word in TRUE_WORDS or word in FALSE_WORDS:
-        return word in TRUE_WORDS
-    raise rq.RequestError(f"{option}: {text!r} is not allowed; allowed: true or false")
-
-
-def _estimate(text: str) -> tuple[float, float, float]:
-    parts = text.split(",")
-    if len(parts) != 3:
-        raise rq.RequestError(f"--extra: --compile_estimate {text!r} is not allowed; allowed: EAGER_S,COMPILED_S,"
-                              "COMPILE_S")
-    a, b, c = (_number("--compile_estimate", p, float) for p in parts)
-    return a, b, c
-
-
 def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
-    """The typed values --extra gave (parse_extra's), as options read by their field's type; given as an option
+    """The values --extra's typed flags gave (parse_extra's), read by their option's type; given as that option
     too is refused."""
     found: dict[str, Any] = {}
-    for name, text in typed.items():
-        flag, option = _BY_FIELD[name]
+    for flag, text in typed.items():
+        name, option = TYPED_FLAGS[flag]
         target = "checkpoint_every" if name == "checkpoint_minutes" else name
         if target != "compile_estimate" and options.given(target) and getattr(options, target) != "auto":
             raise rq.RequestError(f"--extra: {flag} repeats {option}; give it once")
-        kind = kind_of(target)
-        if name == "checkpoint_minutes":
-            found[target] = _number(flag, text, float) * 60
-        elif name == "bf16":
-            found[target] = "on" if _switch(flag, text) else "off"
-        elif name == "compile_estimate":
-            found[target] = _estimate(text)
-        elif kind is bool:
-            found[target] = _switch(flag, text)
+        kind, word = kind_of(target), text.strip().lower()
+        if name == "compile_estimate":
+            if text.count(",") != 2:
+                raise rq.RequestError(f"--extra: --compile_estimate {text!r} is not allowed; allowed: EAGER_S,"
+                                      "COMPILED_S,COMPILE_S")
+            found[target] = tuple(_number(flag, part, float) for part in text.split(","))
+        elif kind is bool or name == "bf16":
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise rq.RequestError(f"{flag}: {text!r} is not allowed; allowed: true or false")
+            found[target] = word in TRUE_WORDS if kind is bool else "on" if word in TRUE_WORDS else "off"
         elif kind in (int, float):
-            found[target] = _number(flag, text, kind)
+            found[target] = _number(flag, text, kind) * (60 if name == "checkpoint_minutes" else 1)
         else:
             if name == "output_dir":
                 check_node_path(flag, text)
@@ -309,9 +287,8 @@ def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], st
 def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: str, *, calibration: Any = None,
              local_file: Callable[[str], str | None] = lambda path: None
              ) -> tuple[rq.BuiltinJob | rq.OwnProgram, tuple[rq.DataFile, ...], list[str], JobOptions]:
-    """Your program (`own`) or the built-in job's settings, each with its options only; the data files to copy,
-    the compile line, and the options with what --extra gave them (a typed flag in --extra is that option's
-    value)."""
+    """(your program `own` or the built-in job, the data files to copy, the compile line, the options with the
+    values --extra's typed flags gave them)."""
     check_program_options(o, own)
     if own is not None:
         return own, (), [], o
@@ -320,27 +297,18 @@ def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: st
     except ValueError as exc:
         raise rq.RequestError(f"--extra: cannot split {o.extra!r} like a shell would ({exc}); check "
                               "its quotes") from None
-    try:
-        typed, extra = parse_extra(words)
-    except JobArgsError as exc:
-        raise rq.RequestError(str(exc)) from None
+    typed, extra = ck.passes(parse_extra, words, JobArgsError)
     o = replace(o, **_from_extra(typed, o))
     paths, files = _data_files(o, run_id, local_file)
     given_data = o.model or o.dataset or paths["train_file"]
     examples = o.synthetic_examples
     demo = None
     if examples is not None or (offline and not given_data):
-        task = o.task or TASKS[0]
-        if task not in TASKS:
-            raise rq.RequestError(f"--task: {task!r} is not allowed; choose {' or '.join(TASKS)}")
-        demo = rq.Demo(task, examples)
-    estimate = calibration.compile_cost() if calibration is not None else None
-    if o.compile_estimate is not None:
-        estimate = None  # the user's own --compile_estimate (through --extra) replaces the calibration's
-    try:
-        choice, compile_line = compile_choice(o.compile or None, estimate, o.max_steps or None)
-    except JobArgsError as exc:
-        raise rq.RequestError(str(exc)) from None
+        demo = rq.Demo(o.task or TASKS[0], examples)
+    # the user's own --compile_estimate (through --extra) replaces the calibration's
+    estimate = calibration.compile_cost() if calibration is not None and o.compile_estimate is None else None
+    choice, compile_line = ck.passes(lambda c: compile_choice(c, estimate, o.max_steps or None), o.compile or None,
+                                     JobArgsError)
     measured = None
     if estimate is not None and choice == "auto":
         measured = (estimate.eager_step_s, estimate.compiled_step_s, estimate.compile_s)
@@ -362,14 +330,13 @@ def check_program_options(o: JobOptions, own: rq.OwnProgram | None) -> None:
     """Your own program's options only with --script/--module (`own`), the built-in job's only without it
     (fab train's and fab k8s-job's options); RequestError naming the first one given otherwise."""
     if own is None:
-        used = next((name for name in options_for(OWN) if o.given(name)), None)
+        used = _first_given(o, OWN)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
         if o.given("resume_arg"):
             raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
         return
-    used = next((name for name in options_for(BUILTIN)
-                 if o.given(name) and not (name == "compile" and o.compile == "auto")), None)
+    used = _first_given(o, BUILTIN, but="compile" if o.compile == "auto" else "")
     if used or (o.bf16 or "auto") != "auto":
         raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
                               "--script/--module; pass your program's own arguments with --args (or after `--`)")
@@ -394,15 +361,12 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
     if pin not in PIN_CHOICES:
         raise rq.RequestError(f"--pin: {o.pin!r} is not allowed; choose on or off")
     if not o.managed:
-        used = next((name for name in options_for(MANAGED) if o.given(name)), None)
+        used = _first_given(o, MANAGED)
         if used:
             raise rq.RequestError(f"{_option(used)}: only with --managed (fab supervises the job and recovers it)")
     nodes = o.nodes or len(inventory.nodes)
-    try:
-        machine = machine_for(inventory.first(nodes), nodes)[0]
-        pairs = env_pairs(o.env or "")
-    except (InventoryError, LaunchError) as exc:
-        raise rq.RequestError(str(exc)) from None
+    machine = ck.passes(lambda n: machine_for(inventory.first(n), n)[0], nodes, (InventoryError, LaunchError))
+    pairs = ck.passes(env_pairs, o.env or "", (InventoryError, LaunchError))
     allow = parse_allow_env(o.allow_env or "")
     lines: list[str] = []
     ranks = o.ranks_per_node
@@ -415,11 +379,7 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
                                        local_file=local_file)
     supervision = None
     if o.managed:
-        try:
-            wait_s = parse_wait(DEFAULT_WAIT_FOR_CAPACITY) if o.wait_for_capacity is None \
-                else float(o.wait_for_capacity)
-        except RecoveryError as exc:
-            raise rq.RequestError(str(exc)) from None
+        wait_s = parse_wait(DEFAULT_WAIT_FOR_CAPACITY) if o.wait_for_capacity is None else float(o.wait_for_capacity)
         supervision = rq.Managed(
             max_recoveries=DEFAULT_MAX_RECOVERIES if o.max_recoveries is None else int(o.max_recoveries),
             min_nodes=o.min_nodes or 1, wait_s=wait_s, detach=o.detach)
@@ -442,10 +402,7 @@ def k8s_request(options: Mapping[str, Any] | JobOptions, *, run_id: str,
     fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`, made by
     node_setup/tasks/job_options.py's own_program as for fab train); each program's options only with it."""
     o = JobOptions.of(options)
-    try:
-        pairs = env_pairs(o.env or "", "CCL_LOG_LEVEL=info")
-    except LaunchError as exc:
-        raise rq.RequestError(str(exc)) from None
+    pairs = ck.passes(lambda text: env_pairs(text, "CCL_LOG_LEVEL=info"), o.env or "", LaunchError)
     allow = parse_allow_env(o.allow_env or "")
     program, _, _, o = _program(o, own, False, run_id)
     return rq.RunRequest(

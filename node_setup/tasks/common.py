@@ -99,7 +99,7 @@ duration = _DurationKind("duration", off=False)
 duration_or_off = _DurationKind("duration_or_off", off=True)
 duration_or_zero = _DurationKind("duration_or_zero", off=True, zero="0 for none")  # 0 allowed, `off` says nothing
 DURATION_KINDS = (duration, duration_or_off, duration_or_zero)
-_NUMBER_WORDS = {int: "a whole number", float: "a number"}
+NUMBER_WORDS = {int: "a whole number", float: "a number"}
 
 
 def fail(message: str, code: int = BAD_INPUT) -> Exit:
@@ -122,7 +122,7 @@ class CheckedArgument(Argument):
         try:
             super().set_value(value, cast)
         except (TypeError, ValueError):
-            raise fail(f"--{option}: {value!r} is not {_NUMBER_WORDS[self.kind]}") from None
+            raise fail(f"--{option}: {value!r} is not {NUMBER_WORDS[self.kind]}") from None
         if self.kind is int and cast:
             least = 0 if option in ZERO_ALLOWED else 1
             if self.value < least:
@@ -155,7 +155,7 @@ class XcTask(Task):
             self.help = saved
         return [CheckedArgument(names=a.names, kind=a.kind, default=a.default, help=a.help, positional=a.positional,
                                  optional=a.optional, incrementable=a.incrementable, attr_name=a.attr_name)
-                if a.kind in _NUMBER_WORDS or a.kind in DURATION_KINDS else a
+                if a.kind in NUMBER_WORDS or a.kind in DURATION_KINDS else a
                 for a in arguments]
 
 

@@ -38,9 +38,9 @@ def job_file_kwargs(context: ParserContext, task) -> dict:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise fail(f"--{FILE_OPTION}: {path!r} is not YAML{at}; allowed: a mapping such as `nodes: 4`") from None
-    options = {name: jobfile.Option(a.kind, a.default) for name, a in arguments.items()}
     try:
-        resolved = jobfile.resolve(options, data, given=given, folder=str(file.resolve().parent), where=path,
+        resolved = jobfile.resolve({name: a.kind for name, a in arguments.items()}, data, given=given,
+                                   folder=str(file.resolve().parent), where=path,
                                    paths=getattr(task, "job_file_paths", ()),
                                    maybe_paths=getattr(task, "job_file_maybe_paths", ()),
                                    exists=lambda p: Path(p).expanduser().is_file(),

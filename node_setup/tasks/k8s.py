@@ -11,16 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from cluster.job import k8s, trainjob
-from cluster.job.job_args import JobArgsError
 from cluster.job.jobplan import new_job_id
-from cluster.job.k8s import K8sJobError
-from cluster.job.launch import LaunchError, env_pairs
-from cluster.job.layout import LayoutError
-from cluster.job.request import RequestError
+from cluster.job.launch import env_pairs
 from cluster.job.train_options import CLUSTER, OUTPUT, Cli, JobOptions, k8s_request
-from cluster.job.userjob import NO_SIGNAL, UserJobError, human_bytes
+from cluster.job.userjob import NO_SIGNAL, human_bytes
 from cluster.node.profiles import PROFILES
-from cluster.job.torchrun import TorchrunError
 from node_setup.tasks import job_options
 from node_setup.tasks.common import Unset, fail
 
@@ -68,8 +63,7 @@ def k8s_job(c, options: JobOptions, api: str, image: str, instance_type: str, co
         else:
             plan = k8s.plan_pytorchjob(run, **common)
         text = kubeflow.to_yaml(*kubeflow.manifests(plan))
-    except (K8sJobError, LayoutError, TorchrunError, LaunchError, JobArgsError, UserJobError, RequestError,
-            ValueError) as exc:
+    except ValueError as exc:  # cluster/'s refusals (K8sJobError, RequestError ...): one line each
         raise fail(str(exc)) from None
     kind = k8s.KIND if api == k8s.API_PYTORCHJOB else trainjob.KIND
     secrets = k8s.secret_looking(env_pairs(options.env or ""))

@@ -1,9 +1,8 @@
-"""Command-line mistakes as one line with a suggestion and exit code 2, and `fab --help TASK` in option groups.
-
-invoke says "No idea what 'trian' is!" (exit 1); `install()` makes it `error: no task or option 'trian'; did you
-mean 'train'? (fab --list shows the tasks)`, exit 2. `fab` is Fabric's own Program instance, which the project
-cannot subclass, so the four hooks below replace invoke methods in place (each says which and why).
-"""
+"""Command-line mistakes as one line with a suggestion and exit 2 (not invoke's "No idea what 'trian' is!", exit
+1), and `fab --help TASK` in option groups. `fab` is Fabric's own Program, which the project cannot subclass, so
+`install()` replaces four invoke methods in place: the parser's `ParseMachine.error` and `see_value` (only the
+parser knows the flag being read, and a value its kind refuses is a bare ValueError), `Program.parse_cleanup`
+(`--help trian` raises there) and `Program.print_task_help` (invoke has no option groups)."""
 
 from __future__ import annotations
 
@@ -16,10 +15,9 @@ from invoke.parser import parser as invoke_parser
 from invoke.parser.context import to_flag
 from invoke.program import Program
 
-from node_setup.tasks.common import DURATION_KINDS, fail
+from node_setup.tasks.common import DURATION_KINDS, NUMBER_WORDS, fail
 
 _UNKNOWN = re.compile(r"No idea what '(?P<token>.*)' is!\Z", re.S)
-_KIND_WORDS = {int: "a whole number", float: "a number", str: "a value", list: "a value"}
 
 
 def suggestion(token: str, candidates: list[str]) -> str:
@@ -37,7 +35,7 @@ def unknown_message(token: str, tasks: list[str], flags: list[str], task: str | 
     return f"no task or option {token!r}{suggestion(token, tasks)} (fab --list shows the tasks)"
 
 
-def _error(machine: invoke_parser.ParseMachine, msg: str) -> None:
+def _error(machine: invoke_parser.ParseMachine, msg: str) -> None:  # ParseMachine.error
     unknown = _UNKNOWN.match(msg)
     if unknown:
         context = machine.context
@@ -46,34 +44,30 @@ def _error(machine: invoke_parser.ParseMachine, msg: str) -> None:
                                    context.name if context is not None else None))
     flag = machine.flag
     if flag is not None and "needed value" in msg:
-        word = "a duration such as 30m" if flag.kind in DURATION_KINDS else _KIND_WORDS.get(flag.kind, "a value")
+        word = "a duration such as 30m" if flag.kind in DURATION_KINDS else NUMBER_WORDS.get(flag.kind, "a value")
         raise fail(f"--{flag.name.replace('_', '-')} needs a value ({word})")
     raise fail(msg)
 
 
-_see_value = invoke_parser.ParseMachine.see_value
+_see_value, _parse_cleanup = invoke_parser.ParseMachine.see_value, Program.parse_cleanup
 
 
 def _value(machine: invoke_parser.ParseMachine, value) -> None:
-    """An option's value that its kind refuses (Fabric's own `--connect-timeout 3s`, an int): one line, not
-    invoke's ValueError. The project's options check their own values first (common.CheckedArgument)."""
+    """A value its kind refuses (Fabric's own `--connect-timeout 3s`; the project's options check their own
+    first, common.CheckedArgument)."""
     try:
         _see_value(machine, value)
-    except (TypeError, ValueError):
-        flag = machine.flag
-        name = max(flag.names, key=len).replace("_", "-") if flag is not None else "option"
-        word = _KIND_WORDS.get(flag.kind, "a value") if flag is not None else "a value"
-        core = machine.context is None or machine.context.name is None or \
-            (flag is not None and flag not in set(machine.context.flags.values()))
-        raise fail(f"--{name}: {value!r} is not {word}" + (" (an option of fab itself, given before the task: "
-                                                           "`fab --help` lists them)" if core else "")) from None
-
-
-_parse_cleanup = Program.parse_cleanup
+    except (TypeError, ValueError):  # raised by the flag's value setter: the flag is the one being read
+        flag, context = machine.flag, machine.context
+        assert flag is not None
+        core = context is None or context.name is None or flag not in set(context.flags.values())
+        raise fail(f"--{max(flag.names, key=len).replace('_', '-')}: {value!r} is not "
+                   f"{NUMBER_WORDS.get(flag.kind, 'a value')}" + (" (an option of fab itself, given before the task: "
+                                                                  "`fab --help` lists them)" if core else "")) from None
 
 
 def _cleanup(program: Program) -> None:
-    """`fab --help trian`: the same line as a misspelt task (invoke raises this one itself)."""
+    """`fab --help trian`: the same line as a misspelt task."""
     try:
         _parse_cleanup(program)
     except ParseError as exc:
@@ -84,18 +78,12 @@ def _cleanup(program: Program) -> None:
 
 
 _VALUE_WORDS = {str: "STRING", int: "INT", float: "FLOAT"}
-OTHER_GROUP = "other options"
-
-
-def value_word(kind) -> str:
-    """What `--help` shows an option takes: STRING, INT, FLOAT or DURATION ('' for a switch)."""
-    return "DURATION" if kind in DURATION_KINDS else _VALUE_WORDS.get(kind, "")
 
 
 def flag_spec(context, arg) -> str:
-    """`-n INT, --nodes=INT` for an option with a value (its kind named, a float's and a duration's too);
-    invoke's own spec for a switch (`--[no-]ip-check`)."""
-    word = value_word(arg.kind)
+    """`-n INT, --nodes=INT` (STRING, INT, FLOAT or DURATION) for an option with a value; invoke's own spec for a
+    switch (`--[no-]ip-check`)."""
+    word = "DURATION" if arg.kind in DURATION_KINDS else _VALUE_WORDS.get(arg.kind, "")
     flag = to_flag(arg.name)
     if not word:
         return context.help_for(flag)[0]
@@ -107,17 +95,11 @@ def grouped_options(context, groups: dict[str, tuple[str, ...]] | None) -> list[
     """(title, [(flag spec, help)]) per group of a task's `option_groups` (titles in their order, the options
     sorted within each; options no group names come last), or one group of all options, sorted."""
     arguments = {arg.name.replace("_", "-"): arg for arg in set(context.flags.values())}
-    placed: dict[str, str] = {}
-    for title, names in (groups or {}).items():
-        for name in names:
-            placed.setdefault(name, title)
-    titles = [*(groups or {}), OTHER_GROUP if groups else "options"]
-    out = []
-    for title in titles:
-        members = sorted(n for n in arguments if placed.get(n, titles[-1]) == title)
-        if members:
-            out.append((title, [(flag_spec(context, arguments[n]), arguments[n].help or "") for n in members]))
-    return out
+    placed = {name: title for title, names in reversed((groups or {}).items()) for name in names}  # first wins
+    titles = [*(groups or {}), "other options" if groups else "options"]
+    members = {title: sorted(n for n in arguments if placed.get(n, titles[-1]) == title) for title in titles}
+    return [(title, [(flag_spec(context, arguments[n]), arguments[n].help or "") for n in names])
+            for title, names in members.items() if names]
 
 
 def _print_task_help(program: Program, name: str) -> None:
@@ -140,10 +122,7 @@ def _print_task_help(program: Program, name: str) -> None:
 
 
 def install() -> None:
-    """Route every parse error through `_error`, and `--help <unknown task>` too, and print a task's help in
-    its option groups (idempotent)."""
-    # Replacing invoke's methods is the point here (`fab` is Fabric's own Program, not one we could subclass),
-    # so mypy's objection to assigning to a method is silenced for these four lines only.
+    """The four replacements (idempotent); mypy's objection to assigning to a method is silenced for them only."""
     invoke_parser.ParseMachine.error = _error  # type: ignore[method-assign, assignment]
     invoke_parser.ParseMachine.see_value = _value  # type: ignore[method-assign, assignment]
     Program.parse_cleanup = _cleanup  # type: ignore[method-assign, assignment]

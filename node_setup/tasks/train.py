@@ -8,22 +8,12 @@ from __future__ import annotations
 
 from invoke import Exit
 
-from cluster.inventory import InventoryError
 from cluster.job import jobreport
-from cluster.job.job_args import JobArgsError
 from cluster.job.jobplan import new_job_id, plan
-from cluster.job.launch import LaunchError
-from cluster.job.layout import LayoutError
-from cluster.job.request import RequestError
 from cluster.job.train_options import CLUSTER, OUTPUT, Cli, JobOptions
-from cluster.job.userjob import UserJobError
-from cluster.run.supervision import SupervisionError
 from node_setup.tasks import common, job_options, job_run
 from node_setup.tasks import managed as managed_run
 from node_setup.tasks.common import CLUSTER_HELP, REGION_HELP, fail
-
-REFUSED = (RequestError, UserJobError, SupervisionError, InventoryError, LayoutError, LaunchError, JobArgsError,
-           ValueError)
 
 
 @job_options.job_task(job_options.TRAIN, own={
@@ -48,7 +38,7 @@ def train(c, options: JobOptions, cluster: str, region: str, dry_run: bool, all_
         else:
             request, lines = job_options.train_request(options, inventory, run_id=new_job_id())
         job = plan(request, inventory)
-    except REFUSED as exc:  # a RequestError, or the plan's (layout, launch, inventory): one line naming the option
+    except ValueError as exc:  # cluster/'s refusals (RequestError, the plan's LayoutError ...): one line each
         raise fail(str(exc)) from None
     warning = jobreport.spot_warning(job.inventory, request.checkpoint_uri)
     print("\n".join(line for line in (warning, *lines) if line))

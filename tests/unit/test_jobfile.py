@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.job.jobfile import JobFileError, Option, resolve
+from cluster.job.jobfile import JobFileError, resolve
 from tests.fab_run import Ran, fab_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
-OPTIONS = {"nodes": Option(int, 0), "batch_size": Option(int, 0), "lr": Option(float, 0.0),
-           "dry_run": Option(bool, False), "script": Option(str, ""), "args": Option(str, ""),
-           "train_file": Option(str, ""), "pin": Option(str, ""), "epochs": Option(str, ""), "file": Option(str, "")}
+OPTIONS = {"nodes": int, "batch_size": int, "lr": float, "dry_run": bool, "script": str, "args": str, "train_file": str,
+           "pin": str, "epochs": str, "file": str}
 
 
 def test_keys_with_dashes_or_underscores_set_the_options_by_their_kinds():
