@@ -38,7 +38,7 @@ from cluster.run import supervision as sv
 from node_setup.backends import backend_for
 from node_setup.spec_signing import SpecKey, checked_public_key
 
-TAKEOVER_FIELDS = ("run", "status", "job", "updated", "recoveries", "replaced")  # what the new supervisor reads
+TAKEOVER_FIELDS = ("run", "status", "job", "updated", "replaced")  # what the new supervisor reads of the state
 
 
 def _beside(spec_at: str) -> tuple[str, str]:
@@ -61,7 +61,7 @@ def unfinished_run(store, kind: str, cluster: str, key: SpecKey, say=print):
         except runspec.RunSpecError as exc:
             say(f"xeon-cluster master boot: skipped: {exc}")
             continue
-        if found.request.run_id != run_id or found.handoff is None:
+        if found.request.run_id != run_id:
             say(f"xeon-cluster master boot: skipped: {where} names run {run_id}, its spec another")
             continue
         try:

@@ -5,8 +5,9 @@ against the digest the spec recorded).
 
 The nodes are prepared by the job lifecycle (node_setup/tasks/job_run.py) before `hand_off`, as for every
 path; the recoveries themselves are the supervisor's (docs/long-spot-runs.md), which runs the same
-lifecycle on the master. A run that ends master-lost while fab follows it: the master alone replaced
-where the backend can (`recover_master`). The controller's job history (node_setup/job_history.py) gets the
+lifecycle on the master. A lost master's run is continued by the new master's boot step
+(node_setup/supervisor/boot.py) from what `publish_spec` and `store_run` leave where the master's loss does not
+take it along. The controller's job history (node_setup/job_history.py) gets the
 run's first job once it started and, when the run ended with its master there, every job as the master
 recorded its end.
 """

@@ -85,8 +85,7 @@ def test_the_unfinished_run_whose_spec_verifies_gets_its_supervisor_directory_fr
     assert request == dataclasses.replace(_request(tmp_path / "runs").with_env({"HF_TOKEN": runspec.WITHHELD}),
                                           resume=True)
     assert spec["kind"] == "local" and spec["inventory"]["hosts"][1]["address"] == "10.0.0.3"
-    assert spec["takeover"] == {"run": RUN, "status": sv.RUNNING, "job": RUN, "updated": 1000.0, "recoveries": 0,
-                                "replaced": []}
+    assert spec["takeover"] == {"run": RUN, "status": sv.RUNNING, "job": RUN, "updated": 1000.0, "replaced": []}
     # only the spec's withheld names get a value: a name the record adds is not the run's
     secrets = run_dir / sv.SECRETS_FILE
     assert json.loads(secrets.read_text()) == {"HF_TOKEN": "hf_s3cr3t"} and secrets.stat().st_mode & 0o777 == 0o600
@@ -125,11 +124,6 @@ def test_a_run_that_ended_is_not_continued_and_the_newest_unfinished_one_is(tmp_
     older_state.write_text(older_state.read_text().replace(sv.RUNNING, sv.STOPPED))  # the user stopped it
     assert run_boot(tmp_path, store, lines) is None and lines[-1].endswith("no unfinished supervised run; nothing "
                                                                            "to continue")
-
-
-def test_a_master_leaving_run_is_continued():
-    """The old master's notice leaves MASTER_LEAVING, which is not final: a new master continues it."""
-    assert sv.MASTER_LEAVING in sv.STATUSES and sv.MASTER_LEAVING not in sv.FINAL
 
 
 def test_the_master_boot_script_passes_every_value_quoted_and_refuses_what_is_not_one(tmp_path):

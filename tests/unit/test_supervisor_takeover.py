@@ -33,7 +33,7 @@ def new_master(fake: FakeCluster, *, lied: str | None = None) -> dict[str, str]:
 
 def take_over(fake: FakeCluster, *, earlier=(EARLIER,), max_recoveries=3, wait=600.0, replaced=()) -> str:
     fake.records = lambda: [dict(r) for r in earlier]
-    takeover = {"run": RUN, "status": sv.RUNNING, "job": "job0", "updated": fake.now - 30.0, "recoveries": 1,
+    takeover = {"run": RUN, "status": sv.RUNNING, "job": "job0", "updated": fake.now - 30.0,
                 "replaced": list(replaced)}
     spec = LoopSpec(RUN, list(fake.members.values()), Managed(max_recoveries, 1, wait), poll_s=5.0, resume=True,
                     takeover=takeover)
@@ -88,3 +88,23 @@ def test_an_earlier_replacement_is_kept_in_the_state_beside_the_new_one():
     before = sv.replaced_entry(at=900.0, address="10.0.0.200", step=20, job_id="20261123-101600-cd34")
     assert take_over(fake, replaced=[before]) == sv.COMPLETED
     assert [e["address"] for e in fake.final_state["replaced"]] == ["10.0.0.200", "10.0.0.254"]
+
+
+def test_a_supervisor_killed_during_the_takeover_takes_the_run_over_again_with_one_record():
+    """Killed (SIGKILL, the OOM killer) after it recorded the takeover under way but before its record: the
+    supervisor started again carries on from its state file and takes the run over once, not twice."""
+    fake = FakeCluster()
+    fake.now, fake.checkpoint = 1000.0, 40
+    new_master(fake)
+    fake.records = lambda: [dict(EARLIER)]
+    takeover = {"run": RUN, "status": sv.RUNNING, "job": "job0", "updated": 970.0, "replaced": []}
+    members = {n: [m.address, m.instance_id, ""] for n, m in fake.members.items()}
+    previous = {"run": RUN, "status": sv.RECOVERING, "job": None, "nodes": ["node0", "node1", "node2"], "pid": 4242,
+                "restart": {"members": members, "recovering": {"takeover": takeover, "number": 2}}}
+    spec = LoopSpec(RUN, list(fake.members.values()), Managed(3, 1, 600.0), poll_s=5.0, resume=True,
+                    previous=previous, takeover=takeover)
+    assert Supervisor(spec, FakeBackend(fake), fake, fake, fake, clock=fake.clock, sleep=fake.sleep).run() \
+        == sv.COMPLETED
+    assert len(fake.launches) == 1 and fake.launches[0][1] is True
+    assert [r["cause"] for r in fake.finished] == [sv.NOTICE, sv.MASTER_REPLACED]
+    assert any("the supervisor restarted after its process (pid 4242) ended" in line for line in fake.lines)
