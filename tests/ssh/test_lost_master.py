@@ -6,19 +6,22 @@ on its console), and runs the master's boot script there. No fab command runs af
 polled: the new master finds the run in the run store's double, verifies its spec with the controller's public
 key, verifies the worker's host key from its console and continues the run from the newest checkpoint; `fab
 status` says when the master was replaced and from which checkpoint the run went on, and the controller verifies
-the new master's host key from its console.
+the new master's host key from its console. Against an undisturbed run of the same settings (the independent
+reference), every loss the continued job logged equals the undisturbed run's at the same step.
 
 The same for a run of your own program (`--script`): a tiny program that checkpoints; its workdir, which the lost
 master took along, is taken back from the worker and checked against the digest the signed spec records (the
 program changed on this controller after the launch is not what runs), and the program is restarted with the
 newest checkpoint (XEON_CLUSTER_RESUME_FROM and --resume-arg's words).
 
-Budget: a tiny run (200 examples, 150 steps, a checkpoint every 25 steps) and your program's run (150 steps of
-0.1 s, a checkpoint every 10), each continued once; 85 s for both on 2 shared cores, and the cluster's setup.
+Budget: a tiny run (200 examples, 150 steps, a checkpoint every 25 steps) continued once, and its undisturbed
+twin; your program's run (150 steps of 0.1 s, a checkpoint every 10) continued once; about 100 s for both on 2
+shared cores, and the cluster's setup.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -45,6 +48,9 @@ pytestmark = [pytest.mark.ssh, pytest.mark.mpi, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 150  # the master is lost a second or two after its first checkpoint (step 25): well before the end
 SAVE_STEPS = 25
+# a loss logged every checkpoint interval: the resumed job's first logged window starts at the checkpoint, as the
+# undisturbed run's does, so each of its losses has an undisturbed counterpart to equal
+TRAIN_EXTRA = f"--save_strategy steps --save_steps {SAVE_STEPS} --logging_steps {SAVE_STEPS}"
 KEEPER_DELAY_S = 3
 
 
@@ -122,7 +128,7 @@ def test_a_lost_masters_run_is_continued_by_the_new_master_from_its_newest_check
     try:
         started = ran(fab(cluster, "train", "--managed", "--detach", "--synthetic-examples", "200", "--max-steps",
                           str(STEPS), "--output-dir", str(out), "--extra",
-                          f"--save_strategy steps --save_steps {SAVE_STEPS}"))
+                          TRAIN_EXTRA))
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr
         assert "a new master continues the run by itself" in started.stdout
         lost, new, resume_from = lost_master(cluster, out, ran,
@@ -156,7 +162,29 @@ def test_a_lost_masters_run_is_continued_by_the_new_master_from_its_newest_check
                                                     parse_console(console_path(new).read_text()).fingerprints}
     known_hosts = cluster.config_home / "xeon-cluster" / "keys" / cluster.name / "known_hosts"
     assert f"{new.address} {new.host_key} {new.instance_id}" in known_hosts.read_text().splitlines()
+    # against the independent reference, an undisturbed run of the same settings on the same nodes: every loss
+    # the resumed job logged equals the undisturbed run's at the same step (the continued job is the same job)
+    baseline_out = Path(f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/lost-master-baseline")
+    shutil.rmtree(baseline_out, ignore_errors=True)
+    baseline = fab(cluster, "train", "--synthetic-examples", "200", "--max-steps", str(STEPS), "--output-dir",
+                   str(baseline_out), "--extra", TRAIN_EXTRA)
+    assert baseline.returncode == 0, baseline.stdout[-3000:] + baseline.stderr
+    resumed, undisturbed = logged_losses(logs.stdout), logged_losses(baseline.stdout)
+    assert resumed and set(resumed) < set(undisturbed), (resumed, undisturbed)
+    assert {epoch: undisturbed[epoch] for epoch in resumed} == resumed
     shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(baseline_out, ignore_errors=True)
+
+
+def logged_losses(log: str) -> dict[str, str]:
+    """Rank 0's logged training losses in a job's log, by the epoch the trainer logged them at."""
+    found = {}
+    for line in log.splitlines():
+        entry = line.partition("] ")[2]
+        if entry.startswith("{'loss': "):
+            values = ast.literal_eval(entry)
+            found[values["epoch"]] = values["loss"]
+    return found
 
 
 OWN_STEPS, OWN_EVERY = 150, 10
