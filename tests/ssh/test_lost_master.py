@@ -14,9 +14,12 @@ master took along, is taken back from the worker and checked against the digest 
 program changed on this controller after the launch is not what runs), and the program is restarted with the
 newest checkpoint (XEON_CLUSTER_RESUME_FROM and --resume-arg's words).
 
+With the master's spot notice (`fab local-reclaim node0 --notice 15s`) its supervisor leaves the run
+master-leaving, not final, and the new master continues it from the checkpoint the job saved at the notice.
+
 Budget: a tiny run (200 examples, 150 steps, a checkpoint every 25 steps) continued once, and its undisturbed
-twin; your program's run (150 steps of 0.1 s, a checkpoint every 10) continued once; about 100 s for both on 2
-shared cores, and the cluster's setup.
+twin; the same with 400 steps and the master's notice; your program's run (150 steps of 0.1 s, a checkpoint
+every 10) continued once; about 150 s for the three on 2 shared cores, and the cluster's setup.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ STEPS = 150  # the master is lost a second or two after its first checkpoint (st
 SAVE_STEPS = 25
 # a loss logged every checkpoint interval: the resumed job's first logged window starts at the checkpoint, as the
 # undisturbed run's does, so each of its losses has an undisturbed counterpart to equal
+NOTICE_STEPS = 400  # the job checkpoints at the master's notice and ends 75 well before its last step
+NOTICE_S = 15  # the notice's lead: the job (its watcher polls every 5 s) and the supervisor (every 5 s) both see it
 TRAIN_EXTRA = f"--save_strategy steps --save_steps {SAVE_STEPS} --logging_steps {SAVE_STEPS}"
 KEEPER_DELAY_S = 3
 
@@ -105,13 +110,13 @@ def status_until_ended(cluster, ran, timeout_s: float) -> dict:
     raise AssertionError(f"the run did not end in {timeout_s:g} s; its last state: {last}")
 
 
-def lost_master(cluster, out: Path, ran, first_checkpoint) -> tuple[local_state.NodeState, local_state.NodeState,
-                                                                    int]:
-    """The master lost without a notice once `first_checkpoint()` is there: (the lost master, the keeper's new
-    one, the newest checkpoint's step when it was lost, which nothing writes to until a new job runs)."""
+def lost_master(cluster, out: Path, ran, first_checkpoint, how=("--silent",)
+                ) -> tuple[local_state.NodeState, local_state.NodeState, int]:
+    """The master lost (`how`: without a notice) once `first_checkpoint()` is there: (the lost master, the keeper's
+    new one, the newest checkpoint's step when it was lost, which nothing writes to until a new job runs)."""
     lost = master(cluster)
     wait_for(first_checkpoint, 300, "the run's first checkpoint")
-    reclaimed = ran(fab(cluster, "local-reclaim", "node0", "--silent"))
+    reclaimed = ran(fab(cluster, "local-reclaim", "node0", *how))
     assert reclaimed.returncode == 0, reclaimed.stdout + reclaimed.stderr
     step = first_checkpoint()
     new = wait_for(lambda: (m := master(cluster)).instance_id != lost.instance_id and local_cluster.node_up(m)
@@ -174,6 +179,34 @@ def test_a_lost_masters_run_is_continued_by_the_new_master_from_its_newest_check
     assert {epoch: undisturbed[epoch] for epoch in resumed} == resumed
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(baseline_out, ignore_errors=True)
+
+
+def test_a_masters_spot_notice_leaves_the_run_to_the_new_master_which_continues_from_the_notices_checkpoint(
+        cluster):
+    """The master's own notice: its supervisor records the run as master-leaving (not final) and ends, the job
+    checkpoints at the notice; the new master continues from that checkpoint."""
+    out = Path(f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/noticed-master")
+    shutil.rmtree(out, ignore_errors=True)
+    transcript: list[str] = []
+    ran = recorded(transcript)
+
+    try:
+        started = ran(fab(cluster, "train", "--managed", "--detach", "--synthetic-examples", "200", "--max-steps",
+                          str(NOTICE_STEPS), "--output-dir", str(out), "--extra", TRAIN_EXTRA))
+        assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+        _, new, resume_from = lost_master(cluster, out, ran, lambda: (c := newest_local(str(out))) and c.step,
+                                          how=("--notice", f"{NOTICE_S}s"))
+        supervised = status_until_ended(cluster, ran, 600)
+        logs = ran(fab(cluster, "logs"))
+    finally:
+        print("\n".join(transcript))
+    assert supervised["status"] == sv.COMPLETED and supervised["replaced"][0]["step"] == resume_from
+    assert f"from its lost master (last state {sv.MASTER_LEAVING}, " in logs.stdout, logs.stdout[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == NOTICE_STEPS
+    assert summary["resumed_from"]["step"] == summary["start_step"] == resume_from
+    assert resume_from > SAVE_STEPS  # the checkpoint the job saved at the notice, after its first
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def logged_losses(log: str) -> dict[str, str]:
