@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,23 @@ def test_on_aws_the_cluster_keys_from_is_the_masters_subnet_as_ec2_says(aws):
     unknown = dataclasses.replace(inventory.master, instance_id="i-0123456789abcdef0")
     gone = dataclasses.replace(inventory, nodes=(unknown,))
     assert AwsBackend().cluster_network(gone, ec2) is None
+
+
+def test_the_rendered_master_boot_script_runs_the_boot_step_as_the_user_in_its_home(tmp_path):
+    """The script itself, run here as cloud-init would run it (as root, for the user root): with a store that holds
+    no cluster key yet, the boot step says there is nothing to continue and writes nothing."""
+    import getpass
+    import subprocess
+    import sys
+
+    user = getpass.getuser()
+    script = master_boot_script(signer=KEY.public, cluster=CLUSTER, kind="local", ssh_user=user, python=sys.executable,
+                                store=str(tmp_path / "data"))
+    checkout = str(Path(__file__).resolve().parents[2])  # this checkout's modules, as a node venv holds them
+    done = subprocess.run(["/bin/sh", "-c", script, "xeon-cluster-boot"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": checkout})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("no cluster key at "
+                                        f"{tmp_path}/data/secret-store-double/xeon-cluster/{CLUSTER}/cluster-key; "
+                                        "nothing to continue"), done.stdout
+    assert not (tmp_path / "data").exists()
