@@ -123,8 +123,7 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, request.run_id, all_ranks=all_ranks)
-    if code not in (UNREACHABLE, CTRL_C):  # the master is there: every job of the run, as it recorded their ends
-        job_history.observed(job.inventory, master)
+    job_history.observed(job.inventory, master)  # every job of the run, as the master recorded their ends
     return code
 
 
