@@ -177,6 +177,20 @@ class ClusterBackend(Protocol):
         where the cluster's nodes are this machine (a local cluster's, with no price); None: the catalog's type."""
         ...
 
+    def run_store(self, cluster: str, *, data_dir: str = "", region: str | None = None) -> Any:
+        """The run's secret store, where a new master finds the cluster key and the unfinished run (get, put, names,
+        delete, where; read and write: a spec's or mirrored state's text beside the checkpoints): SSM Parameter
+        Store on AWS, the state in S3 (node_setup/aws/run_secrets.py),
+        a double of it in the cluster's data directory `data_dir` locally; None: an inventory file's machines."""
+        ...
+
+    def cluster_network(self, inventory: Inventory) -> tuple[str, tuple[str, ...]] | None:
+        """(the subnet a new master comes up in at an address of its own, the addresses in it that are not the
+        cluster's): what the cluster key's `from=` names on every node (a local cluster's subnet less its bridge on
+        the host; on AWS the master's subnet, from EC2); None: `from=` the nodes' addresses (an inventory file's
+        machines, or EC2 not saying)."""
+        ...
+
     def replaces_lost_master(self) -> bool:
         """Whether fab replaces a lost master itself (AWS: a targeted `pulumi up` of the cluster's stack);
         False: fab does not (a local cluster's group keeper brings a lost master back itself; your own machines

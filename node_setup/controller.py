@@ -33,6 +33,7 @@ def config_root() -> Path:
 # holds the controller's private key for that cluster: node_setup/local/state.py). A local node sees neither
 # (node_setup/local/system.py hides them under an empty tmpfs); the rest of the config directory is not secret.
 KEY_STORE_DIR = "keys"
+SPEC_KEY_FILE = "run-spec-ed25519"  # in the key store: the private half that signs supervised runs' specs (.pub beside)
 LOCAL_CLUSTERS_DIR = "local"
 SECRET_DIRS = (KEY_STORE_DIR, LOCAL_CLUSTERS_DIR)
 

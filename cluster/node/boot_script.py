@@ -22,28 +22,12 @@ Every value is checked here, whole-value, and the script receives it shell-quote
 
 from __future__ import annotations
 
-import ipaddress
 import re
 
 from cluster import names, shell
-from cluster.node.render import KEY_RESTRICTIONS, RenderError, checked_public_key, key_comment
+from cluster.node.render import KEY_RESTRICTIONS, RenderError, checked_cidr, checked_public_key, key_comment
 
 SCRIPT = "boot-authorize-key.sh"
-# An IPv4 or IPv6 network as `address/length`, in the characters such a network is written with.
-_CIDR = re.compile(r"[0-9A-Fa-f.:]+/[0-9]{1,3}\Z")
-
-
-def checked_cidr(cidr: object, setting: str = "cluster subnet CIDR") -> str:
-    """`cidr` when it is a network in its canonical form (`10.0.16.0/20`, no host bits set)."""
-    try:
-        if not isinstance(cidr, str) or not _CIDR.match(cidr) or str(ipaddress.ip_network(cidr)) != cidr:
-            raise ValueError
-    except ValueError:
-        raise RenderError(f"{setting}: {cidr!r} is not allowed; allowed: a network as address/length with no "
-                          "host bits set (e.g. 172.31.16.0/20)") from None
-    return cidr
-
-
 def boot_key_line(public_key: str, cluster: str, cidr: str) -> str:
     """The cluster key's authorized_keys line on a booting worker: `from=` the subnet, no forwarding."""
     key = checked_public_key(public_key)
@@ -62,3 +46,34 @@ def boot_script(public_key: str, cluster: str, cidr: str, ssh_user: str) -> str:
         raise RenderError(str(exc)) from None
     return shell.render(SCRIPT, {"SSH_USER": user, "LINE": boot_key_line(public_key, cluster, cidr),
                                  "MARK": key_comment(cluster)})
+
+
+MASTER_SCRIPT = "boot-master.sh"
+_PUBLIC_ED25519 = re.compile(r"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI[A-Za-z0-9+/]{43}=?\Z")
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]\Z")
+_KIND = re.compile(r"[a-z]{1,16}\Z")
+
+
+def master_boot_script(*, signer: str, cluster: str, kind: str, ssh_user: str, python: str, store: str = "",
+                       region: str = "") -> str:
+    """A new master's boot script (the master's launch template's user data on AWS, before base64; the local
+    keeper runs it on the new master it brings back): the boot step (node_setup/supervisor/boot.py), which
+    continues the cluster's unfinished supervised run. `signer`: the controller's run-spec public key (a spec
+    verifies only with it); `store`: the local store double's data directory; `region`: the SSM store's."""
+    key = " ".join(str(signer).split()[:2])
+    if not _PUBLIC_ED25519.match(key):
+        raise RenderError(f"run-spec public key: {str(signer)[:60]!r} is not allowed; allowed: one "
+                          "'ssh-ed25519 <base64>' line")
+    if not _KIND.match(kind):
+        raise RenderError(f"kind: {kind!r} is not allowed; allowed: a cluster kind's name (lower-case letters)")
+    if region and not _REGION.match(region):
+        raise RenderError(f"region: {region!r} is not allowed; allowed: an AWS region such as us-east-1")
+    try:
+        user, name = names.user(ssh_user, "sshUser"), names.cluster(cluster)
+        names.node_path(python, "python")
+        if store:
+            names.node_path(store, "store (the local cluster's data directory)")
+    except names.UnsafeValue as exc:
+        raise RenderError(str(exc)) from None
+    return shell.render(MASTER_SCRIPT, {"SSH_USER": user, "PYTHON": python, "CLUSTER": name, "KIND": kind,
+                                        "SIGNER": key, "STORE": store, "REGION": region})

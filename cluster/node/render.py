@@ -21,6 +21,7 @@ add a line or an option to a file that sshd or ssh reads (a `ProxyCommand`, a `c
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -168,16 +169,38 @@ def key_comment(cluster: str) -> str:
 KEY_RESTRICTIONS = "no-agent-forwarding,no-port-forwarding,no-X11-forwarding"
 
 
-def authorized_key_line(public_key: str, nodes: Iterable[Node]) -> str:
+# An IPv4 or IPv6 network as `address/length`, in the characters such a network is written with.
+_CIDR = re.compile(r"[0-9A-Fa-f.:]+/[0-9]{1,3}\Z")
+
+
+def checked_cidr(cidr: object, setting: str = "cluster subnet CIDR") -> str:
+    """`cidr` when it is a network in its canonical form (`10.0.16.0/20`, no host bits set)."""
+    try:
+        if not isinstance(cidr, str) or not _CIDR.match(cidr) or str(ipaddress.ip_network(cidr)) != cidr:
+            raise ValueError
+    except ValueError:
+        raise RenderError(f"{setting}: {cidr!r} is not allowed; allowed: a network as address/length with no "
+                          "host bits set (e.g. 172.31.16.0/20)") from None
+    return cidr
+
+
+def authorized_key_line(public_key: str, nodes: Iterable[Node],
+                        network: tuple[str, tuple[str, ...]] | None = None) -> str:
     """The cluster key's authorized_keys line on every node.
 
     `from="<every node's private address>"` limits it to the cluster's own nodes when those are IP
     addresses (sshd compares host names only with `UseDNS yes`, so a cluster of host names gets no
-    `from=`); forwarding is refused either way.
+    `from=`); with `network` (the cluster's subnet, where a new master comes up at an address of its own,
+    and the addresses in it that are not the cluster's, such as a local cluster's bridge on the host),
+    `from="!<each of those>,<subnet>"`; forwarding is refused either way.
     """
     addresses = [n.private_address for n in ordered(nodes)]
     key = checked_public_key(public_key)
-    source = f'from="{",".join(addresses)}",' if all(names.is_ip(a) for a in addresses) else ""
+    if network is not None:
+        subnet, outside = network
+        addresses = [f"!{names.host(a, 'address outside the cluster')}" for a in outside] + [checked_cidr(subnet)]
+    source = (f'from="{",".join(addresses)}",' if all(names.is_ip(a.lstrip("!")) or "/" in a for a in addresses)
+              else "")
     return f"{source}{KEY_RESTRICTIONS} {key}"
 
 

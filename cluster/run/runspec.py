@@ -1,16 +1,18 @@
 """A supervised run's spec beside its checkpoints (pure): what outlives a lost master, signed.
 
 `fab train --managed` hands the run to a supervisor on the master; the master runs the job and the
-supervisor, so a lost master ends the run. What the controller needs to continue it is written at the
+supervisor. What a new master (node_setup/supervisor/boot.py) and the controller need to continue it is written at the
 hand-off where the checkpoints are kept: `<checkpoint uri>/RUN_FOLDER/SPEC_FILE` with --checkpoint-uri
 (S3), and `<output dir>/RUN_FOLDER/SPEC_FILE` on the master (on a local cluster that directory is on the
 disk every node shares). `fab train --managed --resume` reads it back (`read`) and starts the run again
 (`resumed`) with --resume: the job continues the newest checkpoint every rank can read.
 
 The spec is the run's request (cluster/job/request.py), serialized, with the secret-looking --env
-values (cluster/job/secrets.py) WITHHELD (their names listed in "withheld"), and signed: HMAC-SHA256
-over its canonical JSON with a key that never leaves the controller (node_setup/ssh/keys.py's
-`spec_key`). Every node's role may write the bucket, so `read` checks the signature first and then
+values (cluster/job/secrets.py) WITHHELD (their names listed in "withheld"), and signed: an Ed25519
+signature over its canonical JSON (node_setup/spec_signing.py) with a key whose private half never leaves
+the controller (node_setup/ssh/keys.py's `spec_key`) and whose public half a new master gets through its boot
+script, so the master verifies the spec as the controller does. Every node's role may write the bucket (and
+the disk every local node shares), so `read` checks the signature first and then
 every field (RunSpecError, one line naming where it was read): a spec anyone else wrote or changed
 (an environment variable added, a training argument added, an interpreter named, the signature
 removed) is refused before anything starts. Nothing in it names an interpreter: the node's is the
@@ -37,26 +39,35 @@ profile's (cluster/node/profiles.py), and the offline demo is stored as its task
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from cluster import records
+from cluster import names, records
 from cluster.job import request as rq
 from cluster.job.secrets import secret_looking
 from cluster.job.userjob import CopyPlan
 from cluster.run import supervision as sv
 
 RUN_FOLDER = "xeon-cluster-run"
-FORMAT = 3  # 3: the run id, cluster, kind and checkpoint URI signed beside the request (`Binding`)
+FORMAT = 4  # 4: an Ed25519 signature, and the supervisor's hand-off (`handoff`) a new master starts from
 WITHHELD = "(withheld)"
 SIGNATURE = "signature"
-SCHEME = "hmac-sha256"
+HANDOFF = "handoff"
 KINDS = ("aws", "local", "file")
-_FIELDS = ("format", "kind", "cluster", "run", "checkpoint_uri", "request", "withheld", SIGNATURE)
+_FIELDS = ("format", "kind", "cluster", "run", "checkpoint_uri", "request", "withheld", HANDOFF, SIGNATURE)
+
+
+class Key(Protocol):
+    """The run-spec key (node_setup/spec_signing.py's SpecKey): the controller signs, anyone with its public half
+    verifies."""
+    def sign(self, data: bytes) -> str: ...
+    def verify(self, data: bytes, signature: str) -> bool: ...
 CHANGES_SHOWN = 5  # names per kind in the refusal
+
+
+class StoreError(RuntimeError):
+    """The run's secret store cannot be used (node_setup/aws/run_secrets.py, its local double); one line."""
 
 
 class RunSpecError(ValueError):
@@ -69,6 +80,7 @@ class Found:
     kind: str  # the kind of cluster it ran on
     withheld: tuple[str, ...]
     cluster: str = ""  # the cluster's name it ran on
+    handoff: dict | None = None  # the supervisor's spec less the request (a new master's boot step reads it)
 
 
 @dataclass(frozen=True)
@@ -98,10 +110,14 @@ def canonical(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
-def signature(data: dict, key: bytes) -> str:
-    """`hmac-sha256:<hex>` over `data` less its signature field."""
-    unsigned = {k: v for k, v in data.items() if k != SIGNATURE}
-    return f"{SCHEME}:{hmac.new(key, canonical(unsigned), hashlib.sha256).hexdigest()}"
+def signed_bytes(data: dict) -> bytes:
+    """What the signature covers: `data` less its signature field, canonical."""
+    return canonical({k: v for k, v in data.items() if k != SIGNATURE})
+
+
+def signature(data: dict, key: Key) -> str:
+    """The key's signature over `data` less its signature field."""
+    return key.sign(signed_bytes(data))
 
 
 def withhold(request: rq.RunRequest) -> tuple[rq.RunRequest, dict[str, str]]:
@@ -111,13 +127,16 @@ def withhold(request: rq.RunRequest) -> tuple[rq.RunRequest, dict[str, str]]:
     return request.with_env({name: WITHHELD for name in secrets}), secrets
 
 
-def signed_text(request: rq.RunRequest, kind: str, key: bytes, cluster: str = "") -> str:
+def signed_text(request: rq.RunRequest, kind: str, key: Key, cluster: str = "",
+                handoff: dict[str, Any] | None = None) -> str:
     """The spec's text for `request` (its secret values withheld) on the cluster `cluster` of `kind`, signed
-    with `key`: the run id, cluster, kind and checkpoint URI are signed with it (`Binding`)."""
+    with `key`: the run id, cluster, kind and checkpoint URI are signed with it (`Binding`), and `handoff`, the
+    supervisor's spec less the request (`handoff(...)`'s), which a new master starts the run's supervisor from."""
     kept, secrets = withhold(request)
     data: dict[str, Any] = {"format": FORMAT, "kind": kind, "cluster": cluster, "run": request.run_id,
                             "checkpoint_uri": _uri(request.checkpoint_uri), "request": kept.to_mapping(),
-                            "withheld": sorted(secrets)}
+                            "withheld": sorted(secrets),
+                            HANDOFF: {k: v for k, v in (handoff or {}).items() if k != "request"}}
     data[SIGNATURE] = signature(data, key)
     return json.dumps(data, indent=2) + "\n"
 
@@ -137,7 +156,7 @@ def _uri(uri: str | None) -> str | None:
     return uri.rstrip("/") if uri else None
 
 
-def read(text: str | bytes | None, where: str, key: bytes, binding: Binding | None = None) -> Found:
+def read(text: str | bytes | None, where: str, key: Key, binding: Binding | None = None) -> Found:
     """The spec read back: its signature checked against `key` first, then every field, then that it was
     signed for `binding` (what --resume resumes; RunSpecError: one line naming `where`)."""
     def bad(what: str) -> RunSpecError:
@@ -154,10 +173,10 @@ def read(text: str | bytes | None, where: str, key: bytes, binding: Binding | No
     if not isinstance(given, str) or not given:
         raise bad("it is not signed")
     try:
-        expected = signature(found, key)
+        matches = key.verify(signed_bytes(found), given)
     except ValueError:  # a value canonical JSON refuses (nan)
-        raise bad("its signature does not match its content (written or changed by someone else)") from None
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+        matches = False
+    if not matches:
         raise bad("its signature does not match its content (written or changed by someone else)")
     if found.get("format") != FORMAT:
         raise bad(f"format {found.get('format')!r}, allowed {FORMAT}")
@@ -179,12 +198,14 @@ def read(text: str | bytes | None, where: str, key: bytes, binding: Binding | No
                   "workdir against; start it again with `fab train --managed --script ...`")
     if request.managed is None:
         raise bad("it has no --managed settings")
+    if not isinstance(found.get(HANDOFF), dict):
+        raise bad(f"{HANDOFF}: allowed: a map (the supervisor's hand-off)")
     if found.get("run") != request.run_id or found.get("checkpoint_uri") != _uri(request.checkpoint_uri) \
             or not isinstance(found.get("cluster"), str):
         raise bad("its run id, cluster or checkpoint URI is not the run's it holds")
     if binding is not None:
         _check_binding(found, request, binding, where)
-    return Found(request, found["kind"], tuple(withheld), found["cluster"])
+    return Found(request, found["kind"], tuple(withheld), found["cluster"], found[HANDOFF])
 
 
 def _check_binding(found: dict, request: rq.RunRequest, binding: Binding, where: str) -> None:
@@ -259,3 +280,59 @@ def resumed(found: Found, env: dict[str, str], run_id: str, *, workdir: CopyPlan
         program = dataclasses.replace(own, workdir_files=now, workdir_changed_ok=workdir_changed_ok, copy=workdir)
         request = dataclasses.replace(request, program=program)
     return dataclasses.replace(request, run_id=sv.check_run_id(run_id), resume=True)
+
+
+# ---------------------------------------------------------------- the run's secrets, where only the master reads
+
+# What the controller puts in the run's secret store at the hand-off (node_setup/run_store.py: SSM Parameter
+# Store SecureString on AWS, a double of it in the cluster's data directory locally), under STORE_ROOT/<cluster>/:
+# CLUSTER_KEY_NAME, the cluster's private SSH key (a new master reaches the workers with it), and one run record
+# per supervised run, RUNS_FOLDER/<run id>: where the run's signed spec is and its withheld --env values.
+STORE_ROOT = "/xeon-cluster"
+CLUSTER_KEY_NAME = "cluster-key"
+RUNS_FOLDER = "runs"
+
+
+def store_prefix(cluster: str) -> str:
+    return f"{STORE_ROOT}/{names.cluster(cluster)}"
+
+
+def run_record_name(run_id: str) -> str:
+    return f"{RUNS_FOLDER}/{sv.check_run_id(run_id)}"
+
+
+def run_record(run_id: str, spec_at: str, secrets: dict[str, str]) -> str:
+    """A run record's text: the run, where its spec is (an s3:// URI or a path on the disk every node shares),
+    its withheld values."""
+    return json.dumps({"run": sv.check_run_id(run_id), "spec": spec_at, "secrets": dict(secrets)}, sort_keys=True)
+
+
+def checked_run_record(text: str | None, where: str) -> tuple[str, str, dict[str, str]]:
+    """(run id, where its spec is, its secret values) from a run record read back (RunSpecError: one line). It is
+    data, not a command: the spec it points to must verify, and its values fill only the spec's withheld names."""
+    try:
+        found = records.load(text, where)
+    except records.RecordError as exc:
+        raise RunSpecError(f"{where}: {exc.why}") from None
+    if not isinstance(found, dict) or set(found) != {"run", "spec", "secrets"}:
+        raise RunSpecError(f"{where}: not a run record (run, spec, secrets)")
+    run, spec, secrets = found["run"], found["spec"], found["secrets"]
+    if not isinstance(run, str) or not sv.RUN_ID_RE.match(run):
+        raise RunSpecError(f"{where}: run {run!r} is not a run id")
+    if not isinstance(spec, str) or not (spec.startswith("s3://") or spec.startswith("/")) \
+            or not spec.endswith(f"/{RUN_FOLDER}/{sv.SPEC_FILE}") or not records.is_printable(spec):
+        raise RunSpecError(f"{where}: spec {str(spec)[:80]!r} is not allowed; allowed: an s3:// URI or an absolute "
+                           f"path ending in /{RUN_FOLDER}/{sv.SPEC_FILE}")
+    if not isinstance(secrets, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in secrets.items()):
+        raise RunSpecError(f"{where}: secrets: allowed: a map of names to values")
+    return run, spec, dict(secrets)
+
+
+def state_path(output_dir: str) -> str:
+    """The run's state, mirrored by its supervisor beside the spec in the output directory (STATE_FILE)."""
+    return f"{output_dir.rstrip('/')}/{RUN_FOLDER}/{sv.STATE_FILE}"
+
+
+def state_uri(checkpoint_uri: str) -> str:
+    return f"{checkpoint_uri.rstrip('/')}/{RUN_FOLDER}/{sv.STATE_FILE}"

@@ -25,6 +25,7 @@ so that the same rules hold on a local cluster, on AWS and in the tests' fake ba
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import time
 from dataclasses import dataclass
@@ -52,10 +53,12 @@ NOTICE, SILENT = "spot notice", "unreachable"  # a recovery's cause
 SILENT_PROBES = 3  # unanswered SSH probes in a row before the instance's state is asked
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped", "gone")
 
-# What a run's state file says (`fab status --json`'s "supervised" object).
-STARTING, RUNNING, RECOVERING, COMPLETED, FAILED, STOPPED, MASTER_LOST = (
-    "starting", "running", "recovering", "completed", "failed", "stopped", "master-lost")
-FINAL = (COMPLETED, FAILED, STOPPED, MASTER_LOST)
+# What a run's state file says (`fab status --json`'s "supervised" object). MASTER_LEAVING is not final: the
+# master's own spot notice, after which a new master's boot step continues the run (node_setup/supervisor/boot.py).
+STARTING, RUNNING, RECOVERING, COMPLETED, FAILED, STOPPED, MASTER_LEAVING = (
+    "starting", "running", "recovering", "completed", "failed", "stopped", "master-leaving")
+FINAL = (COMPLETED, FAILED, STOPPED)
+MASTER_REPLACED = "master replaced"  # a recovery's cause: a new master continued the run
 
 # The user's own program (`fab train --managed --script/--module`): after a recovery it is restarted
 # with the run's newest checkpoint in RESUME_FROM_VARIABLE and in the arguments of `--resume-arg`.
@@ -161,13 +164,50 @@ def steps_redone(stopped_step: int | None, checkpoint_step: int | None) -> int |
 
 def state_record(*, run_id: str, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict],
                  output_dir: str, at: float, pid: int | None = None, line: str = "",
-                 pending: list[str] | None = None, restart: dict | None = None, keeper: int | None = None) -> dict:
+                 pending: list[str] | None = None, restart: dict | None = None, keeper: int | None = None,
+                 replaced: list[dict] | None = None) -> dict:
     """The run's state file: what `fab status` shows of a supervised run, and in `restart` what a supervisor
     started again after its process ended carries on from (node_setup/supervisor/loop.py); `keeper`: the pid
-    of the process that starts it again (its parent: node_setup/supervisor/respawn.py, or systemd's)."""
+    of the process that starts it again (its parent: node_setup/supervisor/respawn.py, or systemd's);
+    `replaced`: each master replacement the run went through (`replaced_entry`)."""
     return {"run": run_id, "status": status, "job": job_id, "nodes": list(nodes), "recoveries": len(recoveries),
             "output_dir": output_dir, "updated": round(at, 1), "pid": pid, "keeper": keeper, "line": line,
-            "awaiting": list(pending or []), "restart": dict(restart or {})}
+            "awaiting": list(pending or []), "restart": dict(restart or {}), "replaced": list(replaced or [])}
+
+
+def replaced_entry(*, at: float, address: str, step: int | None, job_id: str) -> dict:
+    """One master replacement in the state: when the new master took the run over, its address, the
+    checkpoint the run continued from and the job it continued as."""
+    return {"at": round(at, 1), "address": address, "step": step, "job": job_id}
+
+
+def replaced_line(entry: dict) -> str:
+    """What `fab status` says of a master replacement no one watched."""
+    step = entry.get("step")
+    return (f"master replaced at {time.strftime('%H:%M:%S', time.gmtime(float(entry.get('at') or 0)))} (new address "
+            f"{entry.get('address')}); run continued from "
+            + (f"checkpoint-{step}" if step is not None else "its start (no checkpoint)")
+            + f" as job {entry.get('job')}")
+
+
+def start_command(run_id: str, python: str, *, systemd: bool) -> str:
+    """The shell command (run in the SSH user's home) that starts the supervisor of the run whose directory is
+    RUN_ROOT/<run id>, detached: a transient systemd unit (`systemd`: a machine of its own), else `setsid nohup`
+    under its keeper (node_setup/supervisor/respawn.py). Killed, either starts it again, and it carries on from its
+    state file (node_setup/supervisor/loop.py). Used by `fab train --managed` and a new master's boot step."""
+    d = f"{RUN_ROOT}/{check_run_id(run_id)}"
+    qd, py = shlex.quote(d), shlex.quote(python)
+    command = f"{py} -m {SUPERVISOR_MODULE} run \"$HOME\"/{qd}"
+    if systemd:
+        unit = shlex.quote(f"{SYSTEMD_UNIT_PREFIX}{run_id}")
+        start = (f"sudo systemd-run --quiet --unit {unit} --uid \"$(id -u)\" --gid \"$(id -g)\" "
+                 f"--property Restart={RESTART_POLICY} --property RestartSec={RESTART_DELAY_S} "
+                 f"--setenv HOME=\"$HOME\" --working-directory \"$HOME\" "
+                 f"/bin/sh -c {shlex.quote(f'exec {command} >> {d}/{LOG_FILE} 2>&1')}")
+    else:
+        start = (f"(setsid nohup {py} -m {RESPAWN_MODULE} \"$HOME\"/{qd} -- {command} </dev/null "
+                 f">> {qd}/{LOG_FILE} 2>&1 &)")
+    return f"cd && ln -sfn {shlex.quote(run_id)} {shlex.quote(CURRENT_LINK)} && {start}"
 
 
 def log_line(at: float, line: str) -> str:
@@ -201,8 +241,17 @@ _STATE_FIELDS = {
     "pid": (lambda v: v is None or _count(v), "null or a pid"), "keeper": (lambda v: v is None or _count(v), "a pid"),
     "line": (records.is_printable, "one line of printable text"),
     "restart": (lambda v: isinstance(v, dict), "a map"),
+    "replaced": (lambda v: isinstance(v, list) and all(_replaced(e) for e in v), "a list of master replacements"),
 }
-STATUSES = (STARTING, RUNNING, RECOVERING, *FINAL)
+STATUSES = (STARTING, RUNNING, RECOVERING, MASTER_LEAVING, *FINAL)
+
+
+def _replaced(entry: object) -> bool:
+    return (isinstance(entry, dict) and set(entry) == {"at", "address", "step", "job"}
+            and isinstance(entry["at"], (int, float)) and not isinstance(entry["at"], bool)
+            and isinstance(entry["address"], str) and records.is_printable(entry["address"])
+            and (entry["step"] is None or _count(entry["step"]))
+            and isinstance(entry["job"], str) and bool(RUN_ID_RE.fullmatch(entry["job"])))
 
 
 def checked_state(value: object, where: str) -> tuple[dict | None, list[str]]:
@@ -227,7 +276,8 @@ def status_line(state: dict) -> str:
     waiting = f"; awaiting {', '.join(state['awaiting'])}" if state.get("awaiting") else ""
     return (f"supervised run {state.get('run')}: {state.get('status')} (job {state.get('job') or '-'}, "
             f"{len(state.get('nodes') or [])} node(s), {state.get('recoveries', 0)} recovery(ies){waiting})"
-            + (f": {state['line']}" if state.get("line") else ""))
+            + (f": {state['line']}" if state.get("line") else "")
+            + "".join(f"; {replaced_line(e)}" for e in state.get("replaced") or []))
 
 
 def resume_words(template: str) -> tuple[str, ...]:

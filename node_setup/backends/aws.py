@@ -199,5 +199,27 @@ class AwsBackend:
     def planned_machine(self) -> tuple[str, int] | None:
         return None
 
+    def run_store(self, cluster: str, *, data_dir: str = "", region: str | None = None) -> Any:
+        from node_setup.aws.run_secrets import SsmStore
+
+        return SsmStore(cluster, region)
+
+    def cluster_network(self, inventory: Inventory, ec2: Any = None) -> tuple[str, tuple[str, ...]] | None:
+        """The master's subnet (EC2: its instance's subnet's CIDR block), where the stack's master group brings a
+        new master up at an address of its own; None when EC2 does not say (then `from=` the nodes' addresses)."""
+        from cluster.node.render import RenderError, checked_cidr
+        from node_setup.aws import clients, errors
+
+        master = inventory.master.instance_id
+        if not master:
+            return None
+        try:
+            ec2 = ec2 or clients.client("ec2", inventory.region)
+            reservations = ec2.describe_instances(InstanceIds=[master])["Reservations"]
+            subnet = reservations[0]["Instances"][0]["SubnetId"]
+            return checked_cidr(ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]["CidrBlock"]), ()
+        except (clients.AwsSetupError, RenderError, LookupError, *errors.AWS_ERRORS):
+            return None
+
     def replaces_lost_master(self) -> bool:
         return True  # node_setup/tasks/managed.py's recover_master: a targeted `pulumi up` of the stack

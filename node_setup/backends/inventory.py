@@ -94,5 +94,11 @@ class InventoryFileBackend:
     def planned_machine(self) -> tuple[str, int] | None:
         return None
 
+    def run_store(self, cluster: str, *, data_dir: str = "", region: str | None = None) -> Any:
+        return None  # nothing brings a new master: `fab train --managed --resume` continues a lost master's run
+
+    def cluster_network(self, inventory: Inventory) -> tuple[str, tuple[str, ...]] | None:
+        return None
+
     def replaces_lost_master(self) -> bool:
         return False

@@ -241,5 +241,19 @@ class LocalBackend:
 
         return machine_cpu()
 
+    def run_store(self, cluster: str, *, data_dir: str = "", region: str | None = None) -> Any:
+        from node_setup.local.run_store_double import LocalStoreDouble
+
+        return LocalStoreDouble(data_dir, cluster) if data_dir else None
+
+    def cluster_network(self, inventory: Inventory) -> tuple[str, tuple[str, ...]] | None:
+        """The cluster's subnet (its state), where the keeper brings a lost master back at a new address, less the
+        bridge's address: this machine, the controller, gets no login with the cluster key."""
+        try:
+            state = local_state.load_state(local_state.paths_for(inventory.name))
+        except local_state.LocalClusterError:
+            return None
+        return (state.subnet, (state.bridge_address,)) if state is not None else None
+
     def replaces_lost_master(self) -> bool:
         return False  # fab does not: the group keeper brings a lost master back itself (node_setup/local/keeper.py)

@@ -20,12 +20,13 @@ pid in KEEPER_PID_FILE beside the state file; `fab local-down` ends it). Every P
 - with a console delay C (`fab local-up --keeper-console-delay C`), holds a new worker's console (its host
   keys) back for C seconds, as a metal instance's console lists them only at the end of a long boot: the
   supervisor must wait for them (cluster/run/supervision.py);
-- brings a lost master (the first node) back as `pulumi up` replaces one: a new machine at the master's
-  name, at a new address (`moved`: a new EC2 instance gets an address of its own, and the stack holds no
-  Elastic IP; the controller finds the master again by its name), with new host keys on its console and
-  without the workers' first-boot script (the master's instance has no such user data: `fab train`
-  distributes the cluster key to it). The controller verifies its host key from its console as any new
-  node's; `fab train --managed --resume` continues the run on it (docs/long-spot-runs.md).
+- brings a lost master (the first node) back as the master's group of one replaces one on AWS: a new machine
+  at the master's name, at a new address (`moved`: a new EC2 instance gets an address of its own, and the
+  stack holds no Elastic IP; the controller finds the master again by its name), with new host keys on its
+  console and without the workers' first-boot script, and runs the master's boot script there, the one the
+  master's user data holds on AWS (cluster/node/boot_script.py's master_boot_script): it continues the
+  cluster's unfinished supervised run from its newest checkpoint (node_setup/supervisor/boot.py). The
+  controller verifies the new master's host key from its console as any new node's (docs/long-spot-runs.md).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import yaml
 
 from cluster.node.boot_script import boot_script
 from cluster.node.render import RenderError
-from node_setup.controller import KEY_STORE_DIR, config_root
+from node_setup.controller import KEY_STORE_DIR, SPEC_KEY_FILE, config_root
 from node_setup.local import cluster as local_cluster
 from node_setup.local import state as local_state
 from node_setup.local.console import console_path
@@ -136,15 +137,41 @@ def _authorize_cluster_key(state: local_state.ClusterState, node: local_state.No
     except RenderError as exc:
         progress(f"keeper: {node.name}: no cluster key written: {exc}")
         return
+    _run_boot_script(node, script, "the first-boot script", progress)
+
+
+def _boot_master(state: local_state.ClusterState, node: local_state.NodeState, user: str, profile: str,
+                 progress=print) -> None:
+    """Run the master's boot script on a new master, as cloud-init runs the master's user data on AWS
+    (cluster/node/boot_script.py's master_boot_script): it continues the cluster's unfinished supervised run
+    (node_setup/supervisor/boot.py), its spec verified with this controller's run-spec public key."""
+    from cluster.node.boot_script import master_boot_script
+    from cluster.node.profiles import get_profile, venv_dir
+
+    public = config_root() / KEY_STORE_DIR / f"{SPEC_KEY_FILE}.pub"
+    if not public.exists():
+        progress(f"keeper: {node.name}: no run-spec key on this controller: no supervised run to continue")
+        return
+    try:
+        script = master_boot_script(signer=public.read_text(), cluster=state.name, kind="local", ssh_user=user,
+                                    python=f"{venv_dir(get_profile(profile))}/bin/python", store=str(state.data_dir))
+    except RenderError as exc:
+        progress(f"keeper: {node.name}: the master's boot script not run: {exc}")
+        return
+    _run_boot_script(node, script, "the master's boot script", progress)
+
+
+def _run_boot_script(node: local_state.NodeState, script: str, what: str, progress=print) -> None:
+    """`script` run inside the node (its mount, UTS, network and PID namespaces) as root; its last line said."""
     if node.sshd_pid is None:
-        progress(f"keeper: {node.name}: no cluster key written: its sshd is not running")
+        progress(f"keeper: {node.name}: {what} did not run: its sshd is not running")
         return
     try:
         done = subprocess.run(["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--net", "--pid",
                                "/bin/sh", "-c", script, "xeon-cluster-boot"],
                               capture_output=True, text=True, timeout=BOOT_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        progress(f"keeper: {node.name}: the first-boot script did not run: {exc}")
+        progress(f"keeper: {node.name}: {what} did not run: {exc}")
         return
     line = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or ["no output"]
     progress(f"keeper: {node.name}: {line[0]}" + ("" if done.returncode == 0 else f" (exit {done.returncode})"))
@@ -200,7 +227,8 @@ def _keep(paths: local_state.ClusterPaths, name: str, delay: float, console_dela
                 progress(f"keeper: could not bring them back: {exc}")
                 after = None
             if after is not None:
-                user = (yaml.safe_load(paths.inventory_path.read_text()) or {}).get("user", "root")
+                recorded = yaml.safe_load(paths.inventory_path.read_text()) or {}
+                user = recorded.get("user", "root")
                 for node in after.nodes[1:]:  # workers: the master's instance has no first-boot script
                     if node.name in due:
                         _authorize_cluster_key(after, node, user, progress)
@@ -210,6 +238,8 @@ def _keep(paths: local_state.ClusterPaths, name: str, delay: float, console_dela
                 for back in due:
                     down_since.pop(back, None)
                 write_group(after, {n.name: True for n in after.nodes}, delay)
+                if master in due:  # its boot step reads the group's record: after it shows the new machines
+                    _boot_master(after, after.nodes[0], user, recorded.get("profile") or "stock", progress)
         time.sleep(POLL_S)
 
 

@@ -147,7 +147,9 @@ def distribute(inventory: Inventory, *, conns: dict | None = None, connect_timeo
 
 def _distribute(inventory: Inventory, conns: dict, key: keys.ClusterKey,
                 progress: Callable[[str, str], None]) -> DistributionResult:
-    line = authorized_key_line(key.public_key, inventory.nodes)
+    from node_setup.backends import backend_for
+
+    line = authorized_key_line(key.public_key, inventory.nodes, backend_for(inventory.kind).cluster_network(inventory))
     result = DistributionResult(inventory.name)
 
     def one(name: str, conn) -> NodeDistribution:

@@ -5,7 +5,8 @@ key that signs supervised runs' specs.
         id_ed25519        private half of the cluster key (0600): goes to the master only
         id_ed25519.pub    public half: in every node's authorized_keys (from= the cluster's addresses)
         known_hosts       every node's host key as the controller verified it (see connections.py)
-    ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/run-spec.key     (0600; `spec_key`: never leaves this machine)
+    ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/run-spec-ed25519     (0600; `spec_key`: never leaves this machine)
+    ${XDG_CONFIG_HOME:-~/.config}/xeon-cluster/keys/run-spec-ed25519.pub  (its public half: a new master verifies)
 
 The key pair is made once per cluster by the toolkit (ed25519, with `cryptography`, which
 paramiko already needs) and reused on later runs, so `fab distribute` stays idempotent. It never
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from cluster import names
 from cluster.node.render import key_comment
-from node_setup.controller import KEY_STORE_DIR, PROJECT_ROOT, config_root
+from node_setup.controller import KEY_STORE_DIR, PROJECT_ROOT, SPEC_KEY_FILE, config_root
+from node_setup.spec_signing import SpecKey
 
 
 class KeyStoreError(RuntimeError):
@@ -149,8 +151,6 @@ def forget_hint(cluster: str, host: str) -> str:
             "and rerun; otherwise do not connect")
 
 
-SPEC_KEY_FILE = "run-spec.key"  # in the key store's root: the key that signs supervised runs' specs
-SPEC_KEY_BYTES = 32
 
 
 def _spec_key_path() -> Path:
@@ -165,33 +165,49 @@ def _spec_key_path() -> Path:
     return root / SPEC_KEY_FILE
 
 
-def rotate_spec_key() -> Path:
-    """A new spec key in place of the old (`fab forget --spec-key`): made 0600 beside it, then moved over it in
-    one step, so that every spec signed before is refused from now on. Returns the key file."""
-    import secrets
+def _make_spec_key(path: Path) -> bool:
+    """An Ed25519 pair at `path` (private, 0600, OpenSSH format) and `path`.pub, unless the private half exists."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    private = Ed25519PrivateKey.generate()
+    made = _write_new(path, private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                  serialization.NoEncryption()), 0o600)
+    if made:
+        public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        partial = path.with_name(path.name + ".pub.new")
+        partial.write_text(public.decode() + " xeon-cluster-run-spec\n")
+        os.replace(partial, path.with_name(path.name + ".pub"))
+    return made
+
+
+def rotate_spec_key() -> Path:
+    """A new spec key pair in place of the old (`fab forget --spec-key`): made beside it, then moved over it, so
+    that every spec signed before is refused from now on. Returns the private half's file."""
     path = _spec_key_path()
     new = path.with_name(f"{SPEC_KEY_FILE}.new")
     new.unlink(missing_ok=True)
-    _write_new(new, secrets.token_hex(SPEC_KEY_BYTES).encode() + b"\n", 0o600)
+    _make_spec_key(new)
+    os.replace(new.with_name(new.name + ".pub"), path.with_name(path.name + ".pub"))
     os.replace(new, path)
     return path
 
 
-def spec_key() -> bytes:
-    """The key that signs supervised runs' specs (cluster/run/runspec.py): 32 random bytes made on first use,
-    kept 0600 in the key store (0700) and never sent anywhere, so a spec read back from a bucket the nodes may
-    write is refused unless this controller wrote it."""
-    import secrets
+def spec_key() -> SpecKey:
+    """The key pair that signs supervised runs' specs (cluster/run/runspec.py, node_setup/spec_signing.py): an
+    Ed25519 pair made on first use, its private half 0600 in the key store (0700) and never sent anywhere; its
+    public half goes to the master's boot step, so a new master verifies the spec too, and a spec read back from
+    a bucket the nodes may write is refused unless this controller signed it."""
+    from node_setup.spec_signing import checked_public_key
 
     path = _spec_key_path()
-    _write_new(path, secrets.token_hex(SPEC_KEY_BYTES).encode() + b"\n", 0o600)
+    public = path.with_name(path.name + ".pub")
+    if not path.exists():
+        _make_spec_key(path)
     path.chmod(0o600)
     try:
-        key = bytes.fromhex(path.read_text().strip())
-    except ValueError:
-        key = b""
-    if len(key) != SPEC_KEY_BYTES:
-        raise KeyStoreError(f"{path}: not the {SPEC_KEY_BYTES}-byte key fab writes there; remove it and rerun (a new "
-                            "key is made; specs signed with the old one can no longer be resumed)")
-    return key
+        return SpecKey(checked_public_key(public.read_text()), path)
+    except (OSError, ValueError):
+        raise KeyStoreError(f"{path}: not the Ed25519 pair fab writes there ({public.name} beside it); remove both "
+                            "and rerun (a new pair is made; specs signed with the old one can no longer be "
+                            "resumed)") from None

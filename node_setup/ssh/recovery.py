@@ -33,19 +33,8 @@ def start_supervisor(master, spec: dict, secrets: dict[str, str], *, systemd: bo
     write_remote_json(master, f"{d}/{sv.SPEC_FILE}", spec)
     if secrets:
         write_remote_json(master, f"{d}/{sv.SECRETS_FILE}", secrets, mode=0o600)
-    python = shlex.quote(f"{venv_dir(get_profile(spec['inventory'].get('profile') or 'stock'))}/bin/python")
-    command = f"{python} -m {sv.SUPERVISOR_MODULE} run \"$HOME\"/{qd}"
-    if systemd:  # killed, it is started again and carries on from its state file (node_setup/supervisor/loop.py)
-        unit = shlex.quote(f"{sv.SYSTEMD_UNIT_PREFIX}{run_id}")
-        start = (f"sudo systemd-run --quiet --unit {unit} --uid \"$(id -u)\" --gid \"$(id -g)\" "
-                 f"--property Restart={sv.RESTART_POLICY} --property RestartSec={sv.RESTART_DELAY_S} "
-                 f"--setenv HOME=\"$HOME\" --working-directory \"$HOME\" "
-                 f"/bin/sh -c {shlex.quote(f'exec {command} >> {d}/{sv.LOG_FILE} 2>&1')}")
-    else:  # the same, by its keeper (node_setup/supervisor/respawn.py)
-        start = (f"(setsid nohup {python} -m {sv.RESPAWN_MODULE} \"$HOME\"/{qd} -- {command} </dev/null "
-                 f">> {qd}/{sv.LOG_FILE} 2>&1 &)")
-    master.run(f"cd && ln -sfn {shlex.quote(run_id)} {shlex.quote(sv.CURRENT_LINK)} && {start}",
-               hide=True, in_stream=False)
+    python = f"{venv_dir(get_profile(spec['inventory'].get('profile') or 'stock'))}/bin/python"
+    master.run(sv.start_command(run_id, python, systemd=systemd), hide=True, in_stream=False)
     return d
 
 

@@ -6,8 +6,10 @@ The order (every decision is cluster/run/supervision.py's or cluster/run/recover
    request (`fab stop`), the master's own spot notice, each worker's notice and SSH answer; a
    worker silent for SILENT_PROBES probes is lost once its instance's state says it is gone;
 2. a lost worker: the job is let end (a notice: it checkpoints and exits 75), else stopped; the
-   master's notice ends the run as MASTER_LOST (the controller continues it with
-   `fab train --managed --resume` once the master is back);
+   master's own notice is recorded as MASTER_LEAVING (not final) and this supervisor ends: a new master's
+   boot step (node_setup/supervisor/boot.py) starts the run's supervisor there, which takes the run over
+   (`LoopSpec.takeover`: each worker's host key verified from its console, the hosts written, a recovery
+   recorded, the job resumed from the newest checkpoint);
 3. replacements awaited up to --wait-for-capacity: a member of the group in the lost node's slot,
    another instance, whose presented host key its console lists (a wait while it presents none or
    the console lists none yet, for as long as its type boots and the recovery waits; a refusal for
@@ -61,6 +63,8 @@ class LoopSpec:
     poll_s: float = 5.0
     resume: bool = False  # the first launch continues a run (`fab train --managed --resume`)
     previous: dict | None = None  # the state file this run's supervisor left when its process ended (a restart)
+    # on a new master: the run's state its lost master mirrored beside the spec (checked: data, not commands)
+    takeover: dict | None = None
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Nodes(Protocol):
     def probe(self, member: Member) -> tuple[bool, str | None]: ...
     def host_key(self, member: Member) -> str | None: ...
     def admit(self, member: Member, key: str) -> str | None: ...
+    def take_over(self, master: Member, keys: dict[str, str]) -> None: ...
 
 
 class Job(Protocol):
@@ -88,13 +93,14 @@ class Job(Protocol):
     def batch_for(self, node_count: int) -> Batch | None: ...
     def finish(self, records: list[dict]) -> None: ...
     def keep_for_controller(self) -> str: ...
+    def restore_workdir(self, workers: list[str]) -> str | None: ...
 
 
 class Store(Protocol):
     """The run's files (node_setup/supervisor/onmaster.py's RunFiles)."""
     def say(self, line: str) -> None: ...
     def state(self, *, status: str, job_id: str | None, nodes: list[str], recoveries: list[dict], line: str = "",
-              pending: list[str], restart: dict | None) -> None: ...
+              pending: list[str], restart: dict | None, replaced: list[dict]) -> None: ...
     def stop_requested(self) -> bool: ...
     def records(self) -> list[dict]: ...
     def save_records(self, records: list[dict]) -> None: ...
@@ -131,6 +137,7 @@ class Supervisor:
     launched_at: float = 0.0  # when it was
     launching: dict | None = None  # a launch under way: {"job", "resume"}
     recovering: dict | None = None  # a recovery under way: {"lost", "code", "ended", "number"} (or "grow")
+    replaced: list[dict] = field(default_factory=list)  # the run's master replacements (supervision.replaced_entry)
 
     @property
     def master(self) -> str:
@@ -147,7 +154,8 @@ class Supervisor:
 
     def _state(self, status: str, line: str = "") -> None:
         self.store.state(status=status, job_id=self.job_id, nodes=list(self.current), recoveries=self.records,
-                         line=line, pending=sorted(self.pending), restart=self._restart_facts())
+                         line=line, pending=sorted(self.pending), restart=self._restart_facts(),
+                         replaced=self.replaced)
 
     def _restart_facts(self) -> dict:
         """What a restarted supervisor needs beyond the state's nodes and job (`_carry_on` reads it back)."""
@@ -164,6 +172,11 @@ class Supervisor:
         self.records = list(self.store.records())
         if self.spec.previous is not None:
             event = self._carry_on(self.spec.previous)
+        elif self.spec.takeover is not None:
+            outcome = self._take_over(self.spec.takeover)
+            if outcome:
+                return outcome
+            event = None
         else:
             self.say("the master supervises the run and recovers " + self.spec.managed.describe(len(self.spec.wanted)))
             self._launch(resume=self.spec.resume, batch=None)
@@ -235,6 +248,9 @@ class Supervisor:
             return None
         if self.job_id is not None:
             self.job.adopt(self.job_id, chosen, resume=self.job_resume, launched_at=self.launched_at)
+        if recovering and recovering.get("takeover") and len(self.records) < int(recovering["number"]):
+            outcome = self._take_over(recovering["takeover"])  # cut short before its record: taken over again
+            return ("final", outcome) if outcome else None
         if recovering and len(self.records) < int(recovering["number"]) and not recovering.get("grow"):
             return ("recover", [_Lost(*x) for x in recovering["lost"]], recovering["code"], recovering["ended"])
         if recovering:  # recorded, or a grow cut short: the job is stopped (again) and launched on the nodes now
@@ -255,6 +271,7 @@ class Supervisor:
         self.resumed_step = facts.get("resumed_step")
         self.job_resume, self.launched_at = bool(facts.get("job_resume")), float(facts.get("launched_at") or 0)
         self.job_id = previous.get("job")
+        self.replaced = list(previous.get("replaced") or [])
         if facts.get("reference") and hasattr(self.job, "reference"):
             self.job.reference = facts["reference"]
 
@@ -487,14 +504,110 @@ class Supervisor:
         self.resumed_step = step
         self._launch(resume=True, batch=batch.plan if batch else None)
 
+    # ------------------------------------------------------------ a new master
+
+    def _take_over(self, takeover: dict) -> str | None:
+        """On a new master: the run its lost master supervised, continued. Each worker's host key verified from
+        its console (a refused or silent one is lost, its replacement awaited as in any recovery), the master's
+        ssh files written, one recovery recorded (cause MASTER_REPLACED), the job resumed from the newest
+        checkpoint; None, or the run's final status when it cannot go on."""
+        master = self.members[self.master]
+        ended = float(takeover.get("updated") or self.clock())  # the lost master's last word
+        self.replaced = list(takeover.get("replaced") or [])
+        self.say(f"a new master {self.master} ({master.instance_id}, {master.address}) takes the run over from its "
+                 f"lost master (last state {takeover.get('status')}, job {takeover.get('job') or '-'}, "
+                 f"{len(self.records)} recovery(ies) so far)")
+        if len(self.records) >= self.spec.managed.max_recoveries:
+            return self._final(sv.FAILED, f"--max-recoveries {self.spec.managed.max_recoveries} reached: not "
+                                          "recovering again; `fab train --managed --resume` continues the run")
+        self.recovering = {"takeover": takeover, "number": len(self.records) + 1}
+        self._state(sv.RECOVERING, "a new master takes the run over")
+        step, saved_at = self.job.newest_checkpoint()
+        keys, lost = self._verify_workers(deadline=self.clock() + max(self.spec.managed.wait_s, 60.0))
+        self.nodes.take_over(master, keys)
+        for name in [n for n in keys if n != self.master]:  # the master's files hold every verified key now
+            problem = self.nodes.admit(self.members[name], keys[name])
+            if problem:
+                self._hand_back(self.members[name], f"{name} ({self.members[name].instance_id}): not ready ({problem})")
+                lost.append(name)
+        for name in lost:
+            self.pending[name] = self.members[name].instance_id
+            if name in self.current:
+                self.current.remove(name)
+        problem = self.job.restore_workdir(self.current[1:])
+        if problem:
+            return self._final(sv.FAILED, f"{problem}: `fab train --managed --resume` copies it again from the "
+                                          "controller")
+        if self.pending and self.spec.managed.wait_s and self.backend.replaces_lost():
+            self.say(f"awaiting replacement(s) for {', '.join(sorted(self.pending))} from the group (up to "
+                     f"{self.spec.managed.wait_s:g} s)")
+            self._replacements_ready(block=True, deadline=self.clock() + self.spec.managed.wait_s)
+        joined = self._join_admitted()
+        if rc.next_step(len(self.spec.wanted), len(self.current), self.spec.managed.min_nodes) == rc.TOO_FEW:
+            return self._final(sv.FAILED, f"only {len(self.current)} node(s) left ({', '.join(self.current)}); "
+                                          f"--min-nodes is {self.spec.managed.min_nodes}: stopping")
+        batch = self.job.batch_for(len(self.current))
+        waited = self.clock() - ended
+        lost_s = round(max(0.0, ended - (saved_at or ended)), 1)
+        record = rc.recovery_record(number=len(self.records) + 1, at=ended, cause=sv.MASTER_REPLACED, step=step,
+                                    exit_code=None, nodes_lost=[self.master, *lost], nodes_after=list(self.current),
+                                    seconds_lost=lost_s, seconds_waiting=waited,
+                                    batch=batch.describe_line if batch else None)
+        record["steps_redone"] = None  # where the lost master's job stopped is not known
+        record["host_keys"] = {n: f"{k.split()[0]} {sv.fingerprint(k.split()[1])}" for n, k in keys.items()
+                               if n != self.master and n not in lost}
+        record["host_keys"].update({n: self.verified[n] for n in joined if n in self.verified})
+        self.records.append(record)
+        self.store.save_records(self.records)
+        self.say(f"recovery {record['number']}: the master was lost; resuming on {len(self.current)} node(s) "
+                 f"({', '.join(self.current)}) from checkpoint-{step}; {waited:.1f} s since the lost master's last "
+                 "state")
+        self.resumed_step = step
+        self._launch(resume=True, batch=batch.plan if batch else None)
+        self.replaced.append(sv.replaced_entry(at=self.clock(), address=master.address, step=step,
+                                               job_id=self.watched))
+        self._state(sv.RUNNING)
+        return None
+
+    def _verify_workers(self, *, deadline: float) -> tuple[dict[str, str], list[str]]:
+        """(slot -> the verified key line, for the master itself and each worker whose presented key its console
+        lists; the workers refused or with no key by `deadline`, handed back to the group)."""
+        master = self.members[self.master]
+        keys: dict[str, str] = {}
+        own = self.nodes.host_key(master)  # this machine's own sshd: nothing to verify it against but itself
+        if own:
+            keys[self.master] = own
+        first, lost = self.clock(), []
+        waiting = list(self.current[1:])
+        while waiting:
+            for name in list(waiting):
+                member = self.members[name]
+                verdict = sv.host_key_verdict(member, self.nodes.host_key(member), self.backend.console(member),
+                                              waited_s=self.clock() - first, wait_s=max(0.0, deadline - first))
+                if verdict.outcome == "wait":
+                    continue
+                waiting.remove(name)
+                if verdict.verified:
+                    self.say(verdict.line)
+                    keys[name] = verdict.key
+                else:
+                    self._hand_back(member, verdict.line)
+                    lost.append(name)
+            if waiting:
+                self.sleep(self.spec.poll_s)
+        return keys, lost
+
     # ------------------------------------------------------------ ends
 
     def _master_lost(self, notice: str) -> str:
+        """The master's own notice: not the run's end. Recorded (MASTER_LEAVING, mirrored beside the spec) for a new
+        master's boot step, which continues the run; this supervisor ends here."""
         kept = self.job.keep_for_controller()
-        return self._final(sv.MASTER_LOST, f"the master {self.master} has a spot notice ({notice}); it runs the job "
-                                           f"and "
-                                           f"the supervisor, so the run ends here. {kept} Once the master is back, "
-                                           "`fab train --managed --resume` continues it")
+        line = (f"the master {self.master} has a spot notice ({notice}); it runs the job and the supervisor. {kept} "
+                "A new master continues the run from its newest checkpoint when it boots")
+        self.say(line)
+        self._state(sv.MASTER_LEAVING, line)
+        return sv.MASTER_LEAVING
 
     def _final(self, status: str, line: str) -> str:
         if self.records:

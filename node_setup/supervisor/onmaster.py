@@ -19,9 +19,11 @@ collaborators), and its entry point.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +42,7 @@ from cluster.node.profiles import get_profile, venv_dir
 from cluster.node.render import MasterPaths
 from cluster.node.setup_script import PROJECT_MARKER
 from cluster.run import recovery as rc
+from cluster.run import runspec
 from cluster.run import supervision as sv
 from cluster.run.supervision import Member
 from node_setup.backends import backend_for
@@ -84,18 +87,49 @@ def known_keys(path: Path) -> dict[str, str]:
 class RunFiles:
     """The run's directory on the master: its log, state, stop request; the recoveries in its output dir."""
 
-    def __init__(self, run_dir: Path, output_dir: str, run_id: str, clock=time.time):
+    def __init__(self, run_dir: Path, output_dir: str, run_id: str, clock=time.time, mirror=None, run_store=None):
         self.dir, self.output_dir, self.run_id, self.clock = run_dir, output_dir, run_id, clock
+        self.mirror = mirror  # (where, text): the state beside the spec in S3 (--checkpoint-uri), or None
+        self.mirror_problem: str | None = None
+        self.run_store = run_store  # the cluster's run store (the backend's), where the run's record is
+
+    def forget(self) -> None:
+        """The run ended: its record (its secret values) removed from the run store, so no new master takes it."""
+        if self.run_store is None:
+            return
+        try:
+            self.run_store.delete(runspec.run_record_name(self.run_id))
+        except runspec.StoreError as exc:
+            self.say(f"the run's record stays in its store: {exc}")
 
     def say(self, line: str) -> None:
         with open(self.dir / sv.LOG_FILE, "a") as log:
             log.write(sv.log_line(self.clock(), line))
 
-    def state(self, *, status: str, job_id, nodes, recoveries, line: str = "", pending=(), restart=None) -> None:
+    def state(self, *, status: str, job_id, nodes, recoveries, line: str = "", pending=(), restart=None,
+              replaced=()) -> None:
+        """The run's state file, and its mirror beside the run's spec in the output directory (on the disk every
+        node shares on a local cluster), where a new master's boot step reads it back."""
         record = sv.state_record(run_id=self.run_id, status=status, job_id=job_id, nodes=nodes,
                                  recoveries=recoveries, output_dir=self.output_dir, at=self.clock(), pid=os.getpid(),
-                                 line=line, pending=list(pending), restart=restart, keeper=os.getppid())
-        _write_atomically(self.dir / sv.STATE_FILE, json.dumps(record, indent=2) + "\n", 0o644)
+                                 line=line, pending=list(pending), restart=restart, keeper=os.getppid(),
+                                 replaced=list(replaced))
+        text = json.dumps(record, indent=2) + "\n"
+        _write_atomically(self.dir / sv.STATE_FILE, text, 0o644)
+        beside = _home_path(runspec.state_path(self.output_dir))
+        if beside.parent.is_dir():  # `fab train --managed` wrote the spec there
+            _write_atomically(beside, text, 0o644)
+        if self.mirror is not None:
+            where, write = self.mirror
+            try:
+                write(where, text)
+                problem = None
+            except runspec.StoreError as exc:
+                problem = str(exc)
+            if problem != self.mirror_problem:  # said once, and once when it works again
+                self.say(f"the run's state could not be mirrored: {problem}; a new master would find it as it was "
+                         "last mirrored" if problem else f"the run's state is mirrored to {where} again")
+                self.mirror_problem = problem
 
     def previous(self) -> dict | None:
         """The state this run's supervisor left when its process ended (None: none, this is its first start)."""
@@ -219,6 +253,14 @@ class Nodes:
         if theirs.out.strip() != mine:
             return f"its venv holds xeon-cluster {theirs.out.strip()!r}, the master {mine!r}"
         return None
+
+    def take_over(self, master: Member, keys: dict[str, str]) -> None:
+        """A new master: its own address in the inventory, and the master's ssh files (known_hosts, ssh config,
+        hostfile) for the run's nodes with `keys`, each verified from its node's console (the loop's
+        `_verify_workers`); the cluster key is the one the boot step put in place."""
+        self.inventory = _moved(self.inventory, master)
+        known = [n for n in self.inventory.nodes if n.name in keys]
+        self.life.write_hosts(replace(self.inventory, nodes=tuple(known)), keys)
 
     def record_for_autostop(self, member: Member, key: str) -> None:
         """The auto-stop's node list (cluster/node/autostop.py's node_list_files) with the replacement in its
@@ -363,6 +405,33 @@ class Job:
         if found is not None:
             _write_atomically(path, json.dumps(rc.merge_recoveries(found, records), indent=2) + "\n", 0o644)
 
+    def restore_workdir(self, workers: list[str]) -> str | None:
+        """A new master, for your own program: the run's workdir (which `fab train` pushed into the run's first job
+        directory on every node, and which the lost master took along) taken back from a worker that has it and
+        checked against the digest the signed spec records before it is used; None when it is in place, else
+        why not (one line)."""
+        own = self.request.own
+        target = _home_path(workdir_on_node(self.request.run_id))
+        if own is None or target.is_dir():
+            return None
+        assert own.workdir_files is not None  # runspec.read refuses a spec of your program without it
+        problems = []
+        for name in workers:
+            partial = target.with_name(target.name + ".xc-new")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            remote = shlex.quote(f"cd && tar -C {shlex.quote(workdir_on_node(self.request.run_id))} -cf - .")
+            command = f"ssh -o BatchMode=yes {shlex.quote(name)} {remote} | tar -xf - -C {shlex.quote(str(partial))}"
+            answer = self.transport.run_one(self.transport.master, command, timeout=900)
+            found = _digest(partial) if answer.ok else None
+            if found == tuple(own.workdir_files):
+                os.replace(partial, target)
+                return None
+            shutil.rmtree(partial, ignore_errors=True)
+            problems.append(f"{name}: " + (f"not copied ({answer.out.strip()[-200:]})" if found is None else
+                                           "its copy is not as the run recorded it"))
+        return f"your program's workdir could not be taken back from a worker ({'; '.join(problems) or 'none'})"
+
     def keep_for_controller(self) -> str:
         """What survives the master, said when its notice ends the run (`fab train --managed` wrote the run's
         spec at the hand-off: cluster/run/runspec.py)."""
@@ -376,6 +445,14 @@ class Job:
                     f"in {runspec.spec_path(self.output_dir)}.")
         return (f"The checkpoints were only on the master's disk ({self.output_dir}, no --checkpoint-uri): "
                 "they go with it.")
+
+
+def _digest(folder: Path) -> tuple[tuple[str, str], ...]:
+    """A folder's files as a workdir's digest (cluster/job/request.py's `workdir_digest`): (path, SHA-256), by path."""
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        found.append((str(path.relative_to(folder)), hashlib.sha256(path.read_bytes()).hexdigest()))
+    return tuple(sorted(found))
 
 
 # ---------------------------------------------------------------- entry point
@@ -408,12 +485,24 @@ def build(run_dir: Path) -> Supervisor:
                for i, n in enumerate(inventory.nodes)]
     # the cluster's group (local: its keeper's record, which has the instance ids a local inventory lacks)
     group, members = backend_for(inventory.kind).machine_group(spec, members)
+    takeover = spec.get("takeover")
+    if takeover is not None:  # a new master: the machines in the slots now, as the group records them
+        now = group.members()
+        members = [now.get(m.name, m) for m in members]
+        for member in members:
+            inventory = _moved(inventory, member)
+            cluster = _moved(cluster, member) if cluster is not None else None
     python = f"{venv_dir(get_profile(inventory.profile))}/bin/python"
     transport = ShellTransport(inventory.master.name, request.run_id)
     nodes = Nodes(transport, inventory, cluster, python)
-    files = RunFiles(run_dir, str(request.output_dir), request.run_id)
+    store = backend_for(kind).run_store(inventory.name, data_dir=spec.get("local_data_dir") or "",
+                                        region=spec.get("region"))
+    mirror = None
+    if store is not None and request.checkpoint_uri and not inventory.on_shared_disk(str(request.output_dir)):
+        mirror = (runspec.state_uri(request.checkpoint_uri), store.write)  # beside the spec in S3
+    files = RunFiles(run_dir, str(request.output_dir), request.run_id, mirror=mirror, run_store=store)
     loop_spec = LoopSpec(request.run_id, members, managed, float(spec.get("poll_seconds", 5)), request.resume,
-                         previous=files.previous())
+                         previous=files.previous(), takeover=takeover)
     return Supervisor(loop_spec, group, nodes, Job(request, transport, nodes, files.say), files)
 
 
@@ -429,7 +518,9 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - the state file says why the run ended, for fab status
             supervisor.store.say(f"the supervisor failed: {type(exc).__name__}: {exc}")
             supervisor._state(sv.FAILED, f"the supervisor failed: {exc}")
-            return 1
+            status = sv.FAILED
+        if status in sv.FINAL and isinstance(supervisor.store, RunFiles):
+            supervisor.store.forget()
     finally:  # the run's secret values go with it
         (run_dir / sv.SECRETS_FILE).unlink(missing_ok=True)
     return 0 if status == sv.COMPLETED else 1

@@ -5,8 +5,9 @@ against the digest the spec recorded).
 
 The nodes are prepared by the job lifecycle (node_setup/tasks/job_run.py) before `hand_off`, as for every
 path; the recoveries themselves are the supervisor's (docs/long-spot-runs.md), which runs the same
-lifecycle on the master. A run that ends master-lost while fab follows it: the master alone replaced
-where the backend can (`recover_master`). The controller's job history (node_setup/job_history.py) gets the
+lifecycle on the master. A lost master's run is continued by the new master's boot step
+(node_setup/supervisor/boot.py) from what `publish_spec` and `store_run` leave where the master's loss does not
+take it along. The controller's job history (node_setup/job_history.py) gets the
 run's first job once it started and, when the run ended with its master there, every job as the master
 recorded its end.
 """
@@ -30,7 +31,7 @@ from cluster.run import supervision as sv
 from node_setup import job_history
 from node_setup.backends import backend_for
 from node_setup.ssh import recovery as nodes
-from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, INTERRUPTED_BY_RECLAIM, OK, STOPPED, UNREACHABLE, fail
+from node_setup.tasks.common import BAD_INPUT, CTRL_C, FAILED, OK, STOPPED, UNREACHABLE, fail
 
 START_WAIT_S = 300.0  # how long fab waits for the supervisor to start the run's first job
 
@@ -39,7 +40,7 @@ def say(line: str) -> None:
     print(f"managed: {line}", flush=True)
 
 
-def _spec_key() -> bytes:
+def _spec_key() -> runspec.Key:
     from node_setup.ssh.keys import KeyStoreError, spec_key
 
     try:
@@ -51,14 +52,15 @@ def _spec_key() -> bytes:
 # ---------------------------------------------------------------- the run handed to the master
 
 
-def publish_spec(master, request: RunRequest, inventory: Inventory, output_dir: str, *, key: bytes,
-                 s3=None) -> list[str]:
+def publish_spec(master, request: RunRequest, inventory: Inventory, output_dir: str, *, key: runspec.Key,
+                 s3=None, handoff: dict[str, Any] | None = None) -> list[str]:
     """The run's signed spec where its checkpoints are kept (cluster/run/runspec.py): its output directory
-    on the master, and with --checkpoint-uri beside the checkpoints in S3; the lines to say."""
+    on the master, and with --checkpoint-uri beside the checkpoints in S3; the lines to say. `handoff`: the
+    supervisor's spec, signed with it, which a new master starts the run's supervisor from."""
     from node_setup.aws import run_spec as spec_store
     from node_setup.ssh.job import write_remote_text
 
-    text = runspec.signed_text(request, inventory.kind, key, cluster=inventory.name)
+    text = runspec.signed_text(request, inventory.kind, key, cluster=inventory.name, handoff=handoff)
     path = runspec.spec_path(output_dir)
     master.run(f"cd && mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", hide=True, in_stream=False)
     write_remote_text(master, path, text)
@@ -94,15 +96,17 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
     assert managed is not None  # the --managed path
     master = life.transport.conns[life.transport.master]
     request = dataclasses.replace(request, output_dir=job.output_dir)  # every relaunch writes where the first did
-    for line in publish_spec(master, request, inventory, job.output_dir, key=_spec_key()):
-        say(line)
     spec, secrets = supervisor_spec(request, inventory, job)
+    for line in publish_spec(master, request, inventory, job.output_dir, key=_spec_key(), handoff=spec):
+        say(line)
+    for line in store_run(inventory, request, secrets, spec):
+        say(line)
     nodes.start_supervisor(master, spec, secrets, systemd=backend_for(inventory.kind).supervisor_as_service())
     say(f"run {request.run_id} handed to its supervisor on the master {job.inventory.master.name}: it recovers "
         + managed.describe(request.nodes))
     if job.inventory.master.spot:
-        say("the master is a spot instance: it is the run's single point of failure (a reclaimed master ends the "
-            "run; `fab train --managed --resume` continues it once it is back)")
+        say("the master is a spot instance: it runs the job and the supervisor; a reclaimed master's run goes on "
+            "from its newest checkpoint once a new master boots (docs/long-spot-runs.md#the-master)")
     deadline = time.time() + START_WAIT_S
     state = None
     while time.time() < deadline:
@@ -119,11 +123,36 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, request.run_id, all_ranks=all_ranks)
-    if code == INTERRUPTED_BY_RECLAIM and backend_for(inventory.kind).replaces_lost_master():  # ended master-lost
-        recover_master(job.inventory)
-    elif code != INTERRUPTED_BY_RECLAIM:  # the master is there: every job of the run, as it recorded their ends
-        job_history.observed(job.inventory, master)
+    job_history.observed(job.inventory, master)  # every job of the run, as the master recorded their ends
     return code
+
+
+def store_run(inventory: Inventory, request: RunRequest, secrets: dict[str, str], spec: dict[str, Any],
+              store=None) -> list[str]:
+    """Where a new master finds the run (the backend's run store: SSM on AWS, its double locally): the cluster's
+    private SSH key and the run's record (where its signed spec is, its withheld values), when the spec outlives
+    the master (on the disk every node shares, else beside the checkpoints of --checkpoint-uri); the lines to
+    say."""
+    from node_setup.ssh.keys import KeyStoreError, ensure_cluster_key
+
+    output_dir = str(request.output_dir or "")
+    if inventory.on_shared_disk(output_dir):
+        spec_at = runspec.spec_path(output_dir)
+    elif request.checkpoint_uri:
+        spec_at = runspec.spec_uri(request.checkpoint_uri)
+    else:
+        return []
+    store = store or backend_for(inventory.kind).run_store(inventory.name, data_dir=spec.get("local_data_dir") or "",
+                                                           region=inventory.region)
+    if store is None:
+        return []
+    try:
+        store.put(runspec.CLUSTER_KEY_NAME, ensure_cluster_key(inventory.name).private_key)
+        store.put(runspec.run_record_name(request.run_id), runspec.run_record(request.run_id, spec_at, secrets))
+    except (runspec.StoreError, KeyStoreError) as exc:
+        return [f"warning: {exc}; a new master cannot continue the run by itself (`fab train --managed --resume` "
+                "does)"]
+    return [f"a new master continues the run by itself: its secrets are in {store.where(runspec.RUNS_FOLDER)}"]
 
 
 def run_exit_code(verdict: str, state: dict | None) -> int:
@@ -132,7 +161,7 @@ def run_exit_code(verdict: str, state: dict | None) -> int:
 
     if verdict != runlog.ENDED:
         return FAILED
-    return {sv.COMPLETED: OK, sv.STOPPED: STOPPED, sv.MASTER_LOST: INTERRUPTED_BY_RECLAIM}.get(
+    return {sv.COMPLETED: OK, sv.STOPPED: STOPPED}.get(
         (state or {}).get("status", ""), FAILED)
 
 

@@ -17,11 +17,12 @@ from cluster.job.train_options import request_from_options
 from cluster.run import runspec
 from node_setup.job_lifecycle.transport import Answer
 from node_setup.tasks import job_run, managed
+from tests.spec_key import made_spec_key
 
 RUN = "20261127-101500-ab12"
 OTHER = "20261127-090000-cd34"
 HERE = "0.1.0+src.aaaaaaaaaaaa"
-KEY = b"v" * 32
+KEY = made_spec_key()
 
 
 class Nodes:

@@ -430,7 +430,7 @@ def test_a_managed_runs_jobs_are_in_the_history_from_the_first_ones_start_to_the
         job(home, later[1], meta=meta, exit_code="0\n")
         return managed.OK
 
-    monkeypatch.setattr(managed, "_spec_key", lambda: b"k" * 32)
+    monkeypatch.setattr(managed, "_spec_key", lambda: None)
     monkeypatch.setattr(managed, "publish_spec", lambda *a, **k: [])
     monkeypatch.setattr(managed, "supervisor_spec", lambda *a: ({}, {}))
     monkeypatch.setattr(managed.nodes, "start_supervisor", start_supervisor)

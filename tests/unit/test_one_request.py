@@ -16,9 +16,10 @@ from cluster.job.train_options import request_from_options
 from cluster.run import runspec
 from cluster.run import supervision as sv
 from cluster.run.supervision import Member
+from tests.spec_key import made_spec_key
 
 RUN = "20261126-101500-ab12"
-KEY = b"s" * 32
+KEY = made_spec_key()
 
 
 def inventory() -> Inventory:

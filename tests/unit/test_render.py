@@ -106,6 +106,17 @@ def test_the_cluster_key_line_is_limited_to_the_nodes_addresses_when_they_are_ip
     assert authorized_key_line(key, _nodes("n1.lab", "10.0.0.10")).startswith("no-agent-forwarding,")
 
 
+def test_with_the_clusters_network_the_line_names_its_subnet_less_the_addresses_outside_the_cluster():
+    """A new master comes up at an address of its own in the subnet: the workers accept it; the local cluster's
+    bridge (this machine) does not get in with the cluster key."""
+    key = "ssh-ed25519 AAAAkey xeon-cluster:demo"
+    line = authorized_key_line(key, _nodes("10.0.0.2", "10.0.0.3"), ("10.0.0.0/24", ("10.0.0.1",)))
+    assert line == 'from="!10.0.0.1,10.0.0.0/24",no-agent-forwarding,no-port-forwarding,no-X11-forwarding ' + key
+    for bad in (("10.0.0.1/24", ()), ("10.0.0.0/24", ("10.0.0.1,*",)), ("10.0.0.0/24\"", ())):
+        with pytest.raises((RenderError, ValueError)):
+            authorized_key_line(key, _nodes("10.0.0.2"), bad)
+
+
 def test_authorize_script_replaces_an_older_line_of_the_key_and_keeps_the_rest(tmp_path):
     import subprocess
 

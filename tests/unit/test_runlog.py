@@ -84,7 +84,7 @@ def test_the_loops_start_lines_give_the_jobs_in_the_order_it_launched_them():
     ({"status": sv.RUNNING}, True, False, runlog.GOING),  # new lines: read again before anything else
     ({"status": sv.COMPLETED}, True, False, runlog.GOING),
     ({"status": sv.COMPLETED}, False, False, runlog.ENDED),
-    ({"status": sv.MASTER_LOST}, False, True, runlog.ENDED),
+    ({"status": sv.MASTER_LEAVING}, False, True, runlog.GOING),  # a new master continues the run
     ({"status": sv.RECOVERING}, False, True, runlog.GOING),
     ({"status": sv.RECOVERING}, False, False, runlog.SUPERVISOR_GONE),
     (None, False, False, runlog.SUPERVISOR_GONE),
@@ -94,7 +94,6 @@ def test_the_run_ends_with_a_final_state_or_when_its_supervisor_is_gone(state, t
 
 
 @pytest.mark.parametrize(("status", "code"), [(sv.COMPLETED, common.OK), (sv.STOPPED, common.STOPPED),
-                                              (sv.MASTER_LOST, common.INTERRUPTED_BY_RECLAIM),
                                               (sv.FAILED, common.FAILED)])
 def test_the_runs_exit_code_is_its_final_status(status, code):
     assert run_exit_code(runlog.ENDED, {"status": status}) == code

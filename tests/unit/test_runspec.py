@@ -22,6 +22,7 @@ from cluster.run import runspec
 from cluster.run import supervision as sv
 from node_setup.tasks import common, managed
 from tests.fab_run import fab_in_process
+from tests.spec_key import made_spec_key
 
 moto = pytest.importorskip("moto")
 
@@ -29,7 +30,8 @@ RUN = "20261123-101500-ab12"
 AGAIN = "20261124-090000-cd34"
 BUCKET = "xc-checkpoints"
 URI = f"s3://{BUCKET}/runs/qa"
-KEY = b"k" * 32
+KEY = made_spec_key()
+OTHER_KEY = made_spec_key()  # another controller's
 INVENTORY_YAML = ("name: lab\nuser: ubuntu\ninstance_type: r7iz.metal-16xl\n"
                   "hosts: [192.0.2.10, 192.0.2.11, 192.0.2.12]\n")
 
@@ -97,7 +99,8 @@ def _spec(change=None, *, key=KEY) -> str:
     (lambda d: d.update(python="/tmp/evil/bin/python"), "does not match"),
     (lambda d: d["request"]["program"]["demo"].update(examples=7), "does not match"),
     (lambda d: d.pop(runspec.SIGNATURE), "it is not signed"),
-    (lambda d: d.update(signature="hmac-sha256:" + "0" * 64), "does not match"),
+    (lambda d: d.update(signature="hmac-sha256:" + "0" * 64), "does not match"),  # the older scheme's
+    (lambda d: d.update(signature=d["signature"].replace("A", "B", 1)), "does not match"),
 ])
 def test_a_spec_anyone_else_changed_is_refused_in_one_line_naming_where(change, said):
     with pytest.raises(runspec.RunSpecError) as caught:
@@ -108,7 +111,7 @@ def test_a_spec_anyone_else_changed_is_refused_in_one_line_naming_where(change, 
 
 def test_a_spec_signed_with_another_key_is_refused():
     with pytest.raises(runspec.RunSpecError, match="signature does not match"):
-        runspec.read(_spec(key=b"x" * 32), URI, KEY)
+        runspec.read(_spec(key=OTHER_KEY), URI, KEY)
 
 
 @pytest.mark.parametrize(("change", "said"), [

@@ -104,6 +104,9 @@ class FakeCluster:
         self.admitted.append(f"{member.name} {member.instance_id} {key}")
         return None
 
+    def take_over(self, master, keys):
+        self.taken_over = (master.name, dict(keys))
+
     # job
     def new_id(self):  # the next launch takes it, as the real job's does
         self.ids += 1
@@ -144,6 +147,9 @@ class FakeCluster:
 
     def finish(self, records):
         self.finished = list(records)
+
+    def restore_workdir(self, workers):
+        return None
 
     def keep_for_controller(self):
         return "The output directory is on the disk every node shares."
@@ -329,12 +335,14 @@ def test_where_no_replacement_can_come_the_survivors_go_on_at_once():
     assert not any(line.startswith("awaiting replacement") for line in fake.lines)
 
 
-def test_master_notice_ends_the_run_in_a_state_the_controller_can_finish():
+def test_master_notice_is_recorded_as_not_final_for_a_new_master_to_continue():
     fake = FakeCluster([(10, notice("node0"))])
-    assert supervise(fake) == sv.MASTER_LOST
-    assert "fab train --managed --resume" in fake.final_state["line"]
+    assert supervise(fake) == sv.MASTER_LEAVING
+    assert fake.final_state["status"] == sv.MASTER_LEAVING and sv.MASTER_LEAVING not in sv.FINAL
+    assert "A new master continues the run" in fake.final_state["line"]
     assert "disk every node shares" in fake.final_state["line"]
-    assert len(fake.launches) == 1
+    assert len(fake.launches) == 1 and not fake.stopped  # the job checkpoints at its own notice
+    assert not fake.finished  # no summary written: the run goes on
 
 
 def test_console_without_fingerprints_is_waited_for_then_refused_and_handed_back():
