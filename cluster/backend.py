@@ -176,9 +176,3 @@ class ClusterBackend(Protocol):
         """What `fab plan --cluster` plans without --instance-type: this machine's (CPU model, physical cores)
         where the cluster's nodes are this machine (a local cluster's, with no price); None: the catalog's type."""
         ...
-
-    def replaces_lost_master(self) -> bool:
-        """Whether fab replaces a lost master itself (AWS: a targeted `pulumi up` of the cluster's stack);
-        False: fab does not (a local cluster's group keeper brings a lost master back itself; your own machines
-        are yours)."""
-        ...

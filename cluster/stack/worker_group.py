@@ -2,7 +2,7 @@
 than it wants, in one line (pure).
 
 With `instanceTypes` (several types of one shape) the group launches from a mixed instances policy
-(infra/workers.py): its launch template's type is the first, each listed type an override in the stack's
+(infra/node_group.py): its launch template's type is the first, each listed type an override in the stack's
 order, and the instances distribution below. Spot uses AWS's recommended `price-capacity-optimized`
 allocation (the pools least likely to be interrupted, then the cheapest of them); it does not follow the
 order: `capacity-optimized-prioritized` would, on a best-effort basis, at the price of launching into a

@@ -3,9 +3,10 @@
 Every resource the Pulumi program makes carries `xeon-cluster:managed-by=xeon-cluster` and
 `xeon-cluster:cluster=<name>` (cluster/stack/tags.py). The sweep lists, per cluster: instances in any
 state but terminated, spot requests (tagged, or behind a tagged instance), AMIs with their
-snapshots, volumes, the workers' launch templates, security groups, key pairs, placement groups
-and checkpoint buckets; with an Auto Scaling client also the workers' groups (infra/workers.py: a
-leaked group keeps launching workers, so it is deleted first, with its instances); with an IAM
+snapshots, volumes, the groups' launch templates, security groups, key pairs, placement groups
+and checkpoint buckets; with an Auto Scaling client also the master's and the workers' groups
+(infra/node_group.py, by the same tags: a leaked group keeps launching nodes, so it is deleted first, with
+its instances); with an IAM
 client also the nodes' IAM roles and instance profiles (infra/node_role.py).
 
 A cluster is *up* while its master instance exists and is not terminated (pending, running,

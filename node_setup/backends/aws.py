@@ -198,6 +198,3 @@ class AwsBackend:
 
     def planned_machine(self) -> tuple[str, int] | None:
         return None
-
-    def replaces_lost_master(self) -> bool:
-        return True  # node_setup/tasks/managed.py's recover_master: a targeted `pulumi up` of the stack

@@ -93,6 +93,3 @@ class InventoryFileBackend:
 
     def planned_machine(self) -> tuple[str, int] | None:
         return None
-
-    def replaces_lost_master(self) -> bool:
-        return False

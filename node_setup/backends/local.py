@@ -240,6 +240,3 @@ class LocalBackend:
         from node_setup.local.system import machine_cpu
 
         return machine_cpu()
-
-    def replaces_lost_master(self) -> bool:
-        return False  # fab does not: the group keeper brings a lost master back itself (node_setup/local/keeper.py)

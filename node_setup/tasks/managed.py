@@ -5,8 +5,9 @@ against the digest the spec recorded).
 
 The nodes are prepared by the job lifecycle (node_setup/tasks/job_run.py) before `hand_off`, as for every
 path; the recoveries themselves are the supervisor's (docs/long-spot-runs.md), which runs the same
-lifecycle on the master. A run that ends master-lost while fab follows it: the master alone replaced
-where the backend can (`recover_master`). The controller's job history (node_setup/job_history.py) gets the
+lifecycle on the master. A run that ends master-lost: the master's group brings a new master back by itself (AWS;
+a local cluster's group keeper does the same), and `--managed --resume` continues the run. The controller's job
+history (node_setup/job_history.py) gets the
 run's first job once it started and, when the run ended with its master there, every job as the master
 recorded its end.
 """
@@ -119,9 +120,7 @@ def hand_off(request: RunRequest, inventory: Inventory, job: JobPlan, life, *, a
         say("detached: `fab status` shows the run, `fab logs --follow` follows it, `fab stop` ends it")
         return FAILED if state.get("status") == sv.FAILED else OK
     code = follow_run(master, request.run_id, all_ranks=all_ranks)
-    if code == INTERRUPTED_BY_RECLAIM and backend_for(inventory.kind).replaces_lost_master():  # ended master-lost
-        recover_master(job.inventory)
-    elif code != INTERRUPTED_BY_RECLAIM:  # the master is there: every job of the run, as it recorded their ends
+    if code != INTERRUPTED_BY_RECLAIM:  # the master is there: every job of the run, as it recorded their ends
         job_history.observed(job.inventory, master)
     return code
 
@@ -244,38 +243,4 @@ def workdir_again(own: OwnProgram) -> CopyPlan:
     except UserJobError as exc:
         raise fail(str(exc)) from None
 
-
-# ---------------------------------------------------------------- a lost master (AWS)
-
-
-def _stack(inventory: Inventory) -> str | None:
-    """The cluster's stack: the stack file named as the cluster, else the only one here; None otherwise."""
-    from node_setup.controller import PROJECT_ROOT
-    from node_setup.stack_config import stack_files
-
-    files = stack_files(PROJECT_ROOT)
-    if inventory.name in files:
-        return inventory.name
-    return next(iter(files)) if len(files) == 1 else None
-
-
-def recover_master(inventory: Inventory) -> str | None:
-    """After the supervisor ended the run master-lost: the master alone replaced by a targeted
-    `pulumi up` (node_setup/pulumi_recovery.py: never killed, nothing else applied) when the Pulumi CLI
-    and the cluster's stack file are here, else the command said. The workers are the group's: it
-    replaces its own. What replace_lost_master returned, or None when fab ran no Pulumi command."""
-    from node_setup import pulumi_cli, pulumi_recovery
-    from node_setup.controller import PROJECT_ROOT
-
-    stack, master = _stack(inventory), inventory.master
-    if not (stack and master.instance_id and pulumi_cli.find_pulumi()):
-        say(f"replace the master yourself: `pulumi up --refresh --stack {stack or '<stack>'}`, then "
-            "`fab train --managed --resume` with the same options continues the run")
-        return None
-    say(f"replacing the lost master {master.name} only (the workers are the group's)")
-    result = pulumi_recovery.replace_lost_master(stack, master.instance_id, region=inventory.region, say=say,
-                                                 cwd=str(PROJECT_ROOT))
-    if result == pulumi_recovery.REPLACED:
-        say("the master is back: `fab train --managed --resume` with the same options continues the run")
-    return result
 
