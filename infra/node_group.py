@@ -100,7 +100,8 @@ def template_market(spot: bool, max_price: float | None) -> aws.ec2.LaunchTempla
     )
 
 
-def group_failure_hook(name: str, wanted: int, types: Sequence[str] = ()) -> pulumi.ErrorHook:
+def group_failure_hook(name: str, wanted: int, types: Sequence[str] = (),
+                       said: tuple[str, str] = rules.WORKERS_SAID) -> pulumi.ErrorHook:
     """An error hook for the group: a `pulumi up` whose group could not be filled ends with one line naming
     AWS's reason when the provider's error carries a failed scaling activity's message, and what to change;
     a timeout (the provider waits through failed activities: `ignore_failed_scaling_activities`) says that
@@ -112,9 +113,9 @@ def group_failure_hook(name: str, wanted: int, types: Sequence[str] = ()) -> pul
             return False
         found = rules.activity_failure(args.errors[0])
         if found:
-            pulumi.log.error(rules.failure_line(args.name, wanted, found[1], types))
+            pulumi.log.error(rules.failure_line(args.name, wanted, found[1], types, said))
         elif "timeout" in args.errors[0].lower():
-            pulumi.log.error(rules.timeout_line(args.name, wanted, CAPACITY_TIMEOUT))
+            pulumi.log.error(rules.timeout_line(args.name, wanted, CAPACITY_TIMEOUT, said))
         return False
 
     return pulumi.ErrorHook(f"{name}-capacity-reason", on_error)
@@ -201,6 +202,8 @@ class NodeGroup(pulumi.ComponentResource):
                     **rules.distribution(spot, spec.spot_max_price)))}
         else:
             launch = {"launch_template": aws.autoscaling.GroupLaunchTemplateArgs(id=self.template.id, version=version)}
+        failure = (group_failure_hook(name, count, said=rules.MASTER_SAID) if master
+                   else group_failure_hook(name, count, spec.types))
         self.group = aws.autoscaling.Group(
             name,
             min_size=count,
@@ -227,8 +230,7 @@ class NodeGroup(pulumi.ComponentResource):
                 # onDemandFallback: the on-demand base is `fab up`'s to raise (node_setup/aws/worker_group.py).
                 ignore_changes=[rules.FALLBACK_FIELD] if fallback else None,
                 custom_timeouts=INSTANCE_TIMEOUTS,
-                hooks=(pulumi.ResourceHookBinding(
-                    on_error=[group_failure_hook(name, count, () if master else spec.types)]) if hooks else None)))
+                hooks=pulumi.ResourceHookBinding(on_error=[failure]) if hooks else None))
         outputs: dict[str, pulumi.Input[Any]] = {"groupName": self.group.name, "launchTemplateId": self.template.id}
         if master:
             # The group's instance as it is now (`pulumi up` waited for it: `wait_for_capacity_timeout`): the

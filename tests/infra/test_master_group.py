@@ -84,3 +84,32 @@ def test_with_instance_types_the_master_takes_the_first_with_its_own_market_and_
     assert master.inputs["instanceType"] == "m7i.48xlarge" and not master.inputs.get("instanceMarketOptions")
     assert worker_group(harness.monitor).inputs.get("mixedInstancesPolicy")
 
+
+
+def test_a_master_group_that_cannot_be_filled_names_the_master_and_masterspot(harness, monkeypatch, caplog):
+    """The master group's error hook as the program binds it: AWS's reason in one line, naming the master and
+    the setting of its market (not the workers')."""
+    import asyncio
+    import logging
+
+    import pulumi
+
+    hooks, real = {}, pulumi.ErrorHook
+
+    def kept(name, func):  # the engine's hook as the program builds it, its callback kept to run here
+        hooks[name] = func
+        return real(name, func)
+
+    monkeypatch.setattr(pulumi, "ErrorHook", kept)
+    harness.run(minimal_config())
+    (hook,) = master_group(harness.monitor).error_hooks
+    error = ("creating Auto Scaling Group (xeon-dev-master-5a6b7c): waiting for capacity satisfied: scaling activity "
+             "(0f1e-77aa): Failed: Could not launch Spot Instances. InsufficientInstanceCapacity - There is no Spot "
+             "capacity available that matches your request.")
+    args = pulumi.ErrorHookArgs(urn="urn", id="", name="xeon-dev-master", type="aws:autoscaling/group:Group",
+                                failed_operation="create", new_inputs={}, errors=[error])
+    caplog.set_level(logging.INFO)
+    assert asyncio.run(hooks[hook](args)) is False  # never retried: the group keeps trying
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("xeon-dev-master: AWS could not launch the 1 master of the group: Could not launch Spot")
+    assert "masterSpot: false" in line and "workerSpot" not in line and "\n" not in line
