@@ -211,3 +211,32 @@ def test_sweep_lists_a_leaked_group_and_template_and_deletes_the_group_before_it
     assert ec2.describe_launch_templates()["LaunchTemplates"] == [] and _running_workers() == []
     again = sweep.collect(ec2, s3, REGION, autoscaling=asg)
     assert [r for r in again.leaked() if r.kind != "instance"] == []
+
+
+def test_a_master_group_whose_stack_is_gone_is_leaked_with_its_master_and_one_with_its_stack_is_up(mocked_aws):
+    """A master its group launched keeps a cluster up only while the stack's marker is there: a destroy that
+    forgot the groups leaves a group that launches a master again after every termination."""
+    from cluster.stack.tags import STACK_MARKER_KEY
+    from node_setup.aws import sweep, sweep_delete
+    from tests.aws.test_sweep import FakePlacementGroups  # test double: moto has no placement groups
+
+    name, _ = _as_the_program_makes_it(count=1)
+    s3, asg = boto3.client("s3", REGION), boto3.client("autoscaling", REGION)
+    ec2 = FakePlacementGroups(boto3.client("ec2", REGION))
+    leaked = {(r.kind, r.id) for r in sweep.collect(ec2, s3, REGION, autoscaling=asg).leaked()}
+    assert {("auto-scaling-group", name), ("auto-scaling-group", MASTER_GROUP)} <= leaked
+    assert sum(kind == "instance" for kind, _ in leaked) == 2  # the master and the worker
+    # With the stack's marker (the cluster security group the program tags) the same cluster is up.
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    marker = ec2.create_security_group(GroupName="xeon-dev-cluster", Description="cluster", VpcId=vpc,
+                                       TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+                                           {"Key": k, "Value": v} for k, v in
+                                           {**cluster_tags(CLUSTER, "dev"), STACK_MARKER_KEY: "dev"}.items()]}])
+    listing = sweep.collect(ec2, s3, REGION, autoscaling=asg)
+    assert listing.leaked() == [] and CLUSTER in listing.up_clusters
+    ec2.delete_security_group(GroupId=marker["GroupId"])
+    listing = sweep.collect(ec2, s3, REGION, autoscaling=asg)
+    sweep_delete.delete(listing, ec2, s3, waiter_delay=1, autoscaling=asg)
+    assert asg.describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    live = ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    assert [i for r in live["Reservations"] for i in r["Instances"]] == []  # no master launched again
