@@ -51,23 +51,21 @@ from cluster.stack.catalog import METAL_BOOT_WAIT_S
 from cluster.stack.node_replacement import WORKER_TEMPLATE
 from cluster.node.boot_script import boot_script
 from cluster.stack.spec import ClusterSpec
-from cluster.stack.tags import PROFILE_KEY, RANK_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY
+from cluster.stack.tags import GROUP_NAME_TAG, PROFILE_KEY, RANK_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY
 from infra.node import INSTANCE_TIMEOUTS, SHUTDOWN_BEHAVIOR, NodeNetwork, replacement_key
 
 # Canonical's Ubuntu images (and an image baked from one) boot from this device.
 ROOT_DEVICE = "/dev/sda1"
 # How long `pulumi up` waits for the group's instances to be in service: a metal type's launch and boot.
 CAPACITY_TIMEOUT = f"{METAL_BOOT_WAIT_S // 60}m"
-# The tag AWS puts on every instance a group launches: its group's name (how the program finds the master).
-GROUP_NAME_TAG = "aws:autoscaling:groupName"
 # The states of a group's instance that count as the node (a terminated one is gone).
 LIVE_STATES = ("pending", "running")
 
 
 @dataclass(frozen=True)
 class Role:
-    """What differs between the two groups: the component type (its URN), the tags' role and rank, the
-    size, the market and the template's description."""
+    """What names a group apart from the other: its component type (its URN), its tags' role and rank, and its
+    template's description. (Its size and market are the spec's for that role: NodeGroup.)"""
     component: str
     role: str
     rank: int | None
@@ -78,7 +76,7 @@ MASTER = Role("xeon-cluster:infra:Master", ROLE_MASTER, 0, "its master")
 WORKERS = Role("xeon-cluster:infra:Workers", ROLE_WORKER, None, "its workers")
 
 
-def group_tags(base: dict[str, str], name: str, spec: ClusterSpec, role: Role = WORKERS) -> dict[str, str]:
+def group_tags(base: dict[str, str], name: str, spec: ClusterSpec, role: Role) -> dict[str, str]:
     """Tags of every instance of the group and its volume: the cluster's, the role (the master's rank), a Name,
     and what discovery reads."""
     tags = {**base, ROLE_KEY: role.role, **({RANK_KEY: str(role.rank)} if role.rank is not None else {}),

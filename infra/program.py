@@ -67,8 +67,8 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     base_ami, subnet_id = kept_place.base_ami, kept_place.subnet_id
     network = ClusterNetwork(f"{name}-net", spec, place.vpc_id, tags, image_source=choice.source if choice else None)
     # The workers' credentials (IMDS) may read and write checkpoints in this bucket and nothing else; the
-    # master's may also set its worker group to 0 and read what the supervisor reads (infra/node_role.py).
-    # The instances take a profile's name as an input, so Pulumi creates role, policy and
+    # master's may also set the two groups to 0 and read what the supervisor reads (infra/node_role.py).
+    # The launch templates take a profile's name as an input, so Pulumi creates role, policy and
     # profile before any node (and deletes the nodes first on destroy).
     bucket = CheckpointBucket(f"{name}-checkpoints", spec, tags)
     node_role = NodeRole(f"{name}-node", spec, bucket_arn=bucket.bucket.arn, tags=tags)
