@@ -160,8 +160,9 @@ def set_on_demand_base(name: str, base: int, region: str | None = None, autoscal
 
 
 def status_lines(cluster: str, region: str | None, autoscaling=None) -> tuple[str, str | None]:
-    """`fab status`'s line about the worker group, and a problem for `--json` when it lacks workers
-    (never raises: a group that cannot be read is said so, the rest of the status still shows)."""
+    """`fab status`'s line about the worker group (and one about the master's group while it has no master in
+    service), and a problem for `--json` when it lacks workers or its master (never raises: a group that cannot
+    be read is said so, the rest of the status still shows)."""
     from node_setup.aws import errors
 
     try:
@@ -172,6 +173,12 @@ def status_lines(cluster: str, region: str | None, autoscaling=None) -> tuple[st
         return "worker group: none (this cluster's workers are not an Auto Scaling group)", None
     line = group.summary()
     short = not group.stopped and len(group.in_service) < group.desired
+    master = master_group(cluster, region, autoscaling)
+    if master is not None and not master.stopped and len(master.in_service) < master.desired:
+        # (a stopped master group goes with the workers': their line says so)
+        said = (f"master group {master.name}: no master in service; AWS launches one by itself"
+                + (f" ({master.failure})" if master.failure else ""))
+        return f"{line}\n{said}", (line if short else said)
     return line, (line if short else None)
 
 

@@ -84,6 +84,28 @@ def _as_the_program_makes_it(count: int = 3) -> tuple[str, str]:
     return _group_as_the_program_makes_it(ROLE_WORKER, count)
 
 
+class NoMasterInService:
+    """Test double of the Auto Scaling client: moto's, with the master's group shown as `record` (moto launches a
+    group's missing instance as soon as the group is read, so it never shows one without its master)."""
+
+    def __init__(self, autoscaling, record: dict):
+        self._asg, self.record = autoscaling, record
+
+    def __getattr__(self, name):
+        return getattr(self._asg, name)
+
+    def get_paginator(self, operation):
+        pages = self._asg.get_paginator(operation)
+        record = self.record
+
+        class Shown:
+            def paginate(self, **kwargs):
+                for page in pages.paginate(**kwargs):
+                    yield {**page, "AutoScalingGroups": [record if g["AutoScalingGroupName"] == record[
+                        "AutoScalingGroupName"] else g for g in page["AutoScalingGroups"]]}
+        return Shown()
+
+
 def _running_workers() -> list[str]:
     ec2 = boto3.client("ec2", REGION)
     pages = ec2.describe_instances(Filters=[{"Name": f"tag:{ROLE_KEY}", "Values": [ROLE_WORKER]},
@@ -119,6 +141,14 @@ def test_fab_reads_the_group_and_a_terminated_worker_is_replaced_and_discovered(
     ec2.terminate_instances(InstanceIds=[ids[0]])
     assert master_group(CLUSTER, REGION).instances != (ids[0],)
     assert find_cluster(CLUSTER, REGION).nodes[0].instance_id == master_group(CLUSTER, REGION).instances[0]
+    # While the master's group has none in service, `fab status` says so (and --json's problem names it).
+    empty = {"AutoScalingGroupName": MASTER_GROUP, "DesiredCapacity": 1, "MinSize": 1, "MaxSize": 1,
+             "Instances": [], "Tags": [{"Key": k, "Value": v} for k, v in
+                                       {**cluster_tags(CLUSTER, "dev"), ROLE_KEY: ROLE_MASTER}.items()]}
+    line, problem = status_lines(CLUSTER, REGION, autoscaling=NoMasterInService(boto3.client("autoscaling", REGION),
+                                                                                 empty))
+    assert line.splitlines()[1] == f"master group {MASTER_GROUP}: no master in service; AWS launches one by itself"
+    assert problem == line.splitlines()[1]
 
 
 @pytest.mark.slow  # 6-11 s of CPU (moto): outside the inner loop, docs/testing.md
