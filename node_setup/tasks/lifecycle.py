@@ -247,8 +247,9 @@ def _arm_autostop(spec: ClusterSpec, group=None) -> str | None:
     "preflight": "run `fab preflight` first and stop when it fails (on by default; --no-preflight skips it)",
     "ip_check": "preflight: compare adminCidrs with this machine's public address",
     "wait-for-capacity": "after `pulumi up`, wait this long at most for every worker of the group to be in "
-                         f"service, e.g. 1h (default {METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: "
-                         "check once); short of workers then, fab up fails with the group's reason",
+                         f"service, and as long for the master's group's master, e.g. 1h (default "
+                         f"{METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: check once); short of workers "
+                         "then, fab up fails with the group's reason, without a running master with exit 1",
     "zone": "move the whole cluster to this zone (auto: the best-ranked one, as `fab preflight --pick-zone` "
             "ranks them): sets availabilityZone and zoneMove: true in the stack file first; preflight names what "
             "`pulumi up` replaces",
