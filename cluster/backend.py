@@ -190,9 +190,3 @@ class ClusterBackend(Protocol):
         the host; on AWS the master's subnet, from EC2); None: `from=` the nodes' addresses (an inventory file's
         machines, or EC2 not saying)."""
         ...
-
-    def replaces_lost_master(self) -> bool:
-        """Whether fab replaces a lost master itself (AWS: a targeted `pulumi up` of the cluster's stack);
-        False: fab does not (a local cluster's group keeper brings a lost master back itself; your own machines
-        are yours)."""
-        ...

@@ -14,8 +14,8 @@ Name and lifecycle:
   profile's fingerprint): a software change makes new ones and a new image (the image's replacement trigger is the
   bake tag), built before the old one goes; the master and the workers move to it as the workers always did (their
   image changed), and the old image is released only after, at the end of the `pulumi up`.
-- The base: the recipe keeps the base image it was made with when the program looked it up (`ignore_changes`), as
-  the master used to, so a newer Ubuntu image builds nothing.
+- The base: the kept base image (infra/placement.py: the first lookup's, or `baseAmi`), so a newer Ubuntu image
+  builds nothing.
 - A failed build ends `pulumi up` with one line: Image Builder's reason and where its logs are (an error hook).
 - The image belongs to no stack. Deleting an Image Builder image leaves its AMI (the provider deregisters
   nothing); this stack's `ImageRelease` record does: at `pulumi destroy` (or when a new image replaced it) its
@@ -112,7 +112,6 @@ class BuiltImage(pulumi.ComponentResource):
             name, name=label, platform="Linux", version=image_build.VERSION,
             description=f"xeon-cluster: profile {spec.software_profile}'s install",
             data=uri.apply(image_build.component_document), tags=tags, opts=child)
-        looked_up = not spec.base_ami
         recipe = aws.imagebuilder.ImageRecipe(
             name, name=label, version=image_build.VERSION, parent_image=base_ami,
             components=[aws.imagebuilder.ImageRecipeComponentArgs(component_arn=component.arn)],
@@ -120,7 +119,7 @@ class BuiltImage(pulumi.ComponentResource):
                 device_name=ROOT_DEVICE, ebs=aws.imagebuilder.ImageRecipeBlockDeviceMappingEbsArgs(
                     encrypted="true", volume_size=spec.profile.min_root_volume_gib,
                     volume_type=BUILD_VOLUME_TYPE, delete_on_termination="true"))],
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, ignore_changes=["parentImage"] if looked_up else None))
+            tags=tags, opts=child)
         self.logs = pulumi.Output.concat("s3://", bucket.bucket, "/", image_build.LOG_PREFIX, "/")
         infrastructure = aws.imagebuilder.InfrastructureConfiguration(
             name, name=label, instance_types=[image_build.BUILDER_INSTANCE_TYPE], instance_profile_name=profile.name,

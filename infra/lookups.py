@@ -4,9 +4,9 @@ All lookups run before the first resource is registered, so a failed lookup (no 
 instance type not offered in the region) stops `pulumi up` with a clear message and nothing made.
 
 They run on every `pulumi up`, and their answers can change (Canonical publishes a newer image,
-a default subnet is added): they are only first choices. The master keeps the image and subnet
-it was created with (`ignore_changes`, infra/master.py) and the workers follow the master, so
-a new answer here replaces nothing; `baseAmi` / `subnetId` move the cluster on purpose.
+a default subnet is added): they are only first choices. The stack keeps the first answers
+(infra/placement.py) and both groups take the kept ones, so a new answer here replaces nothing;
+`baseAmi` / `subnetId` (or `availabilityZone` with `zoneMove`) move the cluster on purpose.
 
 The kept images (`keepImage`, cluster/stack/image_reuse.py) are read here as `fab preflight` reads them
 (node_setup/aws/images.py): the images of this account with the kept filters, each described, and the choice
@@ -39,7 +39,7 @@ class Placement:
 
 def base_ami_id(spec: ClusterSpec) -> str:
     """The image nodes boot from before baking: `baseAmi`, or the newest Ubuntu 24.04 amd64 (a first
-    choice: an existing master keeps its own).
+    choice: the stack keeps the one it has, infra/placement.py).
 
     List lookups (get_ami_ids, get_vpcs, get_subnets) return empty instead of failing, so the
     program can say what to set; a failed invoke would surface only the provider's message.
@@ -77,7 +77,7 @@ def placement(spec: ClusterSpec) -> Placement:
 
     Without subnetId: the lowest-sorting default (or VPC) subnet id in a zone offering the type(s) (in
     availabilityZone when it is set; cluster/stack/subnet_choice.py, the rule `fab preflight` checks with), a
-    first choice that an existing master keeps.
+    first choice: the stack keeps the one it has (infra/placement.py).
     """
     if spec.subnet_id:
         subnet = aws.ec2.get_subnet(id=spec.subnet_id)

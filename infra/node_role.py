@@ -10,8 +10,9 @@
   console.
 - The master's role (`<cluster>-node-master-*`): the same bucket access (rank 0 writes checkpoints
   too), and what only the master does:
-  - `group_capacity_policy`: the idle auto-stop sets the cluster's own worker group (its ARN, no
-    wildcard) to 0 before the workers power off, so that the group does not launch them again.
+  - `group_capacity_policy`: the idle auto-stop sets the cluster's own worker group, then the master's
+    group (their two ARNs, no wildcard) to 0 before the nodes power off, so that neither group launches
+    them again.
     `autoscaling:UpdateAutoScalingGroup` is allowed only when the request sets the group's minimum
     AND maximum size to 0 (`autoscaling:MinSize`, `autoscaling:MaxSize`: the sizes in the request;
     a key the request lacks fails `NumericEquals`). Auto Scaling has no condition key for the desired
@@ -19,7 +20,7 @@
     and never start or add one. The other fields of the same call cannot all be conditioned; with a
     maximum of 0 the group launches nothing whatever they are, a new launch template needs
     `ec2:RunInstances` (not granted), and `fab up` (`pulumi up --refresh`) sets the program's values back.
-    And `autoscaling:TerminateInstanceInAutoScalingGroup` on the same group: the run supervisor hands
+    And `autoscaling:TerminateInstanceInAutoScalingGroup` on the worker group alone: the run supervisor hands
     back a replacement it cannot admit (no host key its console lists in time, another key), so that the
     group launches another instead of keeping it, billed and idle. The call cannot lower the group's
     size: AWS refuses to decrement a desired capacity that equals the minimum, as the program sets it.
@@ -90,13 +91,15 @@ def checkpoint_policy(bucket_arn: str) -> str:
     })
 
 
-def group_capacity_policy(group_arn: str) -> str:
-    """The master's permissions on the cluster's own worker group: set it to 0 (the auto-stop) and hand back
-    one of its instances (the supervisor), nothing else."""
+def group_capacity_policy(group_arn: str, master_group_arn: str) -> str:
+    """The master's permissions on the cluster's own groups: set the workers' and then its own to 0 (the
+    auto-stop) and hand back one of the workers (the supervisor), nothing else."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [{"Sid": "StopOwnWorkerGroup", "Effect": "Allow", "Action": list(GROUP_ACTIONS),
                        "Resource": group_arn, "Condition": {"NumericEquals": dict(STOPPED_SIZES)}},
+                      {"Sid": "StopOwnMasterGroup", "Effect": "Allow", "Action": list(GROUP_ACTIONS),
+                       "Resource": master_group_arn, "Condition": {"NumericEquals": dict(STOPPED_SIZES)}},
                       {"Sid": "HandBackOwnWorker", "Effect": "Allow", "Action": list(HAND_BACK_ACTIONS),
                        "Resource": group_arn}],
     })
@@ -153,11 +156,13 @@ class NodeRole(pulumi.ComponentResource):
                                           opts=pulumi.ResourceOptions(parent=self, depends_on=made))
         return role, profile
 
-    def allow_group_capacity(self, group_arn: pulumi.Input[str]) -> aws.iam.RolePolicy:
-        """The master's inline policy on its own worker group (the auto-stop's stop, the supervisor's hand-back)."""
+    def allow_group_capacity(self, group_arn: pulumi.Input[str],
+                             master_group_arn: pulumi.Input[str]) -> aws.iam.RolePolicy:
+        """The master's inline policy on the cluster's two groups (the auto-stop's stop, the supervisor's
+        hand-back of a worker)."""
         self.group_policy = aws.iam.RolePolicy(
             f"{self._name}{MASTER_SUFFIX}-worker-group",
             role=self.master_role.id,
-            policy=pulumi.Output.from_input(group_arn).apply(group_capacity_policy),
+            policy=pulumi.Output.all(group_arn, master_group_arn).apply(lambda arns: group_capacity_policy(*arns)),
             opts=pulumi.ResourceOptions(parent=self))
         return self.group_policy

@@ -7,6 +7,12 @@ or a kept one, cluster/stack/image_reuse.py), which holds the profile already; t
 (`install_profile`, the script `fab setup` runs; it is idempotent: another project version reinstalls the wheel
 alone). Its `installed` output says which it was.
 
+Why the step stays now that the master is a group of one (infra/node_group.py) booting the image ready: only it
+checks, at `pulumi up`, that the master booted what the stack asked for, installs this project's wheel when it
+differs, and arms the idle auto-stop of a master `pulumi up` brought back. Its address and instance id are the
+master group's running instance (found by AWS's group-name tag): a master the group launched since the last
+`pulumi up` is checked at the next one (and `fab up`, `fab setup` or a job arms it meanwhile).
+
 A `pulumi.dynamic` resource. Its inputs are the master's address and instance id, the SSH user,
 the PATH of the private key (never its contents: state must not hold secrets), the cluster's name,
 the profile's name, pins and fingerprint, and the image. A change of the profile, any pin or the image

@@ -37,12 +37,13 @@ stopped only when its power-off command answered POWEROFF_ACK; if any worker was
 no full list was recorded), the master stays up, `~/<STATE_DIR>/unstopped` names them, `fab status`
 shows it, and the service tries those workers again at every poll.
 
-On AWS the workers are an Auto Scaling group, which would launch a powered-off worker again. So
-before any worker is powered off the service sets the group's minimum, maximum and desired capacity
-to 0 (STOP_GROUP_PATH, `stop_group_script`: the AWS API with the master role's credentials, which may
-set exactly that group to 0, infra/node_role.py), from the group named in GROUP_FILE (`group_file_text`, written by fab
-with the node list); if AWS refuses, no worker is powered off, the master stays up and
-UNSTOPPED_FILE says why. `pulumi up --refresh` (`fab up`) sets the group back to `workerCount`.
+On AWS the workers and the master are each an Auto Scaling group, which would launch a powered-off node
+again. So before any node is powered off the service sets the workers' group's minimum, maximum and desired
+capacity to 0, then the master's group's (STOP_GROUP_PATH, `stop_group_script`: the AWS API with the master
+role's credentials, which may set exactly those two groups to 0, infra/node_role.py), from the groups named in
+GROUP_FILE (`group_file_text`, written by fab with the node list); if AWS refuses either, no worker is powered
+off, the master stays up and UNSTOPPED_FILE says why (a master group left at 1 would launch the powered-off
+master again, billed). `pulumi up --refresh` (`fab up`) sets both groups back.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ BIN_DIR = f"{NODE_ROOT}/bin"
 SERVICE_PATH = f"{BIN_DIR}/xeon-cluster-autostop"
 POWEROFF_PATH = f"{BIN_DIR}/xeon-cluster-poweroff"
 STOP_GROUP_PATH = f"{BIN_DIR}/xeon-cluster-stop-group"
-GROUP_FILE = "worker-group"  # in STATE_DIR: name=<the cluster's worker group>, region=<its region>
+# in STATE_DIR: name=<the cluster's worker group>, region=<its region>, master=<the master's group> (when it has one)
+GROUP_FILE = "worker-group"
 GROUP_UNSTOPPED = "(worker-group)"  # in UNSTOPPED_FILE: the group could not be set to 0
 # An Auto Scaling group's name as the program makes it, and an AWS region (whole value).
 GROUP_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}\Z")
@@ -166,18 +168,20 @@ def service_script() -> str:
 
 
 def stop_group_script(node_root: str = NODE_ROOT) -> str:
-    """The command that sets the worker group to 0, as installed at STOP_GROUP_PATH."""
+    """The command that sets the worker group, then the master's group, to 0, as installed at STOP_GROUP_PATH."""
     return shell.render("autostop-stop-group.sh", {"STATE_DIR": STATE_DIR, "GROUP_FILE": GROUP_FILE,
                                                    "VENV_GLOB": f"{node_root}/venv-*/bin/python"})
 
 
-def group_file_text(name: str, region: str) -> str:
-    """GROUP_FILE's text; a name or region that is not whole-value valid is refused here, where it enters."""
-    if not GROUP_NAME_RE.match(name or ""):
-        raise AutostopError(f"worker group name {name!r} is not allowed; allowed: letters, digits, . _ - (1-255)")
+def group_file_text(name: str, region: str, master: str | None = None) -> str:
+    """GROUP_FILE's text (`master`: the master's group, set to 0 after the workers'); a name or region that is
+    not whole-value valid is refused here, where it enters."""
+    for what, value in (("worker group", name), ("master group", master)):
+        if value is not None and not GROUP_NAME_RE.match(value or ""):
+            raise AutostopError(f"{what} name {value!r} is not allowed; allowed: letters, digits, . _ - (1-255)")
     if not REGION_RE.match(region or ""):
         raise AutostopError(f"region {region!r} is not allowed; allowed: an AWS region such as us-east-1")
-    return f"name={name}\nregion={region}\n"
+    return f"name={name}\nregion={region}\n" + (f"master={master}\n" if master else "")
 
 
 def poweroff_script() -> str:

@@ -1,6 +1,8 @@
 """What `fab sweep` may delete: the status of one tagged resource, from what the listing found.
 
-A cluster is *up* while its master exists (pending, running, stopping or stopped). A cluster
+A cluster is *up* while its master exists (pending, running, stopping or stopped); a master its Auto
+Scaling group launched (AWS's group-name tag) keeps it up only while its stack marker is there too
+(`master_keeps_up`: a group whose stack is gone launches a master again after every termination). A cluster
 whose master is gone is *stopped, stack exists* while its stack marker is there (the
 `xeon-cluster:stack-marker` tag that the Pulumi program puts on the cluster security group,
 infra/network.py): an idle auto-stop terminates every node and a spot reclaim the master, but
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cluster.stack.tags import STACK_MARKER_KEY
+from cluster.stack.tags import GROUP_NAME_TAG, STACK_MARKER_KEY
 
 # A master in one of these states means its cluster exists (a stopped one can be started again).
 ALIVE_MASTER_STATES = ("pending", "running", "stopping", "stopped")
@@ -31,6 +33,12 @@ IN_USE = "in-use"  # an IAM role or profile of a cluster that is up, or has its 
 def marks_stack(tags: Mapping[str, str]) -> bool:
     """Whether a security group's tags carry the stack marker (a non-empty value)."""
     return bool(tags.get(STACK_MARKER_KEY))
+
+
+def master_keeps_up(tags: Mapping[str, str], stack_exists: bool) -> bool:
+    """Whether a master instance that exists (ALIVE_MASTER_STATES), with these tags, keeps its cluster up: one
+    its group launched only with the cluster's stack marker (`stack_exists`)."""
+    return GROUP_NAME_TAG not in tags or stack_exists
 
 
 KEPT_IMAGE_KINDS = ("image", "snapshot")

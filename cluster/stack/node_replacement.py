@@ -2,24 +2,21 @@
 do after a change of the stack file (pure).
 
 One list, read by the Pulumi program and by the toolkit:
-- WORKER_TEMPLATE: every field of the workers' launch template but its user data, with the settings it is
-  made from. The worker group's replacement trigger is exactly these fields (infra/workers.py), with the
-  workers' market and type and their image, so a change of any of WORKER_SETTINGS replaces every worker
-  (the group is replaced, deleting first).
+- WORKER_TEMPLATE: every field of a launch template but its user data, with the settings it is made from (the
+  master's template has the same fields: infra/node_group.py). Each group's replacement trigger is exactly
+  these fields, with its market, type, image and subnet, so a change of any of WORKER_SETTINGS replaces every
+  worker and one of MASTER_SETTINGS the master (each group is replaced, deleting first).
 - BAKE_SETTINGS: the image's identity, its bake tag (`bake_tag`, a hash of the profile's fingerprint: the
   profile and its pins): a change builds a new image (EC2 Image Builder, infra/image.py), and every node, the
   master too, moves to it; so does a new `baseAmi` with a bake (the image's base).
-- MASTER_SETTINGS: what replaces the master's instance: its market and type (the program's trigger), and
-  what the AWS provider replaces an instance for (its key pair, placement group, spot price cap, image and
-  subnet when given, its VPC, its name).
+- MASTER_SETTINGS: what replaces the master (its group of one): the same template fields, made from the
+  master's market (`masterSpot`) and its one type, and the image and subnet every node shares.
 
 The program exports `node_settings(spec)` as its `nodeSettings` output: every setting of the stack (the
 public key as a short SHA-256 digest, enough to see a change; not `privateKeyPath`, a path on the
 controller), the bake tag and the shape of the workers' template. Two readers compare it with the stack
 file as it is now:
-- `fab preflight` (`replacements`): one warning per changed setting that replaces nodes, naming what;
-- the replacement of a lost master (`differences`, cluster/run/stack_recovery.py): any difference at all
-  stops it, because its targeted `pulumi up` applies whatever else changed on the master's dependents.
+- `fab preflight` (`replacements`): one warning per changed setting that replaces nodes, naming what.
 """
 
 from __future__ import annotations
@@ -56,10 +53,13 @@ BAKE_SETTINGS = ("softwareProfile",)
 IMAGE_SETTINGS = ("bake", "baseAmi")  # baseAmi: the base image without a bake, the built image's base with one
 WORKER_SETTINGS = tuple(sorted({s for made_of in WORKER_TEMPLATE.values() for s in made_of}
                                | {"workerSpot", "instanceType"} | set(BAKE_SETTINGS) | set(IMAGE_SETTINGS)))
-MASTER_SETTINGS = ("publicKey", "placementGroup", "instanceType", "masterSpot", "spotMaxPrice", "baseAmi",
-                   "subnetId", "vpcId", "clusterName")
-# With zoneMove, availabilityZone is every node's zone (`replaced_by`; turning zoneMove on or off replaces the
-# group: its trigger names the zone only with it); without it, a first choice a running master keeps.
+# The master's template: the workers' fields, its own market and one type (the first of instanceTypes: the
+# master has no mixed instances policy, so the list's other types and onDemandFallback are the workers' alone).
+MASTER_SETTINGS = tuple(sorted(({s for made_of in WORKER_TEMPLATE.values() for s in made_of}
+                                - {"workerSpot", "instanceTypes", "onDemandFallback"})
+                               | {"masterSpot", "instanceType"} | set(BAKE_SETTINGS) | set(IMAGE_SETTINGS)))
+# With zoneMove, availabilityZone decides the kept subnet again (infra/placement.py): both groups move when the
+# zone's subnet is another (`replaced_by`); without it, the subnet the stack kept stays.
 NOT_RECORDED = ("privateKeyPath",)  # a path on the controller that runs pulumi: nothing in AWS depends on it
 
 CANNOT_TELL = "cannot tell whether `pulumi up` would replace nodes"
@@ -110,11 +110,9 @@ def replaced_by(key: str, wanted: Mapping[str, Any]) -> str | None:
         return "the image (Image Builder builds it again) and every node"
     if key == TEMPLATE_SHAPE:
         return "every worker (this checkout's program makes another launch template)"
-    if key == "zoneMove":  # the group's trigger names the zone with it, not without
-        return "every worker (the group is replaced, deleting first; with a new availabilityZone the master too)"
-    if key == "availabilityZone":
-        return "every node (the zone move: the master and the workers' group, deleting first)" if (
-            wanted.get("zoneMove")) else None
+    if key in ("zoneMove", "availabilityZone"):  # the kept subnet's trigger names the zone with zoneMove only
+        return ("every node when availabilityZone's subnet is not the kept one (the zone move: the master's and "
+                "the workers' groups, deleting first)") if wanted.get("zoneMove") else None
     master = key in MASTER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("masterSpot")))
     workers = key in WORKER_SETTINGS and (key != "spotMaxPrice" or bool(wanted.get("workerSpot")))
     if master and workers:

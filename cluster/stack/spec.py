@@ -79,8 +79,8 @@ class ClusterSpec:
     vpc_id: str | None = None
     subnet_id: str | None = None
     availability_zone: str | None = None
-    # zoneMove: availabilityZone is every node's, not a first choice: changing it replaces the master and the
-    # workers' group together (infra/master.py, infra/workers.py), where otherwise a running master keeps its subnet.
+    # zoneMove: availabilityZone decides the subnet both groups keep (infra/placement.py): changing it replaces the
+    # master's and the workers' groups together, where otherwise the stack keeps the subnet it has.
     zone_move: bool = False
     destroy_bucket: bool = False
     sockets: int | None = None
@@ -190,7 +190,7 @@ FALLBACK_OFF = "off"
 
 def next_master_type(types: Sequence[str]) -> str:
     """What to change when the master's type has no capacity and the stack lists several: the master is one
-    instance of the first of instanceTypes (infra/master.py), so listing another first moves it; '' for one."""
+    instance of the first of instanceTypes (infra/node_group.py), so listing another first moves it; '' for one."""
     if len(types) < 2:
         return ""
     return f"list another type first in instanceTypes (the master takes the first; next: {types[1]})"

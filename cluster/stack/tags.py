@@ -35,6 +35,9 @@ PROFILE_KEY = "xeon-cluster:profile"
 
 ROLE_MASTER = "master"
 ROLE_WORKER = "worker"
+# AWS's own tag on every instance an Auto Scaling group launches: its group's name (the program finds the
+# master's instance by it; the sweep tells a master its group launched by it).
+GROUP_NAME_TAG = "aws:autoscaling:groupName"
 
 
 def cluster_tags(cluster_name: str, stack: str, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,7 +2,7 @@
 than it wants, in one line (pure).
 
 With `instanceTypes` (several types of one shape) the group launches from a mixed instances policy
-(infra/workers.py): its launch template's type is the first, each listed type an override in the stack's
+(infra/node_group.py): its launch template's type is the first, each listed type an override in the stack's
 order, and the instances distribution below. Spot uses AWS's recommended `price-capacity-optimized`
 allocation (the pools least likely to be interrupted, then the cheapest of them); it does not follow the
 order: `capacity-optimized-prioritized` would, on a best-effort basis, at the price of launching into a
@@ -106,18 +106,25 @@ def other_types(reason: str, types: Sequence[str]) -> list[str]:
     return [t for t in types if t not in named] if named else []
 
 
-def failure_line(group: str, wanted: int, reason: str, types: Sequence[str] = ()) -> str:
-    """One line: the group could not launch its workers, AWS's reason, and what to change. `types`: the group's
+# How a line names a group's nodes and the setting of their market: the workers' group, or the master's of one.
+WORKERS_SAID = ("worker(s)", "workerSpot")
+MASTER_SAID = ("master", "masterSpot")
+
+
+def failure_line(group: str, wanted: int, reason: str, types: Sequence[str] = (),
+                 said: tuple[str, str] = WORKERS_SAID) -> str:
+    """One line: the group could not launch its nodes, AWS's reason, and what to change. `types`: the group's
     mixed instances policy's, in order: a capacity failure of one of them names the ones the group goes on
-    with (the advice then is only to wait)."""
+    with (the advice then is only to wait). `said`: how its nodes and their market's setting are named."""
+    noun, spot = said
     others = other_types(reason, types)
     if others:
         hint = (f"the group goes on with its other type(s), {', '.join(others)} (next: {others[0]}; with spot, AWS "
                 f"picks the pool by {SPOT_ALLOCATION}); if none has room either, one of: workerSpot: false, "
                 "another zone, placementGroup: false")
     else:
-        hint = advice(reason)
-    return (f"{group}: AWS could not launch the {wanted} worker(s) of the group: {reason}"
+        hint = advice(reason).replace(WORKERS_SAID[1], spot)
+    return (f"{group}: AWS could not launch the {wanted} {noun} of the group: {reason}"
             + (f"; {hint}" if hint else "") + "; `fab preflight` checks new settings")
 
 
@@ -127,10 +134,11 @@ KEEPS_TRYING = ("the group keeps trying to launch the missing worker(s): each on
                 "the cluster, `fab down` removes it")
 
 
-def timeout_line(group: str, wanted: int, timeout: str) -> str:
-    """The program's wait for the group ended without its workers (the provider waits through failed
+def timeout_line(group: str, wanted: int, timeout: str, said: tuple[str, str] = WORKERS_SAID) -> str:
+    """The program's wait for the group ended without its nodes (the provider waits through failed
     scaling activities, so the reason is the group's latest one, which `fab up` reads)."""
-    return (f"{group}: the group's {wanted} worker(s) were not in service within {timeout}; {KEEPS_TRYING}; "
+    keeps_trying = KEEPS_TRYING.replace(WORKERS_SAID[0], said[0])
+    return (f"{group}: the group's {wanted} {said[0]}: not in service within {timeout}; {keeps_trying}; "
             "`fab up` and `fab status` name the group's latest scaling activity (the reason)")
 
 

@@ -1,6 +1,6 @@
 """Preflight's EBS key check: may the Auto Scaling service role use the key that encrypts the workers' volumes?
 
-The workers' launch template asks for an encrypted root volume without naming a key (infra/workers.py), so
+The workers' launch template asks for an encrypted root volume without naming a key (infra/node_group.py), so
 EBS encrypts it with the account's default EBS key of the region (GetEbsDefaultKmsKeyId); the master's
 volume and the image baked from it too. The workers are launched by the group's service-linked role,
 AWSServiceRoleForAutoScaling, not with the caller's credentials: its permissions cover the AWS managed key

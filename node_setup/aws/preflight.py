@@ -69,8 +69,8 @@ PUBLIC_IP_URL = "https://checkip.amazonaws.com"
 
 # What a node does when it shuts itself down (infra/node.py SHUTDOWN_BEHAVIOR), spot or on-demand.
 SHUTDOWN_BEHAVIOR = "terminate"
-# The root device the workers' launch template names (infra/workers.py ROOT_DEVICE); the master's
-# comes from its image. tests/infra/test_preflight_template.py compares the worker dry run with the template.
+# The root device both groups' launch templates name (infra/node_group.py ROOT_DEVICE).
+# tests/infra/test_preflight_template.py compares the worker dry run with the template.
 WORKER_ROOT_DEVICE = "/dev/sda1"
 
 
@@ -180,7 +180,7 @@ def _base_image(ec2, spec: ClusterSpec) -> dict | None:
 
 def launch_tags(spec: ClusterSpec, role: str = ROLE_MASTER) -> dict[str, str]:
     """The tags the Pulumi program gives the master (infra/node.py) or, with `role` worker, each worker
-    of the group (the launch template's tag specifications, infra/workers.py), for the dry run."""
+    of the group (the launch template's tag specifications, infra/node_group.py), for the dry run."""
     base = cluster_tags(spec.cluster_name, spec.stack, dict(spec.tags))
     if role == ROLE_WORKER:
         tags = {**base, ROLE_KEY: ROLE_WORKER, "Name": f"{spec.cluster_name}-worker"}

@@ -3,14 +3,17 @@
 Every resource the Pulumi program makes carries `xeon-cluster:managed-by=xeon-cluster` and
 `xeon-cluster:cluster=<name>` (cluster/stack/tags.py). The sweep lists, per cluster: instances in any
 state but terminated, spot requests (tagged, or behind a tagged instance), AMIs with their
-snapshots, volumes, the workers' launch templates, security groups, key pairs, placement groups
-and checkpoint buckets; with an Auto Scaling client also the workers' groups (infra/workers.py: a
-leaked group keeps launching workers, so it is deleted first, with its instances); with an IAM
+snapshots, volumes, the groups' launch templates, security groups, key pairs, placement groups
+and checkpoint buckets; with an Auto Scaling client also the master's and the workers' groups
+(infra/node_group.py, by the same tags: a leaked group keeps launching nodes, so it is deleted first, with
+its instances); with an IAM
 client also the nodes' IAM roles and instance profiles (infra/node_role.py).
 
 A cluster is *up* while its master instance exists and is not terminated (pending, running,
-stopping or stopped: a stopped master can be started again); everything of an up cluster is left
-alone. A cluster whose master is gone but whose cluster security group still carries the stack
+stopping or stopped: a stopped master can be started again) and, for a master its Auto Scaling group
+launched (AWS's group-name tag), while its stack marker is there too: a group whose stack is gone launches
+a master again after each termination, so such a master alone keeps nothing up; everything of an up
+cluster is left alone. A cluster whose master is gone but whose cluster security group still carries the stack
 marker (`xeon-cluster:stack-marker`, written by the Pulumi program, infra/network.py) is *stopped,
 stack exists*: an idle auto-stop or a spot reclaim took its nodes, its stack still owns the rest,
 and everything of it is left alone too (status *stack*, buckets included). Everything of any other
@@ -47,8 +50,8 @@ from botocore.exceptions import ClientError
 
 from cluster.stack import image_reuse, leftovers
 from cluster.stack.leftovers import IAM_KINDS, IN_USE, KEPT, LEAKED, STACK, UNKNOWN, UP  # noqa: F401 (re-exported)
-from cluster.stack.tags import (CLUSTER_KEY, KEEP_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY, ROLE_KEY,
-                                ROLE_MASTER, STACK_KEY, STACK_MARKER_KEY)
+from cluster.stack.tags import (CLUSTER_KEY, KEEP_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, PROFILE_KEY,
+                                ROLE_KEY, ROLE_MASTER, STACK_KEY, STACK_MARKER_KEY)
 from node_setup.aws import errors
 
 NO_CLUSTER = "(no cluster tag)"
@@ -92,6 +95,8 @@ class Listing:
     resources: list[Resource] = field(default_factory=list)
     up_clusters: set[str] = field(default_factory=set)
     master_states: dict[str, str] = field(default_factory=dict)  # cluster -> its master's state
+    # cluster -> the tags and state of each master that exists: up as leftovers.master_keeps_up says (`collect`)
+    masters: dict[str, list[tuple[dict[str, str], str]]] = field(default_factory=dict)
     stack_markers: dict[str, str] = field(default_factory=dict)  # cluster -> the group with its stack marker
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be listed
     iam_listed: bool = False
@@ -244,6 +249,12 @@ def collect(ec2, s3, region: str, iam=None, regional_ec2=None, autoscaling=None)
             lister(client, listing, found)
         except ClientError as exc:
             _refused(listing, kind, exc)
+    # (after the security groups: a master its group launched keeps its cluster up only with the stack's marker)
+    for cluster, masters in listing.masters.items():
+        for tags, state in masters:
+            if leftovers.master_keeps_up(tags, cluster in listing.stack_markers):
+                listing.up_clusters.add(cluster)
+                listing.master_states[cluster] = state
     if iam is not None and listing.clusters_known:
         _find_clusters_elsewhere(ec2, listing, regional_ec2)
     return listing
@@ -272,8 +283,7 @@ def _list_instances(ec2, listing: Listing, found: _Found) -> None:
             role = tags.get(ROLE_KEY, "")
             add(_resource("instance", inst["InstanceId"], tags, state, f"{role} {inst['InstanceType']}".strip()))
             if role == ROLE_MASTER and state in ALIVE_MASTER_STATES:
-                listing.up_clusters.add(cluster)
-                listing.master_states[cluster] = state
+                listing.masters.setdefault(cluster, []).append((tags, state))
             if inst.get("SpotInstanceRequestId"):
                 found.spot_of_instance[inst["SpotInstanceRequestId"]] = (tags, inst["InstanceId"])
 

@@ -76,13 +76,14 @@ def why_alive(ec2, cluster: str) -> str:
     ours = OURS + [{"Name": f"tag:{CLUSTER_KEY}", "Values": [cluster]}]
     filters = ours + [{"Name": f"tag:{ROLE_KEY}", "Values": [ROLE_MASTER]},
                       {"Name": "instance-state-name", "Values": ALIVE_MASTER_STATES}]
-    if any(res["Instances"] for res in pages(ec2, "describe_instances", "Reservations", Filters=filters)):
+    masters = [{t["Key"]: t["Value"] for t in i.get("Tags", [])}
+               for res in pages(ec2, "describe_instances", "Reservations", Filters=filters) for i in res["Instances"]]
+    marked = any(leftovers.marks_stack({t["Key"]: t["Value"] for t in g.get("Tags", [])})
+                 for g in pages(ec2, "describe_security_groups", "SecurityGroups",
+                                Filters=ours + [{"Name": "tag-key", "Values": [STACK_MARKER_KEY]}]))
+    if any(leftovers.master_keeps_up(tags, marked) for tags in masters):
         return "is up again"
-    marked = pages(ec2, "describe_security_groups", "SecurityGroups",
-                   Filters=ours + [{"Name": "tag-key", "Values": [STACK_MARKER_KEY]}])
-    if any(leftovers.marks_stack({t["Key"]: t["Value"] for t in g.get("Tags", [])}) for g in marked):
-        return "has its stack again"
-    return ""
+    return "has its stack again" if marked else ""
 
 
 def delete(listing: Listing, ec2, s3, iam=None, *, include_buckets: bool = False,

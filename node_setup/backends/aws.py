@@ -220,6 +220,3 @@ class AwsBackend:
             return checked_cidr(ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]["CidrBlock"]), ()
         except (clients.AwsSetupError, RenderError, LookupError, *errors.AWS_ERRORS):
             return None
-
-    def replaces_lost_master(self) -> bool:
-        return True  # node_setup/tasks/managed.py's recover_master: a targeted `pulumi up` of the stack

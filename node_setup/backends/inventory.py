@@ -99,6 +99,3 @@ class InventoryFileBackend:
 
     def cluster_network(self, inventory: Inventory) -> tuple[str, tuple[str, ...]] | None:
         return None
-
-    def replaces_lost_master(self) -> bool:
-        return False

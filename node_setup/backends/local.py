@@ -254,6 +254,3 @@ class LocalBackend:
         except local_state.LocalClusterError:
             return None
         return (state.subnet, (state.bridge_address,)) if state is not None else None
-
-    def replaces_lost_master(self) -> bool:
-        return False  # fab does not: the group keeper brings a lost master back itself (node_setup/local/keeper.py)

@@ -187,8 +187,8 @@ def _pick_zone(spec: ClusterSpec, stack: str, write: bool, move: bool = False) -
         set_stack_value(path, "zoneMove", True)
         print(f"{path.name}: availabilityZone = {best}, zoneMove = true (the whole cluster moves there)")
         return best
-    print(f"{path.name}: availabilityZone = {best} (takes effect when the nodes are next created: "
-          "`pulumi up`; a running master keeps its subnet; with zoneMove: true it moves the cluster)")
+    print(f"{path.name}: availabilityZone = {best} (a first choice: a stack that has its subnet keeps it; "
+          "with zoneMove: true `pulumi up` moves the whole cluster there)")
     return best
 
 

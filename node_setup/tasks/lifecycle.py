@@ -1,12 +1,11 @@
 """`fab up`, `fab down`: the cluster's life in one place, the Pulumi CLI with the toolkit's part around it.
 
-`fab up`: `fab preflight` (the up stops when it fails), then, when the cluster's master is `shutting-down` and
-none runs (just after an auto-stop or a reclaim; a refresh keeps it until it is `terminated` and the up would make
-no new master), a bounded wait for EC2 to report it terminated (still there: exit 1, no Pulumi run), then
-`pulumi up --refresh`, then it waits (at most `--wait-for-capacity`) until the workers' group has every worker in
-service: the program's own wait covers a group it creates, not one it only updates, and a group that could not be
-filled goes on launching workers later (billed). It fails with the group's own reason (its latest scaling
-activity) when the workers are not there, and exits 1 when the cluster has no running master. Last, the master's
+`fab up`: `fab preflight` (the up stops when it fails), then `pulumi up --refresh`, then it waits (at most
+`--wait-for-capacity`) until the workers' group has every worker in service and the master's group its master:
+the program's own wait covers a group it creates, not one it only updates (the idle auto-stop's groups set back
+from 0), and a group that could not be filled goes on launching nodes later (billed). It fails with the group's
+own reason (its latest scaling activity) when the workers are not there, and exits 1 when the cluster has no
+running master after the wait: it never says a cluster is up without one. Last, the master's
 idle auto-stop is armed with the stack's autoStopIdle, as `fab setup` arms it (a cluster nobody uses stops), also
 after a failed `pulumi up` or wait once the group exists (the image was made: nothing armed reaches it); a
 worker it cannot reach is left out, named, and given back to its group, and the rest are armed. `fab down`:
@@ -21,7 +20,6 @@ from __future__ import annotations
 from invoke import Exit
 
 from cluster.durations import format_duration
-from cluster.run.stack_recovery import TERMINATED_POLL_S, TERMINATED_WAIT_S
 from cluster.stack import lifecycle
 from cluster.stack import worker_group as group_rules
 from cluster.stack.catalog import METAL_BOOT_WAIT_S
@@ -31,10 +29,6 @@ from node_setup.tasks.common import FAILED, duration_or_off, fail, task
 from node_setup.tasks.costs import _stack_spec, image_line, run_stack_preflight, sweep_listing
 
 CAPACITY_POLL_S = 15.0
-# How long `fab up` waits for an old master that is `shutting-down` to be gone before its `pulumi up --refresh`
-# (a metal instance takes about as long to shut down as to boot), and how often it looks.
-MASTER_GONE_WAIT_S = float(TERMINATED_WAIT_S)
-MASTER_GONE_POLL_S = float(TERMINATED_POLL_S)
 
 
 def _spec(stack: str) -> ClusterSpec:
@@ -149,59 +143,19 @@ def _group_after_up(spec: ClusterSpec, wait_s: float):
                                             format_duration(wait_s), group.types)
 
 
-def _say(line: str) -> None:
-    print(line, flush=True)
-
-
 def _aws_problem(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
-def _old_master_gone(spec: ClusterSpec) -> None:
-    """Before `pulumi up --refresh`: an old master that is `shutting-down` while none runs (just after the idle
-    auto-stop or a reclaim) is waited for, at most MASTER_GONE_WAIT_S, until EC2 reports it terminated: the
-    provider treats only `terminated` as gone, so a refresh before that keeps it in the stack and the up makes
-    no new master. Still there after the wait: exit 1 before Pulumi runs, saying what to do."""
+def _no_running_master(spec: ClusterSpec, wait_s: float) -> str | None:
+    """After `pulumi up`: None when the cluster has a running master, else the line to fail with. The master's
+    group is waited for first, at most `wait_s` (a group set back from 0 launches its master after `pulumi up`)."""
     from node_setup.aws import clients, errors, termination
+    from node_setup.aws.worker_group import wait_for_master
 
     try:
-        masters = termination.cluster_masters(spec.cluster_name, spec.region)
-    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
-        print(f"warning: could not read the master of {spec.cluster_name} ({_aws_problem(exc)}): whether an old "
-              "one is still shutting down is not checked", flush=True)
-        return
-    going = sorted(iid for iid, state in masters.items() if state == termination.SHUTTING_DOWN)
-    if not going or termination.RUNNING in masters.values():
-        return
-    wait = format_duration(MASTER_GONE_WAIT_S)
-    print(f"fab: the old master of {spec.cluster_name} ({', '.join(going)}) is shutting-down: waiting for EC2 to "
-          f"report it terminated before `pulumi up --refresh` (at most {wait}; a refresh before that keeps it and "
-          "makes no new master)", flush=True)
-    try:
-        left = termination.wait_terminated(going, spec.region, timeout_s=MASTER_GONE_WAIT_S,
-                                           poll_s=MASTER_GONE_POLL_S, say=_say)
-    except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
-        raise Exit(f"error: could not read the old master's state ({_aws_problem(exc)}): nothing was changed; run "
-                   f"`fab up` again once {_state_command(going, spec.region)} says terminated", code=FAILED) from None
-    if left:
-        raise Exit(f"error: the old master of {spec.cluster_name} is still not terminated after {wait} "
-                   f"({termination.states_text(left)}): a `pulumi up --refresh` now would keep it and make no new "
-                   f"master, so nothing was changed; run `fab up` again once {_state_command(going, spec.region)} "
-                   "says terminated", code=FAILED)
-    print("fab: the old master is terminated: `pulumi up --refresh` makes a new one", flush=True)
-
-
-def _state_command(instance_ids: list[str], region: str | None) -> str:
-    """The AWS CLI command that shows the instances' states."""
-    return (f"`aws ec2 describe-instances --instance-ids {' '.join(instance_ids)}"
-            + (f" --region {region}" if region else "") + " --query 'Reservations[].Instances[].State.Name'`")
-
-
-def _no_running_master(spec: ClusterSpec) -> str | None:
-    """After `pulumi up`: None when the cluster has a running master, else the line to fail with."""
-    from node_setup.aws import clients, errors, termination
-
-    try:
+        if wait_s:
+            wait_for_master(spec.cluster_name, region=spec.region, timeout_s=wait_s, poll_s=CAPACITY_POLL_S)
         masters = termination.cluster_masters(spec.cluster_name, spec.region)
     except (clients.AwsSetupError, *errors.AWS_ERRORS) as exc:
         return (f"could not check that the master of {spec.cluster_name} runs ({_aws_problem(exc)}); run `fab up` "
@@ -210,8 +164,7 @@ def _no_running_master(spec: ClusterSpec) -> str | None:
         return None
     return (f"cluster {spec.cluster_name} has no running master after `pulumi up` "
             f"({termination.states_text(masters) or 'EC2 has none'}): nothing was armed and the cluster is not up; "
-            "run `fab up` again (it waits for a master that is shutting down to be gone, then its `pulumi up "
-            "--refresh` makes a new one)")
+            "the master's group launches one by itself (`fab status` shows it); run `fab up` again")
 
 
 def _give_back(node, group, region: str | None) -> str:
@@ -294,8 +247,9 @@ def _arm_autostop(spec: ClusterSpec, group=None) -> str | None:
     "preflight": "run `fab preflight` first and stop when it fails (on by default; --no-preflight skips it)",
     "ip_check": "preflight: compare adminCidrs with this machine's public address",
     "wait-for-capacity": "after `pulumi up`, wait this long at most for every worker of the group to be in "
-                         f"service, e.g. 1h (default {METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: "
-                         "check once); short of workers then, fab up fails with the group's reason",
+                         f"service, and as long for the master's group's master, e.g. 1h (default "
+                         f"{METAL_BOOT_WAIT_S // 60}m: a metal type's boot; off: check once); short of workers "
+                         "then, fab up fails with the group's reason, without a running master with exit 1",
     "zone": "move the whole cluster to this zone (auto: the best-ranked one, as `fab preflight --pick-zone` "
             "ranks them): sets availabilityZone and zoneMove: true in the stack file first; preflight names what "
             "`pulumi up` replaces",
@@ -303,9 +257,8 @@ def _arm_autostop(spec: ClusterSpec, group=None) -> str | None:
 def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL_BOOT_WAIT_S), zone=""):
     """Preflight, then `pulumi up --refresh` for the stack, its output streamed.
 
-    First waits (bounded) for an old master that is still shutting down to be gone. Then waits for the
-    workers' group to be full and arms the idle auto-stop; exits with Pulumi's code when it fails, 1 when
-    workers are missing or no master runs.
+    Then waits for the workers' group to be full and the master's group to have its master, and arms the idle
+    auto-stop; exits with Pulumi's code when it fails, 1 when workers are missing or no master runs.
 
     A first up takes about an hour, two on metal types (docs/aws-lifecycle.md). Ctrl-C is passed to
     Pulumi once (it cancels cleanly) and `fab` waits for it to exit: Pulumi is never killed.
@@ -327,10 +280,8 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
                 raise Exit(f"error: preflight failed (exit code {code}): nothing was created; fix what it names "
                            "and run `fab up` again", code=code)
         else:
-            if step.kind == lifecycle.PULUMI_STEP and _has_credentials():
-                _old_master_gone(spec)
-                if spec.on_demand_fallback_s is not None:
-                    _spot_again(spec)
+            if step.kind == lifecycle.PULUMI_STEP and _has_credentials() and spec.on_demand_fallback_s is not None:
+                _spot_again(spec)
             code = _pulumi(step)
     group, short, unarmed = None, None, None
     if not _has_credentials():
@@ -342,7 +293,7 @@ def up(c, stack="", preflight=True, ip_check=True, wait_for_capacity=float(METAL
             print(f"fab: waiting for the workers' group of {spec.cluster_name} to have its workers in service (at "
                   f"most {format_duration(wait_for_capacity)})", flush=True)
         group, short = _group_after_up(spec, 0 if code else wait_for_capacity)
-        masterless = None if code else _no_running_master(spec)
+        masterless = None if code else _no_running_master(spec, wait_for_capacity)
         if masterless:
             if short:
                 print(f"warning: {short}", flush=True)

@@ -274,37 +274,3 @@ def workdir_again(own: OwnProgram) -> CopyPlan:
         raise fail(str(exc)) from None
 
 
-# ---------------------------------------------------------------- a lost master (AWS)
-
-
-def _stack(inventory: Inventory) -> str | None:
-    """The cluster's stack: the stack file named as the cluster, else the only one here; None otherwise."""
-    from node_setup.controller import PROJECT_ROOT
-    from node_setup.stack_config import stack_files
-
-    files = stack_files(PROJECT_ROOT)
-    if inventory.name in files:
-        return inventory.name
-    return next(iter(files)) if len(files) == 1 else None
-
-
-def recover_master(inventory: Inventory) -> str | None:
-    """After the supervisor ended the run master-lost: the master alone replaced by a targeted
-    `pulumi up` (node_setup/pulumi_recovery.py: never killed, nothing else applied) when the Pulumi CLI
-    and the cluster's stack file are here, else the command said. The workers are the group's: it
-    replaces its own. What replace_lost_master returned, or None when fab ran no Pulumi command."""
-    from node_setup import pulumi_cli, pulumi_recovery
-    from node_setup.controller import PROJECT_ROOT
-
-    stack, master = _stack(inventory), inventory.master
-    if not (stack and master.instance_id and pulumi_cli.find_pulumi()):
-        say(f"replace the master yourself: `pulumi up --refresh --stack {stack or '<stack>'}`, then "
-            "`fab train --managed --resume` with the same options continues the run")
-        return None
-    say(f"replacing the lost master {master.name} only (the workers are the group's)")
-    result = pulumi_recovery.replace_lost_master(stack, master.instance_id, region=inventory.region, say=say,
-                                                 cwd=str(PROJECT_ROOT))
-    if result == pulumi_recovery.REPLACED:
-        say("the master is back: `fab train --managed --resume` with the same options continues the run")
-    return result
-

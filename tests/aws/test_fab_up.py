@@ -185,7 +185,8 @@ def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_
     out = capsys.readouterr().out
     assert ("xeon-dev-worker-1a2b: no spot capacity for 0s (" + REFUSED + "); onDemandFallback: the group's "
             "on-demand base is now 1, so it launches 1 worker(s) on demand, of the same types") in out
-    (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups()["AutoScalingGroups"]
+    (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=["xeon-dev-worker-1a2b"])["AutoScalingGroups"]
     policy = group["MixedInstancesPolicy"]
     assert policy["InstancesDistribution"]["OnDemandBaseCapacity"] == 1
     assert [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]] == TYPES  # the rest kept
@@ -198,7 +199,8 @@ def test_on_demand_fallback_raises_the_groups_on_demand_base_after_its_wait_and_
     monkeypatch.setattr(aws_worker_group.clients, "client", CLIENT)
     task.up(Context(), stack="dev", preflight=False, wait_for_capacity=0)
     assert "on-demand base 1 -> 0 (onDemandFallback: the group is stopped" in capsys.readouterr().out
-    (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups()["AutoScalingGroups"]
+    (group,) = boto3.client("autoscaling", REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=["xeon-dev-worker-1a2b"])["AutoScalingGroups"]
     assert group["MixedInstancesPolicy"]["InstancesDistribution"]["OnDemandBaseCapacity"] == 0
 
 

@@ -1,4 +1,4 @@
-"""A workers' group of several instance types (a mixed instances policy, as infra/workers.py makes it) read on
+"""A workers' group of several instance types (a mixed instances policy, as infra/node_group.py makes it) read on
 moto: `fab status`/`fab up` name the group's types, which of them its workers are, and on a capacity failure
 of the first type the group's own reason and the type it goes on with.
 
@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from cluster.stack import worker_group as rules
-from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
+from cluster.stack.tags import CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_WORKER
 from node_setup.aws import worker_group
 
 pytest.importorskip("moto")
@@ -51,7 +51,7 @@ def _mixed_group(count: int) -> str:
             "InstancesDistribution": {"OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0,
                                       "SpotAllocationStrategy": rules.SPOT_ALLOCATION}},
         Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
-              for k, v in ((CLUSTER_KEY, "xeon-dev"), (MANAGED_BY_KEY, MANAGED_BY_VALUE))])
+              for k, v in ((CLUSTER_KEY, "xeon-dev"), (MANAGED_BY_KEY, MANAGED_BY_VALUE), (ROLE_KEY, ROLE_WORKER))])
     return template
 
 

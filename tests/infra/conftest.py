@@ -40,7 +40,8 @@ ACCOUNT = "123456789012"
 SUBNET_CIDR = "172.31.16.0/20"  # every looked-up subnet's
 
 # Type tokens of what the program registers, as the monitor sees them.
-INSTANCE = "aws:ec2/instance:Instance"
+STASH = "pulumi:index:Stash"  # the kept subnet and base image (infra/placement.py)
+INSTANCES = "aws:ec2/getInstances:getInstances"
 AMI = "aws:ec2/amiFromInstance:AmiFromInstance"
 BUILT = "aws:imagebuilder/image:Image"  # the image Image Builder builds (infra/image.py)
 RECIPE = "aws:imagebuilder/imageRecipe:ImageRecipe"
@@ -84,17 +85,33 @@ def _matches(tags: dict[str, str], filters) -> bool:
     return all(tags.get(f["name"][4:]) in f["values"] for f in filters or [] if f["name"].startswith("tag:"))
 
 
+def group_instance(group: str) -> str:
+    """The id of the one instance the fake account's Auto Scaling group `group` runs (its master)."""
+    return f"i-{group}"
+
+
 class FakeAws(mocks.Mocks):
-    """Test double for the AWS provider: answers invokes and "creates" resources. `kept`: the account's own
-    images (kept_image's shape) its getAmiIds/getAmi lookups of owner `self` find; `groups`: security groups by
-    id -> their tags (the stack marker's group of a stack that exists)."""
+    """Test double for the AWS provider and the engine's record of the stack: answers invokes and "creates"
+    resources. `kept`: the account's own images (kept_image's shape) its getAmiIds/getAmi lookups of owner `self`
+    find; `groups`: security groups by id -> their tags (the stack marker's group of a stack that exists);
+    `subnets`: the default subnets getSubnets finds. `stashes`: the engine's part for `pulumi.Stash`, by name ->
+    (replacement trigger, kept output): a stash keeps its first input as its output until its trigger changes,
+    so one FakeAws (or one `stashes`) passed to two runs stands for one stack's two `pulumi up`. Each Auto
+    Scaling group runs one instance (`group_instance`) that getInstances finds by the group's name tag, with a
+    public address when its template asks for one."""
 
     def __init__(self, empty_tokens: set[str] | None = None, kept: list[dict] | None = None,
-                 groups: dict[str, dict[str, str]] | None = None):
+                 groups: dict[str, dict[str, str]] | None = None, subnets: list[str] | None = None,
+                 stashes: dict[str, tuple[Any, Any]] | None = None):
         self.calls: list[tuple[str, dict]] = []
         self.empty_tokens = empty_tokens or set()  # list lookups that find nothing
         self.kept = kept or []
         self.groups = groups or {}
+        self.subnets = list(subnets or DEFAULT_SUBNETS)
+        self.stashes = {} if stashes is None else stashes
+        self.next_trigger: Any = None  # the replacement trigger of the resource being registered (the monitor's)
+        self.templates: dict[str, dict] = {}  # launch template id -> its inputs
+        self.asgs: dict[str, dict] = {}  # group name -> its template's inputs
 
     def call(self, args: mocks.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
@@ -122,7 +139,15 @@ class FakeAws(mocks.Mocks):
             return {"locations": OFFERED_ZONES, "locationTypes": ["availability-zone"] * len(OFFERED_ZONES),
                     "instanceTypes": ["x"] * len(OFFERED_ZONES), "id": REGION}
         if args.token == "aws:ec2/getSubnets:getSubnets":
-            return {"ids": DEFAULT_SUBNETS, "id": REGION}
+            return {"ids": self.subnets, "id": REGION}
+        if args.token == INSTANCES:
+            group = (args.args.get("instanceTags") or {}).get("aws:autoscaling:groupName")
+            if group not in self.asgs:
+                return {"ids": [], "privateIps": [], "publicIps": [], "id": REGION}
+            private, public = _address(group)
+            interfaces = self.asgs[group].get("networkInterfaces") or [{}]
+            return {"ids": [group_instance(group)], "privateIps": [private], "id": REGION,
+                    "publicIps": [public if interfaces[0].get("associatePublicIpAddress") == "true" else ""]}
         if args.token == "aws:ec2/getSubnet:getSubnet":
             return {"id": args.args["id"], "vpcId": "vpc-0custom", "availabilityZone": "us-east-1a",
                     "cidrBlock": SUBNET_CIDR}
@@ -132,10 +157,11 @@ class FakeAws(mocks.Mocks):
         state = dict(args.inputs)
         typ, name = args.typ, args.name
         rid = f"{name}-id"
-        if typ == "aws:ec2/instance:Instance":
-            rid = f"i-{name}"
-            private, public = _address(name)
-            state.update(privateIp=private, publicIp=public if args.inputs.get("associatePublicIpAddress") else "")
+        if typ == STASH:
+            kept = self.stashes.get(name)
+            if kept is None or kept[0] != self.next_trigger:  # created, or replaced: its input is kept now
+                kept = self.stashes[name] = (self.next_trigger, state.get("input"))
+            state["output"] = kept[1]
         elif typ.startswith("aws:imagebuilder/") and typ != BUILT:
             kind = typ.rsplit(":", 1)[1]
             # Its name and version; a recipe's or component's with a digest of its inputs but tags (the mock's mark
@@ -160,10 +186,15 @@ class FakeAws(mocks.Mocks):
             version = _TEMPLATE_VERSIONS.setdefault(content, len(_TEMPLATE_VERSIONS) + 1)
             state.update(latestVersion=version, defaultVersion=version,
                          arn=f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/{rid}")
+            self.templates[rid] = state
         elif typ == GROUP:
             state["name"] = rid = f"{name}-5a6b7c"  # auto-named by the provider
             state["arn"] = (f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:0f1e2d3c:"
                             f"autoScalingGroupName/{rid}")
+            launch = state.get("launchTemplate") or (
+                ((state.get("mixedInstancesPolicy") or {}).get("launchTemplate") or {}).get(
+                    "launchTemplateSpecification", {}))
+            self.asgs[rid] = self.templates.get(launch.get("id") or launch.get("launchTemplateId"), {})
         elif typ == "aws:ec2/securityGroup:SecurityGroup":
             rid = f"sg-{name}"
         elif typ == "aws:ec2/keyPair:KeyPair":
@@ -212,6 +243,8 @@ class RecordingMonitor(mocks.MockMonitor):
         self.registrations: list[Registration] = []
 
     def RegisterResource(self, request):
+        self.mocks.next_trigger = (json_format.MessageToDict(request.replacement_trigger)
+                                   if request.HasField("replacement_trigger") else None)
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             inputs = _sync_await(_deserialize(request.object))
@@ -317,3 +350,28 @@ def stack_file_text(config: dict[str, Any], region: str = REGION) -> str:
 
     values = {f"{PROJECT}:{k}": v for k, v in config.items()}
     return yaml.safe_dump({"config": {"aws:region": region, **values}}, sort_keys=False)
+
+
+def _of_role(monitor: RecordingMonitor, typ: str, role: str) -> Registration:
+    (found,) = [r for r in monitor.of_type(typ) if r.name.endswith(f"-{role}")]
+    return found
+
+
+def worker_group(monitor: RecordingMonitor) -> Registration:
+    """The workers' Auto Scaling group as registered."""
+    return _of_role(monitor, GROUP, "worker")
+
+
+def worker_template(monitor: RecordingMonitor) -> Registration:
+    """The workers' launch template as registered."""
+    return _of_role(monitor, LAUNCH_TEMPLATE, "worker")
+
+
+def master_group(monitor: RecordingMonitor) -> Registration:
+    """The master's Auto Scaling group (of one) as registered."""
+    return _of_role(monitor, GROUP, "master")
+
+
+def master_template(monitor: RecordingMonitor) -> Registration:
+    """The master's launch template as registered."""
+    return _of_role(monitor, LAUNCH_TEMPLATE, "master")

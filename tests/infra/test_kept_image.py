@@ -13,8 +13,9 @@ from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import (BASE_IMAGE_KEY, BASE_KEY, CLUSTER_KEY, FINGERPRINT_KEY, IMAGE_SOURCE_KEY, KEEP_KEY,
                                 MANAGED_BY_KEY, MANAGED_BY_VALUE, REGION_KEY, STACK_KEY, STACK_MARKER_KEY,
                                 USED_BY_PREFIX)
-from tests.infra.conftest import (AMI, BASE_AMI, BUILT, DISTRIBUTION, GROUP, INSTANCE, LAUNCH_TEMPLATE, REGION,
-                                  RELEASE, SETUP, STACK, TAG, FakeAws, fresh_run, kept_image, minimal_config)
+from tests.infra.conftest import (AMI, BASE_AMI, BUILT, DISTRIBUTION, REGION, RELEASE, SETUP, STACK, TAG, FakeAws,
+                                  fresh_run, kept_image, master_template, minimal_config, worker_group,
+                                  worker_template)
 
 SG = "aws:ec2/securityGroup:SecurityGroup"
 
@@ -84,11 +85,11 @@ def test_a_matching_kept_image_boots_every_node_with_no_install_and_no_build():
     fake = FakeAws(kept=[kept_image("ami-0kept", kept_tags(spec))])
     monitor, outputs = fresh_run(minimal_config(), fake)
     assert not monitor.of_type(AMI) and not monitor.of_type(BUILT) and not monitor.of_type(RELEASE)
-    (master,) = monitor.of_type(INSTANCE)
-    (template,), (group,), (setup,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP), monitor.of_type(SETUP)
-    assert master.inputs["ami"] == template.inputs["imageId"] == "ami-0kept"
+    master = master_template(monitor)
+    template, group, (setup,) = worker_template(monitor), worker_group(monitor), monitor.of_type(SETUP)
+    assert master.inputs["imageId"] == template.inputs["imageId"] == "ami-0kept"
     assert setup.inputs["kept_image"] == "ami-0kept"
-    # The workers wait for no setup: their group depends on the master (its subnet), not on the step.
+    # The workers wait for no setup: their group depends on the kept placement and the image, not on the step.
     assert setup.urn not in group.dependencies and setup.urn not in template.dependencies
     assert (outputs["amiId"], outputs["imageSource"], outputs["baseAmiId"]) == ("ami-0kept", "ami-0kept",
                                                                                "ami-0olderbase")
@@ -105,7 +106,7 @@ def test_a_kept_image_of_other_pins_or_not_kept_is_not_reused():
     not_kept = {k: v for k, v in kept_tags(spec).items() if k != KEEP_KEY}
     fake = FakeAws(kept=[kept_image("ami-0pins", other_pins), kept_image("ami-0left", not_kept)])
     monitor, outputs = fresh_run(minimal_config(), fake)
-    assert outputs["amiId"] == _built(monitor) == monitor.of_type(INSTANCE)[0].inputs["ami"]
+    assert outputs["amiId"] == _built(monitor) == master_template(monitor).inputs["imageId"]
 
 
 def test_a_stack_that_baked_keeps_baking_when_a_matching_image_is_kept_later():

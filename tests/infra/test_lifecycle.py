@@ -18,16 +18,15 @@ from cluster.stack.spec import ClusterSpec
 from cluster.node import profiles
 from cluster.stack import image_build, image_reuse
 from cluster.stack.node_replacement import bake_tag
-from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, ROLE_KEY, ROLE_MASTER, STACK_KEY,
+from cluster.stack.tags import (CLUSTER_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE, STACK_KEY,
                                 USED_BY_PREFIX)
 from infra import image as infra_image
-from infra import node as infra_node
 from infra import program as infra_program
 from infra import setup_step
 from infra.setup_step import METAL_SSH_TIMEOUT_SECONDS, SSH_TIMEOUT_SECONDS, ProfileSetupProvider
-from tests.infra.conftest import (BASE_AMI, BUILT, COMPONENT, DEFAULT_SUBNETS, DISTRIBUTION, GROUP, INSTANCE,
-                                  LAUNCH_TEMPLATE, PROJECT, RECIPE, SETUP, STACK, FakeAws, Harness, RecordingMonitor,
-                                  fresh_run, minimal_config)
+from tests.infra.conftest import (BASE_AMI, BUILT, COMPONENT, DEFAULT_SUBNETS, DISTRIBUTION, INSTANCES, RECIPE,
+                                  SETUP, STACK, FakeAws, fresh_run, master_group, master_template, minimal_config,
+                                  worker_group, worker_template)
 
 TAG = "aws:ec2/tag:Tag"
 
@@ -38,53 +37,95 @@ def run_with(**config):
 
 
 def nodes(monitor):
-    return sorted(monitor.of_type(INSTANCE), key=lambda n: n.name)
+    """The two groups, the master's and the workers' (no node is a stand-alone instance)."""
+    assert not monitor.of_type("aws:ec2/instance:Instance")
+    return [master_group(monitor), worker_group(monitor)]
 
 
 def master(monitor):
-    (found,) = [n for n in nodes(monitor) if n.inputs["tags"][ROLE_KEY] == ROLE_MASTER]
-    return found
+    return master_group(monitor)
 
 
 def workers(monitor):
-    """The workers' launch template and group (there are no stand-alone worker instances)."""
-    assert all(n.inputs["tags"][ROLE_KEY] == ROLE_MASTER for n in nodes(monitor))
-    (template,), (group,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP)
-    return [template, group]
+    """The workers' launch template and group."""
+    return [worker_template(monitor), worker_group(monitor)]
 
 
 # ----------------------------------------------------- base image and subnet chosen once and kept
 
 
-def test_master_keeps_the_looked_up_image_and_subnet_and_workers_follow_it(harness):
-    outputs = harness.run(minimal_config(bake=False))
-    monitor = harness.monitor
-    first = master(monitor)
-    assert sorted(first.ignore_changes) == ["ami", "subnetId"]
-    template, group = workers(monitor)
-    # They follow the master's outputs when made, and keep them: a new master does not replace them.
-    assert template.ignore_changes == ["imageId"] and group.ignore_changes == ["vpcZoneIdentifiers"]
-    assert template.inputs["imageId"] == first.state["ami"] == BASE_AMI
-    assert group.inputs["vpcZoneIdentifiers"] == [first.state["subnetId"]] == [min(DEFAULT_SUBNETS)]
+class _LaterDay(FakeAws):
+    """Test double of the account on a later day: a newer base image, another first default subnet, and the
+    master's group running another instance (AWS replaced a lost master)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(subnets=["subnet-0000", *DEFAULT_SUBNETS], **kwargs)
+
+    def call(self, args):
+        found = super().call(args)
+        if args.token == "aws:ec2/getAmiIds:getAmiIds" and args.args.get("owners") != ["self"]:
+            return {**found, "ids": ["ami-0newer", *found["ids"]]}
+        if args.token == INSTANCES and found["ids"]:
+            return {**found, "ids": [f"{i}-replaced" for i in found["ids"]]}
+        return found
+
+
+def _images(monitor) -> list[str]:
+    return [master_template(monitor).inputs["imageId"], worker_template(monitor).inputs["imageId"]]
+
+
+def _subnets(monitor) -> list[list[str]]:
+    return [g.inputs["vpcZoneIdentifiers"] for g in nodes(monitor)]
+
+
+def test_master_and_workers_keep_the_first_lookups_subnet_and_base_image_on_a_later_up():
+    stack: dict = {}
+    before, first = fresh_run(minimal_config(bake=False), FakeAws(stashes=stack))
+    after, later = fresh_run(minimal_config(bake=False), _LaterDay(stashes=stack))
+    # One decision for both groups, kept: today's other subnet and newer image move nothing.
+    assert _subnets(before) == _subnets(after) == [[min(DEFAULT_SUBNETS)]] * 2
+    assert _images(before) == _images(after) == [BASE_AMI] * 2
+    assert [g.replacement_trigger for g in nodes(after)] == [g.replacement_trigger for g in nodes(before)]
+    # Kept by the stack, not by ignoring changes: every input of a node is what the engine compares.
+    for reg in nodes(after) + [master_template(after), worker_template(after)]:
+        assert reg.ignore_changes == [], reg.name
     # The kept choices are stack outputs: what the cluster really runs on.
-    assert outputs["baseAmiId"] == BASE_AMI and outputs["subnetId"] == min(DEFAULT_SUBNETS)
+    assert (first["baseAmiId"], first["subnetId"]) == (later["baseAmiId"], later["subnetId"]) == (
+        BASE_AMI, min(DEFAULT_SUBNETS))
 
 
-def test_given_image_and_subnet_are_not_ignored_so_setting_them_moves_the_cluster(harness):
+@pytest.mark.parametrize("setting, value", [("subnetId", "subnet-0chosen"), ("baseAmi", "ami-0chosen")])
+def test_setting_the_subnet_or_the_base_image_moves_both_groups(setting, value):
+    stack: dict = {}
+    before, _ = fresh_run(minimal_config(bake=False), FakeAws(stashes=stack))
+    after, outputs = fresh_run(minimal_config(bake=False, **{setting: value}), FakeAws(stashes=stack))
+    moved = _subnets(after) if setting == "subnetId" else _images(after)
+    assert moved == ([[value]] * 2 if setting == "subnetId" else [value] * 2)
+    assert outputs["subnetId" if setting == "subnetId" else "baseAmiId"] == value
+    for old, new in zip(nodes(before), nodes(after)):  # both replaced, deleting first
+        assert new.replacement_trigger != old.replacement_trigger and new.delete_before_replace, new.name
+    # Set back to unset: the stash is decided again by the lookup (the trigger changed again).
+    again, _ = fresh_run(minimal_config(bake=False), FakeAws(stashes=stack))
+    assert _subnets(again) == [[min(DEFAULT_SUBNETS)]] * 2 and _images(again) == [BASE_AMI] * 2
+
+
+def test_the_built_image_keeps_the_looked_up_base_and_every_node_follows_the_image():
+    stack: dict = {}
+    before, _ = fresh_run(minimal_config(), FakeAws(stashes=stack))
+    after, _ = fresh_run(minimal_config(), _LaterDay(stashes=stack))
+    (old_recipe,), (new_recipe,) = before.of_type(RECIPE), after.of_type(RECIPE)
+    assert old_recipe.inputs["parentImage"] == new_recipe.inputs["parentImage"] == BASE_AMI
+    assert new_recipe.ignore_changes == []
+    assert _images(after) == _images(before) == [after.of_type(BUILT)[0].state["outputResources"][0]["amis"][0][
+        "image"]] * 2
+
+
+def test_a_given_base_image_is_the_recipe_s_parent(harness):
     harness.run(minimal_config(baseAmi="ami-0newer", subnetId="subnet-0chosen"))
-    first = master(harness.monitor)
     (recipe,), (built,) = harness.monitor.of_type(RECIPE), harness.monitor.of_type(BUILT)
-    assert first.ignore_changes == [] and recipe.ignore_changes == []
-    assert recipe.inputs["parentImage"] == "ami-0newer"  # the image is built from it, and the master boots that
-    assert (first.inputs["ami"], first.inputs["subnetId"]) == (built.state["outputResources"][0]["amis"][0]["image"],
-                                                               "subnet-0chosen")
-
-
-def test_the_built_image_keeps_the_looked_up_base_and_the_master_follows_the_image(harness):
-    harness.run(minimal_config())
-    (recipe,) = harness.monitor.of_type(RECIPE)
-    assert recipe.ignore_changes == ["parentImage"] and recipe.inputs["parentImage"] == BASE_AMI
-    assert master(harness.monitor).ignore_changes == ["subnetId"]
+    assert recipe.inputs["parentImage"] == "ami-0newer"  # the image is built from it, and every node boots that
+    assert _images(harness.monitor) == [built.state["outputResources"][0]["amis"][0]["image"]] * 2
+    assert _subnets(harness.monitor) == [["subnet-0chosen"]] * 2
 
 
 def test_the_base_image_lookup_asks_what_fab_preflight_asks(harness):
@@ -96,18 +137,6 @@ def test_the_base_image_lookup_asks_what_fab_preflight_asks(harness):
                if token == "aws:ec2/getAmiIds:getAmiIds" and a["owners"] != ["self"]]  # not the kept images'
     assert args["owners"] == [CANONICAL_OWNER]
     assert {f["name"]: f["values"] for f in args["filters"]} == {name: [value] for name, value in BASE_IMAGE_FILTERS}
-
-
-def test_only_the_looked_up_one_is_kept():
-    from infra.master import kept_on_update
-
-    def spec(**cfg):
-        return ClusterSpec.from_config(minimal_config(**cfg), stack="dev", region="us-east-1")
-
-    assert kept_on_update(spec(bake=False)) == ["ami", "subnetId"]
-    assert kept_on_update(spec()) == kept_on_update(spec(baseAmi="ami-1")) == ["subnetId"]  # it follows the image
-    assert kept_on_update(spec(subnetId="subnet-1", bake=False)) == ["ami"]
-    assert kept_on_update(spec(subnetId="subnet-1")) == []
 
 
 # ---------------------------------- replacements delete first; market and instance type force one
@@ -127,12 +156,12 @@ def test_market_and_instance_type_force_a_replacement():
     bigger, _ = run_with(instanceType="r7iz.metal-32xl")
     for before, after in zip(nodes(spot), nodes(on_demand)):
         assert before.name == after.name
-        # The spot options just vanish from the inputs (the provider shows no diff): the trigger changes.
-        assert not after.inputs.get("instanceMarketOptions")
+        # The spot options just vanish from the template (the provider shows no diff): the trigger changes.
+        assert not after.replacement_trigger["template"].get("instance_market_options")
         assert before.replacement_trigger["market"] == "spot" and after.replacement_trigger["market"] == "on-demand"
-    for before, after in zip(nodes(spot), nodes(bigger)):
-        assert "instanceType" in after.replace_on_changes  # never an in-place stop/modify/start
+    for before, after in zip(nodes(spot), nodes(bigger)):  # never an in-place change of the type
         assert before.replacement_trigger != after.replacement_trigger
+        assert after.replacement_trigger["instanceType"] == "r7iz.metal-32xl"
     again, _ = run_with()
     assert [n.replacement_trigger for n in nodes(spot)] == [n.replacement_trigger for n in nodes(again)]
 
@@ -219,83 +248,13 @@ def test_no_image_no_snapshot_tags(harness):
     assert not harness.monitor.of_type(TAG) and not harness.monitor.of_type(BUILT)
 
 
-# ---------------------------------------------------------------------- capacity errors on launch
+# ---------------------------------------------------------------------- a group that cannot launch
 
 
-CAPACITY = ("creating EC2 Instance: operation error EC2: RunInstances, https response error StatusCode: 500, "
-            "api error InsufficientInstanceCapacity: There is no Spot capacity available that matches your request.")
-
-
-def test_every_node_launch_has_the_capacity_retry_hook(harness):
+def test_each_group_has_its_one_line_failure_hook(harness):
     harness.run(minimal_config())
-    for node in nodes(harness.monitor):
-        assert node.error_hooks == ["xeon-cluster-capacity-retry"], node.name
-
-
-def test_capacity_errors_are_retried_a_few_times_then_given_up():
-    delays = (1, 2, 3)
-    assert infra_node.capacity_retry_delay([CAPACITY], delays) == 1
-    assert infra_node.capacity_retry_delay([CAPACITY] * 3, delays) == 3
-    assert infra_node.capacity_retry_delay([CAPACITY] * 4, delays) is None
-    assert infra_node.capacity_retry_delay(["api error InvalidAMIID.NotFound"], delays) is None
-    assert infra_node.capacity_retry_delay([], delays) is None
-
-
-def _hook_args(errors, operation="create", name="xeon-dev-worker-2"):
-    return pulumi.ErrorHookArgs(urn="urn", id="", name=name, type=INSTANCE, failed_operation=operation,
-                                new_inputs={"instanceType": "r7iz.metal-16xl",
-                                            "instanceMarketOptions": {"marketType": "spot"}},
-                                errors=errors)
-
-
-def test_capacity_hook_waits_retries_and_finally_says_what_to_change(monkeypatch, caplog):
-    slept = []
-
-    async def sleep(seconds):
-        slept.append(seconds)
-
-    # Building the hook registers it with the engine; here only its callback is exercised.
-    monkeypatch.setattr(pulumi, "ErrorHook", lambda name, func: func)
-    on_error = infra_node.capacity_retry_hook("test-hook", delays=(5, 7), sleep=sleep)
-    caplog.set_level(logging.INFO)
-    assert asyncio.run(on_error(_hook_args([CAPACITY]))) is True
-    assert asyncio.run(on_error(_hook_args([CAPACITY, CAPACITY]))) is True
-    assert slept == [5, 7]
-    assert asyncio.run(on_error(_hook_args([CAPACITY] * 3))) is False
-    final = caplog.records[-1].getMessage()
-    assert final.startswith("xeon-dev-worker-2: AWS has no spot capacity for r7iz.metal-16xl")
-    assert "workerSpot: false" in final and "subnetId" in final and "fab preflight" in final
-    assert "masterSpot: false" in infra_node.capacity_message("xeon-dev-master", {}, 1)
-    # Not a capacity error, or not a create: not retried.
-    assert asyncio.run(on_error(_hook_args(["api error UnauthorizedOperation"]))) is False
-    assert asyncio.run(on_error(_hook_args([CAPACITY], operation="delete"))) is False
-    assert slept == [5, 7]
-
-
-def test_with_instance_types_the_master_s_last_capacity_error_names_the_next_listed_type(harness, monkeypatch,
-                                                                                         caplog):
-    """The master is one instance of the first listed type: when its launch retries are spent, the change of
-    type to make is to list another first (the next one named), not instanceType, which the stack does not set."""
-    hooks, real = {}, pulumi.ErrorHook
-
-    def kept(name, func):  # the engine's hook as the program builds it, its callback kept to run here
-        hooks[name] = func
-        return real(name, func)
-
-    monkeypatch.setattr(pulumi, "ErrorHook", kept)
-    harness.run(minimal_config(instanceTypes=["m7i.48xlarge", "c7i.48xlarge", "r7i.48xlarge"]))
-    (master,) = nodes(harness.monitor)
-    assert master.error_hooks == ["xeon-cluster-capacity-retry"]
-    args = pulumi.ErrorHookArgs(urn="urn", id="", name=master.name, type=INSTANCE, failed_operation="create",
-                                new_inputs=master.inputs, errors=[CAPACITY] * 4)  # past the three retries
-    caplog.set_level(logging.INFO)
-    assert asyncio.run(hooks["xeon-cluster-capacity-retry"](args)) is False
-    final = caplog.records[-1].getMessage()
-    assert final.startswith("xeon-dev-master: AWS has no spot capacity for m7i.48xlarge in this zone"), final
-    assert ("placementGroup: false, list another type first in instanceTypes (the master takes the first; next: "
-            "c7i.48xlarge); `fab preflight` checks the new settings") in final
-    # one type: the type to change is instanceType
-    assert "placementGroup: false, instanceType; " in infra_node.capacity_message("xeon-dev-master", {}, 4)
+    for group in nodes(harness.monitor):
+        assert group.error_hooks == [f"{group.name}-capacity-reason"], group.name
 
 
 def test_an_older_cli_gets_warnings_and_no_hook(harness, monkeypatch, caplog):
@@ -310,68 +269,34 @@ def test_an_older_cli_gets_warnings_and_no_hook(harness, monkeypatch, caplog):
 # ------------------------------------------------ a lost master costs its setup, not a re-bake
 
 
-class _LaterDay(FakeAws):
-    """Test double of the account on the day the master is replaced: a newer base image, another first
-    default subnet, and the new master's own instance id."""
-
-    def call(self, args):
-        found = super().call(args)
-        if args.token == "aws:ec2/getAmiIds:getAmiIds" and args.args.get("owners") != ["self"]:
-            return {**found, "ids": ["ami-0newer", *found["ids"]]}
-        if args.token == "aws:ec2/getSubnets:getSubnets":
-            return {**found, "ids": ["subnet-0000", *found["ids"]]}
-        return found
-
-    def new_resource(self, args):
-        rid, state = super().new_resource(args)
-        return (f"{rid}-replaced", state) if args.typ == INSTANCE and args.name.endswith("-master") else (rid, state)
-
-
-def _later_run(config):
-    fake = _LaterDay()
-    monitor = RecordingMonitor(fake)
-    pulumi.runtime.set_mocks(fake, project=PROJECT, stack=STACK, preview=False, monitor=monitor)
-    Harness(fake, monitor).run(config)
-    return monitor
-
-
-def _kept(reg) -> dict:
-    """The inputs the engine compares (ignored ones take the state's value)."""
-    return {k: v for k, v in reg.inputs.items() if k not in reg.ignore_changes}
-
-
-def test_a_replaced_master_is_set_up_again_and_replaces_neither_the_image_nor_the_workers(monkeypatch):
-    before, _ = fresh_run(minimal_config())
-    after = _later_run(minimal_config())
-    assert master(after).id != master(before).id
+def test_a_master_the_group_replaced_is_set_up_again_and_replaces_neither_the_image_nor_the_workers(monkeypatch):
+    stack: dict = {}
+    before, old = fresh_run(minimal_config(), FakeAws(stashes=stack))
+    after, new = fresh_run(minimal_config(), _LaterDay(stashes=stack))
+    assert new["masterInstanceId"] == f"{old['masterInstanceId']}-replaced"  # the group's new instance
 
     # The setup step: updated (not replaced), which checks the new master as `fab check` does (the image it
     # booted holds the profile) and installs only what differs, with the same pins; it images nothing.
     (old_setup,), (new_setup,) = before.of_type(SETUP), after.of_type(SETUP)
     olds = {**old_setup.inputs, **old_setup.state}
-    # The image's id the engine gives it: the old one (the mocks, which know no ignore_changes, build a new one
-    # from the ignored base; the recipe kept below is why the engine does not).
-    news = {**new_setup.inputs, "kept_image": olds["kept_image"]}
-    diff = ProfileSetupProvider().diff("id", olds, news)
+    diff = ProfileSetupProvider().diff("id", olds, new_setup.inputs)
     assert diff.changes and diff.replaces == []
     ran = []
     monkeypatch.setattr(setup_step, "run_profile_setup", lambda props, **seams: ran.append(props) or dict(props))
-    updated = ProfileSetupProvider().update("id", olds, news).outs
-    assert [p["instance_id"] for p in ran] == [master(after).id] and ran[0]["pip_pins"] == olds["pip_pins"]
+    updated = ProfileSetupProvider().update("id", olds, new_setup.inputs).outs
+    assert [p["instance_id"] for p in ran] == [new["masterInstanceId"]] and ran[0]["pip_pins"] == olds["pip_pins"]
     assert updated["kept_image"] == olds["kept_image"]
 
-    # The image: a newer Ubuntu image found today builds nothing. The recipe keeps its base (ignored), and
-    # what the engine compares of it, its component and the image's trigger are the same.
+    # The image: a newer Ubuntu image found today builds nothing (the recipe's base is the kept one).
     (old_recipe,), (new_recipe,) = before.of_type(RECIPE), after.of_type(RECIPE)
-    assert new_recipe.inputs["parentImage"] == "ami-0newer" and new_recipe.ignore_changes == ["parentImage"]
-    assert _kept(new_recipe) == _kept(old_recipe)
-    assert _kept(after.of_type(COMPONENT)[0]) == _kept(before.of_type(COMPONENT)[0])
+    assert new_recipe.inputs == old_recipe.inputs
+    assert after.of_type(COMPONENT)[0].inputs == before.of_type(COMPONENT)[0].inputs
     assert after.of_type(BUILT)[0].replacement_trigger == before.of_type(BUILT)[0].replacement_trigger
 
-    # The workers' group ignores the master's new subnet, so it keeps its instances.
-    (_, old_group), (_, new_group) = workers(before), workers(after)
-    assert new_group.ignore_changes == ["vpcZoneIdentifiers"]
-    assert new_group.inputs["vpcZoneIdentifiers"] != old_group.inputs["vpcZoneIdentifiers"]  # ignored, as it must be
+    # Neither group changes: the kept subnet, the same image.
+    for old_group, new_group in zip(nodes(before), nodes(after)):
+        assert new_group.inputs["vpcZoneIdentifiers"] == old_group.inputs["vpcZoneIdentifiers"]
+        assert new_group.replacement_trigger == old_group.replacement_trigger
 
 
 def test_a_failed_build_is_logged_with_image_builders_reason_and_where_its_logs_are(monkeypatch, caplog, capsys):

@@ -17,7 +17,8 @@ from infra import setup_step
 from infra.setup_step import ProfileSetupProvider, arm_new_master
 from tests.infra.conftest import SETUP, minimal_config
 
-GROUP = {f"{autostop.STATE_DIR}/{autostop.GROUP_FILE}": "name=xeon-dev-worker-5a6b7c\nregion=us-east-1\n"}
+GROUP = {f"{autostop.STATE_DIR}/{autostop.GROUP_FILE}": ("name=xeon-dev-worker-5a6b7c\nregion=us-east-1\n"
+                                                        "master=xeon-dev-master-5a6b7c\n")}
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIMasterHostKeyOfTheNewMaster0000000000000000"
 
 

@@ -14,7 +14,8 @@ from cluster.stack import image_build
 from cluster.stack.tags import CLUSTER_KEY
 from infra.image import BUILDER_SUFFIX
 from infra.node_role import MASTER_SUFFIX
-from tests.infra.conftest import GROUP, INSTANCE, LAUNCH_TEMPLATE, REGION, ROOT, minimal_config
+from tests.infra.conftest import (REGION, ROOT, master_group, master_template, minimal_config, worker_group,
+                                  worker_template)
 
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -78,9 +79,9 @@ def test_the_workers_profile_holds_the_bucket_alone_and_the_master_its_own(harne
     harness.run(minimal_config(**config))
     monitor = harness.monitor
     roles = _roles(monitor)
-    (master,), (template,) = monitor.of_type(INSTANCE), monitor.of_type(LAUNCH_TEMPLATE)
+    master, template = master_template(monitor), worker_template(monitor)
     (bucket,) = monitor.of_type(BUCKET)
-    assert master.inputs["iamInstanceProfile"] == roles["master"][1].state["name"]
+    assert master.inputs["iamInstanceProfile"] == {"name": roles["master"][1].state["name"]}
     assert template.inputs["iamInstanceProfile"] == {"name": roles["workers"][1].state["name"]}
     for role, profile, _ in (roles["workers"], roles["master"]):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
@@ -98,19 +99,24 @@ def test_the_workers_profile_holds_the_bucket_alone_and_the_master_its_own(harne
         assert at_boot and all(p.urn in profile.dependencies for p in at_boot), kind
 
 
-def test_the_master_may_set_its_worker_group_to_zero_and_hand_back_one_of_its_workers_and_nothing_else(harness):
+def test_the_master_may_set_both_groups_to_zero_and_hand_back_one_of_its_workers_and_nothing_else(harness):
     harness.run(minimal_config())
     monitor = harness.monitor
-    (group,) = monitor.of_type(GROUP)
+    group, own = worker_group(monitor), master_group(monitor)
     _, _, policies = _roles(monitor)["master"]
     (policy,) = [p for p in policies if p.name.endswith("-worker-group")]
-    statement, hand_back = json.loads(policy.inputs["policy"])["Statement"]
+    statement, stop_own, hand_back = json.loads(policy.inputs["policy"])["Statement"]
     # Both sizes of the request must be 0 (a request without one fails NumericEquals), so the desired
-    # capacity, which AWS keeps between them, is 0 too: no request can start, add or keep a worker.
+    # capacity, which AWS keeps between them, is 0 too: no request can start, add or keep a node. The master's
+    # own group too: the auto-stop sets it to 0 last, or the group would launch the powered-off master again.
+    stopped = {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}}
     assert statement == {"Sid": "StopOwnWorkerGroup", "Effect": "Allow",
                          "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group.state["arn"],
-                         "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}}}
-    assert group.urn in policy.dependencies and "*" not in statement["Resource"]
+                         "Condition": stopped}
+    assert stop_own == {"Sid": "StopOwnMasterGroup", "Effect": "Allow",
+                        "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": own.state["arn"],
+                        "Condition": stopped}
+    assert group.urn in policy.dependencies and own.urn in policy.dependencies and "*" not in statement["Resource"]
     # The supervisor's hand-back of a replacement it cannot admit, on this group alone (min = max = desired,
     # so AWS refuses a call that would lower the group's size: another worker comes instead).
     assert hand_back == {"Sid": "HandBackOwnWorker", "Effect": "Allow",
@@ -120,10 +126,11 @@ def test_the_master_may_set_its_worker_group_to_zero_and_hand_back_one_of_its_wo
 def test_docs_security_states_what_each_role_allows_as_the_program_builds_it(harness):
     harness.run(minimal_config())
     monitor = harness.monitor
-    (bucket,), (group,) = monitor.of_type(BUCKET), monitor.of_type(GROUP)
-    cluster = monitor.of_type(LAUNCH_TEMPLATE)[0].inputs["tags"][CLUSTER_KEY]
+    (bucket,), group = monitor.of_type(BUCKET), worker_group(monitor)
+    cluster = worker_template(monitor).inputs["tags"][CLUSTER_KEY]
     arn = bucket.state["arn"]
     words = {"the bucket": arn, "the bucket's objects": f"{arn}/*", "the worker group": group.state["arn"],
+             "the master's group": master_group(monitor).state["arn"],
              "`*`": "*", "the region's instances": f"arn:aws:ec2:{REGION}:*:instance/*",
              "the stack's region": REGION, "the cluster's name": cluster,
              "the bucket's install scripts": f"{arn}/{image_build.INSTALL_PREFIX}/*",

@@ -9,14 +9,14 @@ import pytest
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import ROLE_WORKER
 from node_setup.aws import preflight as pf
-from tests.infra.conftest import LAUNCH_TEMPLATE, REGION, STACK, minimal_config
+from tests.infra.conftest import REGION, STACK, minimal_config, worker_template
 
 
 @pytest.mark.parametrize("config", [{"spotMaxPrice": 4.5, "tags": ["team=ml"]}, {"workerSpot": False}],
                          ids=["spot at a max price", "on-demand"])
 def test_the_worker_dry_run_sends_the_launch_templates_parameters(harness, config):
     harness.run(minimal_config(**config))
-    (template,) = harness.monitor.of_type(LAUNCH_TEMPLATE)
+    template = worker_template(harness.monitor)
     t = template.inputs
     spec = ClusterSpec.from_config(minimal_config(**config), stack=STACK, region=REGION)
     sent = pf.dry_run_params(spec, {"ImageId": "ami-0base", "RootDeviceName": "/dev/xvda"}, "us-east-1a",

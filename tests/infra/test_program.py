@@ -28,8 +28,9 @@ from infra.image import BUILDER_SUFFIX
 from infra.node_role import MASTER_SUFFIX
 from infra.setup_step import ProfileSetupProvider
 from tests.infra.conftest import (ADMIN_CIDR, PUBLIC_KEY, AMI, BASE_AMI, BUILD_INFRA, BUILT, COMPONENT, DEFAULT_SUBNETS,
-                                  DEFAULT_VPC, GROUP, INSTANCE, LAUNCH_TEMPLATE, RECIPE, SETUP, STACK, FakeAws, Harness,
-                                  RecordingMonitor, fresh_run, minimal_config)
+                                  DEFAULT_VPC, GROUP, RECIPE, SETUP, STACK, FakeAws, Harness, RecordingMonitor,
+                                  fresh_run, group_instance, master_group, master_template, minimal_config,
+                                  worker_group, worker_template)
 
 SG = "aws:ec2/securityGroup:SecurityGroup"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -54,18 +55,22 @@ STACK_CONFIGS = {
 
 
 def instances(monitor: RecordingMonitor):
-    """The stand-alone instances: the master alone (the workers are the group's)."""
-    return sorted(monitor.of_type(INSTANCE), key=lambda r: int(r.inputs["tags"][RANK_KEY]))
+    """Every node's launch template, the master's first: no node is a stand-alone instance."""
+    assert not monitor.of_type("aws:ec2/instance:Instance")
+    return [master_template(monitor), worker_template(monitor)]
 
 
 def template_of(monitor):
-    (template,) = monitor.of_type(LAUNCH_TEMPLATE)
-    return template
+    return worker_template(monitor)
 
 
 def group_of(monitor):
-    (group,) = monitor.of_type(GROUP)
-    return group
+    return worker_group(monitor)
+
+
+def instance_tags(template) -> dict[str, str]:
+    """The tags a template gives its instances."""
+    return next(t["tags"] for t in template.inputs["tagSpecifications"] if t["resourceType"] == "instance")
 
 
 def template_groups(template) -> list[str]:
@@ -75,13 +80,7 @@ def template_groups(template) -> list[str]:
 
 
 def master_of(monitor):
-    (master,) = [r for r in monitor.of_type(INSTANCE) if r.inputs["tags"][ROLE_KEY] == ROLE_MASTER]
-    return master
-
-
-def workers_of(monitor):
-    """Stand-alone worker instances: none (workers are the group's)."""
-    return [r for r in instances(monitor) if r.inputs["tags"][ROLE_KEY] == ROLE_WORKER]
+    return master_template(monitor)
 
 
 def groups(monitor):
@@ -141,8 +140,7 @@ def test_security_groups_admit_only_members_and_admin_ssh_to_master(harness, nam
     assert (cluster.id, "0.0.0.0/0", "-1") in egress
 
     # Only the master carries the ssh group; workers take nothing from outside the cluster group.
-    assert set(master_of(monitor).inputs["vpcSecurityGroupIds"]) == {cluster.id, ssh.id}
-    assert not workers_of(monitor)
+    assert set(template_groups(master_of(monitor))) == {cluster.id, ssh.id}
     assert template_groups(template_of(monitor)) == [cluster.id]
 
 
@@ -152,10 +150,12 @@ def test_every_instance_is_hardened_and_placed_together(harness, name):
     run(harness, **config)
     monitor = harness.monitor
     nodes = instances(monitor)
-    assert len(nodes) == 1 and not workers_of(monitor)  # the workers are the group's
     workers = config.get("workerCount", 3)
     group = group_of(monitor)
     assert group.inputs["minSize"] == group.inputs["maxSize"] == group.inputs["desiredCapacity"] == workers
+    master = master_group(monitor)
+    assert master.inputs["minSize"] == master.inputs["maxSize"] == master.inputs["desiredCapacity"] == 1
+    assert master.inputs["vpcZoneIdentifiers"] == [sorted(DEFAULT_SUBNETS)[0]]
     (placement,) = monitor.of_type(PLACEMENT)
     assert placement.inputs["strategy"] == "cluster"
     template = template_of(monitor)
@@ -173,12 +173,12 @@ def test_every_instance_is_hardened_and_placed_together(harness, name):
     for node in nodes:
         meta = node.inputs["metadataOptions"]
         assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1, node.name
-        root = node.inputs["rootBlockDevice"]
-        assert root["encrypted"] is True and root["volumeSize"] == 100 and root["volumeType"] == "gp3"
+        ebs = node.inputs["blockDeviceMappings"][0]["ebs"]
+        assert ebs["encrypted"] == "true" and ebs["volumeSize"] == 100 and ebs["volumeType"] == "gp3"
         assert node.inputs["instanceType"] == config.get("instanceType", "r7iz.metal-16xl")
-        assert node.inputs["placementGroup"] == placement.state["name"]
-        assert node.inputs["subnetId"] == sorted(DEFAULT_SUBNETS)[0]
-        assert node.inputs["associatePublicIpAddress"] is True  # default VPC: outbound internet
+        assert node.inputs["placement"]["groupName"] == placement.state["name"]
+        # default VPC: outbound internet
+        assert node.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "true"
         assert node.inputs["keyName"] == monitor.of_type("aws:ec2/keyPair:KeyPair")[0].state["keyName"]
 
 
@@ -187,7 +187,7 @@ def test_spot_options_per_role(harness, name):
     config = STACK_CONFIGS[name]
     run(harness, **config)
     for node in instances(harness.monitor):
-        role = node.inputs["tags"][ROLE_KEY]
+        role = instance_tags(node)[ROLE_KEY]
         spot = config.get("masterSpot", True) if role == ROLE_MASTER else config.get("workerSpot", True)
         market = node.inputs.get("instanceMarketOptions")
         if not spot:
@@ -217,21 +217,21 @@ def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, na
     assert not monitor.of_type(AMI)
     if config.get("bake", True) is False:
         assert not monitor.of_type(SETUP) and not monitor.of_type(BUILT)
-        assert all(node.inputs["ami"] == BASE_AMI for node in instances(monitor))
-        assert template_of(monitor).inputs["imageId"] == BASE_AMI
+        assert all(node.inputs["imageId"] == BASE_AMI for node in instances(monitor))
         assert outputs["amiId"] == BASE_AMI
         return
     (setup,), (built,), (recipe,) = monitor.of_type(SETUP), monitor.of_type(BUILT), monitor.of_type(RECIPE)
     ami = built.state["outputResources"][0]["amis"][0]["image"]
     # Master and workers boot the same built image, made from the base by the recipe.
-    assert master.inputs["ami"] == template_of(monitor).inputs["imageId"] == outputs["amiId"] == ami
+    assert master.inputs["imageId"] == template_of(monitor).inputs["imageId"] == outputs["amiId"] == ami
     assert recipe.inputs["parentImage"] == BASE_AMI == outputs["baseAmiId"]
     assert built.urn in master.dependencies and built.urn in template_of(monitor).dependencies
     # The build runs on its own small instance, in the stack's subnet, with a group that is no node's.
     (infra,) = monitor.of_type(BUILD_INFRA)
     assert infra.inputs["instanceTypes"] == [image_build.BUILDER_INSTANCE_TYPE]
-    assert infra.inputs["subnetId"] == master.inputs["subnetId"] and infra.inputs["terminateInstanceOnFailure"]
-    node_groups = {g for node in instances(monitor) for g in node.inputs["vpcSecurityGroupIds"]}
+    assert [infra.inputs["subnetId"]] == master_group(monitor).inputs["vpcZoneIdentifiers"]
+    assert infra.inputs["terminateInstanceOnFailure"]
+    node_groups = {g for node in instances(monitor) for g in template_groups(node)}
     assert infra.inputs["securityGroupIds"] and not set(infra.inputs["securityGroupIds"]) & node_groups
     # Its one component runs the install `fab setup` runs, from the stack's bucket.
     (component,) = monitor.of_type(COMPONENT)
@@ -242,13 +242,13 @@ def test_the_image_is_built_apart_and_every_node_master_too_boots_it(harness, na
     # What the build runs holds nothing of a cluster: no key, no name, no address (the nodes' user data does).
     for text in (script.inputs["content"], component.inputs["data"]):
         assert PUBLIC_KEY.split()[1] not in text and "xeon-dev" not in text.replace("xeon-dev-checkpoints", "")
-        assert master.state["privateIp"] not in text
+        assert outputs["masterPrivateAddress"] not in text
     # The master is checked, never imaged: the step names the image the master booted.
     assert setup.inputs["kept_image"] == ami
-    assert master.urn in setup.dependencies
-    # The setup step knows where and how to connect, and what to install; never the key itself.
-    assert setup.inputs["host"] == master.state["publicIp"]
-    assert setup.inputs["instance_id"] == master.id
+    assert master_group(monitor).urn in setup.dependencies
+    # The setup step knows where and how to connect (the group's instance), and what to install; never the key.
+    assert setup.inputs["host"] == outputs["masterPublicAddress"]
+    assert setup.inputs["instance_id"] == outputs["masterInstanceId"] == group_instance(outputs["masterGroupName"])
     assert setup.inputs["private_key_path"] == "~/.ssh/id_ed25519"
     assert setup.inputs["pip_pins"] == list(profiles.PROFILES["stock"].pip_pins)
     assert setup.inputs["fingerprint"] == profiles.PROFILES["stock"].fingerprint()
@@ -281,12 +281,13 @@ def test_every_taggable_resource_is_tagged(harness, name):
         assert tags[MANAGED_BY_KEY] == MANAGED_BY_VALUE and tags[CLUSTER_KEY] == "xeon-dev" and tags["team"] == "ml"
         assert tags[ROLE_KEY] == ROLE_WORKER and RANK_KEY not in tags  # one group: no per-instance rank
         assert (tags[SSH_USER_KEY], tags[PROFILE_KEY]) == ("ubuntu", "stock")
-    for rank, node in enumerate(instances(harness.monitor)):
-        assert node.inputs["tags"][RANK_KEY] == str(rank)
-        assert node.inputs["tags"][ROLE_KEY] == (ROLE_MASTER if rank == 0 else ROLE_WORKER)
-        assert node.inputs["rootBlockDevice"]["tags"][CLUSTER_KEY] == "xeon-dev"
-        # What discovery reads to log in and to know the software.
-        assert (node.inputs["tags"][SSH_USER_KEY], node.inputs["tags"][PROFILE_KEY]) == ("ubuntu", "stock")
+    master = {t["resourceType"]: t["tags"] for t in master_of(harness.monitor).inputs["tagSpecifications"]}
+    master_group_tags = {t["key"]: t["value"] for t in master_group(harness.monitor).inputs["tags"]}
+    assert master["instance"] == master["volume"] == master_group_tags
+    assert master["instance"][RANK_KEY] == "0" and master["instance"][ROLE_KEY] == ROLE_MASTER  # a group of one
+    assert master["volume"][CLUSTER_KEY] == "xeon-dev"
+    # What discovery reads to log in and to know the software.
+    assert (master["instance"][SSH_USER_KEY], master["instance"][PROFILE_KEY]) == ("ubuntu", "stock")
 
 
 def node_role(monitor, master: bool = False):
@@ -317,10 +318,10 @@ def test_every_instance_launches_with_the_instance_profile_created_before_it(har
     # The profile waits for the policy: no node boots with a role that lacks its permissions.
     assert policy.urn in profile.dependencies
     _, master_policy, master_profile = node_role(monitor, master=True)
-    for node in instances(monitor):  # the master alone
-        assert node.inputs.get("iamInstanceProfile") == master_profile.state["name"], node.name
-        # Created (and so, on destroy, deleted) in dependency order: profile before every node.
-        assert master_profile.urn in node.dependencies and master_profile.index < node.index, node.name
+    node = master_of(monitor)
+    assert node.inputs.get("iamInstanceProfile") == {"name": master_profile.state["name"]}
+    # Created (and so, on destroy, deleted) in dependency order: profile before every node.
+    assert master_profile.urn in node.dependencies and master_profile.index < node.index
     assert master_policy.urn in master_profile.dependencies
 
 
@@ -372,14 +373,20 @@ def test_node_role_and_profile_are_tagged_and_deleted_on_destroy(harness, config
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))
-def test_outputs_list_nodes_in_rank_order(harness, name):
+def test_outputs_name_both_groups_and_the_master_group_s_running_instance(harness, name):
     config = STACK_CONFIGS[name]
     outputs = run(harness, **config)
-    assert outputs["masterPrivateAddress"] == master_of(harness.monitor).state["privateIp"]
+    group = master_group(harness.monitor).state["name"]
+    assert outputs["masterGroupName"] == group
+    # The master's instance as the group launched it, found by AWS's group-name tag (pending or running).
+    (lookup,) = [a for token, a in harness.fake.calls if token == "aws:ec2/getInstances:getInstances"]
+    assert lookup["instanceTags"] == {"aws:autoscaling:groupName": group}
+    assert lookup["instanceStateNames"] == ["pending", "running"]
+    assert outputs["masterInstanceId"] == group_instance(group)
+    assert outputs["masterPrivateAddress"].startswith("10.0.") and outputs["masterPublicAddress"].startswith("198.51.")
     # The workers' addresses are the group's: fab finds them; the stack names the group and its size.
     assert outputs["workerGroupName"] == group_of(harness.monitor).state["name"]
     assert outputs["workerCount"] == config.get("workerCount", 3)
-    assert outputs["masterPublicAddress"] == master_of(harness.monitor).state["publicIp"]
     assert outputs["clusterName"] == "xeon-dev"
     assert outputs["sshUser"] == "ubuntu"
     (bucket,) = harness.monitor.of_type(BUCKET)
@@ -402,8 +409,7 @@ def test_base_ami_is_canonical_ubuntu_2404_amd64(harness):
 def test_given_base_ami_skips_the_lookup(harness):
     run(harness, baseAmi="ami-0mine", bake=False)
     assert "aws:ec2/getAmiIds:getAmiIds" not in [token for token, _ in harness.fake.calls]
-    assert {n.inputs["ami"] for n in instances(harness.monitor)} == {"ami-0mine"}
-    assert template_of(harness.monitor).inputs["imageId"] == "ami-0mine"
+    assert {n.inputs["imageId"] for n in instances(harness.monitor)} == {"ami-0mine"}
 
 
 def test_spot_max_price_reaches_every_spot_instance(harness):
@@ -416,17 +422,14 @@ def test_spot_max_price_reaches_every_spot_instance(harness):
 def test_placement_group_off(harness):
     run(harness, placementGroup=False)
     assert not harness.monitor.of_type(PLACEMENT)
-    assert all(not n.inputs.get("placementGroup") for n in instances(harness.monitor))
-    assert not template_of(harness.monitor).inputs.get("placement")
+    assert all(not n.inputs.get("placement") for n in instances(harness.monitor))
 
 
 def test_root_volume_size_and_type(harness):
     run(harness, rootVolumeGib=250, rootVolumeType="gp2")
     for node in instances(harness.monitor):
-        root = node.inputs["rootBlockDevice"]
-        assert (root["volumeSize"], root["volumeType"]) == (250, "gp2")
-    ebs = template_of(harness.monitor).inputs["blockDeviceMappings"][0]["ebs"]
-    assert (ebs["volumeSize"], ebs["volumeType"]) == (250, "gp2")
+        ebs = node.inputs["blockDeviceMappings"][0]["ebs"]
+        assert (ebs["volumeSize"], ebs["volumeType"]) == (250, "gp2")
 
 
 def test_ipv6_admin_network_and_several_cidrs(harness):
@@ -443,11 +446,10 @@ def test_private_subnet_leaves_public_addresses_to_the_subnet(harness):
     _, ssh = groups(harness.monitor)
     assert ssh.inputs["vpcId"] == "vpc-0custom"  # the subnet's VPC
     for node in instances(harness.monitor):
-        assert node.inputs["subnetId"] == "subnet-0private"
-        assert "associatePublicIpAddress" not in node.inputs
-    template = template_of(harness.monitor)
-    assert not template.inputs.get("networkInterfaces") and template.inputs["vpcSecurityGroupIds"]
-    assert group_of(harness.monitor).inputs["vpcZoneIdentifiers"] == ["subnet-0private"]
+        assert not node.inputs.get("networkInterfaces") and node.inputs["vpcSecurityGroupIds"]
+    for group in (master_group(harness.monitor), group_of(harness.monitor)):
+        assert group.inputs["vpcZoneIdentifiers"] == ["subnet-0private"]
+    assert outputs["masterPublicAddress"] == ""
     # With no public address the setup step connects to the private one (user supplies a route).
     (setup,) = harness.monitor.of_type(SETUP)
     assert setup.inputs["host"] == outputs["masterPrivateAddress"]
@@ -521,14 +523,14 @@ def test_destroy_bucket_deletes_it_with_its_objects(harness):
 def test_cluster_name_and_region(harness):
     outputs = harness.run(minimal_config(clusterName="lab-a"), region="eu-west-1")
     assert outputs["clusterName"] == "lab-a" and outputs["region"] == "eu-west-1"
-    assert all(n.inputs["tags"][CLUSTER_KEY] == "lab-a" for n in instances(harness.monitor))
-    assert master_of(harness.monitor).name == "lab-a-master"
+    assert all(instance_tags(n)[CLUSTER_KEY] == "lab-a" for n in instances(harness.monitor))
+    assert master_of(harness.monitor).name == master_group(harness.monitor).name == "lab-a-master"
 
 
 def test_intel_profile_installs_its_pins(harness):
     run(harness, softwareProfile="intel", sshUser="admin")
-    assert {n.inputs["tags"][PROFILE_KEY] for n in instances(harness.monitor)} == {"intel"}
-    assert {n.inputs["tags"][SSH_USER_KEY] for n in instances(harness.monitor)} == {"admin"}
+    assert {instance_tags(n)[PROFILE_KEY] for n in instances(harness.monitor)} == {"intel"}
+    assert {instance_tags(n)[SSH_USER_KEY] for n in instances(harness.monitor)} == {"admin"}
     (setup,) = harness.monitor.of_type(SETUP)
     assert setup.inputs["profile"] == "intel"
     assert "oneccl_bind_pt==2.8.0" in setup.inputs["pip_pins"]
@@ -555,7 +557,7 @@ def test_changing_a_pin_replaces_setup_and_the_image(monkeypatch, harness):
     assert old_image.replacement_trigger == bake_tag(stock.fingerprint())
     assert new_image.replacement_trigger == bake_tag(bumped.fingerprint()) != old_image.replacement_trigger
     assert before.of_type(RECIPE)[0].inputs["name"] != after.of_type(RECIPE)[0].inputs["name"]
-    assert master_of(before).inputs["ami"] != master_of(after).inputs["ami"]
+    assert master_of(before).inputs["imageId"] != master_of(after).inputs["imageId"]
 
 
 def test_key_path_change_updates_setup_without_rebaking(harness):

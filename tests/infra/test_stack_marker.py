@@ -13,8 +13,8 @@ import pytest
 from cluster.stack import leftovers
 from cluster.stack.tags import STACK_MARKER_KEY
 from infra.image import BUILDER_SUFFIX
-from tests.infra.conftest import INSTANCE, STACK, minimal_config
-from tests.infra.test_program import SG, STACK_CONFIGS, groups
+from tests.infra.conftest import STACK, master_template, minimal_config, worker_template
+from tests.infra.test_program import SG, STACK_CONFIGS, groups, template_groups
 
 
 @pytest.mark.parametrize("name", list(STACK_CONFIGS))
@@ -27,8 +27,8 @@ def test_the_cluster_group_carries_the_stack_marker_and_nothing_else_does(harnes
     assert cluster.inputs["tags"][STACK_MARKER_KEY] == STACK and leftovers.marks_stack(cluster.inputs["tags"])
     assert not leftovers.marks_stack(ssh.inputs["tags"])
     # it outlives every node: each one is launched into the marked group
-    nodes = monitor.of_type(INSTANCE)
-    assert nodes and all(cluster.id in node.inputs["vpcSecurityGroupIds"] for node in nodes)
+    nodes = [master_template(monitor), worker_template(monitor)]
+    assert all(cluster.id in template_groups(node) for node in nodes)
     # and `pulumi destroy` removes it
     assert not cluster.retain_on_delete and not cluster.deleted_with
     # The image's build instance has a group of its own (infra/image.py), unmarked: it is not the stack's marker.

@@ -12,13 +12,13 @@ import stat
 import pytest
 
 from cluster.node.render import KEY_RESTRICTIONS
-from tests.infra.conftest import GROUP, LAUNCH_TEMPLATE, SUBNET_CIDR, fresh_run, minimal_config
+from tests.infra.conftest import SUBNET_CIDR, fresh_run, minimal_config, worker_group, worker_template
 
 CLUSTER = "xeon-dev"  # minimal_config's cluster name
 
 
 def template_and_group(monitor):
-    (template,), (group,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP)
+    template, group = worker_template(monitor), worker_group(monitor)
     return template, group
 
 

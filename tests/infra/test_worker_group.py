@@ -15,13 +15,14 @@ import pytest
 from cluster.node import profiles
 from cluster.stack import node_replacement
 from cluster.stack import worker_group as rules
-from infra import workers as infra_workers
+from infra import node_group as infra_groups
 from infra.image import ImageReleaseProvider
-from tests.infra.conftest import BUILT, GROUP, INSTANCE, LAUNCH_TEMPLATE, RELEASE, fresh_run, minimal_config
+from tests.infra.conftest import (BUILT, GROUP, RELEASE, fresh_run, master_template, minimal_config, worker_group,
+                                  worker_template)
 
 
 def template_and_group(monitor):
-    (template,), (group,) = monitor.of_type(LAUNCH_TEMPLATE), monitor.of_type(GROUP)
+    template, group = worker_template(monitor), worker_group(monitor)
     return template, group
 
 
@@ -32,7 +33,7 @@ def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_inst
     monitor = harness.monitor
     template, group = template_and_group(monitor)
     count = config.get("workerCount", 3)
-    assert [n.name for n in monitor.of_type(INSTANCE)] == ["xeon-dev-master"]  # no worker instance
+    assert not monitor.of_type("aws:ec2/instance:Instance")  # no stand-alone instance, the master's neither
     assert group.inputs["minSize"] == group.inputs["maxSize"] == group.inputs["desiredCapacity"] == count
     # the template's latest version
     assert group.inputs["launchTemplate"] == {"id": template.id, "version": str(template.state["latestVersion"])}
@@ -42,7 +43,7 @@ def test_workers_are_one_group_of_the_launch_template_and_never_stand_alone_inst
     market = template.inputs.get("instanceMarketOptions")
     assert bool(market) is config.get("workerSpot", True)
     # `pulumi up` waits for the instances in service, through failed launches (the group keeps trying them).
-    assert group.inputs["waitForCapacityTimeout"] == infra_workers.CAPACITY_TIMEOUT == "40m"
+    assert group.inputs["waitForCapacityTimeout"] == infra_groups.CAPACITY_TIMEOUT == "40m"
     assert group.inputs["ignoreFailedScalingActivities"] is True
     # Nothing launches a worker beyond the count: no capacity rebalance, no instance refresh, no warm pool.
     assert group.inputs["capacityRebalance"] is False
@@ -137,7 +138,7 @@ def _args(errors, operation="create"):
 
 def test_a_group_that_cannot_be_filled_ends_with_its_reason_in_one_line(monkeypatch, caplog):
     monkeypatch.setattr(pulumi, "ErrorHook", lambda name, func: func)
-    on_error = infra_workers.group_failure_hook("xeon-dev-worker", 3)
+    on_error = infra_groups.group_failure_hook("xeon-dev-worker", 3)
     caplog.set_level(logging.INFO)
     assert asyncio.run(on_error(_args([PROVIDER_ERROR]))) is False  # never retried: the group keeps trying
     line = caplog.records[-1].getMessage()
@@ -191,9 +192,8 @@ def test_three_types_of_one_shape_are_the_group_s_mixed_instances_in_the_stack_s
         "spotMaxPrice": "3.5000" if spot else ""}
     # The template is the first type's, without spot options (AWS refuses them in a mixed instances policy).
     assert template.inputs["instanceType"] == "m7i.48xlarge" and not template.inputs.get("instanceMarketOptions")
-    # The master takes the first type.
-    (master,) = [r for r in harness.monitor.of_type(INSTANCE)]
-    assert master.inputs["instanceType"] == "m7i.48xlarge"
+    # The master takes the first type, in its own template (no policy: its group is of one).
+    assert master_template(harness.monitor).inputs["instanceType"] == "m7i.48xlarge"
 
 
 def test_another_list_of_types_replaces_the_group_and_one_type_keeps_its_trigger():

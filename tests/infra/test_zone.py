@@ -59,30 +59,30 @@ class ZonedSubnets(FakeAws):
         return super().call(args)
 
 
-def _moved(config):
-    from tests.infra.conftest import GROUP, INSTANCE, fresh_run
+def _groups(config, stashes):
+    """One `pulumi up` of the stack whose engine record is `stashes`: (master's group, workers' group)."""
+    from tests.infra.conftest import fresh_run, master_group, worker_group
 
-    monitor, _ = fresh_run(minimal_config(**config), fake=ZonedSubnets())
-    (master,), (group,) = monitor.of_type(INSTANCE), monitor.of_type(GROUP)
-    return master, group
+    monitor, _ = fresh_run(minimal_config(**config), fake=ZonedSubnets(stashes=stashes))
+    return master_group(monitor), worker_group(monitor)
 
 
 def test_a_zone_move_replaces_the_master_and_the_workers_group_together_deleting_first():
-    master_a, group_a = _moved({"availabilityZone": "us-east-1a", "zoneMove": True})
-    master_c, group_c = _moved({"availabilityZone": "us-east-1c", "zoneMove": True})
-    # One subnet decision for both: the master's subnet is the new zone's (no longer kept: the AWS provider
-    # replaces an instance whose subnet changes), and the workers follow the master's.
-    assert (master_a.inputs["subnetId"], master_c.inputs["subnetId"]) == ("subnet-0aaa", "subnet-0ccc")
-    assert "subnetId" not in master_c.ignore_changes and master_c.delete_before_replace
-    assert group_c.inputs["vpcZoneIdentifiers"] == ["subnet-0ccc"]
-    assert "vpcZoneIdentifiers" not in group_c.ignore_changes
-    # The group is replaced (its trigger names the zone), deleting first: never workers in two zones.
-    assert group_c.replacement_trigger != group_a.replacement_trigger
-    assert group_c.replacement_trigger["zone"] == "us-east-1c" and group_c.delete_before_replace
+    stack: dict = {}
+    before = _groups({"availabilityZone": "us-east-1a", "zoneMove": True}, stack)
+    after = _groups({"availabilityZone": "us-east-1c", "zoneMove": True}, stack)
+    # One subnet decision for both, decided again for the new zone: both groups move to its subnet.
+    assert [g.inputs["vpcZoneIdentifiers"] for g in before] == [["subnet-0aaa"]] * 2
+    assert [g.inputs["vpcZoneIdentifiers"] for g in after] == [["subnet-0ccc"]] * 2
+    # Each group is replaced (its trigger names the subnet), deleting first: never nodes in two zones.
+    for old, new in zip(before, after):
+        assert new.replacement_trigger != old.replacement_trigger and new.replacement_trigger["subnet"] == "subnet-0ccc"
+        assert new.delete_before_replace and not new.ignore_changes
 
 
 def test_without_zone_move_the_zone_stays_a_first_choice_a_running_cluster_keeps():
-    master_a, group_a = _moved({"availabilityZone": "us-east-1a"})
-    master_c, group_c = _moved({"availabilityZone": "us-east-1c"})
-    assert "subnetId" in master_c.ignore_changes and "vpcZoneIdentifiers" in group_c.ignore_changes
-    assert group_c.replacement_trigger == group_a.replacement_trigger and "zone" not in group_c.replacement_trigger
+    stack: dict = {}
+    before = _groups({"availabilityZone": "us-east-1a"}, stack)
+    after = _groups({"availabilityZone": "us-east-1c"}, stack)
+    assert [g.inputs["vpcZoneIdentifiers"] for g in after] == [["subnet-0aaa"]] * 2  # the kept subnet, both
+    assert [g.replacement_trigger for g in after] == [g.replacement_trigger for g in before]

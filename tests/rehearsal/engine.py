@@ -4,7 +4,7 @@ the AWS provider replaced: Pulumi's mocks, backed by the rehearsal's moto accoun
 `MotoBackedAws` is the provider's stand-in. Each resource the program registers is created in the
 moto account from the inputs the program gave it, and the mock returns moto's ids and attributes
 as the resource's outputs; each lookup (`aws:ec2/getAmiIds`, `getAmi`, `getSecurityGroups`, `getSecurityGroup`, `getVpcs`,
-`getSubnets`, `getSubnet`, `getInstanceTypeOfferings`) is answered by the matching describe call. A type or lookup it does
+`getSubnets`, `getSubnet`, `getInstanceTypeOfferings`, `getInstances`) is answered by the matching describe call. A type or lookup it does
 not know stops the run with its name, so a new resource in the program cannot slip past.
 
 | program registers | moto calls |
@@ -15,9 +15,9 @@ not know stops the run with its name, so a new resource in the program cannot sl
 | `aws:ec2/keyPair` | ImportKeyPair |
 | `aws:s3/bucket` and its six settings | CreateBucket + PutBucketTagging; PutPublicAccessBlock, PutBucketOwnershipControls, PutBucketEncryption, PutBucketPolicy, PutBucketVersioning, PutBucketLifecycleConfiguration |
 | `aws:iam/role`, `rolePolicy`, `instanceProfile` | CreateRole, PutRolePolicy, CreateInstanceProfile + AddRoleToInstanceProfile |
-| `aws:ec2/instance` | RunInstances with every input (image, type, subnet, groups, key, placement group, market, IMDS, root volume, profile, instance and volume tags) and the private address of the local node of its rank tag; waits until running |
+| `pulumi:index:Stash` (the kept subnet and base image) | none: a stack made once keeps its first input |
 | `aws:ec2/launchTemplate` | CreateLaunchTemplate with every input as the template's data (image, type, key, groups or interface, placement group, market, IMDS, root volume, profile, shutdown, instance and volume tags) and its own tags |
-| `aws:autoscaling/group` | CreateAutoScalingGroup (sizes, subnet, template and version, health check, tags with propagate-at-launch); moto launches the instances within the call, on the local nodes after the master's (GroupLaunchDouble, tests/rehearsal/group_launches.py); checks the group is full and its instances running, as the provider's wait for capacity does |
+| `aws:autoscaling/group` | CreateAutoScalingGroup (sizes, subnet, template and version, health check, tags with propagate-at-launch); moto launches the instances within the call, the master's group's on the first local node and the workers' on the nodes after it (GroupLaunchDouble, tests/rehearsal/group_launches.py); checks the group is full and its instances running, as the provider's wait for capacity does |
 | the setup step (`ProfileSetup`) | none: its pickled provider's `create()` runs for real, over SSH to the master's address |
 | `aws:s3/bucketObjectv2` | PutObject (the image's install script) |
 | `aws:iam/rolePolicyAttachment` | AttachRolePolicy (moto lacks AWS's Image Builder policies: then none, said so) |
@@ -55,9 +55,10 @@ import pulumi
 from botocore.exceptions import ClientError
 from pulumi.runtime import mocks
 
-from cluster.stack.tags import RANK_KEY
-from tests.infra.conftest import (BUILD_INFRA, BUILT, COMPONENT, DISTRIBUTION, GROUP, INSTANCE, LAUNCH_TEMPLATE,
-                                  PROJECT, RECIPE, RELEASE, SETUP, TAG, Harness, Registration, RecordingMonitor)
+from cluster.stack.tags import ROLE_KEY, ROLE_MASTER
+from tests.infra.conftest import (BUILD_INFRA, BUILT, COMPONENT, DISTRIBUTION, GROUP, LAUNCH_TEMPLATE,
+                                  PROJECT, RECIPE, RELEASE, SETUP, STASH, TAG, Harness, Registration,
+                                  RecordingMonitor)
 from tests.rehearsal.account import ACCOUNT, REGION, Account
 
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
@@ -194,6 +195,12 @@ class MotoBackedAws(mocks.Mocks):
             found = offers["InstanceTypeOfferings"]
             return {"locations": [o["Location"] for o in found], "locationTypes": [o["LocationType"] for o in found],
                     "instanceTypes": [o["InstanceType"] for o in found], "id": REGION}
+        if token == "aws:ec2/getInstances:getInstances":
+            filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in (a.get("instanceTags") or {}).items()]
+            filters.append({"Name": "instance-state-name", "Values": list(a.get("instanceStateNames") or [])})
+            found = [x for r in self.ec2.describe_instances(Filters=filters)["Reservations"] for x in r["Instances"]]
+            return {"ids": [x["InstanceId"] for x in found], "privateIps": [x["PrivateIpAddress"] for x in found],
+                    "publicIps": [x.get("PublicIpAddress") or "" for x in found], "id": REGION}
         raise NotImplementedError(f"the rehearsal's AWS stand-in does not answer the lookup {token}; map it to moto "
                                   "in tests/rehearsal/engine.py")
 
@@ -218,7 +225,7 @@ class MotoBackedAws(mocks.Mocks):
                 PLACEMENT_GROUP: self._placement_group, KEY_PAIR: self._key_pair, BUCKET: self._bucket,
                 **{t: self._bucket_setting for t in BUCKET_SETTINGS},
                 ROLE: self._role, ROLE_POLICY: self._role_policy, INSTANCE_PROFILE: self._instance_profile,
-                INSTANCE: self._instance, SETUP: self._setup_step, TAG: self._tag,
+                STASH: self._stash, SETUP: self._setup_step, TAG: self._tag,
                 LAUNCH_TEMPLATE: self._launch_template, GROUP: self._group, BUCKET_OBJECT: self._bucket_object,
                 POLICY_ATTACHMENT: self._policy_attachment, **{t: self._builder_config for t in BUILDER_CONFIG},
                 BUILT: self._build, RELEASE: lambda name, i: (f"release-{i['image_id']}", {})}
@@ -318,45 +325,8 @@ class MotoBackedAws(mocks.Mocks):
         self.iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=i["role"])
         return profile, {"name": profile, "arn": made["InstanceProfile"]["Arn"]}
 
-    def _instance(self, name: str, i: dict) -> tuple[str, dict]:
-        tags = i.get("tags") or {}
-        rank = int(tags[RANK_KEY])
-        if rank >= len(self.node_addresses):
-            raise RuntimeError(f"{name}: rank {rank}, but the rehearsal has {len(self.node_addresses)} local node(s)")
-        image = self.ec2.describe_images(ImageIds=[i["ami"]])["Images"][0]
-        root = i.get("rootBlockDevice") or {}
-        params: dict[str, Any] = dict(
-            ImageId=i["ami"], InstanceType=i["instanceType"], MinCount=1, MaxCount=1, KeyName=i["keyName"],
-            BlockDeviceMappings=[{"DeviceName": image.get("RootDeviceName", "/dev/sda1"), "Ebs": {
-                "VolumeSize": int(root["volumeSize"]), "VolumeType": root["volumeType"],
-                "Encrypted": root["encrypted"], "DeleteOnTermination": root["deleteOnTermination"]}}],
-            TagSpecifications=tag_spec("instance", tags) + tag_spec("volume", root.get("tags")))
-        # The local node of this rank: its address is the instance's private address in the subnet.
-        network = {"SubnetId": i["subnetId"], "PrivateIpAddress": self.node_addresses[rank]}
-        if i.get("associatePublicIpAddress") is None:
-            params.update(network, SecurityGroupIds=list(i["vpcSecurityGroupIds"]))
-        else:
-            params["NetworkInterfaces"] = [{"DeviceIndex": 0, "Groups": list(i["vpcSecurityGroupIds"]),
-                                            "AssociatePublicIpAddress": i["associatePublicIpAddress"], **network}]
-        if i.get("placementGroup"):
-            params["Placement"] = {"GroupName": i["placementGroup"]}
-        if i.get("iamInstanceProfile"):
-            params["IamInstanceProfile"] = {"Name": i["iamInstanceProfile"]}
-        if i.get("metadataOptions"):
-            m = i["metadataOptions"]
-            params["MetadataOptions"] = {"HttpEndpoint": m["httpEndpoint"], "HttpTokens": m["httpTokens"],
-                                         "HttpPutResponseHopLimit": int(m["httpPutResponseHopLimit"])}
-        if i.get("instanceMarketOptions"):
-            params["InstanceMarketOptions"] = market_options(i["instanceMarketOptions"])
-        if i.get("instanceInitiatedShutdownBehavior"):
-            params["InstanceInitiatedShutdownBehavior"] = i["instanceInitiatedShutdownBehavior"]
-        iid = self.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
-        self.ec2.get_waiter("instance_running").wait(InstanceIds=[iid], WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-        inst = self.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
-        return iid, {"arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{iid}", "privateIp": inst["PrivateIpAddress"],
-                     "publicIp": inst.get("PublicIpAddress") or "", "privateDns": inst.get("PrivateDnsName", ""),
-                     "availabilityZone": inst["Placement"]["AvailabilityZone"], "instanceState": inst["State"]["Name"],
-                     "instanceLifecycle": inst.get("InstanceLifecycle", "")}
+    def _stash(self, name: str, i: dict) -> tuple[str, dict]:
+        return f"stash-{name}", {"output": i.get("input")}
 
     def _launch_template(self, name: str, i: dict) -> tuple[str, dict]:
         template_name = i.get("name") or autoname(name)
@@ -399,8 +369,9 @@ class MotoBackedAws(mocks.Mocks):
         group_name = i.get("name") or autoname(name)
         subnets = list(i["vpcZoneIdentifiers"])
         desired = int(i["desiredCapacity"])
-        # The group's instances stand for the local nodes after the master's (by rank, as the instances').
-        self.group_launches.addresses[subnets[0]] = list(self.node_addresses[1:])
+        # The master's group's instance stands for the first local node, the workers' for the nodes after it.
+        master = any(t["key"] == ROLE_KEY and t["value"] == ROLE_MASTER for t in i.get("tags") or [])
+        self.group_launches.addresses[group_name] = list(self.node_addresses[:1] if master else self.node_addresses[1:])
         template = i["launchTemplate"]
         self.autoscaling.create_auto_scaling_group(
             AutoScalingGroupName=group_name, MinSize=int(i["minSize"]), MaxSize=int(i["maxSize"]),
@@ -506,11 +477,6 @@ class MotoBackedAws(mocks.Mocks):
     def delete(self, reg: Registration) -> str:
         """Delete one registered resource from the account; returns what was done."""
         i, rid = reg.inputs, reg.id
-        if reg.type == INSTANCE:
-            self.ec2.terminate_instances(InstanceIds=[rid])
-            self.ec2.get_waiter("instance_terminated").wait(InstanceIds=[rid],
-                                                            WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-            return "terminated"
         if reg.type == GROUP:
             # The provider's delete without force_delete: min and desired 0, wait until every instance is
             # terminated (the drain), then delete the group.

@@ -1,4 +1,5 @@
-"""Test double: the workers' Auto Scaling group launches its instances on the local nodes.
+"""Test double: the cluster's Auto Scaling groups (the master's and the workers') launch their instances on the
+local nodes.
 
 moto 5 runs an Auto Scaling group's instances itself, from the group's launch template:
 CreateAutoScalingGroup fills the group to its desired capacity, and a TerminateInstances of one of
@@ -11,14 +12,14 @@ from the subnet, where the rehearsal needs the address of a local node.
 calls) for the group's launches only: those that carry the group's name tag. Each instance is
 launched alone, with
 
-- the private address of a local node: the first of the subnet's worker addresses that no live
-  instance holds. A terminated instance's address is freed first (AWS frees it; moto keeps it
-  taken), so the replacement of a terminated worker gets that worker's node;
+- the private address of a local node: the first of the group's addresses (the master's group: the first
+  node; the workers': the nodes after it) that no live instance holds. A terminated instance's address is
+  freed first (AWS frees it; moto keeps it taken), so the replacement of a terminated node gets that node;
 - what AWS applies from the template and moto leaves out: the market options (spot), the metadata
   options (IMDSv2), the shutdown behaviour, the root volume as the template gives it (moto adds an
   8 GiB default volume besides), the volume tags and the instance profile.
 
-Every other launch (the master's RunInstances) goes to moto unchanged. It is installed on the
+Every other launch (the image build's RunInstances) goes to moto unchanged. It is installed on the
 account's EC2 backend when the account starts (tests/rehearsal/account.py); moto's reset removes it.
 """
 
@@ -38,7 +39,7 @@ class GroupLaunchDouble:
     def __init__(self, backend):
         self.backend = backend
         self.moto_run_instances = backend.run_instances
-        self.addresses: dict[str, list[str]] = {}  # subnet id -> the local nodes the group's instances stand for
+        self.addresses: dict[str, list[str]] = {}  # group name -> the local nodes its instances stand for
         self.launched: list[tuple[str, str, str]] = []  # (group, instance id, private address), in launch order
         self.lock = threading.Lock()
 
@@ -77,15 +78,15 @@ class GroupLaunchDouble:
         return reservation
 
     def _free_address(self, group: str, subnet_id: str) -> str:
-        pool = self.addresses.get(subnet_id)
+        pool = self.addresses.get(group)
         if not pool:
-            raise RuntimeError(f"the group {group} launches into {subnet_id}, which has no local node for it "
+            raise RuntimeError(f"the group {group} launches into {subnet_id}, but has no local node for it "
                                "(GroupLaunchDouble.addresses)")
         held = {i.private_ip_address for r in self.backend.reservations.values() for i in r.instances
                 if i.state in LIVE}
         free = [a for a in pool if a not in held]
         if not free:
-            raise RuntimeError(f"the group {group} launches another instance, but every local node of {subnet_id} "
+            raise RuntimeError(f"the group {group} launches another instance, but every local node of it "
                                f"({', '.join(pool)}) stands for a live instance")
         subnet = self.backend.get_subnet(subnet_id)
         holder = subnet._subnet_ips.get(free[0])

@@ -291,7 +291,8 @@ class Sitting:
                 Filters=[{"Name": f"tag:{CLUSTER_KEY}", "Values": [self.cluster]}])["AutoScalingGroups"]
             self.check(outputs["masterPrivateAddress"] == addresses[0] and outputs["masterPublicAddress"] == ""
                        and outputs["workerCount"] == NODES - 1
-                       and [g["AutoScalingGroupName"] for g in groups] == [outputs["workerGroupName"]]
+                       and sorted(g["AutoScalingGroupName"] for g in groups) == sorted(
+                           [outputs["masterGroupName"], outputs["workerGroupName"]])
                        and outputs["sshUser"] == "root" and outputs["subnetId"] == self.subnet
                        and outputs["baseAmiId"] == UBUNTU_IMAGE_ID, f"stack outputs: {outputs}; groups {groups}")
             self.group_name = outputs["workerGroupName"]
@@ -319,7 +320,7 @@ class Sitting:
                                  f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}); image "
                                  f"{image_id} built on its own instance {built_on} (kept, tagged with its "
                                  f"fingerprint, region, base); setup step over SSH to root@{addresses[0]}: "
-                                 f"{installed}; master {addresses[0]}, "
+                                 f"{installed}; master group {outputs['masterGroupName']} of 1 on {addresses[0]}, "
                                  f"worker group {self.group_name} of {outputs['workerCount']} on "
                                  f"{', '.join(addresses[1:])}, no public address "
                                  f"({time.monotonic() - started:.0f} s)")
@@ -391,10 +392,10 @@ class Sitting:
         self.check(all(i["ImageId"] == outputs["amiId"] != UBUNTU_IMAGE_ID for i in running),
                    "the master and the workers boot the built image")
         group = [{t["Key"]: t["Value"] for t in i["Tags"]}.get(GROUP_NAME_TAG) for i in running]
-        self.check(group == [None] + [outputs["workerGroupName"]] * (NODES - 1)
+        self.check(group == [outputs["masterGroupName"]] + [outputs["workerGroupName"]] * (NODES - 1)
                    and all(i.get("InstanceLifecycle") == "spot" and i["MetadataOptions"]["HttpTokens"] == "required"
                            for i in running),
-                   f"the workers are the group's spot instances with IMDSv2: groups {group}",
+                   f"the master and the workers are their groups' spot instances with IMDSv2: groups {group}",
                    json.dumps(running, indent=1, default=str))
 
     def train(self) -> None:
@@ -497,7 +498,7 @@ class Sitting:
             autoscaling = self.account.client("autoscaling")
             self.check(not autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
                        and not self.account.client("ec2").describe_launch_templates()["LaunchTemplates"],
-                       "a worker group or launch template left after destroy")
+                       "a group or launch template left after destroy")
             deleted = sum(1 for d in done if d.outcome in ("deleted", "terminated")
                           or d.outcome.startswith(("dereg", "drained")))
             kept = [d.reg.type for d in done if d.outcome.startswith("kept")]
@@ -506,8 +507,8 @@ class Sitting:
             released = next(d.outcome for d in done if d.reg.type == RELEASE)
             self.check(released == "released: the image kept" and left and left[0]["State"] == "available",
                        f"the image {image} was not kept: {released}")
-            drained = next(d.outcome for d in done if d.outcome.startswith("drained"))
-            result["summary"] = (f"{deleted} deleted (the worker group first: {drained}), {len(kept)} kept (bucket "
+            drained = "; ".join(f"{d.reg.name} {d.outcome}" for d in done if d.outcome.startswith("drained"))
+            result["summary"] = (f"{deleted} deleted (both groups: {drained}), {len(kept)} kept (bucket "
                                  f"{bucket} and its 6 settings, still private, encrypted, versioned); image {image} "
                                  f"{released.split(': ', 1)[1]} (keepImage)")
 

@@ -1,14 +1,15 @@
-"""The rehearsal's engine with the workers' Auto Scaling group, without the local cluster (no root, no SSH):
-the real program's `pulumi up` into the rehearsal's moto account (the setup step stubbed), the group's
-instances on the addresses the engine was given (GroupLaunchDouble), a terminated worker replaced on
-its own address, and `pulumi destroy` leaving no instance, group or template.
+"""The rehearsal's engine with the master's and the workers' Auto Scaling groups, without the local cluster (no
+root, no SSH): the real program's `pulumi up` into the rehearsal's moto account (the setup step stubbed), the
+groups' instances on the addresses the engine was given (GroupLaunchDouble), a terminated worker and a terminated
+master each replaced by its group on its own address, and `pulumi destroy` leaving no instance, group or
+template.
 
 The addresses are chosen away from the subnet's first ones, which moto would hand out by itself.
 """
 
 import pytest
 
-from cluster.stack.tags import CLUSTER_KEY, ROLE_KEY, ROLE_WORKER
+from cluster.stack.tags import CLUSTER_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER
 from tests.infra.conftest import PUBLIC_KEY
 from tests.rehearsal.account import UBUNTU_IMAGE_ID, Account
 from tests.rehearsal.engine import Stack
@@ -76,8 +77,30 @@ def test_the_group_launches_on_the_given_nodes_replaces_a_terminated_worker_ther
     assert sorted(x["InstanceId"] for x in group["Instances"]) == sorted([running[ADDRESSES[1]],
                                                                          running[ADDRESSES[2]]])
 
-    done = {d.reg.type.split(":")[-1]: d.outcome for d in stack.destroy()}
-    assert done["Group"] == "drained (2 terminated), deleted" and done["LaunchTemplate"] == "deleted"
+    # The master is its group's one instance, from its own template of the workers' image; a lost one is
+    # launched again by the group, on the master's node, with no `pulumi up`.
+    master = running[ADDRESSES[0]]
+    assert outputs["masterInstanceId"] == master
+    (found,) = [i for i in instances(account, ["running"]).values() if i["InstanceId"] == master]
+    tags = {t["Key"]: t["Value"] for t in found["Tags"]}
+    assert (tags[ROLE_KEY], tags[GROUP_NAME_TAG]) == (ROLE_MASTER, outputs["masterGroupName"])
+    assert found["ImageId"] == outputs["amiId"] and found["SubnetId"] == subnet
+    assert found["InstanceLifecycle"] == "spot" and found["MetadataOptions"]["HttpTokens"] == "required"
+    assert found["IamInstanceProfile"]["Arn"].split("/")[-1].startswith(f"{CLUSTER}-node-master")
+    ec2.terminate_instances(InstanceIds=[master])
+    running = {i["PrivateIpAddress"]: i["InstanceId"] for i in instances(account, ["running"]).values()}
+    assert sorted(running) == ADDRESSES and running[ADDRESSES[0]] != master
+    (own,) = autoscaling.describe_auto_scaling_groups(
+        AutoScalingGroupNames=[outputs["masterGroupName"]])["AutoScalingGroups"]
+    assert [x["InstanceId"] for x in own["Instances"]] == [running[ADDRESSES[0]]]
+
+    deleted = [(d.reg.type.split(":")[-1], d.reg.name, d.outcome) for d in stack.destroy()]
+    # Both groups: each drained, then deleted; then their templates.
+    assert sorted((n, o) for t, n, o in deleted if t == "Group") == [
+        (f"{CLUSTER}-master", "drained (1 terminated), deleted"),
+        (f"{CLUSTER}-worker", "drained (2 terminated), deleted")]
+    assert [o for t, _, o in deleted if t == "LaunchTemplate"] == ["deleted", "deleted"]
+    done = {t: o for t, _, o in deleted}
     # The image was built on an instance of its own (terminated since), and the destroy of a stack that does not
     # keep it, with no other stack's use recorded, removes it.
     (built_on,) = stack.aws.build_instances

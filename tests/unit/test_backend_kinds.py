@@ -263,7 +263,7 @@ def _inventory(kind: str, **facts) -> Inventory:
 @pytest.mark.parametrize("kind", [LOCAL, FILE])
 def test_only_aws_checks_before_a_run_arms_a_default_auto_stop_and_keeps_a_group(kind, monkeypatch):
     """Neither the local cluster nor your own machines have a preflight, a stack's idle auto-stop, a workers'
-    group for it or for `fab status`, or a master fab replaces (the AWS backend's: tests/aws/)."""
+    group for it or for `fab status` (the AWS backend's: tests/aws/)."""
     from node_setup import stack_config
 
     monkeypatch.setattr(stack_config, "stack_auto_stop_idle", lambda name, root=".": pytest.fail("read the stack"))
@@ -271,7 +271,6 @@ def test_only_aws_checks_before_a_run_arms_a_default_auto_stop_and_keeps_a_group
     assert backend.preflight_for_run(inventory) is None
     assert backend.default_idle_stop(inventory) is None
     assert backend.idle_stop_files(inventory) == {} and backend.group_status(inventory) is None
-    assert not backend.replaces_lost_master()
 
 
 def test_the_aws_default_auto_stop_is_the_stacks(monkeypatch):
@@ -280,7 +279,6 @@ def test_the_aws_default_auto_stop_is_the_stacks(monkeypatch):
     asked = []
     monkeypatch.setattr(stack_config, "stack_auto_stop_idle", lambda name, root=".": asked.append(name) or 5400)
     assert _backend(AWS).default_idle_stop(_inventory(AWS)) == 5400 and asked == ["demo"]
-    assert _backend(AWS).replaces_lost_master()
 
 
 def test_only_the_local_clusters_nodes_read_this_machines_wheelhouse():

@@ -38,8 +38,9 @@ def test_each_replacing_change_is_named_with_what_it_replaces():
             in lines)
     assert PUBLIC_KEY.split()[1] not in json.dumps(deployed)  # a digest, not the key
     tagged = json.loads(json.dumps(nr.node_settings(spec(tags=["team=ml"]))))  # as the stack output returns it
+    # The tags are in both groups' templates: every node.
     assert nr.replacements(nr.node_settings(spec(tags=["team=ml", "env=dev"])), tagged) == [
-        "tags: team=ml -> env=dev,team=ml; `pulumi up` replaces every worker (the group is replaced, deleting first)"]
+        "tags: team=ml -> env=dev,team=ml; `pulumi up` replaces every node"]
 
 
 def test_no_change_and_settings_that_replace_nothing_give_no_line():
@@ -53,13 +54,13 @@ def test_no_change_and_settings_that_replace_nothing_give_no_line():
 def test_preflight_names_a_zone_move_as_replacing_every_node_and_a_first_choice_zone_as_nothing():
     moving = nr.node_settings(spec(availabilityZone="us-east-1a", zoneMove=True))
     assert nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1c", zoneMove=True)), moving) == [
-        "availabilityZone: us-east-1a -> us-east-1c; `pulumi up` replaces every node (the zone move: the master "
-        "and the workers' group, deleting first)"]
+        "availabilityZone: us-east-1a -> us-east-1c; `pulumi up` replaces every node when availabilityZone's "
+        "subnet is not the kept one (the zone move: the master's and the workers' groups, deleting first)"]
     first_choice = nr.node_settings(spec(availabilityZone="us-east-1a"))
     assert nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1c")), first_choice) == []
     turned_on = nr.replacements(nr.node_settings(spec(availabilityZone="us-east-1a", zoneMove=True)), first_choice)
-    assert turned_on == ["zoneMove: false -> true; `pulumi up` replaces every worker (the group is replaced, "
-                         "deleting first; with a new availabilityZone the master too)"]
+    assert turned_on == ["zoneMove: false -> true; `pulumi up` replaces every node when availabilityZone's subnet "
+                         "is not the kept one (the zone move: the master's and the workers' groups, deleting first)"]
     fallback = nr.node_settings(spec(onDemandFallback="20m"))
     assert nr.replacements(nr.node_settings(spec(onDemandFallback="40m")), fallback) == []  # only the wait
     assert nr.replacements(nr.node_settings(spec()), fallback) == [
