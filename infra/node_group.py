@@ -12,10 +12,12 @@ base image without a bake: infra/placement.py), the instance type, spot as a one
 max price (on-demand with `masterSpot` / `workerSpot: false`), the cluster placement group, IMDSv2 only with
 hop limit 1, an encrypted root volume of the stack's size and type, the role's instance profile (the master's
 or the workers', infra/node_role.py), shutdown behaviour `terminate`, the role's tags on each instance and its
-volume, and a public address in the default VPC. Only the workers' template has user data: the first-boot
-script that writes the cluster key's authorized_keys line (cluster/node/boot_script.py; only the public half,
-`from=` the cluster's subnet), so a worker the group launches after `fab distribute` ran is reachable from the
-master. Both groups are in the kept subnet (infra/placement.py): never two zones.
+volume, and a public address in the default VPC. Each role's user data is its own boot: the workers'
+first-boot script writes the cluster key's authorized_keys line (cluster/node/boot_script.py; only the public
+half, `from=` the cluster's subnet), so a worker the group launches after `fab distribute` ran is reachable from
+the master; the master's boot script continues the cluster's unfinished supervised run whose spec verifies with
+the controller's run-spec public key (node_setup/supervisor/boot.py).
+Both groups are in the kept subnet (infra/placement.py): never two zones.
 
 Every instance of a group gets the same tags: the workers carry no rank tag (discovery orders them by private
 address after the master, node_setup/aws/discovery.py); the master, alone in its group, carries rank 0.
@@ -49,7 +51,9 @@ import pulumi_aws as aws
 from cluster.stack import worker_group as rules
 from cluster.stack.catalog import METAL_BOOT_WAIT_S
 from cluster.stack.node_replacement import WORKER_TEMPLATE
-from cluster.node.boot_script import boot_script
+from cluster.backend import AWS as AWS_KIND
+from cluster.node.boot_script import boot_script, master_boot_script
+from cluster.node.profiles import venv_dir
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import GROUP_NAME_TAG, PROFILE_KEY, RANK_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER, SSH_USER_KEY
 from infra.node import INSTANCE_TIMEOUTS, SHUTDOWN_BEHAVIOR, NodeNetwork, replacement_key
@@ -127,12 +131,23 @@ def worker_user_data(spec: ClusterSpec, cluster_key: str, subnet_id: pulumi.Inpu
         boot_script(cluster_key, spec.cluster_name, block, spec.ssh_user).encode()).decode())
 
 
+def master_user_data(spec: ClusterSpec, signer: str) -> str:
+    """The master's template's user data, base64: its boot script (cluster/node/boot_script.py), which continues
+    the cluster's unfinished supervised run whose spec verifies with `signer`, the controller's run-spec public
+    key (node_setup/supervisor/boot.py)."""
+    python = f"{venv_dir(spec.profile)}/bin/python"
+    script = master_boot_script(signer=signer, cluster=spec.cluster_name, kind=AWS_KIND, ssh_user=spec.ssh_user,
+                                python=python, region=spec.region)
+    return base64.b64encode(script.encode()).decode()
+
+
 class NodeGroup(pulumi.ComponentResource):
-    """One role's launch template and Auto Scaling group (the module docstring). `cluster_key`: the workers'
-    first-boot key (the master's template has no user data)."""
+    """One role's launch template and Auto Scaling group (the module docstring). `user_data`: the workers'
+    first-boot script (worker_user_data) or the master's boot script (master_user_data), base64."""
 
     def __init__(self, name: str, spec: ClusterSpec, *, role: Role, ami: pulumi.Input[str], network: NodeNetwork,
-                 instance_profile: pulumi.Input[str], tags: dict[str, str], cluster_key: str | None = None,
+                 instance_profile: pulumi.Input[str], tags: dict[str, str],
+                 user_data: pulumi.Input[str] | None = None,
                  hooks: bool = True, opts: pulumi.ResourceOptions | None = None):
         super().__init__(role.component, name, None, opts)
         master = role is MASTER
@@ -173,7 +188,7 @@ class NodeGroup(pulumi.ComponentResource):
             name,
             description=f"xeon-cluster {spec.cluster_name}: {role.description}",
             image_id=ami,
-            user_data=worker_user_data(spec, cluster_key, network.subnet_id) if cluster_key else None,
+            user_data=user_data,
             tags={**tags, "Name": name},
             update_default_version=True,
             opts=pulumi.ResourceOptions(parent=self),

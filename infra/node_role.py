@@ -30,6 +30,11 @@
     the two Describe calls take no resource-level permission or tag condition in IAM, so they are `*`),
     and a new worker's console, whose host key fingerprints it verifies (`ec2:GetConsoleOutput`),
     limited to instances carrying the cluster's tag.
+  - `run_store_policy`: what a new master's boot step reads to continue a supervised run
+    (node_setup/supervisor/boot.py): the cluster's own SSM parameters under `/xeon-cluster/<cluster>`
+    (the cluster key and each run's secrets: `ssm:GetParameter`, `ssm:GetParametersByPath`, and
+    `ssm:DeleteParameter` of a run's record once it ended), decrypted with `kms:Decrypt` only through SSM
+    (`kms:ViaService`). The workers' role reads no parameter.
 
 Each role is assumable by EC2 only, with its instance profile; the master instance launches with the
 master's, the workers' launch template names the workers'. The policies are inline
@@ -50,6 +55,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from cluster.run.runspec import STORE_ROOT
 from cluster.stack.spec import ClusterSpec
 from cluster.stack.tags import CLUSTER_KEY
 
@@ -63,6 +69,8 @@ HAND_BACK_ACTIONS = ("autoscaling:TerminateInstanceInAutoScalingGroup",)
 STOPPED_SIZES = {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}
 DESCRIBE_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances")
 CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
+RUN_STORE_ACTIONS = ("ssm:GetParameter", "ssm:GetParametersByPath", "ssm:DeleteParameter")
+DECRYPT_ACTIONS = ("kms:Decrypt",)
 MASTER_SUFFIX = "-master"  # the master's role and profile: the node role's name and this
 
 
@@ -120,6 +128,22 @@ def supervisor_read_policy(cluster: str, region: str) -> str:
     })
 
 
+def run_store_policy(cluster: str, region: str) -> str:
+    """What a new master's boot step reads of the run store (node_setup/aws/run_secrets.py): the cluster's own
+    SecureString parameters, decrypted through SSM with the account's key, and the run's record deleted once the
+    run ended; no other parameter, and the workers' role gets none of it."""
+    parameters = f"arn:aws:ssm:{region}:*:parameter{STORE_ROOT}/{cluster}"
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "MasterReadsOwnRunStore", "Effect": "Allow", "Action": list(RUN_STORE_ACTIONS),
+             "Resource": f"{parameters}/*"},
+            {"Sid": "MasterDecryptsThroughSsm", "Effect": "Allow", "Action": list(DECRYPT_ACTIONS), "Resource": "*",
+             "Condition": {"StringEquals": {"kms:ViaService": f"ssm.{region}.amazonaws.com"}}},
+        ],
+    })
+
+
 class NodeRole(pulumi.ComponentResource):
     """The workers' role and profile (`worker_profile_name`) and the master's (`master_profile_name`)."""
 
@@ -137,7 +161,8 @@ class NodeRole(pulumi.ComponentResource):
             name + MASTER_SUFFIX, f"xeon-cluster {spec.cluster_name}: the master: checkpoints, its worker group's "
                                   "stop, the supervisor's reads",
             {"checkpoints": checkpoints,
-             "supervisor-read": supervisor_read_policy(spec.cluster_name, spec.region)})
+             "supervisor-read": supervisor_read_policy(spec.cluster_name, spec.region),
+             "run-store": run_store_policy(spec.cluster_name, spec.region)})
         self.worker_profile_name = self.profile.name
         self.master_profile_name = self.master_profile.name
         self.register_outputs({"roleArn": self.role.arn, "instanceProfileName": self.profile.name,

@@ -17,7 +17,7 @@ from infra.bucket import CheckpointBucket
 from infra.image import BuiltImage, image_use
 from infra.network import ClusterNetwork
 from infra.node import NodeNetwork, engine_supports
-from infra.node_group import MASTER, WORKERS, NodeGroup
+from infra.node_group import MASTER, WORKERS, NodeGroup, master_user_data, worker_user_data
 from infra.node_role import NodeRole
 from infra.placement import KeptPlacement
 from infra.setup_step import ProfileSetup, ssh_timeout_for
@@ -57,8 +57,11 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     # for the workers' first boot; the private half never enters the program, its state or a node's user data.
     # A key store that cannot be used (one half of the pair there) stops the run before anything is made, in
     # one line: Pulumi shows a RunError's message alone, any other exception with a traceback.
+    # The run-spec key's public half, the same way, for the master's boot: a new master continues a supervised run
+    # only from a spec this controller signed (node_setup/supervisor/boot.py).
     try:
         cluster_key = keys.ensure_cluster_key(name).public_key
+        signer = keys.spec_key().public
     except keys.KeyStoreError as exc:
         raise pulumi.RunError(str(exc)) from None
 
@@ -90,7 +93,8 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
     node_ami: pulumi.Input[str] = image_id or base_ami
     master = NodeGroup(f"{name}-master", spec, role=MASTER, ami=node_ami,
                        network=node_network(network.cluster_group, network.ssh_group),
-                       instance_profile=node_role.master_profile_name, tags=tags, hooks=hooks)
+                       instance_profile=node_role.master_profile_name, tags=tags,
+                       user_data=master_user_data(spec, signer), hooks=hooks)
     if image_id is not None:
         # The master booted the image ready: the setup step checks the group's master as `fab check` does and
         # installs only what differs (this project's wheel), and arms a new master's idle auto-stop; it images
@@ -104,7 +108,8 @@ def build_cluster(spec: ClusterSpec) -> dict[str, pulumi.Input]:
         # This stack's record that it boots the image (its destroy removes it; infra/image.py).
         image_use(f"{name}-image-use", spec, image_id)
     workers = NodeGroup(f"{name}-worker", spec, role=WORKERS, ami=node_ami, network=node_network(network.cluster_group),
-                        instance_profile=node_role.worker_profile_name, tags=tags, cluster_key=cluster_key,
+                        instance_profile=node_role.worker_profile_name, tags=tags,
+                        user_data=worker_user_data(spec, cluster_key, subnet_id),
                         hooks=hooks)
     # The auto-stop's permission on these two groups alone (after them: the policy names the groups' ARNs).
     node_role.allow_group_capacity(workers.group.arn, master.group.arn)

@@ -4,7 +4,7 @@
 (infra/image.py), holds none. A worker the Auto Scaling group launches later (the replacement of
 a reclaimed spot worker) would have no line, and the run supervisor on the master, which holds only the
 cluster key, could not reach it. So the workers' launch template carries `boot_script(...)` as its
-user data (infra/workers.py): cloud-init runs it once per instance, as root, and it writes for the SSH
+user data (infra/node_group.py): cloud-init runs it once per instance, as root, and it writes for the SSH
 user (cluster/shell/boot-authorize-key.sh)
 
     from="<the cluster subnet's CIDR>",no-agent-forwarding,no-port-forwarding,no-X11-forwarding <public key>

@@ -4,11 +4,16 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from cluster.stack.node_replacement import WORKER_TEMPLATE
 from cluster.stack.tags import RANK_KEY, ROLE_KEY, ROLE_MASTER, ROLE_WORKER
-from tests.infra.conftest import master_group, master_template, minimal_config, worker_group, worker_template
+from node_setup.controller import KEY_STORE_DIR, SPEC_KEY_FILE
+from node_setup.ssh import keys
+from tests.infra.conftest import (fresh_run, master_group, master_template, minimal_config, worker_group,
+                                  worker_template)
 
 # The template's fields (node_replacement's list, camelCase as registered) that differ by role, and how.
 ROLE_FIELDS = {"vpcSecurityGroupIds", "networkInterfaces", "instanceMarketOptions", "iamInstanceProfile",
@@ -62,7 +67,7 @@ def test_the_master_is_a_group_of_one_from_a_template_of_the_workers_shape(harne
     assert set(their_groups) < set(ours_groups) and len(ours_groups) == 2
     assert master.inputs["iamInstanceProfile"] != workers.inputs["iamInstanceProfile"]
     assert master.inputs["iamInstanceProfile"]["name"].startswith("xeon-dev-node-master")
-    assert not master.inputs.get("userData") and workers.inputs.get("userData")
+    assert master.inputs["userData"] != workers.inputs["userData"]  # each role's own boot (below)
     assert master.inputs["instanceMarketOptions"] == workers.inputs["instanceMarketOptions"]  # both spot by default
     assert group.replacement_trigger["template"]["instance_type"] == worker.replacement_trigger["template"][
         "instance_type"]
@@ -113,3 +118,22 @@ def test_a_master_group_that_cannot_be_filled_names_the_master_and_masterspot(ha
     line = caplog.records[-1].getMessage()
     assert line.startswith("xeon-dev-master: AWS could not launch the 1 master of the group: Could not launch Spot")
     assert "masterSpot: false" in line and "workerSpot" not in line and "\n" not in line
+
+
+def test_the_master_boots_the_run_continuing_step_with_this_controller_s_run_spec_key(controller_config):
+    """The master's user data is its boot script (a lost master's supervised run continued by the new one), which
+    verifies a spec only with the controller's run-spec public key; the private half is in no input; a new key
+    pair makes a new template version and replaces neither group."""
+    monitor, _ = fresh_run(minimal_config())
+    public = (controller_config / "xeon-cluster" / KEY_STORE_DIR / f"{SPEC_KEY_FILE}.pub").read_text().split()
+    script = base64.b64decode(master_template(monitor).inputs["userData"]).decode()
+    assert script.startswith("#!/bin/sh\n") and "-m node_setup.supervisor.boot" in script
+    assert f"SIGNER='{public[0]} {public[1]}'\n" in script and "KIND=aws\n" in script, script
+    private = (controller_config / "xeon-cluster" / KEY_STORE_DIR / SPEC_KEY_FILE).read_text().splitlines()[1]
+    assert private not in repr([r.inputs for r in monitor.registrations])
+    groups = master_group(monitor).replacement_trigger, worker_group(monitor).replacement_trigger
+    keys.rotate_spec_key()
+    again, _ = fresh_run(minimal_config())
+    rotated = base64.b64decode(master_template(again).inputs["userData"]).decode()
+    assert rotated != script and "-m node_setup.supervisor.boot" in rotated
+    assert (master_group(again).replacement_trigger, worker_group(again).replacement_trigger) == groups

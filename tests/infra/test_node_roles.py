@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from cluster.run.runspec import STORE_ROOT
 from cluster.stack import image_build
 from cluster.stack.tags import CLUSTER_KEY
 from infra.image import BUILDER_SUFFIX
@@ -134,7 +135,9 @@ def test_docs_security_states_what_each_role_allows_as_the_program_builds_it(har
              "`*`": "*", "the region's instances": f"arn:aws:ec2:{REGION}:*:instance/*",
              "the stack's region": REGION, "the cluster's name": cluster,
              "the bucket's install scripts": f"{arn}/{image_build.INSTALL_PREFIX}/*",
-             "the bucket's build logs": f"{arn}/{image_build.LOG_PREFIX}/*"}
+             "the bucket's build logs": f"{arn}/{image_build.LOG_PREFIX}/*",
+             "the cluster's run store": f"arn:aws:ssm:{REGION}:*:parameter{STORE_ROOT}/{cluster}/*",
+             "the region's SSM": f"ssm.{REGION}.amazonaws.com"}
     documented = _documented(words)
     built = {kind: _statements(policies) for kind, (_, _, policies) in _roles(monitor).items()}
     assert documented == built
