@@ -151,8 +151,6 @@ def forget_hint(cluster: str, host: str) -> str:
             "and rerun; otherwise do not connect")
 
 
-
-
 def _spec_key_path() -> Path:
     """SPEC_KEY_FILE in the key store's root (0700, made here), never inside the checkout."""
     root = config_root() / KEY_STORE_DIR

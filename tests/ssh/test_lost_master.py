@@ -124,6 +124,13 @@ def lost_master(cluster, out: Path, ran, first_checkpoint, how=("--silent",)
     return lost, new, step
 
 
+def start_detached(cluster, ran, out: Path, steps: int) -> subprocess.CompletedProcess:
+    """A detached managed run of the built-in job's demo, `steps` steps into `out`, started."""
+    started = ran(fab(cluster, "train", "--managed", "--detach", "--synthetic-examples", "200", "--max-steps",
+                      str(steps), "--output-dir", str(out), "--extra", TRAIN_EXTRA))
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+    return started
+
 def test_a_lost_masters_run_is_continued_by_the_new_master_from_its_newest_checkpoint_with_no_fab_command(cluster):
     out = Path(f"{LOCAL_OUTPUT_ROOT}/{cluster.name}/lost-master")
     shutil.rmtree(out, ignore_errors=True)
@@ -131,10 +138,7 @@ def test_a_lost_masters_run_is_continued_by_the_new_master_from_its_newest_check
     ran = recorded(transcript)
 
     try:
-        started = ran(fab(cluster, "train", "--managed", "--detach", "--synthetic-examples", "200", "--max-steps",
-                          str(STEPS), "--output-dir", str(out), "--extra",
-                          TRAIN_EXTRA))
-        assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+        started = start_detached(cluster, ran, out, STEPS)
         assert "a new master continues the run by itself" in started.stdout
         lost, new, resume_from = lost_master(cluster, out, ran,
                                              lambda: (c := newest_local(str(out))) and c.step)
@@ -191,9 +195,7 @@ def test_a_masters_spot_notice_leaves_the_run_to_the_new_master_which_continues_
     ran = recorded(transcript)
 
     try:
-        started = ran(fab(cluster, "train", "--managed", "--detach", "--synthetic-examples", "200", "--max-steps",
-                          str(NOTICE_STEPS), "--output-dir", str(out), "--extra", TRAIN_EXTRA))
-        assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+        start_detached(cluster, ran, out, NOTICE_STEPS)
         _, new, resume_from = lost_master(cluster, out, ran, lambda: (c := newest_local(str(out))) and c.step,
                                           how=("--notice", f"{NOTICE_S}s"))
         supervised = status_until_ended(cluster, ran, 600)
