@@ -10,6 +10,7 @@ every wheel of a profile for nodes without internet (the local cluster's nodes).
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -84,7 +85,10 @@ def build_project_wheel(root: Path | None = None, cache_dir: Path | None = None)
                                "\ninstall setuptools and wheel into the controller's Python (pip install -e .[dev])")
         out.mkdir(parents=True, exist_ok=True)
         target = out / wheels[0].name
-        shutil.copy2(wheels[0], target)
+        # another fab on this controller may be reading the cache: the wheel appears whole or not at all
+        partial = out / f".{wheels[0].name}.{os.getpid()}.partial"
+        shutil.copy2(wheels[0], partial)
+        os.replace(partial, target)
     return ProjectWheel(target, version)
 
 
