@@ -46,4 +46,6 @@ else
   echo "== intel profile's stack for the IPEX test (about 7 GB, ~2 min; XEON_CLUSTER_SKIP_IPEX=1 skips it)"
   "$VENV/bin/python" -m tests.training.ipex_env
 fi
+echo "== the local nodes' software: the stock profile's wheelhouse and shared venv (about 40 s on a fresh machine)"
+"$VENV/bin/python" -m tests.ssh.node_software
 echo "== ready: . $VENV/bin/activate (puts fab and python on PATH)"
