@@ -1,7 +1,5 @@
 """`fab train`'s and `fab k8s-job`'s options (a job file's too) made into one RunRequest, resolved against the
-inventory once (pure). What needs this machine (files here, the calibration, the idle auto-stop) is handed in by
-node_setup/tasks/job_options.py; RequestError (one line naming the option) for anything that cannot be used.
-"""
+inventory (pure; what needs this machine comes from node_setup/tasks/job_options.py). RequestError: one line."""
 
 from __future__ import annotations
 
@@ -65,9 +63,8 @@ _INSTEAD = "on every rank instead of the built-in job"
 
 @dataclass(frozen=True)
 class JobOptions:
-    """fab train's and fab k8s-job's options, each declared once: its type, default and (metadata "cli", Cli) how
-    the tasks show it (node_setup/tasks/job_options.py makes their signatures from these fields). Left out: None
-    (a switch: False). `of` takes them by name from a mapping (an unknown name is a TypeError)."""
+    """fab train's and fab k8s-job's options, each declared once: type, default and (metadata "cli") how the tasks
+    show it (docs/design.md, the command line). Left out: None (a switch: False)."""
 
     nodes: int | None = _opt(CLUSTER, "how many nodes to use, master first (1 to the nodes available; left out: "
                              "all)", k8s="worker pods, one per node (default 1)", unset="all nodes", k8s_default=1)
@@ -213,19 +210,14 @@ class JobOptions:
 
 
 @functools.cache
-def _hints() -> dict[str, Any]:
-    return get_type_hints(JobOptions)  # evaluated once: every fab start reads each field's
-
-
 def kind_of(name: str) -> Any:
     """The type of the field `name` without None (int for `int | None`)."""
-    hint = _hints()[name]
+    hint = get_type_hints(JobOptions)[name]
     return next((a for a in get_args(hint) if a is not type(None)), hint)
 
 
 def _first_given(o: JobOptions, only: str, but: str = "") -> str | None:
-    """The first option given (by declaration order) of those that mean something only to `only` (BUILTIN, OWN or
-    MANAGED), `but` left out."""
+    """The first option given (by declaration order) of those only for `only` (BUILTIN, OWN, MANAGED) but `but`."""
     return next((f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only
                  and f.name != but and o.given(f.name)), None)
 
@@ -242,8 +234,7 @@ def _number(option: str, text: str, kind: Callable[[str], Any]) -> Any:
 
 
 def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
-    """The values --extra's typed flags gave (parse_extra's), read by their option's type; given as that option
-    too is refused."""
+    """The values --extra's typed flags gave, read by their option's type; given as that option too is refused."""
     found: dict[str, Any] = {}
     for flag, text in typed.items():
         name, option = TYPED_FLAGS[flag]
@@ -287,8 +278,7 @@ def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], st
 def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: str, *, calibration: Any = None,
              local_file: Callable[[str], str | None] = lambda path: None
              ) -> tuple[rq.BuiltinJob | rq.OwnProgram, tuple[rq.DataFile, ...], list[str], JobOptions]:
-    """(your program `own` or the built-in job, the data files to copy, the compile line, the options with the
-    values --extra's typed flags gave them)."""
+    """(`own` or the built-in job, the data files to copy, the compile line, the options with --extra's values)."""
     check_program_options(o, own)
     if own is not None:
         return own, (), [], o
@@ -327,8 +317,7 @@ def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: st
 
 
 def check_program_options(o: JobOptions, own: rq.OwnProgram | None) -> None:
-    """Your own program's options only with --script/--module (`own`), the built-in job's only without it
-    (fab train's and fab k8s-job's options); RequestError naming the first one given otherwise."""
+    """Your own program's options only with --script/--module (`own`), the built-in job's only without it."""
     if own is None:
         used = _first_given(o, OWN)
         if used:
@@ -346,13 +335,9 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
                          own: rq.OwnProgram | None = None, calibration: Any = None,
                          local_file: Callable[[str], str | None] = lambda path: None,
                          idle_stop_s: int | None = None) -> tuple[rq.RunRequest, list[str]]:
-    """(the run, the lines to print: the measured layout and the compile decision).
-
-    `options`: fab train's (JobOptions, or by parameter name, an option left out as None); `own`: your
-    program when --script/--module is given (node_setup/tasks/job_options.py checks its files);
-    `calibration`: the cluster's `fab bench` calibration or None; `local_file(path)`: the absolute path
-    of a data file of this machine, None when it is none; `idle_stop_s`: the auto-stop to arm at the start.
-    """
+    """(the run, the lines to print: the measured layout and the compile decision). `own`: --script/--module's
+    program; `calibration`: `fab bench`'s or None; `local_file(path)`: a data file of this machine's absolute path
+    or None; `idle_stop_s`: the auto-stop to arm at the start."""
     o = JobOptions.of(options)
     if o.workdir_changed_ok:  # fab train --managed --resume reads the run from its spec
         raise rq.RequestError(f"{rq.CHANGED_OK_OPTION}: only with --managed --resume (a run of your own program "
@@ -383,7 +368,7 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
         supervision = rq.Managed(
             max_recoveries=DEFAULT_MAX_RECOVERIES if o.max_recoveries is None else int(o.max_recoveries),
             min_nodes=o.min_nodes or 1, wait_s=wait_s, detach=o.detach)
-    launcher = rq.Launcher(o.launcher or "mpirun", None if o.managed else o.min_nodes, o.max_restarts)
+    launcher = rq.Launcher(o.launcher or DEFAULT_LAUNCHER, None if o.managed else o.min_nodes, o.max_restarts)
     output_dir = o.output_dir or (None if o.resume else default_output_dir(inventory, run_id))
     request = rq.RunRequest(
         run_id=run_id, nodes=nodes, program=program, launcher=launcher,
@@ -397,10 +382,8 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
 
 def k8s_request(options: Mapping[str, Any] | JobOptions, *, run_id: str,
                 own: rq.OwnProgram | None = None) -> rq.RunRequest:
-    """`fab k8s-job`'s options (those it shares with fab train, left out as None) as a run request: one pod
-    per node, torchrun in each (elastic with --min-nodes), the built-in job's settings and --extra checked as
-    fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`, made by
-    node_setup/tasks/job_options.py's own_program as for fab train); each program's options only with it."""
+    """`fab k8s-job`'s options as a run request: one pod per node, torchrun in each (elastic with --min-nodes), the
+    built-in job checked as fab train checks it (the demo only with --synthetic-examples), or your program `own`."""
     o = JobOptions.of(options)
     pairs = ck.passes(lambda text: env_pairs(text, "CCL_LOG_LEVEL=info"), o.env or "", LaunchError)
     allow = parse_allow_env(o.allow_env or "")
