@@ -1,7 +1,5 @@
-"""`fab k8s-job`: the training job as a Kubeflow PyTorchJob (`--api pytorchjob`, the default) or TrainJob
-(`--api trainjob`) manifest (docs/kubernetes.md), planned from the options it shares with `fab train` and
-written to `-o FILE` or stdout. Connects to nothing; exit 0 written, 2 bad input.
-"""
+"""`fab k8s-job`: the training job as a Kubeflow PyTorchJob or TrainJob manifest (docs/kubernetes.md), planned
+from the options it shares with `fab train`, written to `-o FILE` or stdout; connects to nothing."""
 
 from __future__ import annotations
 
