@@ -265,13 +265,12 @@ def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], st
     """--train-file/--validation-file: a file of this machine is copied to every node (its path there)."""
     paths: dict[str, str | None] = {}
     files = []
-    for key, path in (("train_file", options.train_file or None), ("validation_file", options.validation_file or None)):
+    for key in ("train_file", "validation_file"):
+        path = paths[key] = getattr(options, key) or None
         here = local_file(path) if path else None
         if here:
-            node = f"{job_dir(run_id)}/data/{key}-{PurePosixPath(here).name}"
-            files.append(rq.DataFile(here, node))
-            path = node
-        paths[key] = path
+            files.append(rq.DataFile(here, f"{job_dir(run_id)}/data/{key}-{PurePosixPath(here).name}"))
+            paths[key] = files[-1].node
     return paths, tuple(files)
 
 
