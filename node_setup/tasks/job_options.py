@@ -79,15 +79,13 @@ def own_program(options: JobOptions | dict[str, Any], profile: str) -> rq.OwnPro
     words = userjob.split_args(f"{o.args or ''} {o.extra or ''}")
     signal = userjob.notice_signal(o.notice_signal or "")
     workdir = o.workdir or ""
-    if script:
-        path = Path(script).expanduser()
-        if not path.is_file():
-            raise rq.RequestError(f"--script: {script!r} is not a file on this machine; allowed: the path of your "
-                                  "training script")
-        root = Path(workdir).expanduser() if workdir else path.parent
-    else:
+    path = Path(script).expanduser()
+    if script and not path.is_file():
+        raise rq.RequestError(f"--script: {script!r} is not a file on this machine; allowed: the path of your training "
+                              "script")
+    if module:
         userjob.check_module(module)
-        root = Path(workdir).expanduser() if workdir else Path.cwd()
+    root = Path(workdir).expanduser() if workdir else path.parent if script else Path.cwd()
     if not root.is_dir():
         raise rq.RequestError(f"--workdir: {workdir!r} is not a folder on this machine")
     limit_mb = int(o.workdir_limit_mb or userjob.DEFAULT_WORKDIR_LIMIT_MB)
