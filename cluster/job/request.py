@@ -31,6 +31,8 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_NODES = 10000
 MAX_WAIT_S = 7 * 86400
 BUILTIN, OWN = "builtin", "own"
+BUILTIN_ONLY = ("an option of the built-in job, not allowed with --script/--module; pass your program's own arguments "
+                "with --args (or after `--`)")
 _LOCAL = {"local": True}  # a field's metadata: this controller's own, left out of the serialized form
 
 
@@ -241,8 +243,7 @@ class RunRequest:
                                 or (self.resume and self.managed is None)):
             which = ("--checkpoint-every" if self.checkpoint_every_s is not None else
                      "--checkpoint-uri" if self.checkpoint_uri else "--resume")
-            raise RequestError(f"{which}: an option of the built-in job, not allowed with --script/--module; pass "
-                               "your program's own arguments with --args (or after `--`)")
+            raise RequestError(f"{which}: {BUILTIN_ONLY}")
         if self.managed is None:
             if own is not None and own.resume_arg:
                 raise RequestError("--resume-arg: only with --managed (fab supervises the job and recovers it)")

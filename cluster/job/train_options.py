@@ -277,10 +277,18 @@ def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], st
 def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: str, *, calibration: Any = None,
              local_file: Callable[[str], str | None] = lambda path: None
              ) -> tuple[rq.BuiltinJob | rq.OwnProgram, tuple[rq.DataFile, ...], list[str], JobOptions]:
-    """(`own` or the built-in job, the data files to copy, the compile line, the options with --extra's values)."""
-    check_program_options(o, own)
+    """(`own` or the built-in job, the data files to copy, the compile line, the options with --extra's values);
+    each program's options only with it."""
     if own is not None:
+        used = _first_given(o, BUILTIN, but="compile" if o.compile == "auto" else "")
+        if used or (o.bf16 or "auto") != "auto":
+            raise rq.RequestError(f"{_option(used or 'bf16')}: {rq.BUILTIN_ONLY}")
         return own, (), [], o
+    used = _first_given(o, OWN)
+    if used:
+        raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
+    if o.given("resume_arg"):
+        raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
     try:
         words = shlex.split(o.extra or "")
     except ValueError as exc:
@@ -313,21 +321,6 @@ def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: st
         peft=(o.peft or "").strip().lower() or None,
         compile_estimate=o.compile_estimate or measured, demo=demo, extra=extra)
     return job, files, [compile_line], o
-
-
-def check_program_options(o: JobOptions, own: rq.OwnProgram | None) -> None:
-    """Your own program's options only with --script/--module (`own`), the built-in job's only without it."""
-    if own is None:
-        used = _first_given(o, OWN)
-        if used:
-            raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
-        if o.given("resume_arg"):
-            raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
-        return
-    used = _first_given(o, BUILTIN, but="compile" if o.compile == "auto" else "")
-    if used or (o.bf16 or "auto") != "auto":
-        raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
-                              "--script/--module; pass your program's own arguments with --args (or after `--`)")
 
 
 def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inventory, *, run_id: str,
