@@ -260,20 +260,6 @@ def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
     return found
 
 
-def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], str | None]
-                ) -> tuple[dict[str, str | None], tuple[rq.DataFile, ...]]:
-    """--train-file/--validation-file: a file of this machine is copied to every node (its path there)."""
-    paths: dict[str, str | None] = {}
-    files = []
-    for key in ("train_file", "validation_file"):
-        path = paths[key] = getattr(options, key) or None
-        here = local_file(path) if path else None
-        if here:
-            files.append(rq.DataFile(here, f"{job_dir(run_id)}/data/{key}-{PurePosixPath(here).name}"))
-            paths[key] = files[-1].node
-    return paths, tuple(files)
-
-
 def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: str, *, calibration: Any = None,
              local_file: Callable[[str], str | None] = lambda path: None
              ) -> tuple[rq.BuiltinJob | rq.OwnProgram, tuple[rq.DataFile, ...], list[str], JobOptions]:
@@ -292,16 +278,21 @@ def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: st
     try:
         words = shlex.split(o.extra or "")
     except ValueError as exc:
-        raise rq.RequestError(f"--extra: cannot split {o.extra!r} like a shell would ({exc}); check "
-                              "its quotes") from None
+        raise rq.RequestError(f"--extra: cannot split {o.extra!r} like a shell would ({exc}); check its "
+                              "quotes") from None
     typed, extra = ck.passes(parse_extra, words, JobArgsError)
     o = replace(o, **_from_extra(typed, o))
-    paths, files = _data_files(o, run_id, local_file)
-    given_data = o.model or o.dataset or paths["train_file"]
-    examples = o.synthetic_examples
+    paths: dict[str, str | None] = {}  # --train-file/--validation-file: a file here is copied to every node
+    files: list[rq.DataFile] = []
+    for key in ("train_file", "validation_file"):
+        path = paths[key] = getattr(o, key) or None
+        here = local_file(path) if path else None
+        if here:
+            files.append(rq.DataFile(here, f"{job_dir(run_id)}/data/{key}-{PurePosixPath(here).name}"))
+            paths[key] = files[-1].node
     demo = None
-    if examples is not None or (offline and not given_data):
-        demo = rq.Demo(o.task or TASKS[0], examples)
+    if o.synthetic_examples is not None or (offline and not (o.model or o.dataset or paths["train_file"])):
+        demo = rq.Demo(o.task or TASKS[0], o.synthetic_examples)
     # the user's own --compile_estimate (through --extra) replaces the calibration's
     estimate = calibration.compile_cost() if calibration is not None and o.compile_estimate is None else None
     choice, compile_line = ck.passes(lambda c: compile_choice(c, estimate, o.max_steps or None), o.compile or None,
@@ -320,7 +311,7 @@ def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: st
         ddp_bucket_mb=o.ddp_bucket_mb, compile=choice,
         peft=(o.peft or "").strip().lower() or None,
         compile_estimate=o.compile_estimate or measured, demo=demo, extra=extra)
-    return job, files, [compile_line], o
+    return job, tuple(files), [compile_line], o
 
 
 def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inventory, *, run_id: str,
