@@ -337,8 +337,7 @@ def _read(hint: Any, raw: object, where: str) -> Any:
         items = get_args(hint)
         if not isinstance(raw, list):
             raise ck.refuse(where, raw, "a list")
-        if items[-1] is Ellipsis:
-            return tuple(_read(items[0], item, where) for item in raw)
+        items = (items[0],) * len(raw) if items[-1] is Ellipsis else items
         if len(raw) != len(items):
             raise ck.refuse(where, raw, f"a list of {len(items)} values")
         return tuple(_read(h, item, where) for h, item in zip(items, raw))
