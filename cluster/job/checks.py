@@ -1,6 +1,5 @@
-"""The one-line checks every setting of a run request goes through (pure): a whole number, a number, one
-line of text, a choice, a flag, a folder on the nodes. Each failure is a RequestError naming the setting,
-the value and what is allowed (cluster/job/request.py, cluster/job/run_env.py)."""
+"""The checks every setting of a run request goes through (pure): a whole number, a number, a line of text, a
+choice, a flag, a folder on the nodes; each failure a RequestError naming the setting, the value and what is allowed."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ _NODE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}\Z")  # a folder on the n
 
 
 class RequestError(ValueError):
-    """A setting of the run that cannot be used; the message is one line naming it, the value and what is
-    allowed."""
+    """A setting of the run that cannot be used; the message is one line naming it, the value and what is allowed."""
 
 
 def refuse(setting: str, value: object, allowed: str) -> RequestError:

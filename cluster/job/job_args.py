@@ -1,6 +1,5 @@
 """The built-in job's facts the controller and the job share (pure): its tasks and choices, the --compile
-decision, and its other arguments (--extra) checked against its flags (the offline demo: cluster/job/demo.py).
-"""
+decision, and its other arguments (--extra) checked against its flags."""
 
 from __future__ import annotations
 
@@ -10,17 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 TASKS = ("qa", "classification", "causal-lm")
-# How gradients cross the network: as computed (fp32), or compressed to bf16 by DDP's communication hook.
-GRAD_COMM_CHOICES = ("fp32", "bf16")
-# The job only, for `fab bench`'s compute measurement: DDP runs in lock-step but no gradient is
-# exchanged (each rank keeps its own; the ranks' models drift apart). Never for training.
+GRAD_COMM_CHOICES = ("fp32", "bf16")  # gradients on the wire: as computed, or bf16 by DDP's communication hook
+# fab bench's compute measurement only: DDP in lock-step, no gradient exchanged (never for training)
 GRAD_COMM_MEASURE_ONLY = "none"
-# bf16 by default: on the offline task its final loss is within 1.5 % of fp32's; it is 1.8-2.0x faster
-# on a communication-bound link and the same within noise on a compute-bound one (docs/benchmarks.md).
-DEFAULT_GRAD_COMM = "bf16"
-# torch.compile of the built-in job's model: auto compiles when the saving fab bench predicts over the
-# run's steps exceeds the compile time (cluster/cost/timemodel.py: compile_pays)
-COMPILE_CHOICES = ("auto", "on", "off")
+DEFAULT_GRAD_COMM = "bf16"  # loss within 1.5 % of fp32's, 1.8-2.0x faster when communication-bound (docs/benchmarks.md)
+COMPILE_CHOICES = ("auto", "on", "off")  # auto: when fab bench's saving over the run exceeds the compile time
 DEFAULT_COMPILE = "auto"
 BF16_CHOICES = ("auto", "on", "off")
 
@@ -42,9 +35,8 @@ def parse_s3_uri(uri: str, setting: str = "--checkpoint-uri") -> tuple[str, str]
 
 
 def compile_choice(value: str | None, estimate=None, steps: int | None = None) -> tuple[str | None, str]:
-    """(the job's --compile, None for its own default; the line `fab train` prints) for `--compile` (None or "":
-    auto) with the cluster's measured `estimate` (cluster.cost.timemodel.CompileCost, or None) and the run's steps
-    when known (--max-steps)."""
+    """(the job's --compile, None for its own default; the line `fab train` prints) for `--compile` (None: auto),
+    the cluster's measured `estimate` (a CompileCost or None) and the run's steps (--max-steps or None)."""
     from cluster.cost.timemodel import compile_pays
 
     choice = str(value or DEFAULT_COMPILE).strip().lower()
@@ -68,9 +60,6 @@ def compile_choice(value: str | None, estimate=None, steps: int | None = None) -
                    "measurement); the job counts its steps and decides")
 
 
-# ------------------------------------------------------------------------------ the job's other arguments
-
-
 @dataclass(frozen=True)
 class ExtraArg:
     """One of the built-in job's other arguments (--extra): a flag it accepts (underscores) and its value(s)."""
@@ -82,9 +71,8 @@ class ExtraArg:
         return [self.flag, *self.values]
 
 
-# The job's flags that fab train has an option of its own for: in --extra they become that option's value
-# (parse_extra), so each setting is held once, typed (cluster/job/request.py), and never read back from a
-# command line. flag -> (the request's field, fab train's option).
+# The job's flags that fab train has an option for: in --extra they become that option's value, held typed.
+# flag -> (the request's field, fab train's option).
 TYPED_FLAGS = {
     "--task": ("task", "--task"), "--model_name_or_path": ("model", "--model"),
     "--dataset_name": ("dataset", "--dataset"), "--dataset_config_name": ("dataset_config", "--dataset-config"),
@@ -101,8 +89,7 @@ TYPED_FLAGS = {
 
 
 def typed_arguments(values: dict[str, Any]) -> list[str]:
-    """The job's arguments for its typed settings (by TYPED_FLAGS' field names; None and bf16 auto left out),
-    in TYPED_FLAGS' order: the one place a typed value becomes a flag and its word."""
+    """The job's arguments for its typed settings (by TYPED_FLAGS' field names; None and bf16 auto left out)."""
     args: list[str] = []
     for flag, (name, _) in TYPED_FLAGS.items():
         value = values.get(name)
@@ -128,21 +115,11 @@ def _is_option(word: str) -> bool:
     return word.startswith("-") and not _NEGATIVE_NUMBER.match(word)
 
 
-def _unknown(flag: str, setting: str) -> JobArgsError:
+def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[str, str], tuple[ExtraArg, ...]]:
+    """The built-in job's other arguments checked against its parser's flags (cluster/job/training_flags.py):
+    (TYPED_FLAGS' values by flag, "" for a bare flag; every other argument as an ExtraArg)."""
     import difflib
 
-    from cluster.job.training_flags import FLAGS
-
-    close = difflib.get_close_matches(flag, list(FLAGS), n=1, cutoff=0.75)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    return JobArgsError(f"{setting}: {flag} is not an argument of `python -m training`{hint} (`python -m training "
-                        "--help` on a node lists them)")
-
-
-def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[str, str], tuple[ExtraArg, ...]]:
-    """The built-in job's other arguments, checked against the flags it accepts (cluster/job/training_flags.py,
-    its own parser's: a flag it does not know, a missing or surplus value is one line naming `setting`):
-    (TYPED_FLAGS' values by flag, "" for a bare flag; every other argument as an ExtraArg)."""
     from cluster.job.training_flags import FLAGS, MANY, NONE, OPTIONAL, VALUE
 
     typed: dict[str, str] = {}
@@ -157,7 +134,10 @@ def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[st
         flag = "--" + name[2:].replace("-", "_")
         kind = FLAGS.get(flag)
         if kind is None:
-            raise _unknown(name, setting)
+            close = difflib.get_close_matches(name, list(FLAGS), n=1, cutoff=0.75)
+            raise JobArgsError(f"{setting}: {name} is not an argument of `python -m training`"
+                               f"{f'; did you mean {close[0]}?' if close else ''} (`python -m training --help` on a "
+                               "node lists them)")
         i += 1
         if eq:
             if kind == NONE:
@@ -189,8 +169,7 @@ def parse_extra(words: Sequence[str], setting: str = "--extra") -> tuple[dict[st
 
 
 def check_extra(extra: Sequence[ExtraArg], setting: str = "--extra") -> None:
-    """Extra arguments as a request holds them (a run spec read back): each a flag the job accepts with as many
-    values as it takes, none of TYPED_FLAGS (the request holds those typed)."""
+    """Extra arguments as a request holds them: each a flag the job accepts with its values, none of TYPED_FLAGS."""
     for arg in extra:  # each an ExtraArg: the type (from_mapping reads [FLAG, VALUE...])
         if arg.flag in TYPED_FLAGS:
             raise JobArgsError(f"{setting}: {arg.flag} is not allowed here; allowed: fab train's "

@@ -1,8 +1,5 @@
-"""A job file (`fab train -f job.yaml`): a task's options read from a YAML mapping (pure).
-
-`resolve` takes the task's options' kinds, the parsed mapping, the names given on the command line (which win) and
-the file's folder (path options are relative to it); JobFileError: one line naming the key.
-"""
+"""A job file (`fab train -f job.yaml`): a task's options read from a YAML mapping (pure); the command line wins,
+paths are relative to the file's folder; JobFileError: one line naming the key."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ def _value(key: str, value: Any, kind: type, where: str) -> Any:
         return float(value)
     if kind is str and isinstance(value, bool):  # YAML reads on/off/yes/no/true/false as booleans
         return "on" if value else "off"
-    # `epochs: 3` for a text option, as `--epochs 3` would be; a kind of the caller's own (a duration) reads the
-    # text, as from the command line
+    # `epochs: 3` for a text option, as `--epochs 3`; a kind of the caller's own (a duration) reads the text
     if (kind is str or (kind not in _KIND_WORDS and callable(kind))) and (isinstance(value, str) or number):
         return str(value)
     if kind in _KIND_WORDS:
@@ -48,11 +44,8 @@ def _relative(value: str, folder: str) -> str:
 def resolve(options: Mapping[str, type], data: Any, *, given: Collection[str] = (), folder: str = ".",
             where: str = "job file", paths: Collection[str] = (), maybe_paths: Collection[str] = (),
             exists: Callable[[str], bool] = lambda path: False, refused: Collection[str] = ()) -> dict[str, Any]:
-    """The option values the file sets (by option name, underscores), less those `given` on the command line.
-
-    `options` (name -> kind: int, float, bool, str or a reader of text) and the names in `given`, `paths`,
-    `maybe_paths` and `refused` (options a file may not set, e.g. the file option itself): underscores.
-    """
+    """The option values the file sets (by name, underscores) but those `given`; `options`: name -> kind (int,
+    float, bool, str or a reader of text); `refused`: options a file may not set (the file option itself)."""
     if data is None:
         return {}
     if not isinstance(data, Mapping):

@@ -31,10 +31,9 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_NODES = 10000
 MAX_WAIT_S = 7 * 86400
 BUILTIN, OWN = "builtin", "own"
+BUILTIN_ONLY = ("an option of the built-in job, not allowed with --script/--module; pass your program's own arguments "
+                "with --args (or after `--`)")
 _LOCAL = {"local": True}  # a field's metadata: this controller's own, left out of the serialized form
-
-
-# ---------------------------------------------------------------------------------------- the parts
 
 
 @dataclass(frozen=True)
@@ -122,30 +121,10 @@ def workdir_digest(copy: CopyPlan) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((f.path, f.digest) for f in copy.files))
 
 
-def _check_workdir_files(files: tuple[tuple[str, str], ...]) -> None:
-    setting = "workdir digest"
-    seen: set[str] = set()
-    for path, digest in files:  # pairs: the type (from_mapping reads lists of two)
-        ck.line(setting, path, optional=False, pattern=_FILE_RE)
-        try:
-            check_entry_path(path)
-        except UserJobError:
-            raise ck.refuse(setting, path, "paths inside the workdir") from None
-        ck.line(f"{setting} {path}", digest, optional=False, pattern=_SHA256_RE,
-                allowed="a SHA-256 digest (64 hex digits)")
-        if path in seen:
-            raise ck.refuse(setting, path, "each path once")
-        seen.add(path)
-
-
 @dataclass(frozen=True)
 class OwnProgram:
-    """Your own program (--script/--module) run by every rank from the job's copy of the workdir.
-
-    `workdir` and `requirements` are files of this controller; `copy` and `install` their plans
-    (cluster/job/userjob.py), which only this controller has (left out of the serialized form).
-    `workdir_files`: the workdir's digest (`workdir_digest`), the copy plan's when one is given; None: not
-    recorded. `workdir_changed_ok`: --workdir-changed-ok, a resumed run copied a workdir that had changed."""
+    """Your own program (--script/--module) run by every rank from the job's copy of the workdir (a file of this
+    controller, as `requirements`: `copy` and `install` are their plans); `workdir_files`: its digest or None."""
 
     script: str | None = ck.checked(None, ck.line, "--script", pattern=_SCRIPT_RE)  # relative to the workdir
     module: str | None = None
@@ -177,8 +156,18 @@ class OwnProgram:
             ck.passes(resume_words, self.resume_arg, SupervisionError)
         if self.workdir_files is None and self.copy is not None:
             object.__setattr__(self, "workdir_files", workdir_digest(self.copy))
-        if self.workdir_files is not None:
-            _check_workdir_files(self.workdir_files)
+        seen: set[str] = set()
+        for path, digest in self.workdir_files or ():  # pairs: the type (from_mapping reads lists of two)
+            ck.line("workdir digest", path, optional=False, pattern=_FILE_RE)
+            try:
+                check_entry_path(path)
+            except UserJobError:
+                raise ck.refuse("workdir digest", path, "paths inside the workdir") from None
+            ck.line(f"workdir digest {path}", digest, optional=False, pattern=_SHA256_RE,
+                    allowed="a SHA-256 digest (64 hex digits)")
+            if path in seen:
+                raise ck.refuse("workdir digest", path, "each path once")
+            seen.add(path)
 
     @property
     def program(self) -> UserProgram:
@@ -213,9 +202,6 @@ class DataFile:
     node: str
 
 
-# ---------------------------------------------------------------------------------------- the request
-
-
 @dataclass(frozen=True)
 class RunRequest:
     run_id: str  # the first job's id (a supervised run's id)
@@ -225,16 +211,14 @@ class RunRequest:
     layout: LayoutRequest = LayoutRequest()
     env: tuple[tuple[str, str], ...] = ()
     allow_env: tuple[str, ...] = ()
-    # None: the default (cluster/job/jobplan.py's output root / run id)
-    output_dir: str | None = ck.checked(None, check_node_path, "--output-dir")
+    output_dir: str | None = ck.checked(None, check_node_path, "--output-dir")  # None: jobplan.py's default
     # 0: only at the end
     checkpoint_every_s: float | None = ck.checked(None, ck.number, "--checkpoint-every", 0, 10 * 365 * 86400)
     checkpoint_uri: str | None = None
     resume: bool = ck.checked(False, ck.flag, "--resume")
     managed: Managed | None = None
     allow_busy: bool = ck.checked(False, ck.flag, "--allow-busy")
-    # the idle auto-stop armed at the start (the stack's), None: not armed
-    idle_stop_s: int | None = ck.checked(None, ck.whole, "idle auto-stop", 1, MAX_WAIT_S)
+    idle_stop_s: int | None = ck.checked(None, ck.whole, "idle auto-stop", 1, MAX_WAIT_S)  # armed at the start
     name: str | None = None  # `fab train --name`: the job's (a supervised run's every job's) name
     data_files: tuple[DataFile, ...] = field(default=(), compare=False, metadata=_LOCAL)
 
@@ -259,8 +243,7 @@ class RunRequest:
                                 or (self.resume and self.managed is None)):
             which = ("--checkpoint-every" if self.checkpoint_every_s is not None else
                      "--checkpoint-uri" if self.checkpoint_uri else "--resume")
-            raise RequestError(f"{which}: an option of the built-in job, not allowed with --script/--module; pass "
-                               "your program's own arguments with --args (or after `--`)")
+            raise RequestError(f"{which}: {BUILTIN_ONLY}")
         if self.managed is None:
             if own is not None and own.resume_arg:
                 raise RequestError("--resume-arg: only with --managed (fab supervises the job and recovers it)")
@@ -287,8 +270,6 @@ class RunRequest:
         """The request with these environment values in place of its own of the same name."""
         merged = {**self.env_map(), **env}
         return dataclasses.replace(self, env=tuple(merged.items()))
-
-    # ------------------------------------------------------------------ serialized form
 
     def to_mapping(self) -> dict[str, Any]:
         """JSON-ready: every field but this controller's files (DataFile, the copy and install plans)."""
@@ -333,8 +314,8 @@ def _build(cls: Any, data: object, where: str) -> Any:
 
 
 def _read(hint: Any, raw: object, where: str) -> Any:
-    """A value of type `hint` from its JSON: None where the hint allows it, a part from an object (one of several
-    by its `kind`), a tuple from a list (an ExtraArg from [FLAG, VALUE...]); anything else as it is."""
+    """A value of type `hint` from its JSON: a part from an object (by its `kind` where several), a tuple from a
+    list (an ExtraArg from [FLAG, VALUE...]); anything else as it is."""
     types = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
     if raw is None and type(None) in types:
         return None
@@ -356,8 +337,7 @@ def _read(hint: Any, raw: object, where: str) -> Any:
         items = get_args(hint)
         if not isinstance(raw, list):
             raise ck.refuse(where, raw, "a list")
-        if items[-1] is Ellipsis:
-            return tuple(_read(items[0], item, where) for item in raw)
+        items = (items[0],) * len(raw) if items[-1] is Ellipsis else items
         if len(raw) != len(items):
             raise ck.refuse(where, raw, f"a list of {len(items)} values")
         return tuple(_read(h, item, where) for h, item in zip(items, raw))

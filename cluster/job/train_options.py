@@ -1,7 +1,5 @@
 """`fab train`'s and `fab k8s-job`'s options (a job file's too) made into one RunRequest, resolved against the
-inventory once (pure). What needs this machine (files here, the calibration, the idle auto-stop) is handed in by
-node_setup/tasks/job_options.py; RequestError (one line naming the option) for anything that cannot be used.
-"""
+inventory (pure; what needs this machine comes from node_setup/tasks/job_options.py). RequestError: one line."""
 
 from __future__ import annotations
 
@@ -65,9 +63,8 @@ _INSTEAD = "on every rank instead of the built-in job"
 
 @dataclass(frozen=True)
 class JobOptions:
-    """fab train's and fab k8s-job's options, each declared once: its type, default and (metadata "cli", Cli) how
-    the tasks show it (node_setup/tasks/job_options.py makes their signatures from these fields). Left out: None
-    (a switch: False). `of` takes them by name from a mapping (an unknown name is a TypeError)."""
+    """fab train's and fab k8s-job's options, each declared once: type, default and (metadata "cli") how the tasks
+    show it (docs/design.md, the command line). Left out: None (a switch: False)."""
 
     nodes: int | None = _opt(CLUSTER, "how many nodes to use, master first (1 to the nodes available; left out: "
                              "all)", k8s="worker pods, one per node (default 1)", unset="all nodes", k8s_default=1)
@@ -213,19 +210,14 @@ class JobOptions:
 
 
 @functools.cache
-def _hints() -> dict[str, Any]:
-    return get_type_hints(JobOptions)  # evaluated once: every fab start reads each field's
-
-
 def kind_of(name: str) -> Any:
     """The type of the field `name` without None (int for `int | None`)."""
-    hint = _hints()[name]
+    hint = get_type_hints(JobOptions)[name]
     return next((a for a in get_args(hint) if a is not type(None)), hint)
 
 
 def _first_given(o: JobOptions, only: str, but: str = "") -> str | None:
-    """The first option given (by declaration order) of those that mean something only to `only` (BUILTIN, OWN or
-    MANAGED), `but` left out."""
+    """The first option given (by declaration order) of those only for `only` (BUILTIN, OWN, MANAGED) but `but`."""
     return next((f.name for f in fields(JobOptions) if "cli" in f.metadata and f.metadata["cli"].only == only
                  and f.name != but and o.given(f.name)), None)
 
@@ -242,8 +234,7 @@ def _number(option: str, text: str, kind: Callable[[str], Any]) -> Any:
 
 
 def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
-    """The values --extra's typed flags gave (parse_extra's), read by their option's type; given as that option
-    too is refused."""
+    """The values --extra's typed flags gave, read by their option's type; given as that option too is refused."""
     found: dict[str, Any] = {}
     for flag, text in typed.items():
         name, option = TYPED_FLAGS[flag]
@@ -269,42 +260,39 @@ def _from_extra(typed: dict[str, str], options: JobOptions) -> dict[str, Any]:
     return found
 
 
-def _data_files(options: JobOptions, run_id: str, local_file: Callable[[str], str | None]
-                ) -> tuple[dict[str, str | None], tuple[rq.DataFile, ...]]:
-    """--train-file/--validation-file: a file of this machine is copied to every node (its path there)."""
-    paths: dict[str, str | None] = {}
-    files = []
-    for key, path in (("train_file", options.train_file or None), ("validation_file", options.validation_file or None)):
-        here = local_file(path) if path else None
-        if here:
-            node = f"{job_dir(run_id)}/data/{key}-{PurePosixPath(here).name}"
-            files.append(rq.DataFile(here, node))
-            path = node
-        paths[key] = path
-    return paths, tuple(files)
-
-
 def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: str, *, calibration: Any = None,
              local_file: Callable[[str], str | None] = lambda path: None
              ) -> tuple[rq.BuiltinJob | rq.OwnProgram, tuple[rq.DataFile, ...], list[str], JobOptions]:
-    """(your program `own` or the built-in job, the data files to copy, the compile line, the options with the
-    values --extra's typed flags gave them)."""
-    check_program_options(o, own)
+    """(`own` or the built-in job, the data files to copy, the compile line, the options with --extra's values);
+    each program's options only with it."""
     if own is not None:
+        used = _first_given(o, BUILTIN, but="compile" if o.compile == "auto" else "")
+        if used or (o.bf16 or "auto") != "auto":
+            raise rq.RequestError(f"{_option(used or 'bf16')}: {rq.BUILTIN_ONLY}")
         return own, (), [], o
+    used = _first_given(o, OWN)
+    if used:
+        raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
+    if o.given("resume_arg"):
+        raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
     try:
         words = shlex.split(o.extra or "")
     except ValueError as exc:
-        raise rq.RequestError(f"--extra: cannot split {o.extra!r} like a shell would ({exc}); check "
-                              "its quotes") from None
+        raise rq.RequestError(f"--extra: cannot split {o.extra!r} like a shell would ({exc}); check its "
+                              "quotes") from None
     typed, extra = ck.passes(parse_extra, words, JobArgsError)
     o = replace(o, **_from_extra(typed, o))
-    paths, files = _data_files(o, run_id, local_file)
-    given_data = o.model or o.dataset or paths["train_file"]
-    examples = o.synthetic_examples
+    paths: dict[str, str | None] = {}  # --train-file/--validation-file: a file here is copied to every node
+    files: list[rq.DataFile] = []
+    for key in ("train_file", "validation_file"):
+        path = paths[key] = getattr(o, key) or None
+        here = local_file(path) if path else None
+        if here:
+            files.append(rq.DataFile(here, f"{job_dir(run_id)}/data/{key}-{PurePosixPath(here).name}"))
+            paths[key] = files[-1].node
     demo = None
-    if examples is not None or (offline and not given_data):
-        demo = rq.Demo(o.task or TASKS[0], examples)
+    if o.synthetic_examples is not None or (offline and not (o.model or o.dataset or paths["train_file"])):
+        demo = rq.Demo(o.task or TASKS[0], o.synthetic_examples)
     # the user's own --compile_estimate (through --extra) replaces the calibration's
     estimate = calibration.compile_cost() if calibration is not None and o.compile_estimate is None else None
     choice, compile_line = ck.passes(lambda c: compile_choice(c, estimate, o.max_steps or None), o.compile or None,
@@ -323,36 +311,16 @@ def _program(o: JobOptions, own: rq.OwnProgram | None, offline: bool, run_id: st
         ddp_bucket_mb=o.ddp_bucket_mb, compile=choice,
         peft=(o.peft or "").strip().lower() or None,
         compile_estimate=o.compile_estimate or measured, demo=demo, extra=extra)
-    return job, files, [compile_line], o
-
-
-def check_program_options(o: JobOptions, own: rq.OwnProgram | None) -> None:
-    """Your own program's options only with --script/--module (`own`), the built-in job's only without it
-    (fab train's and fab k8s-job's options); RequestError naming the first one given otherwise."""
-    if own is None:
-        used = _first_given(o, OWN)
-        if used:
-            raise rq.RequestError(f"{_option(used)}: only with --script or --module (your own program)")
-        if o.given("resume_arg"):
-            raise rq.RequestError("--resume-arg: only with --script/--module (the built-in job resumes with --resume)")
-        return
-    used = _first_given(o, BUILTIN, but="compile" if o.compile == "auto" else "")
-    if used or (o.bf16 or "auto") != "auto":
-        raise rq.RequestError(f"{_option(used or 'bf16')}: an option of the built-in job, not allowed with "
-                              "--script/--module; pass your program's own arguments with --args (or after `--`)")
+    return job, tuple(files), [compile_line], o
 
 
 def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inventory, *, run_id: str,
                          own: rq.OwnProgram | None = None, calibration: Any = None,
                          local_file: Callable[[str], str | None] = lambda path: None,
                          idle_stop_s: int | None = None) -> tuple[rq.RunRequest, list[str]]:
-    """(the run, the lines to print: the measured layout and the compile decision).
-
-    `options`: fab train's (JobOptions, or by parameter name, an option left out as None); `own`: your
-    program when --script/--module is given (node_setup/tasks/job_options.py checks its files);
-    `calibration`: the cluster's `fab bench` calibration or None; `local_file(path)`: the absolute path
-    of a data file of this machine, None when it is none; `idle_stop_s`: the auto-stop to arm at the start.
-    """
+    """(the run, the lines to print: the measured layout and the compile decision). `own`: --script/--module's
+    program; `calibration`: `fab bench`'s or None; `local_file(path)`: a data file of this machine's absolute path
+    or None; `idle_stop_s`: the auto-stop to arm at the start."""
     o = JobOptions.of(options)
     if o.workdir_changed_ok:  # fab train --managed --resume reads the run from its spec
         raise rq.RequestError(f"{rq.CHANGED_OK_OPTION}: only with --managed --resume (a run of your own program "
@@ -383,7 +351,7 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
         supervision = rq.Managed(
             max_recoveries=DEFAULT_MAX_RECOVERIES if o.max_recoveries is None else int(o.max_recoveries),
             min_nodes=o.min_nodes or 1, wait_s=wait_s, detach=o.detach)
-    launcher = rq.Launcher(o.launcher or "mpirun", None if o.managed else o.min_nodes, o.max_restarts)
+    launcher = rq.Launcher(o.launcher or DEFAULT_LAUNCHER, None if o.managed else o.min_nodes, o.max_restarts)
     output_dir = o.output_dir or (None if o.resume else default_output_dir(inventory, run_id))
     request = rq.RunRequest(
         run_id=run_id, nodes=nodes, program=program, launcher=launcher,
@@ -397,10 +365,8 @@ def request_from_options(options: Mapping[str, Any] | JobOptions, inventory: Inv
 
 def k8s_request(options: Mapping[str, Any] | JobOptions, *, run_id: str,
                 own: rq.OwnProgram | None = None) -> rq.RunRequest:
-    """`fab k8s-job`'s options (those it shares with fab train, left out as None) as a run request: one pod
-    per node, torchrun in each (elastic with --min-nodes), the built-in job's settings and --extra checked as
-    fab train checks them (the offline demo only when --synthetic-examples asks), or your program (`own`, made by
-    node_setup/tasks/job_options.py's own_program as for fab train); each program's options only with it."""
+    """`fab k8s-job`'s options as a run request: one pod per node, torchrun in each (elastic with --min-nodes), the
+    built-in job checked as fab train checks it (the demo only with --synthetic-examples), or your program `own`."""
     o = JobOptions.of(options)
     pairs = ck.passes(lambda text: env_pairs(text, "CCL_LOG_LEVEL=info"), o.env or "", LaunchError)
     allow = parse_allow_env(o.allow_env or "")

@@ -1,7 +1,5 @@
-"""The project's executor (fabric.yaml, `xeon-cluster`): words after `--` go to a task's `--extra` (Fabric's
-run-on-hosts only with -H), `-f job.yaml` sets a task's options (cluster/job/jobfile.py; the command line wins;
-neither `file` nor `allow-env` from a file), and an unreachable node or unusable key store is one line (exit 3/2).
-"""
+"""The project's executor: words after `--` go to a task's `--extra` (Fabric's run-on-hosts only with -H), `-f
+job.yaml` sets a task's options (not `file` nor `allow-env`), an unreachable node or bad key store is one line."""
 
 from __future__ import annotations
 

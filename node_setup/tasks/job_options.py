@@ -1,7 +1,5 @@
-"""`fab train`'s and `fab k8s-job`'s options made from JobOptions' one declaration (`job_task`), your own
-program from them (`own_program`), and `fab train`'s request (`train_request`: what needs this machine, then
-cluster/job/train_options.py).
-"""
+"""`fab train`'s and `fab k8s-job`'s options made from JobOptions' declaration (`job_task`), your own program
+(`own_program`) and `fab train`'s request (`train_request`) from them, with what needs this machine."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ TRAIN, K8S = "train", "k8s-job"
 
 
 def _default(cli: Cli, kind: Any, default: Any, which: str) -> Any:
-    """invoke's default, which also gives the option its kind (Unset carries it where leaving it out means
-    something)."""
+    """invoke's default, also giving the option its kind (Unset carries it where leaving it out means something)."""
     if which == K8S and cli.k8s_default is not None:
         return cli.k8s_default
     if default is not None or kind is bool:
@@ -32,9 +29,8 @@ def _default(cli: Cli, kind: Any, default: Any, which: str) -> Any:
 
 
 def job_task(which: str, own: dict[str, tuple[Any, Cli]]) -> Callable:
-    """`fab train` (TRAIN) or `fab k8s-job` (K8S) from its body `body(c, options: JobOptions, **own)`: its
-    options are JobOptions' fields that it takes and its `own` (name -> (default, Cli)), each with its help,
-    group and job-file path kind."""
+    """`fab train` (TRAIN) or `fab k8s-job` (K8S) from its body `body(c, options: JobOptions, **own)`: JobOptions'
+    fields it takes and its `own` (name -> (default, Cli)), each with its help, group and job-file path kind."""
     shared = {f.name: (f.default, f.metadata["cli"]) for f in fields(JobOptions) if "cli" in f.metadata
               and (which == TRAIN or f.metadata["cli"].k8s is not None)}
     declared = {**shared, **own}
@@ -67,13 +63,9 @@ def job_task(which: str, own: dict[str, tuple[Any, Cli]]) -> Callable:
     return define
 
 
-# ------------------------------------------------------------------------------ fab train's request
-
-
 def own_program(options: JobOptions | dict[str, Any], profile: str) -> rq.OwnProgram | None:
     """--script/--module with their options, checked on this machine (the files, the workdir's scan, the
-    requirements for the nodes' `profile`); None without them: fab train's and fab k8s-job's. RequestError (or
-    UserJobError) with one line otherwise."""
+    requirements for the nodes' `profile`); None without them. RequestError (or UserJobError): one line."""
     from cluster.job import userjob
     from cluster.node.profiles import get_profile
     from node_setup.ssh.workdir import scan
@@ -87,15 +79,13 @@ def own_program(options: JobOptions | dict[str, Any], profile: str) -> rq.OwnPro
     words = userjob.split_args(f"{o.args or ''} {o.extra or ''}")
     signal = userjob.notice_signal(o.notice_signal or "")
     workdir = o.workdir or ""
-    if script:
-        path = Path(script).expanduser()
-        if not path.is_file():
-            raise rq.RequestError(f"--script: {script!r} is not a file on this machine; allowed: the path of your "
-                                  "training script")
-        root = Path(workdir).expanduser() if workdir else path.parent
-    else:
+    path = Path(script).expanduser()
+    if script and not path.is_file():
+        raise rq.RequestError(f"--script: {script!r} is not a file on this machine; allowed: the path of your training "
+                              "script")
+    if module:
         userjob.check_module(module)
-        root = Path(workdir).expanduser() if workdir else Path.cwd()
+    root = Path(workdir).expanduser() if workdir else path.parent if script else Path.cwd()
     if not root.is_dir():
         raise rq.RequestError(f"--workdir: {workdir!r} is not a folder on this machine")
     limit_mb = int(o.workdir_limit_mb or userjob.DEFAULT_WORKDIR_LIMIT_MB)
@@ -116,8 +106,7 @@ def own_program(options: JobOptions | dict[str, Any], profile: str) -> rq.OwnPro
 
 
 def train_request(options: JobOptions, inventory: Inventory, *, run_id: str) -> tuple[rq.RunRequest, list[str]]:
-    """fab train's options (left out: None) made into the run's request, and the lines to print (the
-    calibration's note, the measured layout, the compile decision). RequestError/UserJobError: one line."""
+    """fab train's run request and the lines to print (the calibration's note, the layout, the compile decision)."""
     from node_setup import calibrations
     from node_setup.backends import backend_for
     from cluster.job.train_options import request_from_options

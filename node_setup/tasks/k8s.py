@@ -1,14 +1,12 @@
-"""`fab k8s-job`: the training job as a Kubeflow PyTorchJob (`--api pytorchjob`, the default) or TrainJob
-(`--api trainjob`) manifest (docs/kubernetes.md), planned from the options it shares with `fab train` and
-written to `-o FILE` or stdout. Connects to nothing; exit 0 written, 2 bad input.
-"""
+"""`fab k8s-job`: the training job as a Kubeflow PyTorchJob or TrainJob manifest (docs/kubernetes.md), planned
+from the options it shares with `fab train`, written to `-o FILE` or stdout; connects to nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cluster.job import k8s, trainjob
 from cluster.job.jobplan import new_job_id
@@ -54,14 +52,10 @@ def k8s_job(c, options: JobOptions, api: str, image: str, instance_type: str, co
         k8s.check_api(api)
         own = job_options.own_program(dataclasses.replace(options, notice_signal=NO_SIGNAL), profile)  # no notice
         run = k8s_request(options, run_id=new_job_id(), own=own)
-        common: dict[str, Any] = dict(image=image, name=name, namespace=namespace, instance=instance_type,
-                                      profile=profile, cores=cores or None, pvc=pvc or None,
-                                      restart_limit=options.max_restarts)
-        plan: k8s.K8sJobPlan | trainjob.TrainJobPlan
-        if api == k8s.API_TRAINJOB:
-            plan = trainjob.plan_trainjob(run, **common)
-        else:
-            plan = k8s.plan_pytorchjob(run, **common)
+        planner: Callable[..., k8s.K8sJobPlan | trainjob.TrainJobPlan] = (
+            trainjob.plan_trainjob if api == k8s.API_TRAINJOB else k8s.plan_pytorchjob)
+        plan = planner(run, image=image, name=name, namespace=namespace, instance=instance_type, profile=profile,
+                       cores=cores or None, pvc=pvc or None, restart_limit=options.max_restarts)
         text = kubeflow.to_yaml(*kubeflow.manifests(plan))
     except ValueError as exc:  # cluster/'s refusals (K8sJobError, RequestError ...): one line each
         raise fail(str(exc)) from None

@@ -1,8 +1,5 @@
-"""Command-line mistakes as one line with a suggestion and exit 2 (not invoke's "No idea what 'trian' is!", exit
-1), and `fab --help TASK` in option groups. `fab` is Fabric's own Program, which the project cannot subclass, so
-`install()` replaces four invoke methods in place: the parser's `ParseMachine.error` and `see_value` (only the
-parser knows the flag being read, and a value its kind refuses is a bare ValueError), `Program.parse_cleanup`
-(`--help trian` raises there) and `Program.print_task_help` (invoke has no option groups)."""
+"""Command-line mistakes as one line with a suggestion and exit 2, and `fab --help TASK` in option groups:
+`install()` replaces four methods of invoke's parser and Program in place (docs/design.md, the command line)."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ _see_value, _parse_cleanup = invoke_parser.ParseMachine.see_value, Program.parse
 
 
 def _value(machine: invoke_parser.ParseMachine, value) -> None:
-    """A value its kind refuses (Fabric's own `--connect-timeout 3s`; the project's options check their own
-    first, common.CheckedArgument)."""
+    """A value its kind refuses (Fabric's own `--connect-timeout 3s`; the project's own: common.CheckedArgument)."""
     try:
         _see_value(machine, value)
     except (TypeError, ValueError):  # raised by the flag's value setter: the flag is the one being read
@@ -81,8 +77,7 @@ _VALUE_WORDS = {str: "STRING", int: "INT", float: "FLOAT"}
 
 
 def flag_spec(context, arg) -> str:
-    """`-n INT, --nodes=INT` (STRING, INT, FLOAT or DURATION) for an option with a value; invoke's own spec for a
-    switch (`--[no-]ip-check`)."""
+    """`-n INT, --nodes=INT` (STRING, INT, FLOAT or DURATION) for an option with a value; invoke's for a switch."""
     word = "DURATION" if arg.kind in DURATION_KINDS else _VALUE_WORDS.get(arg.kind, "")
     flag = to_flag(arg.name)
     if not word:
@@ -92,8 +87,7 @@ def flag_spec(context, arg) -> str:
 
 
 def grouped_options(context, groups: dict[str, tuple[str, ...]] | None) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(title, [(flag spec, help)]) per group of a task's `option_groups` (titles in their order, the options
-    sorted within each; options no group names come last), or one group of all options, sorted."""
+    """(title, [(flag spec, help)]) per group of `option_groups` in order, each sorted (the rest last, or alone)."""
     arguments = {arg.name.replace("_", "-"): arg for arg in set(context.flags.values())}
     placed = {name: title for title, names in reversed((groups or {}).items()) for name in names}  # first wins
     titles = [*(groups or {}), "other options" if groups else "options"]

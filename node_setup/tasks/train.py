@@ -1,8 +1,5 @@
-"""`fab train`: the options become one run request (or, with --managed --resume, the request of the run's
-signed spec), the plan is made from it (--dry-run prints it) and node_setup/tasks/job_run.py runs it.
-The exit code is the job's (cluster/exit_codes.py) or common.py's: 2 bad input, 3 unreachable, 130 Ctrl-C;
-4 (worldcheck.TRAINED_ALONE) when a multi-rank program's ranks never joined one process group.
-"""
+"""`fab train`: the options (or with --managed --resume the run's signed spec) become one run request, planned
+(--dry-run prints it) and run by node_setup/tasks/job_run.py; the exit code is the job's or common.py's."""
 
 from __future__ import annotations
 
