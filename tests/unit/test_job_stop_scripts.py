@@ -6,6 +6,7 @@ group's signal alone (the scripts' per-pid fallbacks do not see it)."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,9 @@ import pytest
 from cluster.job.jobcommands import STOP_MASTER_SH, STOP_NODE_SH
 from cluster.job.launch import JOBS_DIR
 
-JOB = "20260101-000000-abcd"
+# The node script ends every process of this machine marked with the job id: an id of this run's own, so that
+# it never reaches another test's job script (test_launch.py's, test_job_torchrun_script.py's) running beside it
+JOB = f"20260101-000000-{secrets.token_hex(2)}"
 DASH = shutil.which("dash") or pytest.fail("dash is not installed (Debian's and Ubuntu's /bin/sh)")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import secrets
 import shlex
 import signal
 import subprocess
@@ -296,7 +297,8 @@ def test_a_stopped_jobs_launcher_end_is_hidden_and_the_log_says_it_was_stopped(t
                       "echo '[0] step 1'\nwhile :; do sleep 0.1; done\n")
     mpirun.chmod(0o755)
     layout = plan_layout(catalog.custom("test", 1, 2), backend="gloo")
-    plan = plan_launch(flavour="intel-mpi", job_id="20260101-000000-5a0b", hosts=["node0"], master_addr="127.0.0.1",
+    job_id = f"20260101-000000-{secrets.token_hex(2)}"  # the stop ends whatever on this machine carries it
+    plan = plan_launch(flavour="intel-mpi", job_id=job_id, hosts=["node0"], master_addr="127.0.0.1",
                        layout=layout, program=["python", "-m", "training"], venv=str(venv))
     d = home / plan.job_dir
     d.mkdir(parents=True)
