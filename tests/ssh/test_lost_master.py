@@ -57,6 +57,7 @@ NOTICE_STEPS = 400  # the job checkpoints at the master's notice and ends 75 wel
 NOTICE_S = 15  # the notice's lead: the job (its watcher polls every 5 s) and the supervisor (every 5 s) both see it
 TRAIN_EXTRA = f"--save_strategy steps --save_steps {SAVE_STEPS} --logging_steps {SAVE_STEPS}"
 KEEPER_DELAY_S = 3
+STATUS_POLL_S = 5  # each poll a fab process and its SSH (about 0.7 CPU-s): as often as a person would look
 
 
 def fab(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
@@ -106,7 +107,7 @@ def status_until_ended(cluster, ran, timeout_s: float) -> dict:
             if last and last.get("status") in sv.FINAL:
                 ran(polled)
                 return last
-        time.sleep(2)
+        time.sleep(STATUS_POLL_S)
     raise AssertionError(f"the run did not end in {timeout_s:g} s; its last state: {last}")
 
 
