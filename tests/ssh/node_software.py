@@ -8,16 +8,14 @@ does nothing; a failed setup is shown and fails the set-up.
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from node_setup.local import cluster as lc
 from node_setup.local import state as local_state
-from tests.ssh.conftest import REPO_ROOT, local_cluster_unavailable
+from tests.ssh.conftest import RunningLocalCluster, local_cluster_unavailable, run_fab
 
 
 def main() -> int:
@@ -29,13 +27,12 @@ def main() -> int:
         config_home, data = Path(tmp) / "config", Path(tmp) / "data"
         name = f"setup-dev-{secrets.token_hex(3)}"
         paths = local_state.paths_for(name, config=config_home / "xeon-cluster", data=data)
-        lc.create(1, name, paths=paths)
+        cluster = RunningLocalCluster(state=lc.create(1, name, paths=paths), paths=paths, config_home=config_home,
+                                      data_root=data, known_hosts=Path(tmp) / "known_hosts")
         try:
-            env = {**os.environ, "XDG_CONFIG_HOME": str(config_home), local_state.DATA_ROOT_ENV: str(data)}
-            done = subprocess.run([sys.executable, "-m", "fabric", "setup", "--cluster", str(paths.inventory_path)],
-                                  cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+            done = run_fab(cluster, "setup")
         finally:
-            lc.destroy(paths)
+            cluster.destroy()
     if done.returncode != 0:
         print(done.stdout + done.stderr, end="")
         print(f"fab setup on a one-node local cluster failed (exit {done.returncode})", file=sys.stderr)
